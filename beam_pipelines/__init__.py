@@ -1,0 +1,1 @@
+"""refinery.beam_pipelines."""

@@ -1,0 +1,41 @@
+"""llm-refinery: LLM training-data preparation as Apache Beam pipelines.
+
+The top-level folders install under one import namespace, ``refinery``:
+``beam_pipelines`` -> ``refinery.beam_pipelines``, ``transforms`` -> ``refinery.transforms``,
+and so on. ``kernels`` must never become a top-level module: it is also the name of a
+PyPI package that transformers probes for.
+"""
+from setuptools import setup
+
+PACKAGES = ["beam_pipelines", "transforms", "kernels", "runners"]
+
+setup(
+    name="llm-refinery",
+    version="0.1.0",
+    description="Prepare LLM training data (token shards, decontamination, synthetic data) with Apache Beam",
+    python_requires=">=3.10",
+    packages=[f"refinery.{p}" for p in PACKAGES],
+    package_dir={f"refinery.{p}": p for p in PACKAGES},
+    install_requires=[
+        "apache-beam[gcp]>=2.60",
+        "numpy>=1.26",
+        "tiktoken>=0.9",
+        "bpe-openai>=0.1.4",  # ships o200k_base.tiktoken.gz: the offline vocab
+        "fsspec>=2024.6",
+        "gcsfs>=2024.6",
+        "datasets>=3.0",
+        "msgpack>=1.0",
+        "pyarrow>=15",
+        "zstandard>=0.22",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55"],
+        "inference": [
+            "torch==2.13.0",
+            "safetensors>=0.4",
+            "openai-harmony>=0.0.4",
+        ],
+    },
+    entry_points={"console_scripts": ["refinery=refinery.beam_pipelines.cli:main"]},
+)

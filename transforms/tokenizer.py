@@ -1,0 +1,141 @@
+"""The o200k_harmony tokenizer, resolved offline and identified by its vocab hash.
+
+Dataflow/SLURM workers and this project's CI often have no internet, so the o200k_base
+vocab (which tiktoken's ``o200k_harmony`` is built on) is resolved from, in order:
+
+1. an explicit file: the ``vocab_file`` argument or ``$REFINERY_VOCAB_FILE`` (plain or ``.gz``);
+2. tiktoken's own cache (``$TIKTOKEN_CACHE_DIR``, else ``$TMPDIR/data-gym-cache``);
+3. the copy that the PyPI package ``bpe-openai`` ships (``bpe_openai/data/o200k_base.tiktoken.gz``);
+4. tiktoken's normal download.
+
+Every source is checked against :data:`VOCAB_SHA256` (sha256 of the decompressed file). Sources
+1 and 3 are written into tiktoken's cache, and tiktoken then builds the encoding itself, so
+the regex and special tokens are tiktoken's, not a copy of them.
+
+A tokenizer's identity in every plan hash is :func:`tokenizer_identity`: (encoding name,
+vocab sha256). Nothing network-dependent enters it.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import tiktoken
+
+ENCODING_NAME = "o200k_harmony"
+VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+VOCAB_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+EOS_TOKEN_ID = 199999  # <|endoftext|>
+VOCAB_SIZE = 201088
+
+
+class VocabError(RuntimeError):
+    """The o200k vocab could not be found, or a candidate failed its sha256 check."""
+
+
+def tokenizer_identity() -> dict:
+    """What identifies the tokenizer inside plan hashes: name and vocab hash, never a URL."""
+    return {"encoding": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256}
+
+
+def _read_maybe_gz(path: str | os.PathLike) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tiktoken_cache_path() -> Path | None:
+    """Where tiktoken caches the o200k_base vocab (None when its cache is disabled)."""
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    if cache_dir == "":
+        return None
+    return Path(cache_dir) / hashlib.sha1(VOCAB_URL.encode()).hexdigest()
+
+
+def bundled_vocab_path() -> Path | None:
+    """The gzipped vocab that the ``bpe-openai`` wheel ships, if that package is installed."""
+    try:
+        import bpe_openai.data as data_pkg
+    except ImportError:
+        return None
+    path = Path(data_pkg.__file__).parent / "o200k_base.tiktoken.gz"
+    return path if path.exists() else None
+
+
+def _checked(data: bytes, source: str) -> bytes:
+    digest = _sha256(data)
+    if digest != VOCAB_SHA256:
+        raise VocabError(f"o200k_base vocab from {source} has sha256 {digest}, expected {VOCAB_SHA256}")
+    return data
+
+
+def _seed_cache(data: bytes, cache_path: Path) -> None:
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_path.with_name(f"{cache_path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, cache_path)
+
+
+def resolve_vocab(vocab_file: str | None = None) -> str:
+    """Make sure tiktoken's cache holds the verified vocab; return where it came from.
+
+    Raises :class:`VocabError` when an explicit file fails the check, or when no offline
+    source exists and the cache is disabled.
+    """
+    explicit = vocab_file or os.environ.get("REFINERY_VOCAB_FILE")
+    cache_path = tiktoken_cache_path()
+    if explicit:
+        data = _checked(_read_maybe_gz(explicit), explicit)
+        if cache_path is None:
+            raise VocabError("tiktoken's cache is disabled (TIKTOKEN_CACHE_DIR=''); unset it to use a vocab file")
+        _seed_cache(data, cache_path)
+        return explicit
+    if cache_path is not None and cache_path.exists():
+        try:
+            _checked(cache_path.read_bytes(), str(cache_path))
+            return str(cache_path)
+        except VocabError:
+            pass  # a corrupt cache entry: fall through and replace it
+    bundled = bundled_vocab_path()
+    if bundled is not None and cache_path is not None:
+        _seed_cache(_checked(_read_maybe_gz(bundled), str(bundled)), cache_path)
+        return str(bundled)
+    return VOCAB_URL  # tiktoken downloads and checks the hash itself
+
+
+def vocab_bytes(vocab_file: str | None = None) -> bytes:
+    """The verified, decompressed o200k_base vocab (for tools that want their own copy)."""
+    source = resolve_vocab(vocab_file)
+    cache_path = tiktoken_cache_path()
+    if cache_path is not None and cache_path.exists():
+        return _checked(cache_path.read_bytes(), str(cache_path))
+    raise VocabError(f"no offline o200k_base vocab (last source tried: {source})")
+
+
+def write_vocab_file(directory: str | os.PathLike, vocab_file: str | None = None) -> Path:
+    """Write the verified vocab as ``DIRECTORY/o200k_base.tiktoken`` (e.g. for openai-harmony)."""
+    path = Path(directory) / "o200k_base.tiktoken"
+    if not (path.exists() and _sha256(path.read_bytes()) == VOCAB_SHA256):
+        _seed_cache(vocab_bytes(vocab_file), path)
+    return path
+
+
+@functools.lru_cache(maxsize=4)
+def get_encoding(vocab_file: str | None = None) -> tiktoken.Encoding:
+    """The ``o200k_harmony`` encoding, built by tiktoken from an offline, verified vocab."""
+    resolve_vocab(vocab_file)
+    enc = tiktoken.get_encoding(ENCODING_NAME)
+    if enc.eot_token != EOS_TOKEN_ID or enc.n_vocab != VOCAB_SIZE:
+        raise VocabError(f"unexpected {ENCODING_NAME}: eot={enc.eot_token} n_vocab={enc.n_vocab}")
+    return enc
