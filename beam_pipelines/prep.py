@@ -1,0 +1,366 @@
+"""prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
+
+Stages (each resumable, see ``refinery.transforms.stages``)::
+
+    tokenize  unit = an input slice (a file, or a range of parquet row groups):
+              read rows -> normalize -> o200k_harmony encode_ordinary + EOS -> shard by
+              md5(doc_id) -> one spill per unit, grouped by shard; rejects with reasons
+    pack      unit = an output shard: read the shard's rows from every spill in unit
+              (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx
+    manifest  one unit: rows accounting, per-shard sha256 -> manifest.json (last),
+              rejects/rejects.jsonl
+
+``--max-tokens`` keeps the documents of the input order (file, row) while their running
+total stays within the budget. Tokenize units run in waves until the budget is covered,
+so little is read beyond it; the cut itself happens in pack, exactly, from each
+document's position recorded in the spill.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refinery.transforms import io, pack, spill
+from refinery.transforms.normalize import normalize_text
+from refinery.transforms.shard import doc_id_for, shard_basename, shard_dirname, shard_of
+from refinery.transforms.stages import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.tokenizer import (EOS_TOKEN_ID, ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE,
+                                           get_encoding, tokenizer_identity)
+
+log = logging.getLogger("refinery")
+
+FORMAT_VERSION = "v1"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class PrepConfig:
+    inputs: list[io.InputFile]
+    output: str
+    dataset: str
+    num_shards: int = 8
+    text_field: str = "text"
+    id_field: str = "id"
+    max_tokens: int | None = None
+    row_groups_per_unit: int = 8
+    wave_units: int = 4
+    source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
+
+
+# ---------------------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------------------
+
+def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason) for a parsed record."""
+    if text_field not in record:
+        return None, f"missing text field {text_field!r}"
+    text = record[text_field]
+    if not isinstance(text, str):
+        return None, f"text field {text_field!r} is {type(text).__name__}, not a string"
+    if _SURROGATE.search(text):
+        return None, "text holds unpaired surrogates (not valid Unicode)"
+    return text, None
+
+
+def encode_document(enc, text: str) -> np.ndarray:
+    """Tokens of a normalized document: ``encode_ordinary`` (special-token text stays
+    ordinary text) followed by exactly one EOS."""
+    tokens = enc.encode_ordinary(text)
+    out = np.empty(len(tokens) + 1, dtype=np.uint32)
+    out[:-1] = tokens
+    out[-1] = EOS_TOKEN_ID
+    return out
+
+
+def parse_token_count(value: str) -> int:
+    """'100M' -> 100_000_000; suffixes K, M, B, T (powers of 1000); plain integers too."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*", str(value))
+    if not m:
+        raise ValueError(f"not a token count: {value!r} (use e.g. 500K, 100M, 2B)")
+    scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def included_units(units: list[Unit], receipts: dict[str, dict], max_tokens: int | None,
+                   wave: int = 1 << 62) -> tuple[list[Unit], bool]:
+    """The prefix of tokenize units that the budget needs, and whether it is final.
+
+    Without a budget: every unit. With one: units in input order until the tokens of the
+    completed ones reach the budget, asking for at most ``wave`` unknown units at a time.
+    """
+    if max_tokens is None:
+        return units, True
+    prefix: list[Unit] = []
+    total = unknown = 0
+    for u in units:
+        prefix.append(u)
+        r = receipts.get(u.id)
+        if r is None:
+            unknown += 1
+            if unknown >= wave:
+                return prefix, False
+            continue
+        total += int(r["stats"]["tokens"])
+        if total >= max_tokens:
+            return prefix, unknown == 0
+    return prefix, unknown == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------
+
+class TokenizeStage(Stage):
+    """Unit: an input slice -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``."""
+
+    name = "tokenize"
+
+    def __init__(self, cfg: PrepConfig):
+        self.cfg = cfg
+        self._plan: list[Unit] | None = None
+
+    def config(self) -> dict:
+        return {"text_field": self.cfg.text_field, "id_field": self.cfg.id_field,
+                "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
+                "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source}
+
+    def fingerprints(self) -> list:
+        return [f.fingerprint() for f in self.cfg.inputs]
+
+    def identity(self) -> dict:
+        return tokenizer_identity()
+
+    def plan(self) -> list[Unit]:
+        if self._plan is None:
+            units = []
+            for i, f in enumerate(self.cfg.inputs):
+                base = {"path": f.path, "relpath": f.relpath}
+                if f.path.endswith(".parquet"):
+                    groups = io.parquet_row_groups(f.path) if f.size else []
+                    step = self.cfg.row_groups_per_unit
+                    if len(groups) > step:
+                        for g in range(0, len(groups), step):
+                            units.append(Unit(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]}))
+                        continue
+                units.append(Unit(f"{i:05d}", base))
+            self._plan = units
+        return self._plan
+
+    def needed(self, units, receipts):
+        return included_units(units, receipts, self.cfg.max_tokens, self.cfg.wave_units)
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        cfg = self.cfg
+        enc = get_encoding()
+        p = unit.payload
+        stats = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "tokens": 0, "chars": 0}
+        columns = [cfg.text_field, cfg.id_field] if p["path"].endswith(".parquet") else None
+        row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
+        with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
+                ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out:
+            writer = spill.SpillWriter(tokens_out)
+
+            def reject(row: int, reason: str) -> None:
+                stats["rejected"] += 1
+                rejects_out.write((io_json({"path": p["path"], "row": row, "reason": reason}) + "\n").encode())
+
+            for row, record, error in io.iter_rows(p["path"], row_groups, columns):
+                stats["rows_read"] += 1
+                if error is not None:
+                    reject(row, error)
+                    continue
+                text, error = extract_text(record, cfg.text_field)
+                if error is not None:
+                    reject(row, error)
+                    continue
+                text = normalize_text(text)
+                if not text:
+                    stats["empty"] += 1
+                    continue
+                tokens = encode_document(enc, text)
+                shard = shard_of(doc_id_for(record, cfg.id_field, p["relpath"], row), cfg.num_shards)
+                writer.add(shard, tokens)
+                stats["accepted"] += 1
+                stats["tokens"] += len(tokens)
+                stats["chars"] += len(text)
+            table, starts = spill.by_shard(writer.close(), cfg.num_shards)
+        with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
+            spill.write_array(f, table)
+        with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:
+            spill.write_array(f, starts)
+        return stats
+
+    def describe_progress(self, stats: dict, seconds: float) -> str:
+        return (f"docs={int(stats.get('accepted', 0)):,} tokens={int(stats.get('tokens', 0)):,} "
+                f"tok/s={stats.get('tokens', 0) / max(seconds, 1e-9):,.0f}")
+
+
+def io_json(obj) -> str:
+    import json
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True)
+
+
+def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, dict, int]]:
+    """(unit, receipt, tokens before this unit) for the tokenize units the output includes.
+
+    Reads receipts directly: the stage barrier already guaranteed them complete.
+    """
+    units = upstream.stage.plan()
+    receipts = {}
+    for u in units:
+        c = upstream.check(u.id)
+        if c.done:
+            receipts[u.id] = c.receipt
+    chosen, final = included_units(units, receipts, max_tokens)
+    missing = [u.id for u in chosen if u.id not in receipts]
+    if missing or not final:
+        raise RuntimeError(f"tokenize units not completed: {missing[:10]}")
+    out, before = [], 0
+    for u in chosen:
+        out.append((u, receipts[u.id], before))
+        before += int(receipts[u.id]["stats"]["tokens"])
+    return out
+
+
+class PackStage(Stage):
+    """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx``."""
+
+    name = "pack"
+    final_outputs = True
+
+    def __init__(self, cfg: PrepConfig):
+        self.cfg = cfg
+
+    def config(self) -> dict:
+        return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
+                "max_tokens": self.cfg.max_tokens, "format": FORMAT_VERSION}
+
+    def plan(self) -> list[Unit]:
+        return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
+
+    def shard_paths(self, shard: int) -> tuple[str, str]:
+        stem = f"{shard_dirname(shard)}/{shard_basename(self.cfg.dataset, shard, FORMAT_VERSION)}"
+        return f"{stem}.npy", f"{stem}.idx"
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        shard = unit.payload["shard"]
+        tk = ctx.upstream("tokenize")
+        budget = self.cfg.max_tokens
+        pieces = []  # (spill path, doc rows)
+        for u, _, before in _tokenize_inputs(tk, budget):
+            starts = np.load(_bytes_io(io.read_bytes(io.join(tk.parts_dir, f"{u.id}.spillshards"))), allow_pickle=False)
+            with io.open_read(io.join(tk.parts_dir, f"{u.id}.spilldocs")) as f:
+                rows = spill.read_shard_rows(f, starts, shard)
+            rows = spill.within_budget(rows, None if budget is None else budget - before)
+            if len(rows):
+                pieces.append((io.join(tk.parts_dir, f"{u.id}.spill"), rows))
+        lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
+        num_tokens = int(lengths.sum(dtype=np.uint64))
+        npy_rel, idx_rel = self.shard_paths(shard)
+        with ctx.open_write(ctx.output_path(npy_rel)) as out:
+            out.write(pack.npy_header(num_tokens))
+            for spill_path, rows in pieces:
+                with io.open_read(spill_path) as f:
+                    for chunk in spill.iter_token_chunks(f, spill.contiguous_ranges(rows)):
+                        out.write(chunk)
+        with ctx.open_write(ctx.output_path(idx_rel)) as out:
+            pack.write_idx(out, lengths)
+        return {"shard": shard, "tokens": num_tokens, "docs": int(len(lengths))}
+
+    def describe_progress(self, stats: dict, seconds: float) -> str:
+        return f"docs={int(stats.get('docs', 0)):,} tokens={int(stats.get('tokens', 0)):,}"
+
+
+def _bytes_io(data: bytes):
+    import io as pyio
+    return pyio.BytesIO(data)
+
+
+class ManifestStage(Stage):
+    """One unit, in the driver: receipts -> ``rejects/rejects.jsonl`` then ``manifest.json`` (last)."""
+
+    name = "manifest"
+    local = True
+    final_outputs = True
+
+    def __init__(self, cfg: PrepConfig, run_hash: str):
+        self.cfg = cfg
+        self.run_hash = run_hash
+
+    def config(self) -> dict:
+        return {"manifest": 1}
+
+    def plan(self) -> list[Unit]:
+        return [Unit("manifest")]
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        cfg = self.cfg
+        tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
+        rows = {"read": 0, "accepted": 0, "empty": 0, "rejected": 0, "over_budget": 0}
+        with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
+            for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
+                s = receipt["stats"]
+                rows["read"] += s["rows_read"]
+                rows["empty"] += s["empty"]
+                rows["rejected"] += s["rejected"]
+                rows["accepted"] += s["accepted"]
+                if s["rejected"]:
+                    with io.open_read(io.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
+                        while block := f.read(1 << 20):
+                            out.write(block)
+        shards = []
+        for u in pk.stage.plan():
+            c = pk.check(u.id)
+            if not c.done:
+                raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
+            by_ext = {f["path"].rsplit(".", 1)[1]: f for f in c.receipt["files"]}
+            shards.append({"shard": u.payload["shard"], "path": by_ext["npy"]["path"],
+                           "index_path": by_ext["idx"]["path"],
+                           "num_tokens": c.receipt["stats"]["tokens"], "num_documents": c.receipt["stats"]["docs"],
+                           "sha256": by_ext["npy"]["sha256"], "index_sha256": by_ext["idx"]["sha256"]})
+        written = sum(s["num_documents"] for s in shards)
+        rows["over_budget"] = rows["accepted"] - written
+        rows["accepted"] = written
+        manifest = {
+            "dataset": cfg.dataset, "version": FORMAT_VERSION,
+            "tokenizer": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256, "vocab_size": VOCAB_SIZE,
+            "eos_token_id": EOS_TOKEN_ID, "dtype": "uint32",
+            "total_tokens": sum(s["num_tokens"] for s in shards), "total_documents": written,
+            "num_shards": cfg.num_shards, "max_tokens": cfg.max_tokens,
+            "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
+            "source": cfg.source or {"inputs": len(cfg.inputs)},
+            "rows": rows, "shards": shards,
+        }
+        listed = {io.join(cfg.output, s[k]) for s in shards for k in ("path", "index_path")}
+        for stale in pack.find_shard_files(cfg.output):
+            if stale not in listed:
+                log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
+                io.remove(stale)
+        ctx.write_bytes(ctx.output_path("manifest.json"), pack.manifest_json(manifest))
+        return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
+
+
+def build_stages(cfg: PrepConfig) -> list[Stage]:
+    run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, "text_field": cfg.text_field,
+                           "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
+                           "tokenizer": tokenizer_identity(), "source": cfg.source})
+    return [TokenizeStage(cfg), PackStage(cfg), ManifestStage(cfg, run_hash)]
+
+
+def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
+    """A manifest of another plan must not sit beside shards being rewritten: remove it."""
+    manifest_run = runs[-1]
+    if manifest_run.check("manifest").done:
+        return
+    path = io.join(manifest_run.output, "manifest.json")
+    try:
+        if io.read_json(path).get("plan_hash") != manifest_run.stage_hash:
+            log.warning("removing %s: it describes a different plan; a new one is written at the end", path)
+            io.remove(path)
+    except (FileNotFoundError, ValueError):
+        if io.exists(path):
+            io.remove(path)

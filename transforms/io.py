@@ -1,0 +1,394 @@
+"""File IO shared by every pipeline: local or ``gs://`` paths, atomic writes, inputs, row readers.
+
+Paths are strings. A path with a scheme (``gs://``, ``hf://``, ``memory://``) goes through
+fsspec (gcsfs, huggingface_hub); anything else is a local path.
+
+Atomic writes: locally, data goes to a unique hidden temp name beside the target
+(``.NAME.tmp-<uuid>``) and is moved into place with ``os.replace``; on an object store a
+single object upload is atomic, so the object is uploaded once, from a local spool, only
+after the writer finished without error. Object stores have no atomic rename; nothing
+here relies on one.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob as globlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import IO, Iterator
+
+import fsspec
+
+DATA_SUFFIXES = (
+    ".jsonl", ".jsonl.gz", ".jsonl.zst",
+    ".json", ".json.gz", ".json.zst",
+    ".parquet",
+)
+TMP_MARKER = ".tmp-"
+
+
+class InputError(ValueError):
+    """An input path or file that cannot be used; the message names it."""
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def filesystem(path: str):
+    """(fsspec filesystem, path as that filesystem spells it)."""
+    return fsspec.core.url_to_fs(path)
+
+
+def join(base: str, *parts: str) -> str:
+    if is_remote(base):
+        return posixpath.join(base, *parts)
+    return os.path.join(_local(base), *parts)
+
+
+def dirname(path: str) -> str:
+    return posixpath.dirname(path) if is_remote(path) else os.path.dirname(_local(path))
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/"))
+
+
+def exists(path: str) -> bool:
+    if is_remote(path):
+        fs, p = filesystem(path)
+        return fs.exists(p)
+    return os.path.exists(_local(path))
+
+
+def file_size(path: str) -> int | None:
+    """Size in bytes, or None if the file does not exist."""
+    if is_remote(path):
+        fs, p = filesystem(path)
+        try:
+            return int(fs.info(p)["size"])
+        except FileNotFoundError:
+            return None
+    try:
+        return os.stat(_local(path)).st_size
+    except FileNotFoundError:
+        return None
+
+
+def makedirs(path: str) -> None:
+    if not is_remote(path):
+        os.makedirs(_local(path), exist_ok=True)  # object stores have no directories
+
+
+def open_read(path: str, compression: str | None = None) -> IO[bytes]:
+    """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix."""
+    if not is_remote(path) and compression is None:
+        return open(_local(path), "rb")
+    return fsspec.open(path, "rb", compression=compression).open()
+
+
+def read_bytes(path: str) -> bytes:
+    with open_read(path) as f:
+        return f.read()
+
+
+def read_json(path: str):
+    return json.loads(read_bytes(path))
+
+
+def remove(path: str) -> None:
+    """Remove a file if it exists."""
+    if is_remote(path):
+        fs, p = filesystem(path)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(p)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(_local(path))
+
+
+def remove_tree(path: str) -> None:
+    if is_remote(path):
+        fs, p = filesystem(path)
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+    else:
+        shutil.rmtree(_local(path), ignore_errors=True)
+
+
+def listdir(path: str) -> list[str]:
+    """Full paths of the entries directly under a directory ([] if it does not exist)."""
+    if is_remote(path):
+        fs, p = filesystem(path)
+        try:
+            names = fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+        proto = path.split("://", 1)[0]
+        return sorted(n if "://" in n else f"{proto}://{n}" for n in names)
+    try:
+        return sorted(os.path.join(_local(path), n) for n in os.listdir(_local(path)))
+    except FileNotFoundError:
+        return []
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open_read(path) as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class HashingWriter(io.RawIOBase):
+    """Wraps a binary file; counts bytes and computes sha256 of everything written."""
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self._sha = hashlib.sha256()
+        self.bytes_written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        mv = memoryview(data).cast("B")
+        self._raw.write(mv)
+        self._sha.update(mv)
+        self.bytes_written += mv.nbytes
+        return mv.nbytes
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_open(path: str) -> Iterator[HashingWriter]:
+    """Write a file so that its final name holds either nothing or the whole content.
+
+    Yields a :class:`HashingWriter`; its ``sha256``/``bytes_written`` describe the file
+    after the block ends. On an exception inside the block nothing appears under ``path``.
+    """
+    if is_remote(path):
+        with tempfile.TemporaryFile() as spool:
+            writer = HashingWriter(spool)
+            yield writer
+            spool.seek(0)
+            fs, p = filesystem(path)
+            with fs.open(p, "wb") as out:
+                shutil.copyfileobj(spool, out, 1 << 22)
+        return
+    path = _local(path)
+    directory, name = os.path.split(path)
+    os.makedirs(directory or ".", exist_ok=True)
+    tmp = os.path.join(directory, f".{name}{TMP_MARKER}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as raw:
+            writer = HashingWriter(raw)
+            yield writer
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> tuple[int, str]:
+    """Atomically write ``data``; returns (bytes, sha256)."""
+    with atomic_open(path) as f:
+        f.write(data)
+    return f.bytes_written, f.sha256
+
+
+def atomic_write_json(path: str, obj) -> tuple[int, str]:
+    return atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input data file. ``relpath`` is relative to the root the user named."""
+
+    path: str
+    relpath: str
+    size: int
+    version: str  # mtime (local) or object generation (GCS): changes when the file does
+
+    def fingerprint(self) -> dict:
+        return {"path": self.path, "size": self.size, "version": self.version}
+
+
+def has_data_suffix(path: str, suffixes=DATA_SUFFIXES) -> bool:
+    return path.endswith(tuple(suffixes))
+
+
+def _version(info: dict) -> str:
+    for key in ("generation", "mtime", "LastModified", "updated", "last_modified"):
+        if info.get(key) not in (None, ""):
+            return str(info[key])
+    return ""
+
+
+def _is_hidden(relpath: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relpath.split("/"))
+
+
+def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
+    """Files named by the user's arguments: files, folders (recursive) or globs.
+
+    Folders and globs keep only files with a data suffix and skip hidden names (``.x``,
+    ``_SUCCESS``). A file named explicitly must have a data suffix. Results are sorted by
+    path and unique. Raises :class:`InputError` naming any argument that matches nothing.
+    """
+    found: dict[str, InputFile] = {}
+    for arg in paths:
+        fs, p = filesystem(arg)
+        proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
+        matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)
+        if globlib.has_magic(p):
+            root = p[: min(p.index(c) for c in "*?[" if c in p)].rsplit("/", 1)[0]
+            for q, info in sorted(fs.glob(p, detail=True).items()):
+                if info.get("type") == "directory":
+                    continue
+                rel = q[len(root):].lstrip("/")
+                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                    matches.append((proto + q, rel, info))
+        elif fs.isdir(p):
+            for q, info in sorted(fs.find(p, detail=True).items()):
+                rel = q[len(p.rstrip("/")):].lstrip("/")
+                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                    matches.append((proto + q, rel, info))
+        elif fs.exists(p):
+            if not has_data_suffix(p, suffixes):
+                raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")
+            matches.append((proto + p if proto else _local(arg), basename(p), fs.info(p)))
+        else:
+            raise InputError(f"{arg}: no such file, folder or glob match")
+        if not matches:
+            raise InputError(f"{arg}: contains no data files ({', '.join(suffixes)})")
+        for full, rel, info in matches:
+            found.setdefault(full, InputFile(full, rel, int(info.get("size") or 0), _version(info)))
+    return sorted(found.values(), key=lambda f: f.path)
+
+
+# ---------------------------------------------------------------------------------------
+# Row readers
+# ---------------------------------------------------------------------------------------
+
+Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
+
+
+def _decode_json_line(line: bytes) -> tuple[dict | None, str | None]:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"invalid UTF-8 at byte {e.start}"
+    if not text.strip():
+        return None, "blank line"
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"malformed JSON: {e.msg} at column {e.colno}"
+    if not isinstance(record, dict):
+        return None, f"row is a JSON {type(record).__name__}, not an object"
+    return record, None
+
+
+def _iter_jsonl(path: str) -> Iterator[Row]:
+    row = 0
+    try:
+        with open_read(path, compression="infer") as f:
+            for line in f:
+                if line.endswith(b"\n"):
+                    line = line[:-1]
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                record, error = _decode_json_line(line)
+                yield row, record, error
+                row += 1
+    except (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError) as e:
+        # A truncated gzip / corrupt zstd stream: the rest of the file is unreadable.
+        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+
+
+def _iter_json_array(path: str) -> Iterator[Row]:
+    try:
+        with open_read(path, compression="infer") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, EOFError, OSError, zlib.error, ValueError) as e:
+        yield 0, None, f"corrupt file: {type(e).__name__}: {e}"
+        return
+    if not isinstance(data, list):
+        yield 0, None, f"corrupt file: .json input must hold an array of objects, found {type(data).__name__}"
+        return
+    for row, record in enumerate(data):
+        if isinstance(record, dict):
+            yield row, record, None
+        else:
+            yield row, None, f"row is a JSON {type(record).__name__}, not an object"
+
+
+def parquet_row_groups(path: str) -> list[int]:
+    """Number of rows in each row group of a parquet file."""
+    import pyarrow.parquet as pq
+
+    with open_read(path) as f:
+        meta = pq.ParquetFile(f).metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[str] | None) -> Iterator[Row]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    try:
+        with open_read(path) as f:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata
+            lo, hi = row_groups if row_groups else (0, meta.num_row_groups)
+            row = sum(meta.row_group(i).num_rows for i in range(lo))
+            names = set(pf.schema_arrow.names)
+            cols = [c for c in columns if c in names] if columns is not None else None
+            for g in range(lo, hi):
+                table = pf.read_row_group(g, columns=cols)
+                for batch in table.to_batches(max_chunksize=4096):
+                    for record in batch.to_pylist():
+                        yield row, record, None
+                        row += 1
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt files
+        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+
+
+def iter_rows(path: str, row_groups: tuple[int, int] | None = None,
+              columns: list[str] | None = None) -> Iterator[Row]:
+    """Rows of a data file as (0-based row, record, None) or (row, None, reason).
+
+    ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` are read line by line; ``.json`` holds an array
+    of objects; ``.parquet`` is read one row group at a time, optionally only the row groups
+    ``[lo, hi)`` and only ``columns`` (None = every column, as read). A file that cannot be
+    read to the end yields one final row with a ``corrupt file`` reason: nothing vanishes.
+    """
+    if path.endswith(".parquet"):
+        yield from _iter_parquet(path, row_groups, columns)
+    elif path.endswith((".json", ".json.gz", ".json.zst")):
+        yield from _iter_json_array(path)
+    else:
+        yield from _iter_jsonl(path)

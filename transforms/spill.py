@@ -1,0 +1,127 @@
+"""Spill files: the tokens of one tokenize unit, grouped by output shard.
+
+This is how prep "shuffles" documents to shards in a way that survives restarts: each
+tokenize unit writes one spill, and each pack unit reads its shard's ranges from every
+spill, in unit order. Memory is bounded: tokens are buffered per shard up to ``run_tokens``
+and then flushed as a *run* (shards in ascending order, documents of a shard in input
+order), so a unit of any size holds at most one run in memory.
+
+Two files per unit (neither ends in ``.npy``: only shards may):
+
+- ``<unit>.spill``: raw little-endian uint32 tokens, runs back to back, no header.
+- ``<unit>.spilldocs``: an NPY-format structured array, one row per accepted document,
+  sorted by shard and, within a shard, in input order: ``shard`` (u4), ``length`` (u4,
+  tokens incl. EOS), ``offset`` (u8, token offset in ``.spill``), ``cum_end`` (u8, tokens of
+  this and all earlier documents of the unit in input order: what ``--max-tokens`` cuts on).
+- ``<unit>.spillshards``: NPY uint64[num_shards + 1], where each shard's rows start in the
+  documents table, so a pack unit reads only its own shard's rows.
+"""
+from __future__ import annotations
+
+from typing import IO, Iterator
+
+import numpy as np
+
+DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
+READ_CHUNK_TOKENS = 1 << 22
+
+
+class SpillWriter:
+    """Accumulates documents for one unit; ``close()`` returns the documents table."""
+
+    def __init__(self, tokens_out: IO[bytes], run_tokens: int = 1 << 24):
+        self._out = tokens_out
+        self._run_tokens = run_tokens
+        self._written = 0                      # tokens already flushed
+        self._buffered = 0                     # tokens in the current run
+        self._pending: list[tuple[int, np.ndarray]] = []  # (shard, tokens) in input order
+        self._tables: list[np.ndarray] = []
+        self._cum = 0
+
+    def add(self, shard: int, tokens: np.ndarray) -> None:
+        self._pending.append((shard, tokens))
+        self._buffered += len(tokens)
+        if self._buffered >= self._run_tokens:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        n = len(self._pending)
+        table = np.zeros(n, DOC_DTYPE)
+        table["shard"] = [s for s, _ in self._pending]
+        table["length"] = [len(t) for _, t in self._pending]
+        table["cum_end"] = self._cum + np.cumsum(table["length"], dtype=np.uint64)
+        self._cum = int(table["cum_end"][-1])
+        order = np.argsort(table["shard"], kind="stable")
+        starts = np.zeros(n, np.uint64)
+        starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
+        table["offset"] = starts
+        for i in order:
+            self._out.write(self._pending[i][1].astype("<u4", copy=False).tobytes())
+        self._written += self._buffered
+        self._tables.append(table)
+        self._pending, self._buffered = [], 0
+
+    def close(self) -> np.ndarray:
+        self._flush()
+        return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
+
+
+def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """(table sorted by shard, stable; uint64[num_shards + 1] row starts per shard)."""
+    table = table[np.argsort(table["shard"], kind="stable")]
+    starts = np.searchsorted(table["shard"], np.arange(num_shards + 1), side="left").astype(np.uint64)
+    return table, starts
+
+
+def write_array(out: IO[bytes], array: np.ndarray) -> None:
+    np.lib.format.write_array(out, array, allow_pickle=False)
+
+
+def read_shard_rows(docs_file: IO[bytes], starts: np.ndarray, shard: int) -> np.ndarray:
+    """The documents-table rows of one shard, read with one seek (not the whole table)."""
+    version = np.lib.format.read_magic(docs_file)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(docs_file)
+    if dtype != DOC_DTYPE or len(shape) != 1:
+        raise ValueError(f"spill documents table has dtype {dtype} shape {shape}, expected {DOC_DTYPE}")
+    lo, hi = int(starts[shard]), int(starts[shard + 1])
+    docs_file.seek(docs_file.tell() + lo * DOC_DTYPE.itemsize)
+    data = docs_file.read((hi - lo) * DOC_DTYPE.itemsize)
+    if len(data) != (hi - lo) * DOC_DTYPE.itemsize:
+        raise ValueError("spill documents table is truncated")
+    return np.frombuffer(data, DOC_DTYPE)
+
+
+def within_budget(rows: np.ndarray, budget_left: int | None) -> np.ndarray:
+    """Rows whose cumulative unit position stays within the remaining token budget."""
+    if budget_left is None:
+        return rows
+    return rows[rows["cum_end"] <= np.uint64(max(budget_left, 0))]
+
+
+def contiguous_ranges(docs: np.ndarray) -> list[tuple[int, int]]:
+    """Coalesced [start, end) token ranges in the spill covering ``docs`` (in order)."""
+    ranges: list[tuple[int, int]] = []
+    for off, length in zip(docs["offset"].tolist(), docs["length"].tolist()):
+        if ranges and ranges[-1][1] == off:
+            ranges[-1] = (ranges[-1][0], off + length)
+        else:
+            ranges.append((off, off + length))
+    return ranges
+
+
+def iter_token_chunks(f: IO[bytes], ranges: list[tuple[int, int]],
+                      chunk_tokens: int = READ_CHUNK_TOKENS) -> Iterator[bytes]:
+    """Raw uint32 bytes of the given token ranges, read in bounded chunks."""
+    for start, end in ranges:
+        f.seek(start * 4)
+        left = end - start
+        while left > 0:
+            n = min(left, chunk_tokens)
+            data = f.read(n * 4)
+            if len(data) != n * 4:
+                raise ValueError(f"spill file is truncated at token {start + (end - start - left)}")
+            yield data
+            left -= n
