@@ -94,10 +94,18 @@ def makedirs(path: str) -> None:
 
 
 def open_read(path: str, compression: str | None = None) -> IO[bytes]:
-    """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix."""
-    if not is_remote(path) and compression is None:
-        return open(_local(path), "rb")
-    return fsspec.open(path, "rb", compression=compression).open()
+    """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix.
+
+    Decompressed streams are buffered and iterate by line.
+    """
+    raw = open(_local(path), "rb") if not is_remote(path) else fsspec.open(path, "rb").open()
+    if compression == "infer" and path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "infer" and path.endswith(".zst"):
+        import zstandard
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+        return io.BufferedReader(reader, 1 << 20)
+    return raw
 
 
 def read_bytes(path: str) -> bytes:
@@ -293,6 +301,12 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
 # Row readers
 # ---------------------------------------------------------------------------------------
 
+try:
+    from zstandard import ZstdError as _ZstdError
+except ImportError:  # pragma: no cover - zstandard is a core dependency
+    class _ZstdError(Exception):
+        pass
+
 Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
 
 
@@ -324,7 +338,7 @@ def _iter_jsonl(path: str) -> Iterator[Row]:
                 record, error = _decode_json_line(line)
                 yield row, record, error
                 row += 1
-    except (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError) as e:
+    except (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, _ZstdError) as e:
         # A truncated gzip / corrupt zstd stream: the rest of the file is unreadable.
         yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
 

@@ -65,11 +65,12 @@ def tiktoken_cache_path() -> Path | None:
 
 def bundled_vocab_path() -> Path | None:
     """The gzipped vocab that the ``bpe-openai`` wheel ships, if that package is installed."""
-    try:
-        import bpe_openai.data as data_pkg
-    except ImportError:
+    import importlib.util
+
+    spec = importlib.util.find_spec("bpe_openai")  # locate it without importing (its import loads vocabs)
+    if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(data_pkg.__file__).parent / "o200k_base.tiktoken.gz"
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "o200k_base.tiktoken.gz"
     return path if path.exists() else None
 
 

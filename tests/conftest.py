@@ -1,0 +1,83 @@
+"""Shared fixtures: small corpora in every input format, built from real GSM8K text."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+GSM8K = SHARED / "data" / "gsm8k"
+
+
+def gsm8k_texts(n: int, offset: int = 0) -> list[str]:
+    out = []
+    with open(GSM8K / "train.jsonl") as f:
+        for i, line in enumerate(f):
+            if i < offset:
+                continue
+            if len(out) == n:
+                break
+            r = json.loads(line)
+            out.append(r["question"] + "\n\n" + r["answer"])
+    return out
+
+
+def write_jsonl(path: Path, rows: list, raw_lines: dict[int, str] | None = None) -> Path:
+    """Rows as JSON lines; ``raw_lines`` inserts verbatim (possibly broken) lines at positions."""
+    lines = [json.dumps(r) for r in rows]
+    for pos, raw in sorted((raw_lines or {}).items()):
+        lines.insert(pos, raw)
+    data = ("\n".join(lines) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    elif path.name.endswith(".zst"):
+        import zstandard
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    """A corpus folder with .jsonl, .jsonl.gz, .jsonl.zst, .json and multi-row-group .parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "corpus"
+    texts = gsm8k_texts(260)
+    write_jsonl(root / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts[:60])],
+                raw_lines={10: '{"id": "broken", "text": "unterminated', 20: '[1, 2, 3]'})
+    write_jsonl(root / "sub" / "b.jsonl.gz", [{"text": t} for t in texts[60:110]] + [{"text": "   "}, {"title": "x"}])
+    write_jsonl(root / "sub" / "c.jsonl.zst", [{"id": 1000 + i, "text": t} for i, t in enumerate(texts[110:150])])
+    (root / "d.json").write_text(json.dumps([{"id": f"d{i}", "text": t} for i, t in enumerate(texts[150:180])]))
+    table = pa.table({"id": [f"p{i}" for i in range(80)], "text": texts[180:260], "extra": list(range(80))})
+    pq.write_table(table, root / "e.parquet", row_group_size=10)
+    (root / "notes.txt").write_text("not a data file; folders skip it")
+    return root
+
+
+@pytest.fixture
+def small_corpus(tmp_path) -> Path:
+    root = tmp_path / "small"
+    write_jsonl(root / "x.jsonl", [{"id": f"x{i}", "text": t} for i, t in enumerate(gsm8k_texts(40))])
+    write_jsonl(root / "y.jsonl", [{"text": t} for t in gsm8k_texts(30, offset=40)])
+    return root
+
+
+def run_prep(inputs, output, *extra, runner: str = "direct") -> int:
+    from refinery.beam_pipelines.cli import main
+
+    args = ["prep", "--input", *map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]),
+            "--output", str(output), "--runner", runner, "--no-progress", *map(str, extra)]
+    return main(args)
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every user-facing output file (not the .refinery metadata)."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and ".refinery" not in p.parts}

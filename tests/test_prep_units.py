@@ -1,0 +1,266 @@
+"""Pure functions of prep and of the stage machinery, without Beam."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io as pyio
+import json
+
+import numpy as np
+import pytest
+
+from refinery.beam_pipelines.prep import (extract_text, encode_document, included_units, parse_token_count)
+from refinery.transforms import io, pack, spill, stages, tokenizer
+from refinery.transforms.normalize import normalize_text
+from refinery.transforms.shard import doc_id_for, shard_of
+from refinery.transforms.stages import Stage, StageRun, Unit, check_receipt, execute_unit
+
+
+# --- tokenizer -------------------------------------------------------------------------
+
+def test_vocab_resolves_offline_and_is_verified(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("REFINERY_VOCAB_FILE", raising=False)
+    source = tokenizer.resolve_vocab()
+    assert source.endswith("o200k_base.tiktoken.gz")  # from bpe-openai, not the network
+    data = tokenizer.tiktoken_cache_path().read_bytes()
+    assert hashlib.sha256(data).hexdigest() == tokenizer.VOCAB_SHA256
+    assert tokenizer.resolve_vocab() == str(tokenizer.tiktoken_cache_path())  # second time: the cache
+
+
+def test_bad_vocab_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "o200k_base.tiktoken"
+    bad.write_bytes(b"aGVsbG8= 0\n")
+    with pytest.raises(tokenizer.VocabError, match="sha256"):
+        tokenizer.resolve_vocab(str(bad))
+
+
+def test_identity_has_no_network_parts():
+    assert tokenizer.tokenizer_identity() == {"encoding": "o200k_harmony", "vocab_sha256": tokenizer.VOCAB_SHA256}
+
+
+def test_special_token_text_is_ordinary():
+    enc = tokenizer.get_encoding()
+    toks = encode_document(enc, "before <|endoftext|> after <|start|>")
+    assert toks.dtype == np.uint32
+    assert list(toks).count(tokenizer.EOS_TOKEN_ID) == 1 and toks[-1] == tokenizer.EOS_TOKEN_ID
+    assert 200006 not in toks  # <|start|>
+    assert enc.decode(toks[:-1].tolist()) == "before <|endoftext|> after <|start|>"
+
+
+# --- normalize / ids / shards ----------------------------------------------------------
+
+@pytest.mark.parametrize("raw, expected", [
+    ("  a\r\nb\rc  ", "a\nb\nc"),
+    ("x\x00y\x07z\x85w\x9f", "xyzw"),           # C0, C1 (incl. NEL) controls dropped
+    ("tab\tand\nnewline", "tab\tand\nnewline"),   # \t and \n kept
+    ("Cafe\u0301", "Caf\u00e9"),                  # NFC
+    ("zero\u200bwidth", "zero\u200bwidth"),       # Cf, not Cc: kept
+    (" \r\n\t ", ""),
+])
+def test_normalize(raw, expected):
+    assert normalize_text(raw) == expected
+
+
+def test_doc_id_and_shard():
+    assert doc_id_for({"id": 7}, "id", "a.jsonl", 3) == "7"
+    assert doc_id_for({"id": None}, "id", "sub/a.jsonl", 3) == "sub/a.jsonl:3"
+    assert doc_id_for({}, "id", "a.jsonl", 0) == "a.jsonl:0"
+    expected = int(hashlib.md5(b"doc-1").hexdigest()[:16], 16) % 13
+    assert shard_of("doc-1", 13) == expected
+    counts = np.bincount([shard_of(f"d{i}", 8) for i in range(8000)], minlength=8)
+    assert counts.min() > 850  # spread evenly
+
+
+def test_extract_text_reasons():
+    assert extract_text({"text": "hi"}, "text") == ("hi", None)
+    assert extract_text({"body": "hi"}, "text")[1] == "missing text field 'text'"
+    assert "is int" in extract_text({"text": 3}, "text")[1]
+    assert "is NoneType" in extract_text({"text": None}, "text")[1]
+    assert "surrogates" in extract_text({"text": "a\ud800b"}, "text")[1]
+
+
+@pytest.mark.parametrize("value, expected", [("100M", 100_000_000), ("2B", 2_000_000_000), ("1.5K", 1500),
+                                              ("42", 42), ("3t", 3 * 10**12)])
+def test_parse_token_count(value, expected):
+    assert parse_token_count(value) == expected
+
+
+def test_parse_token_count_rejects_garbage():
+    with pytest.raises(ValueError, match="token count"):
+        parse_token_count("10 apples")
+
+
+def test_included_units_budget_waves():
+    units = [Unit(f"{i}") for i in range(6)]
+    rec = lambda t: {"stats": {"tokens": t}}  # noqa: E731
+    assert included_units(units, {}, None) == (units, True)
+    # nothing known yet: ask for a wave of 2
+    assert included_units(units, {}, 250, wave=2) == (units[:2], False)
+    # first two known (100 each): not enough, next wave
+    got, final = included_units(units, {"0": rec(100), "1": rec(100)}, 250, wave=2)
+    assert [u.id for u in got] == ["0", "1", "2", "3"] and not final
+    # budget reached inside unit 2: final, nothing after it is needed
+    got, final = included_units(units, {"0": rec(100), "1": rec(100), "2": rec(100), "3": rec(5)}, 250, wave=2)
+    assert [u.id for u in got] == ["0", "1", "2"] and final
+
+
+# --- io --------------------------------------------------------------------------------
+
+def test_iter_rows_reports_every_bad_row(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b'{"text": "ok"}\n{"text": "bad\n\xff\xfe\n\n[1]\n{"text": "last"}')
+    rows = list(io.iter_rows(str(p)))
+    assert [r[0] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert rows[0][1] == {"text": "ok"} and rows[5][1] == {"text": "last"}
+    assert rows[1][2].startswith("malformed JSON")
+    assert rows[2][2] == "invalid UTF-8 at byte 0"
+    assert rows[3][2] == "blank line"
+    assert rows[4][2] == "row is a JSON list, not an object"
+
+
+def test_truncated_gzip_is_reported_not_dropped(tmp_path):
+    data = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(2000)))
+    p = tmp_path / "cut.jsonl.gz"
+    p.write_bytes(data[: len(data) // 2])
+    rows = list(io.iter_rows(str(p)))
+    assert rows[-1][1] is None and rows[-1][2].startswith("corrupt file after")
+    assert all(r[2] is None for r in rows[:-1])
+
+
+def test_expand_inputs(corpus):
+    files = io.expand_inputs([str(corpus)])
+    assert [f.relpath for f in files] == ["a.jsonl", "d.json", "e.parquet", "sub/b.jsonl.gz", "sub/c.jsonl.zst"]
+    assert [f.relpath for f in io.expand_inputs([str(corpus / "sub" / "*.jsonl.*")])] == ["b.jsonl.gz", "c.jsonl.zst"]
+    with pytest.raises(io.InputError, match="no such file"):
+        io.expand_inputs([str(corpus / "missing")])
+    with pytest.raises(io.InputError, match="not a supported data file"):
+        io.expand_inputs([str(corpus / "notes.txt")])
+
+
+def test_atomic_open_leaves_nothing_on_error(tmp_path):
+    target = tmp_path / "out.bin"
+    with pytest.raises(RuntimeError):
+        with io.atomic_open(str(target)) as f:
+            f.write(b"partial")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+    n, sha = io.atomic_write_bytes(str(target), b"whole")
+    assert target.read_bytes() == b"whole" and n == 5 and sha == hashlib.sha256(b"whole").hexdigest()
+
+
+# --- spill / pack formats --------------------------------------------------------------
+
+def test_spill_round_trip_bounded_runs():
+    rng = np.random.default_rng(0)
+    docs = [(int(rng.integers(0, 4)), rng.integers(0, 1000, size=int(rng.integers(1, 50))).astype(np.uint32))
+            for _ in range(200)]
+    buf = pyio.BytesIO()
+    w = spill.SpillWriter(buf, run_tokens=300)  # many runs
+    for s, t in docs:
+        w.add(s, t)
+    table, starts = spill.by_shard(w.close(), 4)
+    assert int(table["cum_end"].max()) == sum(len(t) for _, t in docs)
+    docs_buf = pyio.BytesIO()
+    spill.write_array(docs_buf, table)
+    for shard in range(4):
+        docs_buf.seek(0)
+        rows = spill.read_shard_rows(docs_buf, starts, shard)
+        got = b"".join(spill.iter_token_chunks(buf, spill.contiguous_ranges(rows), chunk_tokens=7))
+        want = b"".join(t.astype("<u4").tobytes() for s, t in docs if s == shard)
+        assert got == want
+
+
+def test_npy_header_matches_numpy_save():
+    arr = np.arange(12345, dtype=np.uint32)
+    ref = pyio.BytesIO()
+    np.save(ref, arr)
+    assert pack.npy_header(len(arr)) + arr.tobytes() == ref.getvalue()
+
+
+def test_idx_write_read_and_regenerate():
+    lengths = np.array([3, 1, 5], dtype=np.uint64)
+    buf = pyio.BytesIO()
+    pack.write_idx(buf, lengths)
+    data = buf.getvalue()
+    assert data[:8] == b"NMOEIDX\x00" and len(data) == 32 + 16 * 3
+    assert pack.read_idx(data).tolist() == [[0, 3], [3, 4], [4, 9]]
+    tokens = np.array([5, 6, 199999, 199999, 1, 2, 3, 4, 199999], dtype=np.uint32)
+    assert pack.idx_bytes_from_tokens(tokens, 199999) == data
+    with pytest.raises(ValueError, match="magic"):
+        pack.read_idx(b"X" * 32)
+
+
+# --- stage machinery -------------------------------------------------------------------
+
+class _Echo(Stage):
+    name = "echo"
+
+    def __init__(self, fail_on=()):
+        self.fail_on = set(fail_on)
+        self.calls = []
+
+    def plan(self):
+        return [Unit("u0", {"v": 0}), Unit("u1", {"v": 1})]
+
+    def run_unit(self, unit, ctx):
+        self.calls.append(unit.id)
+        if unit.id in self.fail_on:
+            raise ValueError(f"cannot do {unit.id}")
+        ctx.write_bytes(ctx.part_path(f"{unit.id}.txt"), f"value {unit.payload['v']}".encode())
+        return {"v": unit.payload["v"]}
+
+
+def test_receipt_with_missing_files_is_pending_everywhere(tmp_path):
+    """Regression for seeds/000: planner and worker must agree that missing outputs = pending."""
+    stage = _Echo()
+    run = StageRun(stage, str(tmp_path), stages.compute_stage_hash(stage, None))
+    r = execute_unit(run, Unit("u0", {"v": 0}))
+    assert r["status"] == "completed" and stage.calls == ["u0"]
+    assert execute_unit(run, Unit("u0", {"v": 0}))["skipped"] and stage.calls == ["u0"]
+    (tmp_path / r["files"][0]["path"]).unlink()
+    assert run.pending(stage.plan()) == stage.plan()                  # the planner sees it
+    assert check_receipt(str(tmp_path), run.receipt_path("u0"), run.stage_hash).reason.startswith("missing output")
+    execute_unit(run, Unit("u0", {"v": 0}))                            # the worker redoes it
+    assert stage.calls == ["u0", "u0"] and (tmp_path / r["files"][0]["path"]).read_bytes() == b"value 0"
+
+
+def test_check_receipt_cases(tmp_path):
+    stage = _Echo()
+    run = StageRun(stage, str(tmp_path), "h1")
+    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason == "no receipt"
+    r = execute_unit(run, Unit("u1", {"v": 1}))
+    out = tmp_path / r["files"][0]["path"]
+    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h2").reason == "receipt from another plan"
+    out.write_bytes(b"value 9")  # same size, other bytes
+    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").done
+    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1", verify_checksums=True).reason.startswith("checksum")
+    out.write_bytes(b"v")
+    assert "size mismatch" in check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason
+    receipt_path = tmp_path / run.receipt_path("u1")
+    receipt_path.write_text(receipt_path.read_text()[:20])
+    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason.startswith("unreadable receipt")
+
+
+def test_failed_unit_is_recorded_and_retried(tmp_path):
+    def local(run, units, args, verify):
+        for u in units:
+            execute_unit(run, u, verify)
+
+    stage = _Echo(fail_on={"u1"})
+    with pytest.raises(stages.StageFailed, match="u1: failed: ValueError cannot do u1"):
+        stages.run_stages([stage], str(tmp_path), [], progress=False, runner=local)
+    receipt = json.loads((tmp_path / ".refinery/echo").glob("*/receipts/u1.json").__next__().read_text())
+    assert receipt["status"] == "failed" and receipt["error"]["type"] == "ValueError"
+    stage.fail_on.clear()
+    stage.calls.clear()
+    stages.run_stages([stage], str(tmp_path), [], progress=False, runner=local)
+    assert stage.calls == ["u1"]  # only the failed unit runs again
+
+
+def test_stage_hash_chain():
+    a1, a2 = _Echo(), _Echo()
+    h1 = stages.compute_stage_hash(a1, None)
+    assert h1 == stages.compute_stage_hash(a2, None)
+    assert stages.compute_stage_hash(a1, "x") != stages.compute_stage_hash(a1, "y")
