@@ -168,7 +168,8 @@ def cmd_prep(args, beam_args: list[str]) -> int:
         return 1
     manifest_path = io.join(cfg.output, "manifest.json")
     m = io.read_json(manifest_path)
-    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+    ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
+        or "nothing (all units already done)"
     rows = m["rows"]
     print(f"prep done in {time.time() - t0:.1f}s; units run: {ran}\n"
           f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"

@@ -361,6 +361,7 @@ class JobResult:
     runs: list[StageRun]
     ran: dict[str, int]  # stage -> units executed this time
     skipped_stages: list[str]
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time this time
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
@@ -484,7 +485,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     last = max((i for i, p in enumerate(pending_any) if p), default=-1)
     skipped = [r.name for r in runs[last + 1:]] if last >= 0 else [r.name for r in runs]
     ran: dict[str, int] = {}
+    seconds: dict[str, float] = {}
     for run, plan in zip(runs[: last + 1], plans[: last + 1]):
+        t0 = time.perf_counter()
         if run.stage.final_outputs:
             _discard_other_plans(run)
         ran[run.name] = 0
@@ -511,7 +514,8 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                 raise StageFailed(run.name, failures)
             if final:
                 break
-    return JobResult(runs, ran, skipped)
+        seconds[run.name] = time.perf_counter() - t0
+    return JobResult(runs, ran, skipped, seconds)
 
 
 def stage_status(output: str) -> list[dict]:
