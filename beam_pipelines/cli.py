@@ -108,10 +108,20 @@ def _dataset_name(args) -> str:
     return clean or "dataset"
 
 
-def _install_sigterm() -> None:
+_INTERRUPTED: list[int] = []
+
+
+def _install_signal_handlers() -> None:
+    """SIGINT/SIGTERM stop the run; Beam may wrap the KeyboardInterrupt, so remember it."""
     def handler(signum, frame):
+        _INTERRUPTED.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupted_message() -> str:
+    return f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}"
 
 
 def _resume_hint() -> str:
@@ -153,19 +163,24 @@ def cmd_prep(args, beam_args: list[str]) -> int:
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source)
     print(f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
           + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")", file=sys.stderr)
-    _install_sigterm()
+    _install_signal_handlers()
     t0 = time.time()
     try:
         result = run_stages(build_stages(cfg), cfg.output, pipeline_args(args.runner, args.workers, beam_args),
                             verify_checksums=args.verify_checksums, force=args.force, progress=not args.no_progress,
                             run_info={"command": "prep", "argv": sys.argv[1:]}, on_plan=clear_stale_manifest)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}", file=sys.stderr)
+        print(_interrupted_message(), file=sys.stderr)
         return 130
     except StageFailed as e:
         print(f"refinery prep: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {_resume_hint()}", file=sys.stderr)
         return 1
+    except Exception:
+        if _INTERRUPTED:
+            print(_interrupted_message(), file=sys.stderr)
+            return 130
+        raise
     manifest_path = io.join(cfg.output, "manifest.json")
     m = io.read_json(manifest_path)
     ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
@@ -253,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args)
     if args.command == "decon":
         from refinery.beam_pipelines import decon
-        _install_sigterm()
+        _install_signal_handlers()
         try:
             return decon.run(args, pipeline_args(args.runner, args.workers, unknown))
+        except Exception as e:
+            if isinstance(e, KeyboardInterrupt) or _INTERRUPTED:
+                print(_interrupted_message(), file=sys.stderr)
+                return 130
+            raise
         except KeyboardInterrupt:
-            print(f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}", file=sys.stderr)
+            print(_interrupted_message(), file=sys.stderr)
             return 130
     parser.error(f"unknown command {args.command}")
     return 2

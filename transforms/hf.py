@@ -28,7 +28,9 @@ def candidate_globs(subset: str | None, split: str) -> list[str]:
     pats = []
     if subset:
         pats += [f"{subset}/{split}/*.parquet", f"{subset}/{split}-*.parquet", f"data/{subset}/{split}-*.parquet",
-                 f"{subset}/**/{split}-*.parquet", f"{subset}/**/*.parquet"]
+                 f"{subset}/**/{split}-*.parquet", f"{subset}/*.parquet", f"{subset}/**/*.parquet"]
+        if "-" in subset:  # e.g. fineweb-edu's config sample-10BT lives in sample/10BT/
+            pats.append(f"{subset.replace('-', '/', 1)}/*.parquet")
     pats += [f"data/{split}-*.parquet", f"{split}/*.parquet", f"**/{split}-*.parquet", f"default/{split}/*.parquet"]
     return pats
 

@@ -1,0 +1,102 @@
+"""prep as a user runs it: interruption, HF dataset resolution, no torch, runner options."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import gsm8k_texts, tree_digest, write_jsonl
+from refinery.runners import pipeline_args
+from refinery.transforms.hf import resolve_hf_parquet
+
+
+def _prep_cmd(corpus, out, *extra):
+    return [sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(corpus), "--output", str(out),
+            "--num-shards", "2", "--workers", "1", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
+    corpus = tmp_path / "c"
+    texts = gsm8k_texts(400)
+    for k in range(20):  # 20 small units so the signal lands mid-stage
+        write_jsonl(corpus / f"f{k:02d}.jsonl", [{"text": t * 3} for t in texts[k * 20:(k + 1) * 20]])
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_prep_cmd(corpus, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(out.glob(".refinery/tokenize/*/receipts/*.json")):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=30)
+    assert time.time() - t0 < 10
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert "Resume with:" in err and "refinery prep --input" in err
+    # no half-written file under a final name
+    assert not (out / "manifest.json").exists() or json.loads((out / "manifest.json").read_text())
+    subprocess.run(_prep_cmd(corpus, out), check=True, capture_output=True)
+    ref = tmp_path / "ref"
+    subprocess.run(_prep_cmd(corpus, ref), check=True, capture_output=True)
+    assert tree_digest(out) == tree_digest(ref)
+    assert not list(out.rglob("*.tmp-*"))
+
+
+def test_prep_and_cli_do_not_import_torch():
+    code = ("import sys, refinery.beam_pipelines.cli, refinery.beam_pipelines.prep, refinery.transforms.stages;"
+            "refinery.beam_pipelines.cli.build_parser();"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class FakeHub:
+    """Stands in for huggingface_hub's HfFileSystem/HfApi (the hub is unreachable here)."""
+
+    def __init__(self, files):
+        self.files = files
+        self.asked = []
+
+    def glob(self, pattern):
+        import fnmatch
+        self.asked.append(pattern)
+        return [f for f in self.files if fnmatch.fnmatch(f, pattern)]
+
+    def dataset_info(self, name, revision=None):
+        class Info:
+            sha = "a" * 40
+        return Info()
+
+
+def test_hf_dataset_resolves_to_pinned_parquet_files():
+    sha = "a" * 40
+    hub = FakeHub([f"datasets/org/web@{sha}/sample-10BT/000_00000.parquet",
+                   f"datasets/org/web@{sha}/sample-10BT/001_00000.parquet",
+                   f"datasets/org/web@{sha}/data/train-00000-of-00001.parquet"])
+    src = resolve_hf_parquet("org/web", "sample-10BT", "train", fs=hub, api=hub)
+    assert src.revision == sha
+    assert src.files == (f"hf://datasets/org/web@{sha}/sample-10BT/000_00000.parquet",
+                         f"hf://datasets/org/web@{sha}/sample-10BT/001_00000.parquet")
+    assert src.describe()["hf_revision"] == sha
+    plain = resolve_hf_parquet("org/web", None, "train", revision=sha, fs=hub, api=hub)
+    assert plain.files == (f"hf://datasets/org/web@{sha}/data/train-00000-of-00001.parquet",)
+    with pytest.raises(ValueError, match="no parquet files"):
+        resolve_hf_parquet("org/web", "missing", "test", fs=hub, api=hub)
+
+
+def test_runner_options():
+    assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                                         "--direct_num_workers=3"]
+    assert "--direct_running_mode=in_memory" in pipeline_args("local", 1)
+    portable = pipeline_args("portable", None, ["--environment_type=DOCKER"])
+    assert portable == ["--environment_type=DOCKER", "--runner=PortableRunner", "--job_endpoint=embed"]
+    dataflow = pipeline_args("dataflow", 10, ["--project=p"])
+    assert "--runner=DataflowRunner" in dataflow and "--max_num_workers=10" in dataflow
+    assert any(a.startswith("--setup_file=") and a.endswith("setup.py") for a in dataflow)
+    assert pipeline_args("SomeRunner") == ["--runner=SomeRunner"]
