@@ -335,9 +335,10 @@ class ManifestStage(Stage):
             "source": cfg.source or {"inputs": len(cfg.inputs)},
             "rows": rows, "shards": shards,
         }
-        listed = {io.join(cfg.output, s[k]) for s in shards for k in ("path", "index_path")}
+        listed = {s[k] for s in shards for k in ("path", "index_path")}
+        root = cfg.output.rstrip("/") + "/"
         for stale in pack.find_shard_files(cfg.output):
-            if stale not in listed:
+            if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
                 io.remove(stale)
         ctx.write_bytes(ctx.output_path("manifest.json"), pack.manifest_json(manifest))

@@ -145,8 +145,9 @@ def listdir(path: str) -> list[str]:
             names = fs.ls(p, detail=False)
         except FileNotFoundError:
             return []
-        proto = path.split("://", 1)[0]
-        return sorted(n if "://" in n else f"{proto}://{n}" for n in names)
+        # Children are spelled from the parent as the caller spelled it, so that paths built
+        # with join() and paths found by listing compare equal whatever the backend returns.
+        return sorted(join(path, posixpath.basename(n.rstrip("/"))) for n in names)
     try:
         return sorted(os.path.join(_local(path), n) for n in os.listdir(_local(path)))
     except FileNotFoundError:
