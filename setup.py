@@ -35,6 +35,7 @@ setup(
             "torch==2.13.0",
             "safetensors>=0.4",
             "openai-harmony>=0.0.4",
+            "triton>=3.0; platform_system == 'Linux'",
         ],
     },
     entry_points={"console_scripts": ["refinery=refinery.beam_pipelines.cli:main"]},

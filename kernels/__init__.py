@@ -1,1 +1,30 @@
-"""refinery.kernels."""
+"""refinery.kernels: the gpt-oss MXFP4 inference engine (torch; GPU kernels plug into ``ops``).
+
+Importing this package does not import torch; the names below load on first use.
+
+* :class:`Transformer` and :class:`BatchedGenerator` (``refinery.kernels.model``)
+* :class:`ModelConfig` (``refinery.kernels.config``, torch-free)
+* harmony prompt rendering and parsing (``refinery.kernels.harmony``)
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Transformer": "model",
+    "BatchedGenerator": "model",
+    "ModelConfig": "config",
+    "load_config": "config",
+    "register_kernel": "ops",
+    "kernel": "ops",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

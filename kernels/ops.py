@@ -1,0 +1,203 @@
+"""Swappable compute kernels and their plain-torch reference versions.
+
+The model never calls a heavy kernel directly: it asks :func:`kernel` for one by name and by
+the device type of its input. The torch functions below are registered for every device;
+GPU kernels (Triton) register for ``"cuda"`` with :func:`register_kernel` and take over
+without any change to the model, the cache or the generator.
+
+Kernels and their contracts:
+
+``dequant_mxfp4(blocks [..., G, 16] u8, scales [..., G] u8, dtype) -> [..., G*32]``
+
+``moe(x [N, H], expert_indices [N, k] long, expert_weights [N, k], mlp1_blocks [E, 2I, H/32, 16],
+mlp1_scales, mlp1_bias [E, 2I], mlp2_blocks [E, H, I/32, 16], mlp2_scales, mlp2_bias [E, H],
+swiglu_limit, swiglu_alpha) -> [N, H]``: the routed experts, weights still in MXFP4.
+
+``attention(q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], sinks [Hq], q_pos [n], k_pos [m],
+window, sm_scale) -> [n, Hq, D]``: one sequence, dense keys, explicit absolute positions.
+
+``write_kv(k_pool, v_pool, k [N, Hkv, D], v, slots [N])``: store keys/values in a paged pool
+``[num_blocks, block_size, Hkv, D]`` at flat slot ``block * block_size + offset``.
+
+``paged_attention(q [N, Hq, D], k_pool, v_pool, sinks, block_table [B, max_blocks] (-1 = none),
+query_start [B+1], seq_lens [B], window, sm_scale) -> [N, Hq, D]``: a packed batch, sequence
+``b`` owning query rows ``query_start[b]:query_start[b+1]``, which are its last positions
+(``seq_lens[b]`` counts cached keys including the new ones).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+
+from . import mxfp4
+
+_ANY = "*"
+_KERNELS: dict[tuple[str, str], Callable] = {}
+
+
+def register_kernel(name: str, fn: Callable, device_type: str = _ANY) -> None:
+    """Make ``fn`` the ``name`` kernel for tensors on ``device_type`` (``"*"``: any device)."""
+    _KERNELS[(name, device_type)] = fn
+
+
+def kernel(name: str, device: torch.device | str = "cpu") -> Callable:
+    """The kernel registered for ``name`` on ``device``'s type, else the generic one."""
+    device_type = torch.device(device).type
+    fn = _KERNELS.get((name, device_type)) or _KERNELS.get((name, _ANY))
+    if fn is None:
+        raise KeyError(f"no kernel registered for {name!r}")
+    return fn
+
+
+@contextlib.contextmanager
+def use_kernels(device_type: str = _ANY, **overrides: Callable) -> Iterator[None]:
+    """Temporarily replace kernels, e.g. ``with use_kernels(moe=my_moe): ...``."""
+    saved = {name: _KERNELS.get((name, device_type)) for name in overrides}
+    try:
+        for name, fn in overrides.items():
+            _KERNELS[(name, device_type)] = fn
+        yield
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                _KERNELS.pop((name, device_type), None)
+            else:
+                _KERNELS[(name, device_type)] = fn
+
+
+# ---- reference kernels (torch) -----------------------------------------------------------
+
+
+def swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU on interleaved ``[gate, linear]`` columns of ``h [N, 2I]``."""
+    gate, lin = h[..., 0::2], h[..., 1::2]
+    gate = gate.clamp(max=limit)
+    lin = lin.clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(alpha * gate) * (lin + 1)
+
+
+def moe_torch(
+    x: torch.Tensor,
+    expert_indices: torch.Tensor,
+    expert_weights: torch.Tensor,
+    mlp1_blocks: torch.Tensor,
+    mlp1_scales: torch.Tensor,
+    mlp1_bias: torch.Tensor,
+    mlp2_blocks: torch.Tensor,
+    mlp2_scales: torch.Tensor,
+    mlp2_bias: torch.Tensor,
+    swiglu_limit: float,
+    swiglu_alpha: float,
+) -> torch.Tensor:
+    """Routed experts, one expert at a time: each expert's weights are dequantized only while
+    its tokens are multiplied, so at most one expert is ever materialised."""
+    dequant = kernel("dequant_mxfp4", x.device)
+    out = torch.zeros_like(x)
+    flat_experts = expert_indices.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    counts = torch.bincount(flat_experts, minlength=mlp1_blocks.shape[0]).tolist()
+    token_of = order // expert_indices.shape[1]
+    weight_of = expert_weights.reshape(-1)[order]
+    start = 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        tokens = token_of[start : start + count]
+        weights = weight_of[start : start + count]
+        start += count
+        w1 = dequant(mlp1_blocks[e], mlp1_scales[e], x.dtype)  # [2I, H]
+        h = torch.nn.functional.linear(x[tokens], w1, mlp1_bias[e])
+        del w1
+        a = swiglu(h, swiglu_limit, swiglu_alpha)
+        w2 = dequant(mlp2_blocks[e], mlp2_scales[e], x.dtype)  # [H, I]
+        y = torch.nn.functional.linear(a, w2, mlp2_bias[e])
+        del w2
+        out.index_put_((tokens,), y * weights.unsqueeze(-1).to(y.dtype), accumulate=True)
+    return out
+
+
+def attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: int | None,
+    sm_scale: float,
+    query_chunk: int = 1024,
+) -> torch.Tensor:
+    """Causal (optionally banded) attention with per-head sink logits, computed in (at least) float32.
+
+    A key at ``kp`` is visible to a query at ``qp`` iff ``qp - window < kp <= qp``. The sink
+    ``S_h`` only enlarges the softmax denominator by ``exp(S_h)``.
+    """
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    group = n_heads // n_kv
+    acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for a float64 model
+    kf = k.to(acc).repeat_interleave(group, dim=1)  # [m, Hq, D]
+    vf = v.to(acc).repeat_interleave(group, dim=1)
+    sink = sinks.to(acc).reshape(n_heads, 1, 1)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for s in range(0, q.shape[0], query_chunk):
+        qc, qp = q[s : s + query_chunk].to(acc), q_pos[s : s + query_chunk]
+        scores = torch.einsum("qhd,khd->hqk", qc, kf) * sm_scale  # [Hq, n, m]
+        visible = k_pos.unsqueeze(0) <= qp.unsqueeze(1)
+        if window:
+            visible &= k_pos.unsqueeze(0) > (qp.unsqueeze(1) - window)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = torch.cat([scores, sink.expand(-1, scores.shape[1], 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :-1]
+        out[s : s + query_chunk] = torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
+    return out
+
+
+def write_kv_torch(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Scatter ``k``/``v`` rows into the paged pools at flat ``slots``."""
+    k_pool.view(-1, *k_pool.shape[2:]).index_copy_(0, slots, k.to(k_pool.dtype))
+    v_pool.view(-1, *v_pool.shape[2:]).index_copy_(0, slots, v.to(v_pool.dtype))
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    sinks: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    window: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Gather each sequence's live keys from its blocks, then run :func:`attention_torch`."""
+    attend = kernel("attention", q.device)
+    block_size = k_pool.shape[1]
+    flat_k = k_pool.view(-1, *k_pool.shape[2:])
+    flat_v = v_pool.view(-1, *v_pool.shape[2:])
+    out = torch.empty_like(q)
+    starts, lens = query_start.tolist(), seq_lens.tolist()
+    for b in range(len(lens)):
+        q0, q1, total = starts[b], starts[b + 1], lens[b]
+        if q1 == q0:
+            continue
+        first_q = total - (q1 - q0)
+        lo = max(0, first_q - window + 1) if window else 0
+        k_pos = torch.arange(lo, total, device=q.device)
+        blocks = block_table[b, k_pos // block_size]
+        if bool((blocks < 0).any()):
+            raise RuntimeError("paged attention reached a freed or unallocated KV block")
+        slots = blocks * block_size + k_pos % block_size
+        q_pos = torch.arange(first_q, total, device=q.device)
+        out[q0:q1] = attend(q[q0:q1], flat_k[slots], flat_v[slots], sinks, q_pos, k_pos, window, sm_scale)
+    return out
+
+
+register_kernel("dequant_mxfp4", mxfp4.dequantize)
+register_kernel("moe", moe_torch)
+register_kernel("attention", attention_torch)
+register_kernel("write_kv", write_kv_torch)
+register_kernel("paged_attention", paged_attention_torch)

@@ -1,0 +1,140 @@
+"""Tiny random gpt-oss checkpoints, written in both layouts, for the engine tests.
+
+Import only after ``pytest.importorskip("torch")``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from refinery.kernels.config import ModelConfig
+
+TINY = dict(
+    num_hidden_layers=3,
+    num_experts=4,
+    experts_per_token=2,
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=8,
+)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    return ModelConfig(**{**TINY, **overrides})
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Original-layout tensors: bf16 dense weights, random MXFP4 experts (all nibbles, varied
+    scales), random biases, sinks and norm gains."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e = config.hidden_size, config.intermediate_size, config.num_experts
+    nq, nkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+
+    def gain(n: int) -> torch.Tensor:
+        return (1.0 + 0.2 * torch.randn(n, generator=g)).to(torch.bfloat16)
+
+    def blocks(*shape: int) -> torch.Tensor:
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+
+    def scales(*shape: int) -> torch.Tensor:
+        return torch.randint(119, 125, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+
+    w: dict[str, torch.Tensor] = {
+        "embedding.weight": normal(config.vocab_size, h, std=1.0),
+        "norm.scale": gain(h),
+        "unembedding.weight": normal(config.vocab_size, h, std=0.3),
+    }
+    for n in range(config.num_hidden_layers):
+        p = f"block.{n}"
+        w[f"{p}.attn.norm.scale"] = gain(h)
+        w[f"{p}.attn.qkv.weight"] = normal((nq + 2 * nkv) * d, h, std=0.3)
+        w[f"{p}.attn.qkv.bias"] = normal((nq + 2 * nkv) * d, std=0.2)
+        w[f"{p}.attn.sinks"] = normal(nq, std=1.0)
+        w[f"{p}.attn.out.weight"] = normal(h, nq * d, std=0.1)
+        w[f"{p}.attn.out.bias"] = normal(h, std=0.1)
+        w[f"{p}.mlp.norm.scale"] = gain(h)
+        w[f"{p}.mlp.gate.weight"] = normal(e, h, std=0.5)
+        w[f"{p}.mlp.gate.bias"] = normal(e, std=0.2)
+        w[f"{p}.mlp.mlp1_weight.blocks"] = blocks(e, 2 * i, h // 32, 16)
+        w[f"{p}.mlp.mlp1_weight.scales"] = scales(e, 2 * i, h // 32)
+        w[f"{p}.mlp.mlp1_bias"] = normal(e, 2 * i, std=0.2)
+        w[f"{p}.mlp.mlp2_weight.blocks"] = blocks(e, h, i // 32, 16)
+        w[f"{p}.mlp.mlp2_weight.scales"] = scales(e, h, i // 32)
+        w[f"{p}.mlp.mlp2_bias"] = normal(e, h, std=0.2)
+    return w
+
+
+def write_original(folder: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def hf_tensors(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same weights under Hugging Face names (q/k/v split, experts renamed)."""
+    nq, nkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    out = {
+        "model.embed_tokens.weight": weights["embedding.weight"],
+        "model.norm.weight": weights["norm.scale"],
+        "lm_head.weight": weights["unembedding.weight"],
+    }
+    expert_names = {
+        "mlp1_weight.blocks": "gate_up_proj_blocks",
+        "mlp1_weight.scales": "gate_up_proj_scales",
+        "mlp1_bias": "gate_up_proj_bias",
+        "mlp2_weight.blocks": "down_proj_blocks",
+        "mlp2_weight.scales": "down_proj_scales",
+        "mlp2_bias": "down_proj_bias",
+    }
+    for n in range(config.num_hidden_layers):
+        p, q = f"block.{n}", f"model.layers.{n}"
+        out[f"{q}.input_layernorm.weight"] = weights[f"{p}.attn.norm.scale"]
+        for kind in ("weight", "bias"):
+            qkv = weights[f"{p}.attn.qkv.{kind}"]
+            out[f"{q}.self_attn.q_proj.{kind}"] = qkv[: nq * d]
+            out[f"{q}.self_attn.k_proj.{kind}"] = qkv[nq * d : (nq + nkv) * d]
+            out[f"{q}.self_attn.v_proj.{kind}"] = qkv[(nq + nkv) * d :]
+            out[f"{q}.self_attn.o_proj.{kind}"] = weights[f"{p}.attn.out.{kind}"]
+        out[f"{q}.self_attn.sinks"] = weights[f"{p}.attn.sinks"]
+        out[f"{q}.post_attention_layernorm.weight"] = weights[f"{p}.mlp.norm.scale"]
+        out[f"{q}.mlp.router.weight"] = weights[f"{p}.mlp.gate.weight"]
+        out[f"{q}.mlp.router.bias"] = weights[f"{p}.mlp.gate.bias"]
+        for ours, theirs in expert_names.items():
+            out[f"{q}.mlp.experts.{theirs}"] = weights[f"{p}.mlp.{ours}"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def write_hf(
+    folder: Path, config: ModelConfig, weights: dict[str, torch.Tensor], shards: int = 2
+) -> Path:
+    """Hugging Face layout: config.json (mxfp4 quantization_config) + sharded safetensors + index."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=1))
+    tensors = hf_tensors(config, weights)
+    names = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+    weight_map = {}
+    for s in range(shards):
+        file = f"model-{s:05d}-of-{shards:05d}.safetensors"
+        part = {k: tensors[k] for k in names[s::shards]}
+        save_file(part, str(folder / file))
+        weight_map.update({k: file for k in part})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return folder

@@ -1,0 +1,74 @@
+"""Harmony prompts and completions, offline (openai-harmony reading the local o200k vocab)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("openai_harmony", reason="the inference extra (openai-harmony) is not installed")
+
+from refinery.kernels import harmony  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoding():
+    return harmony.harmony_encoding()
+
+
+def _encode(encoding, text: str) -> list[int]:
+    return list(encoding.encode(text, allowed_special="all"))
+
+
+def test_stop_tokens(encoding):
+    assert sorted(harmony.stop_tokens()) == [200002, 200012]
+    assert set(harmony.STOP_TOKENS) == set(harmony.stop_tokens())
+    assert _encode(encoding, "<|return|>") == [harmony.RETURN_TOKEN]
+    assert _encode(encoding, "<|call|>") == [harmony.CALL_TOKEN]
+
+
+def test_render_prompt(encoding):
+    tokens = harmony.render_prompt(
+        system="You are a careful grader.", developer="Answer with one word.", user="Is water wet?"
+    )
+    text = encoding.decode(tokens)
+    assert text.startswith("<|start|>system<|message|>You are a careful grader.")
+    assert "Reasoning: low" in text
+    assert "<|start|>developer<|message|># Instructions\n\nAnswer with one word.<|end|>" in text
+    assert text.endswith("<|start|>user<|message|>Is water wet?<|end|><|start|>assistant")
+    same = harmony.render_prompt(
+        [
+            {"role": "system", "content": "You are a careful grader."},
+            {"role": "developer", "content": "Answer with one word."},
+            {"role": "user", "content": "Is water wet?"},
+        ]
+    )
+    assert same == tokens
+    with pytest.raises(ValueError):
+        harmony.render_prompt([{"role": "robot", "content": "x"}])
+
+
+def test_parse_final_round_trip(encoding):
+    completion = _encode(
+        encoding,
+        "<|channel|>analysis<|message|>The user wants one word.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Yes, très humide.<|return|>",
+    )
+    assert harmony.parse_final(completion) == "Yes, très humide."
+    # the model's reply appended to the rendered prompt is what the generator produces
+    prompt = harmony.render_prompt(user="Is water wet?")
+    assert harmony.parse_final(completion) == harmony.parse_final(list(completion))
+    assert encoding.decode(prompt + completion).endswith("très humide.<|return|>")
+
+
+def test_parse_final_defensive(encoding):
+    truncated = _encode(encoding, "<|channel|>final<|message|>cut off mid")
+    assert harmony.parse_final(truncated) == "cut off mid"
+    analysis_only = _encode(encoding, "<|channel|>analysis<|message|>still thinking")
+    assert harmony.parse_final(analysis_only) is None
+    bare = _encode(encoding, "I can't help with that.<|return|>")
+    assert harmony.parse_final(bare) == "I can't help with that."
+    malformed = _encode(
+        encoding, "<|channel|>final junk<|channel|>final<|message|>recovered<|end|>"
+    )
+    assert harmony.parse_final(malformed) == "recovered"
+    constrained = _encode(encoding, "<|channel|>final <|constrain|>json<|message|>{\"a\": 1}<|return|>")
+    assert harmony.parse_final(constrained) == '{"a": 1}'
+    assert harmony.parse_final([]) is None
