@@ -100,3 +100,30 @@ def test_runner_options():
     assert "--runner=DataflowRunner" in dataflow and "--max_num_workers=10" in dataflow
     assert any(a.startswith("--setup_file=") and a.endswith("setup.py") for a in dataflow)
     assert pipeline_args("SomeRunner") == ["--runner=SomeRunner"]
+
+
+def test_prep_on_an_object_store_path(small_corpus):
+    """Remote code paths (spooled atomic uploads, listings, receipts) on fsspec's memory://.
+
+    Regression: a listing spelled memory:///x while joined paths were memory://x, and the
+    manifest stage deleted the shards it had just written as if they were another plan's.
+    """
+    import fsspec
+
+    from refinery.beam_pipelines.cli import main
+    from refinery.transforms.stages import stage_status
+
+    out = "memory://bucket/prep-out"
+    args = ["prep", "--input", str(small_corpus), "--output", out, "--runner", "direct", "--no-progress",
+            "--num-shards", "3", "--dataset", "m"]
+    try:
+        assert main(args) == 0
+        assert main(["verify", f"{out}/manifest.json", "--checksums"]) == 0
+        fs = fsspec.filesystem("memory")
+        assert len([p for p in fs.find("/bucket/prep-out") if p.endswith(".npy")]) == 3
+        assert [r["done"] for r in stage_status(out)] == [2, 3, 1]
+        before = {p: fs.info(p)["created"] for p in fs.find("/bucket/prep-out") if ".refinery" not in p}
+        assert main(args) == 0
+        assert {p: fs.info(p)["created"] for p in fs.find("/bucket/prep-out") if ".refinery" not in p} == before
+    finally:
+        fsspec.filesystem("memory").rm("/bucket/prep-out", recursive=True)
