@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,18 +62,16 @@ def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]
     text = record[text_field]
     if not isinstance(text, str):
         return None, f"text field {text_field!r} is {type(text).__name__}, not a string"
-    if _SURROGATE.search(text):
+    if not text.isascii() and _SURROGATE.search(text):
         return None, "text holds unpaired surrogates (not valid Unicode)"
     return text, None
 
 
-def encode_document(enc, text: str) -> np.ndarray:
-    """Tokens of a normalized document: ``encode_ordinary`` (special-token text stays
-    ordinary text) followed by exactly one EOS."""
-    tokens = enc.encode_ordinary(text)
-    out = np.empty(len(tokens) + 1, dtype=np.uint32)
-    out[:-1] = tokens
-    out[-1] = EOS_TOKEN_ID
+def encode_document(enc, text: str) -> array:
+    """Tokens of a normalized document (uint32): ``encode_ordinary`` (special-token text
+    stays ordinary text) followed by exactly one EOS."""
+    out = array("I", enc.encode_ordinary(text))
+    out.append(EOS_TOKEN_ID)
     return out
 
 
@@ -157,37 +156,33 @@ class TokenizeStage(Stage):
         cfg = self.cfg
         enc = get_encoding()
         p = unit.payload
-        stats = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "tokens": 0, "chars": 0}
+        rows_read = accepted = empty = rejected = tokens_total = chars = 0
         columns = [cfg.text_field, cfg.id_field] if p["path"].endswith(".parquet") else None
         row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
+        num_shards, text_field, id_field, relpath = cfg.num_shards, cfg.text_field, cfg.id_field, p["relpath"]
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out:
             writer = spill.SpillWriter(tokens_out)
-
-            def reject(row: int, reason: str) -> None:
-                stats["rejected"] += 1
-                rejects_out.write((io_json({"path": p["path"], "row": row, "reason": reason}) + "\n").encode())
-
             for row, record, error in io.iter_rows(p["path"], row_groups, columns):
-                stats["rows_read"] += 1
+                rows_read += 1
+                if error is None:
+                    text, error = extract_text(record, text_field)
                 if error is not None:
-                    reject(row, error)
-                    continue
-                text, error = extract_text(record, cfg.text_field)
-                if error is not None:
-                    reject(row, error)
+                    rejected += 1
+                    rejects_out.write((io_json({"path": p["path"], "row": row, "reason": error}) + "\n").encode())
                     continue
                 text = normalize_text(text)
                 if not text:
-                    stats["empty"] += 1
+                    empty += 1
                     continue
                 tokens = encode_document(enc, text)
-                shard = shard_of(doc_id_for(record, cfg.id_field, p["relpath"], row), cfg.num_shards)
-                writer.add(shard, tokens)
-                stats["accepted"] += 1
-                stats["tokens"] += len(tokens)
-                stats["chars"] += len(text)
-            table, starts = spill.by_shard(writer.close(), cfg.num_shards)
+                writer.add(shard_of(doc_id_for(record, id_field, relpath, row), num_shards), tokens)
+                accepted += 1
+                tokens_total += len(tokens)
+                chars += len(text)
+            table, starts = spill.by_shard(writer.close(), num_shards)
+        stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
+                 "tokens": tokens_total, "chars": chars}
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:

@@ -313,14 +313,12 @@ Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, e
 
 def _decode_json_line(line: bytes) -> tuple[dict | None, str | None]:
     try:
-        text = line.decode("utf-8")
+        record = json.loads(line.decode("utf-8"))  # strict UTF-8 (json.loads(bytes) would sniff UTF-16)
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start}"
-    if not text.strip():
-        return None, "blank line"
-    try:
-        record = json.loads(text)
     except json.JSONDecodeError as e:
+        if not line.strip():
+            return None, "blank line"
         return None, f"malformed JSON: {e.msg} at column {e.colno}"
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"

@@ -5,6 +5,7 @@ NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode category Cc characters are d
 """
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
 
@@ -13,9 +14,15 @@ _DROP_CC = {cp: None for cp in range(sys.maxunicode + 1)
             if cp < 0x250 and unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
 
 
+_ASCII_TO_FIX = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # ASCII Cc except \t \n, and \r
+
+
 def normalize_text(text: str) -> str:
     """The normalized form of a document's text ('' means the document is empty)."""
-    if not unicodedata.is_normalized("NFC", text):
+    if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
+        if _ASCII_TO_FIX.search(text) is None:
+            return text.strip()
+    elif not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")

@@ -18,6 +18,8 @@ Two files per unit (neither ends in ``.npy``: only shards may):
 """
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import IO, Iterator
 
 import numpy as np
@@ -38,7 +40,8 @@ class SpillWriter:
         self._tables: list[np.ndarray] = []
         self._cum = 0
 
-    def add(self, shard: int, tokens: np.ndarray) -> None:
+    def add(self, shard: int, tokens) -> None:
+        """Append one document's tokens (a uint32 ``array('I')`` or numpy array)."""
         self._pending.append((shard, tokens))
         self._buffered += len(tokens)
         if self._buffered >= self._run_tokens:
@@ -58,7 +61,7 @@ class SpillWriter:
         starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
         table["offset"] = starts
         for i in order:
-            self._out.write(self._pending[i][1].astype("<u4", copy=False).tobytes())
+            self._out.write(_u32_bytes(self._pending[i][1]))
         self._written += self._buffered
         self._tables.append(table)
         self._pending, self._buffered = [], 0
@@ -66,6 +69,15 @@ class SpillWriter:
     def close(self) -> np.ndarray:
         self._flush()
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
+
+
+def _u32_bytes(tokens) -> bytes:
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<u4", copy=False).tobytes()
+    if sys.byteorder != "little":  # array('I') is native-endian
+        tokens = array(tokens.typecode, tokens)
+        tokens.byteswap()
+    return tokens.tobytes()
 
 
 def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
