@@ -83,15 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="units done/pending/failed per stage of a run, from its receipts")
     s.add_argument("output", help="the run's output folder (local or gs://)")
 
-    try:
-        from refinery.beam_pipelines import decon
-    except ImportError:
-        decon = None
-    if decon is not None:
-        d = sub.add_parser("decon", help="train/test n-gram overlap with provenance",
-                           description=(decon.__doc__ or "").strip().splitlines()[0] if decon.__doc__ else None)
-        decon.add_arguments(d)
-        _add_runner_args(d)
+    from refinery.beam_pipelines import decon
+    d = sub.add_parser("decon", help="train/test n-gram overlap with provenance",
+                       description=decon.__doc__.strip().splitlines()[0])
+    decon.add_arguments(d)
+    _add_runner_args(d)
     return parser
 
 

@@ -1,0 +1,129 @@
+"""Train/test n-gram overlap with full provenance (the HELM data-overlap method).
+
+``refinery decon --eval PATH... --train PATH... --output DIR --ngrams 5 9 13`` tells, for
+every eval instance, whether and where its n-grams appear in the training corpus: which
+training file and row, which n-gram, and the character offsets on both sides.
+
+Stages (see :mod:`refinery.transforms.decon_stages`): ``index`` (eval n-grams -> hash
+partitions + a compact membership file), ``scan`` (training file slices streamed against
+the membership side input; training n-grams are never shuffled), ``reduce`` (stats,
+details, metrics, report). Killing the job and re-running the same command finishes it.
+
+Outputs under DIR/stats: ``overlap_stats.jsonl`` (per eval dataset and n),
+``overlap_details.jsonl.gz`` (per eval row x training row x n-gram, with offsets),
+``overlap_stats_by_train_path.jsonl``, ``overlap_metrics.jsonl`` (HELM metrics per
+instance), ``eval_summary.jsonl``, ``report.md``; then ``DIR/.SUCCESS``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+EPILOG = """\
+examples:
+  refinery decon --eval decontamination/ --train corpus/ --output out/decon --ngrams 5 9 13
+  refinery decon --eval gsm8k/test.jsonl --eval-text-field question \\
+      --train 'gs://bucket/crawl/*.jsonl.zst' --output gs://bucket/decon --runner dataflow ...
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Decon's own options. ``--runner/--workers/--verify-checksums/--force`` come from the CLI."""
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    g = parser.add_argument_group("inputs")
+    g.add_argument("--eval", nargs="+", required=True, metavar="PATH",
+                   help="eval (test) data: files, folders (recursive) or globs; local or gs://; "
+                        ".jsonl .jsonl.gz .jsonl.zst .json .parquet. The eval dataset name comes from "
+                        "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k)")
+    g.add_argument("--train", nargs="+", required=True, metavar="PATH", help="training data, same forms")
+    g.add_argument("--text-field", default="text", help="text field on both sides (default: text)")
+    g.add_argument("--eval-text-field", default=None, help="text field of eval rows (default: --text-field)")
+    g.add_argument("--train-text-field", default=None, help="text field of training rows (default: --text-field)")
+    g.add_argument("--id-field", default="id",
+                   help="id field (default: id); absent or null -> blake2b hash of the whole record")
+    m = parser.add_argument_group("method")
+    m.add_argument("--ngrams", nargs="+", type=int, default=[13], metavar="N",
+                   help="n-gram lengths (default: 13); rows shorter than n use their one min(n, len)-gram")
+    m.add_argument("--tokenizer", default="default", choices=["default", "whitespace", "no_lowercase"],
+                   help="default: HELM's lower() + split on runs of whitespace/ASCII punctuation")
+    m.add_argument("--max-train-count", type=int, default=None, metavar="K",
+                   help="ignore n-grams found in more than K training documents (HELM's frequency filter)")
+    o = parser.add_argument_group("output and layout")
+    o.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
+    o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
+    o.add_argument("--slice-mb", type=float, default=256.0,
+                   help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
+
+
+def settings_from_args(args):
+    from refinery.transforms.decon_stages import DeconSettings
+
+    return DeconSettings(
+        eval_paths=list(args.eval), train_paths=list(args.train), ns=list(args.ngrams),
+        eval_text_field=args.eval_text_field or args.text_field,
+        train_text_field=args.train_text_field or args.text_field,
+        id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
+        max_train_count=args.max_train_count, slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
+    )
+
+
+def run(args, beam_args: list[str]) -> int:
+    """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
+    from refinery.transforms import io
+    from refinery.transforms.decon_stages import build_stages
+    from refinery.transforms.stages import StageFailed, run_stages
+
+    output = args.output.rstrip("/")
+    try:
+        settings = settings_from_args(args)
+        stages = build_stages(settings, output)
+    except (io.InputError, ValueError) as e:
+        print(f"refinery decon: {e}", file=sys.stderr)
+        return 2
+
+    def on_plan(runs, plans) -> None:
+        # a run whose reduce is not done yet must not leave an old .SUCCESS behind
+        if not runs[-1].check(plans[-1][0].id).done:
+            io.remove(io.join(output, ".SUCCESS"))
+
+    index, scan = stages[0], stages[1]
+    print(f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
+          f"n = {' '.join(map(str, settings.ns))} -> {output}", file=sys.stderr)
+    t0 = time.time()
+    try:
+        result = run_stages(stages, output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
+                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
+                            run_info={"command": "decon", "argv": sys.argv[1:]}, on_plan=on_plan)
+    except StageFailed as e:
+        print(f"refinery decon: {e}\nFinished units are kept; fix the cause and run the same command again.",
+              file=sys.stderr)
+        return 1
+    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+    print(f"decon done in {time.time() - t0:.1f}s; units run: {ran}", file=sys.stderr)
+    try:
+        for line in io.read_bytes(io.join(output, "stats", "overlap_stats.jsonl")).splitlines():
+            s = json.loads(line)
+            print(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / {s['num_instances']:<7} "
+                  f"instances overlap", file=sys.stderr)
+    except FileNotFoundError:
+        pass
+    print(f"  report: {io.join(output, 'stats', 'report.md')}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A stand-alone parser (tests, ``python -m``): decon's options + the execution flags."""
+    p = argparse.ArgumentParser(prog="refinery decon", description=(__doc__ or "").splitlines()[0])
+    add_arguments(p)
+    p.add_argument("--verify-checksums", action="store_true")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+if __name__ == "__main__":
+    ns, beam = build_parser().parse_known_args()
+    sys.exit(run(ns, beam or ["--runner=DirectRunner"]))

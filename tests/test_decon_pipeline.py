@@ -1,0 +1,283 @@
+"""End-to-end tests of ``refinery decon`` (index -> scan -> reduce on the stage machinery)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import string
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from refinery.beam_pipelines import decon
+from refinery.transforms import io
+from refinery.transforms import ngrams as ng
+from refinery.transforms.decon_stages import DeconSettings, build_stages
+from refinery.transforms.stages import run_stages
+
+HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
+GSM8K = "/work/shared/data/gsm8k"
+DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+DETAIL_KEYS = {"eval_dataset", "eval_path", "eval_row", "eval_text", "instance_id", "ngram", "n", "eval_offsets",
+               "train_path", "train_row", "train_text", "train_ngram", "train_offsets", "train_doc_id"}
+
+
+def helm(text: str) -> list[str]:
+    return HELM_RE.split(text.lower())
+
+
+def run_cli(argv: list[str], beam_args=DIRECT) -> int:
+    args, extra = decon.build_parser().parse_known_args(argv + ["--no-progress"])
+    assert not extra
+    return decon.run(args, list(beam_args))
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, "rb") as f:
+        return [json.loads(line) for line in f]
+
+
+def read_details(out: str) -> list[dict]:
+    with gzip.open(os.path.join(out, "stats/overlap_details.jsonl.gz"), "rb") as f:
+        return [json.loads(line) for line in f]
+
+
+def check_detail_offsets(details: list[dict]) -> None:
+    for d in details:
+        assert set(d) == DETAIL_KEYS
+        assert d["ngram"] == d["train_ngram"] and len(d["ngram"].split(" ")) == d["n"]
+        for s, e in d["eval_offsets"]:
+            assert " ".join(helm(d["eval_text"][s:e])) == d["ngram"]
+        for s, e in d["train_offsets"]:
+            assert " ".join(helm(d["train_text"][s:e])) == d["ngram"]
+
+
+def write_jsonl(path, rows, compress=None) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+    if compress == "gz":
+        data = gzip.compress(data)
+    elif compress == "zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+# ---------------------------------------------------------------------------------------
+# real data: gsm8k, agreement with the straightforward implementation
+# ---------------------------------------------------------------------------------------
+
+def test_gsm8k_agrees_with_reference(tmp_path):
+    test_rows = read_jsonl(f"{GSM8K}/test.jsonl")
+    train = read_jsonl(f"{GSM8K}/train.jsonl")[:4000]
+    rnd = random.Random(3)
+    docs = []
+    planted = set()
+    for i, r in enumerate(train):
+        text = r["question"] + "\n" + r["answer"]
+        if i % 50 == 0:
+            k = rnd.randrange(len(test_rows))
+            planted.add(k)
+            text = f"{text}\n\nRelated: {test_rows[k]['question']}"
+        docs.append({"text": text, "source": "gsm8k-train", "n": i})
+    write_jsonl(str(tmp_path / "train/part-0.jsonl"), docs[:2500])              # sliced by bytes
+    write_jsonl(str(tmp_path / "train/part-1.jsonl.zst"), docs[2500:], "zst")   # one unit
+    out = str(tmp_path / "out")
+    rc = run_cli(["--eval", f"{GSM8K}/test.jsonl", "--eval-text-field", "question",
+                  "--train", str(tmp_path / "train"), "--output", out, "--ngrams", "5", "9", "13",
+                  "--partitions", "16", "--slice-mb", "0.4"])
+    assert rc == 0 and os.path.exists(os.path.join(out, ".SUCCESS"))
+
+    evrows, _ = ng.make_eval_rows([f"{GSM8K}/test.jsonl"], io.iter_rows, "question", "id", ng.TOKENIZERS["default"])
+    train_paths = [str(tmp_path / "train/part-0.jsonl")] * 2500 + [str(tmp_path / "train/part-1.jsonl.zst")] * 1500
+    rows_in_file = list(range(2500)) + list(range(1500))
+    ref_ids, ref_details = ng.reference_overlap(
+        evrows, ((p, r, d["text"]) for p, r, d in zip(train_paths, rows_in_file, docs)), [5, 9, 13],
+        ng.TOKENIZERS["default"])
+
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    assert [(s["eval_dataset"], s["n"]) for s in stats] == [("gsm8k", 5), ("gsm8k", 9), ("gsm8k", 13)]
+    for s in stats:
+        assert s["num_instances"] == 1319
+        assert s["instance_ids"] == ref_ids[(s["eval_dataset"], s["n"])]
+    ids13 = set(stats[2]["instance_ids"])
+    assert {evrows[k].instance_id for k in planted} <= ids13
+
+    details = read_details(out)
+    by_text = {r.text: r.eval_idx for r in evrows}
+    got = {(by_text[d["eval_text"]], d["train_path"], d["train_row"], d["n"], d["ngram"]) for d in details}
+    assert got == ref_details and len(details) == len(ref_details)
+    check_detail_offsets(details)
+    for d in details:  # row numbers across byte slices are file-global
+        assert d["train_text"] == docs[d["train_row"] + (2500 if d["train_path"].endswith(".zst") else 0)]["text"]
+        assert d["train_doc_id"] == ng.record_hash_id(docs[d["train_row"] + (2500 if d["train_path"].endswith(".zst") else 0)])
+
+    receipts = [json.load(open(os.path.join(dp, f))) for dp, _, fs in os.walk(os.path.join(out, ".refinery/scan"))
+                for f in fs if f.endswith(".json")]
+    assert len(receipts) > 2 and all(r["stats"]["false_hits"] == 0 for r in receipts)
+    metrics = read_jsonl(os.path.join(out, "stats/overlap_metrics.jsonl"))
+    assert len(metrics) == 1319 * 3
+    assert {m["instance_id"] for m in metrics if m["n"] == 13 and m["binary"]} == ids13
+    report = open(os.path.join(out, "stats/report.md")).read()
+    assert "| gsm8k | 13 |" in report
+
+
+# ---------------------------------------------------------------------------------------
+# formats, multi-dataset matrix, short/empty rows, ids
+# ---------------------------------------------------------------------------------------
+
+MMLU_Q = "Which of the following best describes the structure of a typical eukaryotic cell membrane?"
+GSM_Q = "Tom has 3 apples and buys 4 more apples at the store. How many apples does Tom have now?"
+ARC_Q = "Plants make their own food through a process called photosynthesis in the leaves."
+
+
+def make_matrix_inputs(root) -> tuple[str, str]:
+    ev = os.path.join(root, "decontamination")
+    write_jsonl(f"{ev}/mmlu-dolma-abcdef/test.jsonl.gz", [
+        {"id": 100005, "text": MMLU_Q},
+        {"id": None, "text": "Short one."},          # short row, id null -> hash of the record
+        {"id": "p", "text": "?!"},                    # punctuation only: never overlaps
+        {"id": "q", "text": "Nothing in common with any training document at all, really none."},
+        {"id": "s", "text": "broken \ud800 surrogate inside an eval question"},
+    ], "gz")
+    os.makedirs(f"{ev}/gsm8k-3fa9c1", exist_ok=True)
+    pq.write_table(pa.table({"text": [GSM_Q, "Completely unrelated eval text about glaciers and moraines here."],
+                             "answer": ["7", "none"], "level": [1, 2]}), f"{ev}/gsm8k-3fa9c1/test.parquet")
+    os.makedirs(f"{ev}/arc-dolma", exist_ok=True)
+    with open(f"{ev}/arc-dolma/test.json", "w") as f:
+        json.dump([{"id": "arc-1", "text": ARC_Q}], f)
+
+    tr = os.path.join(root, "train")
+    both = f"Study notes. {MMLU_Q} Also: {GSM_Q.upper()} The end."
+    write_jsonl(f"{tr}/a.jsonl.zst", [{"text": "filler text " * 20}, {"text": both, "id": "doc-both"},
+                                      {"text": "a broken \ud800 surrogate inside an eval question too", "x": "\udfff"}],
+                "zst")
+    os.makedirs(f"{tr}/sub", exist_ok=True)
+    with open(f"{tr}/sub/b.json", "w") as f:
+        json.dump([{"text": "We say: short one! and again short one."}, {"text": "nothing"}], f)
+    pq.write_table(pa.table({"text": ["x", f"copy: {GSM_Q}"], "url": ["u1", "u2"]}), f"{tr}/c.parquet",
+                   row_group_size=1)
+    write_jsonl(f"{tr}/d.jsonl", [{"text": f"row {i} " + ("lorem ipsum " * 30)} for i in range(40)]
+                + [{"text": f"late row mentions {ARC_Q}"}])
+    return ev, tr
+
+
+def test_formats_matrix_and_rows(tmp_path):
+    ev, tr = make_matrix_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    rc = run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13",
+                  "--partitions", "4", "--slice-mb", "0.002"])
+    assert rc == 0
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    short_id = ng.record_hash_id({"id": None, "text": "Short one."})
+    gsm_id = ng.record_hash_id({"text": GSM_Q, "answer": "7", "level": 1})  # every parquet column
+    assert stats == [
+        {"eval_dataset": "arc", "n": 3, "num_instances": 1, "instance_ids": ["arc-1"]},
+        {"eval_dataset": "arc", "n": 13, "num_instances": 1, "instance_ids": ["arc-1"]},
+        {"eval_dataset": "gsm8k", "n": 3, "num_instances": 2, "instance_ids": [gsm_id]},
+        {"eval_dataset": "gsm8k", "n": 13, "num_instances": 2, "instance_ids": [gsm_id]},
+        {"eval_dataset": "mmlu", "n": 3, "num_instances": 5, "instance_ids": sorted(["100005", short_id, "s"])},
+        {"eval_dataset": "mmlu", "n": 13, "num_instances": 5, "instance_ids": sorted(["100005", short_id, "s"])},
+    ]
+    # lone surrogates survive as JSON escapes; the record hash covers them
+    sur = [d for d in read_details(out) if d["instance_id"] == "s"]
+    assert {d["ngram"] for d in sur} == {"broken \ud800 surrogate", "\ud800 surrogate inside",
+                                         "surrogate inside an", "inside an eval", "an eval question",
+                                         "broken \ud800 surrogate inside an eval question"}  # 7 tokens < 13
+    assert sur[0]["train_doc_id"] == ng.record_hash_id(
+        {"text": "a broken \ud800 surrogate inside an eval question too", "x": "\udfff"})
+    details = read_details(out)
+    check_detail_offsets(details)
+    both = [d for d in details if d["train_doc_id"] == "doc-both"]
+    assert {d["eval_dataset"] for d in both} == {"mmlu", "gsm8k"}       # matrix: under both datasets
+    assert all(d["train_path"] == f"{tr}/a.jsonl.zst" and d["train_row"] == 1 for d in both)
+    short = [d for d in details if d["instance_id"] == short_id]
+    # the short row's one 3-gram "short one " (n=13 -> effective 3), and its 3-gram at n=3
+    assert {(d["n"], d["ngram"]) for d in short} == {(3, "short one ")}
+    assert [d["train_offsets"] for d in short] == [[[29, 39]]]  # only at the end: "one." then row end
+    late = [d for d in details if d["eval_dataset"] == "arc"]
+    assert {d["train_path"] for d in late} == {f"{tr}/d.jsonl"} and {d["train_row"] for d in late} == {40}
+    pq_rows = {(d["train_path"], d["train_row"]) for d in details if d["train_path"].endswith(".parquet")}
+    assert pq_rows == {(f"{tr}/c.parquet", 1)}
+    assert ng.record_hash_id({"text": f"copy: {GSM_Q}", "url": "u2"}) in {d["train_doc_id"] for d in details}
+    assert {d["eval_path"] for d in details} == {f"{ev}/mmlu-dolma-abcdef/test.jsonl.gz",
+                                                 f"{ev}/gsm8k-3fa9c1/test.parquet", f"{ev}/arc-dolma/test.json"}
+    by_path = read_jsonl(os.path.join(out, "stats/overlap_stats_by_train_path.jsonl"))
+    assert {(r["train_path"], r["eval_dataset"], r["n"]) for r in by_path} >= {
+        (f"{tr}/a.jsonl.zst", "mmlu", 13), (f"{tr}/a.jsonl.zst", "gsm8k", 13), (f"{tr}/c.parquet", "gsm8k", 13),
+        (f"{tr}/sub/b.json", "mmlu", 13), (f"{tr}/d.jsonl", "arc", 13)}
+    summary = {r["eval_dataset"]: r for r in read_jsonl(os.path.join(out, "stats/eval_summary.jsonl"))}
+    assert summary["mmlu"]["num_empty_instances"] == 1 and summary["mmlu"]["num_instances"] == 5
+    scan_units = os.listdir(next(os.path.join(dp) for dp, ds, _ in os.walk(os.path.join(out, ".refinery/scan"))
+                                 if dp.endswith("receipts")))
+    assert len(scan_units) > 5  # d.jsonl in byte slices, c.parquet row groups
+
+
+def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
+    ev, tr = make_matrix_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
+    first = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert first.ran["scan"] > 5 and first.ran["reduce"] == 1
+    stats_before = open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read()
+    again = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce"}
+    # lose one scan part: that unit (only) runs again; the reduce is still done (unit
+    # outputs are pure functions of their inputs, so the part comes back identical)
+    scan_run = again.runs[1]
+    part = os.path.join(scan_run.parts_dir, "events", "f00000-s0000.msgpack.zst")
+    part_bytes = open(part, "rb").read()
+    os.remove(part)
+    third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert third.ran == {"index": 0, "scan": 1}
+    assert open(part, "rb").read() == part_bytes
+    # lose a final output too: the reduce runs again
+    os.remove(part)
+    os.remove(os.path.join(out, "stats/overlap_stats.jsonl"))
+    third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert third.ran == {"index": 0, "scan": 1, "reduce": 1}
+    assert open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read() == stats_before
+    # a reduce-only setting: index and scan are kept
+    s2 = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
+                       max_train_count=0)
+    fourth = run_stages(build_stages(s2, out), out, DIRECT, progress=False)
+    assert fourth.ran == {"index": 0, "scan": 0, "reduce": 1}
+    assert all(not r["instance_ids"] for r in read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl")))
+    assert os.path.exists(os.path.join(out, ".SUCCESS"))
+
+
+def test_portable_runner_matches_direct(tmp_path):
+    ev, tr = make_matrix_inputs(tmp_path)
+    outs = {}
+    for name, beam_args in [("direct", DIRECT),
+                            ("portable", ["--runner=PortableRunner", "--job_endpoint=embed",
+                                          "--environment_type=LOOPBACK"])]:
+        out = str(tmp_path / name)
+        assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13",
+                        "--partitions", "2"], beam_args) == 0
+        outs[name] = (open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read(),
+                      gzip.decompress(open(os.path.join(out, "stats/overlap_details.jsonl.gz"), "rb").read()))
+    assert outs["direct"] == outs["portable"]
+
+
+def test_cli_errors_and_entry_point(tmp_path, capsys):
+    assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    ev, tr = make_matrix_inputs(tmp_path)
+    assert run_cli(["--eval", ev, "--train", tr, "--output", str(tmp_path / "o"), "--ngrams", "0"]) == 2
+    try:
+        from refinery.beam_pipelines import cli
+    except ImportError:  # pragma: no cover
+        pytest.skip("cli not available")
+    out = str(tmp_path / "cli")
+    rc = cli.main(["decon", "--eval", ev, "--train", tr, "--output", out, "--ngrams", "13", "--runner", "direct",
+                   "--no-progress", "--tokenizer", "whitespace", "--max-train-count", "5"])
+    assert rc == 0
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    assert {s["eval_dataset"] for s in stats} == {"arc", "gsm8k", "mmlu"}
+    run_info = json.load(open(os.path.join(out, ".refinery/run.json")))
+    assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce"]

@@ -1,0 +1,1068 @@
+"""Train/test n-gram overlap ("decon"), the HELM data-overlap method with full provenance.
+
+Pure functions only; the Beam wiring lives in :mod:`refinery.transforms.decon_stages`.
+
+Method (HELM): index the n-grams of the TEST (eval) side, stream the TRAINING side and look
+up each of its n-grams; an eval instance overlaps at n when it shares at least one n-gram.
+See ``shared/reference/DECON.md`` for the exact facts this module implements.
+
+Pieces, in the order the pipeline uses them:
+
+- Tokenizers (:data:`TOKENIZERS`): ``default`` is exactly
+  ``re.compile(rf"[\\s{re.escape(string.punctuation)}]+").split(text.lower())`` with empty
+  strings kept; ``no_lowercase`` is the same split without ``lower()``; ``whitespace``
+  lowercases and splits on runs of ``\\s`` only. :meth:`Tokenizer.tokenize_with_offsets`
+  returns the same tokens plus ``[start, end)`` code-point offsets into the ORIGINAL text
+  (``str.lower()`` can change length: ``'İ'.lower()`` has 2 characters).
+- N-grams (:func:`eval_ngrams`): tokens joined by one space; an eval row with fewer than n
+  tokens contributes its one ``min(n, len)``-gram (the *effective* length); n-grams whose
+  tokens are all empty strings are skipped.
+- Names and ids: :func:`eval_dataset_name`, :func:`record_id` (``str(record[id])`` or the
+  blake2b-of-msgpack hash of the recursively key-sorted record).
+- Hashes: :func:`token_hash` and :func:`ngram_hash` are stable 64-bit hashes (polynomial
+  over UTF-8 bytes, then over token hashes, each followed by a 64-bit finalizer). They are
+  defined so that :func:`batch_window_hashes` computes the very same values for all windows
+  of a batch of training rows with a handful of numpy operations (no Python object per
+  token). ``partition = ngram_hash(n, ngram) % P``.
+- :class:`Membership`: the compact structure the scan probes: the sorted unique uint64
+  n-gram hashes (8 bytes per test n-gram on disk) plus a packed bitmap built at load time
+  (at most 8 bytes more per n-gram) that rejects most misses with one gather. Hash hits are
+  then verified against the exact n-gram text in the hash partition's detail records, so
+  there are no false positives.
+- :func:`scan_rows`: the training-side join (batching, probing, verification, offsets).
+- :func:`reduce_overlaps` + :func:`instance_metrics` + :func:`render_report`: stats files,
+  HELM metrics (binary, jaccard, token; jaccard and token also weighted by 1/train count),
+  ``max_train_count`` (ignore n-grams seen in more than K training documents).
+- :func:`reference_overlap`: a straightforward pure-Python implementation of the same
+  method (dict of test n-grams, stream training) used by tests and ``bench/decon.py``.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import hashlib
+import io as _pyio
+import json
+import math
+import os
+import re
+import string
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Iterable, Iterator
+
+import msgpack
+import numpy as np
+
+# ---------------------------------------------------------------------------------------
+# Tokenizers
+# ---------------------------------------------------------------------------------------
+
+DEFAULT_SEPARATORS = rf"\s{re.escape(string.punctuation)}"
+WHITESPACE_SEPARATORS = r"\s"
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """``pattern.split(text.lower() if lowercase else text)``, empty strings kept.
+
+    ``separators`` is the body of a regex character class; a run of such characters
+    separates tokens. Tokens therefore never contain a separator and, for every tokenizer
+    here, never contain whitespace, so an n-gram string (tokens joined by one space)
+    determines its tokens.
+    """
+
+    name: str
+    lowercase: bool
+    separators: str
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return _compiled(self.separators)
+
+    def identity(self) -> dict:
+        return {"name": self.name, "lowercase": self.lowercase, "separators": self.separators}
+
+    def tokenize(self, text: str) -> list[str]:
+        """The exact tokenizer (reference semantics)."""
+        return self.pattern.split(text.lower() if self.lowercase else text)
+
+    def tokenize_with_offsets(self, text: str) -> tuple[list[str], list[tuple[int, int]]]:
+        """(tokens, spans): tokens equal :meth:`tokenize`; spans index the ORIGINAL text.
+
+        Tokens come from lowering the whole string (as the exact tokenizer does; per-token
+        lowering differs for the Greek final sigma), spans are found on the lowered string
+        and mapped back through the per-character lowering lengths. An empty token at the
+        start/end of the text has the span ``(0, 0)`` / ``(len, len)``.
+        """
+        low = text.lower() if self.lowercase else text
+        tokens: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for m in self.pattern.finditer(low):
+            s, e = m.span()
+            tokens.append(low[pos:s])
+            spans.append((pos, s))
+            pos = e
+        tokens.append(low[pos:])
+        spans.append((pos, len(low)))
+        if len(low) != len(text):
+            spans = _map_spans_to_original(text, low, spans)
+        return tokens, spans
+
+    # -- fast path used by the scan (see batch_window_hashes) --------------------------
+
+    @property
+    def byte_table(self) -> bytes:
+        """bytes.translate table: ASCII separator bytes -> b' ', every other byte unchanged."""
+        return _byte_table(self.separators)
+
+    @property
+    def nonascii_separators(self) -> re.Pattern:
+        """Matches the non-ASCII characters of the separator class (Unicode whitespace)."""
+        return _nonascii_separators(self.separators)
+
+    def prepare(self, text: str) -> bytes:
+        """UTF-8 bytes of the text as the fast path sees it: lowered (if the tokenizer
+        lowers), non-ASCII separators replaced by a space. Splitting these bytes on runs of
+        ASCII separator bytes gives exactly the UTF-8 encodings of :meth:`tokenize`."""
+        low = text.lower() if self.lowercase else text
+        if low.isascii():
+            return low.encode("ascii")
+        low = self.nonascii_separators.sub(" ", low)
+        return low.encode("utf-8", "surrogatepass")
+
+
+@lru_cache(maxsize=None)
+def _compiled(separators: str) -> re.Pattern:
+    return re.compile(rf"[{separators}]+")
+
+
+@lru_cache(maxsize=None)
+def _byte_table(separators: str) -> bytes:
+    one = re.compile(rf"[{separators}]")
+    return bytes(0x20 if (b < 128 and one.match(chr(b))) else b for b in range(256))
+
+
+@lru_cache(maxsize=None)
+def _nonascii_separators(separators: str) -> re.Pattern:
+    one = re.compile(rf"[{separators}]")
+    # Non-ASCII members of \s are the characters for which str.isspace() is true; the
+    # punctuation part of the class is ASCII. Each candidate is confirmed with the class.
+    # (every Unicode whitespace character is below U+3100; a test checks the whole range)
+    chars = [chr(c) for c in range(128, 0x3100) if chr(c).isspace() and one.match(chr(c))]
+    if not chars:
+        return re.compile(r"(?!x)x")
+    return re.compile("[" + "".join(re.escape(c) for c in chars) + "]")
+
+
+def _map_spans_to_original(text: str, low: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Map [start, end) spans of ``low`` (= text.lower()) back to ``text``.
+
+    ``str.lower()`` is per character except for the final sigma, which keeps the length, so
+    character i of ``text`` becomes ``len(text[i].lower())`` characters of ``low``.
+    """
+    orig_of: list[int] = []
+    for i, c in enumerate(text):
+        orig_of.extend([i] * len(c.lower()))
+    if len(orig_of) != len(low):  # pragma: no cover - would mean a new Unicode lowering rule
+        raise ValueError("cannot align lowered text with the original")
+    orig_of.append(len(text))
+    out = []
+    for s, e in spans:
+        start = orig_of[s]
+        end = orig_of[e - 1] + 1 if e > s else start
+        out.append((start, end))
+    return out
+
+
+TOKENIZERS: dict[str, Tokenizer] = {
+    "default": Tokenizer("default", True, DEFAULT_SEPARATORS),
+    "no_lowercase": Tokenizer("no_lowercase", False, DEFAULT_SEPARATORS),
+    "whitespace": Tokenizer("whitespace", True, WHITESPACE_SEPARATORS),
+}
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    try:
+        return TOKENIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}") from None
+
+
+def default_tokenize(text: str) -> list[str]:
+    """HELM's DefaultTokenizer, verbatim semantics."""
+    return TOKENIZERS["default"].tokenize(text)
+
+
+# ---------------------------------------------------------------------------------------
+# N-grams
+# ---------------------------------------------------------------------------------------
+
+def effective_lengths(ns: Iterable[int], num_tokens: int) -> dict[int, list[int]]:
+    """Effective length L -> the configured n that map to it (``L = min(n, num_tokens)``)."""
+    out: dict[int, list[int]] = {}
+    for n in sorted(set(ns)):
+        out.setdefault(min(n, num_tokens), []).append(n)
+    return out
+
+
+def iter_ngrams(tokens: list[str], length: int) -> Iterator[tuple[int, str]]:
+    """(token position, n-gram string) for every window of ``length`` tokens, skipping
+    windows whose tokens are all empty strings."""
+    for i in range(len(tokens) - length + 1):
+        window = tokens[i:i + length]
+        if any(window):
+            yield i, " ".join(window)
+
+
+def eval_ngrams(tokens: list[str], spans: list[tuple[int, int]], ns: Iterable[int]
+                ) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """(effective length, n-gram) -> [(start, end) char offsets of each occurrence] for one
+    eval row. A row shorter than n contributes its one ``min(n, len)``-gram. Empty when the
+    row has only empty tokens (an empty or punctuation-only row)."""
+    out: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for length in effective_lengths(ns, len(tokens)):
+        for i, gram in iter_ngrams(tokens, length):
+            out.setdefault((length, gram), []).append((spans[i][0], spans[i + length - 1][1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Names and ids
+# ---------------------------------------------------------------------------------------
+
+_DATA_FILE_RE = re.compile(r"\.(jsonl|json|parquet)(\.gz|\.zst)?$")
+_HEX_SUFFIX_RE = re.compile(r"-[0-9a-f]{6}$")
+
+
+def eval_dataset_name(path: str) -> str:
+    """``decontamination/gsm8k-dolma-3fa9c1/test.jsonl`` -> ``gsm8k``.
+
+    Basename; for a data file (``.jsonl``/``.json``/``.parquet``, optionally ``.gz``/``.zst``)
+    its parent folder's name instead; strip ``-`` + 6 lowercase hex chars; strip ``-dolma``.
+    """
+    parts = [p for p in path.rstrip("/").split("/") if p]
+    name = parts[-1] if parts else path
+    if _DATA_FILE_RE.search(name) and len(parts) >= 2:
+        name = parts[-2]
+    name = _HEX_SUFFIX_RE.sub("", name)
+    if name.endswith("-dolma"):
+        name = name[: -len("-dolma")]
+    return name
+
+
+def sort_keys_recursive(obj):
+    if isinstance(obj, dict):
+        if not any(isinstance(v, (dict, list, tuple)) for v in obj.values()):
+            return dict(sorted(obj.items()))
+        return {k: sort_keys_recursive(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [sort_keys_recursive(v) for v in obj]
+    return obj
+
+
+def record_hash_id(record: dict) -> str:
+    """blake2b-64 (decimal) of the msgpack of the recursively key-sorted record. Values msgpack
+    cannot encode (a parquet timestamp or decimal) are hashed as their ``str()``."""
+    packed = msgpack.packb(sort_keys_recursive(record), use_bin_type=True, unicode_errors="surrogatepass",
+                           default=str)
+    return str(int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big"))
+
+
+def record_id(record: dict, id_field: str = "id") -> str:
+    """``str(record[id_field])`` when present and not None, else :func:`record_hash_id` of
+    the whole record as read (every field, ``"id": null`` included)."""
+    value = record.get(id_field)
+    if value is not None:
+        return str(value)
+    return record_hash_id(record)
+
+
+# ---------------------------------------------------------------------------------------
+# Stable hashes (pure-Python definitions; numpy twins below compute the same values)
+# ---------------------------------------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+_M_BYTE = 0x100000001B3            # odd: invertible mod 2**64
+_M_TOKEN = 0x9E3779B97F4A7C15      # odd
+_C_LEN = 0xC2B2AE3D27D4EB4F
+_C_NGRAM = 0x165667B19E3779F9
+_F1 = 0xFF51AFD7ED558CCD
+_F2 = 0xC4CEB9FE1A85EC53
+
+
+def mix64(z: int) -> int:
+    z ^= z >> 33
+    z = (z * _F1) & MASK64
+    z ^= z >> 33
+    z = (z * _F2) & MASK64
+    z ^= z >> 33
+    return z
+
+
+LONG_TOKEN_BYTES = 64
+
+
+@lru_cache(maxsize=1 << 20)
+def token_hash(token: str) -> int:
+    """Stable 64-bit hash of a token's UTF-8 bytes.
+
+    Up to 64 bytes: the bytes are read as little-endian 8-byte words w_0..w_k (the last one
+    zero-padded) and ``h = (...(w_0 * M + w_1) * M + ...) + w_k`` (mod 2**64); longer tokens:
+    ``h = blake2b(bytes, digest_size=8)`` (big-endian). Then ``mix64(h + len * C)``.
+    """
+    data = token.encode("utf-8", "surrogatepass")
+    if len(data) > LONG_TOKEN_BYTES:
+        h = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+    else:
+        h = 0
+        for c in range(0, len(data), 8):
+            h = (h * _M_BYTE + int.from_bytes(data[c:c + 8], "little")) & MASK64
+    return mix64((h + len(data) * _C_LEN) & MASK64)
+
+
+def ngram_hash(n: int, ngram: str) -> int:
+    """Stable 64-bit hash of (n, n-gram): mix64(sum_j token_hash_j * M'^j + n * C')."""
+    tokens = ngram.split(" ")
+    if len(tokens) != n:
+        raise ValueError(f"n-gram {ngram!r} does not have {n} tokens")
+    h, p = 0, 1
+    for tok in tokens:
+        h = (h + token_hash(tok) * p) & MASK64
+        p = (p * _M_TOKEN) & MASK64
+    return mix64((h + n * _C_NGRAM) & MASK64)
+
+
+def partition_of(n: int, ngram: str, partitions: int) -> int:
+    return ngram_hash(n, ngram) % partitions
+
+
+# ---------------------------------------------------------------------------------------
+# Vectorized twins
+# ---------------------------------------------------------------------------------------
+
+_U = np.uint64
+
+
+def _mix64_np(z: np.ndarray) -> np.ndarray:
+    z = z ^ (z >> _U(33))
+    z *= _U(_F1)
+    z ^= z >> _U(33)
+    z *= _U(_F2)
+    z ^= z >> _U(33)
+    return z
+
+
+class _Powers:
+    """Cached arrays of M^k and M^-k mod 2**64, grown on demand."""
+
+    def __init__(self, m: int):
+        self.m = m
+        self.minv = pow(m, -1, 1 << 64)
+        self.fwd = np.ones(0, dtype=np.uint64)
+        self.inv = np.ones(0, dtype=np.uint64)
+
+    def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.fwd) < size:
+            k = max(size, 2 * len(self.fwd), 1 << 16)
+            fwd = np.full(k, _U(self.m), dtype=np.uint64)
+            fwd[0] = 1
+            inv = np.full(k, _U(self.minv), dtype=np.uint64)
+            inv[0] = 1
+            self.fwd = np.multiply.accumulate(fwd)
+            self.inv = np.multiply.accumulate(inv)
+        return self.fwd[:size], self.inv[:size]
+
+
+_TOKEN_POWERS = _Powers(_M_TOKEN)
+
+
+@dataclass
+class TokenBatch:
+    """Tokens of a batch of rows, as byte spans of one buffer (see :func:`tokenize_batch`)."""
+
+    buf: bytes                 # translated buffer: separators are b' '
+    starts: np.ndarray         # int64 [T]: token start in buf
+    ends: np.ndarray           # int64 [T]: token end in buf
+    row_of: np.ndarray         # int64 [T]: row (0-based in the batch) of each token
+    row_first: np.ndarray      # int64 [R + 1]: index of each row's first token; [R] = T
+    row_base: np.ndarray       # int64 [R]: offset of each row's first byte in buf
+    hashes: np.ndarray         # uint64 [T]: token_hash of each token
+
+    def token_bytes(self, k: int) -> bytes:
+        return self.buf[self.starts[k]:self.ends[k]]
+
+
+def tokenize_batch(prepared: list[bytes], table: bytes) -> TokenBatch:
+    """Tokenize many rows at once (rows as :meth:`Tokenizer.prepare` returns them).
+
+    The buffer is ``\\0 row0 \\0 ␠ \\0 row1 \\0 ...`` translated with ``table``. A token is a
+    maximal run of non-space bytes; the marker bytes at each row's ends (found by position,
+    not by value) are not part of tokens, which reproduces the empty tokens that
+    ``re.split`` yields at the ends of a row.
+    """
+    lens = np.fromiter((len(p) for p in prepared), dtype=np.int64, count=len(prepared))
+    buf = (b"\0" + b"\0 \0".join(prepared) + b"\0").translate(table)
+    row_base = np.zeros(len(prepared), dtype=np.int64)
+    if len(prepared) > 1:
+        row_base[1:] = np.cumsum(lens[:-1] + 3)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    n = len(arr)
+    nonsp = np.empty(n + 2, dtype=np.int8)
+    nonsp[0] = nonsp[-1] = 0
+    np.not_equal(arr, 0x20, out=nonsp[1:-1].view(np.bool_))
+    d = np.diff(nonsp)
+    starts = np.flatnonzero(d == 1)
+    ends = np.flatnonzero(d == -1)
+    row_of = np.searchsorted(row_base, starts, side="right") - 1
+    starts += starts == row_base[row_of]                       # drop a row-start marker
+    ends -= (ends - 1) == (row_base + lens + 1)[row_of]         # drop a row-end marker
+    hashes = _token_hashes(buf, starts, ends)
+    row_first = np.searchsorted(row_of, np.arange(len(prepared) + 1), side="left")
+    return TokenBatch(buf, starts, ends, row_of, row_first, row_base, hashes)
+
+
+_WORD_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+
+
+def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`token_hash` of ``buf[starts[k]:ends[k]]`` for every k."""
+    padded = buf + b"\0" * (LONG_TOKEN_BYTES + 8)
+    # words[i] = the 8 bytes at buf[i:i+8] as a little-endian uint64 (an overlapping view)
+    words = np.ndarray(shape=(len(buf),), dtype="<u8", buffer=padded, offset=0, strides=(1,))
+    lens = ends - starts
+    h = words[starts] & _WORD_MASKS[np.minimum(lens, 8)]
+    active = np.flatnonzero(lens > 8)
+    for c in range(8, LONG_TOKEN_BYTES, 8):
+        active = active[lens[active] > c]
+        if not len(active):
+            break
+        w = words[starts[active] + c] & _WORD_MASKS[np.minimum(lens[active] - c, 8)]
+        h[active] = h[active] * _U(_M_BYTE) + w
+    for k in np.flatnonzero(lens > LONG_TOKEN_BYTES).tolist():
+        h[k] = int.from_bytes(hashlib.blake2b(buf[starts[k]:ends[k]], digest_size=8).digest(), "big")
+    h += lens.astype(np.uint64) * _U(_C_LEN)
+    return _mix64_np(h)
+
+
+def batch_prefix(batch: TokenBatch) -> np.ndarray:
+    """prefix[k] = sum_{m<k} token_hash_m * M'^m (mod 2**64), shared by all window lengths."""
+    t = len(batch.hashes)
+    fwd, _ = _TOKEN_POWERS.get(t)
+    prefix = np.zeros(t + 1, dtype=np.uint64)
+    np.cumsum(batch.hashes * fwd, out=prefix[1:])
+    return prefix
+
+
+def batch_all_window_hashes(batch: TokenBatch, prefix: np.ndarray, length: int) -> np.ndarray:
+    """Hashes of the windows starting at every token 0..T-length, including windows that
+    cross a row boundary (callers drop those with :func:`window_in_row`)."""
+    t = len(batch.hashes)
+    w = t - length + 1
+    if w <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    _, inv = _TOKEN_POWERS.get(t)
+    raw = prefix[length:] - prefix[:w]
+    raw *= inv[:w]
+    raw += _U((length * _C_NGRAM) & MASK64)
+    return _mix64_np(raw)
+
+
+def window_in_row(batch: TokenBatch, pos: np.ndarray, length: int) -> np.ndarray:
+    return batch.row_of[pos] == batch.row_of[pos + length - 1]
+
+
+def batch_window_hashes(batch: TokenBatch, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, hashes) of every window of ``length`` tokens that lies in one row;
+    ``hashes[k] == ngram_hash(length, ngram at positions[k])``."""
+    h = batch_all_window_hashes(batch, batch_prefix(batch), length)
+    pos = np.flatnonzero(window_in_row(batch, np.arange(len(h)), length))
+    return pos, h[pos]
+
+
+# ---------------------------------------------------------------------------------------
+# Membership structure
+# ---------------------------------------------------------------------------------------
+
+MEMBERSHIP_MAGIC = b"REFINERY-DECON-MEMBERSHIP/1\n"
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """np.unique, via sort (much faster than np.unique for large uint64 arrays here)."""
+    s = np.sort(a)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+class Membership:
+    """Sorted unique uint64 n-gram hashes + a packed bitmap prefilter (built on load).
+
+    ``maybe(h)`` says which hashes are in the set (exactly, as hashes); hits must still be
+    verified against the n-gram text (:func:`scan_rows` does).
+    """
+
+    def __init__(self, hashes: np.ndarray | Iterable[int], lengths: Iterable[int], meta: dict | None = None):
+        if not isinstance(hashes, np.ndarray):
+            hashes = np.fromiter(hashes, dtype=np.uint64)
+        self.hashes = _sorted_unique(hashes.astype(np.uint64, copy=False))
+        self.lengths = tuple(sorted(set(int(x) for x in lengths)))
+        self.meta = dict(meta or {})
+        count = max(1, len(self.hashes))
+        self.bits = max(16, min(40, math.ceil(math.log2(count * 32))))  # <= 1/32 false hits
+        self.shift = _U(64 - self.bits)
+        bitmap = np.zeros(1 << self.bits, dtype=np.bool_)
+        if len(self.hashes):
+            bitmap[self.hashes >> self.shift] = True
+        self.bitmap = np.packbits(bitmap, bitorder="little")
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hashes.nbytes + self.bitmap.nbytes)
+
+    def contains(self, h: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of the uint64 hashes ``h`` are in the set."""
+        h = np.asarray(h, dtype=np.uint64)
+        if len(h) == 0 or len(self.hashes) == 0:
+            return np.zeros(len(h), dtype=np.bool_)
+        slot = h >> self.shift
+        mask = ((self.bitmap[slot >> _U(3)] >> (slot & _U(7)).astype(np.uint8)) & 1).astype(np.bool_)
+        cand = np.flatnonzero(mask)
+        if len(cand):
+            hc = h[cand]
+            idx = np.searchsorted(self.hashes, hc)
+            idx[idx == len(self.hashes)] = 0
+            mask[cand] = self.hashes[idx] == hc
+        return mask
+
+    def to_bytes(self) -> bytes:
+        header = {"count": int(len(self.hashes)), "lengths": list(self.lengths), **self.meta}
+        return (MEMBERSHIP_MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n"
+                + self.hashes.astype("<u8").tobytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Membership":
+        if not data.startswith(MEMBERSHIP_MAGIC):
+            raise ValueError("not a decon membership file")
+        nl = data.index(b"\n", len(MEMBERSHIP_MAGIC))
+        header = json.loads(data[len(MEMBERSHIP_MAGIC):nl])
+        hashes = np.frombuffer(data, dtype="<u8", offset=nl + 1).astype(np.uint64)
+        if len(hashes) != header["count"]:
+            raise ValueError("truncated decon membership file")
+        meta = {k: v for k, v in header.items() if k not in ("count", "lengths")}
+        return cls(hashes, header["lengths"], meta)
+
+
+# ---------------------------------------------------------------------------------------
+# Eval side: rows and index
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EvalRow:
+    eval_idx: int          # global index over all eval files (sorted paths, then rows)
+    eval_dataset: str
+    eval_path: str
+    eval_row: int          # 0-based row within eval_path
+    instance_id: str
+    text: str
+    num_tokens: int
+    empty: bool            # only empty tokens: contributes no n-gram
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
+                   text_field: str, id_field: str, tokenizer: Tokenizer
+                   ) -> tuple[list[EvalRow], dict[str, dict]]:
+    """Eval rows of ``files`` (in the given order) + per-dataset counts of bad rows."""
+    rows: list[EvalRow] = []
+    bad: dict[str, dict] = {}
+    for path in files:
+        ds = eval_dataset_name(path if "/" in path else os.path.abspath(path))
+        bad.setdefault(ds, {"bad_rows": 0})
+        for row, record, error in read_rows(path):
+            text = record.get(text_field) if record is not None else None
+            if record is None or not isinstance(text, str):
+                bad[ds]["bad_rows"] += 1
+                continue
+            tokens = tokenizer.tokenize(text)
+            rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text,
+                                len(tokens), not any(tokens)))
+    return rows, bad
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic GC while building many small containers (it would rescan them all
+    over and over); reference counting still frees everything."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
+                ) -> dict[tuple[int, str], tuple[int, list[tuple[int, list[tuple[int, int]]]]]]:
+    """(effective length, n-gram) -> (ngram_hash, [(eval_idx, offsets)]) over all eval rows,
+    in row order. Hashes come from the vectorized twin (equal to :func:`ngram_hash`)."""
+    index: dict[tuple[int, str], tuple[int, list]] = {}
+    ns = list(ns)
+    chunk = 4096
+    with gc_paused():
+        for c in range(0, len(rows), chunk):
+            part = rows[c:c + chunk]
+            batch = tokenize_batch([tokenizer.prepare(r.text) for r in part], tokenizer.byte_table)
+            prefix = batch_prefix(batch)
+            window_hashes: dict[int, list[int]] = {}
+            for k, r in enumerate(part):
+                tokens, spans = tokenizer.tokenize_with_offsets(r.text)
+                first = int(batch.row_first[k])
+                for length in effective_lengths(ns, len(tokens)):
+                    if length not in window_hashes:
+                        window_hashes[length] = batch_all_window_hashes(batch, prefix, length).tolist()
+                    wh = window_hashes[length]
+                    seen: dict[str, list] = {}
+                    for i, gram in iter_ngrams(tokens, length):
+                        offs = seen.get(gram)
+                        if offs is None:
+                            offs = seen[gram] = []
+                            key = (length, gram)
+                            entry = index.get(key)
+                            if entry is None:
+                                entry = index[key] = (wh[first + i], [])
+                            entry[1].append((r.eval_idx, offs))
+                        offs.append((spans[i][0], spans[i + length - 1][1]))
+    return index
+
+
+def partition_records(index: dict, partitions: int) -> dict[int, list[list]]:
+    """Partition -> detail records ``[n, ngram, hash, [[eval_idx, [[s, e], ...]], ...]]``,
+    ordered by hash (ties in index order: deterministic)."""
+    out: dict[int, list[list]] = defaultdict(list)
+    with gc_paused():
+        for (length, gram), (h, evals) in index.items():
+            out[h % partitions].append([length, gram, h, evals])
+        for recs in out.values():
+            recs.sort(key=_hash_of_record)
+    return out
+
+
+def _hash_of_record(rec: list) -> int:
+    return rec[2]
+
+
+JSON_ERRORS = "backslashreplace"  # a lone surrogate in a JSON string becomes its \\uXXXX escape
+
+
+def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
+    buf = _pyio.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
+        for rec in records:
+            gz.write(json.dumps(rec, ensure_ascii=False).encode("utf-8", JSON_ERRORS) + b"\n")
+    return buf.getvalue()
+
+
+def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
+    for line in gzip.decompress(data).splitlines():
+        if line:
+            yield json.loads(line)
+
+
+def dumps_partition(records: list[list]) -> bytes:
+    """Partition detail records (:func:`partition_records`) -> msgpack bytes."""
+    with gc_paused():
+        return msgpack.packb(records, use_bin_type=True, unicode_errors="surrogatepass")
+
+
+def load_partition(data: bytes) -> dict[tuple[int, str], list]:
+    """Partition file bytes -> {(n, ngram): [[eval_idx, [[start, end], ...]], ...]}."""
+    recs = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+    return {(r[0], r[1]): r[3] for r in recs}
+
+
+# ---------------------------------------------------------------------------------------
+# Training side: the scan
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class ScanStats:
+    rows: int = 0
+    bad_rows: int = 0
+    text_bytes: int = 0
+    windows: int = 0
+    hash_hits: int = 0
+    false_hits: int = 0
+    verified_hits: int = 0
+    rows_with_hits: int = 0
+
+    def add(self, other: "ScanStats") -> None:
+        for k, v in other.__dict__.items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str, id_field: str,
+              tokenizer: Tokenizer, membership: Membership, lookup: Callable[[int], dict],
+              partitions: int, stats: ScanStats, batch_bytes: int = 1 << 20) -> Iterator[dict]:
+    """Stream training rows ``(row, record, error)``; yield one event per training row with
+    verified hits: ``{row, doc_id, text, hits: [{n, ngram, partition, offsets}]}``.
+
+    ``lookup(p)`` returns the detail dict of hash partition ``p`` (:func:`load_partition`);
+    a hash hit counts only if ``(n, ngram)`` is in it (no false positives). Offsets are
+    code-point ``[start, end)`` pairs into the original training text, one per occurrence.
+    """
+    pending: list[tuple[int, dict, str]] = []
+    prepared: list[bytes] = []
+    known: dict[tuple[int, str], bool] = {}  # (n, ngram) -> verified against its partition
+    size = 0
+    for row, record, error in rows:
+        stats.rows += 1
+        text = record.get(text_field) if record is not None else None
+        if not isinstance(text, str):
+            stats.bad_rows += 1
+            continue
+        p = tokenizer.prepare(text)
+        stats.text_bytes += len(p)
+        pending.append((row, record, text))
+        prepared.append(p)
+        size += len(p) + 3
+        if size >= batch_bytes:
+            yield from _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats, known)
+            pending, prepared, size = [], [], 0
+    if pending:
+        yield from _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats, known)
+
+
+def _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats,
+                known: dict) -> Iterator[dict]:
+    batch = tokenize_batch(prepared, tokenizer.byte_table)
+    pos_l, len_l, h_l = [], [], []
+    prefix = batch_prefix(batch)
+    for length in membership.lengths:
+        h = batch_all_window_hashes(batch, prefix, length)
+        stats.windows += len(h)
+        pos = np.flatnonzero(membership.contains(h))
+        pos = pos[window_in_row(batch, pos, length)]
+        if len(pos):
+            pos_l.append(pos)
+            h_l.append(h[pos])
+            len_l.append(np.full(len(pos), length, dtype=np.int64))
+    if not pos_l:
+        return
+    pos = np.concatenate(pos_l)
+    lens = np.concatenate(len_l)
+    hs = np.concatenate(h_l)
+    order = np.lexsort((lens, pos))
+    pos, lens, hs = pos[order], lens[order], hs[order]
+    last = pos + lens - 1
+    rows = batch.row_of[pos]
+    starts, ends = batch.starts, batch.ends
+    edge_empty = (starts[pos] == ends[pos]) | (starts[last] == ends[last])
+    base_arr = batch.row_base[rows] + 1
+    parts = (hs % _U(partitions)).astype(np.int64)
+    buf = batch.buf
+    stats.hash_hits += len(pos)
+    false_hits = verified = 0
+    cur_row = -1
+    hits: dict = {}
+    exact = None
+    row = record = text = None
+    first = 0
+    for p, length, s, e, edge, base, part, r in zip(
+            pos.tolist(), lens.tolist(), starts[pos].tolist(), ends[last].tolist(), edge_empty.tolist(),
+            base_arr.tolist(), parts.tolist(), rows.tolist()):
+        if r != cur_row:
+            if hits:
+                stats.rows_with_hits += 1
+                yield {"row": row, "doc_id": record_id(record, id_field), "text": text, "hits": list(hits.values())}
+            cur_row = r
+            hits = {}
+            row, record, text = pending[r]
+            chars = None  # byte offset -> char offset, for non-ASCII rows
+            exact = None
+            if not text.isascii():
+                if len(prepared[r]) and len(text.lower() if tokenizer.lowercase else text) == len(text):
+                    lead = (np.frombuffer(prepared[r], dtype=np.uint8) & 0xC0) != 0x80
+                    chars = np.zeros(len(lead) + 1, dtype=np.int64)
+                    np.cumsum(lead, out=chars[1:])
+                else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
+                    exact = tokenizer.tokenize_with_offsets(text)
+            first = int(batch.row_first[r])
+        if exact is None:
+            if edge:
+                gram = " ".join(buf[k0:k1].decode("utf-8", "surrogatepass") for k0, k1 in zip(
+                    starts[p:p + length].tolist(), ends[p:p + length].tolist()))
+            else:
+                gram = b" ".join(buf[s:e].split()).decode("utf-8", "surrogatepass")
+            if chars is None:
+                span = [s - base, e - base]
+            else:
+                span = [int(chars[s - base]), int(chars[e - base])]
+        else:
+            i = p - first
+            tokens, spans = exact
+            gram = " ".join(tokens[i:i + length])
+            span = [spans[i][0], spans[i + length - 1][1]]
+        key = (length, gram)
+        ok = known.get(key)
+        if ok is None:
+            ok = known[key] = key in lookup(part)
+        if not ok:
+            false_hits += 1
+            continue
+        verified += 1
+        hit = hits.get(key)
+        if hit is None:
+            hit = hits[key] = {"n": length, "ngram": gram, "partition": part, "offsets": []}
+        hit["offsets"].append(span)
+    if hits:
+        stats.rows_with_hits += 1
+        yield {"row": row, "doc_id": record_id(record, id_field), "text": text, "hits": list(hits.values())}
+    stats.false_hits += false_hits
+    stats.verified_hits += verified
+
+
+# ---------------------------------------------------------------------------------------
+# Reduce: stats, details, metrics, report
+# ---------------------------------------------------------------------------------------
+
+def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:
+    """HELM metrics of one instance at configured n.
+
+    The instance's n-grams are its windows of ``L = min(n, len(tokens))`` tokens (all-empty
+    windows skipped); a window overlaps if its n-gram is in ``overlap_counts`` (n-gram ->
+    number of training documents containing it, after any frequency filter).
+
+    - ``binary``: 1 if any window overlaps.
+    - ``jaccard``: overlapping windows / all windows.
+    - ``token``: tokens covered by an overlapping window / all tokens.
+    - ``jaccard_weighted``: sum over overlapping windows of 1/count, / all windows.
+    - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
+      windows covering it, / all tokens.
+    """
+    length = min(n, len(tokens))
+    windows = list(iter_ngrams(tokens, length))
+    total = len(windows)
+    cover = [0.0] * len(tokens)
+    covered = [False] * len(tokens)
+    hits = 0
+    wsum = 0.0
+    for i, gram in windows:
+        c = overlap_counts.get(gram)
+        if not c:
+            continue
+        hits += 1
+        w = 1.0 / c
+        wsum += w
+        for k in range(i, i + length):
+            covered[k] = True
+            if w > cover[k]:
+                cover[k] = w
+    nt = len(tokens) or 1
+    return {
+        "binary": 1 if hits else 0,
+        "jaccard": hits / total if total else 0.0,
+        "token": sum(covered) / nt if total else 0.0,
+        "jaccard_weighted": wsum / total if total else 0.0,
+        "token_weighted": sum(cover) / nt if total else 0.0,
+    }
+
+
+@dataclass
+class TrainEvent:
+    """One training row with verified hits (a scan part line, row made file-global)."""
+
+    train_path: str
+    train_row: int
+    doc_id: str
+    text: str
+    hits: list[dict]
+
+
+def count_train_docs(events: Iterable[TrainEvent]) -> dict[tuple[int, str], int]:
+    """(n, ngram) -> number of distinct training documents (path, row) containing it."""
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    for ev in events:
+        for h in ev.hits:
+            counts[(h["n"], h["ngram"])] += 1
+    return dict(counts)
+
+
+@dataclass
+class ReduceResult:
+    overlap_stats: list[dict]
+    by_train_path: list[dict]
+    metrics: list[dict]
+    summary: list[dict]
+    ignored_ngrams: int
+
+
+def reduce_overlaps(eval_rows: list[EvalRow], ns: list[int], events: Callable[[], Iterable[TrainEvent]],
+                    eval_detail: Callable[[int, int, str], list], tokenizer: Tokenizer,
+                    max_train_count: int | None, write_detail: Callable[[dict], None],
+                    eval_bad_rows: dict[str, dict] | None = None) -> ReduceResult:
+    """Join scan events with the eval side; write details through ``write_detail``.
+
+    ``write_detail`` receives each detail record as one JSON line (``str``, no newline), keys
+    in the documented order; it may contain lone surrogates (encode with
+    :data:`JSON_ERRORS`, which writes them as JSON escapes).
+
+    ``events()`` is called twice (document counts for ``max_train_count``, then the join).
+    ``eval_detail(partition, n, ngram)`` returns ``[[eval_idx, offsets], ...]``.
+    """
+    ns = sorted(set(ns))
+    counts = count_train_docs(events())
+    ignored = {k for k, c in counts.items() if max_train_count is not None and c > max_train_count}
+    by_idx = {r.eval_idx: r for r in eval_rows}
+    datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
+    all_ids: dict[str, set] = defaultdict(set)
+    empty_ids: dict[str, set] = defaultdict(set)
+    for r in eval_rows:
+        all_ids[r.eval_dataset].add(r.instance_id)
+        if r.empty:
+            empty_ids[r.eval_dataset].add(r.instance_id)
+    hit_ids: dict[tuple[str, int], set] = defaultdict(set)
+    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
+    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    inst_overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    eval_head: dict[int, str] = {}  # serialized eval fields of a row, reused by all its details
+    configured_of: dict[tuple[int, int], list[int]] = {}
+    dumps_u = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, not one per call
+    dumps = json.dumps  # default arguments: json's cached encoder
+    for ev in events():
+        train_part = None
+        for h in ev.hits:
+            key = (h["n"], h["ngram"])
+            if key in ignored:
+                continue
+            if train_part is None:
+                train_part = dumps_u({"train_path": ev.train_path, "train_row": ev.train_row,
+                                      "train_text": ev.text})[1:-1]
+            gram_json = dumps_u(h["ngram"])
+            train_tail = (f', {train_part}, "train_ngram": {gram_json}, "train_offsets": {dumps(h["offsets"])}, '
+                          f'"train_doc_id": {dumps_u(ev.doc_id)}}}')
+            for eval_idx, eval_offsets in eval_detail(h["partition"], h["n"], h["ngram"]):
+                er = by_idx[eval_idx]
+                ck = (eval_idx, h["n"])
+                configured = configured_of.get(ck)
+                if configured is None:
+                    configured = configured_of[ck] = [n for n in ns if min(n, er.num_tokens) == h["n"]]
+                for n in configured:
+                    hit_ids[(er.eval_dataset, n)].add(er.instance_id)
+                    path_ids[(ev.train_path, er.eval_dataset, n)].add(er.instance_id)
+                    path_rows[(ev.train_path, er.eval_dataset, n)].add(ev.train_row)
+                inst_overlaps[eval_idx][h["n"]][h["ngram"]] = counts[key]
+                head = eval_head.get(eval_idx)
+                if head is None:
+                    head = eval_head[eval_idx] = dumps_u({
+                        "eval_dataset": er.eval_dataset, "eval_path": er.eval_path, "eval_row": er.eval_row,
+                        "eval_text": er.text, "instance_id": er.instance_id})[:-1]
+                write_detail(f'{head}, "ngram": {gram_json}, "n": {h["n"]}, '
+                             f'"eval_offsets": {dumps(eval_offsets)}{train_tail}')
+    stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
+              "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
+    by_path = [{"train_path": p, "eval_dataset": ds, "n": n, "num_instances": len(ids),
+                "instance_ids": sorted(ids), "num_train_rows": len(path_rows[(p, ds, n)])}
+               for (p, ds, n), ids in sorted(path_ids.items())]
+    metrics = []
+    for r in eval_rows:
+        tokens = tokenizer.tokenize(r.text) if r.eval_idx in inst_overlaps else None
+        for n in ns:
+            if tokens is None:
+                m = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+            else:
+                m = instance_metrics(tokens, n, inst_overlaps[r.eval_idx].get(min(n, r.num_tokens), {}))
+            metrics.append({"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
+                            "instance_id": r.instance_id, "n": n, **m})
+    summary = []
+    for ds in datasets:
+        summary.append({
+            "eval_dataset": ds,
+            "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
+            "num_instances": len(all_ids[ds]),
+            "num_empty_instances": len(empty_ids[ds]),
+            "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
+        })
+    return ReduceResult(stats, by_path, metrics, summary, len(ignored))
+
+
+def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5) -> str:
+    """A short human-readable report: per dataset and n, contamination and top files."""
+    lines = ["# Train/test overlap report", ""]
+    lines.append(f"training rows scanned: {scan_stats.get('rows', 0)}, "
+                 f"text: {scan_stats.get('text_bytes', 0) / 1e6:.1f} MB, "
+                 f"rows with overlaps: {scan_stats.get('rows_with_hits', 0)}")
+    if max_train_count is not None:
+        lines.append(f"n-grams ignored (in more than {max_train_count} training documents): {result.ignored_ngrams}")
+    lines.append("")
+    summary = {s["eval_dataset"]: s for s in result.summary}
+    top_files: dict[tuple[str, int], list] = defaultdict(list)
+    for row in result.by_train_path:
+        top_files[(row["eval_dataset"], row["n"])].append((row["num_instances"], row["train_path"]))
+    lines.append("| eval_dataset | n | contaminated | instances | % | top training files (instances) |")
+    lines.append("|---|---|---|---|---|---|")
+    for s in result.overlap_stats:
+        ds, n = s["eval_dataset"], s["n"]
+        k, total = len(s["instance_ids"]), s["num_instances"]
+        pct = 100.0 * k / total if total else 0.0
+        files = sorted(top_files[(ds, n)], key=lambda x: (-x[0], x[1]))[:top]
+        tops = ", ".join(f"{p} ({c})" for c, p in files) or "-"
+        lines.append(f"| {ds} | {n} | {k} | {total} | {pct:.2f} | {tops} |")
+    lines.append("")
+    for ds, s in sorted(summary.items()):
+        if s["num_empty_instances"] or s["num_bad_rows"]:
+            lines.append(f"- {ds}: {s['num_empty_instances']} empty/punctuation-only instances (never counted "
+                         f"as overlapping), {s['num_bad_rows']} unreadable rows or rows without text")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Reference implementation (pure Python, the HELM shape: dict of test n-grams, stream train)
+# ---------------------------------------------------------------------------------------
+
+def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, str]], ns: list[int],
+                      tokenizer: Tokenizer) -> tuple[dict[tuple[str, int], list[str]], set]:
+    """Straightforward implementation of the same method.
+
+    ``train`` yields ``(train_path, train_row, text)``. Returns (instance ids per
+    (dataset, configured n), sorted; the set of detail keys
+    ``(eval_idx, train_path, train_row, effective n, ngram)``).
+    """
+    ns = sorted(set(ns))
+    index: dict[tuple[int, str], list[EvalRow]] = {}
+    for r in eval_rows:
+        tokens = tokenizer.tokenize(r.text)
+        for length in effective_lengths(ns, len(tokens)):
+            for _, gram in iter_ngrams(tokens, length):
+                bucket = index.setdefault((length, gram), [])
+                if not bucket or bucket[-1] is not r:
+                    bucket.append(r)
+    lengths = sorted({k[0] for k in index})
+    found: dict[tuple[str, int], set] = defaultdict(set)
+    details: set = set()
+    for path, row, text in train:
+        tokens = tokenizer.tokenize(text)
+        for length in lengths:
+            for i in range(len(tokens) - length + 1):
+                gram = " ".join(tokens[i:i + length])
+                rows = index.get((length, gram))
+                if rows:
+                    for r in rows:
+                        details.add((r.eval_idx, path, row, length, gram))
+                        for n in ns:
+                            if min(n, r.num_tokens) == length:
+                                found[(r.eval_dataset, n)].add(r.instance_id)
+    datasets = sorted({r.eval_dataset for r in eval_rows})
+    return {(ds, n): sorted(found[(ds, n)]) for ds in datasets for n in ns}, details
