@@ -414,14 +414,18 @@ def tokenize_batch(prepared: list[bytes], table: bytes) -> TokenBatch:
     nonsp = np.empty(n + 2, dtype=np.int8)
     nonsp[0] = nonsp[-1] = 0
     np.not_equal(arr, 0x20, out=nonsp[1:-1].view(np.bool_))
-    d = np.diff(nonsp)
-    starts = np.flatnonzero(d == 1)
-    ends = np.flatnonzero(d == -1)
-    row_of = np.searchsorted(row_base, starts, side="right") - 1
-    starts += starts == row_base[row_of]                       # drop a row-start marker
-    ends -= (ends - 1) == (row_base + lens + 1)[row_of]         # drop a row-end marker
+    edges = np.flatnonzero(np.diff(nonsp))  # run boundaries alternate: start, end, start, ...
+    starts = edges[0::2].copy()
+    ends = edges[1::2].copy()
+    # Each row's first token starts at its start marker (non-space, after a space or the
+    # buffer start) and its last token ends right after its end marker.
+    row_first = np.empty(len(prepared) + 1, dtype=np.int64)
+    row_first[:-1] = np.searchsorted(starts, row_base)
+    row_first[-1] = len(starts)
+    row_of = np.repeat(np.arange(len(prepared), dtype=np.int64), np.diff(row_first))
+    starts[row_first[:-1]] += 1                                  # drop the row-start marker
+    ends[row_first[1:] - 1] -= 1                                 # drop the row-end marker
     hashes = _token_hashes(buf, starts, ends)
-    row_first = np.searchsorted(row_of, np.arange(len(prepared) + 1), side="left")
     return TokenBatch(buf, starts, ends, row_of, row_first, row_base, hashes)
 
 
