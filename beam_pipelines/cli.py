@@ -116,8 +116,22 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _interrupted_message() -> str:
-    return f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}"
+def _interruptible(run) -> int:
+    """Call ``run()``; on SIGINT/SIGTERM print the resume command and return 130.
+
+    Beam may wrap the KeyboardInterrupt raised inside a bundle, so any exception that
+    follows a signal counts as the interruption.
+    """
+    _install_signal_handlers()
+    try:
+        return run()
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        if not _INTERRUPTED:
+            raise
+    print(f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}", file=sys.stderr)
+    return 130
 
 
 def _resume_hint() -> str:
@@ -159,36 +173,32 @@ def cmd_prep(args, beam_args: list[str]) -> int:
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source)
     print(f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
           + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")", file=sys.stderr)
-    _install_signal_handlers()
     t0 = time.time()
-    try:
-        result = run_stages(build_stages(cfg), cfg.output, pipeline_args(args.runner, args.workers, beam_args),
-                            verify_checksums=args.verify_checksums, force=args.force, progress=not args.no_progress,
-                            run_info={"command": "prep", "argv": sys.argv[1:]}, on_plan=clear_stale_manifest)
-    except KeyboardInterrupt:
-        print(_interrupted_message(), file=sys.stderr)
-        return 130
-    except StageFailed as e:
-        print(f"refinery prep: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
-              f"  {_resume_hint()}", file=sys.stderr)
-        return 1
-    except Exception:
-        if _INTERRUPTED:
-            print(_interrupted_message(), file=sys.stderr)
-            return 130
-        raise
-    manifest_path = io.join(cfg.output, "manifest.json")
-    m = io.read_json(manifest_path)
-    ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
-        or "nothing (all units already done)"
-    rows = m["rows"]
-    print(f"prep done in {time.time() - t0:.1f}s; units run: {ran}\n"
-          f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
-          f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
-          f"rejected {rows['rejected']:,}" + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
-          + (f"  (reasons in {io.join(cfg.output, 'rejects/rejects.jsonl')})" if rows["rejected"] else "")
-          + f"\n  manifest: {manifest_path}")
-    return 0
+
+    def run() -> int:
+        try:
+            result = run_stages(
+                build_stages(cfg), cfg.output, pipeline_args(args.runner, args.workers, beam_args),
+                verify_checksums=args.verify_checksums, force=args.force, progress=not args.no_progress,
+                run_info={"command": "prep", "argv": sys.argv[1:]}, on_plan=clear_stale_manifest)
+        except StageFailed as e:
+            print(f"refinery prep: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
+                  f"  {_resume_hint()}", file=sys.stderr)
+            return 1
+        manifest_path = io.join(cfg.output, "manifest.json")
+        m = io.read_json(manifest_path)
+        ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
+            or "nothing (all units already done)"
+        rows = m["rows"]
+        print(f"prep done in {time.time() - t0:.1f}s; units run: {ran}\n"
+              f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
+              f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
+              f"rejected {rows['rejected']:,}" + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
+              + (f"  (reasons in {io.join(cfg.output, 'rejects/rejects.jsonl')})" if rows["rejected"] else "")
+              + f"\n  manifest: {manifest_path}")
+        return 0
+
+    return _interruptible(run)
 
 
 def cmd_verify(args) -> int:
@@ -264,17 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args)
     if args.command == "decon":
         from refinery.beam_pipelines import decon
-        _install_signal_handlers()
-        try:
-            return decon.run(args, pipeline_args(args.runner, args.workers, unknown))
-        except Exception as e:
-            if isinstance(e, KeyboardInterrupt) or _INTERRUPTED:
-                print(_interrupted_message(), file=sys.stderr)
-                return 130
-            raise
-        except KeyboardInterrupt:
-            print(_interrupted_message(), file=sys.stderr)
-            return 130
+        return _interruptible(lambda: decon.run(args, pipeline_args(args.runner, args.workers, unknown)))
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -17,6 +17,7 @@ document's position recorded in the spill.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 from array import array
@@ -195,14 +196,13 @@ class TokenizeStage(Stage):
 
 
 def io_json(obj) -> str:
-    import json
     return json.dumps(obj, ensure_ascii=False, sort_keys=True)
 
 
 def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, dict, int]]:
     """(unit, receipt, tokens before this unit) for the tokenize units the output includes.
 
-    Reads receipts directly: the stage barrier already guaranteed them complete.
+    Uses the one completion check; the stage barrier already made every needed unit complete.
     """
     units = upstream.stage.plan()
     receipts = {}
@@ -247,7 +247,8 @@ class PackStage(Stage):
         budget = self.cfg.max_tokens
         pieces = []  # (spill path, doc rows)
         for u, _, before in _tokenize_inputs(tk, budget):
-            starts = np.load(_bytes_io(io.read_bytes(io.join(tk.parts_dir, f"{u.id}.spillshards"))), allow_pickle=False)
+            with io.open_read(io.join(tk.parts_dir, f"{u.id}.spillshards")) as f:
+                starts = np.load(f, allow_pickle=False)
             with io.open_read(io.join(tk.parts_dir, f"{u.id}.spilldocs")) as f:
                 rows = spill.read_shard_rows(f, starts, shard)
             rows = spill.within_budget(rows, None if budget is None else budget - before)
@@ -268,11 +269,6 @@ class PackStage(Stage):
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return f"docs={int(stats.get('docs', 0)):,} tokens={int(stats.get('tokens', 0)):,}"
-
-
-def _bytes_io(data: bytes):
-    import io as pyio
-    return pyio.BytesIO(data)
 
 
 class ManifestStage(Stage):

@@ -88,11 +88,6 @@ def file_size(path: str) -> int | None:
         return None
 
 
-def makedirs(path: str) -> None:
-    if not is_remote(path):
-        os.makedirs(_local(path), exist_ok=True)  # object stores have no directories
-
-
 def open_read(path: str, compression: str | None = None) -> IO[bytes]:
     """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix.
 

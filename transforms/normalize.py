@@ -6,12 +6,11 @@ NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode category Cc characters are d
 from __future__ import annotations
 
 import re
-import sys
 import unicodedata
 
 # Every Cc code point (C0, DEL, C1) except \t and \n maps to None. \r is handled first.
-_DROP_CC = {cp: None for cp in range(sys.maxunicode + 1)
-            if cp < 0x250 and unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
+_DROP_CC = {cp: None for cp in range(0xA0)  # every Cc code point lies below U+00A0
+            if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
 
 
 _ASCII_TO_FIX = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # ASCII Cc except \t \n, and \r

@@ -12,11 +12,9 @@ written, so neither file is ever held whole in memory.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
-from dataclasses import dataclass
-from typing import IO, Iterable
+from typing import IO
 
 import numpy as np
 
@@ -130,17 +128,6 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
     return problems
 
 
-@dataclass
-class ShardInfo:
-    shard: int
-    path: str
-    index_path: str
-    num_tokens: int
-    num_documents: int
-    sha256: str
-    index_sha256: str
-
-
 def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     """Every problem with a manifest and its shards ([] if none). Paths are named in each line."""
     try:
@@ -198,9 +185,3 @@ def find_temp_files(root: str) -> list[str]:
 def manifest_json(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2) + "\n").encode()
 
-
-def sha256_bytes(data: Iterable[bytes]) -> str:
-    h = hashlib.sha256()
-    for b in data:
-        h.update(b)
-    return h.hexdigest()

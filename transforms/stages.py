@@ -380,12 +380,12 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
 class Progress:
     """A tqdm bar fed from receipts (the source of truth), polled in a background thread."""
 
-    def __init__(self, run: StageRun, total: int, already: int, interval: float, enabled: bool):
-        self.run, self.total, self.already, self.interval = run, total, already, interval
-        self.enabled = enabled
+    def __init__(self, run: StageRun, total: int, interval: float, enabled: bool):
+        self.run, self.total, self.interval, self.enabled = run, total, interval, enabled
         self._stop = threading.Event()
         self._thread = None
         self._start = time.time()
+        self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
     def __enter__(self):
         if self.enabled:
@@ -425,9 +425,6 @@ class Progress:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
-
-    _started_iso = property(lambda self: _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc)
-                            .isoformat(timespec="milliseconds"))
 
 
 def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
@@ -500,8 +497,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                     break
                 raise RuntimeError(f"stage {run.name}: needed() asked for more units but none is pending")
             log.info("stage %s [%s]: %d of %d units pending", run.name, run.stage_hash, len(pending), len(plan))
-            with Progress(run, len(needed), len(needed) - len(pending), interval=1.0 if not io.is_remote(output) else 10.0,
-                          enabled=progress):
+            with Progress(run, len(needed), interval=10.0 if io.is_remote(output) else 1.0, enabled=progress):
                 if run.stage.local:
                     for unit in pending:
                         execute_unit(run, unit, verify_checksums)
