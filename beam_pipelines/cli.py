@@ -10,12 +10,22 @@ import argparse
 import json
 import logging
 import os
-import shlex
-import signal
 import sys
 import time
 
-from refinery.runners import RUNNERS, pipeline_args
+from refinery.beam_pipelines.command import add_runner_args, interruptible, resume_hint
+from refinery.runners import pipeline_args
+
+# Command modules plugged in by name: each has HELP, add_arguments(parser), run(args, beam_args).
+# (see refinery.beam_pipelines.command). Uncomment a line when its module lands.
+COMMANDS = {
+    "decon": "refinery.beam_pipelines.decon",
+    # "generate": "refinery.beam_pipelines.generate",          # issue 6
+    # "hydra": "refinery.beam_pipelines.hydra",                # issue 6
+    # "prep-mixture": "refinery.beam_pipelines.prep_mixture",  # issue 9
+    # "inspect": "refinery.beam_pipelines.inspect_shards",     # issue 9
+    # "regenerate-index": "refinery.beam_pipelines.regenerate_index",  # issue 9
+}
 
 EPILOG_PREP = """\
 examples:
@@ -27,19 +37,6 @@ examples:
 Killing the job and running the same command again finishes it: finished units are kept
 (receipts under OUTPUT/.refinery) and never redone. --force starts from scratch.
 """
-
-
-def _add_runner_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("execution")
-    g.add_argument("--runner", default="local",
-                   help=f"where to run: {', '.join(RUNNERS)}, or any Beam runner name (default: local)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="local: worker processes (default: one per core); flink: parallelism; dataflow: max workers")
-    g.add_argument("--verify-checksums", action="store_true",
-                   help="treat a finished unit as done only if its files' sha256 still match (reads everything)")
-    g.add_argument("--force", action="store_true", help="discard receipts and start a fresh run")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.add_argument("-v", "--verbose", action="store_true", help="log each stage's plan")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--max-tokens", metavar="N",
                      help="keep documents in input order up to N tokens (suffixes K, M, B, T)")
     out.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
-    _add_runner_args(p)
+    add_runner_args(p)
 
     v = sub.add_parser("verify", help="check a manifest and its shards (exit 1 naming each problem)")
     v.add_argument("manifest", help="path to manifest.json (local or gs://)")
@@ -83,11 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="units done/pending/failed per stage of a run, from its receipts")
     s.add_argument("output", help="the run's output folder (local or gs://)")
 
-    from refinery.beam_pipelines import decon
-    d = sub.add_parser("decon", help="train/test n-gram overlap with provenance",
-                       description=decon.__doc__.strip().splitlines()[0])
-    decon.add_arguments(d)
-    _add_runner_args(d)
+    import importlib
+    for name, module_name in COMMANDS.items():
+        mod = importlib.import_module(module_name)
+        c = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip().split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(c)
     return parser
 
 
@@ -102,41 +100,6 @@ def _dataset_name(args) -> str:
             base = base.removesuffix(suffix)
     clean = "".join(c if c.isalnum() or c in "-_" else "_" for c in base).strip("_")
     return clean or "dataset"
-
-
-_INTERRUPTED: list[int] = []
-
-
-def _install_signal_handlers() -> None:
-    """SIGINT/SIGTERM stop the run; Beam may wrap the KeyboardInterrupt, so remember it."""
-    def handler(signum, frame):
-        _INTERRUPTED.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _interruptible(run) -> int:
-    """Call ``run()``; on SIGINT/SIGTERM print the resume command and return 130.
-
-    Beam may wrap the KeyboardInterrupt raised inside a bundle, so any exception that
-    follows a signal counts as the interruption.
-    """
-    _install_signal_handlers()
-    try:
-        return run()
-    except KeyboardInterrupt:
-        pass
-    except Exception:
-        if not _INTERRUPTED:
-            raise
-    print(f"\ninterrupted: finished units are kept. Resume with:\n  {_resume_hint()}", file=sys.stderr)
-    return 130
-
-
-def _resume_hint() -> str:
-    argv = [a for a in sys.argv[1:] if a != "--force"]
-    return "refinery " + shlex.join(argv)
 
 
 def cmd_prep(args, beam_args: list[str]) -> int:
@@ -183,7 +146,7 @@ def cmd_prep(args, beam_args: list[str]) -> int:
                 run_info={"command": "prep", "argv": sys.argv[1:]}, on_plan=clear_stale_manifest)
         except StageFailed as e:
             print(f"refinery prep: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
-                  f"  {_resume_hint()}", file=sys.stderr)
+                  f"  {resume_hint()}", file=sys.stderr)
             return 1
         manifest_path = io.join(cfg.output, "manifest.json")
         m = io.read_json(manifest_path)
@@ -198,7 +161,7 @@ def cmd_prep(args, beam_args: list[str]) -> int:
               + f"\n  manifest: {manifest_path}")
         return 0
 
-    return _interruptible(run)
+    return interruptible(run)
 
 
 def cmd_verify(args) -> int:
@@ -262,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "verbose", False):
         logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
-    if unknown and args.command not in ("prep", "decon"):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "prep":
         return cmd_prep(args, unknown)
     if args.command == "verify":
@@ -272,9 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info(args)
     if args.command == "status":
         return cmd_status(args)
-    if args.command == "decon":
-        from refinery.beam_pipelines import decon
-        return _interruptible(lambda: decon.run(args, pipeline_args(args.runner, args.workers, unknown)))
+    if args.command in COMMANDS:
+        import importlib
+        mod = importlib.import_module(COMMANDS[args.command])
+        if hasattr(args, "runner"):  # a pipeline: unknown flags go to Beam
+            beam_args = pipeline_args(args.runner, args.workers, unknown)
+            return interruptible(lambda: mod.run(args, beam_args))
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return mod.run(args, [])
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     parser.error(f"unknown command {args.command}")
     return 2
 

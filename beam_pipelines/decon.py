@@ -21,6 +21,8 @@ import json
 import sys
 import time
 
+HELP = "train/test n-gram overlap with provenance"
+
 EPILOG = """\
 examples:
   refinery decon --eval decontamination/ --train corpus/ --output out/decon --ngrams 5 9 13
@@ -30,7 +32,9 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Decon's own options. ``--runner/--workers/--verify-checksums/--force`` come from the CLI."""
+    """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
+    from refinery.beam_pipelines.command import add_runner_args
+
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("inputs")
@@ -56,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
     o.add_argument("--slice-mb", type=float, default=256.0,
                    help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
+    add_runner_args(parser)
 
 
 def settings_from_args(args):
@@ -118,9 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     """A stand-alone parser (tests, ``python -m``): decon's options + the execution flags."""
     p = argparse.ArgumentParser(prog="refinery decon", description=(__doc__ or "").splitlines()[0])
     add_arguments(p)
-    p.add_argument("--verify-checksums", action="store_true")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
     return p
 
 
