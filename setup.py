@@ -28,9 +28,11 @@ setup(
         "pyarrow>=15",
         "zstandard>=0.22",
         "tqdm>=4.66",
+        "tomli>=2.0; python_version < '3.11'",  # mixture TOML files (3.11+ has tomllib)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55", "matplotlib>=3.8"],
+        "plots": ["matplotlib>=3.8"],  # refinery inspect --histogram
         "inference": [
             "torch==2.13.0",
             "safetensors>=0.4",

@@ -22,9 +22,9 @@ COMMANDS = {
     "decon": "refinery.beam_pipelines.decon",
     # "generate": "refinery.beam_pipelines.generate",          # issue 6
     # "hydra": "refinery.beam_pipelines.hydra",                # issue 6
-    # "prep-mixture": "refinery.beam_pipelines.prep_mixture",  # issue 9
-    # "inspect": "refinery.beam_pipelines.inspect_shards",     # issue 9
-    # "regenerate-index": "refinery.beam_pipelines.regenerate_index",  # issue 9
+    "prep-mixture": "refinery.beam_pipelines.prep_mixture",  # issue 9
+    "inspect": "refinery.beam_pipelines.inspect_shards",     # issue 9
+    "regenerate-index": "refinery.beam_pipelines.regenerate_index",  # issue 9
 }
 
 EPILOG_PREP = """\

@@ -1,0 +1,132 @@
+"""Inspect token shards for quality issues; exit 1 when any is found.
+
+``refinery inspect --manifest M`` (EOS id, vocab size and expected counts from the manifest) or
+``refinery inspect --data-dir D --eos-token-id N`` (every ``**/*.npy`` with its ``.idx``).
+Per shard: tokens, EOS, documents; issues: double EOS, empty documents, ``.idx``/``.npy``
+mismatch, tokens after the last EOS, ids outside the vocabulary. ``--stats`` adds document
+lengths, distinct tokens, vocabulary coverage and the most frequent tokens; ``--histogram
+PNG`` draws document lengths. ``--sample N`` prints N consecutive tokens from a random place.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "check shards for double EOS, empty documents, idx/npy mismatch; token statistics (exit 1 on issues)"
+
+EPILOG = """\
+examples:
+  refinery inspect --manifest /data/fineweb/train/manifest.json --all --verbose
+  refinery inspect --data-dir /data/fineweb --eos-token-id 199999 --num-shards 3 --stats
+  refinery inspect --manifest out/manifest.json --stats --histogram /tmp/lengths.png --sample 100
+
+Exit code: 0 when no issue is found, 1 when any is, 2 for bad arguments.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--manifest", metavar="PATH", help="manifest.json (gives EOS id, vocab size, expected counts)")
+    src.add_argument("--data-dir", metavar="DIR", help="folder of shards (every **/*.npy with its .idx)")
+    parser.add_argument("--eos-token-id", type=int, default=None,
+                        help="EOS token id (default: the manifest's, else 199999)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="vocabulary size for coverage and out-of-range ids (default: the manifest's, "
+                             "else 201088)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--num-shards", type=int, default=1, metavar="N", help="inspect the first N shards (default: 1)")
+    which.add_argument("--all", action="store_true", help="inspect every shard")
+    parser.add_argument("-v", "--verbose", action="store_true", help="list each issue's positions")
+    parser.add_argument("--stats", action="store_true", help="document lengths and token distribution")
+    parser.add_argument("--histogram", metavar="PNG", help="write a PNG histogram of document lengths (implies --stats)")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="print N consecutive tokens from a random place in each shard (decoded)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
+
+
+def _decode(tokens) -> str | None:
+    try:
+        from refinery.transforms.tokenizer import get_encoding
+        return get_encoding().decode([int(t) for t in tokens])
+    except Exception:  # noqa: BLE001 - decoding is a convenience; ids are printed anyway
+        return None
+
+
+def run(args, beam_args: list[str]) -> int:
+    import numpy as np
+
+    from refinery.transforms.inspect_shards import (inspect_shard, shards_from_manifest, shards_in_dir,
+                                                    write_length_histogram)
+
+    stats = args.stats or bool(args.histogram)
+    if args.manifest:
+        try:
+            refs, eos, vocab = shards_from_manifest(args.manifest)
+        except FileNotFoundError:
+            print(f"refinery inspect: {args.manifest}: not found", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError) as e:
+            print(f"refinery inspect: {args.manifest}: not a manifest ({e})", file=sys.stderr)
+            return 2
+        eos = args.eos_token_id if args.eos_token_id is not None else eos
+    else:
+        refs = shards_in_dir(args.data_dir)
+        eos, vocab = (args.eos_token_id if args.eos_token_id is not None else 199999), None
+    vocab = args.vocab_size or vocab or 201088
+    if not refs:
+        print(f"refinery inspect: no shards found in {args.manifest or args.data_dir}", file=sys.stderr)
+        return 1
+    chosen = refs if args.all else refs[: max(1, args.num_shards)]
+    print(f"inspecting {len(chosen)} of {len(refs)} shard(s), EOS {eos}, vocab size {vocab}")
+    total_issues = 0
+    all_lengths = []
+    totals = {"tokens": 0, "eos": 0, "docs": 0}
+    for ref in chosen:
+        r = inspect_shard(ref, eos, vocab, stats=stats, sample=args.sample, seed=args.seed)
+        totals["tokens"] += r.num_tokens
+        totals["eos"] += r.num_eos
+        totals["docs"] += r.num_docs or 0
+        mark = "OK  " if not r.issues else "BAD "
+        docs = "?" if r.num_docs is None else f"{r.num_docs:,}"
+        print(f"{mark} {ref.npy_path}: {r.num_tokens:,} tokens, {r.num_eos:,} EOS, {docs} documents, "
+              f"{r.double_eos} double EOS, {r.empty_docs} empty")
+        for issue in r.issues:
+            print(f"     issue: {issue}")
+        if args.verbose:
+            if r.double_eos_positions:
+                print(f"     double EOS at token(s) {r.double_eos_positions}" + (" ..." if r.double_eos > len(
+                    r.double_eos_positions) else ""))
+            if r.empty_doc_indices:
+                print(f"     empty document(s) {r.empty_doc_indices}" + (" ..." if r.empty_docs > len(
+                    r.empty_doc_indices) else ""))
+        if r.stats:
+            s, dl = r.stats, r.stats["doc_length"]
+            cov = f"{s['vocab_coverage']:.2%}" if s["vocab_coverage"] is not None else "?"
+            print(f"     doc length: min {dl['min']:,} median {dl['median']:,.0f} mean {dl['mean']:,.1f} "
+                  f"p90 {dl['p90']:,.0f} p99 {dl['p99']:,.0f} max {dl['max']:,}")
+            print(f"     distinct tokens {s['distinct_tokens']:,} (vocab coverage {cov}); top: "
+                  + ", ".join(f"{t}x{c:,}" for t, c in s["top_tokens"][:10]))
+            all_lengths.append(r.doc_lengths)
+        if r.sample is not None:
+            start, toks = r.sample
+            text = _decode(toks)
+            print(f"     sample at token {start:,}: {[int(t) for t in toks]}")
+            if text is not None:
+                print(f"     decoded: {text!r}")
+        total_issues += len(r.issues)
+    print(f"total: {totals['tokens']:,} tokens, {totals['eos']:,} EOS, {totals['docs']:,} documents in "
+          f"{len(chosen)} shard(s); {total_issues} issue(s)")
+    if args.histogram:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("refinery inspect: --histogram needs matplotlib: pip install 'llm-refinery[plots]'", file=sys.stderr)
+            return 2
+        lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
+        write_length_histogram(lengths, args.histogram, title=f"document lengths, {len(chosen)} shard(s)")
+        print(f"histogram: {args.histogram}")
+    if total_issues:
+        print(f"refinery inspect: {total_issues} issue(s) found", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,241 @@
+"""prep-mixture: every source and split of a mixture TOML -> token shards under one data root.
+
+Each source/split is one resumable ``prep`` run (tokenize -> pack -> manifest, the stages of
+:mod:`refinery.beam_pipelines.prep`) into ``{data_root}/{source_id}/{split}/``::
+
+    {data_root}/{source_id}/{split}/manifest.json
+    {data_root}/{source_id}/{split}/shard_NNNN/{source_id}-v1-shard-NNNNNN.npy (+ .idx)
+
+with that run's own receipts under ``.refinery/``: re-running the same command skips what is
+done and finishes the rest. Budgets come from the flow (dev 100M, research 1B, ablation 6B
+tokens), capped by ``--max-tokens``, split over the sources by weight (see
+:mod:`refinery.transforms.mixture`); each source's budget is prep's ``--max-tokens`` for its
+train split, and ``--valid-percent`` of it for the other splits.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
+
+EPILOG = """\
+examples:
+  refinery prep-mixture --config examples/mix.toml --data-root /tmp/mix --flow dev --max-tokens 200K --dry-run
+  refinery prep-mixture --config mix.toml --flow research --stage pretrain --splits train,valid --workers 8
+  refinery prep-mixture --config mix.toml --flow dev --continue-on-error --runner dataflow --project P ...
+
+--dry-run prints the plan (sources, weights, token budgets, shards, and what the receipts
+say is already done) and runs nothing. Re-run the same command to resume after a failure
+or an interruption; --force re-does every source/split from scratch.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from refinery.beam_pipelines.command import add_runner_args
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    g = parser.add_argument_group("mixture")
+    g.add_argument("--config", required=True, metavar="TOML", help="mixture file ([mixtures.NAME] + sources)")
+    g.add_argument("--flow", help="token target: dev (100M), research (1B), ablation (6B) or a [flows.X] "
+                                  "of the file (default: the mixture's total_tokens_b)")
+    g.add_argument("--stage", default="pretrain",
+                   help="training stage whose mixture to prepare ([stages] of the file; default: pretrain)")
+    g.add_argument("--mixture", metavar="NAME", help="mixture to prepare (overrides --stage)")
+    g.add_argument("--splits", default="train,valid", help="comma-separated splits (default: train,valid)")
+    g.add_argument("--data-root", metavar="DIR", help="output root, local or gs:// (default: data_root of the file)")
+    g.add_argument("--max-tokens", metavar="N", help="cap on the total tokens over all sources (K, M, B, T)")
+    g.add_argument("--valid-percent", type=float, default=1.0,
+                   help="budget of a non-train split, in percent of the source's budget (default: 1)")
+    g.add_argument("--num-shards", type=int, default=64, help="shards per source and split (default: 64)")
+    t = parser.add_argument_group("tokenizer (o200k_harmony only; checked, not configurable)")
+    t.add_argument("--tokenizer", default="o200k_harmony", choices=["o200k_harmony"])
+    t.add_argument("--vocab-size", type=int, default=201088)
+    t.add_argument("--eos-token-id", type=int, default=199999)
+    t.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
+    r = parser.add_argument_group("run")
+    r.add_argument("--dry-run", action="store_true", help="print the plan and what is done; run nothing")
+    r.add_argument("--continue-on-error", action="store_true",
+                   help="a failing source/split does not stop the others (exit 1 at the end, naming it)")
+    r.add_argument("--parallel", action="store_true",
+                   help="accepted for compatibility: --runner local already runs one worker per core")
+    add_runner_args(parser)
+
+
+# ---------------------------------------------------------------------------------------
+# Input resolution (the hub is asked only here; fs/api are injectable for tests)
+# ---------------------------------------------------------------------------------------
+
+def hf_split_files(source, split: str, fs=None, api=None):
+    """The :class:`HfSource` of a source's split, its files cut to the split's percent slice."""
+    from dataclasses import replace
+
+    from refinery.transforms.hf import resolve_hf_parquet
+
+    sl = source.hf_splits[split]
+    hf = resolve_hf_parquet(source.hf_dataset, source.hf_subset, sl.name, source.hf_revision, fs=fs, api=api)
+    return replace(hf, files=tuple(sl.select(list(hf.files)))), str(sl)
+
+
+def resolve_inputs(plan, fs=None, api=None):
+    """(input files, source description for the plan hash) of one source/split."""
+    from refinery.transforms import io
+
+    s = plan.source
+    if s.is_hf:
+        hf, spec = hf_split_files(s, plan.split, fs, api)
+        return io.expand_inputs(list(hf.files)), {**hf.describe(), "hf_split": spec}
+    return io.expand_inputs(list(s.path_splits[plan.split])), {}
+
+
+def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
+    from refinery.beam_pipelines.prep import PrepConfig
+
+    return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
+                      text_field=plan.source.text_field, id_field=plan.source.id_field,
+                      max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc)
+
+
+def receipt_status(cfg) -> tuple[str, str]:
+    """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
+    pack and manifest, verifies) | partial | pending."""
+    from refinery.beam_pipelines.prep import build_stages
+    from refinery.transforms.stages import bind_stages
+
+    runs = bind_stages(build_stages(cfg), cfg.output)
+    parts, any_done, final_pending = [], False, False
+    for run in runs:
+        units = run.stage.plan()
+        done = sum(run.check(u.id).done for u in units)
+        any_done |= done > 0
+        parts.append(f"{run.name} {done}/{len(units)}")
+        if run.stage.final_outputs and done < len(units):
+            final_pending = True
+    if not final_pending:  # what a run would still do is at most re-checking tokenize receipts
+        return "done", "shards and manifest complete"
+    return ("partial" if any_done else "pending"), ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# Command
+# ---------------------------------------------------------------------------------------
+
+def _fail(msg: str) -> int:
+    print(f"refinery prep-mixture: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.prep import parse_token_count
+    from refinery.transforms import mixture as mx
+    from refinery.transforms.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
+
+    if args.vocab_size != VOCAB_SIZE or args.eos_token_id != EOS_TOKEN_ID:
+        return _fail(f"o200k_harmony has vocab size {VOCAB_SIZE} and EOS {EOS_TOKEN_ID}; "
+                     f"got --vocab-size {args.vocab_size} --eos-token-id {args.eos_token_id}")
+    if args.num_shards < 1:
+        return _fail("--num-shards must be at least 1")
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if not splits:
+        return _fail("--splits names no split")
+    try:
+        mf = mx.load_mixture_file(args.config)
+        mixture = mx.select_mixture(mf, args.stage, args.mixture)
+        target = mx.flow_target(mf, mixture, args.flow)
+        max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
+        data_root = args.data_root or mf.data_root
+        if not data_root:
+            raise mx.MixtureError(f"{args.config}: no data_root in the file; pass --data-root DIR")
+        plans, skipped = mx.plan_mixture(mixture, data_root, splits, target, max_tokens, args.valid_percent)
+        weights = mx.fixed_point_weights(mx.source_fractions(mixture))
+    except ValueError as e:
+        return _fail(str(e))
+
+    effective = min(target, max_tokens) if max_tokens else target
+    out = sys.stdout if args.dry_run else sys.stderr
+    print(f"prep-mixture: mixture {mixture.name!r} ({args.config}), stage {args.stage}, flow {args.flow or '-'}: "
+          f"{mx.format_tokens(effective)} tokens" + (f" (flow target {mx.format_tokens(target)}, "
+                                                     f"capped by --max-tokens)" if effective < target else "")
+          + f" over {len(mixture.sources)} source(s) -> {data_root}", file=out)
+    for note in skipped:
+        print(f"  skip {note}", file=out)
+    weight_of = {s.id: w for s, w in zip(mixture.sources, weights)}
+    workers = args.workers or os.cpu_count() or 1
+    if args.dry_run:
+        return _dry_run(plans, weight_of, args, workers)
+
+    if args.vocab_file:
+        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file
+    from refinery.transforms.tokenizer import get_encoding
+    get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
+    return _run_all(plans, args, beam_args, workers)
+
+
+def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
+    from refinery.transforms import mixture as mx
+
+    print(f"{'source/split':28} {'weight':>8} {'budget':>9} {'shards':>6}  {'status':8} detail")
+    for plan in plans:
+        try:
+            inputs, desc = resolve_inputs(plan)
+            cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
+            status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
+            detail = f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
+        except Exception as e:  # noqa: BLE001 - a dry run reports, it does not stop
+            status, detail = "unresolved", f"{plan.source.describe_split(plan.split)}: {type(e).__name__}: {e}"
+        print(f"{plan.label:28} {weight_of[plan.source.id] / mx.WEIGHT_SCALE:>8.4f} "
+              f"{mx.format_tokens(plan.budget):>9} {args.num_shards:>6}  {status:8} {detail}")
+        print(f"{'':28}   -> {plan.output}")
+    print(f"dry run: {len(plans)} source/split run(s) planned, nothing was run", file=sys.stderr)
+    return 0
+
+
+def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
+    from refinery.beam_pipelines import command
+    from refinery.beam_pipelines.prep import build_stages, clear_stale_manifest
+    from refinery.transforms import io
+    from refinery.transforms import mixture as mx
+    from refinery.transforms.stages import run_stages
+
+    failed: dict[str, str] = {}
+    t0 = time.time()
+    for i, plan in enumerate(plans, 1):
+        print(f"[{i}/{len(plans)}] {plan.label}: budget {mx.format_tokens(plan.budget)} tokens -> {plan.output}",
+              file=sys.stderr)
+        try:
+            inputs, desc = resolve_inputs(plan)
+            cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
+            result = run_stages(build_stages(cfg), cfg.output, beam_args, verify_checksums=args.verify_checksums,
+                                force=args.force, progress=not args.no_progress,
+                                run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
+                                          "split": plan.split}, on_plan=clear_stale_manifest)
+            m = io.read_json(io.join(cfg.output, "manifest.json"))
+            ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (already done)"
+            print(f"  {plan.label}: {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in "
+                  f"{m['num_shards']} shards; units run: {ran}", file=sys.stderr)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported by name; the run goes on if asked to
+            if command._INTERRUPTED:  # Beam wrapped the interruption
+                raise
+            failed[plan.label] = f"{type(e).__name__}: {e}"
+            print(f"  FAILED {plan.label}: {failed[plan.label]}", file=sys.stderr)
+            if not args.continue_on_error:
+                rest = [p.label for p in plans[i:]]
+                print(f"refinery prep-mixture: stopped at {plan.label}" +
+                      (f"; not run: {', '.join(rest)}" if rest else "") +
+                      f" (--continue-on-error runs the others). Finished units are kept; resume with:\n"
+                      f"  {command.resume_hint()}", file=sys.stderr)
+                return 1
+    done = len(plans) - len(failed)
+    print(f"prep-mixture: {done}/{len(plans)} source/split(s) done in {time.time() - t0:.1f}s", file=sys.stderr)
+    if failed:
+        print("refinery prep-mixture: failed source/split(s):\n" +
+              "\n".join(f"  {k}: {v.splitlines()[0]}" for k, v in failed.items()) +
+              f"\nFinished work is kept; fix the cause and run the same command again:\n  {command.resume_hint()}",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,56 @@
+"""Rebuild a shard's lost ``.idx`` from the EOS positions in its ``.npy``.
+
+``refinery regenerate-index SHARD.npy --eos-token-id 199999`` writes ``SHARD.idx`` beside the
+shard (or ``--output PATH``). Each document ends at an EOS, so the index is a function of the
+tokens alone and comes out byte-identical to the one prep wrote. If an ``.idx`` is already
+there it is compared, not overwritten: identical -> exit 0; different -> exit 1 unless
+``--force``. Tokens after the last EOS (wrong EOS id, truncated shard) are an error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "rebuild a shard's lost .idx from its EOS positions (byte-identical)"
+
+EPILOG = """\
+examples:
+  refinery regenerate-index out/shard_0003/web-v1-shard-000003.npy --eos-token-id 199999
+  refinery regenerate-index shard.npy --output /tmp/shard.idx
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.add_argument("shard", metavar="SHARD.npy", help="the shard (.npy, local or gs://)")
+    parser.add_argument("--eos-token-id", type=int, default=199999,
+                        help="EOS token id that ends every document (default: 199999, o200k_harmony)")
+    parser.add_argument("--output", metavar="PATH", help="where to write the index (default: SHARD.idx)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing index that differs")
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.transforms import io
+    from refinery.transforms.shard_reader import index_path_for, regenerate_index
+
+    try:
+        out = args.output or index_path_for(args.shard)
+        data = regenerate_index(args.shard, args.eos_token_id)
+    except FileNotFoundError:
+        print(f"refinery regenerate-index: {args.shard}: not found", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"refinery regenerate-index: {e}", file=sys.stderr)
+        return 1
+    num_docs = (len(data) - 32) // 16
+    existing = io.read_bytes(out) if io.exists(out) else None
+    if existing == data:
+        print(f"OK   {out}: already identical to the regenerated index ({num_docs:,} documents)")
+        return 0
+    if existing is not None and not args.force:
+        print(f"refinery regenerate-index: {out} exists and differs from the index rebuilt from {args.shard} "
+              f"({len(existing)} vs {len(data)} bytes); pass --force to overwrite it", file=sys.stderr)
+        return 1
+    io.atomic_write_bytes(out, data)
+    print(f"wrote {out}: {num_docs:,} documents, {len(data):,} bytes")
+    return 0

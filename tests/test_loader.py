@@ -1,0 +1,175 @@
+"""DeterministicLoader: SWRR mixing, world-size invariance, exact resume, refusal of foreign states."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from refinery.transforms import pack
+from refinery.transforms.loader import (LoaderConfig, LoaderStateError, build_loader, epoch_quotas, permute,
+                                        swrr_step)
+from refinery.transforms.mixture import largest_remainder
+
+SEQ = 8  # each sequence reads SEQ + 1 = 9 tokens
+BASES = {"alpha": 1_000_000, "beta": 2_000_000, "gamma": 3_000_000}
+
+
+def _mix_toml(path, percents=(50.0, 30.0, 20.0)):
+    lines = ["[mixtures.pre]", "total_tokens_b = 1.0"]
+    for sid, pct in zip(BASES, percents):
+        lines += ["[[mixtures.pre.sources]]", f'id = "{sid}"', f"percent = {pct}", f'path = "/nowhere/{sid}"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _data_root(root, tokens=None):
+    """Per source, two shards whose token values encode (source, position) in its stream."""
+    tokens = tokens or {"alpha": 9 * 40 + 3, "beta": 9 * 25, "gamma": 9 * 30 + 5}
+    for sid, n in tokens.items():
+        values = np.arange(n, dtype=np.int64) + BASES[sid]
+        cut = n // 3
+        for k, part in enumerate((values[:cut], values[cut:])):
+            npy = root / sid / "train" / f"shard_{k:04d}" / f"{sid}-v1-shard-{k:06d}.npy"
+            npy.parent.mkdir(parents=True, exist_ok=True)
+            np.save(npy, part.astype("<u4"))
+            with open(npy.with_suffix(".idx"), "wb") as f:
+                pack.write_idx(f, [len(part)])
+    return root
+
+
+@pytest.fixture
+def setup(tmp_path):
+    toml = _mix_toml(tmp_path / "mix.toml")
+    root = _data_root(tmp_path / "data")
+    return LoaderConfig(str(toml), str(root), seq_len=SEQ, batch_size=2, seed=7)
+
+
+def _ident(row) -> tuple[str, int]:
+    """(source, sequence index) of a (SEQ + 1)-token row."""
+    for sid, base in BASES.items():
+        if base <= row[0] < base + 1_000_000:
+            off = int(row[0]) - base
+            assert off % (SEQ + 1) == 0 and list(row) == list(range(row[0], row[0] + SEQ + 1)), row
+            return sid, off // (SEQ + 1)
+    raise AssertionError(row)
+
+
+def _take(loader, steps):
+    out = []
+    for _ in range(steps):
+        x, y = loader.next()
+        assert x.shape == y.shape == (loader.batch_size, SEQ) and x.dtype == np.int64
+        assert np.array_equal(x[:, 1:], y[:, :-1])  # targets are inputs shifted by one
+        out += [_ident(np.concatenate([xi, yi[-1:]])) for xi, yi in zip(x, y)]
+    return out
+
+
+def test_union_of_ranks_is_the_same_global_stream_for_1_2_4_ranks(setup):
+    total_steps_w1 = 28  # 56 sequences: crosses the 50-sequence epoch boundary
+    streams = {}
+    for world in (1, 2, 4):
+        per_rank = [_take(build_loader(setup, r, world, "train")[0], total_steps_w1 // world) for r in range(world)]
+        # step t of every rank, in rank order, is the global stream's batch t
+        merged = []
+        for t in range(total_steps_w1 // world):
+            for r in range(world):
+                merged += per_rank[r][t * 2:(t + 1) * 2]
+        streams[world] = merged
+        assert len({tuple(x) for x in per_rank[0]} & {tuple(x) for x in per_rank[-1]}) == 0 or world == 1
+    assert streams[1] == streams[2] == streams[4]
+    assert sorted(streams[1]) == sorted(streams[4]) and len(streams[1]) == 56
+
+
+def test_epoch_has_largest_remainder_quotas_spread_by_swrr(setup):
+    loader, plan = build_loader(setup, 0, 1, "train")
+    assert plan.sequences == (40, 25, 30)
+    # weights 50/30/20: the epoch is limited by alpha (40 sequences) -> E = 80 would need 24 of beta,
+    # 16 of gamma; largest epoch that fits all three
+    assert plan.quotas == tuple(largest_remainder([500000, 300000, 200000], plan.epoch_sequences))
+    assert plan.epoch_sequences == 80 and plan.quotas == (40, 24, 16)
+    seqs = _take(loader, plan.epoch_sequences // 2)
+    counts = {sid: sum(1 for s, _ in seqs if s == sid) for sid in BASES}
+    assert counts == {"alpha": 40, "beta": 24, "gamma": 16}
+    assert len(set(seqs)) == len(seqs)  # no sequence twice in an epoch
+    first_alpha = [i for s, i in seqs if s == "alpha"]
+    assert first_alpha != sorted(first_alpha)  # shuffled within the source
+    # smooth: every prefix stays within one sequence of its ideal share
+    for k in range(1, len(seqs) + 1):
+        got = sum(1 for s, _ in seqs[:k] if s == "gamma")
+        assert abs(got - k * 16 / 80) <= 1
+    nxt = _take(loader, plan.epoch_sequences // 2)  # epoch 2: same quotas, another order (and subset)
+    assert nxt != seqs and [s for s, _ in nxt] == [s for s, _ in seqs]  # the SWRR pattern repeats
+    assert {x for x in nxt if x[0] == "alpha"} == {("alpha", i) for i in range(40)}  # all of alpha, every epoch
+    assert len({x for x in nxt if x[0] == "beta"}) == 24  # 24 of beta's 25, a fresh choice per epoch
+
+
+def test_exact_resume_mid_epoch_and_across_epochs(setup):
+    a, _ = build_loader(setup, 1, 2, "train")
+    _take(a, 7)  # mid-epoch (28 of 80 global sequences)
+    state = json.loads(json.dumps(a.state_dict()))  # survives a JSON checkpoint
+    assert state["position"] == 28 and state["epoch"] == 0
+    expected = _take(a, 30)  # goes on into epoch 1
+    b, _ = build_loader(setup, 1, 2, "train")
+    _take(b, 3)  # wherever it was, loading the state puts it at the exact next sequence
+    b.load_state_dict(state)
+    assert _take(b, 30) == expected
+    assert b.state_dict() == a.state_dict() and b.epoch == 1
+    # every rank saves the same state; a world of 4 (same global batch position) continues the stream
+    w1, _ = build_loader(setup, 0, 1, "train")
+    _take(w1, 14)  # 28 global sequences
+    assert w1.state_dict() == state
+    cont = _take(w1, 4)
+    ranks = []
+    for r in range(4):
+        lr, _ = build_loader(setup, r, 4, "train")
+        lr.load_state_dict(state)
+        ranks.append(_take(lr, 1))
+    assert [s for rr in ranks for s in rr] == cont
+
+
+def test_a_state_of_another_plan_is_refused(setup, tmp_path):
+    a, plan = build_loader(setup, 0, 1, "train")
+    _take(a, 2)
+    state = a.state_dict()
+    other_weights = LoaderConfig(str(_mix_toml(tmp_path / "other.toml", (40.0, 40.0, 20.0))), setup.data_root,
+                                 seq_len=SEQ, batch_size=2, seed=7)
+    b, plan_b = build_loader(other_weights, 0, 1, "train")
+    assert plan_b.plan_hash != plan.plan_hash
+    with pytest.raises(LoaderStateError, match="mixture weights"):
+        b.load_state_dict(state)
+    c, _ = build_loader(LoaderConfig(setup.mixture_config, setup.data_root, seq_len=SEQ + 1, batch_size=2, seed=7))
+    with pytest.raises(LoaderStateError, match="belongs to plan"):
+        c.load_state_dict(state)
+    # a shard file rewritten (other size) changes the plan
+    npy = tmp_path / "data" / "beta" / "train" / "shard_0001" / "beta-v1-shard-000001.npy"
+    np.save(npy, np.arange(500, dtype="<u4") + BASES["beta"])
+    d, _ = build_loader(setup, 0, 1, "train")
+    with pytest.raises(LoaderStateError, match="shard files"):
+        d.load_state_dict(state)
+    with pytest.raises(LoaderStateError, match="not a loader state"):
+        a.load_state_dict({"position": 3})
+    assert a.state_dict() == state  # refused states change nothing
+
+
+def test_missing_split_and_too_little_data_are_clear_errors(setup, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"source 'alpha': no shards for split 'valid'"):
+        build_loader(setup, 0, 1, "valid")
+    with pytest.raises(ValueError, match="fewer than one sequence"):
+        build_loader(LoaderConfig(setup.mixture_config, setup.data_root, seq_len=10_000), 0, 1, "train")
+    with pytest.raises(ValueError, match="rank 2 is not in 0..1"):
+        build_loader(setup, 2, 2, "train")
+
+
+def test_pure_parts():
+    for n in (1, 2, 3, 10, 97, 1000):
+        assert sorted(permute(j, n, key=12345) for j in range(n)) == list(range(n))
+    assert [permute(j, 50, 1) for j in range(50)] != [permute(j, 50, 2) for j in range(50)]
+    quotas = [5, 3, 2]
+    cur = [0, 0, 0]
+    picks = [swrr_step(cur, quotas, 10) for _ in range(10)]
+    assert [picks.count(i) for i in range(3)] == quotas and cur == [0, 0, 0]
+    assert picks == [0, 1, 2, 0, 0, 1, 0, 2, 1, 0]  # nginx smooth WRR, ties to the earlier source
+    assert epoch_quotas([500000, 300000, 200000], [40, 25, 30]) == [40, 24, 16]
+    assert epoch_quotas([1, 0], [3, 0]) == [3, 0]
+    assert largest_remainder([1, 1, 1], 10) == [4, 3, 3]
