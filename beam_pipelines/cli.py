@@ -20,8 +20,8 @@ from refinery.runners import pipeline_args
 # (see refinery.beam_pipelines.command). Uncomment a line when its module lands.
 COMMANDS = {
     "decon": "refinery.beam_pipelines.decon",
-    # "generate": "refinery.beam_pipelines.generate",          # issue 6
-    # "hydra": "refinery.beam_pipelines.hydra",                # issue 6
+    "generate": "refinery.beam_pipelines.generate",          # issue 6
+    "hydra": "refinery.beam_pipelines.hydra",                # issue 6
     "prep-mixture": "refinery.beam_pipelines.prep_mixture",  # issue 9
     "inspect": "refinery.beam_pipelines.inspect_shards",     # issue 9
     "regenerate-index": "refinery.beam_pipelines.regenerate_index",  # issue 9

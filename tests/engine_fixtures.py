@@ -138,3 +138,10 @@ def write_hf(
              "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     return folder
+
+
+def write_harmony_checkpoint(folder: Path, num_hidden_layers: int = 3, seed: int = 0) -> Path:
+    """A tiny random checkpoint (original layout) with the full o200k_harmony vocab (201088),
+    so that real harmony prompts and the o200k tokenizer can drive it (pipelines, HYDRA)."""
+    config = tiny_config(vocab_size=201088, num_hidden_layers=num_hidden_layers)
+    return write_original(folder, config, random_weights(config, seed=seed))

@@ -1,0 +1,161 @@
+"""generate: synthetic data and rephrasing with the gpt-oss engine, resumable.
+
+``refinery generate --checkpoint CKPT --input PROMPTS --output DIR`` fills a harmony prompt
+template with each document (``--template rephrase`` or a text file with ``{text}``), runs
+the engine through Beam's RunInference (model loaded once per machine and shared by the
+worker processes, continuous batching inside each batch), and writes ``DIR/generations.jsonl``:
+one row per input document, in input order, ``{id, prompt, text, final, finish_reason,
+prompt_tokens, generated_tokens, truncated_tokens}`` (``final`` = the harmony final channel;
+an unreadable document is a row with ``error``).
+
+Inputs: JSONL/JSON/parquet rows (``--text-field``, ``--id-field``), or doc ids
+``{source}//{relpath}#s=..:e=..`` (``--input-docids FILE --data-root ROOT``, e.g. HYDRA
+slices) read from prep shards. Sampling: ``--temperature 0`` is greedy; otherwise each
+document draws from its own RNG seeded by (``--seed``, document id), so a rerun gives the
+same text whatever the batching. Stages: ``infer`` (units of ``--docs-per-unit`` documents,
+run in waves of ``--wave-units`` per Beam job) -> ``merge``. Killing the job and running the
+same command again finishes it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = "generate / rephrase documents with the gpt-oss engine (resumable)"
+
+EPILOG = """\
+examples:
+  refinery generate --checkpoint gpt-oss-20b/original --input corpus/ --output out/gen --max-tokens 512
+  refinery generate --checkpoint CKPT --input-docids slices/docids_val.jsonl --data-root prep_out/ \\
+      --output out/rephrased --template my_template.txt --temperature 0.8 --seed 7
+"""
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine options shared by generate and the hydra commands."""
+    e = parser.add_argument_group("engine")
+    e.add_argument("--checkpoint", required=True, metavar="CKPT",
+                   help="gpt-oss checkpoint folder (OpenAI original or Hugging Face layout)")
+    e.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="compute dtype (default: bfloat16; experts stay MXFP4)")
+    e.add_argument("--max-batch", type=int, default=32, help="sequences decoded together (default: 32)")
+    e.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generated tokens (default: 4096)")
+    e.add_argument("--batch-tokens", type=int, default=None,
+                   help="prompt tokens per RunInference batch (default: 512 x --max-batch)")
+    e.add_argument("--no-share-model", action="store_true",
+                   help="load one engine per worker process instead of one per machine")
+    e.add_argument("--model-copies", type=int, default=None,
+                   help="engines to load per machine, shared by its workers (e.g. one per GPU)")
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = False) -> None:
+    g = parser.add_argument_group("inputs")
+    if not docids_only:
+        g.add_argument("--input", nargs="+", metavar="PATH",
+                       help="files, folders or globs of .jsonl .jsonl.gz .jsonl.zst .json .parquet rows")
+        g.add_argument("--text-field", default="text", help="text field of input rows (default: text)")
+        g.add_argument("--id-field", default="id", help="id field (default: id; absent -> '{relpath}:{row}')")
+    g.add_argument("--input-docids", nargs="+", metavar="FILE", required=docids_only,
+                   help="doc-id files (JSONL rows with doc_id, or one doc id per line)")
+    g.add_argument("--data-root", metavar="DIR", help="folder the doc ids' relpaths start from (prep output)")
+    g.add_argument("--docs-per-unit", type=int, default=256, help="documents per resumable unit (default: 256)")
+    g.add_argument("--wave-units", type=int, default=8, help="units per Beam job (default: 8)")
+
+
+def engine_settings(args):
+    from refinery.transforms.inference import EngineSettings
+
+    device = args.device
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return EngineSettings(checkpoint=args.checkpoint, device=device, dtype=args.dtype, max_batch=args.max_batch,
+                          max_seq_len=args.max_seq_len)
+
+
+def handler_options(args):
+    from refinery.transforms.generate_stages import HandlerOptions
+
+    return HandlerOptions(share_across_processes=not args.no_share_model, model_copies=args.model_copies,
+                          batch_tokens=args.batch_tokens)
+
+
+def document_source(args):
+    from refinery.transforms.generate_stages import DocumentSource
+
+    return DocumentSource(paths=list(getattr(args, "input", None) or []), docid_files=list(args.input_docids or []),
+                          data_root=args.data_root, text_field=getattr(args, "text_field", "text"),
+                          id_field=getattr(args, "id_field", "id"), docs_per_unit=args.docs_per_unit)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from refinery.beam_pipelines.command import add_runner_args
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_input_arguments(parser)
+    g = parser.add_argument_group("generation")
+    g.add_argument("--output", required=True, metavar="DIR", help="output folder (local or gs://)")
+    g.add_argument("--template", default="rephrase",
+                   help="'rephrase' (built in) or a text file whose {text} is replaced by the document")
+    g.add_argument("--max-tokens", type=int, default=512, help="generated tokens per document at most (default: 512)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    g.add_argument("--seed", type=int, default=0, help="global seed; each document's seed = f(seed, doc id)")
+    add_engine_arguments(parser)
+    add_runner_args(parser)
+
+
+def run_inference_stages(command: str, stages, output: str, args, beam_args: list[str]):
+    """Run infer -> merge with the wave runner; returns (exit code, JobResult or None)."""
+    from refinery.beam_pipelines.command import resume_hint
+    from refinery.transforms.generate_stages import infer_runner
+    from refinery.transforms.stages import StageFailed, run_stages
+
+    try:
+        result = run_stages(stages, output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
+                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
+                            run_info={"command": command, "argv": sys.argv[1:]}, runner=infer_runner)
+    except StageFailed as e:
+        print(f"refinery {command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
+              f"  {resume_hint()}", file=sys.stderr)
+        return 1, None
+    return 0, result
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.transforms import io
+    from refinery.transforms.generate_stages import GenerateTask, build_stages
+    from refinery.transforms.inference import GenerationParams
+
+    output = args.output.rstrip("/")
+    try:
+        if bool(args.input) == bool(args.input_docids):
+            raise ValueError("give exactly one of --input PATH... or --input-docids FILE...")
+        params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
+        source = document_source(args)
+        stages = build_stages(task, source, args.wave_units)
+        units = len(stages[0].plan())
+    except (io.InputError, ValueError) as e:
+        print(f"refinery generate: {e}", file=sys.stderr)
+        return 2
+    print(f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}", file=sys.stderr)
+    t0 = time.time()
+    code, result = run_inference_stages("generate", stages, output, args, beam_args)
+    if code:
+        return code
+    stats = result.runs[-1].check("merge").receipt["stats"]
+    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+    print(f"generate done in {time.time() - t0:.1f}s; units run: {ran}\n"
+          f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "
+          f"{stats['generated_tokens']:,} tokens generated\n  output: {io.join(output, GenerateTask.OUTPUT)}",
+          file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="refinery generate", description=(__doc__ or "").splitlines()[0])
+    add_arguments(p)
+    return p

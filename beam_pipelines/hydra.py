@@ -1,0 +1,239 @@
+"""hydra: quality grading of a tokenized corpus (seeds/001's HYDRA), step by step.
+
+A large gpt-oss (the oracle) grades a sample of documents on five 0-4 dimensions; small
+heads over a frozen smaller gpt-oss learn those grades; the heads then grade any corpus.
+
+  slices        doc-id slices train/val/test (md5 of the doc id, 80/10/10) of prep shards
+  oracle-label  oracle grades (strict JSON on the harmony final channel) -> labels.jsonl
+  calibrate     aggregation weights + tau_drop / tau_keep on validation labels
+  train         probe (pooled layer L -> linear) or judge (layer L states -> MTP-judge)
+  grade         probe triage, judge, calibrated decision drop|band|keep per document
+
+Documents are addressed as ``{source}//{relpath}#s={start}:e={end}`` in prep output
+folders (``--data-root``). oracle-label and grade are resumable Beam pipelines (RunInference,
+units of documents; rerun the same command to finish an interrupted run).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = "HYDRA quality grading: slices, oracle-label, calibrate, train probe|judge, grade"
+
+EPILOG = """\
+examples:
+  refinery hydra slices --data-root prep_out/ --output slices/
+  refinery hydra oracle-label --checkpoint gpt-oss-120b/original --input-docids slices/docids_val.jsonl \\
+      --data-root prep_out/ --output labels/val --max-tokens 2048
+  refinery hydra calibrate --labels labels/val/labels.jsonl --output calibration/ --target-keep 0.5
+  refinery hydra train probe --checkpoint gpt-oss-20b/original --labels labels/train/labels.jsonl \\
+      --data-root prep_out/ --output heads/ --layer 18
+  refinery hydra train judge ... --layer 24
+  refinery hydra grade --checkpoint gpt-oss-20b/original --heads-dir heads/ --calibration calibration/ \\
+      --input-docids slices/docids_test.jsonl --data-root prep_out/ --output quality/test
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.generate import add_engine_arguments, add_input_arguments
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="hydra_command", required=True, metavar="STEP")
+
+    s = sub.add_parser("slices", help="doc-id slices train/val/test (80/10/10 by md5) of prep shards",
+                       description="Write OUTPUT/docids_{train,val,test}.jsonl for every document of the "
+                                   ".npy/.idx shards under --data-root. Idempotent: unchanged shards -> nothing redone.")
+    s.add_argument("--data-root", required=True, metavar="DIR", help="prep output folder(s) root")
+    s.add_argument("--output", required=True, metavar="DIR")
+    s.add_argument("--force", action="store_true", help="rebuild even if the slices are up to date")
+
+    o = sub.add_parser("oracle-label", help="oracle grades -> labels.jsonl, failures.jsonl, summary.json",
+                       description="Grade each document with a harmony prompt asking for strict JSON of five "
+                                   "0-4 scores; only the final channel is parsed; failures are recorded.")
+    add_input_arguments(o, docids_only=True)
+    o.add_argument("--output", required=True, metavar="DIR")
+    o.add_argument("--max-tokens", type=int, default=2048, help="generated tokens per document (default: 2048)")
+    o.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    o.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(o)
+    add_runner_args(o)
+
+    c = sub.add_parser("calibrate", help="aggregation weights and tau_drop/tau_keep -> calibration_summary.json")
+    c.add_argument("--labels", nargs="+", required=True, metavar="FILE", help="validation labels.jsonl file(s)")
+    c.add_argument("--output", required=True, metavar="DIR")
+    c.add_argument("--target-keep", type=float, default=0.5, help="fraction kept (aggregate >= tau_keep; default 0.5)")
+    c.add_argument("--target-drop", type=float, default=0.2, help="fraction dropped (aggregate < tau_drop; default 0.2)")
+
+    t = sub.add_parser("train", help="train the probe or the judge head over the frozen backbone")
+    t.add_argument("head", choices=["probe", "judge"])
+    t.add_argument("--labels", nargs="+", required=True, metavar="FILE", help="training labels.jsonl file(s)")
+    t.add_argument("--data-root", required=True, metavar="DIR")
+    t.add_argument("--output", required=True, metavar="DIR", help="folder for hydra_{probe,judge}.pt")
+    t.add_argument("--layer", type=int, default=None,
+                   help="backbone layer (1..num_layers; default: 18 for probe, 24 for judge, as for gpt-oss-20b)")
+    t.add_argument("--max-ctx", type=int, default=4096, help="tokens per document at most (default: 4096)")
+    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--batch-size", type=int, default=None, help="default: 256 probe, 128 judge")
+    t.add_argument("--lr", type=float, default=None, help="default: 1e-3 probe, 5e-4 judge")
+    t.add_argument("--warmup-steps", type=int, default=500, help="linear warmup (at most 20%% of the steps)")
+    t.add_argument("--mid-dim", type=int, default=256, help="judge width (default: 256)")
+    add_engine_arguments(t)
+
+    g = sub.add_parser("grade", help="probe triage + judge + calibrated decision -> quality_scores.jsonl")
+    add_input_arguments(g, docids_only=True)
+    g.add_argument("--heads-dir", required=True, metavar="DIR", help="folder with hydra_probe.pt and hydra_judge.pt")
+    g.add_argument("--calibration", required=True, metavar="PATH", help="calibration folder or its JSON file")
+    g.add_argument("--output", required=True, metavar="DIR")
+    g.add_argument("--max-ctx", type=int, default=4096, help="tokens per document at most (default: 4096)")
+    add_engine_arguments(g)
+    add_runner_args(g)
+
+
+def _slices(args) -> int:
+    from refinery.transforms import io
+    from refinery.transforms.hydra_slices import SlicesStage
+    from refinery.transforms.stages import StageFailed, run_stages
+
+    output = args.output.rstrip("/")
+    try:
+        stage = SlicesStage(args.data_root)
+        result = run_stages([stage], output, [], force=args.force, progress=False,
+                            run_info={"command": "hydra slices", "argv": sys.argv[1:]})
+    except (io.InputError, ValueError, StageFailed) as e:
+        print(f"refinery hydra slices: {e}", file=sys.stderr)
+        return 2
+    counts = result.runs[0].check("slices").receipt["stats"]
+    state = "built" if result.ran else "up to date"
+    print(f"slices {state}: train {counts['train']:,}, val {counts['val']:,}, test {counts['test']:,} "
+          f"({len(stage.shards)} shards) -> {output}/docids_{{train,val,test}}.jsonl", file=sys.stderr)
+    return 0
+
+
+def _oracle(args, beam_args) -> int:
+    from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
+                                                  run_inference_stages)
+    from refinery.transforms import io
+    from refinery.transforms.generate_stages import build_stages
+    from refinery.transforms.hydra_oracle import OracleTask
+    from refinery.transforms.inference import GenerationParams
+
+    output = args.output.rstrip("/")
+    try:
+        params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        task = OracleTask(engine_settings(args), params, handler_options(args))
+        stages = build_stages(task, document_source(args), args.wave_units)
+        stages[0].plan()
+    except (io.InputError, ValueError) as e:
+        print(f"refinery hydra oracle-label: {e}", file=sys.stderr)
+        return 2
+    code, result = run_inference_stages("hydra oracle-label", stages, output, args, beam_args)
+    if code:
+        return code
+    s = result.runs[-1].check("merge").receipt["stats"]
+    print(f"oracle-label: {s['documents']:,} documents, parsed {s['parsed']:,}, failed {s['failed']:,}, "
+          f"unreadable {s['unreadable']:,}; parse rate {100 * s['parse_rate']:.1f}%\n"
+          f"  labels: {io.join(output, 'labels.jsonl')}  failures: {io.join(output, 'failures.jsonl')}",
+          file=sys.stderr)
+    return 0
+
+
+def _calibrate(args) -> int:
+    from refinery.transforms.hydra_calibrate import calibrate, read_labels, write_calibration
+
+    try:
+        _, scores = read_labels(args.labels)
+        summary = calibrate(scores, args.target_keep, args.target_drop)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"refinery hydra calibrate: {e}", file=sys.stderr)
+        return 2
+    path = write_calibration(args.output.rstrip("/"), summary)
+    w = ", ".join(f"{k} {v:.3f}" for k, v in summary["weights"].items())
+    print(f"calibrated on {summary['num_labels']:,} labels: weights {w}\n"
+          f"  tau_drop {summary['tau_drop']:.3f} (drop {100 * summary['achieved_drop']:.1f}%), "
+          f"tau_keep {summary['tau_keep']:.3f} (keep {100 * summary['achieved_keep']:.1f}%, "
+          f"target {100 * summary['target_keep']:.0f}%)\n  {path}", file=sys.stderr)
+    return 0
+
+
+def _train(args) -> int:
+    from refinery.beam_pipelines.generate import engine_settings
+    from refinery.transforms.hydra_heads import TrainConfig
+    from refinery.transforms.hydra_train import HeadJob, run_head_job
+
+    probe = args.head == "probe"
+    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size or (256 if probe else 128),
+                      lr=args.lr or (1e-3 if probe else 5e-4), warmup_steps=args.warmup_steps)
+    layer = args.layer if args.layer is not None else (18 if probe else 24)
+    t0 = time.time()
+    try:
+        job = HeadJob(args.head, list(args.labels), args.data_root, args.output.rstrip("/"), layer, args.max_ctx,
+                      args.mid_dim, cfg)
+        s = run_head_job(job, engine_settings(args))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"refinery hydra train {args.head}: {e}", file=sys.stderr)
+        return 2
+    print(f"trained {args.head} (layer {layer}) on {s['documents']:,} documents in {time.time() - t0:.1f}s: "
+          f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} over {s['steps']} steps\n"
+          f"  {args.output.rstrip('/')}/hydra_{args.head}.pt", file=sys.stderr)
+    return 0
+
+
+def _grade(args, beam_args) -> int:
+    from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
+                                                  run_inference_stages)
+    from refinery.transforms import io
+    from refinery.transforms.generate_stages import build_stages
+    from refinery.transforms.hydra_grade import GradeTask
+
+    output = args.output.rstrip("/")
+    try:
+        task = GradeTask(engine_settings(args), args.heads_dir, args.calibration, args.max_ctx, handler_options(args))
+        stages = build_stages(task, document_source(args), args.wave_units)
+        stages[0].plan()
+    except (io.InputError, ValueError, FileNotFoundError) as e:
+        print(f"refinery hydra grade: {e}", file=sys.stderr)
+        return 2
+    code, result = run_inference_stages("hydra grade", stages, output, args, beam_args)
+    if code:
+        return code
+    s = result.runs[-1].check("merge").receipt["stats"]
+    print(f"grade: {s['documents']:,} documents: keep {s['keep']:,}, band {s['band']:,}, drop {s['drop']:,}, "
+          f"errors {s['errors']:,} (judged {s['judged']:,})\n  {io.join(output, 'quality_scores.jsonl')}",
+          file=sys.stderr)
+    return 0
+
+
+def run(args, beam_args: list[str]) -> int:
+    step = args.hydra_command
+    if step == "slices":
+        return _slices(args)
+    if step == "oracle-label":
+        return _oracle(args, beam_args)
+    if step == "calibrate":
+        return _calibrate(args)
+    if step == "train":
+        return _train(args)
+    if step == "grade":
+        return _grade(args, beam_args)
+    raise ValueError(f"unknown hydra step {step!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="refinery hydra", description=(__doc__ or "").splitlines()[0])
+    add_arguments(p)
+    return p
+
+
+def main(argv: list[str], beam_args: list[str] | None = None) -> int:
+    """Parse ``argv`` (after ``hydra``) and run; for tests and ``python -m``."""
+    args, extra = build_parser().parse_known_args(argv)
+    if extra and not hasattr(args, "runner"):
+        raise SystemExit(f"refinery hydra: unrecognized arguments: {' '.join(extra)}")
+    return run(args, list(beam_args if beam_args is not None else extra))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""``refinery generate``: engine-equal outputs, per-document reproducibility, skip and resume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+
+from conftest import write_jsonl  # noqa: E402
+from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+
+from refinery.beam_pipelines import generate  # noqa: E402
+from refinery.transforms import generate_stages as gs  # noqa: E402
+from refinery.transforms.generate_stages import Doc, fit_prompt, load_template, render_template  # noqa: E402
+from refinery.transforms.inference import GptOssEngine, decode, doc_seed  # noqa: E402
+from refinery.transforms.stages import bind_stages, run_stages  # noqa: E402
+
+DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+TEXTS = ["Natalia sold clips to 48 of her friends in April.", "Weng earns $12 an hour for babysitting.",
+         "Betty is saving money for a new wallet which costs $100.", "Julie is reading a 120-page book.",
+         "James writes a 3-page letter to 2 different friends twice a week."]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_harmony_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", num_hidden_layers=2))
+
+
+def _args(ckpt, inputs, out, *extra):
+    argv = ["--checkpoint", ckpt, "--input", *map(str, inputs), "--output", str(out), "--max-tokens", "6",
+            "--dtype", "float32", "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4",
+            "--docs-per-unit", "2", "--temperature", "0.8", "--seed", "7", "--no-progress", *extra]
+    args, rest = generate.build_parser().parse_known_args(argv)
+    assert not rest
+    return args
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+
+
+def test_fit_prompt_and_templates(tmp_path):
+    t = load_template("rephrase")
+    doc = Doc("d", text=" ".join(["word"] * 300))
+    full, text, cut = fit_prompt(lambda s: render_template(t, s), doc, 10_000)
+    assert cut == 0 and text == doc.text
+    short, text2, cut2 = fit_prompt(lambda s: render_template(t, s), doc, len(full) - 50)
+    assert len(short) <= len(full) - 50 and cut2 >= 50 and doc.text.startswith(text2)
+    assert short[-2:] == full[-2:]  # the assistant-start suffix stays
+    with pytest.raises(ValueError, match="no such file"):
+        load_template("nope")
+    bad = tmp_path / "t.txt"
+    bad.write_text("no placeholder")
+    with pytest.raises(ValueError, match="placeholder"):
+        load_template(str(bad))
+
+
+def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
+    inp = write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)],
+                      raw_lines={2: '{"broken'})
+    out = tmp_path / "out"
+    assert generate.run(_args(ckpt, [inp], out), DIRECT) == 0
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == ["d0", "d1", "a.jsonl:2", "d2", "d3", "d4"]
+    assert "malformed JSON" in rows[2]["error"] and "text" not in rows[2]
+    # the same documents straight through the engine, one at a time, with their seeds
+    args = _args(ckpt, [inp], out)
+    task = gs.GenerateTask(generate.engine_settings(args), gs.GenerationParams(6, 0.8, 7), "rephrase")
+    engine = GptOssEngine(task.engine)
+    for r, (i, text) in zip([r for r in rows if "error" not in r], enumerate(TEXTS)):
+        ex, meta = task.example(Doc(f"d{i}", text=text))
+        assert ex["seed"] == doc_seed(7, f"d{i}") and meta["prompt"] == text
+        direct = engine.generate([ex["tokens"]], [ex["seed"]], 6, 0.8, task.params.stop_tokens)[0]
+        body = direct["tokens"][:-1] if direct["finish_reason"] == "stop" else direct["tokens"]
+        assert r["text"] == decode(body) and r["generated_tokens"] == len(direct["tokens"])
+        assert r["prompt_tokens"] == len(ex["tokens"])
+    before = (out / "generations.jsonl").read_bytes()
+    # rerun: every unit skipped, nothing rewritten
+    stages = gs.build_stages(task, generate.document_source(args))
+    result = run_stages(stages, str(out), DIRECT, progress=False, runner=gs.infer_runner)
+    assert result.ran == {} and (out / "generations.jsonl").read_bytes() == before
+    # a different batch size (batching options are not part of the plan) re-run from scratch: same bytes
+    out2 = tmp_path / "out2"
+    assert generate.run(_args(ckpt, [inp], out2, "--max-batch", "1", "--docs-per-unit", "5"), DIRECT) == 0
+    assert (out2 / "generations.jsonl").read_bytes() == before
+
+
+def test_interrupted_run_resumes(tmp_path, ckpt, monkeypatch):
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
+    out = tmp_path / "out"
+    real, calls = gs.run_wave, []
+
+    def wave_then_crash(run, units, beam_args, verify):
+        if calls:
+            raise KeyboardInterrupt("killed")
+        calls.append([u.id for u in units])
+        real(run, units, beam_args, verify)
+
+    monkeypatch.setattr(gs, "run_wave", wave_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        generate.run(_args(ckpt, [inp], out, "--wave-units", "1"), DIRECT)
+    assert not (out / "generations.jsonl").exists()
+    monkeypatch.setattr(gs, "run_wave", real)
+    args = _args(ckpt, [inp], out, "--wave-units", "1")
+    task = gs.GenerateTask(generate.engine_settings(args), gs.GenerationParams(6, 0.8, 7), "rephrase")
+    stages = gs.build_stages(task, generate.document_source(args), 1)
+    done = [u.id for u in stages[0].plan() if bind_stages(stages, str(out))[0].check(u.id).done]
+    assert done == calls[0] == ["f00000-d00000000"]
+    result = run_stages(stages, str(out), DIRECT, progress=False, runner=gs.infer_runner)
+    assert result.ran == {"infer": 2, "merge": 1}  # only the two units the crash left
+    resumed = (out / "generations.jsonl").read_bytes()
+    fresh = tmp_path / "fresh"
+    assert generate.run(_args(ckpt, [inp], fresh), DIRECT) == 0
+    assert (fresh / "generations.jsonl").read_bytes() == resumed
+
+
+def test_generate_portable_runner(tmp_path, ckpt):
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i}", "text": t} for i, t in enumerate(TEXTS[:3])])
+    out = tmp_path / "out"
+    from refinery.runners import pipeline_args
+
+    assert generate.run(_args(ckpt, [inp], out, "--no-share-model"), pipeline_args("portable")) == 0
+    direct = tmp_path / "direct"
+    assert generate.run(_args(ckpt, [inp], direct), DIRECT) == 0
+    assert (out / "generations.jsonl").read_bytes() == (direct / "generations.jsonl").read_bytes()
+    assert len(_rows(out)) == 3

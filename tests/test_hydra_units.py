@@ -1,0 +1,123 @@
+"""HYDRA pieces without Beam: oracle output parsing, calibration, head training, doc ids."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from refinery.transforms.hydra_calibrate import calibrate, decide, fit_weights, threshold_for_rate
+from refinery.transforms.hydra_oracle import DIMENSIONS, parse_oracle_tokens, parse_scores
+from refinery.transforms.hydra_slices import parse_doc_id, split_of
+
+GOOD = {"helpfulness": 3, "correctness": 4, "coherence": 2, "complexity": 1, "density": 0}
+
+
+def _completion(text: str) -> list[int]:
+    from refinery.transforms.tokenizer import get_encoding
+
+    return get_encoding().encode(text, allowed_special="all")
+
+
+def test_parse_well_formed_harmony_output():
+    tokens = _completion("<|channel|>analysis<|message|>The text is {a draft}.<|end|><|start|>assistant"
+                         f"<|channel|>final<|message|>{json.dumps(GOOD)}<|return|>")
+    scores, error, final = parse_oracle_tokens(tokens)
+    assert error is None and scores == {k: float(v) for k, v in GOOD.items()}
+    assert json.loads(final) == GOOD
+    # truncated before <|return|>, fenced, with prose around it: still the final channel's JSON
+    fenced = _completion(f"<|channel|>final<|message|>Scores:\n```json\n{json.dumps(GOOD)}\n```")
+    assert parse_oracle_tokens(fenced)[0] == {k: float(v) for k, v in GOOD.items()}
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("<|channel|>analysis<|message|>" + json.dumps(GOOD) + "<|end|>", "no final channel"),  # analysis only
+    ("<|channel|>final<|message|>I cannot grade this.<|return|>", "no JSON object"),
+    ("<|channel|>final<|message|>{\"helpfulness\": 3, \"correctness\": <|return|>", "no JSON object"),
+    ("<|channel|>final<|message|>{\"helpfulness\": 3,}<|return|>", "malformed JSON"),
+    ("<|channel|>final<|message|>" + json.dumps({**GOOD, "density": 7}) + "<|return|>", "outside 0..4"),
+    ("<|channel|>final<|message|>" + json.dumps({k: v for k, v in GOOD.items() if k != "coherence"}) +
+     "<|return|>", "missing score(s): coherence"),
+    ("<|channel|>final<|message|>" + json.dumps({**GOOD, "complexity": "high"}) + "<|return|>", "not a number"),
+])
+def test_parse_malformed_outputs_records_reason(text, reason):
+    scores, error, _ = parse_oracle_tokens(_completion(text))
+    assert scores is None and reason in error
+
+
+def test_parse_scores_tolerates_refusal_without_channels_and_string_numbers():
+    assert parse_scores(None) == (None, "no final channel in the output")
+    s, e = parse_scores('Sure. {"Helpfulness": "2", "correctness": 2.5, "coherence": 0, "complexity": 4, "density": 1}')
+    assert e is None and s["helpfulness"] == 2.0 and s["correctness"] == 2.5
+    # a bare answer with no harmony markup at all (parse_final returns it whole)
+    bare = parse_oracle_tokens(_completion(json.dumps(GOOD)))
+    assert bare[1] is None
+
+
+def _synthetic_labels(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    quality = rng.normal(2.0, 1.0, n)
+    noise = rng.normal(0, [0.3, 0.3, 0.5, 2.0, 0.4], (n, 5))  # complexity barely tracks quality
+    return np.clip(np.rint(quality[:, None] + noise), 0, 4)
+
+
+@pytest.mark.parametrize("target", [0.5, 0.3, 0.7])
+def test_calibration_hits_target_keep_rate(target):
+    scores = _synthetic_labels(2000)
+    cal = calibrate(scores, target_keep=target, target_drop=0.15)
+    w = np.array([cal["weights"][d] for d in DIMENSIONS])
+    agg = scores @ w
+    keep = float(np.mean(agg >= cal["tau_keep"]))
+    drop = float(np.mean(agg < cal["tau_drop"]))
+    assert abs(keep - target) < 0.02 and keep == pytest.approx(cal["achieved_keep"])
+    assert abs(drop - 0.15) < 0.02 and cal["tau_drop"] <= cal["tau_keep"]
+    assert w.sum() == pytest.approx(1.0) and (w >= 0).all()
+    assert w[3] < min(w[0], w[1])  # the noisy dimension gets less weight
+    # decisions with those thresholds reproduce the rates
+    decisions = [decide(a, cal["tau_drop"], cal["tau_keep"]) for a in agg]
+    assert decisions.count("keep") / len(agg) == pytest.approx(keep)
+
+
+def test_calibration_small_sets_and_ties():
+    assert fit_weights(_synthetic_labels(3)) == pytest.approx(np.full(5, 0.2), abs=0.06)  # near uniform
+    tau, achieved = threshold_for_rate(np.array([1, 1, 1, 2, 2, 3]), 0.5)
+    assert achieved == pytest.approx(0.5) and 1 < tau < 2
+    with pytest.raises(ValueError, match="target-keep"):
+        calibrate(_synthetic_labels(10), target_keep=1.5)
+
+
+def test_doc_ids_and_split_rule():
+    a = parse_doc_id("fineweb//shard_0000/x-v1-shard-000000.npy#s=10:e=42")
+    assert (a.source, a.relpath, a.start, a.end) == ("fineweb", "shard_0000/x-v1-shard-000000.npy", 10, 42)
+    assert a.doc_id == "fineweb//shard_0000/x-v1-shard-000000.npy#s=10:e=42"
+    with pytest.raises(ValueError, match="not a doc id"):
+        parse_doc_id("shard_0000/x.npy:3")
+    ids = [f"s//f.npy#s={i}:e={i + 1}" for i in range(5000)]
+    counts = {s: sum(split_of(i) == s for i in ids) for s in ("train", "val", "test")}
+    assert 0.77 < counts["train"] / 5000 < 0.83 and 0.08 < counts["val"] / 5000 < 0.12
+
+
+def test_probe_and_judge_training_reduce_loss():
+    torch = pytest.importorskip("torch")
+    from refinery.transforms.hydra_heads import TrainConfig, judge_preprocess, train_judge, train_probe
+
+    g = torch.Generator().manual_seed(0)
+    n, h = 160, 32
+    feats = torch.randn(n, h, generator=g)
+    true_w = torch.randn(h, 5, generator=g) * 0.3
+    targets = (feats @ true_w + 2.0).clamp(0, 4)
+    head, losses = train_probe(feats, targets, TrainConfig(epochs=12, batch_size=32, lr=5e-2, warmup_steps=5))
+    assert np.mean(losses[-5:]) < 0.2 * np.mean(losses[:5])
+    # judge: per-document sequences whose mean carries the signal
+    seqs = [judge_preprocess(torch.randn(int(t), h, generator=g) + feats[i]) for i, t in
+            enumerate(torch.randint(3, 9, (n,), generator=g))]
+    targets_j = torch.stack([(s.mean(0) @ true_w + 2.0).clamp(0, 4) for s in seqs])
+    jhead, jlosses = train_judge(seqs, targets_j, TrainConfig(epochs=6, batch_size=32, lr=5e-3, warmup_steps=5),
+                                 mid_dim=32)
+    assert np.mean(jlosses[-4:]) < 0.6 * np.mean(jlosses[:4])
+    from refinery.transforms.hydra_heads import pad_states
+    x, mask = pad_states(seqs[:4])
+    with torch.no_grad():
+        a = jhead(x, mask)
+        b = torch.stack([jhead(s.unsqueeze(0))[0] for s in seqs[:4]])
+    assert torch.allclose(a, b, atol=1e-4)  # padding does not leak into the scores

@@ -1,0 +1,519 @@
+"""Resumable model inference over documents: ``infer`` (RunInference per wave of units) -> ``merge``.
+
+Shared by ``refinery generate`` and the model-driven HYDRA steps (oracle labels, grading).
+What differs between them is a :class:`Task`: how a document becomes an example, which
+ModelHandler runs it, how a result becomes an output row, and what the merge writes.
+
+- Documents (:class:`DocumentSource`): rows of JSONL/JSON/parquet files (``--text-field``,
+  ``--id-field``; a missing id becomes ``{relpath}:{row}``), or doc ids
+  (``{source}//{relpath}#s=..:e=..``) listed in files, read from prep shards under a data
+  root. A unit is a slice of at most ``docs_per_unit`` documents of one input file.
+- ``infer`` units run in waves: each wave is one Beam job
+  ``Create(units) | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
+  | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
+  through :func:`refinery.transforms.stages.execute_unit` (the one completion check). Killing
+  a run loses at most the wave in flight; the next run skips every unit with a receipt.
+- Without Beam results (tests, a worker re-running a unit) ``run_unit`` computes the same
+  rows with the engine directly.
+- ``merge`` (local, one unit): parts in plan order -> the task's final files.
+
+Part rows are JSON lines in document order; a document that could not be read is an output
+row with an ``error`` and no generation (nothing is dropped silently).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from . import io
+from .inference import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
+from .stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+
+log = logging.getLogger("refinery")
+
+FORMAT_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------
+# Documents
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Doc:
+    """One input document: ``id``, and ``text`` or ``tokens`` (doc-id inputs), or an ``error``."""
+
+    id: str
+    text: str | None = None
+    tokens: list[int] | None = None
+    error: str | None = None
+    where: str = ""  # file:row, for messages
+
+    def get_tokens(self) -> list[int]:
+        if self.tokens is None:
+            from .tokenizer import get_encoding
+
+            self.tokens = get_encoding().encode_ordinary(self.text or "")
+        return self.tokens
+
+    def get_text(self) -> str:
+        if self.text is None:
+            self.text = decode(self.tokens or [])
+        return self.text
+
+
+@dataclass
+class DocumentSource:
+    """Where documents come from: data files (``paths``) or doc-id files + ``data_root``."""
+
+    paths: list[str] = field(default_factory=list)
+    docid_files: list[str] = field(default_factory=list)
+    data_root: str | None = None
+    text_field: str = "text"
+    id_field: str = "id"
+    docs_per_unit: int = 256
+
+    def __post_init__(self):
+        if bool(self.paths) == bool(self.docid_files):
+            raise ValueError("give either input data files or doc-id files (with a data root), not both")
+        if self.docid_files and not self.data_root:
+            raise ValueError("doc-id inputs need --data-root (the folder their relpaths start from)")
+        if self.docs_per_unit < 1:
+            raise ValueError("docs per unit must be at least 1")
+        # doc-id files may have any name (docids_val.jsonl, val_shard_00, ...)
+        self.files = io.expand_inputs(self.paths) if self.paths else io.expand_inputs(self.docid_files, suffixes=("",))
+        self._plan: list[Unit] | None = None
+
+    def config(self) -> dict:
+        return {"kind": "docids" if self.docid_files else "rows", "text_field": self.text_field,
+                "id_field": self.id_field, "docs_per_unit": self.docs_per_unit}
+
+    def fingerprints(self) -> list:
+        fps = [f.fingerprint() for f in self.files]
+        if self.data_root:
+            fps += [f.fingerprint() for f in io.expand_inputs([self.data_root], suffixes=(".npy",))]
+        return fps
+
+    def _count(self, path: str) -> int:
+        if self.docid_files:
+            from .hydra_slices import read_docid_file
+
+            return sum(1 for _ in read_docid_file(path))
+        return sum(1 for _ in io.iter_rows(path))
+
+    def plan(self) -> list[Unit]:
+        """Units: ``fNNNNN-dNNNNNNNN`` = documents ``[lo, hi)`` of file NNNNN (document order)."""
+        if self._plan is None:
+            units = []
+            for fi, f in enumerate(self.files):
+                n = self._count(f.path)
+                for lo in range(0, n, self.docs_per_unit):
+                    units.append(Unit(f"f{fi:05d}-d{lo:08d}", {"file": fi, "path": f.path, "relpath": f.relpath,
+                                                                "lo": lo, "hi": min(n, lo + self.docs_per_unit)}))
+            self._plan = units
+        return self._plan
+
+    def read(self, payload: dict) -> list[Doc]:
+        """The documents of one unit, in order."""
+        lo, hi, path = payload["lo"], payload["hi"], payload["path"]
+        docs: list[Doc] = []
+        if self.docid_files:
+            from .hydra_slices import read_doc_tokens, read_docid_file
+
+            for i, (line, doc_id) in enumerate(read_docid_file(path)):
+                if lo <= i < hi:
+                    where = f"{path}:{line}"
+                    try:
+                        docs.append(Doc(doc_id, tokens=read_doc_tokens(self.data_root, doc_id), where=where))
+                    except (ValueError, FileNotFoundError) as e:
+                        docs.append(Doc(doc_id, error=str(e), where=where))
+            return docs
+        for i, (row, record, error) in enumerate(io.iter_rows(path)):
+            if not lo <= i < hi:
+                continue
+            where = f"{path}:{row + 1}"
+            if error is not None:
+                docs.append(Doc(f"{payload['relpath']}:{row}", error=f"{where}: {error}", where=where))
+                continue
+            rid = record.get(self.id_field)
+            doc_id = str(rid) if rid is not None else f"{payload['relpath']}:{row}"
+            text = record.get(self.text_field)
+            if not isinstance(text, str):
+                docs.append(Doc(doc_id, error=f"{where}: text field {self.text_field!r} missing or not a string",
+                                where=where))
+            else:
+                docs.append(Doc(doc_id, text=text, where=where))
+        return docs
+
+
+# ---------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------
+
+TEMPLATES = {
+    "rephrase": {
+        "developer": "Rephrase the document the user gives you as clear, well-structured prose. Keep every "
+                     "fact, number and name; add nothing new. Answer with the rephrased document only.",
+        "user": "{text}",
+    },
+}
+
+
+def load_template(name_or_path: str) -> dict:
+    """A built-in template name, or a text file whose ``{text}`` marks where the document goes
+    (the whole file is the user message)."""
+    if name_or_path in TEMPLATES:
+        return dict(TEMPLATES[name_or_path])
+    try:
+        text = io.read_bytes(name_or_path).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"template {name_or_path!r}: not a built-in ({', '.join(TEMPLATES)}) "
+                         f"and no such file") from None
+    if "{text}" not in text:
+        raise ValueError(f"template file {name_or_path}: has no {{text}} placeholder")
+    return {"developer": None, "user": text}
+
+
+def fit_prompt(render: Callable[[str], list[int]], doc: Doc, budget: int) -> tuple[list[int], str, int]:
+    """(prompt tokens, document text used, tokens cut): the document's tail is cut until the
+    rendered prompt fits in ``budget`` tokens (the assistant-start suffix always stays)."""
+    text = doc.get_text()
+    prompt = render(text)
+    if len(prompt) <= budget:
+        return prompt, text, 0
+    tokens = doc.get_tokens()
+    keep = max(0, len(tokens) - (len(prompt) - budget))
+    while True:
+        text = decode(tokens[:keep])
+        prompt = render(text)
+        if len(prompt) <= budget or keep == 0:
+            break
+        keep = max(0, keep - max(1, len(prompt) - budget))
+    if len(prompt) > budget:
+        raise ValueError(f"doc {doc.id}: the template alone takes {len(prompt)} tokens, over the budget {budget}")
+    return prompt, text, len(tokens) - keep
+
+
+def render_template(template: dict, text: str) -> list[int]:
+    from refinery.kernels.harmony import render_prompt
+
+    return render_prompt(developer=template.get("developer"), user=template["user"].replace("{text}", text))
+
+
+# ---------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class HandlerOptions:
+    """How RunInference holds the engine: shared across processes, copies, batch token budget."""
+
+    share_across_processes: bool = True
+    model_copies: int | None = None
+    batch_tokens: int | None = None
+
+
+class Task:
+    """What an inference pipeline does with each document. Subclasses implement the hooks."""
+
+    name = "task"
+
+    def config(self) -> dict:
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        return {}
+
+    def example(self, doc: Doc) -> tuple[dict, dict]:
+        """(example for the handler, metadata kept for the output row)."""
+        raise NotImplementedError
+
+    def handler(self):
+        raise NotImplementedError
+
+    def model_identifier(self) -> str:
+        return f"refinery-{self.name}-{short_hash(self.config(), 12)}-{os.getpid()}"
+
+    def infer_local(self, examples: list[dict]) -> list[dict]:
+        """The handler's inference dicts without Beam (same engine code)."""
+        raise NotImplementedError
+
+    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+        raise NotImplementedError
+
+    def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
+        raise NotImplementedError
+
+    def progress(self, stats: dict, seconds: float) -> str:
+        toks = stats.get("generated_tokens", 0)
+        return f"{stats.get('documents', 0):.0f} docs, {toks:.0f} tokens, {toks / max(seconds, 1e-9):.1f} tok/s"
+
+
+def checkpoint_fingerprint(checkpoint: str) -> list:
+    files = io.expand_inputs([checkpoint], suffixes=(".safetensors", ".json"))
+    return [{"path": f.relpath, "size": f.size, "version": f.version} for f in files]
+
+
+class GenerateTask(Task):
+    """Template-filled harmony prompts -> generated text (``generations.jsonl``)."""
+
+    name = "generate"
+    OUTPUT = "generations.jsonl"
+
+    def __init__(self, engine: EngineSettings, params: GenerationParams, template: str = "rephrase",
+                 handler_options: HandlerOptions | None = None):
+        self.engine = engine
+        self.params = params
+        self.template_name = template
+        self.template = load_template(template)
+        self.options = handler_options or HandlerOptions()
+        if params.max_tokens >= engine.max_seq_len:
+            raise ValueError(f"--max-tokens {params.max_tokens} leaves no room for a prompt under "
+                             f"--max-seq-len {engine.max_seq_len}")
+
+    def config(self) -> dict:
+        return {"task": self.name, "template": self.template, "params": self.params.to_dict(),
+                "dtype": self.engine.dtype, "max_seq_len": self.engine.max_seq_len}
+
+    def identity(self) -> dict:
+        return {"checkpoint": checkpoint_fingerprint(self.engine.checkpoint)}
+
+    def example(self, doc: Doc) -> tuple[dict, dict]:
+        budget = self.engine.max_seq_len - self.params.max_tokens
+        prompt, text, cut = fit_prompt(lambda t: render_template(self.template, t), doc, budget)
+        example = {"tokens": prompt, "seed": doc_seed(self.params.seed, doc.id)}
+        return example, {"prompt": self.template["user"].replace("{text}", text), "truncated_tokens": cut}
+
+    def handler(self):
+        from .inference import BatchingOptions, GptOssModelHandler
+
+        batching = BatchingOptions(self.engine.max_seq_len, self.options.batch_tokens or self.engine.max_batch * 512)
+        return GptOssModelHandler(self.engine, self.params, share_across_processes=self.options.share_across_processes,
+                                  model_copies=self.options.model_copies, batching=batching)
+
+    def infer_local(self, examples: list[dict]) -> list[dict]:
+        return run_generation(cached_engine(self.engine), examples, self.params)
+
+    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+        return {"id": doc_id, "prompt": meta["prompt"], "text": inference["text"], "final": inference["final"],
+                "finish_reason": inference["finish_reason"], "prompt_tokens": inference["prompt_tokens"],
+                "generated_tokens": inference["generated_tokens"], "truncated_tokens": meta["truncated_tokens"]}
+
+    def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
+        stats = {"documents": 0, "errors": 0, "generated_tokens": 0, "prompt_tokens": 0}
+        with ctx.open_write(ctx.output_path(self.OUTPUT)) as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+                stats["documents"] += 1
+                stats["errors"] += "error" in row
+                stats["generated_tokens"] += row.get("generated_tokens", 0)
+                stats["prompt_tokens"] += row.get("prompt_tokens", 0)
+        return stats
+
+
+# ---------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows)
+
+
+def part_file(unit_id: str) -> str:
+    return f"{unit_id}.jsonl"
+
+
+class InferStage(Stage):
+    """Units = document slices; each writes ``parts/<unit>.jsonl`` (one row per document)."""
+
+    name = "infer"
+
+    def __init__(self, task: Task, source: DocumentSource, wave_units: int = 8):
+        self.task = task
+        self.source = source
+        self.wave_units = max(1, wave_units)
+
+    def config(self) -> dict:
+        return {"format": FORMAT_VERSION, "task": self.task.config(), "source": self.source.config()}
+
+    def fingerprints(self) -> list:
+        return self.source.fingerprints()
+
+    def identity(self) -> dict:
+        return self.task.identity()
+
+    def plan(self) -> list[Unit]:
+        return self.source.plan()
+
+    def describe_progress(self, stats: dict, seconds: float) -> str:
+        return self.task.progress(stats, seconds)
+
+    def prepare(self, payload: dict) -> tuple[list[Doc], list[dict | None], list[dict]]:
+        """(documents, example or None per document, metadata per document)."""
+        docs = self.source.read(payload)
+        examples, metas = [], []
+        for d in docs:
+            if d.error is None:
+                try:
+                    ex, meta = self.task.example(d)
+                except ValueError as e:
+                    d.error = f"{d.where}: {e}"
+            if d.error is not None:
+                ex, meta = None, {}
+            examples.append(ex)
+            metas.append(meta)
+        return docs, examples, metas
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        t0 = time.perf_counter()
+        if "docs" in ctx.side:  # from the Beam wave: documents and RunInference results
+            if ctx.side.get("error"):
+                raise RuntimeError(ctx.side["error"])
+            doc_rows, results = ctx.side["docs"], ctx.side["results"]
+        else:  # no Beam: the same rows from the engine directly
+            docs, examples, metas = self.prepare(unit.payload)
+            doc_rows = [{"id": d.id, "error": d.error, "meta": m} for d, m in zip(docs, metas)]
+            todo = [i for i, ex in enumerate(examples) if ex is not None]
+            inferred = self.task.infer_local([examples[i] for i in todo]) if todo else []
+            results = dict(zip(todo, inferred))
+        rows, stats = [], {"documents": 0, "errors": 0, "generated_tokens": 0, "prompt_tokens": 0}
+        for i, d in enumerate(doc_rows):
+            stats["documents"] += 1
+            if d["error"] is not None:
+                rows.append({"id": d["id"], "error": d["error"]})
+                stats["errors"] += 1
+                continue
+            if i not in results:
+                raise RuntimeError(f"unit {unit.id}: no inference result for document {i} ({d['id']})")
+            row = self.task.record(d["id"], d["meta"], results[i])
+            stats["generated_tokens"] += int(results[i].get("generated_tokens", 0))
+            stats["prompt_tokens"] += int(results[i].get("prompt_tokens", 0))
+            rows.append(row)
+        ctx.write_bytes(ctx.part_path(part_file(unit.id)), _jsonl(rows))
+        stats["seconds"] = time.perf_counter() - t0
+        return stats
+
+
+class MergeStage(Stage):
+    """Local, one unit: the infer parts in plan order -> the task's final files."""
+
+    name = "merge"
+    local = True
+    final_outputs = True
+
+    def __init__(self, infer: InferStage):
+        self.infer = infer
+
+    def config(self) -> dict:
+        return {"format": FORMAT_VERSION}
+
+    def plan(self) -> list[Unit]:
+        return [Unit("merge", {})]
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        infer_run = ctx.upstream("infer")
+        plan = self.infer.plan()
+        missing = [u.id for u in plan if not infer_run.check(u.id).done]
+        if missing:
+            raise RuntimeError(f"infer units not completed: {missing[:5]}")
+
+        def rows() -> Iterator[dict]:
+            for u in plan:
+                with io.open_read(io.join(infer_run.parts_dir, part_file(u.id))) as f:
+                    for line in f:
+                        yield json.loads(line)
+
+        return self.infer.task.merge(rows(), ctx)
+
+
+def build_stages(task: Task, source: DocumentSource, wave_units: int = 8) -> list[Stage]:
+    infer = InferStage(task, source, wave_units)
+    return [infer, MergeStage(infer)]
+
+
+# ---------------------------------------------------------------------------------------
+# Beam wiring: one job per wave of infer units
+# ---------------------------------------------------------------------------------------
+
+def _wave_transforms():
+    import apache_beam as beam
+
+    class ExpandUnitFn(beam.DoFn):
+        """(unit_id, payload) -> main: ((unit_id, i), example) per readable document;
+        tagged ``info``: (unit_id, {docs: [{id, error, meta}], error})."""
+
+        def __init__(self, run: StageRun):
+            self.run = run
+
+        def process(self, element):
+            unit_id, payload = element
+            try:
+                docs, examples, metas = self.run.stage.prepare(payload)
+            except Exception as e:  # noqa: BLE001 - becomes the unit's failed receipt
+                yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": [], "error": f"{type(e).__name__}: {e}"}))
+                return
+            rows = [{"id": d.id, "error": d.error, "meta": m} for d, m in zip(docs, metas)]
+            yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": rows, "error": None, "payload": payload}))
+            # shortest prompts first: BatchElements then groups documents of similar length
+            order = sorted((i for i, ex in enumerate(examples) if ex is not None),
+                           key=lambda i: len(examples[i]["tokens"]))
+            for i in order:
+                yield (unit_id, i), examples[i]
+
+    class WriteUnitFn(beam.DoFn):
+        """(unit_id, {info: [...], results: [(i, inference)]}) -> receipt summary dict."""
+
+        def __init__(self, run: StageRun, verify_checksums: bool):
+            self.run = run
+            self.verify_checksums = verify_checksums
+
+        def process(self, element):
+            unit_id, grouped = element
+            info = list(grouped["info"])[0]
+            results = {i: inf for i, inf in grouped["results"]}
+            side = {"docs": info["docs"], "error": info["error"], "results": results}
+            receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
+            beam.metrics.Metrics.counter("refinery", f"{self.run.name}_units_{receipt['status']}").inc()
+            yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
+
+    return ExpandUnitFn, WriteUnitFn
+
+
+def _to_unit(element):
+    (unit_id, i), prediction = element
+    return unit_id, (i, prediction.inference)
+
+
+def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+    """One Beam job: the given infer units through RunInference, parts + receipts written."""
+    import apache_beam as beam
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    ExpandUnitFn, WriteUnitFn = _wave_transforms()
+    task: Task = run.stage.task
+    handler = KeyedModelHandler(task.handler())
+    with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
+        expanded = (p
+                    | "Units" >> beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
+                    | "Spread" >> beam.Reshuffle()
+                    | "Expand" >> beam.ParDo(ExpandUnitFn(run)).with_outputs("info", main="examples"))
+        results = (expanded.examples
+                   | "Infer" >> RunInference(handler, model_identifier=task.model_identifier())
+                   | "ByUnit" >> beam.Map(_to_unit))
+        _ = ({"info": expanded.info, "results": results}
+             | "Group" >> beam.CoGroupByKey()
+             | "Write" >> beam.ParDo(WriteUnitFn(run, verify_checksums)))
+
+
+def infer_runner(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+    """``run_stages`` runner for the infer stage: waves of ``wave_units`` units, one job each."""
+    size = getattr(run.stage, "wave_units", len(units)) or len(units)
+    for k in range(0, len(units), size):
+        wave = units[k:k + size]
+        log.info("stage %s: wave %d/%d (%d units)", run.name, k // size + 1, -(-len(units) // size), len(wave))
+        run_wave(run, wave, beam_args, verify_checksums)
+

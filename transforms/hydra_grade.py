@@ -1,0 +1,181 @@
+"""HYDRA grading: probe triage, judge for the rest, calibrated aggregate, decision.
+
+Per document (its tokens from the prep shard, cut to ``max_ctx``), one backbone pass gives
+the probe layer and the judge layer states. Probe scores -> aggregate with the calibrated
+weights; below ``tau_drop`` the document is dropped on the probe alone. Otherwise the judge
+scores it, and the judge's aggregate decides: ``drop`` (< tau_drop), ``keep`` (>= tau_keep)
+or ``band``. Scores are clamped to [0, 4].
+
+Runs through RunInference (``HydraGradeHandler``: the engine plus both heads is the model,
+loaded once per machine) on the infer -> merge stages of
+:mod:`refinery.transforms.generate_stages`. Outputs: ``quality_scores.jsonl`` (``{doc_id,
+scores: {dim: s}, aggregated, probe_aggregated, judged, decision}``, input order) and
+``summary.json`` (counts per decision, keep rate, thresholds).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Iterator, Sequence
+
+from . import io
+from .generate_stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
+from .hydra_calibrate import decide, load_calibration
+from .hydra_oracle import DIMENSIONS
+from .inference import EngineSettings, GptOssEngine, cached_engine, validate_layers
+
+
+class HydraGrader:
+    """Backbone + probe + judge + calibration. Methods take/return plain Python values."""
+
+    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int = 4096,
+                 engine: GptOssEngine | None = None):
+        import numpy as np
+
+        from .hydra_heads import load_head
+
+        self.engine = engine or GptOssEngine(settings)
+        self.probe, self.probe_meta = load_head(io.join(heads_dir, "hydra_probe.pt"))
+        self.judge, self.judge_meta = load_head(io.join(heads_dir, "hydra_judge.pt"))
+        depth = self.engine.info()["num_hidden_layers"]
+        validate_layers([self.probe_meta["layer"], self.judge_meta["layer"]], depth)
+        hidden = self.engine.info()["hidden_size"]
+        for meta in (self.probe_meta, self.judge_meta):
+            if meta["hidden_size"] != hidden:
+                raise ValueError(f"{meta['kind']} head was trained on hidden size {meta['hidden_size']}, "
+                                 f"the backbone has {hidden}")
+        self.weights = np.asarray([calibration["weights"][d] for d in DIMENSIONS], dtype=np.float64)
+        self.tau_drop, self.tau_keep = float(calibration["tau_drop"]), float(calibration["tau_keep"])
+        self.max_ctx = max_ctx
+        self._lock = threading.Lock()
+
+    def grade(self, prompts: Sequence[Sequence[int]]) -> list[dict]:
+        import torch
+
+        from .hydra_heads import judge_preprocess, probe_features
+
+        pl, jl = self.probe_meta["layer"], self.judge_meta["layer"]
+        out = []
+        with self._lock, torch.no_grad():
+            for tokens in prompts:
+                hidden = self.engine.hidden_states([tokens], sorted({pl, jl}), self.max_ctx)[0]
+                probe = self.probe(probe_features(torch.from_numpy(hidden[pl])).unsqueeze(0))[0].clamp(0, 4)
+                probe_agg = float(probe.double().numpy() @ self.weights)
+                row = {"probe_scores": [float(x) for x in probe], "probe_aggregated": probe_agg,
+                       "prompt_tokens": min(len(tokens), self.max_ctx), "generated_tokens": 0}
+                if probe_agg < self.tau_drop:
+                    row.update(scores=row["probe_scores"], aggregated=probe_agg, judged=False, decision="drop")
+                else:
+                    states = judge_preprocess(torch.from_numpy(hidden[jl])).unsqueeze(0)
+                    judge = self.judge(states)[0].clamp(0, 4)
+                    agg = float(judge.double().numpy() @ self.weights)
+                    row.update(scores=[float(x) for x in judge], aggregated=agg, judged=True,
+                               decision=decide(agg, self.tau_drop, self.tau_keep))
+                out.append(row)
+        return out
+
+
+def _build_handler_class():
+    from .inference import GptOssModelHandler
+
+    class HydraGradeHandler(GptOssModelHandler):
+        """RunInference handler for HYDRA grading. Input: ``{"tokens": [...]}`` examples.
+        Output: ``PredictionResult(example, {scores, aggregated, probe_scores,
+        probe_aggregated, judged, decision, prompt_tokens, generated_tokens})``."""
+
+        def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int, **kwargs):
+            super().__init__(settings, **kwargs)
+            self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
+
+        def load_model(self):
+            return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
+
+        def infer(self, batch, model) -> list[dict]:
+            return model.grade([list(e["tokens"]) for e in batch])
+
+    HydraGradeHandler.__qualname__ = "HydraGradeHandler"
+    return HydraGradeHandler
+
+
+def __getattr__(name: str):
+    if name == "HydraGradeHandler":
+        cls = globals()[name] = _build_handler_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class GradeTask(Task):
+    name = "grade"
+
+    def __init__(self, engine: EngineSettings, heads_dir: str, calibration_path: str, max_ctx: int = 4096,
+                 handler_options: HandlerOptions | None = None):
+        self.engine = engine
+        self.heads_dir = heads_dir.rstrip("/")
+        self.calibration = load_calibration(calibration_path)
+        self.max_ctx = max_ctx
+        self.options = handler_options or HandlerOptions()
+        for kind in ("probe", "judge"):
+            if not io.exists(io.join(self.heads_dir, f"hydra_{kind}.pt")):
+                raise FileNotFoundError(f"{self.heads_dir}: no hydra_{kind}.pt (run `refinery hydra train {kind}`)")
+
+    def config(self) -> dict:
+        return {"task": self.name, "calibration": {k: self.calibration[k] for k in ("weights", "tau_drop", "tau_keep")},
+                "dtype": self.engine.dtype, "max_ctx": self.max_ctx}
+
+    def identity(self) -> dict:
+        heads = [{"file": f"hydra_{k}.pt", "sha256": io.sha256_file(io.join(self.heads_dir, f"hydra_{k}.pt"))}
+                 for k in ("probe", "judge")]
+        return {"checkpoint": checkpoint_fingerprint(self.engine.checkpoint), "heads": heads}
+
+    def example(self, doc: Doc) -> tuple[dict, dict]:
+        tokens = doc.get_tokens()
+        if not tokens:
+            raise ValueError("empty document")
+        return {"tokens": tokens[: self.max_ctx]}, {}
+
+    def handler(self):
+        from .hydra_grade import HydraGradeHandler
+        from .inference import BatchingOptions
+
+        return HydraGradeHandler(self.engine, self.heads_dir, self.calibration, self.max_ctx,
+                                 share_across_processes=self.options.share_across_processes,
+                                 model_copies=self.options.model_copies,
+                                 batching=BatchingOptions(self.max_ctx, self.options.batch_tokens or 8 * self.max_ctx))
+
+    def infer_local(self, examples: list[dict]) -> list[dict]:
+        key = (self.engine, self.heads_dir, json.dumps(self.calibration, sort_keys=True), self.max_ctx)
+        grader = _GRADERS.get(key)
+        if grader is None:
+            grader = _GRADERS[key] = HydraGrader(self.engine, self.heads_dir, self.calibration, self.max_ctx,
+                                                 engine=cached_engine(self.engine))
+        return grader.grade([e["tokens"] for e in examples])
+
+    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+        return {"doc_id": doc_id, "scores": dict(zip(DIMENSIONS, inference["scores"])),
+                "aggregated": inference["aggregated"], "probe_aggregated": inference["probe_aggregated"],
+                "judged": inference["judged"], "decision": inference["decision"],
+                "prompt_tokens": inference["prompt_tokens"]}
+
+    def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
+        stats = {"documents": 0, "drop": 0, "band": 0, "keep": 0, "errors": 0, "judged": 0}
+        with ctx.open_write(ctx.output_path("quality_scores.jsonl")) as f:
+            for row in rows:
+                stats["documents"] += 1
+                if "decision" in row:
+                    stats[row["decision"]] += 1
+                    stats["judged"] += bool(row["judged"])
+                else:
+                    stats["errors"] += 1
+                    row = {"doc_id": row.get("id"), "error": row.get("error")}
+                f.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        graded = stats["documents"] - stats["errors"]
+        stats["keep_rate"] = stats["keep"] / graded if graded else 0.0
+        stats.update(tau_drop=self.calibration["tau_drop"], tau_keep=self.calibration["tau_keep"])
+        ctx.write_bytes(ctx.output_path("summary.json"), json.dumps(stats, indent=1).encode())
+        return stats
+
+    def progress(self, stats: dict, seconds: float) -> str:
+        return f"{stats.get('documents', 0):.0f} docs, {stats.get('documents', 0) / max(seconds, 1e-9):.1f} docs/s"
+
+
+_GRADERS: dict = {}

@@ -1,0 +1,171 @@
+"""Doc-id addressed documents in prep shards, and HYDRA's train/val/test doc-id slices.
+
+A document of a prep output is addressed as ``{source}//{relpath}#s={start}:e={end}``
+(``shared/reference/FORMATS.md``): ``relpath`` is its ``.npy`` relative to the data root,
+``[start, end)`` its token span (EOS included), ``source`` the dataset name (from the
+nearest ``manifest.json`` at or above the shard within the root, else the first folder of
+``relpath``).
+
+Slices (seeds/001): ``h = int(md5(doc_id).hexdigest()[:8], 16) % 100``; ``h < 80`` train,
+``h < 90`` val, else test. ``docids_{train,val,test}.jsonl`` rows: ``{"doc_id", "source"}``,
+in (shard path, document) order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from . import io
+from . import pack
+from .stages import Stage, Unit, UnitContext
+
+SPLITS = ("train", "val", "test")
+DOCID_RE = re.compile(r"^(?P<source>.*?)//(?P<relpath>.+)#s=(?P<start>\d+):e=(?P<end>\d+)$")
+
+
+@dataclass(frozen=True)
+class DocAddress:
+    source: str
+    relpath: str
+    start: int
+    end: int
+
+    @property
+    def doc_id(self) -> str:
+        return f"{self.source}//{self.relpath}#s={self.start}:e={self.end}"
+
+
+def parse_doc_id(doc_id: str) -> DocAddress:
+    m = DOCID_RE.match(doc_id)
+    if not m:
+        raise ValueError(f"not a doc id of the form {{source}}//{{relpath}}#s={{start}}:e={{end}}: {doc_id!r}")
+    a = DocAddress(m["source"], m["relpath"], int(m["start"]), int(m["end"]))
+    if a.end <= a.start:
+        raise ValueError(f"doc id {doc_id!r}: empty span")
+    return a
+
+
+def split_of(doc_id: str) -> str:
+    h = int(hashlib.md5(doc_id.encode()).hexdigest()[:8], 16) % 100
+    return "train" if h < 80 else "val" if h < 90 else "test"
+
+
+def find_shards(data_root: str) -> list[tuple[str, str]]:
+    """(source, relpath) of every ``.npy`` with an ``.idx`` under ``data_root`` (hidden
+    folders such as ``.refinery`` skipped), sorted by relpath."""
+    root = data_root.rstrip("/")
+    files = io.expand_inputs([root], suffixes=(".npy",))
+    out = []
+    for f in files:
+        if not io.exists(f.path[: -len(".npy")] + ".idx"):
+            continue
+        out.append((source_of(root, f.relpath), f.relpath))
+    return sorted(out, key=lambda x: x[1])
+
+
+def source_of(root: str, relpath: str) -> str:
+    parts = relpath.split("/")[:-1]
+    for depth in range(len(parts), -1, -1):
+        manifest = io.join(root, *parts[:depth], "manifest.json")
+        if io.exists(manifest):
+            try:
+                name = io.read_json(manifest).get("dataset")
+            except (ValueError, OSError):
+                name = None
+            if name:
+                return str(name)
+    return parts[0] if parts else io.basename(root)
+
+
+def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
+    """Doc ids of one shard, in document order (from its ``.idx``)."""
+    idx_path = io.join(data_root, relpath[: -len(".npy")] + ".idx")
+    try:
+        bounds = pack.read_idx(idx_path)
+    except ValueError as e:
+        raise ValueError(f"{idx_path}: {e}") from None
+    for s, e in bounds.tolist():
+        yield DocAddress(source, relpath, int(s), int(e)).doc_id
+
+
+_TOKENS: dict[str, np.ndarray] = {}
+
+
+def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = 199999) -> list[int]:
+    """The tokens of a doc-id addressed document (its trailing EOS removed)."""
+    a = parse_doc_id(doc_id)
+    path = io.join(data_root, a.relpath)
+    tokens = _TOKENS.get(path)
+    if tokens is None:
+        if len(_TOKENS) > 64:
+            _TOKENS.clear()
+        try:
+            tokens = _TOKENS[path] = pack.open_tokens(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"doc {doc_id}: shard {path} not found (is --data-root right?)") from None
+    if a.end > len(tokens):
+        raise ValueError(f"doc {doc_id}: span ends at {a.end}, past the {len(tokens)} tokens of {path}")
+    out = [int(t) for t in tokens[a.start:a.end]]
+    if strip_eos is not None and out and out[-1] == strip_eos:
+        out.pop()
+    return out
+
+
+def read_docid_file(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, doc id) of a doc-id JSONL (``{"doc_id": ...}`` rows) or plain-text file."""
+    with io.open_read(path, compression="infer") as f:
+        for n, line in enumerate(f, 1):
+            text = line.decode("utf-8").strip()
+            if not text:
+                continue
+            if text.startswith("{"):
+                try:
+                    doc_id = json.loads(text)["doc_id"]
+                except (ValueError, KeyError) as e:
+                    raise ValueError(f"{path}:{n}: not a doc-id row ({type(e).__name__}: {e})") from None
+            else:
+                doc_id = text
+            parse_doc_id(doc_id)
+            yield n, doc_id
+
+
+class SlicesStage(Stage):
+    """One local unit: every shard under the data root -> ``docids_{train,val,test}.jsonl``."""
+
+    name = "slices"
+    local = True
+    final_outputs = True
+
+    def __init__(self, data_root: str):
+        self.data_root = data_root.rstrip("/")
+        self.shards = find_shards(self.data_root)
+        if not self.shards:
+            raise io.InputError(f"{data_root}: no .npy/.idx shards found")
+
+    def config(self) -> dict:
+        return {"format": 1, "rule": "md5[:8] % 100: <80 train, <90 val, else test"}
+
+    def fingerprints(self) -> list:
+        out = []
+        for _, rel in self.shards:
+            path = io.join(self.data_root, rel[: -len(".npy")] + ".idx")
+            out.append({"path": rel, "idx_bytes": io.file_size(path), "idx_sha256": io.sha256_file(path)})
+        return out
+
+    def plan(self) -> list[Unit]:
+        return [Unit("slices", {})]
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        rows: dict[str, list[bytes]] = {s: [] for s in SPLITS}
+        for source, rel in self.shards:
+            for doc_id in shard_doc_ids(self.data_root, source, rel):
+                line = json.dumps({"doc_id": doc_id, "source": source}, ensure_ascii=False).encode() + b"\n"
+                rows[split_of(doc_id)].append(line)
+        for split in SPLITS:
+            ctx.write_bytes(ctx.output_path(f"docids_{split}.jsonl"), b"".join(rows[split]))
+        return {split: len(rows[split]) for split in SPLITS}

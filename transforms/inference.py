@@ -1,0 +1,365 @@
+"""Beam RunInference for the gpt-oss engine: a ModelHandler, per-document seeded sampling, prompts.
+
+    handler = GptOssModelHandler(EngineSettings("ckpt/"), GenerationParams(max_tokens=256))
+    keyed = KeyedModelHandler(handler)
+    (doc_id, {"tokens": [...], "seed": 7}) | RunInference(keyed) -> (doc_id, PredictionResult)
+
+Examples (what ``run_inference`` accepts): a token list, ``{"tokens": [...]}``,
+``{"messages": [{"role": ..., "content": ...}, ...]}`` (a harmony conversation, rendered
+here), each dict optionally with ``"seed"`` (the document's sampling seed, see
+:func:`doc_seed`). Inference: a dict ``{tokens, text, final, finish_reason, prompt_tokens,
+generated_tokens}``.
+
+The engine (:class:`GptOssEngine`) runs one continuous batch per ``run_inference`` call
+(``BatchedGenerator``'s add/step/update) and draws each sequence's tokens from its own
+``torch.Generator`` seeded with the document's seed, so a document's output does not depend
+on which other documents share its batch.
+
+Importing this module does not import torch or Beam's ML package (which imports torch):
+``GptOssModelHandler`` is built on first access.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+METRICS_NAMESPACE = "refinery_inference"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to build the engine: checkpoint folder, device, compute dtype and batching limits."""
+
+    checkpoint: str
+    device: str = "cpu"
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | float64
+    max_batch: int = 16  # sequences decoded together (continuous batching)
+    max_seq_len: int = 4096  # prompt + generated tokens per sequence
+    block_size: int = 16
+    prefill_chunk: int = 512
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0  # global seed; each document's seed is doc_seed(seed, doc_id)
+    stop_tokens: tuple[int, ...] = (200002, 200012)  # harmony <|return|>, <|call|>
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "stop_tokens": list(self.stop_tokens)}
+
+
+def doc_seed(global_seed: int, doc_id: str) -> int:
+    """A document's sampling seed: 63 bits of sha256(global seed, doc id)."""
+    digest = hashlib.sha256(f"{int(global_seed)}\x00{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def prompt_tokens(example: Any) -> list[int]:
+    """The prompt tokens of an example: a token list, ``{"tokens"}`` or ``{"messages"}``."""
+    if isinstance(example, Mapping):
+        if "tokens" in example:
+            return [int(t) for t in example["tokens"]]
+        if "messages" in example:
+            from refinery.kernels.harmony import render_prompt
+
+            return render_prompt(list(example["messages"]))
+        raise ValueError(f"example has neither 'tokens' nor 'messages': keys {sorted(example)}")
+    if isinstance(example, (list, tuple)):
+        return [int(t) for t in example]
+    raise TypeError(f"example must be a token list or a dict, got {type(example).__name__}")
+
+
+def example_seed(example: Any, default: int) -> int:
+    return int(example.get("seed", default)) if isinstance(example, Mapping) else int(default)
+
+
+def example_length(element: Any) -> int:
+    """Prompt length of an example or of a keyed ``(key, example)`` element (for batching)."""
+    if isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], (Mapping, list)):
+        element = element[1]
+    if isinstance(element, Mapping):
+        if "tokens" in element:
+            return len(element["tokens"])
+        return sum(len(str(m.get("content", ""))) // 4 + 4 for m in element.get("messages", []))
+    return len(element)
+
+
+def decode(tokens: Sequence[int]) -> str:
+    """o200k_harmony text of tokens (special tokens spelled out)."""
+    from refinery.transforms.tokenizer import get_encoding
+
+    return get_encoding().decode([int(t) for t in tokens])
+
+
+# ---------------------------------------------------------------------------------------
+# Sampling (torch, imported lazily)
+# ---------------------------------------------------------------------------------------
+
+def sample_rows(logits, temperature: float, generators: Sequence) -> list[int]:
+    """One token per row of ``logits [B, V]``: greedy for ``temperature <= 0``, else an
+    inverse-CDF draw with row ``b``'s own ``generators[b]`` (one uniform per token), so a
+    sequence's draws depend only on its own seed and its own logits."""
+    import torch
+
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    probs = torch.softmax(logits.double().cpu() / temperature, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    out = []
+    for b, gen in enumerate(generators):
+        u = torch.rand((), generator=gen, dtype=torch.float64) * cdf[b, -1]
+        out.append(min(int(torch.searchsorted(cdf[b], u, right=True)), probs.shape[1] - 1))
+    return out
+
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "float64": "float64"}
+
+
+class GptOssEngine:
+    """A loaded gpt-oss model plus a continuous-batching generator. One per worker (or
+    shared across processes through Beam); every public method takes and returns plain,
+    picklable Python values (the handler may call it through a cross-process proxy)."""
+
+    def __init__(self, settings: EngineSettings):
+        import torch
+
+        from refinery.kernels.model import Transformer
+
+        if settings.dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {settings.dtype!r} (use one of {sorted(_DTYPES)})")
+        self.settings = settings
+        dtype = getattr(torch, _DTYPES[settings.dtype])
+        t0 = time.perf_counter()
+        self.model = Transformer.from_checkpoint(settings.checkpoint, device=settings.device, dtype=dtype)
+        self.load_seconds = time.perf_counter() - t0
+        self._reset()
+        self._lock = threading.Lock()  # one batch at a time (threads of a shared model)
+
+    def info(self) -> dict:
+        c = self.model.config
+        return {"num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+                "vocab_size": c.vocab_size, "load_seconds": self.load_seconds, **self.settings.to_dict()}
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_tokens: int,
+                 temperature: float = 0.0, stop_tokens: Iterable[int] = ()) -> list[dict]:
+        """Generate for every prompt in one continuous batch; results in prompt order:
+        ``{tokens, finish_reason: stop|length|context}`` (a stop token is kept as the last token)."""
+        stops = {int(t) for t in stop_tokens}
+        limit = self.settings.max_seq_len
+        with self._lock:
+            if not self.generator.idle:
+                raise RuntimeError("engine generator is busy")
+            prompts = [[int(t) for t in p] for p in prompts]
+            for i, prompt in enumerate(prompts):
+                if not 0 < len(prompt) < limit:
+                    raise ValueError(f"prompt {i} has {len(prompt)} tokens; it must have 1 to {limit - 1} "
+                                     f"(max_seq_len {limit})")
+            try:
+                return self._generate(prompts, seeds, max_tokens, temperature, stops)
+            except BaseException:
+                self._reset()  # a half-run batch must not leak into the next one
+                raise
+
+    def _reset(self) -> None:
+        from refinery.kernels.model import BatchedGenerator
+
+        s = self.settings
+        self.generator = BatchedGenerator(self.model, max_seq_len=s.max_seq_len, max_batch=s.max_batch,
+                                          block_size=s.block_size, prefill_chunk=s.prefill_chunk)
+
+    def _generate(self, prompts, seeds, max_tokens, temperature, stops) -> list[dict]:
+        import torch
+
+        gen, limit = self.generator, self.settings.max_seq_len
+        ids, budgets, rngs = [], {}, {}
+        for prompt, seed in zip(prompts, seeds):
+            sid = gen.add(prompt, max_tokens)
+            ids.append(sid)
+            budgets[sid] = min(max_tokens, limit - len(prompt))
+            rngs[sid] = torch.Generator(device="cpu").manual_seed(int(seed))
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        reason: dict[int, str] = {}
+        while not gen.idle:
+            step = gen.step()
+            if step is None:
+                break
+            logits, seq_ids = step
+            chosen = sample_rows(logits, temperature, [rngs[s] for s in seq_ids])
+            for sid, token in zip(seq_ids, chosen):
+                out[sid].append(token)
+                if token in stops:
+                    reason[sid] = "stop"
+                elif len(out[sid]) >= max_tokens:
+                    reason[sid] = "length"
+                elif len(out[sid]) >= budgets[sid]:
+                    reason[sid] = "context"
+                gen.update(sid, token, finished=sid in reason)
+        return [{"tokens": out[i], "finish_reason": reason.get(i, "length")} for i in ids]
+
+    def hidden_states(self, prompts: Sequence[Sequence[int]], layers: Sequence[int],
+                      max_tokens: int | None = None) -> list[dict[int, Any]]:
+        """Per prompt, ``{layer: float32 numpy [T, hidden]}`` (residual stream after ``layer``
+        blocks; prompts cut to their first ``max_tokens``)."""
+        import torch
+
+        validate_layers(layers, self.model.config.num_hidden_layers)
+        out = []
+        with self._lock:
+            for prompt in prompts:
+                tokens = torch.tensor([int(t) for t in prompt][: max_tokens or None], dtype=torch.long)
+                hidden = self.model(tokens, return_hidden=list(layers))
+                out.append({int(k): v.float().cpu().numpy() for k, v in hidden.items()})
+        return out
+
+
+def validate_layers(layers: Iterable[int], num_layers: int) -> None:
+    """Layer indices run from 1 to ``num_layers`` (the residual stream after that block)."""
+    for layer in layers:
+        if not 1 <= int(layer) <= num_layers:
+            raise ValueError(f"layer {layer} is not valid for a model with {num_layers} layers "
+                             f"(use 1..{num_layers})")
+
+
+_ENGINES: dict[EngineSettings, GptOssEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def cached_engine(settings: EngineSettings) -> GptOssEngine:
+    """One engine per settings per process (for work that runs outside RunInference)."""
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(settings)
+        if engine is None:
+            engine = _ENGINES[settings] = GptOssEngine(settings)
+        return engine
+
+
+def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> list[dict]:
+    """Inference dicts for a batch of examples (the body of the handler's ``run_inference``)."""
+    from refinery.kernels.harmony import parse_final
+
+    prompts = [prompt_tokens(e) for e in batch]
+    seeds = [example_seed(e, params.seed) for e in batch]
+    results = engine.generate(prompts, seeds, params.max_tokens, params.temperature, list(params.stop_tokens))
+    out = []
+    for prompt, res in zip(prompts, results):
+        tokens = list(res["tokens"])
+        body = tokens[:-1] if tokens and tokens[-1] in params.stop_tokens else tokens
+        out.append({"tokens": tokens, "text": decode(body), "final": parse_final(tokens),
+                    "finish_reason": res["finish_reason"], "prompt_tokens": len(prompt),
+                    "generated_tokens": len(tokens)})
+    return out
+
+
+@dataclass
+class BatchingOptions:
+    """How RunInference batches: by prompt length. ``element_size_fn`` is an example's prompt
+    tokens; a batch holds between ``max_seq_len`` (so that any one prompt fits: BatchElements
+    would emit an empty batch for an element heavier than its target) and ``batch_tokens``
+    prompt tokens, Beam's estimator choosing the size in between. Elements arrive sorted by
+    length within a unit, so a batch holds prompts of similar length."""
+
+    max_seq_len: int = 4096
+    batch_tokens: int = 8192
+    extra: dict = field(default_factory=dict)
+
+    def kwargs(self) -> dict:
+        low = max(1, self.max_seq_len)
+        return {"min_batch_size": low, "max_batch_size": max(low, self.batch_tokens),
+                "element_size_fn": example_length, **self.extra}
+
+
+# ---------------------------------------------------------------------------------------
+# The ModelHandler (built on first access: Beam's ML package imports torch)
+# ---------------------------------------------------------------------------------------
+
+def _build_handler_class():
+    from apache_beam.metrics import Metrics
+    from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+    class GptOssModelHandler(ModelHandler):
+        """RunInference handler for the gpt-oss engine.
+
+        Input: examples (token list, ``{"tokens"}`` or ``{"messages"}``, optional ``"seed"``).
+        Output: ``PredictionResult(example, inference)``, inference a dict ``{tokens, text,
+        final, finish_reason, prompt_tokens, generated_tokens}``.
+
+        ``share_across_processes`` (default True): the engine is loaded once per machine (one
+        per accelerator) and served to every worker process; ``model_copies`` engines are
+        loaded when given. Batches are formed by prompt length (see :class:`BatchingOptions`);
+        the engine's continuous batching runs inside each batch.
+        """
+
+        def __init__(self, settings: EngineSettings, params: GenerationParams = GenerationParams(),
+                     *, share_across_processes: bool = True, model_copies: int | None = None,
+                     batching: BatchingOptions | None = None):
+            super().__init__(model_copies=model_copies)
+            self.settings = settings
+            self.params = params
+            self._share_across_processes = bool(share_across_processes or model_copies)
+            self._model_copies = model_copies
+            self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
+            self._counters = None
+
+        def load_model(self):
+            return GptOssEngine(self.settings)
+
+        def batch_elements_kwargs(self) -> Mapping[str, Any]:
+            return self.batching.kwargs()
+
+        def get_num_bytes(self, batch: Sequence[Any]) -> int:
+            return sum(4 * example_length(e) for e in batch)
+
+        def get_metrics_namespace(self) -> str:
+            return METRICS_NAMESPACE
+
+        def _metrics(self):
+            if self._counters is None:
+                ns = METRICS_NAMESPACE
+                self._counters = {
+                    "prompts": Metrics.counter(ns, "prompts"),
+                    "prompt_tokens": Metrics.counter(ns, "prompt_tokens"),
+                    "generated_tokens": Metrics.counter(ns, "generated_tokens"),
+                    "tokens_per_second": Metrics.distribution(ns, "generated_tokens_per_second"),
+                    "batch_size": Metrics.distribution(ns, "batch_size"),
+                }
+            return self._counters
+
+        def infer(self, batch: Sequence[Any], model) -> list[dict]:
+            return run_generation(model, batch, self.params)
+
+        def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable:
+            t0 = time.perf_counter()
+            results = self.infer(batch, model)
+            seconds = max(time.perf_counter() - t0, 1e-9)
+            m = self._metrics()
+            generated = sum(int(r.get("generated_tokens", 0)) for r in results)
+            m["prompts"].inc(len(batch))
+            m["prompt_tokens"].inc(sum(int(r.get("prompt_tokens", 0)) for r in results))
+            m["generated_tokens"].inc(generated)
+            m["tokens_per_second"].update(int(generated / seconds))
+            m["batch_size"].update(len(batch))
+            return [PredictionResult(e, r, self.settings.checkpoint) for e, r in zip(batch, results)]
+
+        def __getstate__(self):
+            state = dict(self.__dict__)
+            state["_counters"] = None
+            return state
+
+    GptOssModelHandler.__qualname__ = "GptOssModelHandler"
+    return GptOssModelHandler
+
+
+def __getattr__(name: str):
+    if name == "GptOssModelHandler":
+        cls = globals()[name] = _build_handler_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
