@@ -1,4 +1,5 @@
-"""refinery.kernels: the gpt-oss MXFP4 inference engine (torch; GPU kernels plug into ``ops``).
+"""refinery.kernels: the gpt-oss MXFP4 inference engine (torch; Triton kernels for CUDA in
+``triton_moe`` and ``triton_attention``, picked per device through ``ops``).
 
 Importing this package does not import torch; the names below load on first use.
 
@@ -18,6 +19,8 @@ _LAZY = {
     "load_config": "config",
     "register_kernel": "ops",
     "kernel": "ops",
+    "use_kernels": "ops",
+    "triton_kernels": "ops",
 }
 
 __all__ = sorted(_LAZY)

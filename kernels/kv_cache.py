@@ -115,21 +115,21 @@ class PagedKVCache:
         """Block tables and write slots of a packed batch (after :meth:`reserve`)."""
         query_start = torch.tensor([0] + list(_cumsum(counts)), dtype=torch.long)
         seq_lens = torch.tensor([s + c for s, c in zip(starts, counts)], dtype=torch.long)
+        positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)])
+        rows = torch.repeat_interleave(torch.arange(len(seq_ids)), torch.tensor(counts))
+        # shared by every kind (and layer): one copy each to the device
+        query_start, seq_lens = query_start.to(device), seq_lens.to(device)
         views = {}
         for kind in self.kinds:
             tables = [self.tables[s][kind] for s in seq_ids]
             width = max(len(t) for t in tables)
-            table = torch.full((len(tables), width), -1, dtype=torch.long)
-            for b, t in enumerate(tables):
-                table[b, : len(t)] = torch.tensor(t, dtype=torch.long)
-            positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)])
-            rows = torch.repeat_interleave(torch.arange(len(tables)), torch.tensor(counts))
+            table = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long)
             slots = table[rows, positions // self.block_size] * self.block_size + positions % self.block_size
             views[kind] = BatchView(
                 block_table=table.to(device),
                 slots=slots.to(device),
-                query_start=query_start.to(device),
-                seq_lens=seq_lens.to(device),
+                query_start=query_start,
+                seq_lens=seq_lens,
             )
         return views
 

@@ -154,12 +154,10 @@ class MLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = self.norm(x)
-        router = self.gate(t)
-        top = torch.topk(router, k=self.experts_per_token, dim=-1, sorted=True)
-        weights = torch.softmax(top.values.to(_acc(x.dtype)), dim=-1).to(x.dtype)
+        indices, weights = ops.kernel("route", x.device)(self.gate(t), self.experts_per_token)
         moe = ops.kernel("moe", x.device)
         return x + moe(
-            t, top.indices, weights,
+            t, indices, weights,
             self.mlp1_blocks, self.mlp1_scales, self.mlp1_bias,
             self.mlp2_blocks, self.mlp2_scales, self.mlp2_bias,
             self.swiglu_limit, self.swiglu_alpha,
@@ -402,7 +400,8 @@ class BatchedGenerator:
             )
             positions = torch.cat([torch.arange(st, st + n) for st, n in zip(starts, counts)])
             ready = [b for b, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == len(s.tokens)]
-            rows = torch.tensor([sum(counts[: b + 1]) - 1 for b in ready], dtype=torch.long)
+            ends = torch.cumsum(torch.tensor(counts), 0)
+            rows = ends[torch.tensor(ready, dtype=torch.long)] - 1
             step = StepContext(self.cache, views)
             logits = self.model.forward_step(
                 tokens.to(self.device), positions.to(self.device), step, rows.to(self.device)

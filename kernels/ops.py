@@ -5,7 +5,18 @@ the device type of its input. The torch functions below are registered for every
 GPU kernels (Triton) register for ``"cuda"`` with :func:`register_kernel` and take over
 without any change to the model, the cache or the generator.
 
+On a CUDA machine the Triton kernels (``triton_moe``, ``triton_attention``) are registered
+for ``"cuda"`` when this module loads (unless ``REFINERY_KERNELS=torch``); float64 inputs,
+which they do not compute in, still take the torch path. :func:`triton_kernels` returns them
+for any device, e.g. to run them under ``TRITON_INTERPRET=1`` on CPU tensors::
+
+    with use_kernels("cpu", **triton_kernels()):
+        logits = model(tokens)
+
 Kernels and their contracts:
+
+``route(router_logits [N, E], k) -> (expert_indices [N, k] long, expert_weights [N, k])``: the
+top-k logits, highest first, and a softmax over those k values only (in the logits' dtype).
 
 ``dequant_mxfp4(blocks [..., G, 16] u8, scales [..., G] u8, dtype) -> [..., G*32]``
 
@@ -14,7 +25,8 @@ mlp1_scales, mlp1_bias [E, 2I], mlp2_blocks [E, H, I/32, 16], mlp2_scales, mlp2_
 swiglu_limit, swiglu_alpha) -> [N, H]``: the routed experts, weights still in MXFP4.
 
 ``attention(q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], sinks [Hq], q_pos [n], k_pos [m],
-window, sm_scale) -> [n, Hq, D]``: one sequence, dense keys, explicit absolute positions.
+window, sm_scale) -> [n, Hq, D]``: one sequence, dense keys, explicit absolute positions
+(ascending: the Triton kernel bounds each query block's key loop with them).
 
 ``write_kv(k_pool, v_pool, k [N, Hkv, D], v, slots [N])``: store keys/values in a paged pool
 ``[num_blocks, block_size, Hkv, D]`` at flat slot ``block * block_size + offset``.
@@ -27,6 +39,8 @@ query_start [B+1], seq_lens [B], window, sm_scale) -> [N, Hq, D]``: a packed bat
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 from typing import Callable, Iterator
 
 import torch
@@ -76,6 +90,13 @@ def swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
     gate = gate.clamp(max=limit)
     lin = lin.clamp(min=-limit, max=limit)
     return gate * torch.sigmoid(alpha * gate) * (lin + 1)
+
+
+def route_torch(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` experts per row (sorted, highest first) and a softmax over their logits."""
+    top = torch.topk(router_logits, k=k, dim=-1, sorted=True)
+    acc = torch.promote_types(router_logits.dtype, torch.float32)
+    return top.indices, torch.softmax(top.values.to(acc), dim=-1).to(router_logits.dtype)
 
 
 def moe_torch(
@@ -196,8 +217,67 @@ def paged_attention_torch(
     return out
 
 
+# ---- Triton kernels ----------------------------------------------------------------------
+
+_TORCH_FALLBACK = {
+    "route": route_torch,
+    "moe": moe_torch,
+    "attention": attention_torch,
+    "paged_attention": paged_attention_torch,
+}
+
+
+def _with_fallback(fast: Callable, reference: Callable, supported: tuple[torch.dtype, ...]) -> Callable:
+    """``fast`` for inputs in ``supported`` dtypes (judged by the first argument), else ``reference``."""
+
+    def run(first, *args, **kwargs):
+        fn = fast if first.dtype in supported else reference
+        return fn(first, *args, **kwargs)
+
+    run.__name__ = run.__qualname__ = getattr(fast, "__name__", "kernel")
+    run.__doc__ = fast.__doc__
+    return run
+
+
+def triton_kernels() -> dict[str, Callable]:
+    """The Triton implementations by kernel name (imports triton; float64 falls back to torch).
+
+    Set ``TRITON_INTERPRET=1`` before the first call to run them on CPU tensors.
+    """
+    from . import triton_attention, triton_moe
+
+    fast = {
+        "route": (triton_moe.route_triton, triton_moe.SUPPORTED_DTYPES),
+        "moe": (triton_moe.moe_triton, triton_moe.SUPPORTED_DTYPES),
+        "attention": (triton_attention.attention_triton, triton_attention.SUPPORTED_DTYPES),
+        "paged_attention": (triton_attention.paged_attention_triton, triton_attention.SUPPORTED_DTYPES),
+    }
+    return {name: _with_fallback(fn, _TORCH_FALLBACK[name], dtypes) for name, (fn, dtypes) in fast.items()}
+
+
+def register_triton_kernels(device_type: str = "cuda") -> None:
+    """Make the Triton kernels the ones for ``device_type``."""
+    for name, fn in triton_kernels().items():
+        register_kernel(name, fn, device_type)
+
+
 register_kernel("dequant_mxfp4", mxfp4.dequantize)
+register_kernel("route", route_torch)
 register_kernel("moe", moe_torch)
 register_kernel("attention", attention_torch)
 register_kernel("write_kv", write_kv_torch)
 register_kernel("paged_attention", paged_attention_torch)
+
+
+def triton_on_cuda() -> bool:
+    """Whether the Triton kernels serve CUDA tensors: a CUDA device, triton installed and no
+    ``REFINERY_KERNELS=torch``."""
+    return (
+        torch.cuda.is_available()
+        and importlib.util.find_spec("triton") is not None
+        and os.environ.get("REFINERY_KERNELS", "triton") != "torch"
+    )
+
+
+if triton_on_cuda():
+    register_triton_kernels("cuda")

@@ -1,0 +1,92 @@
+"""The engine with its Triton kernels forced in (Triton's interpreter, CPU tensors) against
+the torch path: full forward, hidden states and continuous-batching generation."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+pytest.importorskip("safetensors", reason="the inference extra (safetensors) is not installed")
+if importlib.util.find_spec("triton") is None:  # not importorskip: triton must load interpreted
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from engine_fixtures import interpreted_triton_kernels, random_weights, tiny_config, write_original  # noqa: E402
+
+KERNELS = interpreted_triton_kernels()  # TRITON_INTERPRET=1: the kernels run on CPU tensors
+
+from refinery.kernels import ops  # noqa: E402
+from refinery.kernels.model import BatchedGenerator, Transformer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    config = tiny_config(num_hidden_layers=2)  # one sliding, one full layer
+    path = write_original(tmp_path_factory.mktemp("triton_engine"), config, random_weights(config, seed=3))
+    return Transformer.from_checkpoint(path, dtype=torch.float32)
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _counting(kernels: dict) -> tuple[dict, dict]:
+    calls = {name: 0 for name in kernels}
+
+    def wrap(name, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    return {name: wrap(name, fn) for name, fn in kernels.items()}, calls
+
+
+def test_forward_and_hidden_states_match_torch(model):
+    tokens = torch.tensor(_tokens(5 * model.config.sliding_window, seed=1))  # several windows long
+    ref = model(tokens)
+    ref_hidden = model.hidden_states(tokens, [1, -1])
+    kernels, calls = _counting(KERNELS)
+    with ops.use_kernels("cpu", **kernels):
+        got = model(tokens)
+        got_hidden = model.hidden_states(tokens, [1, -1])
+    layers = model.config.num_hidden_layers
+    assert calls["moe"] == calls["route"] == 2 * layers and calls["attention"] == 2 * layers
+    scale = ref.abs().max().item()
+    assert (got - ref).abs().max().item() <= 1e-4 * scale
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    for key in (1, layers):
+        torch.testing.assert_close(got_hidden[key], ref_hidden[key], rtol=1e-4, atol=1e-4)
+    assert ops.kernel("moe", "cpu") is ops.moe_torch  # restored on exit
+
+
+def test_generation_matches_torch(model):
+    prompts = [_tokens(n, seed=10 + n) for n in (3, 17, 11)]
+
+    def run():
+        gen = BatchedGenerator(model, max_seq_len=48, max_batch=2, block_size=4, prefill_chunk=7)
+        return gen.generate_batch(prompts, max_tokens=5)
+
+    ref = run()
+    kernels, calls = _counting(KERNELS)
+    with ops.use_kernels("cpu", **kernels):
+        got = run()
+    assert calls["paged_attention"] > 0 and calls["attention"] == 0
+    assert got == ref and [len(t) for t in got] == [5, 5, 5]
+
+
+def test_cuda_registration_rule(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("REFINERY_KERNELS", raising=False)
+    assert ops.triton_on_cuda()
+    monkeypatch.setenv("REFINERY_KERNELS", "torch")
+    assert not ops.triton_on_cuda()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("REFINERY_KERNELS")
+    assert not ops.triton_on_cuda()
+    # what registration does: CUDA tensors get the Triton kernels, CPU ones keep torch
+    triton_kernels = ops.triton_kernels()
+    with ops.use_kernels("cuda", **triton_kernels):
+        for name in ("route", "moe", "attention", "paged_attention"):
+            assert ops.kernel(name, "cuda").__name__.endswith("_triton")
+            assert ops.kernel(name, "cpu").__name__.endswith("_torch")
