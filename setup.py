@@ -31,7 +31,10 @@ setup(
         "tomli>=2.0; python_version < '3.11'",  # mixture TOML files (3.11+ has tomllib)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55", "matplotlib>=3.8"],
+        "test": [
+            "pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55", "matplotlib>=3.8",
+            "gcp-storage-emulator>=2026.7.19",  # a local GCS for the gs:// tests
+        ],
         "plots": ["matplotlib>=3.8"],  # refinery inspect --histogram
         "inference": [
             "torch==2.13.0",

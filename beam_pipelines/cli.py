@@ -14,7 +14,7 @@ import sys
 import time
 
 from refinery.beam_pipelines.command import add_runner_args, interruptible, resume_hint
-from refinery.runners import pipeline_args
+from refinery.runners import RunnerOptionsError, pipeline_args
 
 # Command modules plugged in by name: each has HELP, add_arguments(parser), run(args, beam_args).
 # (see refinery.beam_pipelines.command). Uncomment a line when its module lands.
@@ -114,6 +114,11 @@ def cmd_prep(args, beam_args: list[str]) -> int:
     if args.num_shards < 1:
         print("refinery prep: --num-shards must be at least 1", file=sys.stderr)
         return 2
+    try:
+        beam_args = pipeline_args(args.runner, args.workers, beam_args)
+    except RunnerOptionsError as e:
+        print(f"refinery prep: {e}", file=sys.stderr)
+        return 2
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
@@ -141,7 +146,7 @@ def cmd_prep(args, beam_args: list[str]) -> int:
     def run() -> int:
         try:
             result = run_stages(
-                build_stages(cfg), cfg.output, pipeline_args(args.runner, args.workers, beam_args),
+                build_stages(cfg), cfg.output, beam_args,
                 verify_checksums=args.verify_checksums, force=args.force, progress=not args.no_progress,
                 run_info={"command": "prep", "argv": sys.argv[1:]}, on_plan=clear_stale_manifest)
         except StageFailed as e:
@@ -237,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
         mod = importlib.import_module(COMMANDS[args.command])
         if hasattr(args, "runner"):  # a pipeline: unknown flags go to Beam
-            beam_args = pipeline_args(args.runner, args.workers, unknown)
+            try:
+                beam_args = pipeline_args(args.runner, args.workers, unknown)
+            except RunnerOptionsError as e:
+                print(f"refinery {args.command}: {e}", file=sys.stderr)
+                return 2
             return interruptible(lambda: mod.run(args, beam_args))
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")

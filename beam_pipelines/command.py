@@ -9,9 +9,12 @@ passes them as ``beam_args``; any other command gets ``[]`` and unknown flags ar
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shlex
 import signal
 import sys
+import threading
 
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +23,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("execution")
     g.add_argument("--runner", default="local",
-                   help=f"where to run: {', '.join(RUNNERS)}, or any Beam runner name (default: local)")
+                   help=f"where to run: {', '.join(RUNNERS)}, or any Beam runner name (default: local). "
+                        "Flags refinery does not know go to Beam (--project, --flink_master, ...); "
+                        "dataflow also takes --gpu TYPE[:COUNT] (e.g. nvidia-l4) for GPU workers")
     g.add_argument("--workers", type=int, default=None,
                    help="local: worker processes (default: one per core); flink: parallelism; dataflow: max workers")
     g.add_argument("--verify-checksums", action="store_true",
@@ -31,12 +36,55 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
 
 
 _INTERRUPTED: list[int] = []
+_WATCHDOG: list[threading.Timer] = []
+STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM, exit hard if Beam has not stopped by then
+
+
+def _descendants(pid: int) -> list[int]:
+    """Pids of every process below ``pid`` (Linux ``/proc``; [] elsewhere)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{d}/stat", "rb") as f:
+                        ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _hard_exit(signum: int) -> None:
+    """Leave now: finished units have receipts, unfinished ones only temp files that the
+    next run removes. Beam's worker processes (our descendants) are killed first."""
+    with contextlib.suppress(Exception):
+        print(f"\ninterrupted (signal {signum}); Beam did not stop within {STOP_GRACE_S:.0f}s, exiting now. "
+              f"Finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr, flush=True)
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(130)
 
 
 def _install_signal_handlers() -> None:
-    """SIGINT/SIGTERM stop the run; Beam may wrap the KeyboardInterrupt, so remember it."""
+    """SIGINT/SIGTERM stop the run; Beam may wrap the KeyboardInterrupt, so remember it.
+
+    Beam can swallow a KeyboardInterrupt raised in the wrong place (e.g. while it starts
+    its worker processes) and then wait forever; so the first signal also arms a watchdog
+    that exits the process after ``STOP_GRACE_S`` seconds, and a second signal exits at once.
+    """
     def handler(signum, frame):
         _INTERRUPTED.append(signum)
+        if len(_INTERRUPTED) > 1:
+            _hard_exit(signum)
+        timer = threading.Timer(STOP_GRACE_S, _hard_exit, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        _WATCHDOG.append(timer)
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -48,6 +96,7 @@ def interruptible(run) -> int:
     Beam may wrap the KeyboardInterrupt raised inside a bundle, so any exception that
     follows a signal counts as the interruption.
     """
+    _INTERRUPTED.clear()
     _install_signal_handlers()
     try:
         return run()
@@ -56,6 +105,10 @@ def interruptible(run) -> int:
     except Exception:
         if not _INTERRUPTED:
             raise
+    finally:
+        for timer in _WATCHDOG:  # stopped in time: no hard exit later (in-process callers)
+            timer.cancel()
+        _WATCHDOG.clear()
     print(f"\ninterrupted: finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr)
     return 130
 

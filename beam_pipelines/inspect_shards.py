@@ -118,9 +118,8 @@ def run(args, beam_args: list[str]) -> int:
     print(f"total: {totals['tokens']:,} tokens, {totals['eos']:,} EOS, {totals['docs']:,} documents in "
           f"{len(chosen)} shard(s); {total_issues} issue(s)")
     if args.histogram:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:
             print("refinery inspect: --histogram needs matplotlib: pip install 'llm-refinery[plots]'", file=sys.stderr)
             return 2
         lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)

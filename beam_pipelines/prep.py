@@ -138,9 +138,14 @@ class TokenizeStage(Stage):
         if self._plan is None:
             units = []
             for i, f in enumerate(self.cfg.inputs):
-                base = {"path": f.path, "relpath": f.relpath}
+                base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
                 if f.path.endswith(".parquet"):
-                    groups = io.parquet_row_groups(f.path) if f.size else []
+                    try:
+                        groups = io.parquet_row_groups(f.path) if f.size else []
+                    except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
+                        log.warning("%s: unreadable parquet footer (%s: %s); it is reported as a corrupt file",
+                                    f.path, type(e).__name__, e)
+                        groups = []
                     step = self.cfg.row_groups_per_unit
                     if len(groups) > step:
                         for g in range(0, len(groups), step):
@@ -161,6 +166,7 @@ class TokenizeStage(Stage):
         columns = [cfg.text_field, cfg.id_field] if p["path"].endswith(".parquet") else None
         row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
         num_shards, text_field, id_field, relpath = cfg.num_shards, cfg.text_field, cfg.id_field, p["relpath"]
+        check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out:
             writer = spill.SpillWriter(tokens_out)
@@ -182,6 +188,7 @@ class TokenizeStage(Stage):
                 tokens_total += len(tokens)
                 chars += len(text)
             table, starts = spill.by_shard(writer.close(), num_shards)
+        check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
                  "tokens": tokens_total, "chars": chars}
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
@@ -193,6 +200,20 @@ class TokenizeStage(Stage):
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return (f"docs={int(stats.get('accepted', 0)):,} tokens={int(stats.get('tokens', 0)):,} "
                 f"tok/s={stats.get('tokens', 0) / max(seconds, 1e-9):,.0f}")
+
+
+def check_unchanged(payload: dict) -> None:
+    """Raise :class:`io.InputError` if the unit's input file is gone or changed (size, mtime
+    or generation) since the job was planned: its stage hash names the planned version."""
+    planned = payload.get("fingerprint")
+    if planned is None:
+        return
+    now = io.expand_inputs([payload["path"]])[0].fingerprint()
+    if io.is_remote(payload["path"]):  # object listings and single-object info may spell the version differently
+        now, planned = now["size"], planned["size"]
+    if now != planned:
+        raise io.InputError(f"{payload['path']}: changed since this job was planned (now {now}, planned "
+                            f"{planned}); run the same command again to plan with the new version")
 
 
 def io_json(obj) -> str:

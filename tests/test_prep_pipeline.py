@@ -45,7 +45,6 @@ def expected_docs(corpus_root, text_field="text", id_field="id"):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """One prep run over the multi-format corpus, shared by the read-only checks below."""
-    from conftest import corpus as _corpus  # noqa: F401
     root = tmp_path_factory.mktemp("prepared")
     corpus_root = _make_corpus(root)
     out = root / "out"

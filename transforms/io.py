@@ -20,7 +20,9 @@ import json
 import os
 import posixpath
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -49,7 +51,15 @@ def _local(path: str) -> str:
 
 
 def filesystem(path: str):
-    """(fsspec filesystem, path as that filesystem spells it)."""
+    """(fsspec filesystem, path as that filesystem spells it).
+
+    ``gs://``: gcsfs's listing cache is off. Receipts and outputs are written by other
+    processes (workers, another run of the same command); a listing cached in this process
+    would hide them (``info``/``exists``/``open`` consult it), so a just-written receipt
+    would read as missing and a rerun would not see what finished.
+    """
+    if path.startswith(("gs://", "gcs://")):
+        return fsspec.core.url_to_fs(path, use_listings_cache=False)
     return fsspec.core.url_to_fs(path)
 
 
@@ -93,14 +103,66 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
 
     Decompressed streams are buffered and iterate by line.
     """
-    raw = open(_local(path), "rb") if not is_remote(path) else fsspec.open(path, "rb").open()
+    if is_remote(path):
+        fs, p = filesystem(path)
+        raw = fs.open(p, "rb")
+    else:
+        raw = open(_local(path), "rb")
     if compression == "infer" and path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "infer" and path.endswith(".zst"):
-        import zstandard
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-        return io.BufferedReader(reader, 1 << 20)
+        return io.BufferedReader(ZstdFramesReader(raw), 1 << 20)
     return raw
+
+
+class ZstdFramesReader(io.RawIOBase):
+    """Decompresses every zstd frame of a stream, one after another. Unlike zstandard's
+    ``stream_reader`` (which ends quietly when the input stops mid-frame), a stream cut
+    short raises ``EOFError``: a truncated ``.zst`` file is reported, not taken as complete."""
+
+    def __init__(self, raw: IO[bytes], chunk: int = 1 << 20):
+        import zstandard
+
+        self._zstd = zstandard
+        self._raw, self._chunk = raw, chunk
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+        self._fed = False  # whether the current frame's decompressor has seen input
+        self._buf = b""
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            self._fed = True
+            out.append(self._d.decompress(data))
+            if not self._d.eof:
+                break
+            data = self._d.unused_data  # the next frame starts here
+            self._d = self._zstd.ZstdDecompressor().decompressobj()
+            self._fed = False
+        return b"".join(out)
+
+    def readinto(self, b) -> int:
+        while not self._buf and not self._done:
+            chunk = self._raw.read(self._chunk)
+            if not chunk:
+                self._done = True
+                if self._fed and not self._d.eof:
+                    raise EOFError("zstd stream ended in the middle of a frame (file cut short)")
+                break
+            self._buf = self._decompress(chunk)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()
 
 
 def read_bytes(path: str) -> bytes:
@@ -188,18 +250,20 @@ def atomic_open(path: str) -> Iterator[HashingWriter]:
     after the block ends. On an exception inside the block nothing appears under ``path``.
     """
     if is_remote(path):
-        with tempfile.TemporaryFile() as spool:
+        # One upload from a complete local spool (put_file: one request, or a resumable
+        # upload finalized only at its end). Not fs.open(): its close() on an exception
+        # (Ctrl-C mid-copy) would still commit the bytes written so far under ``path``.
+        with tempfile.NamedTemporaryFile(prefix="refinery-upload-") as spool:
             writer = HashingWriter(spool)
             yield writer
-            spool.seek(0)
+            spool.flush()
             fs, p = filesystem(path)
-            with fs.open(p, "wb") as out:
-                shutil.copyfileobj(spool, out, 1 << 22)
+            fs.put_file(spool.name, p)
         return
     path = _local(path)
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
-    tmp = os.path.join(directory, f".{name}{TMP_MARKER}{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, temp_name(name))
     try:
         with open(tmp, "wb") as raw:
             writer = HashingWriter(raw)
@@ -207,9 +271,81 @@ def atomic_open(path: str) -> Iterator[HashingWriter]:
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)
+        _fsync_dir(directory or ".")  # the rename itself survives a power loss
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def temp_name(name: str) -> str:
+    """The hidden temp name a local atomic write of ``name`` uses: ``.NAME.tmp-HOST-PID-UUID``.
+
+    Host and pid tell :func:`remove_dead_temp_files` whether the writer can still be alive.
+    """
+    host = socket.gethostname().replace("-", "_") or "host"
+    return f".{name}{TMP_MARKER}{host}-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def _fsync_dir(directory: str) -> None:
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process of this host runs with that pid (a zombie, killed but not yet reaped
+    by its parent, is dead: it writes nothing more)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def temp_writer_dead(path: str, legacy_age_s: float = 3600.0) -> bool:
+    """Whether the local temp file ``path`` belongs to a writer that is gone: written on this
+    host by a pid that no longer runs (names without host/pid: older than ``legacy_age_s``).
+    A temp of a live writer (a concurrent run) or of another host is never judged dead."""
+    tail = basename(path).rsplit(TMP_MARKER, 1)[-1]
+    parts = tail.split("-")
+    if len(parts) == 3 and parts[1].isdigit():
+        host = socket.gethostname().replace("-", "_") or "host"
+        return parts[0] == host and not _pid_alive(int(parts[1]))
+    try:
+        return time.time() - os.stat(_local(path)).st_mtime > legacy_age_s
+    except FileNotFoundError:
+        return False
+
+
+def find_temp_files(root: str) -> list[str]:
+    """Every temp file of an interrupted or running local write under ``root`` (recursive)."""
+    if is_remote(root):
+        return []  # object-store writes upload whole objects; no temp names appear there
+    out = []
+    for dirpath, _, names in os.walk(_local(root)):
+        out += [os.path.join(dirpath, n) for n in names if TMP_MARKER in n]
+    return sorted(out)
+
+
+def remove_dead_temp_files(root: str) -> list[str]:
+    """Remove the temp files under ``root`` whose writer is dead (see :func:`temp_writer_dead`);
+    returns their paths. Killed runs leave them; the next run calls this."""
+    removed = []
+    for path in find_temp_files(root):
+        if temp_writer_dead(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            removed.append(path)
+    return removed
 
 
 def atomic_write_bytes(path: str, data: bytes) -> tuple[int, str]:
@@ -305,6 +441,10 @@ except ImportError:  # pragma: no cover - zstandard is a core dependency
 
 Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
 
+# Errors that say a file could not be *accessed*, not that its content is bad: they fail the
+# unit (retried on the next run) instead of becoming a permanent "corrupt file" rejection.
+ACCESS_ERRORS = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+
 
 def _decode_json_line(line: bytes) -> tuple[dict | None, str | None]:
     try:
@@ -333,6 +473,8 @@ def _iter_jsonl(path: str) -> Iterator[Row]:
                 yield row, record, error
                 row += 1
     except (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, _ZstdError) as e:
+        if isinstance(e, ACCESS_ERRORS):
+            raise  # the file could not be read (gone, no access, network): not bad content
         # A truncated gzip / corrupt zstd stream: the rest of the file is unreadable.
         yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
 
@@ -342,6 +484,8 @@ def _iter_json_array(path: str) -> Iterator[Row]:
         with open_read(path, compression="infer") as f:
             data = json.loads(f.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, EOFError, OSError, zlib.error, ValueError) as e:
+        if isinstance(e, ACCESS_ERRORS):
+            raise
         yield 0, None, f"corrupt file: {type(e).__name__}: {e}"
         return
     if not isinstance(data, list):
@@ -382,6 +526,8 @@ def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[s
                         yield row, record, None
                         row += 1
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt files
+        if isinstance(e, ACCESS_ERRORS):
+            raise
         yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
 
 

@@ -163,6 +163,28 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
             problems.append(f"{stray}: shard file not listed in the manifest")
     for tmp in find_temp_files(root):
         problems.append(f"{tmp}: stray temporary file (an interrupted write)")
+    problems += verify_run_record(root, manifest, checksums)
+    return problems
+
+
+def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> list[str]:
+    """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
+    e.g. shards copied without it): every receipt of the recorded plan must verify, and the
+    manifest must describe that plan (else the last run did not finish)."""
+    from .stages import META_DIR, verify_receipts
+
+    run_json = io.join(root, META_DIR, "run.json")
+    try:
+        info = io.read_json(run_json)
+    except FileNotFoundError:
+        return []
+    except ValueError as e:
+        return [f"{run_json}: not valid JSON ({e})"]
+    problems = verify_receipts(root, checksums)
+    last = (info.get("stages") or [{}])[-1]
+    if "plan_hash" in manifest and last.get("name") == "manifest" and last.get("stage_hash") != manifest["plan_hash"]:
+        problems.append(f"{io.join(root, 'manifest.json')}: describes plan {manifest['plan_hash']}, but the last run "
+                        f"({run_json}) planned {last.get('stage_hash')}: that run has not finished")
     return problems
 
 
@@ -176,10 +198,8 @@ def find_shard_files(root: str) -> list[str]:
 
 
 def find_temp_files(root: str) -> list[str]:
-    out = []
-    for d in [root] + [p for p in io.listdir(root) if io.basename(p).startswith(("shard_", "rejects"))]:
-        out += [p for p in io.listdir(d) if io.TMP_MARKER in io.basename(p)]
-    return out
+    """Temp files of interrupted local writes anywhere under ``root`` (``.refinery`` included)."""
+    return io.find_temp_files(root)
 
 
 def manifest_json(manifest: dict) -> bytes:

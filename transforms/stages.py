@@ -10,6 +10,8 @@ Layout under OUTPUT::
     .refinery/run.json                                 config, stage hashes, unit counts
     .refinery/<stage>/<stage_hash>/receipts/<unit>.json one per unit, written last, atomically
     .refinery/<stage>/<stage_hash>/parts/...            intermediate unit files
+    .refinery/fingerprints/<stage>-<stage_hash>.json    input fingerprints of that plan (to say
+                                                        which input changed when a plan changes)
 
 Stage hash = sha256 of (stage name, config, input fingerprints, identity such as the
 tokenizer, upstream stage hash). Hashes chain: changing stage k re-runs k and what follows
@@ -22,6 +24,11 @@ completed, its stage hash matches, and every listed file exists with the recorde
 
 Stages run backward-demand-driven: if every unit of the last stages is done, earlier
 stages are not run at all, even if their intermediate parts were deleted.
+
+Each run first removes temp files left under OUTPUT by dead writers (``io.remove_dead_temp_files``)
+and, when a stage's hash differs from the previous run's, logs why (:func:`explain_plan_changes`).
+``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
+trail the fault-injection tests use (see RELIABILITY.md).
 
 Receipt schema (JSON)::
 
@@ -160,6 +167,9 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     if not isinstance(files, list):
         return Completion(False, "receipt lists no files", receipt)
     for entry in files:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+            return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt)
         path = io.join(output, entry["path"])
         size = io.file_size(path)
         if size is None:
@@ -169,6 +179,51 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         if verify_checksums and io.sha256_file(path) != entry["sha256"]:
             return Completion(False, f"checksum mismatch for {entry['path']}", receipt)
     return Completion(True, "completed", receipt)
+
+
+def verify_receipts(output: str, checksums: bool = False) -> list[str]:
+    """Problems with the receipts of the run recorded in ``OUTPUT/.refinery/run.json``
+    ([] if none, or if there is no run record): each receipt present under a stage's
+    current hash must pass :func:`check_receipt` (a truncated receipt, one from another
+    plan, a failed unit, a missing or changed file are each named), and the receipt
+    count of a stage may not exceed its planned units."""
+    problems: list[str] = []
+    try:
+        info = io.read_json(io.join(output, META_DIR, "run.json"))
+    except FileNotFoundError:
+        return problems
+    except ValueError as e:
+        return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
+    for st in info.get("stages", []):
+        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and io.TMP_MARKER not in p]
+        for path in paths:
+            c = check_receipt(output, path, st["stage_hash"], checksums)
+            if not c.done:
+                problems.append(f"{path}: {c.reason}")
+        if len(paths) > st.get("units", len(paths)):
+            problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")
+    return problems
+
+
+UNIT_LOG_ENV = "REFINERY_UNIT_LOG"
+
+
+def _log_unit_event(event: str, run: "StageRun", unit_id: str) -> None:
+    """Append ``{event, stage, stage_hash, unit, pid, t}`` to the file named by
+    ``$REFINERY_UNIT_LOG`` (if set): an audit trail of unit starts/ends/skips across
+    processes and runs (one ``write`` per line on an ``O_APPEND`` file). Fault-injection
+    tests use it to prove that no unit starts again after its receipt was written."""
+    path = os.environ.get(UNIT_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"event": event, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit_id,
+                       "pid": os.getpid(), "t": time.time()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -215,13 +270,23 @@ class StageRun:
                 out[u.id] = c.receipt
         return out
 
-    def read_receipts(self) -> Iterator[dict]:
-        """Every parseable receipt of this stage hash, whatever its status (for status/progress)."""
+    def read_receipts(self, cache: dict[str, dict] | None = None) -> Iterator[dict]:
+        """Every parseable receipt of this stage hash, whatever its status (for status/progress).
+
+        ``cache`` (path -> receipt): completed receipts read before are taken from it and new
+        ones added, so a progress poll on GCS reads only the receipts that appeared since
+        the last poll (one listing + one GET per new receipt, not one GET per unit).
+        """
         for path in io.listdir(self.receipts_dir):
             if path.endswith(".json") and io.TMP_MARKER not in path:
+                if cache is not None and path in cache:
+                    yield cache[path]
+                    continue
                 with contextlib.suppress(ValueError, OSError):
                     r = io.read_json(path)
                     if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
+                        if cache is not None and r.get("status") == "completed":
+                            cache[path] = r
                         yield r
 
 
@@ -273,7 +338,9 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     """
     done = run.check(unit.id, verify_checksums)
     if done.done:
+        _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
+    _log_unit_event("start", run, unit.id)
     ctx = UnitContext(run, unit, side)
     receipt = {
         "schema": RECEIPT_SCHEMA, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit.id,
@@ -290,6 +357,7 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = _now()
     io.atomic_write_json(run.receipt_path(unit.id), receipt)
+    _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
 
 
@@ -382,6 +450,7 @@ class Progress:
 
     def __init__(self, run: StageRun, total: int, interval: float, enabled: bool):
         self.run, self.total, self.interval, self.enabled = run, total, interval, enabled
+        self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
         self._stop = threading.Event()
         self._thread = None
         self._start = time.time()
@@ -396,7 +465,7 @@ class Progress:
     def _poll(self, bar) -> None:
         done = failed = 0
         stats: dict[str, float] = {}
-        for r in self.run.read_receipts():
+        for r in self.run.read_receipts(self._seen):
             if r.get("status") == "completed":
                 done += 1
                 if r.get("finished_at", "") >= self._started_iso:
@@ -427,14 +496,33 @@ class Progress:
             self._thread.join(timeout=10)
 
 
-def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+def build_stage_pipeline(run: StageRun, units: list[Unit], beam_args: list[str],
+                         verify_checksums: bool = False):
+    """The Beam pipeline that runs ``units`` of ``run``, built but not run.
+
+    Tests translate it (``pipeline.to_runner_api()``) or hand it to Dataflow's ``--dry_run``
+    (see ``refinery.runners.translate``); :func:`run_stage_pipeline` runs it.
+    """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    options = PipelineOptions(beam_args)
-    RunStage = run_stage_transform(run, verify_checksums)
-    with beam.Pipeline(options=options) as p:
-        _ = p | RunStage(units)
+    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+    _ = pipeline | run_stage_transform(run, verify_checksums)(units)
+    return pipeline
+
+
+def run_stage_pipeline(pipeline) -> None:
+    """Run a pipeline from :func:`build_stage_pipeline` and wait for it (raises if it fails).
+
+    Leaving ``with pipeline`` runs it, with what Beam's context adds (subprocess servers
+    such as Flink's job server are stopped at the end).
+    """
+    with pipeline:
+        pass
+
+
+def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+    run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
 
 
 def _discard_other_plans(run: StageRun) -> None:
@@ -445,6 +533,70 @@ def _discard_other_plans(run: StageRun) -> None:
             log.info("discarding receipts of plan %s of stage %s (its outputs are being replaced)",
                      io.basename(path), run.name)
             io.remove_tree(path)
+
+
+def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
+    """Where the input fingerprints of one plan of a stage are kept (to explain a later change)."""
+    return io.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
+
+
+def _fingerprint_key(fp) -> str:
+    return fp.get("path", json.dumps(fp, sort_keys=True)) if isinstance(fp, dict) else json.dumps(fp, sort_keys=True)
+
+
+def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
+    """'1 changed: a.jsonl (size 10 -> 12); 1 added: b.jsonl' between two fingerprint lists."""
+    before = {_fingerprint_key(f): f for f in old}
+    after = {_fingerprint_key(f): f for f in new}
+    changed = [k for k in after if k in before and after[k] != before[k]]
+    added = [k for k in after if k not in before]
+    removed = [k for k in before if k not in after]
+    parts = []
+    if changed:
+        def what(k):
+            o, n = before[k], after[k]
+            keys = [x for x in sorted(set(o) | set(n)) if o.get(x) != n.get(x)] if isinstance(o, dict) else []
+            return f"{k} ({', '.join(f'{x} {o.get(x)} -> {n.get(x)}' for x in keys)})"
+        parts.append(f"{len(changed)} changed: " + "; ".join(what(k) for k in changed[:limit])
+                     + (" ..." if len(changed) > limit else ""))
+    if added:
+        parts.append(f"{len(added)} added: " + ", ".join(added[:limit]) + (" ..." if len(added) > limit else ""))
+    if removed:
+        parts.append(f"{len(removed)} removed: " + ", ".join(removed[:limit]) + (" ..." if len(removed) > limit else ""))
+    return "; ".join(parts) or "their order changed"
+
+
+def explain_plan_changes(output: str, previous: dict, entries: list[dict]) -> list[str]:
+    """Why each stage's plan differs from the previous run recorded in run.json (one line per
+    stage whose hash changed): its config, its inputs (naming the files), its identity (e.g.
+    the tokenizer), or only an earlier stage. Stages with the same hash are not mentioned."""
+    old = {st.get("name"): st for st in previous.get("stages", []) if isinstance(st, dict)}
+    lines = []
+    changed_before: str | None = None
+    for new in entries:
+        prev = old.get(new["name"])
+        if prev is None or prev.get("stage_hash") == new["stage_hash"]:
+            continue
+        reasons = []
+        if prev.get("config") != new["config"]:
+            oc, nc = prev.get("config") or {}, new["config"]
+            keys = [k for k in sorted(set(oc) | set(nc)) if oc.get(k) != nc.get(k)]
+            reasons.append("config changed: " + ", ".join(f"{k} {oc.get(k)!r} -> {nc.get(k)!r}" for k in keys))
+        if "inputs_hash" in prev and prev["inputs_hash"] != new["inputs_hash"]:
+            try:
+                old_fps = io.read_json(fingerprints_path(output, new["name"], prev["stage_hash"]))
+                new_fps = io.read_json(fingerprints_path(output, new["name"], new["stage_hash"]))
+                reasons.append("inputs changed: " + diff_fingerprints(old_fps, new_fps))
+            except (FileNotFoundError, ValueError):
+                reasons.append("inputs changed (size, mtime or generation of an input file)")
+        if "identity_hash" in prev and prev["identity_hash"] != new["identity_hash"]:
+            reasons.append("identity changed (e.g. the tokenizer or model)")
+        if not reasons:
+            reasons.append(f"stage {changed_before} before it changed" if changed_before else "its plan changed")
+        lines.append(f"stage {new['name']}: plan {prev.get('stage_hash')} -> {new['stage_hash']} because "
+                     f"{'; '.join(reasons)}; its earlier outputs are not reused")
+        changed_before = changed_before or new["name"]
+    return lines
 
 
 def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
@@ -462,18 +614,30 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     runner = runner or _run_beam_stage
     if force:
         io.remove_tree(io.join(output, META_DIR))
+    for path in io.remove_dead_temp_files(output):
+        log.info("removed %s: a temp file left by an interrupted write", path)
     runs = bind_stages(stages, output)
     plans = [r.stage.plan() for r in runs]
     ids = [[u.id for u in plan] for plan in plans]
     for name, unit_ids in zip((r.name for r in runs), ids):
         if len(set(unit_ids)) != len(unit_ids):
             raise ValueError(f"stage {name}: duplicate unit ids in plan")
-    io.atomic_write_json(io.join(output, META_DIR, "run.json"), {
-        "schema": RUN_SCHEMA,
-        **(run_info or {}),
-        "stages": [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config()}
-                   for r, p in zip(runs, plans)],
-    })
+    run_json = io.join(output, META_DIR, "run.json")
+    entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
+                "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity())}
+               for r, p in zip(runs, plans)]
+    for r in runs:  # the fingerprints of each plan, so that a later run can say which input changed
+        inputs_json = fingerprints_path(output, r.name, r.stage_hash)
+        if r.stage.fingerprints() and not io.exists(inputs_json):
+            io.atomic_write_json(inputs_json, r.stage.fingerprints())
+    try:
+        previous = io.read_json(run_json)
+    except (FileNotFoundError, ValueError):
+        previous = None
+    if isinstance(previous, dict):
+        for line in explain_plan_changes(output, previous, entries):
+            log.warning("%s", line)
+    io.atomic_write_json(run_json, {"schema": RUN_SCHEMA, **(run_info or {}), "stages": entries})
     if on_plan:
         on_plan(runs, plans)
 

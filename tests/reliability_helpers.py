@@ -1,0 +1,392 @@
+"""Helpers of the reliability tests: corpora, killing a run, reading shards back, audit checks.
+
+A run under test is a real ``refinery`` process started in its own session (process group),
+with ``$REFINERY_UNIT_LOG`` pointing at an append-only log of unit start/end/skip events
+(written by :func:`refinery.transforms.stages.execute_unit`). Kills are triggered by that
+log: "the k-th unit start of this attempt, plus a seeded delay", then ``SIGKILL`` to the
+whole process group (driver and Beam worker processes alike).
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import gsm8k_texts, write_jsonl
+from refinery.transforms import io, pack
+from refinery.transforms.normalize import normalize_text
+
+META = ".refinery"
+
+
+# --- corpora -------------------------------------------------------------------------
+
+def make_corpus(root: Path, files: int, docs_per_file: int, offset: int = 0) -> Path:
+    """``files`` .jsonl files of real GSM8K text (unique documents), a few bad rows in the first."""
+    texts = gsm8k_texts(files * docs_per_file, offset=offset)
+    for k in range(files):
+        rows = [{"id": f"{k}-{i}", "text": t} for i, t in enumerate(texts[k * docs_per_file:(k + 1) * docs_per_file])]
+        write_jsonl(root / f"part-{k:02d}.jsonl", rows,
+                    raw_lines={3: '{"id": "bad", "text": '} if k == 0 else None)
+    return root
+
+
+def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.Counter:
+    """Normalized text of every accepted row of the inputs (a multiset)."""
+    out: collections.Counter = collections.Counter()
+    for f in io.expand_inputs([str(corpus_root)]):
+        for _, rec, err in io.iter_rows(f.path):
+            if err is None and isinstance(rec.get(text_field), str):
+                text = normalize_text(rec[text_field])
+                if text:
+                    out[text] += 1
+    return out
+
+
+# --- outputs -----------------------------------------------------------------------
+
+def shard_texts(out: Path) -> collections.Counter:
+    """Every document in the shards listed by ``out/manifest.json``, decoded (a multiset)."""
+    from refinery.transforms.tokenizer import EOS_TOKEN_ID, get_encoding
+
+    enc = get_encoding()
+    manifest = json.loads((out / "manifest.json").read_text())
+    found: collections.Counter = collections.Counter()
+    for s in manifest["shards"]:
+        tokens = np.load(out / s["path"])
+        for a, b in pack.read_idx(str(out / s["index_path"])):
+            doc = tokens[a:b]
+            assert doc[-1] == EOS_TOKEN_ID and EOS_TOKEN_ID not in doc[:-1]
+            found[enc.decode(doc[:-1].tolist())] += 1
+    return found
+
+
+def final_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file outside ``.refinery`` (what the user gets)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and META not in p.parts}
+
+
+def temp_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if io.TMP_MARKER in p.name)
+
+
+def current_receipts(out: Path) -> dict[str, bytes]:
+    """Bytes of every receipt under the stage hashes of ``run.json`` (relative path -> bytes)."""
+    try:
+        info = json.loads((out / META / "run.json").read_text())
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for st in info["stages"]:
+        d = out / META / st["name"] / st["stage_hash"] / "receipts"
+        if d.is_dir():
+            for p in d.glob("*.json"):
+                found[str(p.relative_to(out))] = p.read_bytes()
+    return found
+
+
+def completed(receipts: dict[str, bytes]) -> dict[str, bytes]:
+    out = {}
+    for k, v in receipts.items():
+        try:
+            if json.loads(v).get("status") == "completed":
+                out[k] = v
+        except ValueError:
+            pass
+    return out
+
+
+# --- the unit log ------------------------------------------------------------------
+
+def read_unit_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def recomputed_units(events: list[dict]) -> list[tuple[str, str, str]]:
+    """(stage, stage_hash, unit) of every unit that started again after a completed receipt
+    of it had been written (in any earlier attempt). Must be empty."""
+    done: set[tuple[str, str, str]] = set()
+    bad = []
+    for e in events:
+        key = (e["stage"], e["stage_hash"], e["unit"])
+        if e["event"] == "end-completed":
+            done.add(key)
+        elif e["event"] == "start" and key in done:
+            bad.append(key)
+    return bad
+
+
+# --- running and killing -------------------------------------------------------------
+
+def refinery_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "refinery.beam_pipelines.cli", *map(str, args)]
+
+
+def child_env(unit_log: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env["REFINERY_UNIT_LOG"] = str(unit_log)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@dataclass
+class Attempt:
+    """One run of a command: its exit code, whether we killed it, and where it was then."""
+
+    returncode: int
+    killed: bool
+    phase: str = ""                 # stage of the last unit event before the kill
+    events_before_kill: list = field(default_factory=list)
+    stderr: str = ""
+    seconds: float = 0.0
+    stop_seconds: float = 0.0       # from the signal until no process of the group was left
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    alive = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(d))
+    return alive
+
+
+def wait_group_gone(pgid: int, timeout: float = 10.0) -> list[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = _group_alive(pgid)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return _group_alive(pgid)
+
+
+class Proc:
+    """A started run: its pid (= its process group), ``poll()`` and ``wait()`` (exit codes
+    as subprocess gives them: -9 for SIGKILL) and ``stderr()``."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self._p = popen
+        self.pid = popen.pid
+        self._err = b""
+
+    def poll(self):
+        return self._p.poll()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            _, self._err = self._p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, signal.SIGKILL)
+            self._p.communicate()
+            raise AssertionError(f"run {self._p.args} did not finish within {timeout}s")
+        return self._p.returncode
+
+    def stderr(self) -> str:
+        return self._err.decode(errors="replace")
+
+
+def spawn(cmd: list[str], env: dict) -> Proc:
+    """A fresh interpreter running ``cmd`` in a new session (its own process group)."""
+    return Proc(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True))
+
+
+class ForkServer:
+    """A process that has imported refinery, Beam and the tokenizer once and forks a child
+    per run: the child starts a new session and runs ``refinery.beam_pipelines.cli.main``
+    (the real command) with the given argv and environment. A fresh interpreter spends
+    about 3 s importing Beam before its first unit; a forked one starts at once, so a
+    kill loop of 20+ kills stays within seconds per kill. Only for in-process runners
+    (``--runner direct``): Beam's multi-process workers are started by fresh interpreters."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self._p = subprocess.Popen([sys.executable, __file__, "--fork-server"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent),
+                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+        assert self._p.stdout.readline().strip() == "ready"
+        self._n = 0
+
+    def start(self, argv: list[str], env: dict) -> "ForkedProc":
+        self._n += 1
+        err = self.workdir / f"forked-{self._n}.stderr"
+        self._p.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": str(err)}) + "\n")
+        self._p.stdin.flush()
+        pid = json.loads(self._p.stdout.readline())["pid"]
+        return ForkedProc(self, pid, err)
+
+    def close(self) -> None:
+        self._p.stdin.close()
+        self._p.wait(timeout=30)
+
+
+class ForkedProc:
+    def __init__(self, server: ForkServer, pid: int, err: Path):
+        self.server, self.pid, self._errfile, self._rc = server, pid, err, None
+
+    def poll(self):
+        import select
+
+        if self._rc is None:
+            ready, _, _ = select.select([self.server._p.stdout], [], [], 0)
+            if ready:
+                self._rc = json.loads(self.server._p.stdout.readline())["exit"]
+        return self._rc
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.time() + timeout
+        while self.poll() is None:
+            if time.time() > deadline:
+                os.killpg(self.pid, signal.SIGKILL)
+                raise AssertionError(f"forked run did not finish within {timeout}s")
+            time.sleep(0.005)
+        return self._rc
+
+    def stderr(self) -> str:
+        return self._errfile.read_text(errors="replace")
+
+
+_SERVER: list[ForkServer] = []
+
+
+@pytest.fixture
+def forks(tmp_path_factory) -> ForkServer:
+    """The fork server shared by every reliability test of this session (started once)."""
+    if not _SERVER:
+        _SERVER.append(ForkServer(tmp_path_factory.mktemp("forks")))
+        atexit.register(_SERVER[0].close)
+    return _SERVER[0]
+
+
+def _serve_forks() -> None:
+    """The fork server's loop (see :class:`ForkServer`)."""
+    import traceback
+
+    import importlib
+
+    from refinery.beam_pipelines import cli
+    from refinery.transforms.tokenizer import get_encoding
+
+    for name in ("apache_beam", "apache_beam.runners.portability.fn_api_runner.fn_runner",
+                 "refinery.beam_pipelines.prep", "refinery.beam_pipelines.decon", "refinery.transforms.decon_stages"):
+        importlib.import_module(name)  # imported once, shared by every forked run
+    get_encoding()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                os.setsid()
+                fd = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ.clear()
+                os.environ.update(req["env"])
+                import fsspec.config
+                fsspec.config.set_conf_env(fsspec.config.conf)  # FSSPEC_* settings of this run
+                sys.argv = ["refinery", *req["argv"]]
+                rc = cli.main(req["argv"])
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+            except BaseException:  # noqa: BLE001 - reported through the exit code and stderr
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc or 0)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def run_attempt(start, unit_log: Path, kill_at_start: int | None = None, delay: float = 0.0,
+                sig: int = signal.SIGKILL, stage: str | None = None, timeout: float = 120.0,
+                event: str = "start", group: bool = True) -> Attempt:
+    """Start a run with ``start()`` (-> :class:`Proc` or :class:`ForkedProc`). If
+    ``kill_at_start`` is given, send ``sig`` to its whole process group ``delay`` seconds
+    after the k-th unit ``event`` (``start`` or ``end-completed``) of this attempt (of
+    ``stage`` if given; k=0: from the launch); a run that finishes first is not killed.
+    ``group=False`` signals the driver process alone (as Kubernetes does with SIGTERM)."""
+    offset = unit_log.stat().st_size if unit_log.exists() else 0
+    t0 = time.time()
+    proc = start()
+
+    def events() -> list[dict]:
+        if not unit_log.exists():
+            return []
+        with open(unit_log, "rb") as f:
+            f.seek(offset)
+            return [json.loads(x) for x in f.read().splitlines() if x.strip()]
+
+    sent = False
+    if kill_at_start is not None:
+        trigger_at = t0 + delay if kill_at_start == 0 else None
+        pos, tail, count = offset, b"", 0
+        while proc.poll() is None and time.time() - t0 < timeout:
+            if trigger_at is None and unit_log.exists():  # read only what was appended since
+                with open(unit_log, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                pos += len(chunk)
+                *lines, tail = (tail + chunk).split(b"\n")
+                for line in lines:
+                    e = json.loads(line)
+                    count += e["event"] == event and (stage is None or e["stage"] == stage)
+                if count >= kill_at_start:
+                    trigger_at = time.time() + delay
+            if trigger_at is not None and time.time() >= trigger_at:
+                try:
+                    (os.killpg if group else os.kill)(proc.pid, sig)
+                    sent = True
+                    sent_at = time.time()
+                except ProcessLookupError:
+                    pass
+                break
+            time.sleep(0.0005)
+    rc = proc.wait(timeout)
+    killed = sent and rc != 0
+    seen = events()
+    stop_seconds = 0.0
+    if sent:
+        left = wait_group_gone(proc.pid)
+        assert not left, f"processes of the signalled group still alive: {left}"
+        stop_seconds = time.time() - sent_at
+    phase = (seen[-1]["stage"] if seen else "startup") if killed else ""
+    return Attempt(rc, killed, phase, seen, proc.stderr(), time.time() - t0, stop_seconds)
+
+
+def write_figures(name: str, figures: dict) -> None:
+    """Record a test's figures in ``$REFINERY_RELIABILITY_FIGURES`` (a JSON-lines file), if set."""
+    path = os.environ.get("REFINERY_RELIABILITY_FIGURES")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": name, **figures}) + "\n")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--fork-server"]:
+    _serve_forks()

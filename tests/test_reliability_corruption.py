@@ -1,0 +1,157 @@
+"""Damage to a finished prep output: ``refinery verify --checksums`` names every problem
+(exit 1), and one rerun with ``--verify-checksums`` repairs exactly the affected units
+(the unit log shows which units started) back to byte-identical outputs."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_prep
+from refinery.beam_pipelines.cli import main
+from refinery.transforms import io
+from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
+
+SHARDS = 6
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corruption")
+    corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
+    out = root / "out"
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c") == 0
+    return corpus, out, final_digest(out)
+
+
+def _paths(out):
+    run = json.loads((out / ".refinery/run.json").read_text())
+    h = {s["name"]: s["stage_hash"] for s in run["stages"]}
+    return {
+        "npy": lambda s: next((out / f"shard_{s:04d}").glob("*.npy")),
+        "idx": lambda s: next((out / f"shard_{s:04d}").glob("*.idx")),
+        "receipt": lambda stage, unit: out / ".refinery" / stage / h[stage] / "receipts" / f"{unit}.json",
+        "part": lambda name: out / ".refinery" / "tokenize" / h["tokenize"] / "parts" / name,
+    }
+
+
+def _flip(path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x5A
+    path.write_bytes(bytes(raw))
+
+
+def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finished, tmp_path, monkeypatch, capsys):
+    corpus, original, want = finished
+    out = tmp_path / "out"
+    shutil.copytree(original, out)
+    p = _paths(out)
+
+    # (what was done, a text verify must print for it, the unit the rerun must redo or None)
+    damage = []
+    npy = p["npy"](0)
+    npy.write_bytes(npy.read_bytes()[:-7])
+    damage.append(("truncated .npy", str(npy), ("pack", "0000")))
+    p["idx"](1).unlink()
+    damage.append(("deleted .idx", f"{p['idx'](2).parent.parent / 'shard_0001'}", ("pack", "0001")))
+    _flip(p["npy"](2), os.path.getsize(p["npy"](2)) - 9)
+    damage.append(("flipped byte in a shard", f"{p['npy'](2)}: sha256", ("pack", "0002")))
+    r3 = p["receipt"]("pack", "0003")
+    r3.write_bytes(r3.read_bytes()[:50])
+    damage.append(("truncated receipt", f"{r3}: unreadable receipt", ("pack", "0003")))
+    r4 = p["receipt"]("pack", "0004")
+    other = json.loads(r4.read_text())
+    other["stage_hash"] = "0" * 16
+    r4.write_text(json.dumps(other))
+    damage.append(("receipt from another plan", f"{r4}: receipt from another plan", ("pack", "0004")))
+    _flip(p["part"]("00001.spill"), 100)
+    damage.append(("flipped byte in an intermediate spill", "checksum mismatch for .refinery/tokenize",
+                   ("tokenize", "00001")))
+    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{io.temp_name('x').split(io.TMP_MARKER)[1].split('-')[0]}-{_dead_pid()}-0123abcd"
+    stray.write_bytes(b"\x93NUMPY half a shard")
+    damage.append(("stray temp file of a dead writer", f"{stray}: stray temporary file", None))
+    rejects = out / "rejects" / "rejects.jsonl"
+    rejects.write_bytes(rejects.read_bytes() + b"{}\n")
+    damage.append(("appended line in rejects.jsonl", "size mismatch for rejects/rejects.jsonl", ("manifest", "manifest")))
+
+    capsys.readouterr()
+    assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 1
+    report = capsys.readouterr().out
+    missed = [what for what, text, _ in damage if text not in report]
+    assert missed == [], report
+
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--verify-checksums") == 0
+    started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
+    assert started == sorted(u for _, _, u in damage if u)
+    assert final_digest(out) == want
+    assert temp_files(out) == []
+    assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
+    write_figures("corruption", {"corruptions": len(damage), "detected": len(damage) - len(missed),
+                                 "units_repaired": len(started)})
+
+
+def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatch, capsys):
+    """Without checksums: a truncated shard and a truncated manifest are still named, and a
+    plain rerun (size check) rebuilds exactly those two units."""
+    corpus, original, want = finished
+    out = tmp_path / "out"
+    shutil.copytree(original, out)
+    npy = _paths(out)["npy"](3)
+    npy.write_bytes(npy.read_bytes()[:200])
+    capsys.readouterr()
+    assert main(["verify", str(out / "manifest.json")]) == 1
+    assert str(npy) in capsys.readouterr().out
+    (out / "manifest.json").write_text((out / "manifest.json").read_text()[:100])
+    assert main(["verify", str(out / "manifest.json")]) == 1
+    assert "manifest.json: not valid JSON" in capsys.readouterr().out
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c") == 0
+    started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
+    assert started == [("manifest", "manifest"), ("pack", "0003")]
+    assert final_digest(out) == want
+
+
+def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
+    from refinery.transforms.stages import RECEIPT_SCHEMA, check_receipt
+
+    path = tmp_path / "r.json"
+    for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):
+        path.write_text(json.dumps({"schema": RECEIPT_SCHEMA, "stage_hash": "h", "status": "completed", "files": files}))
+        c = check_receipt(str(tmp_path), str(path), "h")
+        assert not c.done and "malformed file entry" in c.reason
+
+
+def test_which_temp_files_are_dead(tmp_path):
+    host = io.temp_name("x").split(io.TMP_MARKER)[1].split("-")[0]
+    live = tmp_path / f".a{io.TMP_MARKER}{host}-{os.getpid()}-00ff"
+    dead = tmp_path / f".b{io.TMP_MARKER}{host}-{_dead_pid()}-00ff"
+    other_host = tmp_path / f".c{io.TMP_MARKER}otherhost-{_dead_pid()}-00ff"
+    legacy_new = tmp_path / f".d{io.TMP_MARKER}0123abcd"
+    legacy_old = tmp_path / f".e{io.TMP_MARKER}4567abcd"
+    zombie_pid = os.fork()  # a killed Beam worker whose parent is gone: a zombie until reaped
+    if zombie_pid == 0:
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        zombie = tmp_path / f".f{io.TMP_MARKER}{host}-{zombie_pid}-00ff"
+        for p in (live, dead, other_host, legacy_new, legacy_old, zombie):
+            p.write_bytes(b"x")
+        os.utime(legacy_old, (1, 1))
+        assert io.remove_dead_temp_files(str(tmp_path)) == sorted([str(dead), str(legacy_old), str(zombie)])
+    finally:
+        os.waitpid(zombie_pid, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, other_host, legacy_new))

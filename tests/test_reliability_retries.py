@@ -1,0 +1,125 @@
+"""Failures inside a run: Beam bundle retries, and units that fail and are retried next run.
+
+- Bundle retries: the real ``RunUnit`` DoFn, made to fail on the first attempt of some
+  units (before the unit, or after its receipt was written: a worker lost mid-bundle), on
+  Beam's ``BundleBasedDirectRunner``, which retries failed bundles. The outputs equal an
+  uninterrupted run's and no unit runs twice after its receipt was written.
+- A unit that raises gets a ``failed`` receipt with the error type and message; the job
+  exits 1 naming it; the next run retries only that unit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import run_prep
+from refinery.beam_pipelines.prep import PrepConfig, build_stages
+from refinery.transforms import io, stages
+from refinery.transforms.stages import StageFailed, run_stages
+from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retries")
+    corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
+    ref = root / "ref"
+    assert run_prep([corpus], ref, "--num-shards", 3, "--dataset", "r") == 0
+    return corpus, final_digest(ref)
+
+
+def _config(corpus, out) -> PrepConfig:
+    return PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3)
+
+
+def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
+    """A stage runner: Create | Reshuffle | ParDo(the real RunUnit DoFn, failing once where told)
+    on BundleBasedDirectRunner (which retries a failed bundle up to 4 times)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    RunUnitFn = stages._run_unit_fn()
+
+    class FlakyRunUnitFn(RunUnitFn):
+        def process(self, element, **side):
+            key = f"{self.run.name}-{element[0]}"
+            marker = attempts_dir / key
+            first = not marker.exists()
+            with open(marker, "a") as f:
+                f.write("attempt\n")
+            if first and key in fail_before:
+                raise ConnectionError(f"injected: worker lost before unit {key}")
+            out = list(super().process(element, **side))
+            if first and key in fail_after:
+                raise ConnectionError(f"injected: worker lost after the receipt of {key}")
+            yield from out
+
+    def runner(run, units, beam_args, verify_checksums):
+        with beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner"])) as p:
+            _ = (p | beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
+                 | beam.Reshuffle() | beam.ParDo(FlakyRunUnitFn(run, verify_checksums)))
+
+    return runner
+
+
+def test_beam_bundle_retries_give_the_same_outputs(reference, tmp_path, monkeypatch):
+    corpus, want = reference
+    out, attempts = tmp_path / "out", tmp_path / "attempts"
+    attempts.mkdir()
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+    fail_before, fail_after = {"tokenize-00001", "pack-0000"}, {"tokenize-00002", "pack-0002"}
+    run_stages(build_stages(_config(corpus, out)), str(out), [], progress=False,
+               runner=_flaky_runner(attempts, fail_before, fail_after))
+    assert final_digest(out) == want
+    retried = {p.name for p in attempts.iterdir() if len(p.read_text().splitlines()) > 1}
+    assert fail_before | fail_after <= retried  # Beam did retry those bundles
+    events = read_unit_log(log)
+    assert recomputed_units(events) == []
+    skipped = {f"{e['stage']}-{e['unit']}" for e in events if e["event"] == "skip"}
+    assert fail_after <= skipped  # the retry found the receipt and did not redo the unit
+    write_figures("bundle_retries", {"injected_failures": len(fail_before | fail_after),
+                                     "bundles_retried": len(retried)})
+
+
+def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monkeypatch, capsys):
+    corpus, want = reference
+    work = tmp_path / "corpus"
+    shutil.copytree(corpus, work)  # copytree keeps mtimes: same fingerprints, paths differ
+    victim = work / "part-02.jsonl"
+    st = os.stat(victim)
+    hidden = tmp_path / "hidden.jsonl"
+    out = tmp_path / "out"
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+
+    def vanish(runs, plans):  # the input disappears after planning (a flaky mount)
+        os.replace(victim, hidden)
+
+    with pytest.raises(StageFailed) as e:
+        run_stages(build_stages(_config(work, out)), str(out), ["--runner=DirectRunner"], progress=False,
+                   on_plan=vanish)
+    assert "00002" in str(e.value) and "InputError" in str(e.value)
+    run = json.loads((out / ".refinery/run.json").read_text())
+    receipts = out / ".refinery" / "tokenize" / run["stages"][0]["stage_hash"] / "receipts"
+    failed = json.loads((receipts / "00002.json").read_text())
+    assert failed["status"] == "failed" and failed["error"]["type"] == "InputError"
+    assert "no such file" in failed["error"]["message"]
+    assert "part-02.jsonl" in failed["error"]["message"] and failed["error"]["traceback"]
+    assert sorted(json.loads(p.read_text())["status"] for p in receipts.glob("*.json")) == \
+        ["completed", "completed", "completed", "failed"]
+
+    os.replace(hidden, victim)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same file again: the same plan
+    mark = len(read_unit_log(log))
+    assert run_prep([work], out, "--num-shards", 3, "--dataset", "r") == 0
+    started = [(e["stage"], e["unit"]) for e in read_unit_log(log)[mark:] if e["event"] == "start"]
+    assert [u for u in started if u[0] == "tokenize"] == [("tokenize", "00002")]
+    # the shards are identical; rejects.jsonl and the manifest's plan hash name the input
+    # paths, which differ here (a copy of the corpus)
+    def shards(d):
+        return {k: v for k, v in d.items() if k.startswith("shard_")}
+    assert shards(final_digest(out)) == shards(want) and len(shards(want)) == 6

@@ -1,0 +1,359 @@
+"""Runner options, and every Beam stage of every pipeline built for every runner without running it.
+
+- ``pipeline_args`` per target (local, direct, portable, flink, dataflow incl. ``--gpu``).
+- Each Beam stage of each pipeline in :data:`PIPELINES`, under each runner's options,
+  builds and translates to the runner-API proto with its runner's environment; the
+  ``RunUnits`` DoFn in that proto unpickles to the same stage (hash, output, units).
+- The same stages on DataflowRunner with ``--dry_run``: the job description Dataflow
+  would receive (worker pool, image, packages, service options), with every network
+  connection attempt refused and recorded (there must be none).
+
+Adding a pipeline = one entry in :data:`PIPELINES`: a function that writes tiny inputs
+under a folder and returns (stages, output, names of its Beam stages).
+"""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import gsm8k_texts, write_jsonl
+
+from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
+from refinery.runners.dataflow import GPU_MACHINES, parse_gpu
+from refinery.runners.translate import dataflow_jobs, runner_api, stage_pipelines
+
+GCP = ["--project=refinery-test", "--region=us-central1", "--temp_location=gs://refinery-test-bucket/tmp"]
+CPU_IMAGE = "registry.example/refinery-cpu:1"
+GPU_IMAGE = "registry.example/refinery-gpu:1"
+
+
+# ---------------------------------------------------------------------------------------
+# pipeline_args
+# ---------------------------------------------------------------------------------------
+
+def test_local_and_direct_args():
+    assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                                         "--direct_num_workers=3"]
+    assert pipeline_args("local", 1) == ["--runner=DirectRunner", "--direct_running_mode=in_memory",
+                                         "--direct_num_workers=1"]
+    assert pipeline_args("direct", 2) == ["--runner=DirectRunner", "--direct_running_mode=in_memory",
+                                          "--direct_num_workers=2"]
+    # the user's flags win, in either spelling
+    assert pipeline_args("local", 3, ["--direct_num_workers", "5"]) == [
+        "--direct_num_workers", "5", "--runner=DirectRunner", "--direct_running_mode=multi_processing"]
+    assert set(RUNNERS) == {"local", "direct", "portable", "flink", "dataflow"}
+    assert pipeline_args("SparkRunner", 4, ["--x=1"]) == ["--x=1", "--runner=SparkRunner"]
+
+
+def test_portable_args():
+    assert pipeline_args("portable") == ["--runner=PortableRunner", "--job_endpoint=embed",
+                                         "--environment_type=LOOPBACK"]
+    remote = pipeline_args("portable", None, ["--job_endpoint=jobserver:8099", "--environment_type=DOCKER",
+                                              f"--sdk_container_image={CPU_IMAGE}"])
+    assert f"--environment_config={CPU_IMAGE}" in remote  # Beam reads the DOCKER image from here
+    assert "--job_endpoint=embed" not in remote and "--environment_type=LOOPBACK" not in remote
+
+
+def test_flink_args():
+    assert pipeline_args("flink", 4) == ["--runner=FlinkRunner", "--parallelism=4"]  # [auto]: local, LOOPBACK
+    cluster = pipeline_args("flink", 8, ["--flink_master=jm:8081", f"--sdk_container_image={CPU_IMAGE}"])
+    assert cluster[-3:] == ["--runner=FlinkRunner", "--parallelism=8", "--environment_type=DOCKER"]
+    assert f"--environment_config={CPU_IMAGE}" in cluster
+    assert not any(a.startswith("--setup_file") for a in cluster)  # the image has the package
+    stock = pipeline_args("flink", None, ["--flink_master=jm:8081"])
+    assert f"--setup_file={setup_file()}" in stock and "--parallelism" not in " ".join(stock)
+    external = pipeline_args("flink", 2, ["--flink_master=jm:8081", "--environment_type=EXTERNAL",
+                                          "--environment_config=localhost:50000"])
+    assert external == ["--flink_master=jm:8081", "--environment_type=EXTERNAL", "--environment_config=localhost:50000",
+                        "--runner=FlinkRunner", "--parallelism=2"]
+
+
+def test_dataflow_args_cpu_and_gpu():
+    cpu = pipeline_args("dataflow", 10, GCP)
+    assert cpu == GCP + ["--runner=DataflowRunner", f"--setup_file={setup_file()}", "--max_num_workers=10"]
+    gpu = pipeline_args("dataflow", 2, [*GCP, "--gpu", "nvidia-l4", f"--sdk_container_image={GPU_IMAGE}"])
+    assert "--gpu" not in gpu and "nvidia-l4" not in gpu  # ours, consumed
+    assert "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver" in gpu
+    assert "--experiments=no_use_multiple_sdk_containers" in gpu and "--machine_type=g2-standard-8" in gpu
+    mine = pipeline_args("dataflow", None, [*GCP, "--gpu=nvidia-h100-80gb:2", "--machine_type=a3-custom",
+                                            "--experiments=no_use_multiple_sdk_containers",
+                                            f"--sdk_container_image={GPU_IMAGE}"])
+    assert "--machine_type=a3-custom" in mine and not any(a.startswith("--machine_type=a3-highgpu") for a in mine)
+    assert mine.count("--experiments=no_use_multiple_sdk_containers") == 1
+    assert "--dataflow_service_options=worker_accelerator=type:nvidia-h100-80gb;count:2;install-nvidia-driver" in mine
+    assert parse_gpu("NVIDIA-L4:4") == ("nvidia-l4", 4) and GPU_MACHINES["nvidia-l4"][4] == "g2-standard-48"
+    with pytest.raises(RunnerOptionsError, match="sdk_container_image"):
+        pipeline_args("dataflow", None, [*GCP, "--gpu", "nvidia-l4"])
+    with pytest.raises(RunnerOptionsError, match="TYPE:COUNT"):
+        pipeline_args("dataflow", None, [*GCP, "--gpu=nvidia-l4:x", f"--sdk_container_image={GPU_IMAGE}"])
+    with pytest.raises(RunnerOptionsError, match="give --machine_type"):
+        pipeline_args("dataflow", None, [*GCP, "--gpu=nvidia-tesla-t4:3", f"--sdk_container_image={GPU_IMAGE}"])
+    with pytest.raises(RunnerOptionsError, match="needs a value"):
+        pipeline_args("dataflow", None, [*GCP, "--gpu"])
+
+
+def test_cli_refuses_bad_runner_flags_before_running(tmp_path, capsys):
+    from refinery.beam_pipelines.cli import main
+
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "x"}])
+    out = tmp_path / "out"
+    assert main(["prep", "--input", str(tmp_path / "in"), "--output", str(out), "--runner", "dataflow",
+                 *GCP, "--gpu", "nvidia-l4"]) == 2
+    assert "refinery prep: --gpu nvidia-l4: give --sdk_container_image" in capsys.readouterr().err
+    assert main(["decon", "--eval", str(tmp_path / "in"), "--train", str(tmp_path / "in"), "--output", str(out),
+                 "--runner", "dataflow", *GCP, "--gpu=nvidia-l4:0", f"--sdk_container_image={GPU_IMAGE}"]) == 2
+    assert "refinery decon: --gpu 'nvidia-l4:0': expected TYPE or TYPE:COUNT" in capsys.readouterr().err
+    assert not out.exists()  # nothing was planned or written
+
+
+# ---------------------------------------------------------------------------------------
+# Pipelines: one entry each (tiny inputs -> stages)
+# ---------------------------------------------------------------------------------------
+
+def prep_pipeline(root: Path):
+    from refinery.beam_pipelines.prep import PrepConfig, build_stages
+    from refinery.transforms import io
+
+    write_jsonl(root / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
+    write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
+    cfg = PrepConfig(inputs=io.expand_inputs([str(root / "in")]), output=str(root / "out"), dataset="t",
+                     num_shards=2)
+    return build_stages(cfg), cfg.output, ["tokenize", "pack"]
+
+
+def decon_pipeline(root: Path):
+    from refinery.transforms.decon_stages import DeconSettings, build_stages
+
+    write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
+    write_jsonl(root / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(5, offset=2))])
+    settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
+                             partitions=4)
+    output = str(root / "out")
+    return build_stages(settings, output), output, ["index", "scan"]
+
+
+PIPELINES: dict[str, Callable[[Path], tuple[list, str, list[str]]]] = {
+    "prep": prep_pipeline,
+    "decon": decon_pipeline,
+}
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Refuse (and record) every connection and name lookup that is not to this machine."""
+    attempts: list = []
+    local = ("127.0.0.1", "::1", "localhost")
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[0] not in local:
+            attempts.append(address)
+            raise OSError(f"test: network refused ({address})")
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in local and host is not None:
+            attempts.append(host)
+            raise socket.gaierror(f"test: name lookup refused ({host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return attempts
+
+
+# runner -> (our extra flags, the environment urn its workers get)
+RUNNER_CASES = {
+    "direct": ([], None),
+    "local": ([], None),
+    "portable": ([], "beam:env:embedded_python_loopback:v1"),
+    "flink": (["--flink_master=flink-jm:8081", f"--sdk_container_image={CPU_IMAGE}"], "beam:env:docker:v1"),
+    # without --dry_run, building a DataflowRunner pipeline already asks GCS about the
+    # temp bucket (Beam's option validation); --dry_run skips that
+    "dataflow": ([*GCP, "--dry_run=True"], None),
+}
+
+
+def _run_units_transform(proto):
+    matches = [t for t in proto.components.transforms.values() if t.unique_name.endswith("/RunUnits")]
+    assert len(matches) == 1, [t.unique_name for t in proto.components.transforms.values()]
+    return matches[0]
+
+
+def _unpickled_dofn(transform):
+    from apache_beam.internal import pickler
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+    return pickler.loads(payload.do_fn.payload)[0]  # (fn, args, kwargs, side inputs, windowing)
+
+
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
+def test_each_stage_translates_for_each_runner(pipeline, tmp_path, no_network):
+    from refinery.transforms.stages import bind_stages
+
+    stages, output, beam_stage_names = PIPELINES[pipeline](tmp_path)
+    runs = {r.name: r for r in bind_stages(stages, output)}
+    for runner, (extra, env_urn) in RUNNER_CASES.items():
+        built = list(stage_pipelines(stages, output, pipeline_args(runner, 2, extra)))
+        assert [run.name for run, _ in built] == beam_stage_names, runner
+        for run, p in built:
+            proto = runner_api(p)
+            transform = _run_units_transform(proto)
+            if env_urn is not None:
+                assert proto.components.environments[transform.environment_id].urn == env_urn, (runner, run.name)
+            if env_urn == "beam:env:docker:v1":
+                from apache_beam.portability.api import beam_runner_api_pb2
+                docker = beam_runner_api_pb2.DockerPayload.FromString(
+                    proto.components.environments[transform.environment_id].payload)
+                assert docker.container_image == CPU_IMAGE
+            fn = _unpickled_dofn(transform)
+            assert type(fn).__name__ == "RunUnitFn"
+            assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (run.name, runs[run.name].stage_hash, output)
+            assert [u.id for u in fn.run.stage.plan()] == [u.id for u in runs[run.name].stage.plan()]
+            assert not list(Path(output).glob(".refinery/*/*/receipts/*")), "building must not run units"
+    assert no_network == []
+
+
+# ---------------------------------------------------------------------------------------
+# Dataflow --dry_run, with the network refused (fixture above)
+# ---------------------------------------------------------------------------------------
+
+def _pool(job):
+    pools = job.proto.environment.worker_pools
+    assert len(pools) == 1
+    return pools[0]
+
+
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
+def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network):
+    stages, output, beam_stage_names = PIPELINES[pipeline](tmp_path)
+    args = pipeline_args("dataflow", 7, [*GCP, f"--sdk_container_image={CPU_IMAGE}", "--machine_type=n2-standard-8",
+                                         f"--job_name=refinery-{pipeline}"])
+    jobs = list(dataflow_jobs(stages, output, args))
+    assert [run.name for run, _ in jobs] == beam_stage_names
+    for run, job in jobs:
+        env = job.proto.environment
+        pool = _pool(job)
+        assert job.proto.name == f"refinery-{pipeline}" and job.proto.type_.name == "JOB_TYPE_BATCH"
+        assert pool.machine_type == "n2-standard-8" and pool.autoscaling_settings.max_num_workers == 7
+        assert pool.worker_harness_container_image == CPU_IMAGE
+        assert "workflow.tar.gz" in {p.name for p in pool.packages}  # the --setup_file sdist
+        assert "use_runner_v2" in env.experiments
+        assert env.temp_storage_prefix.startswith("storage.googleapis.com/refinery-test-bucket/tmp")
+        transform = _run_units_transform(job.proto_pipeline)
+        assert job.proto_pipeline.components.environments[transform.environment_id].urn == "beam:env:docker:v1"
+        assert _unpickled_dofn(transform).run.stage_hash == next(
+            r for r, _ in jobs if r.name == run.name).stage_hash
+    # the sdist that workers would pip-install holds every package of this project
+    names = _staged_sdist_names(jobs[0][1].proto_pipeline)
+    for module in ("setup.py", "runners/dataflow.py", "transforms/stages.py", "beam_pipelines/cli.py",
+                   "kernels/model.py"):
+        assert any(n.endswith(module) for n in names), module
+    assert no_network == []
+
+
+def _staged_sdist_names(proto_pipeline) -> list[str]:
+    import tarfile
+
+    from apache_beam.portability import common_urns
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    for env in proto_pipeline.components.environments.values():
+        for dep in env.dependencies:
+            if dep.role_urn != common_urns.artifact_roles.STAGING_TO.urn:
+                continue
+            staged = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dep.role_payload).staged_name
+            if staged == "workflow.tar.gz":
+                path = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload).path
+                with tarfile.open(path) as tar:
+                    return tar.getnames()
+    raise AssertionError("no workflow.tar.gz among the staged artifacts")
+
+
+def test_dataflow_gpu_dry_run(tmp_path, no_network):
+    """The GPU flags reach the job description (shown on prep's stages; any pipeline's are alike)."""
+    stages, output, _ = prep_pipeline(tmp_path)
+    args = pipeline_args("dataflow", 3, [*GCP, "--gpu", "nvidia-l4:2", f"--sdk_container_image={GPU_IMAGE}"])
+    run, job = next(iter(dataflow_jobs(stages, output, args)))
+    env, pool = job.proto.environment, _pool(job)
+    assert list(env.service_options) == ["worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"]
+    assert "no_use_multiple_sdk_containers" in env.experiments and "use_multiple_sdk_containers" not in env.experiments
+    assert pool.machine_type == "g2-standard-24" and pool.worker_harness_container_image == GPU_IMAGE
+    assert no_network == []
+
+
+def test_progress_reads_each_completed_receipt_once(tmp_path):
+    """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
+    from refinery.transforms import io
+    from refinery.transforms.stages import RECEIPT_SCHEMA, Stage, bind_stages
+
+    class One(Stage):
+        name = "one"
+
+        def plan(self):
+            return []
+
+    [run] = bind_stages([One()], str(tmp_path))
+
+    def receipt(unit, status, n):
+        io.atomic_write_json(run.receipt_path(unit), {"schema": RECEIPT_SCHEMA, "stage_hash": run.stage_hash,
+                                                      "unit": unit, "status": status, "stats": {"n": n}})
+
+    receipt("a", "completed", 1)
+    receipt("b", "failed", 2)
+    cache: dict = {}
+    assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts(cache)) == [("a", 1), ("b", 2)]
+    assert list(cache) == [run.receipt_path("a")]
+    receipt("a", "completed", 10)  # not read again: the cached copy is used
+    receipt("b", "completed", 20)  # a failed unit that completed since: read again
+    receipt("c", "completed", 30)  # new
+    assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts(cache)) == [("a", 1), ("b", 20), ("c", 30)]
+    assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts()) == [("a", 10), ("b", 20), ("c", 30)]
+
+
+# ---------------------------------------------------------------------------------------
+# Inference pipelines (generate, hydra oracle-label): their infer stage builds one Beam job
+# per wave inside generate_stages.run_wave, so it is checked by running that real code with
+# DataflowRunner --dry_run: translation and job construction, no units, no network.
+# ---------------------------------------------------------------------------------------
+
+def _inference_stages(root: Path, task_name: str):
+    from engine_fixtures import write_harmony_checkpoint
+
+    from refinery.beam_pipelines import generate
+    from refinery.transforms.generate_stages import GenerateTask, build_stages
+    from refinery.transforms.hydra_oracle import OracleTask
+    from refinery.transforms.inference import GenerationParams
+
+    ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
+    write_jsonl(root / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
+    args, rest = generate.build_parser().parse_known_args(
+        ["--checkpoint", str(ckpt), "--input", str(root / "in"), "--output", str(root / "out"), "--device", "cpu",
+         "--dtype", "float32", "--max-tokens", "4", "--docs-per-unit", "2", "--wave-units", "8"])
+    assert not rest
+    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    engine, handler = generate.engine_settings(args), generate.handler_options(args)
+    task = (GenerateTask(engine, params, args.template, handler) if task_name == "generate"
+            else OracleTask(engine, params, handler))
+    return build_stages(task, generate.document_source(args), args.wave_units), str(root / "out")
+
+
+INFERENCE_PIPELINES = {"generate": "generate", "hydra oracle-label": "oracle"}
+
+
+@pytest.mark.parametrize("pipeline", sorted(INFERENCE_PIPELINES))
+def test_inference_pipelines_dataflow_gpu_dry_run(pipeline, tmp_path, no_network):
+    pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+    from refinery.transforms.generate_stages import infer_runner
+    from refinery.transforms.stages import bind_stages
+
+    stages, output = _inference_stages(tmp_path, INFERENCE_PIPELINES[pipeline])
+    infer = bind_stages(stages, output)[0]
+    assert infer.name == "infer" and not infer.stage.local and len(infer.stage.plan()) == 2
+    args = pipeline_args("dataflow", 2, [*GCP, "--gpu", "nvidia-l4", f"--sdk_container_image={GPU_IMAGE}",
+                                         "--dry_run=True"])
+    infer_runner(infer, infer.stage.plan(), args, False)  # the real wave job, built and dry-run
+    assert not list(Path(output).rglob("*.json")), "a dry run must not run units"
+    assert no_network == []
