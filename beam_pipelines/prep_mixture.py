@@ -99,6 +99,16 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
                       max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc)
 
 
+def split_stages(plan, num_shards: int, workers: int):
+    """(prep config, prep stages) of one source/split: the resumable run :func:`_run_all` does
+    for it (``refinery.runners.translate`` builds its Beam jobs without running them)."""
+    from refinery.beam_pipelines.prep import build_stages
+
+    inputs, desc = resolve_inputs(plan)
+    cfg = prep_config(plan, inputs, desc, num_shards, workers)
+    return cfg, build_stages(cfg)
+
+
 def receipt_status(cfg) -> tuple[str, str]:
     """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
     pack and manifest, verifies) | partial | pending."""
@@ -195,7 +205,7 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines import command
-    from refinery.beam_pipelines.prep import build_stages, clear_stale_manifest
+    from refinery.beam_pipelines.prep import clear_stale_manifest
     from refinery.transforms import io
     from refinery.transforms import mixture as mx
     from refinery.transforms.stages import run_stages
@@ -206,9 +216,8 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
         print(f"[{i}/{len(plans)}] {plan.label}: budget {mx.format_tokens(plan.budget)} tokens -> {plan.output}",
               file=sys.stderr)
         try:
-            inputs, desc = resolve_inputs(plan)
-            cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
-            result = run_stages(build_stages(cfg), cfg.output, beam_args, verify_checksums=args.verify_checksums,
+            cfg, stages = split_stages(plan, args.num_shards, workers)
+            result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,
                                 force=args.force, progress=not args.no_progress,
                                 run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
                                           "split": plan.split}, on_plan=clear_stale_manifest)

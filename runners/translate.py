@@ -1,22 +1,27 @@
 """Build a pipeline's Beam jobs without running them: runner-API protos and Dataflow dry runs.
 
 Every pipeline is a list of stages (``refinery.transforms.stages``); each stage that is not
-``local`` becomes one Beam job over its pending units. These helpers build those jobs for
+``local`` becomes one Beam job over its pending units (the ``infer`` stage of the inference
+pipelines: one job per wave of units). These helpers build those jobs for
 a whole plan so that a job can be checked before anything runs:
 
-- :func:`stage_pipelines`: (stage run, Beam pipeline) for each Beam stage, every unit of
-  its plan, built with the given Beam arguments (any runner's).
+- :func:`stage_pipelines`: (stage run, Beam pipeline) for each Beam job of each Beam stage,
+  every unit of its plan, built with the given Beam arguments (any runner's). A stage is one
+  job (:func:`refinery.transforms.stages.build_stage_pipeline`) unless a ``builder`` says
+  otherwise: the inference pipelines (generate, hydra oracle-label and grade) pass
+  :func:`refinery.transforms.generate_stages.wave_pipelines`, one job per wave of ``infer``
+  units, as they pass ``infer_runner`` to ``run_stages``.
 - :func:`runner_api`: the portable runner-API proto of a built pipeline, with the
   environment the runner would give it (what a portable job server such as Flink's
   receives).
-- :func:`dataflow_jobs`: each Beam stage on DataflowRunner with ``--dry_run``: the
+- :func:`dataflow_jobs`: each of those jobs on DataflowRunner with ``--dry_run``: the
   runner applies its overrides, translates, resolves the container image and stages
   nothing; yields the Dataflow job description (``apiclient.Job``) it would submit.
   Needs ``--project``, ``--region``, ``--temp_location=gs://...`` among the Beam arguments.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from .args import has
 
@@ -28,11 +33,22 @@ def beam_stages(stages: list[Stage], output: str) -> list[tuple[StageRun, list[U
     return [(run, run.stage.plan()) for run in bind_stages(stages, output) if not run.stage.local]
 
 
-def stage_pipelines(stages: list[Stage], output: str, beam_args: list[str],
-                    verify_checksums: bool = False) -> Iterator[tuple[StageRun, object]]:
-    """(stage run, built ``beam.Pipeline``) for each Beam stage; nothing is run or written."""
+# (stage run, its units, Beam arguments, verify checksums) -> the stage's built Beam jobs
+PipelineBuilder = Callable[[StageRun, list[Unit], list[str], bool], Iterable[object]]
+
+
+def one_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool = False):
+    """The default :data:`PipelineBuilder`: the stage's units in one job (what ``run_stages`` runs)."""
+    return [build_stage_pipeline(run, units, beam_args, verify_checksums)]
+
+
+def stage_pipelines(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False,
+                    builder: PipelineBuilder | None = None) -> Iterator[tuple[StageRun, object]]:
+    """(stage run, built ``beam.Pipeline``) for each Beam job of each Beam stage, in run
+    order; nothing is run or written. ``builder``: see the module docstring."""
     for run, units in beam_stages(stages, output):
-        yield run, build_stage_pipeline(run, units, beam_args, verify_checksums)
+        for pipeline in (builder or one_pipeline)(run, units, beam_args, verify_checksums):
+            yield run, pipeline
 
 
 def default_environment(pipeline):
@@ -48,9 +64,9 @@ def runner_api(pipeline):
     return pipeline.to_runner_api(default_environment=default_environment(pipeline))
 
 
-def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str],
-                  verify_checksums: bool = False) -> Iterator[tuple[StageRun, object]]:
-    """(stage run, Dataflow job) for each Beam stage, built with DataflowRunner and
+def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False,
+                  builder: PipelineBuilder | None = None) -> Iterator[tuple[StageRun, object]]:
+    """(stage run, Dataflow job) for each Beam job of :func:`stage_pipelines`, built with DataflowRunner and
     ``--dry_run``: the runner applies its overrides, translates the pipeline, resolves the
     container image and builds the job description (``apiclient.Job``; ``.proto`` is the
     Dataflow Job message, with its environment from :func:`job_environment`) but submits
@@ -62,7 +78,7 @@ def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str],
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
-    for run, pipeline in stage_pipelines(stages, output, args, verify_checksums):
+    for run, pipeline in stage_pipelines(stages, output, args, verify_checksums, builder):
         if not isinstance(pipeline.runner, DataflowRunner):
             raise ValueError(f"stage {run.name}: runner is {type(pipeline.runner).__name__}, not DataflowRunner")
         job = pipeline.run().job

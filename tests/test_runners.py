@@ -1,19 +1,23 @@
 """Runner options, and every Beam stage of every pipeline built for every runner without running it.
 
 - ``pipeline_args`` per target (local, direct, portable, flink, dataflow incl. ``--gpu``).
-- Each Beam stage of each pipeline in :data:`PIPELINES`, under each runner's options,
-  builds and translates to the runner-API proto with its runner's environment; the
-  ``RunUnits`` DoFn in that proto unpickles to the same stage (hash, output, units).
-- The same stages on DataflowRunner with ``--dry_run``: the job description Dataflow
+- Each Beam job of each pipeline in :data:`PIPELINES` (prep, prep-mixture, decon, generate,
+  hydra oracle-label, hydra grade), under each runner's options, builds and translates to
+  the runner-API proto with its runner's environment; the DoFn that writes the units'
+  receipts (``RunUnits`` of a stage job, ``Write`` of an inference wave) unpickles to the
+  same stage (hash, output, units), and an inference wave holds its task's model handler.
+- The same jobs on DataflowRunner with ``--dry_run``: the job description Dataflow
   would receive (worker pool, image, packages, service options), with every network
   connection attempt refused and recorded (there must be none).
 
 Adding a pipeline = one entry in :data:`PIPELINES`: a function that writes tiny inputs
-under a folder and returns (stages, output, names of its Beam stages).
+under a folder and returns its resumable runs (:class:`Jobs`: stages, output, the stage of
+each Beam job, how stages become jobs).
 """
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -109,10 +113,24 @@ def test_cli_refuses_bad_runner_flags_before_running(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------
-# Pipelines: one entry each (tiny inputs -> stages)
+# Pipelines: one entry each (tiny inputs -> the resumable runs it would do)
 # ---------------------------------------------------------------------------------------
 
-def prep_pipeline(root: Path):
+@dataclass
+class Jobs:
+    """One resumable run of a pipeline: its stages and output, the stage of each Beam job it
+    builds (in order), and how its stages become Beam jobs: ``builder`` None = one job per
+    stage, run by ``RunUnits``; ``wave_pipelines`` = one RunInference job per wave of
+    ``infer`` units, written by ``Write``, whose model handler is ``handler``."""
+
+    stages: list
+    output: str
+    job_stages: list[str]
+    builder: Callable | None = None
+    handler: str | None = None
+
+
+def prep_pipeline(root: Path) -> list[Jobs]:
     from refinery.beam_pipelines.prep import PrepConfig, build_stages
     from refinery.transforms import io
 
@@ -120,10 +138,40 @@ def prep_pipeline(root: Path):
     write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
     cfg = PrepConfig(inputs=io.expand_inputs([str(root / "in")]), output=str(root / "out"), dataset="t",
                      num_shards=2)
-    return build_stages(cfg), cfg.output, ["tokenize", "pack"]
+    return [Jobs(build_stages(cfg), cfg.output, ["tokenize", "pack"])]
 
 
-def decon_pipeline(root: Path):
+def prep_mixture_pipeline(root: Path) -> list[Jobs]:
+    """A one-source mixture with a train and a valid split: two prep runs, as ``_run_all`` does them."""
+    from refinery.beam_pipelines.prep_mixture import split_stages
+    from refinery.transforms import mixture as mx
+
+    write_jsonl(root / "corpus" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
+    write_jsonl(root / "corpus" / "a_valid.jsonl", [{"text": t} for t in gsm8k_texts(2, offset=6)])
+    (root / "mix.toml").write_text('''
+data_root = "data"
+[flows.tiny]
+total_tokens_b = 0.000004
+[mixtures.pretrain]
+[[mixtures.pretrain.sources]]
+id = "alpha"
+percent = 100.0
+path = "corpus/a.jsonl"
+valid_path = "corpus/a_valid.jsonl"
+''')
+    mf = mx.load_mixture_file(str(root / "mix.toml"))
+    mixture = mx.select_mixture(mf, "pretrain")
+    plans, skipped = mx.plan_mixture(mixture, mf.data_root, ["train", "valid"], mx.flow_target(mf, mixture, "tiny"))
+    assert [p.label for p in plans] == ["alpha/train", "alpha/valid"] and not skipped
+    jobs = []
+    for plan in plans:
+        cfg, stages = split_stages(plan, num_shards=2, workers=2)
+        assert cfg.output == str(root / "data" / "alpha" / plan.split) and cfg.max_tokens == plan.budget
+        jobs.append(Jobs(stages, cfg.output, ["tokenize", "pack"]))
+    return jobs
+
+
+def decon_pipeline(root: Path) -> list[Jobs]:
     from refinery.transforms.decon_stages import DeconSettings, build_stages
 
     write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
@@ -131,13 +179,98 @@ def decon_pipeline(root: Path):
     settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
                              partitions=4)
     output = str(root / "out")
-    return build_stages(settings, output), output, ["index", "scan"]
+    return [Jobs(build_stages(settings, output), output, ["index", "scan"])]
 
 
-PIPELINES: dict[str, Callable[[Path], tuple[list, str, list[str]]]] = {
+# Inference pipelines: 3 documents, 2 per unit, 1 unit per wave -> 2 infer jobs (merge is local).
+# Their stages are built the way their commands build them (parsed CLI arguments).
+
+def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> list[Jobs]:
+    pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+    from engine_fixtures import write_harmony_checkpoint
+
+    from refinery.beam_pipelines import generate, hydra
+    from refinery.transforms.generate_stages import build_stages, wave_pipelines
+
+    ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
+    common = ["--checkpoint", str(ckpt), "--output", str(root / "out"), "--device", "cpu", "--dtype", "float32",
+              "--docs-per-unit", "2", "--wave-units", "1"]
+    parser = generate.build_parser() if command == "generate" else hydra.build_parser()
+    args, rest = parser.parse_known_args([*argv, *common])
+    assert not rest
+    engine, options = generate.engine_settings(args), generate.handler_options(args)
+    if command == "generate":
+        from refinery.transforms.generate_stages import GenerateTask
+        from refinery.transforms.inference import GenerationParams
+
+        task = GenerateTask(engine, GenerationParams(max_tokens=args.max_tokens), args.template, options)
+    elif command == "oracle-label":
+        from refinery.transforms.hydra_oracle import OracleTask
+        from refinery.transforms.inference import GenerationParams
+
+        task = OracleTask(engine, GenerationParams(max_tokens=args.max_tokens), options)
+    else:
+        from refinery.transforms.hydra_grade import GradeTask
+
+        task = GradeTask(engine, args.heads_dir, args.calibration, args.max_ctx, options)
+    stages = build_stages(task, generate.document_source(args), args.wave_units)
+    return [Jobs(stages, args.output, ["infer", "infer"], wave_pipelines, handler)]
+
+
+def _docids(root: Path, n: int) -> Path:
+    """A doc-id file of ``n`` documents in a tiny .npy token shard under ``root/data``."""
+    import numpy as np
+
+    (root / "data" / "t").mkdir(parents=True)
+    np.save(root / "data" / "t" / "shard.npy", np.arange(10 * n, dtype=np.uint32))
+    path = root / "docids.jsonl"
+    write_jsonl(path, [{"doc_id": f"t//t/shard.npy#s={10 * i}:e={10 * i + 10}"} for i in range(n)])
+    return path
+
+
+def generate_pipeline(root: Path) -> list[Jobs]:
+    write_jsonl(root / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
+    return _inference_jobs(root, "generate", ["--input", str(root / "in"), "--max-tokens", "4"],
+                           "GptOssModelHandler")
+
+
+def oracle_label_pipeline(root: Path) -> list[Jobs]:
+    return _inference_jobs(root, "oracle-label", ["oracle-label", "--input-docids", str(_docids(root, 3)),
+                                                  "--data-root", str(root / "data"), "--max-tokens", "4"],
+                           "GptOssModelHandler")
+
+
+def grade_pipeline(root: Path) -> list[Jobs]:
+    """Heads and calibration are the real files (untrained heads of the checkpoint's width,
+    saved by ``save_head``; a calibration fitted by ``calibrate`` on 20 score rows)."""
+    pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+    import numpy as np
+    from engine_fixtures import tiny_config
+
+    from refinery.transforms.hydra_calibrate import calibrate, write_calibration
+    from refinery.transforms.hydra_heads import JudgeHead, ProbeHead, load_head, save_head
+
+    hidden = tiny_config().hidden_size
+    save_head(str(root / "heads" / "hydra_probe.pt"), ProbeHead(hidden), "probe", 1, {})
+    save_head(str(root / "heads" / "hydra_judge.pt"), JudgeHead(hidden, mid_dim=16), "judge", 1, {})
+    assert load_head(str(root / "heads" / "hydra_judge.pt"))[1]["mid_dim"] == 16
+    scores = np.random.default_rng(0).integers(0, 5, size=(20, 5)).astype(float)
+    write_calibration(str(root / "cal"), calibrate(scores))
+    return _inference_jobs(root, "grade", ["grade", "--input-docids", str(_docids(root, 3)), "--data-root",
+                                           str(root / "data"), "--heads-dir", str(root / "heads"),
+                                           "--calibration", str(root / "cal"), "--max-ctx", "64"],
+                           "HydraGradeHandler")
+
+
+PIPELINES: dict[str, Callable[[Path], list[Jobs]]] = {
     "prep": prep_pipeline,
+    "prep-mixture": prep_mixture_pipeline,
     "decon": decon_pipeline,
+    "generate": generate_pipeline,
+    "hydra oracle-label": oracle_label_pipeline,
+    "hydra grade": grade_pipeline,
 }
+
 
 @pytest.fixture
 def no_network(monkeypatch):
@@ -175,8 +308,12 @@ RUNNER_CASES = {
 }
 
 
-def _run_units_transform(proto):
-    matches = [t for t in proto.components.transforms.values() if t.unique_name.endswith("/RunUnits")]
+def _unit_transform(proto, jobs: Jobs):
+    """The transform whose DoFn writes the units' receipts: ``.../RunUnits`` of a stage job,
+    ``Write`` of an inference wave."""
+    name = "Write" if jobs.builder else "RunUnits"
+    matches = [t for t in proto.components.transforms.values()
+               if t.unique_name == name or t.unique_name.endswith("/" + name)]
     assert len(matches) == 1, [t.unique_name for t in proto.components.transforms.values()]
     return matches[0]
 
@@ -189,36 +326,65 @@ def _unpickled_dofn(transform):
     return pickler.loads(payload.do_fn.payload)[0]  # (fn, args, kwargs, side inputs, windowing)
 
 
+def _model_handler(proto) -> str:
+    """Class name of the model handler inside the (keyed) RunInference DoFn of a wave job."""
+    from apache_beam.portability import common_urns
+
+    handlers = []
+    for t in proto.components.transforms.values():
+        if t.unique_name.startswith("Infer/") and t.spec.urn == common_urns.primitives.PAR_DO.urn:
+            fn = _unpickled_dofn(t)
+            keyed = getattr(fn, "_model_handler", None)
+            if keyed is not None:
+                handlers.append(type(keyed._unkeyed).__name__)
+    assert len(handlers) == 1, handlers
+    return handlers[0]
+
+
+def _check_job(proto, jobs: Jobs, run, bound: dict, env_urn: str | None, image: str | None):
+    """The job's unit-writing DoFn carries the same stage run (name, hash, output, plan) as
+    binding the stages does; its environment is the runner's."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    transform = _unit_transform(proto, jobs)
+    env = proto.components.environments[transform.environment_id]
+    if env_urn is not None:
+        assert env.urn == env_urn, run.name
+    if image is not None:
+        assert beam_runner_api_pb2.DockerPayload.FromString(env.payload).container_image == image
+    fn = _unpickled_dofn(transform)
+    assert type(fn).__name__ == ("WriteUnitFn" if jobs.builder else "RunUnitFn")
+    expected = bound[run.name]
+    assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (run.name, expected.stage_hash, jobs.output)
+    assert [u.id for u in fn.run.stage.plan()] == [u.id for u in expected.stage.plan()]
+    if jobs.handler:
+        assert _model_handler(proto) == jobs.handler
+
+
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_each_stage_translates_for_each_runner(pipeline, tmp_path, no_network):
     from refinery.transforms.stages import bind_stages
 
-    stages, output, beam_stage_names = PIPELINES[pipeline](tmp_path)
-    runs = {r.name: r for r in bind_stages(stages, output)}
-    for runner, (extra, env_urn) in RUNNER_CASES.items():
-        built = list(stage_pipelines(stages, output, pipeline_args(runner, 2, extra)))
-        assert [run.name for run, _ in built] == beam_stage_names, runner
-        for run, p in built:
-            proto = runner_api(p)
-            transform = _run_units_transform(proto)
-            if env_urn is not None:
-                assert proto.components.environments[transform.environment_id].urn == env_urn, (runner, run.name)
-            if env_urn == "beam:env:docker:v1":
-                from apache_beam.portability.api import beam_runner_api_pb2
-                docker = beam_runner_api_pb2.DockerPayload.FromString(
-                    proto.components.environments[transform.environment_id].payload)
-                assert docker.container_image == CPU_IMAGE
-            fn = _unpickled_dofn(transform)
-            assert type(fn).__name__ == "RunUnitFn"
-            assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (run.name, runs[run.name].stage_hash, output)
-            assert [u.id for u in fn.run.stage.plan()] == [u.id for u in runs[run.name].stage.plan()]
-            assert not list(Path(output).glob(".refinery/*/*/receipts/*")), "building must not run units"
+    for jobs in PIPELINES[pipeline](tmp_path):
+        bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
+        for runner, (extra, env_urn) in RUNNER_CASES.items():
+            built = list(stage_pipelines(jobs.stages, jobs.output, pipeline_args(runner, 2, extra),
+                                         builder=jobs.builder))
+            assert [run.name for run, _ in built] == jobs.job_stages, runner
+            for run, p in built:
+                image = CPU_IMAGE if env_urn == "beam:env:docker:v1" else None
+                _check_job(runner_api(p), jobs, run, bound, env_urn, image)
+        assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "building must not run units"
     assert no_network == []
 
 
 # ---------------------------------------------------------------------------------------
 # Dataflow --dry_run, with the network refused (fixture above)
 # ---------------------------------------------------------------------------------------
+
+def job_name(pipeline: str) -> str:
+    return "refinery-" + pipeline.replace(" ", "-")
+
 
 def _pool(job):
     pools = job.proto.environment.worker_pools
@@ -228,26 +394,29 @@ def _pool(job):
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network):
-    stages, output, beam_stage_names = PIPELINES[pipeline](tmp_path)
-    args = pipeline_args("dataflow", 7, [*GCP, f"--sdk_container_image={CPU_IMAGE}", "--machine_type=n2-standard-8",
-                                         f"--job_name=refinery-{pipeline}"])
-    jobs = list(dataflow_jobs(stages, output, args))
-    assert [run.name for run, _ in jobs] == beam_stage_names
-    for run, job in jobs:
-        env = job.proto.environment
-        pool = _pool(job)
-        assert job.proto.name == f"refinery-{pipeline}" and job.proto.type_.name == "JOB_TYPE_BATCH"
-        assert pool.machine_type == "n2-standard-8" and pool.autoscaling_settings.max_num_workers == 7
-        assert pool.worker_harness_container_image == CPU_IMAGE
-        assert "workflow.tar.gz" in {p.name for p in pool.packages}  # the --setup_file sdist
-        assert "use_runner_v2" in env.experiments
-        assert env.temp_storage_prefix.startswith("storage.googleapis.com/refinery-test-bucket/tmp")
-        transform = _run_units_transform(job.proto_pipeline)
-        assert job.proto_pipeline.components.environments[transform.environment_id].urn == "beam:env:docker:v1"
-        assert _unpickled_dofn(transform).run.stage_hash == next(
-            r for r, _ in jobs if r.name == run.name).stage_hash
+    from refinery.transforms.stages import bind_stages
+
+    first_job = None
+    for jobs in PIPELINES[pipeline](tmp_path):
+        bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
+        args = pipeline_args("dataflow", 7, [*GCP, f"--sdk_container_image={CPU_IMAGE}",
+                                             "--machine_type=n2-standard-8", f"--job_name={job_name(pipeline)}"])
+        built = list(dataflow_jobs(jobs.stages, jobs.output, args, builder=jobs.builder))
+        assert [run.name for run, _ in built] == jobs.job_stages
+        for run, job in built:
+            env = job.proto.environment
+            pool = _pool(job)
+            assert job.proto.name == job_name(pipeline) and job.proto.type_.name == "JOB_TYPE_BATCH"
+            assert pool.machine_type == "n2-standard-8" and pool.autoscaling_settings.max_num_workers == 7
+            assert pool.worker_harness_container_image == CPU_IMAGE
+            assert "workflow.tar.gz" in {p.name for p in pool.packages}  # the --setup_file sdist
+            assert "use_runner_v2" in env.experiments
+            assert env.temp_storage_prefix.startswith("storage.googleapis.com/refinery-test-bucket/tmp")
+            _check_job(job.proto_pipeline, jobs, run, bound, "beam:env:docker:v1", CPU_IMAGE)
+        assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "a dry run must not run units"
+        first_job = first_job or built[0][1]
     # the sdist that workers would pip-install holds every package of this project
-    names = _staged_sdist_names(jobs[0][1].proto_pipeline)
+    names = _staged_sdist_names(first_job.proto_pipeline)
     for module in ("setup.py", "runners/dataflow.py", "transforms/stages.py", "beam_pipelines/cli.py",
                    "kernels/model.py"):
         assert any(n.endswith(module) for n in names), module
@@ -273,14 +442,17 @@ def _staged_sdist_names(proto_pipeline) -> list[str]:
 
 
 def test_dataflow_gpu_dry_run(tmp_path, no_network):
-    """The GPU flags reach the job description (shown on prep's stages; any pipeline's are alike)."""
-    stages, output, _ = prep_pipeline(tmp_path)
+    """The GPU flags reach the job description of each of generate's wave jobs (any pipeline's are alike)."""
+    [jobs] = generate_pipeline(tmp_path)
     args = pipeline_args("dataflow", 3, [*GCP, "--gpu", "nvidia-l4:2", f"--sdk_container_image={GPU_IMAGE}"])
-    run, job = next(iter(dataflow_jobs(stages, output, args)))
-    env, pool = job.proto.environment, _pool(job)
-    assert list(env.service_options) == ["worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"]
-    assert "no_use_multiple_sdk_containers" in env.experiments and "use_multiple_sdk_containers" not in env.experiments
-    assert pool.machine_type == "g2-standard-24" and pool.worker_harness_container_image == GPU_IMAGE
+    built = list(dataflow_jobs(jobs.stages, jobs.output, args, builder=jobs.builder))
+    assert [run.name for run, _ in built] == ["infer", "infer"]
+    for _, job in built:
+        env, pool = job.proto.environment, _pool(job)
+        assert list(env.service_options) == ["worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"]
+        assert "no_use_multiple_sdk_containers" in env.experiments
+        assert "use_multiple_sdk_containers" not in env.experiments
+        assert pool.machine_type == "g2-standard-24" and pool.worker_harness_container_image == GPU_IMAGE
     assert no_network == []
 
 
@@ -312,48 +484,3 @@ def test_progress_reads_each_completed_receipt_once(tmp_path):
     assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts(cache)) == [("a", 1), ("b", 20), ("c", 30)]
     assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts()) == [("a", 10), ("b", 20), ("c", 30)]
 
-
-# ---------------------------------------------------------------------------------------
-# Inference pipelines (generate, hydra oracle-label): their infer stage builds one Beam job
-# per wave inside generate_stages.run_wave, so it is checked by running that real code with
-# DataflowRunner --dry_run: translation and job construction, no units, no network.
-# ---------------------------------------------------------------------------------------
-
-def _inference_stages(root: Path, task_name: str):
-    from engine_fixtures import write_harmony_checkpoint
-
-    from refinery.beam_pipelines import generate
-    from refinery.transforms.generate_stages import GenerateTask, build_stages
-    from refinery.transforms.hydra_oracle import OracleTask
-    from refinery.transforms.inference import GenerationParams
-
-    ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
-    write_jsonl(root / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
-    args, rest = generate.build_parser().parse_known_args(
-        ["--checkpoint", str(ckpt), "--input", str(root / "in"), "--output", str(root / "out"), "--device", "cpu",
-         "--dtype", "float32", "--max-tokens", "4", "--docs-per-unit", "2", "--wave-units", "8"])
-    assert not rest
-    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    engine, handler = generate.engine_settings(args), generate.handler_options(args)
-    task = (GenerateTask(engine, params, args.template, handler) if task_name == "generate"
-            else OracleTask(engine, params, handler))
-    return build_stages(task, generate.document_source(args), args.wave_units), str(root / "out")
-
-
-INFERENCE_PIPELINES = {"generate": "generate", "hydra oracle-label": "oracle"}
-
-
-@pytest.mark.parametrize("pipeline", sorted(INFERENCE_PIPELINES))
-def test_inference_pipelines_dataflow_gpu_dry_run(pipeline, tmp_path, no_network):
-    pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
-    from refinery.transforms.generate_stages import infer_runner
-    from refinery.transforms.stages import bind_stages
-
-    stages, output = _inference_stages(tmp_path, INFERENCE_PIPELINES[pipeline])
-    infer = bind_stages(stages, output)[0]
-    assert infer.name == "infer" and not infer.stage.local and len(infer.stage.plan()) == 2
-    args = pipeline_args("dataflow", 2, [*GCP, "--gpu", "nvidia-l4", f"--sdk_container_image={GPU_IMAGE}",
-                                         "--dry_run=True"])
-    infer_runner(infer, infer.stage.plan(), args, False)  # the real wave job, built and dry-run
-    assert not list(Path(output).rglob("*.json")), "a dry run must not run units"
-    assert no_network == []

@@ -487,8 +487,10 @@ def _to_unit(element):
     return unit_id, (i, prediction.inference)
 
 
-def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
-    """One Beam job: the given infer units through RunInference, parts + receipts written."""
+def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool = False):
+    """The Beam job of one wave, built but not run: the given infer units through
+    RunInference, their parts + receipts written when it runs (:func:`run_wave`).
+    ``refinery.runners.translate`` translates it or hands it to Dataflow's ``--dry_run``."""
     import apache_beam as beam
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -496,24 +498,43 @@ def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_chec
     ExpandUnitFn, WriteUnitFn = _wave_transforms()
     task: Task = run.stage.task
     handler = KeyedModelHandler(task.handler())
-    with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
-        expanded = (p
-                    | "Units" >> beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
-                    | "Spread" >> beam.Reshuffle()
-                    | "Expand" >> beam.ParDo(ExpandUnitFn(run)).with_outputs("info", main="examples"))
-        results = (expanded.examples
-                   | "Infer" >> RunInference(handler, model_identifier=task.model_identifier())
-                   | "ByUnit" >> beam.Map(_to_unit))
-        _ = ({"info": expanded.info, "results": results}
-             | "Group" >> beam.CoGroupByKey()
-             | "Write" >> beam.ParDo(WriteUnitFn(run, verify_checksums)))
+    p = beam.Pipeline(options=PipelineOptions(beam_args))
+    expanded = (p
+                | "Units" >> beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
+                | "Spread" >> beam.Reshuffle()
+                | "Expand" >> beam.ParDo(ExpandUnitFn(run)).with_outputs("info", main="examples"))
+    results = (expanded.examples
+               | "Infer" >> RunInference(handler, model_identifier=task.model_identifier())
+               | "ByUnit" >> beam.Map(_to_unit))
+    _ = ({"info": expanded.info, "results": results}
+         | "Group" >> beam.CoGroupByKey()
+         | "Write" >> beam.ParDo(WriteUnitFn(run, verify_checksums)))
+    return p
+
+
+def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+    """One Beam job: the given infer units through RunInference, parts + receipts written."""
+    from .stages import run_stage_pipeline
+
+    run_stage_pipeline(build_wave_pipeline(run, units, beam_args, verify_checksums))
+
+
+def waves(run: StageRun, units: list[Unit]) -> list[list[Unit]]:
+    """``units`` cut into waves of the stage's ``wave_units`` (one Beam job each), in order."""
+    size = getattr(run.stage, "wave_units", len(units)) or len(units)
+    return [units[k:k + size] for k in range(0, len(units), size)]
+
+
+def wave_pipelines(run: StageRun, units: list[Unit], beam_args: list[str],
+                   verify_checksums: bool = False) -> Iterator[object]:
+    """The built (not run) Beam job of each wave, in order: what :func:`infer_runner` runs."""
+    for wave in waves(run, units):
+        yield build_wave_pipeline(run, wave, beam_args, verify_checksums)
 
 
 def infer_runner(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
     """``run_stages`` runner for the infer stage: waves of ``wave_units`` units, one job each."""
-    size = getattr(run.stage, "wave_units", len(units)) or len(units)
-    for k in range(0, len(units), size):
-        wave = units[k:k + size]
-        log.info("stage %s: wave %d/%d (%d units)", run.name, k // size + 1, -(-len(units) // size), len(wave))
+    todo = waves(run, units)
+    for k, wave in enumerate(todo, 1):
+        log.info("stage %s: wave %d/%d (%d units)", run.name, k, len(todo), len(wave))
         run_wave(run, wave, beam_args, verify_checksums)
-
