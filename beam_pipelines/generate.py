@@ -11,8 +11,10 @@ an unreadable document is a row with ``error``).
 Inputs: JSONL/JSON/parquet rows (``--text-field``, ``--id-field``), or doc ids
 ``{source}//{relpath}#s=..:e=..`` (``--input-docids FILE --data-root ROOT``, e.g. HYDRA
 slices) read from prep shards. Sampling: ``--temperature 0`` is greedy; otherwise each
-document draws from its own RNG seeded by (``--seed``, document id), so a rerun gives the
-same text whatever the batching. Stages: ``infer`` (units of ``--docs-per-unit`` documents,
+document draws from its own RNG seeded by (``--seed``, document id), so its draws do not depend
+on which documents share its batch; a rerun of a unit with the same settings writes the same
+bytes. (Float rounding of batched matmuls can still change a token when the batch *size* or
+the runner changes: see RELIABILITY.md.) Stages: ``infer`` (units of ``--docs-per-unit`` documents,
 run in waves of ``--wave-units`` per Beam job) -> ``merge``. Killing the job and running the
 same command again finishes it.
 """

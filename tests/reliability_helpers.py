@@ -220,11 +220,12 @@ class ForkServer:
     (the real command) with the given argv and environment. A fresh interpreter spends
     about 3 s importing Beam before its first unit; a forked one starts at once, so a
     kill loop of 20+ kills stays within seconds per kill. Only for in-process runners
-    (``--runner direct``): Beam's multi-process workers are started by fresh interpreters."""
+    (``--runner direct``): Beam's multi-process workers are started by fresh interpreters.
+    ``preload``: more modules to import once (e.g. torch and the inference modules)."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, preload: tuple[str, ...] = ()):
         self.workdir = workdir
-        self._p = subprocess.Popen([sys.executable, __file__, "--fork-server"], stdin=subprocess.PIPE,
+        self._p = subprocess.Popen([sys.executable, __file__, "--fork-server", *preload], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent),
                                    env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
         assert self._p.stdout.readline().strip() == "ready"
@@ -281,7 +282,7 @@ def forks(tmp_path_factory) -> ForkServer:
     return _SERVER[0]
 
 
-def _serve_forks() -> None:
+def _serve_forks(preload: list[str]) -> None:
     """The fork server's loop (see :class:`ForkServer`)."""
     import traceback
 
@@ -291,7 +292,8 @@ def _serve_forks() -> None:
     from refinery.transforms.tokenizer import get_encoding
 
     for name in ("apache_beam", "apache_beam.runners.portability.fn_api_runner.fn_runner",
-                 "refinery.beam_pipelines.prep", "refinery.beam_pipelines.decon", "refinery.transforms.decon_stages"):
+                 "refinery.beam_pipelines.prep", "refinery.beam_pipelines.decon", "refinery.transforms.decon_stages",
+                 *preload):
         importlib.import_module(name)  # imported once, shared by every forked run
     get_encoding()
     print("ready", flush=True)
@@ -388,5 +390,5 @@ def write_figures(name: str, figures: dict) -> None:
             f.write(json.dumps({"test": name, **figures}) + "\n")
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--fork-server"]:
-    _serve_forks()
+if __name__ == "__main__" and sys.argv[1:2] == ["--fork-server"]:
+    _serve_forks(sys.argv[2:])

@@ -487,6 +487,23 @@ def _to_unit(element):
     return unit_id, (i, prediction.inference)
 
 
+def wave_model_identifier(task: Task, beam_args: list[str]) -> str:
+    """RunInference's shared-model tag for one wave. Beam's shared-model server records the
+    tag's address in a file under the temp folder. The DirectRunner's multi-process workers
+    exit with their job, so the next wave's workers found that file pointing at a dead server
+    and retried for ~2.5 s per tag before starting their own: a new tag per wave there (they
+    load the model afresh anyway). In-process runners keep one tag per driver, so the loaded
+    model is reused by every wave."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    ident = task.model_identifier()
+    if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing":
+        import uuid
+
+        ident += "-" + uuid.uuid4().hex[:8]
+    return ident
+
+
 def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool = False):
     """The Beam job of one wave, built but not run: the given infer units through
     RunInference, their parts + receipts written when it runs (:func:`run_wave`).
@@ -504,7 +521,7 @@ def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], 
                 | "Spread" >> beam.Reshuffle()
                 | "Expand" >> beam.ParDo(ExpandUnitFn(run)).with_outputs("info", main="examples"))
     results = (expanded.examples
-               | "Infer" >> RunInference(handler, model_identifier=task.model_identifier())
+               | "Infer" >> RunInference(handler, model_identifier=wave_model_identifier(task, beam_args))
                | "ByUnit" >> beam.Map(_to_unit))
     _ = ({"info": expanded.info, "results": results}
          | "Group" >> beam.CoGroupByKey()

@@ -1,0 +1,219 @@
+"""kill -9 and SIGINT on ``refinery generate``: resumed runs give byte-identical generations.
+
+The run is the real command with a tiny random gpt-oss checkpoint, sampling at temperature
+0.8 with a fixed seed (each document draws from its own RNG seeded by (seed, doc id), so
+the bytes must not depend on which documents share a batch or a wave). 21 documents (one
+of them a malformed row, which must come out as an ``error`` row), 3 per infer unit, 2 units
+per wave: 8 infer units in 4 Beam jobs, then the local merge.
+
+Kills are aimed with the unit log (``$REFINERY_UNIT_LOG``). An infer unit logs its start and
+end only after RunInference produced its results (the unit's write step), so a kill "after
+the k-th completed unit plus a delay of up to a wave" lands between units of a wave, during
+the next wave's inference, or between waves; a kill right after a unit start lands in its
+write; a merge kill lands while the merge unit writes ``generations.jsonl``. After every attempt:
+no completed receipt changed, no unit started after its completed receipt (unit log), and a
+``generations.jsonl`` present under its final name is the finished one. When a run exits 0:
+the sha256 of every final file equals the uninterrupted run's, every input document is in
+``generations.jsonl`` exactly once and in input order, and no temp file is left.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+
+from conftest import gsm8k_texts, write_jsonl  # noqa: E402
+from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+from reliability_helpers import (ForkServer, child_env, completed, current_receipts, final_digest,  # noqa: E402
+                                 read_unit_log, recomputed_units, refinery_cmd, run_attempt, spawn, temp_files,
+                                 write_figures)
+
+SEED = 5
+MIN_KILLS_DIRECT = 8
+MIN_KILLS_LOCAL = 1
+TIME_CAP_S = 45.0
+OUTPUT = "generations.jsonl"
+PRELOAD = ("torch", "apache_beam.ml.inference.base", "refinery.transforms.inference",
+           "refinery.transforms.generate_stages", "refinery.beam_pipelines.generate")
+
+
+@pytest.fixture(scope="module")
+def gen_forks(tmp_path_factory):
+    """A fork server that has also imported torch and the inference modules."""
+    server = ForkServer(tmp_path_factory.mktemp("genforks"), preload=PRELOAD)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, gen_forks):
+    """(argv without --output/--runner, input ids in order, reference digest, reference rows)."""
+    root = tmp_path_factory.mktemp("gen")
+    ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
+    texts = gsm8k_texts(20)
+    ids = []
+    for k in range(2):
+        rows = [{"id": f"{k}-{i}", "text": t[:300]} for i, t in enumerate(texts[k * 10:(k + 1) * 10])]
+        write_jsonl(root / "in" / f"part-{k}.jsonl", rows, raw_lines={4: '{"id": "broken'} if k == 0 else None)
+        file_ids = [r["id"] for r in rows]
+        if k == 0:
+            file_ids.insert(4, "part-0.jsonl:4")  # the malformed row: an error row, not dropped
+        ids += file_ids
+    base = ["generate", "--checkpoint", str(ckpt), "--input", str(root / "in"), "--max-tokens", "8",
+            "--dtype", "float32", "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4",
+            "--docs-per-unit", "3", "--wave-units", "2", "--temperature", "0.8", "--seed", "7", "--no-progress"]
+    ref = root / "ref"
+    a = run_attempt(lambda: gen_forks.start([*base, "--output", str(ref), "--runner", "direct"],
+                                            child_env(root / "ref.log")), root / "ref.log")
+    assert a.returncode == 0, a.stderr[-3000:]
+    rows = [json.loads(line) for line in (ref / OUTPUT).read_text().splitlines()]
+    assert [r["id"] for r in rows] == ids
+    assert "malformed JSON" in rows[4]["error"] and sum("error" in r for r in rows) == 1
+    assert all(r["generated_tokens"] > 0 and r["text"] for r in rows if "error" not in r)
+    units = [e for e in read_unit_log(root / "ref.log") if e["event"] == "end-completed"]
+    assert collections.Counter(e["stage"] for e in units) == {"infer": 8, "merge": 1}
+    return base, ids, final_digest(ref), rows
+
+
+def _progress(out) -> dict[str, tuple[int, int]]:
+    """stage -> (completed units, planned units), from run.json and the receipts."""
+    try:
+        stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
+    except FileNotFoundError:
+        return {}
+    done = completed(current_receipts(out))
+    return {st["name"]: (sum(1 for k in done if f"/{st['name']}/" in k), st["units"]) for st in stages}
+
+
+class Picker:
+    """Where the next kill lands (for one output): maybe once during start-up (planning and
+    the first wave), at most ``infer_cap`` kills in infer, then one in merge."""
+
+    def __init__(self, infer_cap: int = 4, merge_cap: int = 1, wave_s: float = 0.8):
+        self.cap = {"infer": infer_cap, "merge": merge_cap}
+        self.wave_s = wave_s
+        self.aimed: collections.Counter = collections.Counter()
+
+    def __call__(self, rng: random.Random, out):
+        progress = _progress(out)
+        if not progress or (not self.aimed and rng.random() < 0.4):
+            self.aimed["startup"] += 1
+            return 0, rng.uniform(0.05, 2.0), None, "start"
+        infer_done, infer_units = progress["infer"]
+        left = infer_units - infer_done
+        if left > 2 and self.aimed["infer"] < self.cap["infer"]:  # (the last wave: merge's turn)
+            self.aimed["infer"] += 1
+            if rng.random() < 0.25:  # inside a unit's write
+                return 1, rng.uniform(0.0, 0.004), "infer", "start"
+            k = rng.randint(1, min(3, left - 2))  # between units / in the next wave, one wave left at least
+            return k, rng.uniform(0.0, self.wave_s), "infer", "end-completed"
+        if self.aimed["merge"] < self.cap["merge"]:
+            self.aimed["merge"] += 1
+            return 1, rng.uniform(0.0, 0.002), "merge", "start"  # the merge unit takes ~5 ms
+        return None, 0.0, None, "start"
+
+
+def _kill_cycle(rng, launch, out, unit_log, want: dict, max_kills: int, deadline: float, pick) -> list[str]:
+    """Attempts on one output until a run exits 0; returns where each kill landed
+    (``stage:event`` of the last unit event before it, or ``startup``)."""
+    kills: list[str] = []
+    env = child_env(unit_log)
+    for _ in range(max_kills + 10):
+        before = completed(current_receipts(out))
+        k, delay, stage, event = (pick(rng, out) if len(kills) < max_kills and time.time() < deadline
+                                  else (None, 0.0, None, "start"))
+        a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
+        if os.environ.get("RELIABILITY_DEBUG"):
+            print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} "
+                  f"after {a.seconds:.1f}s, last {a.events_before_kill[-1:] }")
+        after = current_receipts(out)
+        changed = [p for p, b in before.items() if after.get(p) != b]
+        assert not changed, f"completed receipts rewritten or lost by a rerun: {changed[:5]}"
+        assert recomputed_units(read_unit_log(unit_log)) == []
+        if (out / OUTPUT).exists():  # never half-written under its final name
+            assert final_digest(out).get(OUTPUT) == want[OUTPUT]
+        if a.killed:
+            last = a.events_before_kill[-1] if a.events_before_kill else None
+            kills.append(f"{last['stage']}:{last['event']}" if last else "startup")
+            continue
+        assert a.returncode == 0, a.stderr[-3000:]
+        return kills
+    raise AssertionError("the run never finished")
+
+
+def _check_final(out, ids: list[str], want: dict) -> None:
+    assert temp_files(out) == []
+    assert final_digest(out) == want  # sampled at temperature 0.8: still the same bytes
+    got = [json.loads(line)["id"] for line in (out / OUTPUT).read_text().splitlines()]
+    assert got == ids  # every input document exactly once, in input order
+
+
+def test_generate_kill9_loop(tmp_path, gen_forks, job):
+    base, ids, want, _ = job
+    t0 = time.time()
+    deadline = t0 + TIME_CAP_S
+    rng = random.Random(SEED)
+    where: collections.Counter = collections.Counter()
+    direct = cycles = 0
+    while (direct < MIN_KILLS_DIRECT or not any(w.startswith("merge") for w in where)) and time.time() < deadline:
+        out, log = tmp_path / f"direct{cycles}", tmp_path / f"direct{cycles}.log"
+        argv = [*base, "--output", str(out), "--runner", "direct"]
+        kills = _kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, 6, deadline, Picker())
+        _check_final(out, ids, want)
+        direct += len(kills)
+        where.update(kills)
+        cycles += 1
+
+    # Beam's multi-process workers (fresh interpreters, about 5 s to start a wave): kill the
+    # whole group while the first wave starts, then finish on the direct runner (the outputs
+    # do not depend on the runner). run_attempt checks that every process of the group is gone.
+    local = []
+    out, log = tmp_path / "local", tmp_path / "local.log"
+    cmd = refinery_cmd(*base, "--output", out, "--runner", "local", "--workers", "2")
+    for _ in range(MIN_KILLS_LOCAL):
+        a = run_attempt(lambda: spawn(cmd, child_env(log)), log, kill_at_start=0, delay=rng.uniform(4.0, 6.0))
+        assert a.killed, a.stderr[-3000:]
+        local.append("local:" + (f"{a.events_before_kill[-1]['stage']}" if a.events_before_kill else "startup"))
+    argv = [*base, "--output", str(out), "--runner", "direct"]
+    assert _kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, 0, 0, None) == []
+    _check_final(out, ids, want)
+    where.update(local)
+
+    phases = collections.Counter(w.split(":")[0] for w in where.elements() if not w.startswith("local:"))
+    write_figures("generate_kill9", {"kills_direct": direct, "kills_local": len(local), "cycles": cycles + 1,
+                                     "where": dict(where), "documents": len(ids), "documents_lost": 0,
+                                     "seconds": round(time.time() - t0, 1)})
+    print(f"generate kill -9: {direct} direct + {len(local)} local kills, where {dict(where)}")
+    assert direct >= MIN_KILLS_DIRECT and len(local) >= MIN_KILLS_LOCAL
+    assert phases["infer"] >= 4 and phases["merge"] >= 1, where
+
+
+def test_generate_sigint_stops_and_resumes(tmp_path, gen_forks, job):
+    """Ctrl-C (SIGINT to the process group) during the second wave: the run stops within
+    seconds with exit 130 and the resume command, keeps its finished units, and the next
+    run finishes them to the reference bytes without redoing any."""
+    base, ids, want, _ = job
+    out, log = tmp_path / "out", tmp_path / "units.log"
+    argv = [*base, "--output", str(out), "--runner", "direct"]
+    a = run_attempt(lambda: gen_forks.start(argv, child_env(log)), log, kill_at_start=2, delay=0.3,
+                    stage="infer", event="end-completed", sig=signal.SIGINT, timeout=60)
+    assert a.killed, f"the run finished before the signal: {a.stderr[-2000:]}"
+    assert a.returncode == 130, a.stderr[-3000:]
+    assert "Resume with:" in a.stderr and "refinery generate" in a.stderr
+    assert a.stop_seconds < 10.0
+    assert not (out / OUTPUT).exists()
+    before = completed(current_receipts(out))
+    assert 2 <= len(before) < 8  # the first wave's units are kept, not all are done
+    b = run_attempt(lambda: gen_forks.start(argv, child_env(log)), log)
+    assert b.returncode == 0, b.stderr[-3000:]
+    _check_final(out, ids, want)
+    assert all(current_receipts(out)[p] == v for p, v in before.items())
+    assert recomputed_units(read_unit_log(log)) == []
+    write_figures("generate_sigint", {"stop_seconds": round(a.stop_seconds, 2), "units_kept": len(before)})
