@@ -382,6 +382,37 @@ def run_attempt(start, unit_log: Path, kill_at_start: int | None = None, delay: 
     return Attempt(rc, killed, phase, seen, proc.stderr(), time.time() - t0, stop_seconds)
 
 
+def kill_cycle(rng, launch, out, unit_log, want: dict, outputs: list[str], max_kills: int,
+                deadline: float, pick) -> list[str]:
+    """Attempts on one output until a run exits 0; returns where each kill landed
+    (``stage:event`` of the last unit event before it, or ``startup``)."""
+    kills: list[str] = []
+    env = child_env(unit_log)
+    for _ in range(max_kills + 10):
+        before = completed(current_receipts(out))
+        k, delay, stage, event = (pick(rng, out) if len(kills) < max_kills and time.time() < deadline
+                                  else (None, 0.0, None, "start"))
+        a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
+        if os.environ.get("RELIABILITY_DEBUG"):
+            print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} "
+                  f"after {a.seconds:.1f}s, last {a.events_before_kill[-1:]}")
+        after = current_receipts(out)
+        changed = [p for p, b in before.items() if after.get(p) != b]
+        assert not changed, f"completed receipts rewritten or lost by a rerun: {changed[:5]}"
+        assert recomputed_units(read_unit_log(unit_log)) == []
+        got = final_digest(out)
+        for name in outputs:  # never half-written under its final name
+            if name in got:
+                assert got[name] == want[name], f"{name} present but not the finished file"
+        if a.killed:
+            last = a.events_before_kill[-1] if a.events_before_kill else None
+            kills.append(f"{last['stage']}:{last['event']}" if last else "startup")
+            continue
+        assert a.returncode == 0, a.stderr[-3000:]
+        return kills
+    raise AssertionError("the run never finished")
+
+
 def write_figures(name: str, figures: dict) -> None:
     """Record a test's figures in ``$REFINERY_RELIABILITY_FIGURES`` (a JSON-lines file), if set."""
     path = os.environ.get("REFINERY_RELIABILITY_FIGURES")

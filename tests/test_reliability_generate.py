@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import random
 import signal
 import time
@@ -33,7 +32,7 @@ from conftest import gsm8k_texts, write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 from reliability_helpers import (ForkServer, child_env, completed, current_receipts, final_digest,  # noqa: E402
                                  read_unit_log, recomputed_units, refinery_cmd, run_attempt, spawn, temp_files,
-                                 write_figures)
+                                 kill_cycle, write_figures)
 
 SEED = 5
 MIN_KILLS_DIRECT = 8
@@ -120,34 +119,6 @@ class Picker:
         return None, 0.0, None, "start"
 
 
-def _kill_cycle(rng, launch, out, unit_log, want: dict, max_kills: int, deadline: float, pick) -> list[str]:
-    """Attempts on one output until a run exits 0; returns where each kill landed
-    (``stage:event`` of the last unit event before it, or ``startup``)."""
-    kills: list[str] = []
-    env = child_env(unit_log)
-    for _ in range(max_kills + 10):
-        before = completed(current_receipts(out))
-        k, delay, stage, event = (pick(rng, out) if len(kills) < max_kills and time.time() < deadline
-                                  else (None, 0.0, None, "start"))
-        a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
-        if os.environ.get("RELIABILITY_DEBUG"):
-            print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} "
-                  f"after {a.seconds:.1f}s, last {a.events_before_kill[-1:] }")
-        after = current_receipts(out)
-        changed = [p for p, b in before.items() if after.get(p) != b]
-        assert not changed, f"completed receipts rewritten or lost by a rerun: {changed[:5]}"
-        assert recomputed_units(read_unit_log(unit_log)) == []
-        if (out / OUTPUT).exists():  # never half-written under its final name
-            assert final_digest(out).get(OUTPUT) == want[OUTPUT]
-        if a.killed:
-            last = a.events_before_kill[-1] if a.events_before_kill else None
-            kills.append(f"{last['stage']}:{last['event']}" if last else "startup")
-            continue
-        assert a.returncode == 0, a.stderr[-3000:]
-        return kills
-    raise AssertionError("the run never finished")
-
-
 def _check_final(out, ids: list[str], want: dict) -> None:
     assert temp_files(out) == []
     assert final_digest(out) == want  # sampled at temperature 0.8: still the same bytes
@@ -165,7 +136,7 @@ def test_generate_kill9_loop(tmp_path, gen_forks, job):
     while (direct < MIN_KILLS_DIRECT or not any(w.startswith("merge") for w in where)) and time.time() < deadline:
         out, log = tmp_path / f"direct{cycles}", tmp_path / f"direct{cycles}.log"
         argv = [*base, "--output", str(out), "--runner", "direct"]
-        kills = _kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, 6, deadline, Picker())
+        kills = kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, [OUTPUT], 6, deadline, Picker())
         _check_final(out, ids, want)
         direct += len(kills)
         where.update(kills)
@@ -182,7 +153,7 @@ def test_generate_kill9_loop(tmp_path, gen_forks, job):
         assert a.killed, a.stderr[-3000:]
         local.append("local:" + (f"{a.events_before_kill[-1]['stage']}" if a.events_before_kill else "startup"))
     argv = [*base, "--output", str(out), "--runner", "direct"]
-    assert _kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, 0, 0, None) == []
+    assert kill_cycle(rng, lambda env: gen_forks.start(argv, env), out, log, want, [OUTPUT], 0, 0, None) == []
     _check_final(out, ids, want)
     where.update(local)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import random
 import time
 
@@ -38,7 +37,7 @@ pytest.importorskip("torch", reason="the inference extra (torch) is not installe
 from conftest import gsm8k_texts, run_prep, write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 from reliability_helpers import (ForkServer, child_env, completed, current_receipts, final_digest,  # noqa: E402
-                                 read_unit_log, recomputed_units, run_attempt, temp_files, write_figures)
+                                 read_unit_log, run_attempt, temp_files, write_figures, kill_cycle)
 
 from refinery.beam_pipelines import hydra  # noqa: E402
 from refinery.transforms.hydra_oracle import DIMENSIONS  # noqa: E402
@@ -169,37 +168,6 @@ class Picker:
         return None, 0.0, None, "start"
 
 
-def _kill_cycle(rng, launch, out, unit_log, want: dict, outputs: list[str], max_kills: int,
-                deadline: float, pick) -> list[str]:
-    """Attempts on one output until a run exits 0; returns where each kill landed
-    (``stage:event`` of the last unit event before it, or ``startup``)."""
-    kills: list[str] = []
-    env = child_env(unit_log)
-    for _ in range(max_kills + 10):
-        before = completed(current_receipts(out))
-        k, delay, stage, event = (pick(rng, out) if len(kills) < max_kills and time.time() < deadline
-                                  else (None, 0.0, None, "start"))
-        a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
-        if os.environ.get("RELIABILITY_DEBUG"):
-            print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} "
-                  f"after {a.seconds:.1f}s, last {a.events_before_kill[-1:]}")
-        after = current_receipts(out)
-        changed = [p for p, b in before.items() if after.get(p) != b]
-        assert not changed, f"completed receipts rewritten or lost by a rerun: {changed[:5]}"
-        assert recomputed_units(read_unit_log(unit_log)) == []
-        got = final_digest(out)
-        for name in outputs:  # never half-written under its final name
-            if name in got:
-                assert got[name] == want[name], f"{name} present but not the finished file"
-        if a.killed:
-            last = a.events_before_kill[-1] if a.events_before_kill else None
-            kills.append(f"{last['stage']}:{last['event']}" if last else "startup")
-            continue
-        assert a.returncode == 0, a.stderr[-3000:]
-        return kills
-    raise AssertionError("the run never finished")
-
-
 def _reference(forks, argv, root, name):
     out, log = root / f"ref-{name}", root / f"ref-{name}.log"
     a = run_attempt(lambda: forks.start([*argv, "--output", str(out), "--runner", "direct"], child_env(log)), log)
@@ -217,7 +185,7 @@ def _kill_loop(tmp_path, forks, argv, ids, outputs, want, step) -> tuple[collect
     while (kills < MIN_KILLS[step] or not any(w.startswith("merge") for w in where)) and time.time() < deadline:
         out, log = tmp_path / f"{step}{cycles}", tmp_path / f"{step}{cycles}.log"
         run_argv = [*argv, "--output", str(out), "--runner", "direct"]
-        got = _kill_cycle(rng, lambda env: forks.start(run_argv, env), out, log, want, outputs, 6, deadline,
+        got = kill_cycle(rng, lambda env: forks.start(run_argv, env), out, log, want, outputs, 6, deadline,
                           Picker(WAVE_UNITS))
         assert temp_files(out) == []
         assert final_digest(out) == want

@@ -120,6 +120,16 @@ def _batches(n: int, batch_size: int, epochs: int, seed: int):
             yield order[i:i + batch_size]
 
 
+def _step(head: nn.Module, opt, sched, loss: torch.Tensor, clip: float) -> float:
+    """One optimizer step: backward, grad-norm clip, AdamW and warmup schedule; returns the loss."""
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(head.parameters(), clip)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
 def train_probe(features: torch.Tensor, targets: torch.Tensor, cfg: TrainConfig) -> tuple[ProbeHead, list[float]]:
     """features [N, H] (pooled), targets [N, 5] -> (trained head, loss per step)."""
     torch.manual_seed(cfg.seed)
@@ -129,12 +139,7 @@ def train_probe(features: torch.Tensor, targets: torch.Tensor, cfg: TrainConfig)
     losses = []
     for idx in _batches(len(features), cfg.batch_size, cfg.epochs, cfg.seed):
         loss = nn.functional.mse_loss(head(features[idx]), targets[idx].float())
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(_step(head, opt, sched, loss, cfg.clip))
     return head.eval(), losses
 
 
@@ -151,12 +156,7 @@ def train_judge(states: Sequence[torch.Tensor], targets: torch.Tensor, cfg: Trai
         x, mask = pad_states([states[i] for i in idx])
         y = targets[idx].float()
         loss = judge_loss(head(x, mask), y) + judge_loss(head(x, mask, teacher=y), y)
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(_step(head, opt, sched, loss, cfg.clip))
     return head.eval(), losses
 
 

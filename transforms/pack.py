@@ -161,7 +161,7 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     for stray in find_shard_files(root):
         if stray not in listed:
             problems.append(f"{stray}: shard file not listed in the manifest")
-    for tmp in find_temp_files(root):
+    for tmp in io.find_temp_files(root):
         problems.append(f"{tmp}: stray temporary file (an interrupted write)")
     problems += verify_run_record(root, manifest, checksums)
     return problems
@@ -195,11 +195,6 @@ def find_shard_files(root: str) -> list[str]:
         if io.basename(d).startswith("shard_"):
             out += [p for p in io.listdir(d) if p.endswith((".npy", ".idx"))]
     return out
-
-
-def find_temp_files(root: str) -> list[str]:
-    """Temp files of interrupted local writes anywhere under ``root`` (``.refinery`` included)."""
-    return io.find_temp_files(root)
 
 
 def manifest_json(manifest: dict) -> bytes:
