@@ -5,17 +5,20 @@ The top-level folders install under one import namespace, ``refinery``:
 and so on. ``kernels`` must never become a top-level module: it is also the name of a
 PyPI package that transformers probes for.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
-PACKAGES = ["beam_pipelines", "transforms", "kernels", "runners"]
+FOLDERS = ["beam_pipelines", "transforms", "kernels", "runners"]
+# each folder and its subpackages (transforms/prep -> refinery.transforms.prep, ...)
+PACKAGES = {f"refinery.{folder}" + (f".{sub}" if sub else ""): f"{folder}/{sub.replace('.', '/')}".rstrip("/")
+            for folder in FOLDERS for sub in [""] + find_packages(folder)}
 
 setup(
     name="llm-refinery",
     version="0.1.0",
     description="Prepare LLM training data (token shards, decontamination, synthetic data) with Apache Beam",
     python_requires=">=3.10",
-    packages=[f"refinery.{p}" for p in PACKAGES],
-    package_dir={f"refinery.{p}": p for p in PACKAGES},
+    packages=list(PACKAGES),
+    package_dir=PACKAGES,
     install_requires=[
         "apache-beam[gcp]>=2.60",
         "numpy>=1.26",

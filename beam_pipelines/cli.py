@@ -103,10 +103,10 @@ def _dataset_name(args) -> str:
 
 
 def cmd_prep(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.prep import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
-    from refinery.transforms import io
-    from refinery.transforms.stages import StageFailed, run_stages
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
+    from refinery.transforms.core import io
+    from refinery.transforms.core.stages import StageFailed, run_stages
+    from refinery.transforms.formats.tokenizer import get_encoding
 
     if bool(args.input) == bool(args.hf_dataset):
         print("refinery prep: give exactly one of --input PATH... or --hf-dataset NAME", file=sys.stderr)
@@ -126,7 +126,7 @@ def cmd_prep(args, beam_args: list[str]) -> int:
     try:
         max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
         if args.hf_dataset:
-            from refinery.transforms.hf import resolve_hf_parquet
+            from refinery.transforms.core.hf import resolve_hf_parquet
             hf = resolve_hf_parquet(args.hf_dataset, args.hf_subset, args.hf_split, args.hf_revision)
             inputs = io.expand_inputs(list(hf.files))
             source = hf.describe()
@@ -170,7 +170,7 @@ def cmd_prep(args, beam_args: list[str]) -> int:
 
 
 def cmd_verify(args) -> int:
-    from refinery.transforms.pack import verify_manifest
+    from refinery.transforms.formats.shards import verify_manifest
 
     problems = verify_manifest(args.manifest, checksums=args.checksums)
     for p in problems:
@@ -178,7 +178,7 @@ def cmd_verify(args) -> int:
     if problems:
         print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 1
-    from refinery.transforms import io
+    from refinery.transforms.core import io
     m = io.read_json(args.manifest)
     print(f"OK   {args.manifest}: {m['num_shards']} shards, {m['total_documents']:,} documents, "
           f"{m['total_tokens']:,} tokens" + (" (checksums verified)" if args.checksums else ""))
@@ -186,7 +186,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from refinery.transforms import io
+    from refinery.transforms.core import io
 
     try:
         m = io.read_json(args.manifest)
@@ -210,7 +210,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from refinery.transforms.stages import stage_status
+    from refinery.transforms.core.stages import stage_status
 
     try:
         rows = stage_status(args.output)

@@ -4,7 +4,7 @@
 every eval instance, whether and where its n-grams appear in the training corpus: which
 training file and row, which n-gram, and the character offsets on both sides.
 
-Stages (see :mod:`refinery.transforms.decon_stages`): ``index`` (eval n-grams -> hash
+Stages (see :mod:`refinery.transforms.decon.stages`): ``index`` (eval n-grams -> hash
 partitions + a compact membership file), ``scan`` (training file slices streamed against
 the membership side input; training n-grams are never shuffled), ``reduce`` (stats,
 details, metrics, report). Killing the job and re-running the same command finishes it.
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
-    from refinery.transforms.decon_stages import DeconSettings
+    from refinery.transforms.decon.stages import DeconSettings
 
     return DeconSettings(
         eval_paths=list(args.eval), train_paths=list(args.train), ns=list(args.ngrams),
@@ -77,9 +77,9 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.transforms import io
-    from refinery.transforms.decon_stages import build_stages
-    from refinery.transforms.stages import StageFailed, run_stages
+    from refinery.transforms.core import io
+    from refinery.transforms.decon.stages import build_stages
+    from refinery.transforms.core.stages import StageFailed, run_stages
 
     output = args.output.rstrip("/")
     try:

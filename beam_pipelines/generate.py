@@ -67,7 +67,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = Fal
 
 
 def engine_settings(args):
-    from refinery.transforms.inference import EngineSettings
+    from refinery.transforms.inference.handler import EngineSettings
 
     device = args.device
     if device is None:
@@ -78,14 +78,14 @@ def engine_settings(args):
 
 
 def handler_options(args):
-    from refinery.transforms.generate_stages import HandlerOptions
+    from refinery.transforms.inference.stages import HandlerOptions
 
     return HandlerOptions(share_across_processes=not args.no_share_model, model_copies=args.model_copies,
                           batch_tokens=args.batch_tokens)
 
 
 def document_source(args):
-    from refinery.transforms.generate_stages import DocumentSource
+    from refinery.transforms.inference.stages import DocumentSource
 
     return DocumentSource(paths=list(getattr(args, "input", None) or []), docid_files=list(args.input_docids or []),
                           data_root=args.data_root, text_field=getattr(args, "text_field", "text"),
@@ -112,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_inference_stages(command: str, stages, output: str, args, beam_args: list[str]):
     """Run infer -> merge with the wave runner; returns (exit code, JobResult or None)."""
     from refinery.beam_pipelines.command import resume_hint
-    from refinery.transforms.generate_stages import infer_runner
-    from refinery.transforms.stages import StageFailed, run_stages
+    from refinery.transforms.inference.stages import infer_runner
+    from refinery.transforms.core.stages import StageFailed, run_stages
 
     try:
         result = run_stages(stages, output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
@@ -127,9 +127,9 @@ def run_inference_stages(command: str, stages, output: str, args, beam_args: lis
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms import io
-    from refinery.transforms.generate_stages import GenerateTask, build_stages
-    from refinery.transforms.inference import GenerationParams
+    from refinery.transforms.core import io
+    from refinery.transforms.inference.stages import GenerateTask, build_stages
+    from refinery.transforms.inference.handler import GenerationParams
 
     output = args.output.rstrip("/")
     try:

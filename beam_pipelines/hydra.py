@@ -93,9 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _slices(args) -> int:
-    from refinery.transforms import io
-    from refinery.transforms.hydra_slices import SlicesStage
-    from refinery.transforms.stages import StageFailed, run_stages
+    from refinery.transforms.core import io
+    from refinery.transforms.hydra.slices import SlicesStage
+    from refinery.transforms.core.stages import StageFailed, run_stages
 
     output = args.output.rstrip("/")
     try:
@@ -115,10 +115,10 @@ def _slices(args) -> int:
 def _oracle(args, beam_args) -> int:
     from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
                                                   run_inference_stages)
-    from refinery.transforms import io
-    from refinery.transforms.generate_stages import build_stages
-    from refinery.transforms.hydra_oracle import OracleTask
-    from refinery.transforms.inference import GenerationParams
+    from refinery.transforms.core import io
+    from refinery.transforms.inference.stages import build_stages
+    from refinery.transforms.hydra.oracle import OracleTask
+    from refinery.transforms.inference.handler import GenerationParams
 
     output = args.output.rstrip("/")
     try:
@@ -141,7 +141,7 @@ def _oracle(args, beam_args) -> int:
 
 
 def _calibrate(args) -> int:
-    from refinery.transforms.hydra_calibrate import calibrate, read_labels, write_calibration
+    from refinery.transforms.hydra.calibrate import calibrate, read_labels, write_calibration
 
     try:
         _, scores = read_labels(args.labels)
@@ -160,8 +160,8 @@ def _calibrate(args) -> int:
 
 def _train(args) -> int:
     from refinery.beam_pipelines.generate import engine_settings
-    from refinery.transforms.hydra_heads import TrainConfig
-    from refinery.transforms.hydra_train import HeadJob, run_head_job
+    from refinery.transforms.hydra.heads import TrainConfig
+    from refinery.transforms.hydra.train import HeadJob, run_head_job
 
     probe = args.head == "probe"
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size or (256 if probe else 128),
@@ -184,9 +184,9 @@ def _train(args) -> int:
 def _grade(args, beam_args) -> int:
     from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
                                                   run_inference_stages)
-    from refinery.transforms import io
-    from refinery.transforms.generate_stages import build_stages
-    from refinery.transforms.hydra_grade import GradeTask
+    from refinery.transforms.core import io
+    from refinery.transforms.inference.stages import build_stages
+    from refinery.transforms.hydra.grade import GradeTask
 
     output = args.output.rstrip("/")
     try:

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _decode(tokens) -> str | None:
     try:
-        from refinery.transforms.tokenizer import get_encoding
+        from refinery.transforms.formats.tokenizer import get_encoding
         return get_encoding().decode([int(t) for t in tokens])
     except Exception:  # noqa: BLE001 - decoding is a convenience; ids are printed anyway
         return None
@@ -56,7 +56,7 @@ def _decode(tokens) -> str | None:
 def run(args, beam_args: list[str]) -> int:
     import numpy as np
 
-    from refinery.transforms.inspect_shards import (inspect_shard, shards_from_manifest, shards_in_dir,
+    from refinery.transforms.formats.inspect import (inspect_shard, shards_from_manifest, shards_in_dir,
                                                     write_length_histogram)
 
     stats = args.stats or bool(args.histogram)

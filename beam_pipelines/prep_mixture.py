@@ -1,7 +1,7 @@
 """prep-mixture: every source and split of a mixture TOML -> token shards under one data root.
 
 Each source/split is one resumable ``prep`` run (tokenize -> pack -> manifest, the stages of
-:mod:`refinery.beam_pipelines.prep`) into ``{data_root}/{source_id}/{split}/``::
+:mod:`refinery.transforms.prep.stages`) into ``{data_root}/{source_id}/{split}/``::
 
     {data_root}/{source_id}/{split}/manifest.json
     {data_root}/{source_id}/{split}/shard_NNNN/{source_id}-v1-shard-NNNNNN.npy (+ .idx)
@@ -9,7 +9,7 @@ Each source/split is one resumable ``prep`` run (tokenize -> pack -> manifest, t
 with that run's own receipts under ``.refinery/``: re-running the same command skips what is
 done and finishes the rest. Budgets come from the flow (dev 100M, research 1B, ablation 6B
 tokens), capped by ``--max-tokens``, split over the sources by weight (see
-:mod:`refinery.transforms.mixture`); each source's budget is prep's ``--max-tokens`` for its
+:mod:`refinery.transforms.loader.mixture`); each source's budget is prep's ``--max-tokens`` for its
 train split, and ``--valid-percent`` of it for the other splits.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def hf_split_files(source, split: str, fs=None, api=None):
     """The :class:`HfSource` of a source's split, its files cut to the split's percent slice."""
     from dataclasses import replace
 
-    from refinery.transforms.hf import resolve_hf_parquet
+    from refinery.transforms.core.hf import resolve_hf_parquet
 
     sl = source.hf_splits[split]
     hf = resolve_hf_parquet(source.hf_dataset, source.hf_subset, sl.name, source.hf_revision, fs=fs, api=api)
@@ -82,7 +82,7 @@ def hf_split_files(source, split: str, fs=None, api=None):
 
 def resolve_inputs(plan, fs=None, api=None):
     """(input files, source description for the plan hash) of one source/split."""
-    from refinery.transforms import io
+    from refinery.transforms.core import io
 
     s = plan.source
     if s.is_hf:
@@ -92,7 +92,7 @@ def resolve_inputs(plan, fs=None, api=None):
 
 
 def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
-    from refinery.beam_pipelines.prep import PrepConfig
+    from refinery.transforms.prep.stages import PrepConfig
 
     return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
                       text_field=plan.source.text_field, id_field=plan.source.id_field,
@@ -102,7 +102,7 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
 def split_stages(plan, num_shards: int, workers: int):
     """(prep config, prep stages) of one source/split: the resumable run :func:`_run_all` does
     for it (``refinery.runners.translate`` builds its Beam jobs without running them)."""
-    from refinery.beam_pipelines.prep import build_stages
+    from refinery.transforms.prep.stages import build_stages
 
     inputs, desc = resolve_inputs(plan)
     cfg = prep_config(plan, inputs, desc, num_shards, workers)
@@ -112,8 +112,8 @@ def split_stages(plan, num_shards: int, workers: int):
 def receipt_status(cfg) -> tuple[str, str]:
     """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
     pack and manifest, verifies) | partial | pending."""
-    from refinery.beam_pipelines.prep import build_stages
-    from refinery.transforms.stages import bind_stages
+    from refinery.transforms.prep.stages import build_stages
+    from refinery.transforms.core.stages import bind_stages
 
     runs = bind_stages(build_stages(cfg), cfg.output)
     parts, any_done, final_pending = [], False, False
@@ -139,9 +139,9 @@ def _fail(msg: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.prep import parse_token_count
-    from refinery.transforms import mixture as mx
-    from refinery.transforms.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
+    from refinery.transforms.prep.stages import parse_token_count
+    from refinery.transforms.loader import mixture as mx
+    from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
 
     if args.vocab_size != VOCAB_SIZE or args.eos_token_id != EOS_TOKEN_ID:
         return _fail(f"o200k_harmony has vocab size {VOCAB_SIZE} and EOS {EOS_TOKEN_ID}; "
@@ -179,13 +179,13 @@ def run(args, beam_args: list[str]) -> int:
 
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.formats.tokenizer import get_encoding
     get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     return _run_all(plans, args, beam_args, workers)
 
 
 def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
-    from refinery.transforms import mixture as mx
+    from refinery.transforms.loader import mixture as mx
 
     print(f"{'source/split':28} {'weight':>8} {'budget':>9} {'shards':>6}  {'status':8} detail")
     for plan in plans:
@@ -205,10 +205,10 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines import command
-    from refinery.beam_pipelines.prep import clear_stale_manifest
-    from refinery.transforms import io
-    from refinery.transforms import mixture as mx
-    from refinery.transforms.stages import run_stages
+    from refinery.transforms.prep.stages import clear_stale_manifest
+    from refinery.transforms.core import io
+    from refinery.transforms.loader import mixture as mx
+    from refinery.transforms.core.stages import run_stages
 
     failed: dict[str, str] = {}
     t0 = time.time()

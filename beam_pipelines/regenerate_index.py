@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms import io
-    from refinery.transforms.shard_reader import index_path_for, regenerate_index
+    from refinery.transforms.core import io
+    from refinery.transforms.formats.reader import index_path_for, regenerate_index
 
     try:
         out = args.output or index_path_for(args.shard)

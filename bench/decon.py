@@ -24,8 +24,8 @@ import tempfile
 import time
 
 from refinery.beam_pipelines import decon
-from refinery.transforms import io
-from refinery.transforms import ngrams as ng
+from refinery.transforms.core import io
+from refinery.transforms.decon import ngrams as ng
 
 GSM8K = "/work/shared/data/gsm8k"
 ONE_WORKER = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -95,8 +95,9 @@ def vm_hwm_mb():
             return int(line.split()[1]) / 1024.0
 
 import json, resource, sys, time
-from refinery.transforms import io, ngrams as ng
-from refinery.transforms.decon_stages import (load_partition_file, membership_from_bytes, partition_file)
+from refinery.transforms.core import io
+from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.stages import (load_partition_file, membership_from_bytes, partition_file)
 membership_path, index_parts, train_file = sys.argv[1:4]
 def rss(): return vm_hwm_mb()  # ru_maxrss survives exec: it would report the parent
 base = rss()

@@ -68,8 +68,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
-    from refinery.transforms.normalize import normalize_text
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.prep.normalize import normalize_text
+    from refinery.transforms.formats.tokenizer import get_encoding
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
     texts = build_corpus(work / "corpus", args.mb, args.files)

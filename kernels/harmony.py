@@ -2,7 +2,7 @@
 
 ``openai-harmony`` loads the o200k vocab from ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``
 when that variable is set, else downloads it. :func:`harmony_encoding` points it at a folder
-holding the project's verified vocab (``refinery.transforms.tokenizer.write_vocab_file``), so
+holding the project's verified vocab (``refinery.transforms.formats.tokenizer.write_vocab_file``), so
 nothing touches the network.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ _ENV = "TIKTOKEN_ENCODINGS_BASE"
 
 def _vocab_dir() -> Path:
     """A folder holding the verified ``o200k_base.tiktoken`` (written on first use)."""
-    from refinery.transforms.tokenizer import VOCAB_SHA256, write_vocab_file
+    from refinery.transforms.formats.tokenizer import VOCAB_SHA256, write_vocab_file
 
     current = os.environ.get(_ENV)
     if current:

@@ -1,15 +1,15 @@
 """Build a pipeline's Beam jobs without running them: runner-API protos and Dataflow dry runs.
 
-Every pipeline is a list of stages (``refinery.transforms.stages``); each stage that is not
+Every pipeline is a list of stages (``refinery.transforms.core.stages``); each stage that is not
 ``local`` becomes one Beam job over its pending units (the ``infer`` stage of the inference
 pipelines: one job per wave of units). These helpers build those jobs for
 a whole plan so that a job can be checked before anything runs:
 
 - :func:`stage_pipelines`: (stage run, Beam pipeline) for each Beam job of each Beam stage,
   every unit of its plan, built with the given Beam arguments (any runner's). A stage is one
-  job (:func:`refinery.transforms.stages.build_stage_pipeline`) unless a ``builder`` says
+  job (:func:`refinery.transforms.core.stages.build_stage_pipeline`) unless a ``builder`` says
   otherwise: the inference pipelines (generate, hydra oracle-label and grade) pass
-  :func:`refinery.transforms.generate_stages.wave_pipelines`, one job per wave of ``infer``
+  :func:`refinery.transforms.inference.stages.wave_pipelines`, one job per wave of ``infer``
   units, as they pass ``infer_runner`` to ``run_stages``.
 - :func:`runner_api`: the portable runner-API proto of a built pipeline, with the
   environment the runner would give it (what a portable job server such as Flink's
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 from .args import has
 
-from refinery.transforms.stages import Stage, StageRun, Unit, bind_stages, build_stage_pipeline
+from refinery.transforms.core.stages import Stage, StageRun, Unit, bind_stages, build_stage_pipeline
 
 
 def beam_stages(stages: list[Stage], output: str) -> list[tuple[StageRun, list[Unit]]]:

@@ -2,7 +2,7 @@
 
 A run under test is a real ``refinery`` process started in its own session (process group),
 with ``$REFINERY_UNIT_LOG`` pointing at an append-only log of unit start/end/skip events
-(written by :func:`refinery.transforms.stages.execute_unit`). Kills are triggered by that
+(written by :func:`refinery.transforms.core.stages.execute_unit`). Kills are triggered by that
 log: "the k-th unit start of this attempt, plus a seeded delay", then ``SIGKILL`` to the
 whole process group (driver and Beam worker processes alike).
 """
@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 
 from conftest import gsm8k_texts, write_jsonl
-from refinery.transforms import io, pack
-from refinery.transforms.normalize import normalize_text
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.prep.normalize import normalize_text
 
 META = ".refinery"
 
@@ -58,14 +59,14 @@ def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.C
 
 def shard_texts(out: Path) -> collections.Counter:
     """Every document in the shards listed by ``out/manifest.json``, decoded (a multiset)."""
-    from refinery.transforms.tokenizer import EOS_TOKEN_ID, get_encoding
+    from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
 
     enc = get_encoding()
     manifest = json.loads((out / "manifest.json").read_text())
     found: collections.Counter = collections.Counter()
     for s in manifest["shards"]:
         tokens = np.load(out / s["path"])
-        for a, b in pack.read_idx(str(out / s["index_path"])):
+        for a, b in shards.read_idx(str(out / s["index_path"])):
             doc = tokens[a:b]
             assert doc[-1] == EOS_TOKEN_ID and EOS_TOKEN_ID not in doc[:-1]
             found[enc.decode(doc[:-1].tolist())] += 1
@@ -289,10 +290,10 @@ def _serve_forks(preload: list[str]) -> None:
     import importlib
 
     from refinery.beam_pipelines import cli
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.formats.tokenizer import get_encoding
 
     for name in ("apache_beam", "apache_beam.runners.portability.fn_api_runner.fn_runner",
-                 "refinery.beam_pipelines.prep", "refinery.beam_pipelines.decon", "refinery.transforms.decon_stages",
+                 "refinery.transforms.prep.stages", "refinery.beam_pipelines.decon", "refinery.transforms.decon.stages",
                  *preload):
         importlib.import_module(name)  # imported once, shared by every forked run
     get_encoding()

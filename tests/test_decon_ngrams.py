@@ -1,4 +1,4 @@
-"""Pure-function tests of refinery.transforms.ngrams (no Beam)."""
+"""Pure-function tests of refinery.transforms.decon.ngrams (no Beam)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from refinery.transforms import ngrams as ng
+from refinery.transforms.decon import ngrams as ng
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DEFAULT = ng.TOKENIZERS["default"]

@@ -14,10 +14,10 @@ import pytest
 import zstandard
 
 from refinery.beam_pipelines import decon
-from refinery.transforms import io
-from refinery.transforms import ngrams as ng
-from refinery.transforms.decon_stages import DeconSettings, build_stages
-from refinery.transforms.stages import run_stages
+from refinery.transforms.core import io
+from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.stages import DeconSettings, build_stages
+from refinery.transforms.core.stages import run_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 GSM8K = "/work/shared/data/gsm8k"

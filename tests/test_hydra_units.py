@@ -6,15 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms.hydra_calibrate import calibrate, decide, fit_weights, threshold_for_rate
-from refinery.transforms.hydra_oracle import DIMENSIONS, parse_oracle_tokens, parse_scores
-from refinery.transforms.hydra_slices import parse_doc_id, split_of
+from refinery.transforms.hydra.calibrate import calibrate, decide, fit_weights, threshold_for_rate
+from refinery.transforms.hydra.oracle import DIMENSIONS, parse_oracle_tokens, parse_scores
+from refinery.transforms.hydra.slices import parse_doc_id, split_of
 
 GOOD = {"helpfulness": 3, "correctness": 4, "coherence": 2, "complexity": 1, "density": 0}
 
 
 def _completion(text: str) -> list[int]:
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.formats.tokenizer import get_encoding
 
     return get_encoding().encode(text, allowed_special="all")
 
@@ -99,7 +99,7 @@ def test_doc_ids_and_split_rule():
 
 def test_probe_and_judge_training_reduce_loss():
     torch = pytest.importorskip("torch")
-    from refinery.transforms.hydra_heads import TrainConfig, judge_preprocess, train_judge, train_probe
+    from refinery.transforms.hydra.heads import TrainConfig, judge_preprocess, train_judge, train_probe
 
     g = torch.Generator().manual_seed(0)
     n, h = 160, 32
@@ -115,7 +115,7 @@ def test_probe_and_judge_training_reduce_loss():
     jhead, jlosses = train_judge(seqs, targets_j, TrainConfig(epochs=6, batch_size=32, lr=5e-3, warmup_steps=5),
                                  mid_dim=32)
     assert np.mean(jlosses[-4:]) < 0.6 * np.mean(jlosses[:4])
-    from refinery.transforms.hydra_heads import pad_states
+    from refinery.transforms.hydra.heads import pad_states
     x, mask = pad_states(seqs[:4])
     with torch.no_grad():
         a = jhead(x, mask)

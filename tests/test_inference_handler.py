@@ -15,7 +15,7 @@ from apache_beam.testing.util import assert_that  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 
 from refinery.kernels.model import BatchedGenerator  # noqa: E402
-from refinery.transforms.inference import (EngineSettings, GenerationParams, GptOssEngine, doc_seed,  # noqa: E402
+from refinery.transforms.inference.handler import (EngineSettings, GenerationParams, GptOssEngine, doc_seed,  # noqa: E402
                                            example_length, prompt_tokens, sample_rows)
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -38,7 +38,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def test_import_does_not_import_torch():
-    code = ("import sys, refinery.transforms.inference, refinery.transforms.generate_stages; "
+    code = ("import sys, refinery.transforms.inference.handler, refinery.transforms.inference.stages; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -96,7 +96,7 @@ def test_engine_stop_and_context_limits(engine):
 
 
 def test_handler_in_keyed_runinference_pipeline(engine, settings):
-    from refinery.transforms.inference import GptOssModelHandler
+    from refinery.transforms.inference.handler import GptOssModelHandler
 
     params = GenerationParams(max_tokens=5, temperature=0.7, seed=3)
     docs = {f"doc{i}": p for i, p in enumerate(_prompts(5))}

@@ -7,8 +7,8 @@ import numpy as np
 
 from conftest import run_prep
 from refinery.beam_pipelines.cli import main
-from refinery.transforms import pack
-from refinery.transforms.inspect_shards import ShardRef, inspect_shard
+from refinery.transforms.formats import shards
+from refinery.transforms.formats.inspect import ShardRef, inspect_shard
 
 EOS = 199999
 
@@ -17,7 +17,7 @@ def _write(npy, tokens, lengths):
     npy.parent.mkdir(parents=True, exist_ok=True)
     np.save(npy, np.asarray(tokens, dtype="<u4"))
     with open(npy.with_suffix(".idx"), "wb") as f:
-        pack.write_idx(f, lengths)
+        shards.write_idx(f, lengths)
     return ShardRef(str(npy), str(npy.with_suffix(".idx")))
 
 

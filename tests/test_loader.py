@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms import pack
-from refinery.transforms.loader import (LoaderConfig, LoaderStateError, build_loader, epoch_quotas, permute,
+from refinery.transforms.formats import shards
+from refinery.transforms.loader.deterministic import (LoaderConfig, LoaderStateError, build_loader, epoch_quotas, permute,
                                         swrr_step)
-from refinery.transforms.mixture import largest_remainder
+from refinery.transforms.loader.mixture import largest_remainder
 
 SEQ = 8  # each sequence reads SEQ + 1 = 9 tokens
 BASES = {"alpha": 1_000_000, "beta": 2_000_000, "gamma": 3_000_000}
@@ -34,7 +34,7 @@ def _data_root(root, tokens=None):
             npy.parent.mkdir(parents=True, exist_ok=True)
             np.save(npy, part.astype("<u4"))
             with open(npy.with_suffix(".idx"), "wb") as f:
-                pack.write_idx(f, [len(part)])
+                shards.write_idx(f, [len(part)])
     return root
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import gsm8k_texts, write_jsonl
 from refinery.beam_pipelines.cli import main
 from refinery.beam_pipelines.prep_mixture import hf_split_files
-from refinery.transforms import mixture as mx
+from refinery.transforms.loader import mixture as mx
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -242,7 +242,7 @@ def test_prep_mixture_dry_run_run_resume_and_loader(tmp_path, capsys):
     assert shard.read_bytes() == before
 
     # the training loader reads what prep-mixture wrote, mixing by the file's weights
-    from refinery.transforms.loader import LoaderConfig, build_loader
+    from refinery.transforms.loader.deterministic import LoaderConfig, build_loader
     loader, plan = build_loader(LoaderConfig(str(cfg), seq_len=32, batch_size=4), rank=0, world_size=1, split="train")
     assert [s.id for s in plan.sources] == ["alpha", "beta"] and plan.quotas[0] == plan.quotas[1]
     x, y = loader.next()

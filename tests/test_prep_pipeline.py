@@ -10,10 +10,11 @@ import pytest
 
 from conftest import run_prep, tree_digest, write_jsonl, gsm8k_texts
 from refinery.beam_pipelines.cli import main
-from refinery.transforms import io, pack
-from refinery.transforms.normalize import normalize_text
-from refinery.transforms.shard import shard_of
-from refinery.transforms.tokenizer import get_encoding
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.prep.normalize import normalize_text
+from refinery.transforms.prep.sharding import shard_of
+from refinery.transforms.formats.tokenizer import get_encoding
 
 EOS = 199999
 
@@ -23,7 +24,7 @@ def load_docs(out) -> dict[int, list[np.ndarray]]:
     docs = {}
     for s in manifest["shards"]:
         tokens = np.load(out / s["path"])
-        bounds = pack.read_idx(str(out / s["index_path"]))
+        bounds = shards.read_idx(str(out / s["index_path"]))
         docs[s["shard"]] = [tokens[a:b] for a, b in bounds]
     return docs
 
@@ -101,7 +102,7 @@ def test_formats_and_manifest(prepared):
         raw = idx.read_bytes()
         magic, version, ndocs, reserved = struct.unpack_from("<8sQQQ", raw)
         assert (magic, version, ndocs, reserved) == (b"NMOEIDX\x00", 1, s["num_documents"], 0)
-        assert pack.idx_bytes_from_tokens(arr, EOS) == raw  # regenerable byte for byte
+        assert shards.idx_bytes_from_tokens(arr, EOS) == raw  # regenerable byte for byte
         assert io.sha256_file(str(npy)) == s["sha256"] and io.sha256_file(str(idx)) == s["index_sha256"]
     # nothing else under OUTPUT ends in .npy/.idx (hidden folders included)
     stray = [p for p in out.rglob("*") if p.suffix in (".npy", ".idx") and not p.parent.name.startswith("shard_")]

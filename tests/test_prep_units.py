@@ -9,11 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from refinery.beam_pipelines.prep import (extract_text, encode_document, included_units, parse_token_count)
-from refinery.transforms import io, pack, spill, stages, tokenizer
-from refinery.transforms.normalize import normalize_text
-from refinery.transforms.shard import doc_id_for, shard_of
-from refinery.transforms.stages import Stage, StageRun, Unit, check_receipt, execute_unit
+from refinery.transforms.prep.stages import (extract_text, encode_document, included_units, parse_token_count)
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.prep import spill
+from refinery.transforms.core import stages
+from refinery.transforms.formats import tokenizer
+from refinery.transforms.prep.normalize import normalize_text
+from refinery.transforms.prep.sharding import doc_id_for, shard_of
+from refinery.transforms.core.stages import Stage, StageRun, Unit, check_receipt, execute_unit
 
 
 # --- tokenizer -------------------------------------------------------------------------
@@ -176,20 +180,20 @@ def test_npy_header_matches_numpy_save():
     arr = np.arange(12345, dtype=np.uint32)
     ref = pyio.BytesIO()
     np.save(ref, arr)
-    assert pack.npy_header(len(arr)) + arr.tobytes() == ref.getvalue()
+    assert shards.npy_header(len(arr)) + arr.tobytes() == ref.getvalue()
 
 
 def test_idx_write_read_and_regenerate():
     lengths = np.array([3, 1, 5], dtype=np.uint64)
     buf = pyio.BytesIO()
-    pack.write_idx(buf, lengths)
+    shards.write_idx(buf, lengths)
     data = buf.getvalue()
     assert data[:8] == b"NMOEIDX\x00" and len(data) == 32 + 16 * 3
-    assert pack.read_idx(data).tolist() == [[0, 3], [3, 4], [4, 9]]
+    assert shards.read_idx(data).tolist() == [[0, 3], [3, 4], [4, 9]]
     tokens = np.array([5, 6, 199999, 199999, 1, 2, 3, 4, 199999], dtype=np.uint32)
-    assert pack.idx_bytes_from_tokens(tokens, 199999) == data
+    assert shards.idx_bytes_from_tokens(tokens, 199999) == data
     with pytest.raises(ValueError, match="magic"):
-        pack.read_idx(b"X" * 32)
+        shards.read_idx(b"X" * 32)
 
 
 # --- stage machinery -------------------------------------------------------------------

@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from conftest import run_prep, write_jsonl
-from refinery.beam_pipelines.prep import PrepConfig, build_stages, clear_stale_manifest
-from refinery.transforms import io
-from refinery.transforms.stages import StageFailed, run_stages
+from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
+from refinery.transforms.core import io
+from refinery.transforms.core.stages import StageFailed, run_stages
 from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
 
 

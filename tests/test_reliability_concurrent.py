@@ -13,7 +13,7 @@ import pytest
 import reliability_helpers
 from conftest import run_prep
 from refinery.beam_pipelines.cli import main
-from refinery.transforms import io
+from refinery.transforms.core import io
 from reliability_helpers import (child_env, final_digest, make_corpus, read_unit_log, refinery_cmd, shard_texts,
                                  expected_texts, spawn, temp_files, write_figures)
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_prep
 from refinery.beam_pipelines.cli import main
-from refinery.transforms import io
+from refinery.transforms.core import io
 from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
 
 SHARDS = 6
@@ -126,7 +126,7 @@ def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatc
 
 
 def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
-    from refinery.transforms.stages import RECEIPT_SCHEMA, check_receipt
+    from refinery.transforms.core.stages import RECEIPT_SCHEMA, check_receipt
 
     path = tmp_path / "r.json"
     for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):

@@ -225,7 +225,7 @@ def _download(gs_path: str, local):
     """A fresh local copy of everything under ``gs_path``."""
     import shutil
 
-    from refinery.transforms import io
+    from refinery.transforms.core import io
 
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)

@@ -39,8 +39,8 @@ MIN_KILLS_DIRECT = 8
 MIN_KILLS_LOCAL = 1
 TIME_CAP_S = 45.0
 OUTPUT = "generations.jsonl"
-PRELOAD = ("torch", "apache_beam.ml.inference.base", "refinery.transforms.inference",
-           "refinery.transforms.generate_stages", "refinery.beam_pipelines.generate")
+PRELOAD = ("torch", "apache_beam.ml.inference.base", "refinery.transforms.inference.handler",
+           "refinery.transforms.inference.stages", "refinery.beam_pipelines.generate")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """kill -9 on ``refinery hydra grade`` and ``refinery hydra oracle-label``: resumed runs give
 byte-identical outputs.
 
-Both steps run on the infer -> merge stages of :mod:`refinery.transforms.generate_stages`
+Both steps run on the infer -> merge stages of :mod:`refinery.transforms.inference.stages`
 (only the task differs), so they get the same kill loop as ``refinery generate``
 (``test_reliability_generate.py``): the real command (``--runner direct``, forked from a
 server that has imported torch, Beam and the inference modules once), killed with SIGKILL
@@ -40,8 +40,8 @@ from reliability_helpers import (ForkServer, child_env, completed, current_recei
                                  read_unit_log, run_attempt, temp_files, write_figures, kill_cycle)
 
 from refinery.beam_pipelines import hydra  # noqa: E402
-from refinery.transforms.hydra_oracle import DIMENSIONS  # noqa: E402
-from refinery.transforms.hydra_slices import read_doc_tokens  # noqa: E402
+from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402
+from refinery.transforms.hydra.slices import read_doc_tokens  # noqa: E402
 
 SEED = 11
 MIN_KILLS = {"grade": 6, "oracle": 6}
@@ -49,9 +49,9 @@ WAVE_UNITS = 2
 TIME_CAP_S = 30.0  # per command: stops aiming kills on a very slow machine (a normal run needs ~10 s)
 ENGINE = ["--dtype", "float32", "--device", "cpu", "--max-batch", "4"]
 # torch._dynamo: imported on first use of the meta device (building the model), ~1.5 s per run
-PRELOAD = ("torch", "torch._dynamo", "apache_beam.ml.inference.base", "refinery.transforms.inference",
-           "refinery.transforms.generate_stages", "refinery.transforms.hydra_heads",
-           "refinery.transforms.hydra_grade", "refinery.transforms.hydra_oracle",
+PRELOAD = ("torch", "torch._dynamo", "apache_beam.ml.inference.base", "refinery.transforms.inference.handler",
+           "refinery.transforms.inference.stages", "refinery.transforms.hydra.heads",
+           "refinery.transforms.hydra.grade", "refinery.transforms.hydra.oracle",
            "refinery.beam_pipelines.generate", "refinery.beam_pipelines.hydra")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import reliability_helpers
 from conftest import run_prep
-from refinery.transforms import io
+from refinery.transforms.core import io
 from reliability_helpers import (child_env, completed, current_receipts, final_digest, make_corpus,
                                  read_unit_log, recomputed_units, refinery_cmd, run_attempt, spawn, temp_files,
                                  write_figures)

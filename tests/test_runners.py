@@ -131,8 +131,8 @@ class Jobs:
 
 
 def prep_pipeline(root: Path) -> list[Jobs]:
-    from refinery.beam_pipelines.prep import PrepConfig, build_stages
-    from refinery.transforms import io
+    from refinery.transforms.prep.stages import PrepConfig, build_stages
+    from refinery.transforms.core import io
 
     write_jsonl(root / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
     write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
@@ -144,7 +144,7 @@ def prep_pipeline(root: Path) -> list[Jobs]:
 def prep_mixture_pipeline(root: Path) -> list[Jobs]:
     """A one-source mixture with a train and a valid split: two prep runs, as ``_run_all`` does them."""
     from refinery.beam_pipelines.prep_mixture import split_stages
-    from refinery.transforms import mixture as mx
+    from refinery.transforms.loader import mixture as mx
 
     write_jsonl(root / "corpus" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
     write_jsonl(root / "corpus" / "a_valid.jsonl", [{"text": t} for t in gsm8k_texts(2, offset=6)])
@@ -172,7 +172,7 @@ valid_path = "corpus/a_valid.jsonl"
 
 
 def decon_pipeline(root: Path) -> list[Jobs]:
-    from refinery.transforms.decon_stages import DeconSettings, build_stages
+    from refinery.transforms.decon.stages import DeconSettings, build_stages
 
     write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
     write_jsonl(root / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(5, offset=2))])
@@ -190,7 +190,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     from engine_fixtures import write_harmony_checkpoint
 
     from refinery.beam_pipelines import generate, hydra
-    from refinery.transforms.generate_stages import build_stages, wave_pipelines
+    from refinery.transforms.inference.stages import build_stages, wave_pipelines
 
     ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
     common = ["--checkpoint", str(ckpt), "--output", str(root / "out"), "--device", "cpu", "--dtype", "float32",
@@ -200,17 +200,17 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     assert not rest
     engine, options = generate.engine_settings(args), generate.handler_options(args)
     if command == "generate":
-        from refinery.transforms.generate_stages import GenerateTask
-        from refinery.transforms.inference import GenerationParams
+        from refinery.transforms.inference.stages import GenerateTask
+        from refinery.transforms.inference.handler import GenerationParams
 
         task = GenerateTask(engine, GenerationParams(max_tokens=args.max_tokens), args.template, options)
     elif command == "oracle-label":
-        from refinery.transforms.hydra_oracle import OracleTask
-        from refinery.transforms.inference import GenerationParams
+        from refinery.transforms.hydra.oracle import OracleTask
+        from refinery.transforms.inference.handler import GenerationParams
 
         task = OracleTask(engine, GenerationParams(max_tokens=args.max_tokens), options)
     else:
-        from refinery.transforms.hydra_grade import GradeTask
+        from refinery.transforms.hydra.grade import GradeTask
 
         task = GradeTask(engine, args.heads_dir, args.calibration, args.max_ctx, options)
     stages = build_stages(task, generate.document_source(args), args.wave_units)
@@ -247,8 +247,8 @@ def grade_pipeline(root: Path) -> list[Jobs]:
     import numpy as np
     from engine_fixtures import tiny_config
 
-    from refinery.transforms.hydra_calibrate import calibrate, write_calibration
-    from refinery.transforms.hydra_heads import JudgeHead, ProbeHead, load_head, save_head
+    from refinery.transforms.hydra.calibrate import calibrate, write_calibration
+    from refinery.transforms.hydra.heads import JudgeHead, ProbeHead, load_head, save_head
 
     hidden = tiny_config().hidden_size
     save_head(str(root / "heads" / "hydra_probe.pt"), ProbeHead(hidden), "probe", 1, {})
@@ -363,7 +363,7 @@ def _check_job(proto, jobs: Jobs, run, bound: dict, env_urn: str | None, image: 
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_each_stage_translates_for_each_runner(pipeline, tmp_path, no_network):
-    from refinery.transforms.stages import bind_stages
+    from refinery.transforms.core.stages import bind_stages
 
     for jobs in PIPELINES[pipeline](tmp_path):
         bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
@@ -394,7 +394,7 @@ def _pool(job):
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network):
-    from refinery.transforms.stages import bind_stages
+    from refinery.transforms.core.stages import bind_stages
 
     first_job = None
     for jobs in PIPELINES[pipeline](tmp_path):
@@ -417,7 +417,7 @@ def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network
         first_job = first_job or built[0][1]
     # the sdist that workers would pip-install holds every package of this project
     names = _staged_sdist_names(first_job.proto_pipeline)
-    for module in ("setup.py", "runners/dataflow.py", "transforms/stages.py", "beam_pipelines/cli.py",
+    for module in ("setup.py", "runners/dataflow.py", "transforms/core/stages.py", "beam_pipelines/cli.py",
                    "kernels/model.py"):
         assert any(n.endswith(module) for n in names), module
     assert no_network == []
@@ -458,8 +458,8 @@ def test_dataflow_gpu_dry_run(tmp_path, no_network):
 
 def test_progress_reads_each_completed_receipt_once(tmp_path):
     """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
-    from refinery.transforms import io
-    from refinery.transforms.stages import RECEIPT_SCHEMA, Stage, bind_stages
+    from refinery.transforms.core import io
+    from refinery.transforms.core.stages import RECEIPT_SCHEMA, Stage, bind_stages
 
     class One(Stage):
         name = "one"

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import run_prep
 from refinery.beam_pipelines.cli import main
-from refinery.transforms import pack
-from refinery.transforms.shard_reader import (IndexReader, IndexWriter, ShardReader, find_shards,
+from refinery.transforms.formats import shards
+from refinery.transforms.formats.reader import (IndexReader, IndexWriter, ShardReader, find_shards,
                                               regenerate_index)
 
 EOS = 199999
@@ -20,7 +20,7 @@ def write_shard(npy, docs: list[list[int]], eos: int = EOS):
     np.save(npy, tokens)
     idx = npy.with_suffix(".idx")
     with open(idx, "wb") as f:
-        pack.write_idx(f, [len(d) + 1 for d in docs])
+        shards.write_idx(f, [len(d) + 1 for d in docs])
     return npy, idx
 
 
@@ -31,7 +31,7 @@ def test_index_writer_matches_pack_and_reader_reads_it(tmp_path):
             w.add_document(n)
         w.add_lengths(np.array(lengths[2:]))
     with open(tmp_path / "b.idx", "wb") as f:
-        pack.write_idx(f, lengths)
+        shards.write_idx(f, lengths)
     assert (tmp_path / "a.idx").read_bytes() == (tmp_path / "b.idx").read_bytes()
     r = IndexReader(str(tmp_path / "a.idx"))
     assert r.num_docs == len(r) == 4
@@ -46,7 +46,7 @@ def test_index_writer_matches_pack_and_reader_reads_it(tmp_path):
 def test_index_reader_rejects_malformed_files(tmp_path):
     good = tmp_path / "g.idx"
     with open(good, "wb") as f:
-        pack.write_idx(f, [3, 4])
+        shards.write_idx(f, [3, 4])
     (tmp_path / "trunc.idx").write_bytes(good.read_bytes()[:-8])
     (tmp_path / "magic.idx").write_bytes(b"XXXXXXXX" + good.read_bytes()[8:])
     with pytest.raises(ValueError, match=r"trunc\.idx: idx is 56 bytes, header says 2 docs"):
@@ -55,7 +55,7 @@ def test_index_reader_rejects_malformed_files(tmp_path):
         IndexReader(str(tmp_path / "magic.idx"))
     empty = tmp_path / "e.idx"
     with open(empty, "wb") as f:
-        pack.write_idx(f, [])
+        shards.write_idx(f, [])
     assert IndexReader(str(empty)).num_docs == 0
 
 

@@ -9,7 +9,7 @@ How the stream is defined (numpy + stdlib only; no torch, no Beam):
   in sorted order as one token stream (memory-mapped), cut into sequences of ``seq_len + 1``
   tokens: sequence ``i`` is tokens ``[i (L+1), (i+1)(L+1))``; ``n_s`` sequences fit.
 - **Weights** are the mixture's shares as fixed-point integers summing to 1,000,000
-  (:func:`refinery.transforms.mixture.fixed_point_weights`).
+  (:func:`refinery.transforms.loader.mixture.fixed_point_weights`).
 - **Epoch quotas**: the epoch has ``E`` sequences, the largest number whose largest-remainder
   split by the weights, ``q_s``, fits every source (``q_s <= n_s``). Exact integers.
 - **Order**: smooth weighted round robin over the quotas (add ``q_s`` to each source's
@@ -35,10 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import io, pack
-from .mixture import (WEIGHT_SCALE, fixed_point_weights, largest_remainder, load_mixture_file, select_mixture,
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.loader.mixture import (WEIGHT_SCALE, fixed_point_weights, largest_remainder, load_mixture_file, select_mixture,
                       source_fractions, split_dir)
-from .shard_reader import find_shards
+from refinery.transforms.formats.reader import find_shards
 
 STATE_VERSION = 1
 
@@ -170,7 +171,7 @@ def _npy_tokens(path: str) -> int:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(f)
-    if dtype != pack.TOKEN_DTYPE or len(shape) != 1:
+    if dtype != shards.TOKEN_DTYPE or len(shape) != 1:
         raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 tokens")
     return int(shape[0])
 
@@ -221,7 +222,7 @@ class _SourceStream:
 
     def _tokens(self, f: int) -> np.ndarray:
         if f not in self._maps:
-            self._maps[f] = pack.open_tokens(self.paths[f])
+            self._maps[f] = shards.open_tokens(self.paths[f])
         return self._maps[f]
 
     def read(self, start: int, end: int) -> np.ndarray:

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import io
-from .hydra_oracle import DIMENSIONS
+from refinery.transforms.core import io
+from refinery.transforms.hydra.oracle import DIMENSIONS
 
 
 def read_labels(paths: Sequence[str]) -> tuple[list[str], np.ndarray]:

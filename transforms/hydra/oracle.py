@@ -17,7 +17,7 @@ import json
 import re
 from typing import Iterator, Sequence
 
-from .generate_stages import GenerateTask, UnitContext
+from refinery.transforms.inference.stages import GenerateTask, UnitContext
 
 DIMENSIONS = ("helpfulness", "correctness", "coherence", "complexity", "density")
 

@@ -20,9 +20,9 @@ from typing import Iterator
 
 import numpy as np
 
-from . import io
-from . import pack
-from .stages import Stage, Unit, UnitContext
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.core.stages import Stage, Unit, UnitContext
 
 SPLITS = ("train", "val", "test")
 DOCID_RE = re.compile(r"^(?P<source>.*?)//(?P<relpath>.+)#s=(?P<start>\d+):e=(?P<end>\d+)$")
@@ -86,7 +86,7 @@ def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
     """Doc ids of one shard, in document order (from its ``.idx``)."""
     idx_path = io.join(data_root, relpath[: -len(".npy")] + ".idx")
     try:
-        bounds = pack.read_idx(idx_path)
+        bounds = shards.read_idx(idx_path)
     except ValueError as e:
         raise ValueError(f"{idx_path}: {e}") from None
     for s, e in bounds.tolist():
@@ -105,7 +105,7 @@ def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = 199999)
         if len(_TOKENS) > 64:
             _TOKENS.clear()
         try:
-            tokens = _TOKENS[path] = pack.open_tokens(path)
+            tokens = _TOKENS[path] = shards.open_tokens(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"doc {doc_id}: shard {path} not found (is --data-root right?)") from None
     if a.end > len(tokens):

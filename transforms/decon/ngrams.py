@@ -1,6 +1,6 @@
 """Train/test n-gram overlap ("decon"), the HELM data-overlap method with full provenance.
 
-Pure functions only; the Beam wiring lives in :mod:`refinery.transforms.decon_stages`.
+Pure functions only; the Beam wiring lives in :mod:`refinery.transforms.decon.stages`.
 
 Method (HELM): index the n-grams of the TEST (eval) side, stream the TRAINING side and look
 up each of its n-grams; an eval instance overlaps at n when it shares at least one n-gram.

@@ -161,8 +161,8 @@ def train_judge(states: Sequence[torch.Tensor], targets: torch.Tensor, cfg: Trai
 
 
 def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) -> None:
-    from . import io
-    from .hydra_oracle import DIMENSIONS
+    from refinery.transforms.core import io
+    from refinery.transforms.hydra.oracle import DIMENSIONS
 
     blob = {"kind": kind, "layer": int(layer), "hidden_size": head.hidden_size,
             "mid_dim": getattr(head, "mid_dim", None), "heads": getattr(head, "heads", None),
@@ -174,7 +174,7 @@ def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) ->
 
 
 def load_head(path: str) -> tuple[nn.Module, dict]:
-    from . import io
+    from refinery.transforms.core import io
 
     import io as pyio
     try:

@@ -1,7 +1,7 @@
 """The three stages of ``refinery decon``: index -> scan -> reduce (thin wiring).
 
-The logic lives in :mod:`refinery.transforms.ngrams`; this module binds it to the
-stage/receipt machinery of :mod:`refinery.transforms.stages`.
+The logic lives in :mod:`refinery.transforms.decon.ngrams`; this module binds it to the
+stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
 
 - ``index`` (units: ``catalog`` + one per hash partition): eval rows -> n-grams. The
   ``catalog`` unit writes the compact membership file (``membership.bin``: sorted uint64
@@ -34,9 +34,9 @@ from typing import Iterator
 import msgpack
 import zstandard
 
-from . import io
-from . import ngrams as ng
-from .stages import Stage, Unit, UnitContext, bind_stages
+from refinery.transforms.core import io
+from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.core.stages import Stage, Unit, UnitContext, bind_stages
 
 FORMAT_VERSION = 1
 MEMBERSHIP_FILE = "membership.bin"

@@ -11,7 +11,7 @@ ModelHandler runs it, how a result becomes an output row, and what the merge wri
 - ``infer`` units run in waves: each wave is one Beam job
   ``Create(units) | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
-  through :func:`refinery.transforms.stages.execute_unit` (the one completion check). Killing
+  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check). Killing
   a run loses at most the wave in flight; the next run skips every unit with a receipt.
 - Without Beam results (tests, a worker re-running a unit) ``run_unit`` computes the same
   rows with the engine directly.
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from . import io
-from .inference import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
-from .stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+from refinery.transforms.core import io
+from refinery.transforms.inference.handler import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
 
 log = logging.getLogger("refinery")
 
@@ -54,7 +54,7 @@ class Doc:
 
     def get_tokens(self) -> list[int]:
         if self.tokens is None:
-            from .tokenizer import get_encoding
+            from refinery.transforms.formats.tokenizer import get_encoding
 
             self.tokens = get_encoding().encode_ordinary(self.text or "")
         return self.tokens
@@ -99,7 +99,7 @@ class DocumentSource:
 
     def _count(self, path: str) -> int:
         if self.docid_files:
-            from .hydra_slices import read_docid_file
+            from refinery.transforms.hydra.slices import read_docid_file
 
             return sum(1 for _ in read_docid_file(path))
         return sum(1 for _ in io.iter_rows(path))
@@ -121,7 +121,7 @@ class DocumentSource:
         lo, hi, path = payload["lo"], payload["hi"], payload["path"]
         docs: list[Doc] = []
         if self.docid_files:
-            from .hydra_slices import read_doc_tokens, read_docid_file
+            from refinery.transforms.hydra.slices import read_doc_tokens, read_docid_file
 
             for i, (line, doc_id) in enumerate(read_docid_file(path)):
                 if lo <= i < hi:
@@ -288,7 +288,7 @@ class GenerateTask(Task):
         return example, {"prompt": self.template["user"].replace("{text}", text), "truncated_tokens": cut}
 
     def handler(self):
-        from .inference import BatchingOptions, GptOssModelHandler
+        from refinery.transforms.inference.handler import BatchingOptions, GptOssModelHandler
 
         batching = BatchingOptions(self.engine.max_seq_len, self.options.batch_tokens or self.engine.max_batch * 512)
         return GptOssModelHandler(self.engine, self.params, share_across_processes=self.options.share_across_processes,
@@ -531,7 +531,7 @@ def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], 
 
 def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
     """One Beam job: the given infer units through RunInference, parts + receipts written."""
-    from .stages import run_stage_pipeline
+    from refinery.transforms.core.stages import run_stage_pipeline
 
     run_stage_pipeline(build_wave_pipeline(run, units, beam_args, verify_checksums))
 

@@ -8,7 +8,7 @@ or ``band``. Scores are clamped to [0, 4].
 
 Runs through RunInference (``HydraGradeHandler``: the engine plus both heads is the model,
 loaded once per machine) on the infer -> merge stages of
-:mod:`refinery.transforms.generate_stages`. Outputs: ``quality_scores.jsonl`` (``{doc_id,
+:mod:`refinery.transforms.inference.stages`. Outputs: ``quality_scores.jsonl`` (``{doc_id,
 scores: {dim: s}, aggregated, probe_aggregated, judged, decision}``, input order) and
 ``summary.json`` (counts per decision, keep rate, thresholds).
 """
@@ -18,11 +18,11 @@ import json
 import threading
 from typing import Iterator, Sequence
 
-from . import io
-from .generate_stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
-from .hydra_calibrate import decide, load_calibration
-from .hydra_oracle import DIMENSIONS
-from .inference import EngineSettings, GptOssEngine, cached_engine, validate_layers
+from refinery.transforms.core import io
+from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
+from refinery.transforms.hydra.calibrate import decide, load_calibration
+from refinery.transforms.hydra.oracle import DIMENSIONS
+from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
 
 
 class HydraGrader:
@@ -32,7 +32,7 @@ class HydraGrader:
                  engine: GptOssEngine | None = None):
         import numpy as np
 
-        from .hydra_heads import load_head
+        from refinery.transforms.hydra.heads import load_head
 
         self.engine = engine or GptOssEngine(settings)
         self.probe, self.probe_meta = load_head(io.join(heads_dir, "hydra_probe.pt"))
@@ -52,7 +52,7 @@ class HydraGrader:
     def grade(self, prompts: Sequence[Sequence[int]]) -> list[dict]:
         import torch
 
-        from .hydra_heads import judge_preprocess, probe_features
+        from refinery.transforms.hydra.heads import judge_preprocess, probe_features
 
         pl, jl = self.probe_meta["layer"], self.judge_meta["layer"]
         out = []
@@ -76,7 +76,7 @@ class HydraGrader:
 
 
 def _build_handler_class():
-    from .inference import GptOssModelHandler
+    from refinery.transforms.inference.handler import GptOssModelHandler
 
     class HydraGradeHandler(GptOssModelHandler):
         """RunInference handler for HYDRA grading. Input: ``{"tokens": [...]}`` examples.
@@ -134,8 +134,8 @@ class GradeTask(Task):
         return {"tokens": tokens[: self.max_ctx]}, {}
 
     def handler(self):
-        from .hydra_grade import HydraGradeHandler
-        from .inference import BatchingOptions
+        from refinery.transforms.hydra.grade import HydraGradeHandler
+        from refinery.transforms.inference.handler import BatchingOptions
 
         return HydraGradeHandler(self.engine, self.heads_dir, self.calibration, self.max_ctx,
                                  share_across_processes=self.options.share_across_processes,

@@ -6,7 +6,7 @@ and returns a :class:`ShardReport`: token, EOS and document counts, and its **is
 - double EOS (two EOS in a row: a document emptied, or EOS appended twice),
 - empty documents (an ``.idx`` entry holding nothing but its EOS, or less),
 - ``.idx``/``.npy`` disagreement (bounds not contiguous, EOS not at document ends, counts
-  other than the manifest's), via :func:`refinery.transforms.pack.check_shard`,
+  other than the manifest's), via :func:`refinery.transforms.formats.shards.check_shard`,
 - tokens after the last EOS, token ids outside the vocabulary.
 
 With ``stats``: document-length summary, distinct tokens, vocabulary coverage, most frequent
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import io, pack
-from .shard_reader import SCAN_CHUNK_TOKENS, IndexReader, eos_document_lengths, find_shards, index_path_for
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.formats.reader import SCAN_CHUNK_TOKENS, IndexReader, eos_document_lengths, find_shards, index_path_for
 
 
 @dataclass
@@ -98,10 +99,10 @@ def inspect_shard(ref: ShardRef, eos_token_id: int, vocab_size: int | None = Non
                   chunk: int = SCAN_CHUNK_TOKENS) -> ShardReport:
     """Inspect one shard; ``report.issues`` is empty when the shard is clean."""
     report = ShardReport(ref.npy_path, ref.idx_path)
-    report.issues += pack.check_shard(ref.npy_path, ref.idx_path, eos_token_id, ref.expected_tokens,
+    report.issues += shards.check_shard(ref.npy_path, ref.idx_path, eos_token_id, ref.expected_tokens,
                                       ref.expected_docs)
     try:
-        tokens = pack.open_tokens(ref.npy_path)
+        tokens = shards.open_tokens(ref.npy_path)
     except Exception:  # noqa: BLE001 - check_shard already named the problem
         return report
     report.num_tokens = int(len(tokens))

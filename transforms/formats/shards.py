@@ -18,7 +18,7 @@ from typing import IO
 
 import numpy as np
 
-from . import io
+from refinery.transforms.core import io
 
 IDX_MAGIC = b"NMOEIDX\x00"
 IDX_VERSION = 1
@@ -171,7 +171,7 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""
-    from .stages import META_DIR, verify_receipts
+    from refinery.transforms.core.stages import META_DIR, verify_receipts
 
     run_json = io.join(root, META_DIR, "run.json")
     try:

@@ -94,7 +94,7 @@ def example_length(element: Any) -> int:
 
 def decode(tokens: Sequence[int]) -> str:
     """o200k_harmony text of tokens (special tokens spelled out)."""
-    from refinery.transforms.tokenizer import get_encoding
+    from refinery.transforms.formats.tokenizer import get_encoding
 
     return get_encoding().decode([int(t) for t in tokens])
 

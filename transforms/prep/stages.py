@@ -1,6 +1,6 @@
 """prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
 
-Stages (each resumable, see ``refinery.transforms.stages``)::
+Stages (each resumable, see ``refinery.transforms.core.stages``)::
 
     tokenize  unit = an input slice (a file, or a range of parquet row groups):
               read rows -> normalize -> o200k_harmony encode_ordinary + EOS -> shard by
@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refinery.transforms import io, pack, spill
-from refinery.transforms.normalize import normalize_text
-from refinery.transforms.shard import doc_id_for, shard_basename, shard_dirname, shard_of
-from refinery.transforms.stages import Stage, StageRun, Unit, UnitContext, short_hash
-from refinery.transforms.tokenizer import (EOS_TOKEN_ID, ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE,
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
+from refinery.transforms.prep import spill
+from refinery.transforms.prep.normalize import normalize_text
+from refinery.transforms.prep.sharding import doc_id_for, shard_basename, shard_dirname, shard_of
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.formats.tokenizer import (EOS_TOKEN_ID, ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE,
                                            get_encoding, tokenizer_identity)
 
 log = logging.getLogger("refinery")
@@ -279,13 +281,13 @@ class PackStage(Stage):
         num_tokens = int(lengths.sum(dtype=np.uint64))
         npy_rel, idx_rel = self.shard_paths(shard)
         with ctx.open_write(ctx.output_path(npy_rel)) as out:
-            out.write(pack.npy_header(num_tokens))
+            out.write(shards.npy_header(num_tokens))
             for spill_path, rows in pieces:
                 with io.open_read(spill_path) as f:
                     for chunk in spill.iter_token_chunks(f, spill.contiguous_ranges(rows)):
                         out.write(chunk)
         with ctx.open_write(ctx.output_path(idx_rel)) as out:
-            pack.write_idx(out, lengths)
+            shards.write_idx(out, lengths)
         return {"shard": shard, "tokens": num_tokens, "docs": int(len(lengths))}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -324,36 +326,36 @@ class ManifestStage(Stage):
                     with io.open_read(io.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
                         while block := f.read(1 << 20):
                             out.write(block)
-        shards = []
+        entries = []
         for u in pk.stage.plan():
             c = pk.check(u.id)
             if not c.done:
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
             by_ext = {f["path"].rsplit(".", 1)[1]: f for f in c.receipt["files"]}
-            shards.append({"shard": u.payload["shard"], "path": by_ext["npy"]["path"],
+            entries.append({"shard": u.payload["shard"], "path": by_ext["npy"]["path"],
                            "index_path": by_ext["idx"]["path"],
                            "num_tokens": c.receipt["stats"]["tokens"], "num_documents": c.receipt["stats"]["docs"],
                            "sha256": by_ext["npy"]["sha256"], "index_sha256": by_ext["idx"]["sha256"]})
-        written = sum(s["num_documents"] for s in shards)
+        written = sum(s["num_documents"] for s in entries)
         rows["over_budget"] = rows["accepted"] - written
         rows["accepted"] = written
         manifest = {
             "dataset": cfg.dataset, "version": FORMAT_VERSION,
             "tokenizer": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256, "vocab_size": VOCAB_SIZE,
             "eos_token_id": EOS_TOKEN_ID, "dtype": "uint32",
-            "total_tokens": sum(s["num_tokens"] for s in shards), "total_documents": written,
+            "total_tokens": sum(s["num_tokens"] for s in entries), "total_documents": written,
             "num_shards": cfg.num_shards, "max_tokens": cfg.max_tokens,
             "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
             "source": cfg.source or {"inputs": len(cfg.inputs)},
-            "rows": rows, "shards": shards,
+            "rows": rows, "shards": entries,
         }
-        listed = {s[k] for s in shards for k in ("path", "index_path")}
+        listed = {s[k] for s in entries for k in ("path", "index_path")}
         root = cfg.output.rstrip("/") + "/"
-        for stale in pack.find_shard_files(cfg.output):
+        for stale in shards.find_shard_files(cfg.output):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
                 io.remove(stale)
-        ctx.write_bytes(ctx.output_path("manifest.json"), pack.manifest_json(manifest))
+        ctx.write_bytes(ctx.output_path("manifest.json"), shards.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
 

@@ -1,13 +1,13 @@
 """Reading token shards: the ``.idx`` reader/writer and a memory-mapped document reader.
 
-Formats are those of :mod:`refinery.transforms.pack` (``shared/reference/FORMATS.md``):
+Formats are those of :mod:`refinery.transforms.formats.shards` (``shared/reference/FORMATS.md``):
 an ``.npy`` of uint32 tokens, documents back to back each ending in one EOS, and an
 ``.idx`` with a 32-byte header and ``uint64 (start, end)`` per document.
 
 - :class:`IndexReader`: ``num_docs``, ``get_document(i) -> (start, end)``; a local ``.idx``
   is memory-mapped, so opening one costs nothing whatever its size.
 - :class:`IndexWriter`: streams document lengths, writes the ``.idx`` atomically on close,
-  through :func:`pack.write_idx` (the one writer prep uses too).
+  through :func:`shards.write_idx` (the one writer prep uses too).
 - :class:`ShardReader`: a shard's tokens (memory-mapped) + its index; ``document(i)``.
 - :func:`regenerate_index`: an ``.idx`` rebuilt from a shard's EOS positions, scanning the
   memory-mapped tokens in chunks; byte-identical to the one prep wrote.
@@ -19,7 +19,8 @@ from array import array
 
 import numpy as np
 
-from . import io, pack
+from refinery.transforms.core import io
+from refinery.transforms.formats import shards
 
 SCAN_CHUNK_TOKENS = 1 << 24
 
@@ -41,7 +42,7 @@ class IndexReader:
         self.path = path
         if io.is_remote(path):
             try:
-                self.bounds = pack.read_idx(path)
+                self.bounds = shards.read_idx(path)
             except ValueError as e:
                 raise ValueError(f"{path}: {e}") from None
         else:
@@ -52,20 +53,20 @@ class IndexReader:
     def _mmap(path: str) -> np.ndarray:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            header = f.read(pack.IDX_HEADER.size)
-        if len(header) < pack.IDX_HEADER.size:
+            header = f.read(shards.IDX_HEADER.size)
+        if len(header) < shards.IDX_HEADER.size:
             raise ValueError(f"{path}: idx is {size} bytes, shorter than its 32-byte header")
-        magic, version, num_docs, _ = pack.IDX_HEADER.unpack(header)
-        if magic != pack.IDX_MAGIC:
-            raise ValueError(f"{path}: idx has magic {magic!r}, expected {pack.IDX_MAGIC!r}")
-        if version != pack.IDX_VERSION:
-            raise ValueError(f"{path}: idx has version {version}, expected {pack.IDX_VERSION}")
-        if size != pack.IDX_HEADER.size + 16 * num_docs:
+        magic, version, num_docs, _ = shards.IDX_HEADER.unpack(header)
+        if magic != shards.IDX_MAGIC:
+            raise ValueError(f"{path}: idx has magic {magic!r}, expected {shards.IDX_MAGIC!r}")
+        if version != shards.IDX_VERSION:
+            raise ValueError(f"{path}: idx has version {version}, expected {shards.IDX_VERSION}")
+        if size != shards.IDX_HEADER.size + 16 * num_docs:
             raise ValueError(f"{path}: idx is {size} bytes, header says {num_docs} docs "
-                             f"({pack.IDX_HEADER.size + 16 * num_docs} bytes)")
+                             f"({shards.IDX_HEADER.size + 16 * num_docs} bytes)")
         if num_docs == 0:
             return np.zeros((0, 2), dtype="<u8")
-        return np.memmap(path, dtype="<u8", mode="r", offset=pack.IDX_HEADER.size, shape=(num_docs, 2))
+        return np.memmap(path, dtype="<u8", mode="r", offset=shards.IDX_HEADER.size, shape=(num_docs, 2))
 
     def __len__(self) -> int:
         return self.num_docs
@@ -112,7 +113,7 @@ class IndexWriter:
         if self.closed:
             return
         with io.atomic_open(self.path) as out:
-            pack.write_idx(out, np.frombuffer(self._lengths, dtype=np.uint64))
+            shards.write_idx(out, np.frombuffer(self._lengths, dtype=np.uint64))
         self.closed = True
 
     def __enter__(self) -> "IndexWriter":
@@ -129,8 +130,8 @@ class ShardReader:
     def __init__(self, npy_path: str, idx_path: str | None = None):
         self.npy_path = npy_path
         self.idx_path = idx_path or index_path_for(npy_path)
-        self.tokens = pack.open_tokens(npy_path)
-        if self.tokens.dtype != pack.TOKEN_DTYPE or self.tokens.ndim != 1:
+        self.tokens = shards.open_tokens(npy_path)
+        if self.tokens.dtype != shards.TOKEN_DTYPE or self.tokens.ndim != 1:
             raise ValueError(f"{npy_path}: dtype {self.tokens.dtype} ndim {self.tokens.ndim}, expected 1-D <u4")
         self.index = IndexReader(self.idx_path)
         self.num_docs = self.index.num_docs
@@ -187,7 +188,7 @@ def regenerate_index(npy_path: str, eos_token_id: int) -> bytes:
     Raises ValueError if tokens follow the last EOS: they belong to no document, and an
     ``.idx`` that dropped them would not describe the shard.
     """
-    tokens = pack.open_tokens(npy_path)
+    tokens = shards.open_tokens(npy_path)
     if tokens.ndim != 1:
         raise ValueError(f"{npy_path}: {tokens.ndim}-D array, expected 1-D tokens")
     lengths, trailing = eos_document_lengths(tokens, eos_token_id)
@@ -201,5 +202,5 @@ def regenerate_index(npy_path: str, eos_token_id: int) -> bytes:
             buf.extend(b)
             return len(b)
 
-    pack.write_idx(_Sink(), lengths)
+    shards.write_idx(_Sink(), lengths)
     return bytes(buf)

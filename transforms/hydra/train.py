@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import io
-from .hydra_calibrate import read_labels
-from .hydra_heads import (TrainConfig, judge_preprocess, probe_features, save_head, train_config_dict, train_judge,
+from refinery.transforms.core import io
+from refinery.transforms.hydra.calibrate import read_labels
+from refinery.transforms.hydra.heads import (TrainConfig, judge_preprocess, probe_features, save_head, train_config_dict, train_judge,
                           train_probe)
-from .hydra_slices import read_doc_tokens
-from .inference import EngineSettings, GptOssEngine, cached_engine, validate_layers
+from refinery.transforms.hydra.slices import read_doc_tokens
+from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
 
 
 @dataclass

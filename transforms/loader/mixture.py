@@ -246,7 +246,7 @@ def parse_mixture_file(data: dict, path: str) -> MixtureFile:
 
 def load_mixture_file(path: str) -> MixtureFile:
     """Read and parse a mixture TOML (local or gs://)."""
-    from refinery.transforms import io
+    from refinery.transforms.core import io
 
     try:
         data = tomllib.loads(io.read_bytes(path).decode("utf-8"))

@@ -52,7 +52,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from . import io
+from refinery.transforms.core import io
 
 log = logging.getLogger("refinery")
 
