@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+
 HELP = "check shards for double EOS, empty documents, idx/npy mismatch; token statistics (exit 1 on issues)"
 
 EPILOG = """\
@@ -72,7 +74,7 @@ def run(args, beam_args: list[str]) -> int:
         eos = args.eos_token_id if args.eos_token_id is not None else eos
     else:
         refs = shards_in_dir(args.data_dir)
-        eos, vocab = (args.eos_token_id if args.eos_token_id is not None else 199999), None
+        eos, vocab = (args.eos_token_id if args.eos_token_id is not None else EOS_TOKEN_ID), None
     vocab = args.vocab_size or vocab or 201088
     if not refs:
         print(f"refinery inspect: no shards found in {args.manifest or args.data_dir}", file=sys.stderr)

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+
 HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
 
 EPILOG = """\
@@ -54,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("tokenizer (o200k_harmony only; checked, not configurable)")
     t.add_argument("--tokenizer", default="o200k_harmony", choices=["o200k_harmony"])
     t.add_argument("--vocab-size", type=int, default=201088)
-    t.add_argument("--eos-token-id", type=int, default=199999)
+    t.add_argument("--eos-token-id", type=int, default=EOS_TOKEN_ID)
     t.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
     r = parser.add_argument_group("run")
     r.add_argument("--dry-run", action="store_true", help="print the plan and what is done; run nothing")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+
 HELP = "rebuild a shard's lost .idx from its EOS positions (byte-identical)"
 
 EPILOG = """\
@@ -23,15 +25,15 @@ examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("shard", metavar="SHARD.npy", help="the shard (.npy, local or gs://)")
-    parser.add_argument("--eos-token-id", type=int, default=199999,
-                        help="EOS token id that ends every document (default: 199999, o200k_harmony)")
+    parser.add_argument("--eos-token-id", type=int, default=EOS_TOKEN_ID,
+                        help=f"EOS token id that ends every document (default: {EOS_TOKEN_ID}, o200k_harmony)")
     parser.add_argument("--output", metavar="PATH", help="where to write the index (default: SHARD.idx)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing index that differs")
 
 
 def run(args, beam_args: list[str]) -> int:
     from refinery.transforms.core import io
-    from refinery.transforms.formats.reader import index_path_for, regenerate_index
+    from refinery.transforms.formats.shards import index_path_for, regenerate_index
 
     try:
         out = args.output or index_path_for(args.shard)

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from refinery.beam_pipelines import decon
-from refinery.transforms.core import io
+from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 
 GSM8K = "/work/shared/data/gsm8k"
@@ -51,7 +51,7 @@ def make_training(path: str, copies: int, seed: int = 0) -> float:
 def run_reference(eval_file: str, train_file: str, ns: list[int]) -> tuple[dict, float]:
     tok = ng.TOKENIZERS["default"]
     t0 = time.process_time()
-    evrows, _ = ng.make_eval_rows([eval_file], io.iter_rows, "question", "id", tok)
+    evrows, _ = ng.make_eval_rows([eval_file], iter_rows, "question", "id", tok)
 
     def stream():
         with open(train_file, "rb") as f:
@@ -105,7 +105,7 @@ m = membership_from_bytes(io.read_bytes(membership_path))
 loaded = rss()
 stats = ng.ScanStats()
 t0 = time.process_time()
-for _ in ng.scan_rows(io.iter_rows(train_file), text_field="text", id_field="id", tokenizer=ng.TOKENIZERS["default"],
+for _ in ng.scan_rows(iter_rows(train_file), text_field="text", id_field="id", tokenizer=ng.TOKENIZERS["default"],
                       membership=m, lookup=lambda p: load_partition_file(f"{index_parts}/{partition_file(p)}"),
                       partitions=int(m.meta["partitions"]), stats=stats):
     pass

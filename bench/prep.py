@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
-    from refinery.transforms.prep.normalize import normalize_text
+    from refinery.transforms.prep.documents import normalize_text
     from refinery.transforms.formats.tokenizer import get_encoding
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))

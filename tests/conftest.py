@@ -75,9 +75,21 @@ def run_prep(inputs, output, *extra, runner: str = "direct") -> int:
     return main(args)
 
 
-def tree_digest(root: Path) -> dict[str, str]:
-    """sha256 of every user-facing output file (not the .refinery metadata)."""
+def file_digest(path: Path) -> str:
+    """sha256 of an output file; for a ``manifest.json``, of its content without ``created_at``
+    (the time of its plan's first run in that folder: the one field in which two separate runs
+    of the same plan may differ; a rerun in the same folder keeps it)."""
     import hashlib
 
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+    data = path.read_bytes()
+    if path.name == "manifest.json":
+        manifest = json.loads(data)
+        manifest.pop("created_at", None)
+        data = json.dumps(manifest, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """:func:`file_digest` of every user-facing output file (not the .refinery metadata)."""
+    return {str(p.relative_to(root)): file_digest(p)
             for p in sorted(root.rglob("*")) if p.is_file() and ".refinery" not in p.parts}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import hashlib
 import json
 import os
 import signal
@@ -23,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import gsm8k_texts, write_jsonl
-from refinery.transforms.core import io
+from conftest import gsm8k_texts, tree_digest, write_jsonl
+from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards
-from refinery.transforms.prep.normalize import normalize_text
+from refinery.transforms.prep.documents import normalize_text
 
 META = ".refinery"
 
@@ -47,7 +46,7 @@ def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.C
     """Normalized text of every accepted row of the inputs (a multiset)."""
     out: collections.Counter = collections.Counter()
     for f in io.expand_inputs([str(corpus_root)]):
-        for _, rec, err in io.iter_rows(f.path):
+        for _, rec, err in rows.iter_rows(f.path):
             if err is None and isinstance(rec.get(text_field), str):
                 text = normalize_text(rec[text_field])
                 if text:
@@ -73,10 +72,7 @@ def shard_texts(out: Path) -> collections.Counter:
     return found
 
 
-def final_digest(root: Path) -> dict[str, str]:
-    """sha256 of every file outside ``.refinery`` (what the user gets)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and META not in p.parts}
+final_digest = tree_digest  # what the user gets: every file outside .refinery
 
 
 def temp_files(root: Path) -> list[str]:

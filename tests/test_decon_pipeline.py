@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from refinery.beam_pipelines import decon
-from refinery.transforms.core import io
+from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.stages import DeconSettings, build_stages
 from refinery.transforms.core.stages import run_stages
@@ -92,7 +92,7 @@ def test_gsm8k_agrees_with_reference(tmp_path):
                   "--partitions", "16", "--slice-mb", "0.4"])
     assert rc == 0 and os.path.exists(os.path.join(out, ".SUCCESS"))
 
-    evrows, _ = ng.make_eval_rows([f"{GSM8K}/test.jsonl"], io.iter_rows, "question", "id", ng.TOKENIZERS["default"])
+    evrows, _ = ng.make_eval_rows([f"{GSM8K}/test.jsonl"], iter_rows, "question", "id", ng.TOKENIZERS["default"])
     train_paths = [str(tmp_path / "train/part-0.jsonl")] * 2500 + [str(tmp_path / "train/part-1.jsonl.zst")] * 1500
     rows_in_file = list(range(2500)) + list(range(1500))
     ref_ids, ref_details = ng.reference_overlap(

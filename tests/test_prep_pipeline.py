@@ -10,10 +10,10 @@ import pytest
 
 from conftest import run_prep, tree_digest, write_jsonl, gsm8k_texts
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards
-from refinery.transforms.prep.normalize import normalize_text
-from refinery.transforms.prep.sharding import shard_of
+from refinery.transforms.prep.documents import normalize_text
+from refinery.transforms.prep.documents import shard_of
 from refinery.transforms.formats.tokenizer import get_encoding
 
 EOS = 199999
@@ -33,7 +33,7 @@ def expected_docs(corpus_root, text_field="text", id_field="id"):
     """(doc_id, normalized text) of every accepted row, straight from the inputs, in input order."""
     out = []
     for f in io.expand_inputs([str(corpus_root)]):
-        for row, rec, err in io.iter_rows(f.path):
+        for row, rec, err in rows.iter_rows(f.path):
             if err or not isinstance(rec.get(text_field), str):
                 continue
             text = normalize_text(rec[text_field])
@@ -102,7 +102,7 @@ def test_formats_and_manifest(prepared):
         raw = idx.read_bytes()
         magic, version, ndocs, reserved = struct.unpack_from("<8sQQQ", raw)
         assert (magic, version, ndocs, reserved) == (b"NMOEIDX\x00", 1, s["num_documents"], 0)
-        assert shards.idx_bytes_from_tokens(arr, EOS) == raw  # regenerable byte for byte
+        assert shards.idx_bytes(shards.eos_document_lengths(arr, EOS)[0]) == raw  # regenerable byte for byte
         assert io.sha256_file(str(npy)) == s["sha256"] and io.sha256_file(str(idx)) == s["index_sha256"]
     # nothing else under OUTPUT ends in .npy/.idx (hidden folders included)
     stray = [p for p in out.rglob("*") if p.suffix in (".npy", ".idx") and not p.parent.name.startswith("shard_")]

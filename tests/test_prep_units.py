@@ -9,14 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms.prep.stages import (extract_text, encode_document, included_units, parse_token_count)
-from refinery.transforms.core import io
+from refinery.transforms.prep.documents import encode_document, extract_text
+from refinery.transforms.prep.stages import included_units, parse_token_count
+from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards
 from refinery.transforms.prep import spill
 from refinery.transforms.core import stages
 from refinery.transforms.formats import tokenizer
-from refinery.transforms.prep.normalize import normalize_text
-from refinery.transforms.prep.sharding import doc_id_for, shard_of
+from refinery.transforms.prep.documents import normalize_text
+from refinery.transforms.prep.documents import doc_id_for, shard_of
 from refinery.transforms.core.stages import Stage, StageRun, Unit, check_receipt, execute_unit
 
 
@@ -115,22 +116,22 @@ def test_included_units_budget_waves():
 def test_iter_rows_reports_every_bad_row(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_bytes(b'{"text": "ok"}\n{"text": "bad\n\xff\xfe\n\n[1]\n{"text": "last"}')
-    rows = list(io.iter_rows(str(p)))
-    assert [r[0] for r in rows] == [0, 1, 2, 3, 4, 5]
-    assert rows[0][1] == {"text": "ok"} and rows[5][1] == {"text": "last"}
-    assert rows[1][2].startswith("malformed JSON")
-    assert rows[2][2] == "invalid UTF-8 at byte 0"
-    assert rows[3][2] == "blank line"
-    assert rows[4][2] == "row is a JSON list, not an object"
+    got = list(rows.iter_rows(str(p)))
+    assert [r[0] for r in got] == [0, 1, 2, 3, 4, 5]
+    assert got[0][1] == {"text": "ok"} and got[5][1] == {"text": "last"}
+    assert got[1][2].startswith("malformed JSON")
+    assert got[2][2] == "invalid UTF-8 at byte 0"
+    assert got[3][2] == "blank line"
+    assert got[4][2] == "row is a JSON list, not an object"
 
 
 def test_truncated_gzip_is_reported_not_dropped(tmp_path):
     data = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(2000)))
     p = tmp_path / "cut.jsonl.gz"
     p.write_bytes(data[: len(data) // 2])
-    rows = list(io.iter_rows(str(p)))
-    assert rows[-1][1] is None and rows[-1][2].startswith("corrupt file after")
-    assert all(r[2] is None for r in rows[:-1])
+    got = list(rows.iter_rows(str(p)))
+    assert got[-1][1] is None and got[-1][2].startswith("corrupt file after")
+    assert all(r[2] is None for r in got[:-1])
 
 
 def test_expand_inputs(corpus):
@@ -191,7 +192,7 @@ def test_idx_write_read_and_regenerate():
     assert data[:8] == b"NMOEIDX\x00" and len(data) == 32 + 16 * 3
     assert shards.read_idx(data).tolist() == [[0, 3], [3, 4], [4, 9]]
     tokens = np.array([5, 6, 199999, 199999, 1, 2, 3, 4, 199999], dtype=np.uint32)
-    assert shards.idx_bytes_from_tokens(tokens, 199999) == data
+    assert shards.idx_bytes(shards.eos_document_lengths(tokens, 199999)[0]) == data
     with pytest.raises(ValueError, match="magic"):
         shards.read_idx(b"X" * 32)
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import run_prep
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.reader import (IndexReader, IndexWriter, ShardReader, find_shards,
+from refinery.transforms.formats.shards import (IndexReader, IndexWriter, ShardReader, find_shards,
                                               regenerate_index)
 
 EOS = 199999

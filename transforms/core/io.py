@@ -1,4 +1,6 @@
-"""File IO shared by every pipeline: local or ``gs://`` paths, atomic writes, inputs, row readers.
+"""File IO shared by every pipeline: local or ``gs://`` paths, atomic writes, input listing.
+
+Reading rows out of data files is :mod:`refinery.transforms.core.rows`.
 
 Paths are strings. A path with a scheme (``gs://``, ``hf://``, ``memory://``) goes through
 fsspec (gcsfs, huggingface_hub); anything else is a local path.
@@ -24,7 +26,6 @@ import socket
 import tempfile
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import IO, Iterator
 
@@ -172,6 +173,35 @@ def read_bytes(path: str) -> bytes:
 
 def read_json(path: str):
     return json.loads(read_bytes(path))
+
+
+def read_range(path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a file: one ranged read (a single request on an object store)."""
+    if is_remote(path):
+        fs, p = filesystem(path)
+        data = fs.cat_file(p, start=start, end=end)
+    else:
+        with open(_local(path), "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    if len(data) != end - start:
+        raise ValueError(f"{path}: wanted bytes {start}..{end}, the file ends at {start + len(data)}")
+    return data
+
+
+def safe_relpath(relpath: str) -> str:
+    """``relpath`` normalized, if it stays inside the folder it is relative to; else ValueError.
+
+    Receipts, manifests and checkpoint index files name files relative to a folder; one
+    that names an absolute path, a ``..`` escape or a URL is refused, never followed.
+    """
+    if not isinstance(relpath, str) or not relpath or "\0" in relpath or "://" in relpath \
+            or relpath.startswith(("/", "\\")) or (len(relpath) > 1 and relpath[1] == ":"):
+        raise ValueError(f"refusing path {relpath!r}: not a relative path")
+    norm = posixpath.normpath(relpath.replace("\\", "/"))
+    if norm == ".." or norm.startswith("../") or norm == ".":
+        raise ValueError(f"refusing path {relpath!r}: it leaves its folder")
+    return norm
 
 
 def remove(path: str) -> None:
@@ -427,122 +457,3 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
         for full, rel, info in matches:
             found.setdefault(full, InputFile(full, rel, int(info.get("size") or 0), _version(info)))
     return sorted(found.values(), key=lambda f: f.path)
-
-
-# ---------------------------------------------------------------------------------------
-# Row readers
-# ---------------------------------------------------------------------------------------
-
-try:
-    from zstandard import ZstdError as _ZstdError
-except ImportError:  # pragma: no cover - zstandard is a core dependency
-    class _ZstdError(Exception):
-        pass
-
-Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
-
-# Errors that say a file could not be *accessed*, not that its content is bad: they fail the
-# unit (retried on the next run) instead of becoming a permanent "corrupt file" rejection.
-ACCESS_ERRORS = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
-
-
-def _decode_json_line(line: bytes) -> tuple[dict | None, str | None]:
-    try:
-        record = json.loads(line.decode("utf-8"))  # strict UTF-8 (json.loads(bytes) would sniff UTF-16)
-    except UnicodeDecodeError as e:
-        return None, f"invalid UTF-8 at byte {e.start}"
-    except json.JSONDecodeError as e:
-        if not line.strip():
-            return None, "blank line"
-        return None, f"malformed JSON: {e.msg} at column {e.colno}"
-    if not isinstance(record, dict):
-        return None, f"row is a JSON {type(record).__name__}, not an object"
-    return record, None
-
-
-def _iter_jsonl(path: str) -> Iterator[Row]:
-    row = 0
-    try:
-        with open_read(path, compression="infer") as f:
-            for line in f:
-                if line.endswith(b"\n"):
-                    line = line[:-1]
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                record, error = _decode_json_line(line)
-                yield row, record, error
-                row += 1
-    except (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, _ZstdError) as e:
-        if isinstance(e, ACCESS_ERRORS):
-            raise  # the file could not be read (gone, no access, network): not bad content
-        # A truncated gzip / corrupt zstd stream: the rest of the file is unreadable.
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
-
-
-def _iter_json_array(path: str) -> Iterator[Row]:
-    try:
-        with open_read(path, compression="infer") as f:
-            data = json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, EOFError, OSError, zlib.error, ValueError) as e:
-        if isinstance(e, ACCESS_ERRORS):
-            raise
-        yield 0, None, f"corrupt file: {type(e).__name__}: {e}"
-        return
-    if not isinstance(data, list):
-        yield 0, None, f"corrupt file: .json input must hold an array of objects, found {type(data).__name__}"
-        return
-    for row, record in enumerate(data):
-        if isinstance(record, dict):
-            yield row, record, None
-        else:
-            yield row, None, f"row is a JSON {type(record).__name__}, not an object"
-
-
-def parquet_row_groups(path: str) -> list[int]:
-    """Number of rows in each row group of a parquet file."""
-    import pyarrow.parquet as pq
-
-    with open_read(path) as f:
-        meta = pq.ParquetFile(f).metadata
-        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-
-
-def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[str] | None) -> Iterator[Row]:
-    import pyarrow.parquet as pq
-
-    row = 0
-    try:
-        with open_read(path) as f:
-            pf = pq.ParquetFile(f)
-            meta = pf.metadata
-            lo, hi = row_groups if row_groups else (0, meta.num_row_groups)
-            row = sum(meta.row_group(i).num_rows for i in range(lo))
-            names = set(pf.schema_arrow.names)
-            cols = [c for c in columns if c in names] if columns is not None else None
-            for g in range(lo, hi):
-                table = pf.read_row_group(g, columns=cols)
-                for batch in table.to_batches(max_chunksize=4096):
-                    for record in batch.to_pylist():
-                        yield row, record, None
-                        row += 1
-    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt files
-        if isinstance(e, ACCESS_ERRORS):
-            raise
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
-
-
-def iter_rows(path: str, row_groups: tuple[int, int] | None = None,
-              columns: list[str] | None = None) -> Iterator[Row]:
-    """Rows of a data file as (0-based row, record, None) or (row, None, reason).
-
-    ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` are read line by line; ``.json`` holds an array
-    of objects; ``.parquet`` is read one row group at a time, optionally only the row groups
-    ``[lo, hi)`` and only ``columns`` (None = every column, as read). A file that cannot be
-    read to the end yields one final row with a ``corrupt file`` reason: nothing vanishes.
-    """
-    if path.endswith(".parquet"):
-        yield from _iter_parquet(path, row_groups, columns)
-    elif path.endswith((".json", ".json.gz", ".json.zst")):
-        yield from _iter_json_array(path)
-    else:
-        yield from _iter_jsonl(path)

@@ -26,7 +26,6 @@ import json
 import resource
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -35,6 +34,7 @@ import msgpack
 import zstandard
 
 from refinery.transforms.core import io
+from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.core.stages import Stage, Unit, UnitContext, bind_stages
 
@@ -98,7 +98,7 @@ def _eval_state(files: tuple[tuple[str, int, str], ...], text_field: str, id_fie
     ``files`` = (path, size, version): a changed file is a different key."""
     tok = ng.get_tokenizer(tokenizer)
     with ng.gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], io.iter_rows, text_field, id_field, tok)
+        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field, tok)
         index = ng.build_index(rows, ns, tok)
         state = {"rows": rows, "bad": bad, "index": index, "parts": ng.partition_records(index, partitions)}
     gc.freeze()  # millions of long-lived objects: keep them out of every later GC pass
@@ -177,75 +177,6 @@ class IndexStage(Stage):
 # scan
 # ---------------------------------------------------------------------------------------
 
-def _parse_jsonl_line(line: bytes) -> tuple[dict | None, str | None]:
-    if line.endswith(b"\n"):
-        line = line[:-1]
-    if line.endswith(b"\r"):
-        line = line[:-1]
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"invalid UTF-8 at byte {e.start}"
-    if not text.strip():
-        return None, "blank line"
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as e:
-        return None, f"malformed JSON: {e.msg} at column {e.colno}"
-    if not isinstance(record, dict):
-        return None, f"row is a JSON {type(record).__name__}, not an object"
-    return record, None
-
-
-try:  # a faster parser when present; any line it rejects goes through json (same results)
-    import orjson as _orjson
-except ImportError:  # pragma: no cover
-    _orjson = None
-
-
-def parse_jsonl_line(line: bytes) -> tuple[dict | None, str | None]:
-    if _orjson is not None:
-        try:
-            record = _orjson.loads(line)
-        except _orjson.JSONDecodeError:
-            return _parse_jsonl_line(line)
-        if isinstance(record, dict):
-            return record, None
-    return _parse_jsonl_line(line)
-
-
-def iter_jsonl_byte_slice(path: str, lo: int, hi: int) -> Iterator[tuple[int, dict | None, str | None]]:
-    """Rows of an uncompressed JSONL file whose first byte lies in ``[lo, hi)``, numbered
-    from 0 within the slice (the reduce adds the rows of the preceding slices)."""
-    with io.open_read(path) as f:
-        if lo > 0:
-            f.seek(lo - 1)
-            f.readline()  # the rest of the line holding byte lo-1 belongs to the previous slice
-        pos = f.tell()
-        row = 0
-        while pos < hi:
-            line = f.readline()
-            if not line:
-                break
-            pos += len(line)
-            record, error = parse_jsonl_line(line)
-            yield row, record, error
-            row += 1
-
-
-def iter_jsonl_file(path: str) -> Iterator[tuple[int, dict | None, str | None]]:
-    """Rows of a whole ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file (same rows as io.iter_rows)."""
-    row = 0
-    try:
-        with io.open_read(path, compression=None if path.endswith(".jsonl") else "infer") as f:
-            for line in f:
-                record, error = parse_jsonl_line(line)
-                yield row, record, error
-                row += 1
-    except (EOFError, OSError, ValueError, zlib.error) as e:
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
-
-
 def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
     units = []
     for fi, f in enumerate(files):
@@ -255,7 +186,7 @@ def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
                                                          "lo": si * slice_bytes, "hi": min(f.size, (si + 1) * slice_bytes)}))
         elif f.path.endswith(".parquet") and f.size > slice_bytes:
-            groups = io.parquet_row_groups(f.path)
+            groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
             for si, g in enumerate(range(0, len(groups), per)):
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "row_groups", "file": fi,
@@ -323,13 +254,11 @@ class ScanStage(Stage):
 
         pl = unit.payload
         if pl["kind"] == "bytes":
-            rows = iter_jsonl_byte_slice(pl["path"], pl["lo"], pl["hi"])
+            rows = iter_rows(pl["path"], byte_range=(pl["lo"], pl["hi"]))
         elif pl["kind"] == "row_groups":
-            rows = io.iter_rows(pl["path"], row_groups=(pl["lo"], pl["hi"]))
-        elif pl["path"].endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
-            rows = iter_jsonl_file(pl["path"])
+            rows = iter_rows(pl["path"], row_groups=(pl["lo"], pl["hi"]))
         else:
-            rows = io.iter_rows(pl["path"])
+            rows = iter_rows(pl["path"])
         stats = ng.ScanStats()
         tok = ng.get_tokenizer(self.s.tokenizer)
         events = 0

@@ -20,7 +20,8 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.reader import SCAN_CHUNK_TOKENS, IndexReader, eos_document_lengths, find_shards, index_path_for
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.shards import SCAN_CHUNK_TOKENS, IndexReader, eos_document_lengths, find_shards, index_path_for
 
 
 @dataclass
@@ -57,7 +58,7 @@ def shards_from_manifest(manifest_path: str) -> tuple[list[ShardRef], int, int |
     root = io.dirname(manifest_path)
     refs = [ShardRef(io.join(root, s["path"]), io.join(root, s["index_path"]), s.get("num_tokens"),
                      s.get("num_documents")) for s in m.get("shards", [])]
-    return refs, int(m.get("eos_token_id", 199999)), m.get("vocab_size")
+    return refs, int(m.get("eos_token_id", EOS_TOKEN_ID)), m.get("vocab_size")
 
 
 def shards_in_dir(data_dir: str) -> list[ShardRef]:

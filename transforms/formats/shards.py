@@ -1,39 +1,79 @@
-"""Token shards: the ``.npy`` + ``.idx`` pair, the manifest, and their verification.
+"""The token-shard format, in one place: write, read, verify, regenerate and find shards.
 
-Formats (``shared/reference/FORMATS.md``):
+A shard is a pair of files (documented in ``docs/FORMATS.md``):
 
 - ``.npy``: standard NPY, 1-D ``<u4``; documents back to back, each followed by one EOS.
 - ``.idx``: header ``struct('<8sQQQ')`` = (``b"NMOEIDX\\x00"``, version 1, num_docs, 0), then
   ``uint64[num_docs * 2]`` of (start, end) token offsets, end exclusive, EOS included.
-- ``manifest.json``: dataset, tokenizer, totals, row accounting and per-shard sha256.
 
-Writers stream: the shard's length and document count are known before the body is
-written, so neither file is ever held whole in memory.
+A prep output folder holds ``shard_NNNN/{dataset}-v1-shard-NNNNNN.{npy,idx}`` and
+``manifest.json``: dataset, tokenizer, totals, row accounting and per-shard sha256 (under
+both ``sha256`` and ``checksum``, the name nmoe's ``load_manifest`` reads), plus
+``created_at``.
+
+- Writing: :func:`write_shard` streams a shard (its length is known before the body is
+  written, so neither file is ever held whole in memory); :class:`IndexWriter` writes an
+  ``.idx`` from document lengths; :func:`manifest_json` serializes a manifest.
+- Reading: :func:`read_idx`/:class:`IndexReader` (one header check,
+  :func:`parse_idx_header`), :func:`open_tokens` (a local shard is memory-mapped; a remote
+  one is read by byte ranges, see :class:`RemoteTokens`), :class:`ShardReader`.
+- Regenerating: :func:`regenerate_index` rebuilds an ``.idx`` from EOS positions.
+- Verifying: :func:`check_shard`, :func:`verify_manifest`.
+- Finding: :func:`find_shards` (every ``.npy`` under a folder, hidden folders skipped) and
+  :func:`shard_files` (the ``.npy``/``.idx`` of the ``shard_*`` folders of an output).
 """
 from __future__ import annotations
 
 import json
+import os
 import struct
-from typing import IO
+from array import array
+from collections import OrderedDict
+from typing import IO, Callable, ContextManager, Iterable
 
 import numpy as np
 
 from refinery.transforms.core import io
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
+FORMAT_VERSION = "v1"
+MANIFEST = "manifest.json"
 IDX_MAGIC = b"NMOEIDX\x00"
 IDX_VERSION = 1
 IDX_HEADER = struct.Struct("<8sQQQ")
 TOKEN_DTYPE = np.dtype("<u4")
 IDX_CHUNK_DOCS = 1 << 20
+SCAN_CHUNK_TOKENS = 1 << 24
 
 
-def npy_header(num_tokens: int) -> bytes:
-    """The exact header ``numpy.save`` writes for a 1-D uint32 array of that length."""
-    buf = _Buffer()
-    np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(TOKEN_DTYPE), "fortran_order": False, "shape": (num_tokens,)})
-    return bytes(buf.data)
+# ---------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------
 
+def shard_dirname(shard: int) -> str:
+    return f"shard_{shard:04d}"
+
+
+def shard_basename(dataset: str, shard: int, version: str = FORMAT_VERSION) -> str:
+    return f"{dataset}-{version}-shard-{shard:06d}"
+
+
+def shard_relpaths(dataset: str, shard: int, version: str = FORMAT_VERSION) -> tuple[str, str]:
+    """(``.npy``, ``.idx``) paths of a shard, relative to the output folder."""
+    stem = f"{shard_dirname(shard)}/{shard_basename(dataset, shard, version)}"
+    return f"{stem}.npy", f"{stem}.idx"
+
+
+def index_path_for(npy_path: str) -> str:
+    """``.../name.npy`` -> ``.../name.idx``."""
+    if not npy_path.endswith(".npy"):
+        raise ValueError(f"{npy_path}: not a .npy shard")
+    return npy_path[: -len(".npy")] + ".idx"
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------
 
 class _Buffer:
     def __init__(self):
@@ -42,6 +82,14 @@ class _Buffer:
     def write(self, b) -> int:
         self.data += b
         return len(b)
+
+
+def npy_header(num_tokens: int) -> bytes:
+    """The exact header ``numpy.save`` writes for a 1-D uint32 array of that length."""
+    buf = _Buffer()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(TOKEN_DTYPE), "fortran_order": False, "shape": (num_tokens,)})
+    return bytes(buf.data)
 
 
 def write_idx(out: IO[bytes], lengths: np.ndarray) -> None:
@@ -57,38 +105,289 @@ def write_idx(out: IO[bytes], lengths: np.ndarray) -> None:
         base = int(ends[-1])
 
 
-def idx_bytes_from_tokens(tokens: np.ndarray, eos_token_id: int) -> bytes:
-    """Rebuild an ``.idx`` from a shard's tokens by its EOS positions."""
-    ends = np.flatnonzero(np.asarray(tokens) == eos_token_id).astype(np.uint64) + 1
-    lengths = np.diff(np.concatenate(([0], ends))).astype(np.uint64)
+def idx_bytes(lengths: np.ndarray) -> bytes:
+    """The ``.idx`` of documents of the given lengths, in memory."""
     buf = _Buffer()
     write_idx(buf, lengths)
     return bytes(buf.data)
 
 
-def read_idx(path_or_bytes) -> np.ndarray:
-    """(num_docs, 2) uint64 array of [start, end) per document; raises ValueError if malformed."""
-    data = io.read_bytes(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
-    if len(data) < IDX_HEADER.size:
-        raise ValueError(f"idx is {len(data)} bytes, shorter than its 32-byte header")
-    magic, version, num_docs, _ = IDX_HEADER.unpack_from(data)
+def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path: str, idx_path: str,
+                lengths: np.ndarray, token_chunks: Iterable[bytes]) -> dict:
+    """THE shard writer: ``.npy`` (header, then ``token_chunks``: little-endian uint32 bytes
+    of the documents in order, EOS included) and then its ``.idx`` from ``lengths``.
+
+    ``open_write(path)`` is an atomic writer (``UnitContext.open_write`` or
+    ``io.atomic_open``). Raises ValueError if the chunks do not hold ``sum(lengths)`` tokens
+    (nothing is then left under either name). Returns ``{"tokens", "docs"}``.
+    """
+    lengths = np.asarray(lengths, dtype=np.uint64)
+    num_tokens = int(lengths.sum(dtype=np.uint64))
+    with open_write(npy_path) as out:
+        out.write(npy_header(num_tokens))
+        written = 0
+        for chunk in token_chunks:
+            out.write(chunk)
+            written += len(chunk)
+        if written != 4 * num_tokens:
+            raise ValueError(f"{npy_path}: {written // 4} tokens written, the documents hold {num_tokens}")
+    with open_write(idx_path) as out:
+        write_idx(out, lengths)
+    return {"tokens": num_tokens, "docs": int(len(lengths))}
+
+
+def u32_bytes(tokens) -> bytes:
+    """Little-endian uint32 bytes of a token sequence (``array('I')``, numpy array or list)."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<u4", copy=False).tobytes()
+    if not isinstance(tokens, array):
+        tokens = array("I", tokens)
+    if np.little_endian:
+        return tokens.tobytes()
+    tokens = array(tokens.typecode, tokens)
+    tokens.byteswap()
+    return tokens.tobytes()
+
+
+class IndexWriter:
+    """Collects document lengths (8 bytes each) and writes the ``.idx`` atomically on close.
+
+    ``with IndexWriter(path) as w: w.add_document(num_tokens)`` (EOS included).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lengths = array("Q")
+        self.closed = False
+
+    def add_document(self, num_tokens: int) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"{self.path}: a document holds at least its EOS (got {num_tokens} tokens)")
+        self._lengths.append(num_tokens)
+
+    def add_lengths(self, lengths) -> None:
+        lengths = np.asarray(lengths, dtype=np.uint64)
+        if len(lengths) and int(lengths.min()) < 1:
+            raise ValueError(f"{self.path}: a document holds at least its EOS (got a length of 0)")
+        self._lengths.frombytes(lengths.astype(np.uint64).tobytes())
+
+    @property
+    def num_docs(self) -> int:
+        return len(self._lengths)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        with io.atomic_open(self.path) as out:
+            write_idx(out, np.frombuffer(self._lengths, dtype=np.uint64))
+        self.closed = True
+
+    def __enter__(self) -> "IndexWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------
+
+def parse_idx_header(header: bytes, size: int) -> int:
+    """THE ``.idx`` header check: the number of documents, or ValueError saying what is wrong
+    (``size`` is the whole file's size in bytes)."""
+    if len(header) < IDX_HEADER.size:
+        raise ValueError(f"idx is {size} bytes, shorter than its {IDX_HEADER.size}-byte header")
+    magic, version, num_docs, _ = IDX_HEADER.unpack_from(header)
     if magic != IDX_MAGIC:
         raise ValueError(f"idx has magic {magic!r}, expected {IDX_MAGIC!r}")
     if version != IDX_VERSION:
         raise ValueError(f"idx has version {version}, expected {IDX_VERSION}")
-    expected = IDX_HEADER.size + 16 * num_docs
-    if len(data) != expected:
-        raise ValueError(f"idx is {len(data)} bytes, header says {num_docs} docs ({expected} bytes)")
+    if size != IDX_HEADER.size + 16 * num_docs:
+        raise ValueError(f"idx is {size} bytes, header says {num_docs} docs ({IDX_HEADER.size + 16 * num_docs} bytes)")
+    return int(num_docs)
+
+
+def read_idx(path_or_bytes) -> np.ndarray:
+    """(num_docs, 2) uint64 array of [start, end) per document; raises ValueError if malformed."""
+    data = io.read_bytes(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
+    num_docs = parse_idx_header(data[:IDX_HEADER.size], len(data))
     return np.frombuffer(data, dtype="<u8", offset=IDX_HEADER.size).reshape(num_docs, 2)
 
 
-def open_tokens(path: str) -> np.ndarray:
-    """Memory-map a local shard (or read a remote one) as a 1-D uint32 array."""
-    if io.is_remote(path):
-        import io as pyio
-        return np.load(pyio.BytesIO(io.read_bytes(path)), allow_pickle=False)
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+class IndexReader:
+    """A shard's ``.idx``: ``num_docs``, ``bounds`` ((num_docs, 2) uint64) and ``get_document(i)``.
 
+    A local ``.idx`` is memory-mapped, so opening one costs nothing whatever its size.
+    Raises ValueError naming the file if the header or size is wrong.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            if io.is_remote(path):
+                self.bounds = read_idx(path)
+            else:
+                size = os.path.getsize(path)
+                with open(path, "rb") as f:
+                    num_docs = parse_idx_header(f.read(IDX_HEADER.size), size)
+                self.bounds = (np.zeros((0, 2), dtype="<u8") if num_docs == 0 else
+                               np.memmap(path, dtype="<u8", mode="r", offset=IDX_HEADER.size, shape=(num_docs, 2)))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        self.num_docs = int(len(self.bounds))
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def get_document(self, i: int) -> tuple[int, int]:
+        """[start, end) token offsets of document ``i`` (end exclusive, EOS included)."""
+        if not -self.num_docs <= i < self.num_docs:
+            raise IndexError(f"{self.path}: document {i} out of range (0..{self.num_docs - 1})")
+        start, end = self.bounds[i]
+        return int(start), int(end)
+
+    def lengths(self) -> np.ndarray:
+        """Token count of every document (EOS included), uint64."""
+        return (self.bounds[:, 1] - self.bounds[:, 0]).astype(np.uint64)
+
+
+def _read_npy_header(f: IO[bytes]) -> tuple[tuple, np.dtype, int]:
+    """(shape, dtype, header bytes) of an open NPY file positioned at its start."""
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    return shape, dtype, f.tell()
+
+
+def npy_token_count(path: str) -> int:
+    """Tokens in a shard, from its NPY header only (one small read, local or remote)."""
+    with io.open_read(path) as f:
+        shape, dtype, _ = _read_npy_header(f)
+    if dtype != TOKEN_DTYPE or len(shape) != 1:
+        raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 tokens")
+    return int(shape[0])
+
+
+class RemoteTokens:
+    """A remote shard's tokens, read by byte range: ``len()``, ``dtype``, ``ndim`` and slicing
+    (``tokens[a:b]`` -> a numpy array, one ranged read) like the local memory map, so that
+    no remote shard is ever read whole into memory."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with io.open_read(path) as f:
+            shape, self.dtype, self.offset = _read_npy_header(f)
+        self.ndim = len(shape)
+        self.shape = tuple(shape)
+        self._len = int(shape[0]) if shape else 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            k = int(key) + (self._len if key < 0 else 0)
+            if not 0 <= k < self._len:
+                raise IndexError(f"{self.path}: token {key} out of range")
+            return self[k:k + 1][0]
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("remote tokens support integer indices and contiguous slices only")
+        start, stop, _ = key.indices(self._len)
+        if stop <= start:
+            return np.zeros(0, dtype=self.dtype)
+        data = io.read_range(self.path, self.offset + start * self.dtype.itemsize,
+                             self.offset + stop * self.dtype.itemsize)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self[0:self._len]
+        return a if dtype is None else a.astype(dtype)
+
+
+_REMOTE: "OrderedDict[str, RemoteTokens]" = OrderedDict()
+REMOTE_HANDLES = 64  # headers only: a handle holds no token data
+
+
+def open_tokens(path: str):
+    """A shard's tokens as a 1-D uint32 array-like: a memory map (local) or :class:`RemoteTokens`
+    (remote; handles of recently used shards are kept, at most :data:`REMOTE_HANDLES`)."""
+    if not io.is_remote(path):
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    tokens = _REMOTE.pop(path, None) or RemoteTokens(path)
+    _REMOTE[path] = tokens
+    while len(_REMOTE) > REMOTE_HANDLES:
+        _REMOTE.popitem(last=False)
+    return tokens
+
+
+class ShardReader:
+    """A shard's tokens (memory-mapped when local) and index: ``document(i)`` -> uint32 tokens."""
+
+    def __init__(self, npy_path: str, idx_path: str | None = None):
+        self.npy_path = npy_path
+        self.idx_path = idx_path or index_path_for(npy_path)
+        self.tokens = open_tokens(npy_path)
+        if self.tokens.dtype != TOKEN_DTYPE or self.tokens.ndim != 1:
+            raise ValueError(f"{npy_path}: dtype {self.tokens.dtype} ndim {self.tokens.ndim}, expected 1-D <u4")
+        self.index = IndexReader(self.idx_path)
+        self.num_docs = self.index.num_docs
+        self.num_tokens = int(len(self.tokens))
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def document(self, i: int) -> np.ndarray:
+        """The tokens of document ``i`` (EOS included): a view into the memory map, or one ranged read."""
+        start, end = self.index.get_document(i)
+        if end > self.num_tokens:
+            raise ValueError(f"{self.idx_path}: document {i} ends at {end}, "
+                             f"past the {self.num_tokens} tokens of {self.npy_path}")
+        return self.tokens[start:end]
+
+    __getitem__ = document
+
+    def __iter__(self):
+        for i in range(self.num_docs):
+            yield self.document(i)
+
+
+# ---------------------------------------------------------------------------------------
+# Regenerating an index
+# ---------------------------------------------------------------------------------------
+
+def eos_document_lengths(tokens, eos_token_id: int, chunk: int = SCAN_CHUNK_TOKENS) -> tuple[np.ndarray, int]:
+    """(document lengths ending at each EOS, tokens after the last EOS), scanning in chunks."""
+    ends = []
+    for lo in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[lo:lo + chunk])
+        ends.append(np.flatnonzero(part == eos_token_id).astype(np.uint64) + np.uint64(lo + 1))
+    ends_all = np.concatenate(ends) if ends else np.zeros(0, np.uint64)
+    lengths = np.diff(np.concatenate(([0], ends_all)).astype(np.uint64))
+    trailing = len(tokens) - (int(ends_all[-1]) if len(ends_all) else 0)
+    return lengths, trailing
+
+
+def regenerate_index(npy_path: str, eos_token_id: int = EOS_TOKEN_ID) -> bytes:
+    """The ``.idx`` bytes of a shard, from its EOS positions; byte-identical to the one prep wrote.
+
+    Raises ValueError if tokens follow the last EOS: they belong to no document, and an
+    ``.idx`` that dropped them would not describe the shard.
+    """
+    tokens = open_tokens(npy_path)
+    if tokens.ndim != 1:
+        raise ValueError(f"{npy_path}: {tokens.ndim}-D array, expected 1-D tokens")
+    lengths, trailing = eos_document_lengths(tokens, eos_token_id)
+    if trailing:
+        raise ValueError(f"{npy_path}: {trailing} token(s) after the last EOS ({eos_token_id}); "
+                         f"wrong --eos-token-id or a truncated shard")
+    return idx_bytes(lengths)
+
+
+# ---------------------------------------------------------------------------------------
+# Verifying
+# ---------------------------------------------------------------------------------------
 
 def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
                 expected_tokens: int | None = None, expected_docs: int | None = None) -> list[str]:
@@ -102,13 +401,13 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
     except Exception as e:  # noqa: BLE001 - any parse failure is a problem to report
         return [f"{npy_path}: not a readable .npy ({type(e).__name__}: {e})"]
     if tokens.dtype != TOKEN_DTYPE or tokens.ndim != 1:
-        problems.append(f"{npy_path}: dtype {tokens.dtype} ndim {tokens.ndim}, expected 1-D <u4")
+        return [f"{npy_path}: dtype {tokens.dtype} ndim {tokens.ndim}, expected 1-D <u4"]
     try:
-        bounds = read_idx(idx_path)
+        bounds = np.asarray(IndexReader(idx_path).bounds)
     except FileNotFoundError:
         return problems + [f"{idx_path}: missing"]
     except ValueError as e:
-        return problems + [f"{idx_path}: {e}"]
+        return problems + [str(e)]
     n = len(tokens)
     if expected_tokens is not None and n != expected_tokens:
         problems.append(f"{npy_path}: {n} tokens, manifest says {expected_tokens}")
@@ -119,10 +418,10 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
         if starts[0] != 0 or ends[-1] != n or np.any(starts[1:] != ends[:-1]) or np.any(ends <= starts):
             problems.append(f"{idx_path}: document bounds are not contiguous over the {n} tokens of {name}")
         else:
-            eos = np.flatnonzero(tokens == eos_token_id) + 1
-            if len(eos) != len(ends) or np.any(eos.astype(np.uint64) != ends):
+            lengths, trailing = eos_document_lengths(tokens, eos_token_id)
+            if trailing or len(lengths) != len(ends) or np.any(np.cumsum(lengths, dtype=np.uint64) != ends):
                 problems.append(f"{npy_path}: EOS positions do not match {io.basename(idx_path)} "
-                                f"({len(eos)} EOS, {len(ends)} documents; a double EOS or EOS inside a document)")
+                                f"({len(lengths)} EOS, {len(ends)} documents; a double EOS or EOS inside a document)")
     elif n:
         problems.append(f"{idx_path}: no documents but {name} holds {n} tokens")
     return problems
@@ -137,12 +436,16 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     except ValueError as e:
         return [f"{manifest_path}: not valid JSON ({e})"]
     root = io.dirname(manifest_path)
-    eos = int(manifest.get("eos_token_id", 199999))
+    eos = int(manifest.get("eos_token_id", EOS_TOKEN_ID))
     problems: list[str] = []
     total_tokens = total_docs = 0
     for entry in manifest.get("shards", []):
-        npy = io.join(root, entry["path"])
-        idx = io.join(root, entry["index_path"])
+        try:
+            npy = io.join(root, io.safe_relpath(entry["path"]))
+            idx = io.join(root, io.safe_relpath(entry["index_path"]))
+        except ValueError as e:
+            problems.append(f"{manifest_path}: {e}")
+            continue
         problems += check_shard(npy, idx, eos, entry["num_tokens"], entry["num_documents"])
         total_tokens += entry["num_tokens"]
         total_docs += entry["num_documents"]
@@ -150,6 +453,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
             for path, key in ((npy, "sha256"), (idx, "index_sha256")):
                 if io.exists(path) and io.sha256_file(path) != entry[key]:
                     problems.append(f"{path}: sha256 does not match the manifest")
+        if "checksum" in entry and entry["checksum"] != entry.get("sha256"):
+            problems.append(f"{manifest_path}: shard {entry['path']}: checksum and sha256 differ")
     if total_tokens != manifest.get("total_tokens") or total_docs != manifest.get("total_documents"):
         problems.append(f"{manifest_path}: totals ({manifest.get('total_tokens')} tokens, "
                         f"{manifest.get('total_documents')} docs) differ from the shards' sum "
@@ -158,7 +463,7 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget")):
         problems.append(f"{manifest_path}: row accounting does not add up: {rows}")
     listed = {io.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path")}
-    for stray in find_shard_files(root):
+    for stray in shard_files(root):
         if stray not in listed:
             problems.append(f"{stray}: shard file not listed in the manifest")
     for tmp in io.find_temp_files(root):
@@ -183,13 +488,31 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
     problems = verify_receipts(root, checksums)
     last = (info.get("stages") or [{}])[-1]
     if "plan_hash" in manifest and last.get("name") == "manifest" and last.get("stage_hash") != manifest["plan_hash"]:
-        problems.append(f"{io.join(root, 'manifest.json')}: describes plan {manifest['plan_hash']}, but the last run "
+        problems.append(f"{io.join(root, MANIFEST)}: describes plan {manifest['plan_hash']}, but the last run "
                         f"({run_json}) planned {last.get('stage_hash')}: that run has not finished")
     return problems
 
 
-def find_shard_files(root: str) -> list[str]:
-    """Every ``.npy``/``.idx`` under the shard folders of an output root."""
+# ---------------------------------------------------------------------------------------
+# Finding shards
+# ---------------------------------------------------------------------------------------
+
+def find_shards(root: str) -> list[str]:
+    """Every ``**/*.npy`` under ``root``, hidden files and folders (``.refinery``) skipped, sorted."""
+    if io.is_remote(root):
+        fs, p = io.filesystem(root)
+        prefix = root.split("://", 1)[0] + "://"
+        found = [prefix + f for f in fs.glob(p.rstrip("/") + "/**/*.npy")]
+        return sorted(f for f in found if not any(part.startswith(".") for part in f[len(root):].split("/")))
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found += [os.path.join(dirpath, f) for f in filenames if f.endswith(".npy") and not f.startswith(".")]
+    return sorted(found)
+
+
+def shard_files(root: str) -> list[str]:
+    """Every ``.npy``/``.idx`` directly under the ``shard_*`` folders of an output root."""
     out = []
     for d in io.listdir(root):
         if io.basename(d).startswith("shard_"):
@@ -197,6 +520,51 @@ def find_shard_files(root: str) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# Manifest
+# ---------------------------------------------------------------------------------------
+
+def shard_entry(shard: int, npy: dict, idx: dict, num_tokens: int, num_documents: int) -> dict:
+    """A manifest's entry for one shard, from the receipt file records (path, bytes, sha256)
+    of its ``.npy`` and ``.idx``."""
+    return {"shard": shard, "path": npy["path"], "index_path": idx["path"],
+            "num_tokens": int(num_tokens), "num_documents": int(num_documents),
+            "sha256": npy["sha256"], "checksum": npy["sha256"], "index_sha256": idx["sha256"]}
+
+
+def build_manifest(*, dataset: str, entries: list[dict], rows: dict, num_shards: int, created_at: str,
+                   version: str = FORMAT_VERSION, extra: dict | None = None) -> dict:
+    """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
+
+    Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,
+    eos_token_id, dtype, created_at, totals, num_shards, shards[] with path, index_path,
+    num_tokens, num_documents, checksum) plus ours (vocab_sha256, rows, per-shard sha256 and
+    index_sha256, and ``extra``: the run's plan).
+    """
+    from refinery.transforms.formats.tokenizer import ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE
+
+    return {
+        "dataset": dataset, "version": version,
+        "tokenizer": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256, "vocab_size": VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID, "dtype": "uint32", "created_at": created_at,
+        "total_tokens": sum(e["num_tokens"] for e in entries),
+        "total_documents": sum(e["num_documents"] for e in entries),
+        "num_shards": num_shards, **(extra or {}), "rows": rows, "shards": entries,
+    }
+
+
+def keep_created_at(path: str) -> str:
+    """The UTC time recorded in the file ``path``, or now (then recorded there): a plan's
+    manifest keeps the ``created_at`` of its first run, so rewriting it gives the same bytes."""
+    try:
+        return io.read_bytes(path).decode().strip()
+    except FileNotFoundError:
+        import datetime as dt
+
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        io.atomic_write_bytes(path, now.encode())
+        return now
+
+
 def manifest_json(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2) + "\n").encode()
-

@@ -25,8 +25,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import tiktoken
-
 ENCODING_NAME = "o200k_harmony"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 VOCAB_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
@@ -133,8 +131,11 @@ def write_vocab_file(directory: str | os.PathLike, vocab_file: str | None = None
 
 
 @functools.lru_cache(maxsize=4)
-def get_encoding(vocab_file: str | None = None) -> tiktoken.Encoding:
-    """The ``o200k_harmony`` encoding, built by tiktoken from an offline, verified vocab."""
+def get_encoding(vocab_file: str | None = None):
+    """The ``o200k_harmony`` encoding (a ``tiktoken.Encoding``), built by tiktoken from an
+    offline, verified vocab."""
+    import tiktoken
+
     resolve_vocab(vocab_file)
     enc = tiktoken.get_encoding(ENCODING_NAME)
     if enc.eot_token != EOS_TOKEN_ID or enc.n_vocab != VOCAB_SIZE:

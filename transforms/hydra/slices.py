@@ -1,7 +1,7 @@
 """Doc-id addressed documents in prep shards, and HYDRA's train/val/test doc-id slices.
 
 A document of a prep output is addressed as ``{source}//{relpath}#s={start}:e={end}``
-(``shared/reference/FORMATS.md``): ``relpath`` is its ``.npy`` relative to the data root,
+(``docs/FORMATS.md``): ``relpath`` is its ``.npy`` relative to the data root,
 ``[start, end)`` its token span (EOS included), ``source`` the dataset name (from the
 nearest ``manifest.json`` at or above the shard within the root, else the first folder of
 ``relpath``).
@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-import numpy as np
-
 from refinery.transforms.core import io
 from refinery.transforms.formats import shards
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 from refinery.transforms.core.stages import Stage, Unit, UnitContext
 
 SPLITS = ("train", "val", "test")
@@ -44,7 +43,13 @@ def parse_doc_id(doc_id: str) -> DocAddress:
     m = DOCID_RE.match(doc_id)
     if not m:
         raise ValueError(f"not a doc id of the form {{source}}//{{relpath}}#s={{start}}:e={{end}}: {doc_id!r}")
-    a = DocAddress(m["source"], m["relpath"], int(m["start"]), int(m["end"]))
+    try:  # a relpath must stay under the data root: relative, no '..' escape, a .npy shard
+        relpath = io.safe_relpath(m["relpath"])
+    except ValueError as e:
+        raise ValueError(f"doc id {doc_id!r}: {e}") from None
+    if not relpath.endswith(".npy"):
+        raise ValueError(f"doc id {doc_id!r}: {relpath!r} is not a .npy shard")
+    a = DocAddress(m["source"], relpath, int(m["start"]), int(m["end"]))
     if a.end <= a.start:
         raise ValueError(f"doc id {doc_id!r}: empty span")
     return a
@@ -59,12 +64,11 @@ def find_shards(data_root: str) -> list[tuple[str, str]]:
     """(source, relpath) of every ``.npy`` with an ``.idx`` under ``data_root`` (hidden
     folders such as ``.refinery`` skipped), sorted by relpath."""
     root = data_root.rstrip("/")
-    files = io.expand_inputs([root], suffixes=(".npy",))
     out = []
-    for f in files:
-        if not io.exists(f.path[: -len(".npy")] + ".idx"):
-            continue
-        out.append((source_of(root, f.relpath), f.relpath))
+    for path in shards.find_shards(root):
+        if io.exists(shards.index_path_for(path)):
+            relpath = path[len(root) + 1:]
+            out.append((source_of(root, relpath), relpath))
     return sorted(out, key=lambda x: x[1])
 
 
@@ -93,21 +97,15 @@ def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
         yield DocAddress(source, relpath, int(s), int(e)).doc_id
 
 
-_TOKENS: dict[str, np.ndarray] = {}
-
-
-def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = 199999) -> list[int]:
-    """The tokens of a doc-id addressed document (its trailing EOS removed)."""
+def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = EOS_TOKEN_ID) -> list[int]:
+    """The tokens of a doc-id addressed document (its trailing EOS removed). Only that
+    document's tokens are read (a memory map locally, one ranged read on an object store)."""
     a = parse_doc_id(doc_id)
     path = io.join(data_root, a.relpath)
-    tokens = _TOKENS.get(path)
-    if tokens is None:
-        if len(_TOKENS) > 64:
-            _TOKENS.clear()
-        try:
-            tokens = _TOKENS[path] = shards.open_tokens(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"doc {doc_id}: shard {path} not found (is --data-root right?)") from None
+    try:
+        tokens = shards.open_tokens(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"doc {doc_id}: shard {path} not found (is --data-root right?)") from None
     if a.end > len(tokens):
         raise ValueError(f"doc {doc_id}: span ends at {a.end}, past the {len(tokens)} tokens of {path}")
     out = [int(t) for t in tokens[a.start:a.end]]

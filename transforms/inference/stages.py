@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from refinery.transforms.core import io
+from refinery.transforms.core import io, rows
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
 
@@ -102,7 +102,7 @@ class DocumentSource:
             from refinery.transforms.hydra.slices import read_docid_file
 
             return sum(1 for _ in read_docid_file(path))
-        return sum(1 for _ in io.iter_rows(path))
+        return sum(1 for _ in rows.iter_rows(path))
 
     def plan(self) -> list[Unit]:
         """Units: ``fNNNNN-dNNNNNNNN`` = documents ``[lo, hi)`` of file NNNNN (document order)."""
@@ -131,7 +131,7 @@ class DocumentSource:
                     except (ValueError, FileNotFoundError) as e:
                         docs.append(Doc(doc_id, error=str(e), where=where))
             return docs
-        for i, (row, record, error) in enumerate(io.iter_rows(path)):
+        for i, (row, record, error) in enumerate(rows.iter_rows(path)):
             if not lo <= i < hi:
                 continue
             where = f"{path}:{row + 1}"

@@ -39,7 +39,7 @@ from refinery.transforms.core import io
 from refinery.transforms.formats import shards
 from refinery.transforms.loader.mixture import (WEIGHT_SCALE, fixed_point_weights, largest_remainder, load_mixture_file, select_mixture,
                       source_fractions, split_dir)
-from refinery.transforms.formats.reader import find_shards
+from refinery.transforms.formats.shards import find_shards
 
 STATE_VERSION = 1
 
@@ -165,17 +165,6 @@ def _manifest_checksums(split_root: str) -> dict[str, str]:
     return {io.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
 
 
-def _npy_tokens(path: str) -> int:
-    """Tokens in a shard, from its NPY header only."""
-    with io.open_read(path) as f:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-    if dtype != shards.TOKEN_DTYPE or len(shape) != 1:
-        raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 tokens")
-    return int(shape[0])
-
-
 def build_plan(data_root: str, source_ids: list[str], weights: list[int], split: str, seq_len: int,
                seed: int = 0, shuffle: bool = True) -> LoaderPlan:
     """The loader's plan: shards per source, sequences, epoch quotas and the plan hash."""
@@ -193,7 +182,7 @@ def build_plan(data_root: str, source_ids: list[str], weights: list[int], split:
         sums = _manifest_checksums(root)
         files = tuple({"path": p[len(data_root.rstrip('/')) + 1:], "bytes": io.file_size(p), "sha256": sums.get(p)}
                       for p in paths)
-        sources.append(SourceShards(sid, w, tuple(paths), tuple(_npy_tokens(p) for p in paths), files))
+        sources.append(SourceShards(sid, w, tuple(paths), tuple(shards.npy_token_count(p) for p in paths), files))
     available = [s.total_tokens // (seq_len + 1) for s in sources]
     quotas = epoch_quotas([s.weight for s in sources], available)
     if sum(quotas) == 0:

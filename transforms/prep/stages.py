@@ -20,24 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from refinery.transforms.core import io
-from refinery.transforms.formats import shards
-from refinery.transforms.prep import spill
-from refinery.transforms.prep.normalize import normalize_text
-from refinery.transforms.prep.sharding import doc_id_for, shard_basename, shard_dirname, shard_of
+from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
-from refinery.transforms.formats.tokenizer import (EOS_TOKEN_ID, ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE,
-                                           get_encoding, tokenizer_identity)
+from refinery.transforms.formats import shards
+from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
+from refinery.transforms.prep import spill
+from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
 
 log = logging.getLogger("refinery")
-
-FORMAT_VERSION = "v1"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -57,26 +52,6 @@ class PrepConfig:
 # ---------------------------------------------------------------------------------------
 # Pure functions
 # ---------------------------------------------------------------------------------------
-
-def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]:
-    """(text, None) or (None, reason) for a parsed record."""
-    if text_field not in record:
-        return None, f"missing text field {text_field!r}"
-    text = record[text_field]
-    if not isinstance(text, str):
-        return None, f"text field {text_field!r} is {type(text).__name__}, not a string"
-    if not text.isascii() and _SURROGATE.search(text):
-        return None, "text holds unpaired surrogates (not valid Unicode)"
-    return text, None
-
-
-def encode_document(enc, text: str) -> array:
-    """Tokens of a normalized document (uint32): ``encode_ordinary`` (special-token text
-    stays ordinary text) followed by exactly one EOS."""
-    out = array("I", enc.encode_ordinary(text))
-    out.append(EOS_TOKEN_ID)
-    return out
-
 
 def parse_token_count(value: str) -> int:
     """'100M' -> 100_000_000; suffixes K, M, B, T (powers of 1000); plain integers too."""
@@ -143,7 +118,7 @@ class TokenizeStage(Stage):
                 base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
                 if f.path.endswith(".parquet"):
                     try:
-                        groups = io.parquet_row_groups(f.path) if f.size else []
+                        groups = parquet_row_groups(f.path) if f.size else []
                     except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
                         log.warning("%s: unreadable parquet footer (%s: %s); it is reported as a corrupt file",
                                     f.path, type(e).__name__, e)
@@ -172,23 +147,21 @@ class TokenizeStage(Stage):
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out:
             writer = spill.SpillWriter(tokens_out)
-            for row, record, error in io.iter_rows(p["path"], row_groups, columns):
+            for row, record, error in iter_rows(p["path"], row_groups, columns):
                 rows_read += 1
-                if error is None:
-                    text, error = extract_text(record, text_field)
-                if error is not None:
-                    rejected += 1
-                    rejects_out.write((io_json({"path": p["path"], "row": row, "reason": error}) + "\n").encode())
+                doc = normalize_row(record, error, text_field, id_field, p["path"], row, relpath)
+                if type(doc) is Rejected:
+                    if doc.empty:
+                        empty += 1
+                    else:
+                        rejected += 1
+                        rejects_out.write((io_json(doc.to_json()) + "\n").encode())
                     continue
-                text = normalize_text(text)
-                if not text:
-                    empty += 1
-                    continue
-                tokens = encode_document(enc, text)
-                writer.add(shard_of(doc_id_for(record, id_field, relpath, row), num_shards), tokens)
+                tokens = encode_document(enc, doc.text)
+                writer.add(shard_of(doc.doc_id, num_shards), tokens)
                 accepted += 1
                 tokens_total += len(tokens)
-                chars += len(text)
+                chars += len(doc.text)
             table, starts = spill.by_shard(writer.close(), num_shards)
         check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
@@ -255,14 +228,10 @@ class PackStage(Stage):
 
     def config(self) -> dict:
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
-                "max_tokens": self.cfg.max_tokens, "format": FORMAT_VERSION}
+                "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION}
 
     def plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
-
-    def shard_paths(self, shard: int) -> tuple[str, str]:
-        stem = f"{shard_dirname(shard)}/{shard_basename(self.cfg.dataset, shard, FORMAT_VERSION)}"
-        return f"{stem}.npy", f"{stem}.idx"
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
@@ -278,17 +247,15 @@ class PackStage(Stage):
             if len(rows):
                 pieces.append((io.join(tk.parts_dir, f"{u.id}.spill"), rows))
         lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
-        num_tokens = int(lengths.sum(dtype=np.uint64))
-        npy_rel, idx_rel = self.shard_paths(shard)
-        with ctx.open_write(ctx.output_path(npy_rel)) as out:
-            out.write(shards.npy_header(num_tokens))
+
+        def chunks():
             for spill_path, rows in pieces:
                 with io.open_read(spill_path) as f:
-                    for chunk in spill.iter_token_chunks(f, spill.contiguous_ranges(rows)):
-                        out.write(chunk)
-        with ctx.open_write(ctx.output_path(idx_rel)) as out:
-            shards.write_idx(out, lengths)
-        return {"shard": shard, "tokens": num_tokens, "docs": int(len(lengths))}
+                    yield from spill.iter_token_chunks(f, spill.contiguous_ranges(rows))
+
+        npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
+        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths, chunks())
+        return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return f"docs={int(stats.get('docs', 0)):,} tokens={int(stats.get('tokens', 0)):,}"
@@ -332,30 +299,23 @@ class ManifestStage(Stage):
             if not c.done:
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
             by_ext = {f["path"].rsplit(".", 1)[1]: f for f in c.receipt["files"]}
-            entries.append({"shard": u.payload["shard"], "path": by_ext["npy"]["path"],
-                           "index_path": by_ext["idx"]["path"],
-                           "num_tokens": c.receipt["stats"]["tokens"], "num_documents": c.receipt["stats"]["docs"],
-                           "sha256": by_ext["npy"]["sha256"], "index_sha256": by_ext["idx"]["sha256"]})
+            entries.append(shards.shard_entry(u.payload["shard"], by_ext["npy"], by_ext["idx"],
+                                              c.receipt["stats"]["tokens"], c.receipt["stats"]["docs"]))
         written = sum(s["num_documents"] for s in entries)
         rows["over_budget"] = rows["accepted"] - written
         rows["accepted"] = written
-        manifest = {
-            "dataset": cfg.dataset, "version": FORMAT_VERSION,
-            "tokenizer": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256, "vocab_size": VOCAB_SIZE,
-            "eos_token_id": EOS_TOKEN_ID, "dtype": "uint32",
-            "total_tokens": sum(s["num_tokens"] for s in entries), "total_documents": written,
-            "num_shards": cfg.num_shards, "max_tokens": cfg.max_tokens,
-            "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
-            "source": cfg.source or {"inputs": len(cfg.inputs)},
-            "rows": rows, "shards": entries,
-        }
+        manifest = shards.build_manifest(
+            dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
+            created_at=shards.keep_created_at(io.join(ctx.run.dir, "created_at")),
+            extra={"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
+                   "source": cfg.source or {"inputs": len(cfg.inputs)}})
         listed = {s[k] for s in entries for k in ("path", "index_path")}
         root = cfg.output.rstrip("/") + "/"
-        for stale in shards.find_shard_files(cfg.output):
+        for stale in shards.shard_files(cfg.output):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
                 io.remove(stale)
-        ctx.write_bytes(ctx.output_path("manifest.json"), shards.manifest_json(manifest))
+        ctx.write_bytes(ctx.output_path(shards.MANIFEST), shards.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
 

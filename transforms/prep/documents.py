@@ -1,0 +1,174 @@
+"""prep's per-element code: the element types and the one normalize, tokenize and shard rule.
+
+Both ways of running prep call these functions: the public PTransforms
+(:mod:`refinery.transforms.prep.beam`: ``Normalize | Tokenize | AssignShard |
+WriteTokenShards``) and the CLI's resumable ``tokenize`` stage
+(:mod:`refinery.transforms.prep.stages`).
+
+Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``):
+
+- :class:`SourceRow` ``(path, row, record, relpath)``: a row with its provenance, as
+  :func:`refinery.transforms.core.rows.iter_rows` reads it. ``relpath`` is the file's path
+  relative to the folder the user named (it spells the fallback document id).
+- :class:`Document` ``(doc_id, text, source, row)``: a normalized, non-empty document.
+  ``(source, row)`` is its **order key**: inside a shard, documents are ordered by
+  ``(source, row, doc_id)``.
+- :class:`TokenizedDocument` ``(doc_id, tokens, source, row)``: ``tokens`` is an
+  ``array('I')`` (uint32) ending in exactly one EOS.
+- :class:`Rejected` ``(path, row, reason, doc_id)``: a row that produced no document, with
+  the reason; :data:`EMPTY` is the reason of a document that normalized to nothing.
+
+Rules:
+
+- **Text**: ``record[text_field]`` must be a string without unpaired surrogates.
+- **Normalize** (:func:`normalize_text`): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
+  Cc characters are dropped except ``\\n`` and ``\\t``; leading/trailing whitespace stripped.
+- **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
+  else ``"{relpath}:{row}"`` when the row's file is known; else :func:`content_id`, a hash
+  of the row's canonical JSON.
+- **Tokenize** (:func:`encode_document`): o200k_harmony ``encode_ordinary`` (special-token
+  text stays ordinary text), then one EOS (:data:`EOS_TOKEN_ID`).
+- **Shard** (:func:`shard_of`): ``int(md5(doc_id).hexdigest()[:16], 16) % num_shards``: it
+  depends on nothing but the id, never on workers or input splits.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from array import array
+from typing import NamedTuple
+
+from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+
+EMPTY = "empty after normalization"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class SourceRow(NamedTuple):
+    path: str
+    row: int
+    record: dict
+    relpath: str = ""
+
+
+class Document(NamedTuple):
+    doc_id: str
+    text: str
+    source: str = ""
+    row: int = 0
+
+
+class TokenizedDocument(NamedTuple):
+    doc_id: str
+    tokens: array  # array('I'): uint32 token ids, the last one EOS
+    source: str = ""
+    row: int = 0
+
+
+class Rejected(NamedTuple):
+    path: str
+    row: int
+    reason: str
+    doc_id: str = ""
+
+    @property
+    def empty(self) -> bool:
+        """A document that normalized to nothing: counted as ``empty``, not as a reject."""
+        return self.reason == EMPTY
+
+    def to_json(self) -> dict:
+        """The line ``rejects/rejects.jsonl`` holds for it (path, row, reason)."""
+        return {"path": self.path, "row": self.row, "reason": self.reason}
+
+
+# ---------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------
+
+def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason) for a parsed record."""
+    if text_field not in record:
+        return None, f"missing text field {text_field!r}"
+    text = record[text_field]
+    if not isinstance(text, str):
+        return None, f"text field {text_field!r} is {type(text).__name__}, not a string"
+    if not text.isascii() and _SURROGATE.search(text):
+        return None, "text holds unpaired surrogates (not valid Unicode)"
+    return text, None
+
+
+# Every Cc code point (C0, DEL, C1) except \t and \n maps to None. \r is handled first.
+_DROP_CC = {cp: None for cp in range(0xA0)  # every Cc code point lies below U+00A0
+            if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
+_ASCII_TO_FIX = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # ASCII Cc except \t \n, and \r
+
+
+def normalize_text(text: str) -> str:
+    """The normalized form of a document's text ('' means the document is empty)."""
+    if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
+        if _ASCII_TO_FIX.search(text) is None:
+            return text.strip()
+    elif not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.translate(_DROP_CC).strip()
+
+
+# ---------------------------------------------------------------------------------------
+# Ids and shards
+# ---------------------------------------------------------------------------------------
+
+def content_id(record: dict) -> str:
+    """``"sha256:"`` + 32 hex digits of the row's canonical JSON (sorted keys, no spaces,
+    UTF-8; values JSON cannot hold, such as a parquet timestamp, written as ``str()``)."""
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def doc_id_for(record: dict, id_field: str, relpath: str | None, row: int | None) -> str:
+    """A document's id: the id field, else ``relpath:row``, else :func:`content_id`."""
+    value = record.get(id_field)
+    if value is not None:
+        return str(value)
+    if relpath:
+        return f"{relpath}:{row}"
+    return content_id(record)
+
+
+def shard_of(doc_id: str, num_shards: int) -> int:
+    return int(hashlib.md5(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:16], 16) % num_shards
+
+
+# ---------------------------------------------------------------------------------------
+# One row -> one document
+# ---------------------------------------------------------------------------------------
+
+def normalize_row(record: dict | None, error: str | None, text_field: str, id_field: str,
+                  path: str = "", row: int = 0, relpath: str | None = None) -> Document | Rejected:
+    """THE normalize step: a read row (``error`` set when it could not be parsed) -> a
+    :class:`Document`, or a :class:`Rejected` (reason :data:`EMPTY` for an empty document)."""
+    if error is None:
+        text, error = extract_text(record, text_field)
+    if error is not None:
+        return Rejected(path, row, error)
+    doc_id = doc_id_for(record, id_field, relpath, row)
+    text = normalize_text(text)
+    if not text:
+        return Rejected(path, row, EMPTY, doc_id)
+    return Document(doc_id, text, path, row)
+
+
+def encode_document(enc, text: str) -> array:
+    """Tokens of a normalized document (uint32): ``encode_ordinary`` (special-token text
+    stays ordinary text) followed by exactly one EOS."""
+    out = array("I", enc.encode_ordinary(text))
+    out.append(EOS_TOKEN_ID)
+    return out
+
+
+def tokenize_document(enc, doc: Document) -> TokenizedDocument:
+    """THE tokenize step."""
+    return TokenizedDocument(doc.doc_id, encode_document(enc, doc.text), doc.source, doc.row)
