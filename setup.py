@@ -28,6 +28,7 @@ setup(
         "gcsfs>=2024.6",
         "datasets>=3.0",
         "msgpack>=1.0",
+        "orjson>=3.9",  # JSON lines parsed fast (the standard parser words the errors)
         "pyarrow>=15",
         "zstandard>=0.22",
         "tqdm>=4.66",
