@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import functools
 import os
 import shlex
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +37,9 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
                    help="treat a finished unit as done only if its files' sha256 still match (reads everything)")
     g.add_argument("--force", action="store_true", help="discard receipts and start a fresh run")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the plan (units per stage: done, failed, pending; with --runner dataflow also "
+                        "each job's Dataflow description) and exit; nothing is run or written")
     g.add_argument("-v", "--verbose", action="store_true", help="log each stage's plan")
 
 
@@ -117,3 +125,157 @@ def resume_hint() -> str:
     """The command line that resumes this run (``--force`` removed)."""
     argv = [a for a in sys.argv[1:] if a != "--force"]
     return "refinery " + shlex.join(argv)
+
+
+# ---------------------------------------------------------------------------------------
+# Flags: what is not ours must be Beam's
+# ---------------------------------------------------------------------------------------
+
+class UsageError(ValueError):
+    """A bad command line or input; the CLI prints it as one line and exits 2."""
+
+
+OUR_RUNNER_FLAGS = ("--gpu",)  # consumed by refinery.runners (dataflow), not Beam
+
+
+@functools.lru_cache(maxsize=1)
+def beam_flags() -> frozenset[str]:
+    """Every flag Beam's PipelineOptions define (``--job_name``, ``--temp_location``, ...),
+    runner-specific ones (Flink, Spark, portable) included."""
+    import apache_beam.options.pipeline_options as po
+
+    for module in ("apache_beam.runners.portability.flink_runner",
+                   "apache_beam.runners.portability.spark_runner",
+                   "apache_beam.runners.portability.portable_runner"):
+        with contextlib.suppress(ImportError):
+            __import__(module)
+    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+    todo, seen = [po.PipelineOptions], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        with contextlib.suppress(Exception):
+            cls._add_argparse_args(parser)
+    return frozenset(s for s in parser._option_string_actions if s.startswith("--"))
+
+
+def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: list[str]) -> list[str]:
+    """``leftover`` (the flags the command's parser did not take) if every flag in it is one of
+    Beam's options (or ours, see :data:`OUR_RUNNER_FLAGS`); else :class:`UsageError` naming
+    the first unknown one with the nearest known flag ("did you mean --num-shards?")."""
+    known = beam_flags() | set(OUR_RUNNER_FLAGS)
+    after_flag = False
+    for token in leftover:
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            if name not in known:
+                ours = [s for s in parser._option_string_actions if s.startswith("--")]
+                close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or \
+                    difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+                hint = f"; did you mean {close[0]}?" if close else " (not a refinery or Beam option)"
+                raise UsageError(f"refinery {command}: unknown option {name}{hint}")
+            after_flag = "=" not in token
+        elif not after_flag:
+            raise UsageError(f"refinery {command}: unexpected argument {token!r}")
+        else:
+            after_flag = False
+    return leftover
+
+
+# ---------------------------------------------------------------------------------------
+# One runner for every pipeline command
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Pipeline:
+    """What a pipeline command hands to :func:`run_pipeline`.
+
+    ``header``: printed (stderr) before running; ``summary(result, seconds)``: what a
+    successful run did, printed on stdout; ``on_plan``/``runner``/``builder``: passed to ``run_stages``
+    (``builder`` builds the Beam jobs of a stage for a dry run, see ``runners.translate``).
+    """
+
+    command: str
+    output: str
+    stages: list
+    header: str = ""
+    summary: Callable[[object, float], str] | None = None
+    on_plan: Callable | None = None
+    runner: Callable | None = None
+    builder: Callable | None = None
+    run_info: dict = field(default_factory=dict)
+
+
+def usage_error(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2
+
+
+def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
+    """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
+    or the summary. Returns the exit code: 0 done, 1 units not completed."""
+    from refinery.transforms.core.stages import StageFailed, run_stages
+
+    if getattr(args, "dry_run", False):
+        return dry_run(p, args, beam_args)
+    if p.header:
+        print(p.header, file=sys.stderr)
+    t0 = time.time()
+    try:
+        result = run_stages(p.stages, p.output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
+                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
+                            run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
+                            on_plan=p.on_plan, runner=p.runner)
+    except StageFailed as e:
+        print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
+              f"  {resume_hint()}", file=sys.stderr)
+        return 1
+    if p.summary:
+        print(p.summary(result, time.time() - t0))
+    return 0
+
+
+def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
+    """Print the plan (per stage: units done, failed, pending, by the one completion check)
+    and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing."""
+    from refinery.transforms.core.stages import bind_stages
+
+    force = getattr(args, "force", False)
+    verify = getattr(args, "verify_checksums", False)
+    print(f"refinery {p.command} --dry-run: plan for {p.output} (nothing is run or written)")
+    if p.header:
+        print(p.header)
+    print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
+    for run in bind_stages(p.stages, p.output):
+        units = run.stage.plan()
+        done = failed = 0
+        if not force:
+            for u in units:
+                c = run.check(u.id, verify)
+                done += c.done
+                failed += (not c.done) and c.reason.startswith("failed")
+        print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
+    if getattr(args, "runner", "") == "dataflow":
+        from refinery.runners.translate import dataflow_jobs
+
+        for run, job in dataflow_jobs(p.stages, p.output, beam_args, verify, p.builder):
+            print(describe_dataflow_job(run.name, job))
+    return 0
+
+
+def describe_dataflow_job(stage: str, job) -> str:
+    """A few lines of a Dataflow job description: image, machine type, workers, packages."""
+    env = job.proto.environment
+    lines = [f"  dataflow job for stage {stage}: {job.proto.name or '(unnamed)'}"]
+    for pool in env.worker_pools:
+        scaling = pool.autoscaling_settings
+        lines.append(f"    image {pool.worker_harness_container_image or '(Beam default)'}, machine "
+                     f"{pool.machine_type or '(default)'}, max workers "
+                     f"{scaling.max_num_workers if scaling and scaling.max_num_workers else '-'}")
+        lines.append(f"    packages: {', '.join(pk.name for pk in pool.packages) or '-'}")
+    if env.service_options:
+        lines.append(f"    service options: {', '.join(env.service_options)}")
+    return "\n".join(lines)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 HELP = "train/test n-gram overlap with provenance"
 
@@ -77,46 +76,36 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
+    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
-    from refinery.transforms.core.stages import StageFailed, run_stages
 
     output = args.output.rstrip("/")
     try:
         settings = settings_from_args(args)
         stages = build_stages(settings, output)
     except (io.InputError, ValueError) as e:
-        print(f"refinery decon: {e}", file=sys.stderr)
-        return 2
+        return usage_error(f"refinery decon: {e}")
 
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
             io.remove(io.join(output, ".SUCCESS"))
 
-    index, scan = stages[0], stages[1]
-    print(f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
-          f"n = {' '.join(map(str, settings.ns))} -> {output}", file=sys.stderr)
-    t0 = time.time()
-    try:
-        result = run_stages(stages, output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
-                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
-                            run_info={"command": "decon", "argv": sys.argv[1:]}, on_plan=on_plan)
-    except StageFailed as e:
-        print(f"refinery decon: {e}\nFinished units are kept; fix the cause and run the same command again.",
-              file=sys.stderr)
-        return 1
-    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
-    print(f"decon done in {time.time() - t0:.1f}s; units run: {ran}", file=sys.stderr)
-    try:
+    def summary(result, seconds: float) -> str:
+        ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+        lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
         for line in io.read_bytes(io.join(output, "stats", "overlap_stats.jsonl")).splitlines():
             s = json.loads(line)
-            print(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / {s['num_instances']:<7} "
-                  f"instances overlap", file=sys.stderr)
-    except FileNotFoundError:
-        pass
-    print(f"  report: {io.join(output, 'stats', 'report.md')}", file=sys.stderr)
-    return 0
+            lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
+                         f"{s['num_instances']:<7} instances overlap")
+        lines.append(f"  report: {io.join(output, 'stats', 'report.md')}")
+        return "\n".join(lines)
+
+    index, scan = stages[0], stages[1]
+    header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
+              f"n = {' '.join(map(str, settings.ns))} -> {output}")
+    return run_pipeline(Pipeline("decon", output, stages, header, summary, on_plan=on_plan), args, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

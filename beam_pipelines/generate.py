@@ -21,8 +21,6 @@ same command again finishes it.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
 HELP = "generate / rephrase documents with the gpt-oss engine (resumable)"
 
@@ -109,27 +107,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(parser)
 
 
-def run_inference_stages(command: str, stages, output: str, args, beam_args: list[str]):
-    """Run infer -> merge with the wave runner; returns (exit code, JobResult or None)."""
-    from refinery.beam_pipelines.command import resume_hint
-    from refinery.transforms.inference.stages import infer_runner
-    from refinery.transforms.core.stages import StageFailed, run_stages
+def inference_pipeline(command: str, output: str, stages, header: str, summary):
+    """A :class:`~refinery.beam_pipelines.command.Pipeline` of infer -> merge, run in waves."""
+    from refinery.beam_pipelines.command import Pipeline
+    from refinery.transforms.inference.stages import infer_runner, wave_pipelines
 
-    try:
-        result = run_stages(stages, output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
-                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
-                            run_info={"command": command, "argv": sys.argv[1:]}, runner=infer_runner)
-    except StageFailed as e:
-        print(f"refinery {command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
-              f"  {resume_hint()}", file=sys.stderr)
-        return 1, None
-    return 0, result
+    return Pipeline(command, output, stages, header, summary, runner=infer_runner, builder=wave_pipelines)
 
 
 def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.transforms.core import io
-    from refinery.transforms.inference.stages import GenerateTask, build_stages
     from refinery.transforms.inference.handler import GenerationParams
+    from refinery.transforms.inference.stages import GenerateTask, build_stages
 
     output = args.output.rstrip("/")
     try:
@@ -141,20 +131,17 @@ def run(args, beam_args: list[str]) -> int:
         stages = build_stages(task, source, args.wave_units)
         units = len(stages[0].plan())
     except (io.InputError, ValueError) as e:
-        print(f"refinery generate: {e}", file=sys.stderr)
-        return 2
-    print(f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}", file=sys.stderr)
-    t0 = time.time()
-    code, result = run_inference_stages("generate", stages, output, args, beam_args)
-    if code:
-        return code
-    stats = result.runs[-1].check("merge").receipt["stats"]
-    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
-    print(f"generate done in {time.time() - t0:.1f}s; units run: {ran}\n"
-          f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "
-          f"{stats['generated_tokens']:,} tokens generated\n  output: {io.join(output, GenerateTask.OUTPUT)}",
-          file=sys.stderr)
-    return 0
+        return usage_error(f"refinery generate: {e}")
+
+    def summary(result, seconds: float) -> str:
+        stats = result.runs[-1].check("merge").receipt["stats"]
+        ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+        return (f"generate done in {seconds:.1f}s; units run: {ran}\n"
+                f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "
+                f"{stats['generated_tokens']:,} tokens generated\n  output: {io.join(output, GenerateTask.OUTPUT)}")
+
+    header = f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}"
+    return run_pipeline(inference_pipeline("generate", output, stages, header, summary), args, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,12 +113,12 @@ def _slices(args) -> int:
 
 
 def _oracle(args, beam_args) -> int:
-    from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
-                                                  run_inference_stages)
+    from refinery.beam_pipelines.command import run_pipeline, usage_error
+    from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
     from refinery.transforms.core import io
-    from refinery.transforms.inference.stages import build_stages
     from refinery.transforms.hydra.oracle import OracleTask
     from refinery.transforms.inference.handler import GenerationParams
+    from refinery.transforms.inference.stages import build_stages
 
     output = args.output.rstrip("/")
     try:
@@ -127,17 +127,15 @@ def _oracle(args, beam_args) -> int:
         stages = build_stages(task, document_source(args), args.wave_units)
         stages[0].plan()
     except (io.InputError, ValueError) as e:
-        print(f"refinery hydra oracle-label: {e}", file=sys.stderr)
-        return 2
-    code, result = run_inference_stages("hydra oracle-label", stages, output, args, beam_args)
-    if code:
-        return code
-    s = result.runs[-1].check("merge").receipt["stats"]
-    print(f"oracle-label: {s['documents']:,} documents, parsed {s['parsed']:,}, failed {s['failed']:,}, "
-          f"unreadable {s['unreadable']:,}; parse rate {100 * s['parse_rate']:.1f}%\n"
-          f"  labels: {io.join(output, 'labels.jsonl')}  failures: {io.join(output, 'failures.jsonl')}",
-          file=sys.stderr)
-    return 0
+        return usage_error(f"refinery hydra oracle-label: {e}")
+
+    def summary(result, seconds: float) -> str:
+        s = result.runs[-1].check("merge").receipt["stats"]
+        return (f"oracle-label: {s['documents']:,} documents, parsed {s['parsed']:,}, failed {s['failed']:,}, "
+                f"unreadable {s['unreadable']:,}; parse rate {100 * s['parse_rate']:.1f}%\n"
+                f"  labels: {io.join(output, 'labels.jsonl')}  failures: {io.join(output, 'failures.jsonl')}")
+
+    return run_pipeline(inference_pipeline("hydra oracle-label", output, stages, "", summary), args, beam_args)
 
 
 def _calibrate(args) -> int:
@@ -182,11 +180,11 @@ def _train(args) -> int:
 
 
 def _grade(args, beam_args) -> int:
-    from refinery.beam_pipelines.generate import (document_source, engine_settings, handler_options,
-                                                  run_inference_stages)
+    from refinery.beam_pipelines.command import run_pipeline, usage_error
+    from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
     from refinery.transforms.core import io
-    from refinery.transforms.inference.stages import build_stages
     from refinery.transforms.hydra.grade import GradeTask
+    from refinery.transforms.inference.stages import build_stages
 
     output = args.output.rstrip("/")
     try:
@@ -194,16 +192,14 @@ def _grade(args, beam_args) -> int:
         stages = build_stages(task, document_source(args), args.wave_units)
         stages[0].plan()
     except (io.InputError, ValueError, FileNotFoundError) as e:
-        print(f"refinery hydra grade: {e}", file=sys.stderr)
-        return 2
-    code, result = run_inference_stages("hydra grade", stages, output, args, beam_args)
-    if code:
-        return code
-    s = result.runs[-1].check("merge").receipt["stats"]
-    print(f"grade: {s['documents']:,} documents: keep {s['keep']:,}, band {s['band']:,}, drop {s['drop']:,}, "
-          f"errors {s['errors']:,} (judged {s['judged']:,})\n  {io.join(output, 'quality_scores.jsonl')}",
-          file=sys.stderr)
-    return 0
+        return usage_error(f"refinery hydra grade: {e}")
+
+    def summary(result, seconds: float) -> str:
+        s = result.runs[-1].check("merge").receipt["stats"]
+        return (f"grade: {s['documents']:,} documents: keep {s['keep']:,}, band {s['band']:,}, drop {s['drop']:,}, "
+                f"errors {s['errors']:,} (judged {s['judged']:,})\n  {io.join(output, 'quality_scores.jsonl')}")
+
+    return run_pipeline(inference_pipeline("hydra grade", output, stages, "", summary), args, beam_args)
 
 
 def run(args, beam_args: list[str]) -> int:

@@ -59,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--eos-token-id", type=int, default=EOS_TOKEN_ID)
     t.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
     r = parser.add_argument_group("run")
-    r.add_argument("--dry-run", action="store_true", help="print the plan and what is done; run nothing")
     r.add_argument("--continue-on-error", action="store_true",
                    help="a failing source/split does not stop the others (exit 1 at the end, naming it)")
     r.add_argument("--parallel", action="store_true",

@@ -48,7 +48,7 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
     summary = json.loads((labels / "summary.json").read_text())
     failures = _jsonl(labels / "failures.jsonl")
     assert summary["documents"] == len(split["val"]) == len(failures) + summary["parsed"]
-    assert all(f["error"] for f in failures) and "parse rate" in capsys.readouterr().err
+    assert all(f["error"] for f in failures) and "parse rate" in capsys.readouterr().out
 
     # a random model cannot write JSON: stand-in oracle labels, a deterministic function of the tokens
     def fake_labels(split_name):

@@ -85,6 +85,13 @@ def exists(path: str) -> bool:
     return os.path.exists(_local(path))
 
 
+def isdir(path: str) -> bool:
+    if is_remote(path):
+        fs, p = filesystem(path)
+        return fs.isdir(p)
+    return os.path.isdir(_local(path))
+
+
 def file_size(path: str) -> int | None:
     """Size in bytes, or None if the file does not exist."""
     if is_remote(path):

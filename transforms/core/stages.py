@@ -678,8 +678,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     return JobResult(runs, ran, skipped, seconds)
 
 
-def stage_status(output: str) -> list[dict]:
-    """Per stage of the run recorded in OUTPUT: units done/failed/pending, from receipts."""
+def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
+    """Per stage of the run recorded in OUTPUT: units done/failed/pending, each receipt judged
+    by :func:`check_receipt` (a receipt whose files are missing or truncated is pending)."""
     run_json = io.join(output, META_DIR, "run.json")
     try:
         info = io.read_json(run_json)
@@ -692,14 +693,10 @@ def stage_status(output: str) -> list[dict]:
         for path in io.listdir(receipts_dir):
             if not path.endswith(".json") or io.TMP_MARKER in path:
                 continue
-            try:
-                r = io.read_json(path)
-            except (ValueError, OSError):
-                failed += 1
-                continue
-            if r.get("status") == "completed" and r.get("stage_hash") == st["stage_hash"]:
+            c = check_receipt(output, path, st["stage_hash"], verify_checksums)
+            if c.done:
                 done += 1
-            else:
+            elif c.receipt is not None and c.receipt.get("status") == "failed":
                 failed += 1
         rows.append({"stage": st["name"], "stage_hash": st["stage_hash"], "units": st["units"],
                      "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed)})

@@ -1,0 +1,114 @@
+"""prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
+
+``refinery prep --input PATH... --output DIR`` normalizes, tokenizes (o200k_harmony) and packs
+a corpus into ``DIR/shard_NNNN/{dataset}-v1-shard-NNNNNN.{npy,idx}`` and ``DIR/manifest.json``.
+Stages (``refinery.transforms.prep.stages``): tokenize -> pack -> manifest; killing the job
+and running the same command again finishes it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
+
+EPILOG = """\
+examples:
+  refinery prep --input corpus/ --output out/ --num-shards 16
+  refinery prep --input 'gs://bucket/crawl/*.jsonl.zst' --output gs://bucket/tokens \\
+      --runner dataflow --project P --region us-central1 --temp_location gs://bucket/tmp
+  refinery prep --hf-dataset HuggingFaceFW/fineweb-edu --hf-subset sample-10BT --output out/ --max-tokens 100M
+
+Killing the job and running the same command again finishes it: finished units are kept
+(receipts under OUTPUT/.refinery) and never redone. --force starts from scratch.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from refinery.beam_pipelines.command import add_runner_args
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    src = parser.add_argument_group("input")
+    src.add_argument("--input", nargs="+", metavar="PATH",
+                     help="files, folders (recursive) or globs; local or gs://; "
+                          ".jsonl .jsonl.gz .jsonl.zst .json .parquet, or a datasets save_to_disk folder")
+    src.add_argument("--hf-dataset", metavar="NAME", help="a Hugging Face dataset (its parquet files)")
+    src.add_argument("--hf-subset", metavar="S", help="dataset subset/config")
+    src.add_argument("--hf-split", default="train", metavar="SPLIT", help="split (default: train)")
+    src.add_argument("--hf-revision", metavar="REV", help="revision to pin (default: the current commit)")
+    src.add_argument("--text-field", default="text", help="field holding the document text (default: text)")
+    src.add_argument("--id-field", default="id",
+                     help="field holding the document id (default: id; absent -> '{relpath}:{row}')")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
+    out.add_argument("--dataset", help="dataset name used in shard file names (default: from the input)")
+    out.add_argument("--num-shards", type=int, default=8, help="number of output shards (default: 8)")
+    out.add_argument("--max-tokens", metavar="N",
+                     help="keep documents in input order up to N tokens (suffixes K, M, B, T)")
+    out.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
+    add_runner_args(parser)
+
+
+def dataset_name(args) -> str:
+    """``--dataset``, else a name made from the HF dataset or the first input."""
+    if args.dataset:
+        return args.dataset
+    if args.hf_dataset:
+        base = args.hf_dataset.rsplit("/", 1)[-1]
+    else:
+        base = args.input[0].rstrip("/").rsplit("/", 1)[-1]
+        for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet"):
+            base = base.removesuffix(suffix)
+    clean = "".join(c if c.isalnum() or c in "-_" else "_" for c in base).strip("_")
+    return clean or "dataset"
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
+    from refinery.transforms.core import io
+    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
+
+    if bool(args.input) == bool(args.hf_dataset):
+        return usage_error("refinery prep: give exactly one of --input PATH... or --hf-dataset NAME")
+    if args.num_shards < 1:
+        return usage_error("refinery prep: --num-shards must be at least 1")
+    if args.vocab_file:
+        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
+    get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
+    source = {}
+    try:
+        max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
+        if args.hf_dataset:
+            from refinery.transforms.core.hf import resolve_hf_parquet
+            hf = resolve_hf_parquet(args.hf_dataset, args.hf_subset, args.hf_split, args.hf_revision)
+            inputs = io.expand_inputs(list(hf.files))
+            source = hf.describe()
+        else:
+            inputs = io.expand_inputs(args.input)
+    except (io.InputError, ValueError) as e:
+        return usage_error(f"refinery prep: {e}")
+    workers = args.workers or os.cpu_count() or 1
+    cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset_name(args),
+                     num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
+                     max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source)
+
+    def summary(result, seconds: float) -> str:
+        manifest_path = io.join(cfg.output, "manifest.json")
+        m = io.read_json(manifest_path)
+        ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
+            or "nothing (all units already done)"
+        rows = m["rows"]
+        return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
+                f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
+                f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
+                f"rejected {rows['rejected']:,}"
+                + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
+                + (f"  (reasons in {io.join(cfg.output, 'rejects/rejects.jsonl')})" if rows["rejected"] else "")
+                + f"\n  manifest: {manifest_path}")
+
+    header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
+              + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")")
+    return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary,
+                                 on_plan=clear_stale_manifest), args, beam_args)

@@ -1,0 +1,36 @@
+"""status: units done / failed / pending per stage of a run, by the one completion check.
+
+``refinery status OUT`` (or ``OUT/manifest.json``) reads ``OUT/.refinery/run.json`` and checks
+every planned unit's receipt the way the planner does (receipt completed, same plan, every
+file present with its recorded size; ``--checksums`` also re-hashes them): a truncated or
+deleted output shows as pending, not done.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "units done/pending/failed per stage of a run, from its receipts"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", metavar="OUTPUT", help="the run's output folder, or its manifest.json (local or gs://)")
+    parser.add_argument("--checksums", action="store_true", help="also re-hash every file a receipt lists")
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.transforms.core import io
+    from refinery.transforms.core.stages import stage_status
+
+    output = args.output.rstrip("/")
+    if io.basename(output) == "manifest.json" and not io.isdir(output):
+        output = io.dirname(output)
+    try:
+        rows = stage_status(output, args.checksums)
+    except FileNotFoundError as e:
+        print(f"refinery status: {e}", file=sys.stderr)
+        return 2
+    print(f"{'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
+    for r in rows:
+        print(f"{r['stage']:10} {r['stage_hash']:16} {r['units']:>7} {r['done']:>7} {r['failed']:>7} {r['pending']:>7}")
+    return 0
