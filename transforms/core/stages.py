@@ -308,10 +308,15 @@ class UnitContext:
         return io.join(self.output, relpath)
 
     def _relpath(self, path: str) -> str:
+        """``path`` relative to OUTPUT, normalized; ValueError if it is not inside OUTPUT
+        (a ``..`` escape is judged after normalization, not before)."""
         root = self.output.rstrip("/") + "/"
         if not path.startswith(root):
             raise ValueError(f"{path} is outside the output directory {self.output}")
-        return path[len(root):]
+        try:
+            return io.safe_relpath(path[len(root):])
+        except ValueError:
+            raise ValueError(f"{path} is outside the output directory {self.output}") from None
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[io.HashingWriter]:
@@ -329,15 +334,16 @@ class UnitContext:
 
 
 def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
-                 side: dict | None = None) -> dict:
+                 side: dict | None = None, stale: Callable[[dict], bool] | None = None) -> dict:
     """Run one unit unless :func:`check_receipt` says it is done; write its receipt last.
 
     Returns the receipt (with ``"skipped": True`` added, not stored, if it was already done).
     A failing unit gets a ``failed`` receipt with the error and is retried on the next run;
-    the exception is not re-raised, so one bad unit does not abort the others.
+    the exception is not re-raised, so one bad unit does not abort the others. ``stale``:
+    a done unit whose receipt it calls stale is run again (a sink whose input changed).
     """
     done = run.check(unit.id, verify_checksums)
-    if done.done:
+    if done.done and not (stale and stale(done.receipt)):
         _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
     _log_unit_event("start", run, unit.id)

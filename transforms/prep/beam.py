@@ -1,0 +1,465 @@
+"""prep's public PTransforms: drop refinery's steps into your own Beam pipeline.
+
+::
+
+    docs, rejected = rows | Normalize(text_field="text").with_rejected()
+    manifest = (docs | Tokenize() | AssignShard(16)
+                | WriteTokenShards("out/", dataset="web", num_shards=16, rejected=rejected))
+
+======================  ===================================  =====================================
+transform               input element                        output element
+======================  ===================================  =====================================
+``ReadRows(paths)``     (pipeline root)                      :class:`SourceRow` (+ ``Rejected``)
+``Normalize()``         ``dict`` or :class:`SourceRow`       :class:`Document`
+``Tokenize()``          :class:`Document`                    :class:`TokenizedDocument`
+``AssignShard(n)``      :class:`TokenizedDocument`           ``(shard: int, TokenizedDocument)``
+``WriteTokenShards``    ``(shard, TokenizedDocument)``       ``str``: the manifest's path (one)
+======================  ===================================  =====================================
+
+Each step calls the same per-element code as ``refinery prep``
+(:mod:`refinery.transforms.prep.documents`); the sink writes with the same shard writer and
+manifest builder (:mod:`refinery.transforms.formats.shards`). So the same rows with the same
+order keys give byte-identical shards either way, and ``refinery verify --checksums``
+accepts the sink's output.
+
+Rejected rows are never dropped silently: ``Normalize()`` fails the pipeline on the first
+row it cannot use (naming file, row and reason), while ``Normalize().with_rejected()``
+returns ``(documents, rejected)`` as Beam's ``with_exception_handling`` does. Documents that
+normalize to nothing are not errors: they are counted (Beam metric ``empty``) and, in the
+``rejected`` output, carry the reason :data:`~refinery.transforms.prep.documents.EMPTY`.
+
+Beam metrics (namespace ``refinery_prep``): ``rows``, ``documents``, ``empty``, ``rejected``,
+``tokens``, ``shards_written``, ``shards_skipped``: they show in the Dataflow UI.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from array import array
+from typing import Iterable, Tuple
+
+import apache_beam as beam
+import msgpack
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from refinery.transforms.core import io
+from refinery.transforms.core.rows import iter_rows
+from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit, short_hash
+from refinery.transforms.formats import shards
+from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
+from refinery.transforms.prep.documents import (Document, Rejected, SourceRow, TokenizedDocument, normalize_row,
+                                                shard_of, tokenize_document)
+
+NAMESPACE = "refinery_prep"
+REJECTED = "rejected"
+
+
+# ---------------------------------------------------------------------------------------
+# Coders: deterministic, compact (msgpack of the tuple's fields; tokens as little-endian bytes)
+# ---------------------------------------------------------------------------------------
+
+class _TupleCoder(beam.coders.Coder):
+    cls: type = tuple
+
+    def encode(self, value) -> bytes:
+        return msgpack.packb(tuple(value), use_bin_type=True, unicode_errors="surrogatepass")
+
+    def decode(self, encoded: bytes):
+        return self.cls(*msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass"))
+
+    def is_deterministic(self) -> bool:
+        return True
+
+    def to_type_hint(self):
+        return self.cls
+
+
+class DocumentCoder(_TupleCoder):
+    cls = Document
+
+
+class RejectedCoder(_TupleCoder):
+    cls = Rejected
+
+
+class TokenizedDocumentCoder(_TupleCoder):
+    cls = TokenizedDocument
+
+    def encode(self, value: TokenizedDocument) -> bytes:
+        return msgpack.packb((value.doc_id, shards.u32_bytes(value.tokens), value.source, value.row),
+                             use_bin_type=True, unicode_errors="surrogatepass")
+
+    def decode(self, encoded: bytes) -> TokenizedDocument:
+        doc_id, raw, source, row = msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass")
+        tokens = array("I")
+        tokens.frombytes(raw)
+        if not np.little_endian:
+            tokens.byteswap()
+        return TokenizedDocument(doc_id, tokens, source, row)
+
+
+for _cls, _coder in ((Document, DocumentCoder), (Rejected, RejectedCoder), (TokenizedDocument, TokenizedDocumentCoder)):
+    beam.coders.registry.register_coder(_cls, _coder)
+
+
+# ---------------------------------------------------------------------------------------
+# ReadRows
+# ---------------------------------------------------------------------------------------
+
+class RejectedRowError(ValueError):
+    """A row ``Normalize()`` (without ``with_rejected()``) could not turn into a document."""
+
+
+class _ReadFileFn(beam.DoFn):
+    def process(self, f: io.InputFile):
+        for row, record, error in iter_rows(f.path):
+            if error is None:
+                yield SourceRow(f.path, row, record, f.relpath)
+            else:
+                yield beam.pvalue.TaggedOutput(REJECTED, Rejected(f.path, row, error))
+
+
+class ReadRows(beam.PTransform):
+    """Rows of data files with their provenance. Input: the pipeline root. Output:
+    :class:`SourceRow` ``(path, row, record, relpath)`` per good row.
+
+    ``paths``: files, folders (recursive) or globs, local or ``gs://``, in the formats of
+    ``refinery prep`` (read by the same reader). One file is read by one worker, in row
+    order. A row that cannot be parsed fails the pipeline naming file, row and reason;
+    ``ReadRows(paths).with_rejected()`` returns ``(rows, rejected)`` instead, with each
+    :class:`Rejected` ready for ``WriteTokenShards(..., rejected=...)``.
+    """
+
+    def __init__(self, paths: list[str] | str, with_rejected: bool = False):
+        super().__init__()
+        self.paths = [paths] if isinstance(paths, str) else list(paths)
+        self._with_rejected = with_rejected
+
+    def with_rejected(self) -> "ReadRows":
+        return ReadRows(self.paths, with_rejected=True)
+
+    def expand(self, pbegin):
+        files = io.expand_inputs(self.paths)
+        out = (pbegin
+               | "Files" >> beam.Create(files, reshuffle=False)
+               | "Spread" >> beam.Reshuffle()
+               | "Read" >> beam.ParDo(_ReadFileFn()).with_outputs(REJECTED, main="rows"))
+        if self._with_rejected:
+            return out.rows, out[REJECTED]
+        _ = out[REJECTED] | "FailOnBadRow" >> beam.Map(_fail_on_reject)
+        return out.rows
+
+
+def _fail_on_reject(r: Rejected) -> None:
+    raise RejectedRowError(f"{r.path or '(row)'}:{r.row}: {r.reason} (use .with_rejected() to keep going)")
+
+
+# ---------------------------------------------------------------------------------------
+# Normalize, Tokenize, AssignShard
+# ---------------------------------------------------------------------------------------
+
+class _NormalizeFn(beam.DoFn):
+    def __init__(self, text_field: str, id_field: str, strict: bool):
+        self.text_field, self.id_field, self.strict = text_field, id_field, strict
+        self.rows = Metrics.counter(NAMESPACE, "rows")
+        self.documents = Metrics.counter(NAMESPACE, "documents")
+        self.empty = Metrics.counter(NAMESPACE, "empty")
+        self.rejected = Metrics.counter(NAMESPACE, REJECTED)
+
+    def process(self, element):
+        self.rows.inc()
+        if isinstance(element, SourceRow):
+            out = normalize_row(element.record, None, self.text_field, self.id_field, element.path, element.row,
+                                element.relpath)
+        elif isinstance(element, dict):
+            out = normalize_row(element, None, self.text_field, self.id_field, "", 0, None)
+        else:
+            out = Rejected("", 0, f"not a row: a {type(element).__name__}, expected a dict or SourceRow")
+        if type(out) is Document:
+            self.documents.inc()
+            yield out
+            return
+        if out.empty:
+            self.empty.inc()
+        else:
+            self.rejected.inc()
+            if self.strict:
+                _fail_on_reject(out)
+        if not self.strict:
+            yield beam.pvalue.TaggedOutput(REJECTED, out)
+
+
+class Normalize(beam.PTransform):
+    """Rows -> documents. Input: ``dict`` (a parsed row) or :class:`SourceRow` (a row with its
+    file and row number). Output: :class:`Document` ``(doc_id, text, source, row)``.
+
+    The text is ``row[text_field]``, normalized (NFC, newlines, control characters, strip);
+    the id is ``str(row[id_field])``, else ``"{relpath}:{row}"`` for a :class:`SourceRow`,
+    else a hash of the row's canonical JSON. ``(source, row)`` is the order key the sink
+    sorts by (``("", 0)`` for a plain dict, which then sorts by id).
+
+    ``Normalize()`` raises :class:`RejectedRowError` on a row it cannot use; use
+    ``Normalize().with_rejected()`` to get ``(documents, rejected)`` instead.
+    """
+
+    def __init__(self, text_field: str = "text", id_field: str = "id", *, _with_rejected: bool = False):
+        super().__init__()
+        self.text_field, self.id_field = text_field, id_field
+        self._with_rejected = _with_rejected
+
+    def with_rejected(self) -> "Normalize":
+        """This transform returning ``(documents, rejected)``: each :class:`Rejected` has the
+        row's path (``""`` for a plain dict), row and reason."""
+        return Normalize(self.text_field, self.id_field, _with_rejected=True)
+
+    def expand(self, rows):
+        fn = _NormalizeFn(self.text_field, self.id_field, strict=not self._with_rejected)
+        out = rows | "Normalize" >> beam.ParDo(fn).with_outputs(REJECTED, main="documents")
+        documents = out.documents
+        documents.element_type = Document
+        out[REJECTED].element_type = Rejected
+        if self._with_rejected:
+            return documents, out[REJECTED]
+        return documents
+
+
+class _TokenizeFn(beam.DoFn):
+    def __init__(self):
+        self.tokens = Metrics.counter(NAMESPACE, "tokens")
+        self.documents = Metrics.counter(NAMESPACE, "tokenized")
+        self.enc = None
+
+    def setup(self):
+        self.enc = get_encoding()
+
+    def process(self, doc: Document):
+        out = tokenize_document(self.enc, doc)
+        self.documents.inc()
+        self.tokens.inc(len(out.tokens))
+        yield out
+
+
+class Tokenize(beam.PTransform):
+    """Documents -> token ids. Input: :class:`Document`. Output: :class:`TokenizedDocument`
+    whose ``tokens`` (``array('I')``) are tiktoken ``o200k_harmony`` ``encode_ordinary`` of
+    the text (special-token text stays ordinary text) plus one EOS (199999). The vocab is
+    resolved offline and checked against its sha256."""
+
+    def expand(self, docs):
+        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn())
+        out.element_type = TokenizedDocument
+        return out
+
+
+class AssignShard(beam.PTransform):
+    """Input: :class:`TokenizedDocument`. Output: ``(shard, TokenizedDocument)`` with
+    ``shard = int(md5(doc_id).hexdigest()[:16], 16) % num_shards`` (the rule of ``refinery prep``)."""
+
+    def __init__(self, num_shards: int):
+        super().__init__()
+        if num_shards < 1:
+            raise ValueError("num_shards must be at least 1")
+        self.num_shards = num_shards
+
+    def expand(self, docs):
+        n = self.num_shards
+        return docs | "AssignShard" >> beam.Map(lambda d: (shard_of(d.doc_id, n), d)).with_output_types(
+            Tuple[int, TokenizedDocument])
+
+
+# ---------------------------------------------------------------------------------------
+# WriteTokenShards
+# ---------------------------------------------------------------------------------------
+
+class ShardSinkStage(Stage):
+    """The sink's receipts: one unit per shard under ``OUTPUT/.refinery/write_token_shards/<hash>/``.
+    The units are written by :class:`_WriteShardFn`, not planned by ``run_stages``."""
+
+    name = "write_token_shards"
+
+    def __init__(self, dataset: str, num_shards: int, version: str):
+        self.dataset, self.num_shards, self.version = dataset, num_shards, version
+
+    def config(self) -> dict:
+        return {"dataset": self.dataset, "num_shards": self.num_shards, "version": self.version,
+                "format": shards.FORMAT_VERSION}
+
+    def identity(self) -> dict:
+        return tokenizer_identity()
+
+    def plan(self) -> list[Unit]:
+        return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.num_shards)]
+
+
+def sink_run(output: str, dataset: str, num_shards: int, version: str) -> StageRun:
+    stage = ShardSinkStage(dataset, num_shards, version)
+    return StageRun(stage, output.rstrip("/"), short_hash({"stage": stage.name, "config": stage.config(),
+                                                            "identity": stage.identity()}))
+
+
+class _SortedShard:
+    """A shard's documents spilled to a local temp file, then read back in order-key order:
+    memory holds only (key, offset, length) per document, never the tokens."""
+
+    def __init__(self, docs: Iterable):
+        self._f = tempfile.TemporaryFile(prefix="refinery-shard-")
+        keys = []
+        offset = 0
+        for doc in docs:
+            if doc is None:  # the marker that makes an empty shard a group too
+                continue
+            data = shards.u32_bytes(doc.tokens)
+            self._f.write(data)
+            n = len(data) // 4
+            keys.append((doc.source, doc.row, doc.doc_id, hashlib.sha1(data).digest(), offset, n))
+            offset += n
+        keys.sort()
+        self.keys = keys
+        self.lengths = np.fromiter((k[5] for k in keys), dtype=np.uint64, count=len(keys))
+
+    def chunks(self, max_bytes: int = 1 << 22) -> Iterable[bytes]:
+        buf, size = [], 0
+        for k in self.keys:
+            self._f.seek(4 * k[4])
+            buf.append(self._f.read(4 * k[5]))
+            size += 4 * k[5]
+            if size >= max_bytes:
+                yield b"".join(buf)
+                buf, size = [], 0
+        if buf:
+            yield b"".join(buf)
+
+    def digest(self) -> str:
+        """sha256 of what the shard's files will hold (lengths, then tokens)."""
+        h = hashlib.sha256(self.lengths.astype("<u8").tobytes())
+        for chunk in self.chunks():
+            h.update(chunk)
+        return h.hexdigest()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _WriteShardFn(beam.DoFn):
+    """``(shard, documents)`` -> the shard's manifest entry (a dict). Skips the write when the
+    shard's receipt verifies and records the same content."""
+
+    def __init__(self, output: str, dataset: str, num_shards: int, version: str):
+        self.output, self.dataset, self.num_shards, self.version = output, dataset, num_shards, version
+        self.written = Metrics.counter(NAMESPACE, "shards_written")
+        self.skipped = Metrics.counter(NAMESPACE, "shards_skipped")
+
+    def process(self, element):
+        shard, docs = element
+        run = sink_run(self.output, self.dataset, self.num_shards, self.version)
+        data = _SortedShard(docs)
+        try:
+            content = data.digest()
+            npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
+
+            class _Write(ShardSinkStage):
+                def run_unit(self, unit, ctx):
+                    written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+                                                 data.lengths, data.chunks())
+                    return {"shard": shard, **written, "content_sha256": content}
+
+            writer = StageRun(_Write(self.dataset, self.num_shards, self.version), run.output, run.stage_hash)
+            receipt = execute_unit(writer, Unit(f"{shard:04d}", {"shard": shard}),
+                                   stale=lambda r: r.get("stats", {}).get("content_sha256") != content)
+        finally:
+            data.close()
+        if receipt.get("status") != "completed":
+            err = receipt.get("error") or {}
+            raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
+        (self.skipped if receipt.get("skipped") else self.written).inc()
+        by_ext = {f["path"].rsplit(".", 1)[1]: f for f in receipt["files"]}
+        yield shards.shard_entry(shard, by_ext["npy"], by_ext["idx"], receipt["stats"]["tokens"],
+                                 receipt["stats"]["docs"])
+
+
+def _write_rejects(rejected: list[Rejected], output: str) -> dict:
+    """Write ``rejects/rejects.jsonl`` (sorted by path, row) unless it already holds those bytes;
+    returns the counts {"rejected", "empty"}."""
+    bad = sorted((r for r in rejected if not r.empty), key=lambda r: (r.path, r.row, r.reason))
+    data = b"".join((json.dumps(r.to_json(), ensure_ascii=False, sort_keys=True) + "\n").encode() for r in bad)
+    _write_if_changed(io.join(output, "rejects", "rejects.jsonl"), data)
+    return {"rejected": len(bad), "empty": len(rejected) - len(bad)}
+
+
+def _write_if_changed(path: str, data: bytes) -> None:
+    try:
+        if io.read_bytes(path) == data:
+            return
+    except FileNotFoundError:
+        pass
+    io.atomic_write_bytes(path, data)
+
+
+def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, dataset: str, num_shards: int,
+                    version: str) -> str:
+    entries = sorted(entries, key=lambda e: e["shard"])
+    accepted = sum(e["num_documents"] for e in entries)
+    rows = {} if counts is None else {
+        "read": accepted + counts["empty"] + counts["rejected"], "accepted": accepted,
+        "empty": counts["empty"], "rejected": counts["rejected"], "over_budget": 0}
+    run = sink_run(output, dataset, num_shards, version)
+    manifest = shards.build_manifest(
+        dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version,
+        created_at=shards.keep_created_at(io.join(run.dir, "created_at")),
+        extra={"plan_hash": run.stage_hash, "source": {"writer": "refinery.transforms.prep.WriteTokenShards"}})
+    path = io.join(output.rstrip("/"), shards.MANIFEST)
+    _write_if_changed(path, shards.manifest_json(manifest))
+    return path
+
+
+class WriteTokenShards(beam.PTransform):
+    """The token-shard sink. Input: ``(shard, TokenizedDocument)``. Output: a PCollection
+    holding one ``str``, the path of ``manifest.json``, written last.
+
+    Writes ``OUTPUT/shard_NNNN/{dataset}-{version}-shard-NNNNNN.npy`` + ``.idx`` for every
+    shard ``0..num_shards-1`` (empty ones too) and ``OUTPUT/manifest.json``, in the layout of
+    ``refinery prep``. Inside a shard documents are ordered by ``(source, row, doc_id)``, so
+    the bytes do not depend on bundling, runner or worker count. Each shard has a receipt
+    (``OUTPUT/.refinery/write_token_shards/<hash>/receipts/``): running the same pipeline
+    again rewrites no shard whose receipt verifies and whose content is unchanged, and a
+    deleted or truncated shard comes back byte-identical. A shard's documents are spilled
+    to a local temp file while it is sorted, so memory stays flat in shard size.
+
+    ``rejected`` (the second output of ``Normalize().with_rejected()``): also write
+    ``rejects/rejects.jsonl`` and the row accounting ``read = accepted + empty + rejected``
+    into the manifest, as ``refinery prep`` does.
+    """
+
+    def __init__(self, output: str, dataset: str, num_shards: int, version: str = shards.FORMAT_VERSION,
+                 rejected=None):
+        super().__init__()
+        if num_shards < 1:
+            raise ValueError("num_shards must be at least 1")
+        if not dataset or not all(c.isalnum() or c in "-_." for c in dataset) or dataset.startswith("."):
+            raise ValueError(f"dataset {dataset!r}: use letters, digits, '-', '_' and '.' (not leading)")
+        self.output, self.dataset, self.num_shards, self.version = output.rstrip("/"), dataset, num_shards, version
+        self.rejected = rejected
+
+    def expand(self, shard_docs):
+        p = shard_docs.pipeline
+        markers = (p | "ShardIds" >> beam.Create(list(range(self.num_shards)))
+                   | "EmptyMarker" >> beam.Map(lambda s: (s, None)))
+        entries = ((shard_docs, markers) | "WithMarkers" >> beam.Flatten()
+                   | "GroupByShard" >> beam.GroupByKey()
+                   | "WriteShard" >> beam.ParDo(_WriteShardFn(self.output, self.dataset, self.num_shards,
+                                                               self.version)))
+        counts = None
+        if self.rejected is not None:
+            output = self.output
+            counts = beam.pvalue.AsSingleton(
+                self.rejected | "AllRejected" >> beam.combiners.ToList()
+                | "WriteRejects" >> beam.Map(_write_rejects, output))
+        return (p | "Once" >> beam.Create([None])
+                | "WriteManifest" >> beam.Map(_write_manifest, beam.pvalue.AsList(entries), counts,
+                                              self.output, self.dataset, self.num_shards, self.version))
+
+
+__all__ = ["AssignShard", "Document", "Normalize", "ReadRows", "Rejected", "RejectedRowError", "SourceRow",
+           "TokenizedDocument", "Tokenize", "WriteTokenShards"]
