@@ -15,6 +15,7 @@ n-grams (throughput should not depend on the number of eval n-grams).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -27,14 +28,19 @@ from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 
-GSM8K = "/work/shared/data/gsm8k"
+GSM8K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "gsm8k")
+
+
+def gsm8k_rows(split: str) -> list[dict]:
+    with gzip.open(os.path.join(GSM8K, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 ONE_WORKER = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
 def make_training(path: str, copies: int, seed: int = 0) -> float:
     """Write the training JSONL; returns MB of training text (UTF-8 of the text field)."""
-    test = [json.loads(line)["question"] for line in open(f"{GSM8K}/test.jsonl", "rb")]
-    train = [json.loads(line) for line in open(f"{GSM8K}/train.jsonl", "rb")]
+    test = [r["question"] for r in gsm8k_rows("test")]
+    train = gsm8k_rows("train")
     rnd = random.Random(seed)
     nbytes = 0
     with open(path, "w") as f:
@@ -130,8 +136,8 @@ def scan_worker(out: str, train_file: str) -> dict:
 def synthetic_eval(path: str, target_ngrams: int, ns: list[int], seed: int = 1) -> None:
     """Eval rows made of shuffled GSM8K words, enough for about ``target_ngrams`` n-grams."""
     words = []
-    for line in open(f"{GSM8K}/train.jsonl", "rb"):
-        words.extend(json.loads(line)["question"].split())
+    for r in gsm8k_rows("train"):
+        words.extend(r["question"].split())
     rnd = random.Random(seed)
     per_row = sum(max(1, 60 - n + 1) for n in ns)
     rows = target_ngrams // per_row + 1
@@ -151,7 +157,7 @@ def main() -> int:
     os.makedirs(os.path.join(work, "train"), exist_ok=True)
     train_file = os.path.join(work, "train", "docs.jsonl")
     mb = make_training(train_file, a.copies)
-    eval_file = f"{GSM8K}/test.jsonl"
+    eval_file = os.path.join(GSM8K, "test.jsonl.gz")
     print(f"training text: {mb:.1f} MB ({a.copies} x GSM8K train, planted test questions); "
           f"eval: GSM8K test (1319 questions); n = {' '.join(map(str, a.ngrams))}; 1 worker")
 

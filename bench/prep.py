@@ -1,6 +1,6 @@
 """Benchmark: refinery prep vs raw tiktoken ``encode_ordinary`` on the same documents.
 
-Builds a JSONL corpus of about ``--mb`` megabytes from GSM8K text (shared/data), then in
+Builds a JSONL corpus of about ``--mb`` megabytes from GSM8K text (tests/data/gsm8k), then in
 one process run measures:
 
 1. raw: ``encode_ordinary`` over every document already in memory (the ceiling);
@@ -15,6 +15,7 @@ run. Absolute numbers on a shared machine are noise; the ratios are the figures.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import resource
@@ -25,12 +26,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-GSM8K = HERE.parent.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
 
 
 def build_corpus(path: Path, mb: float, files: int) -> list[str]:
     base = []
-    with open(GSM8K) as f:
+    with gzip.open(GSM8K, "rt", encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
             base.append(r["question"] + "\n\n" + r["answer"])

@@ -7,21 +7,20 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-GSM8K = SHARED / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parent / "data" / "gsm8k"  # shipped with the repo (MIT, see its LICENSE)
+GSM8K_TEST = GSM8K / "test.jsonl.gz"
+GSM8K_TRAIN = GSM8K / "train.jsonl.gz"
+
+
+def gsm8k_rows(split: str) -> list[dict]:
+    """The GSM8K ``test`` or ``train`` rows ({"question", "answer"}), in file order."""
+    with gzip.open(GSM8K / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def gsm8k_texts(n: int, offset: int = 0) -> list[str]:
-    out = []
-    with open(GSM8K / "train.jsonl") as f:
-        for i, line in enumerate(f):
-            if i < offset:
-                continue
-            if len(out) == n:
-                break
-            r = json.loads(line)
-            out.append(r["question"] + "\n\n" + r["answer"])
-    return out
+    """``n`` GSM8K train documents (question + answer) from row ``offset`` on."""
+    return [r["question"] + "\n\n" + r["answer"] for r in gsm8k_rows("train")[offset:offset + n]]
 
 
 def write_jsonl(path: Path, rows: list, raw_lines: dict[int, str] | None = None) -> Path:

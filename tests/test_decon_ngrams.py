@@ -12,11 +12,11 @@ import msgpack
 import numpy as np
 import pytest
 
+from conftest import GSM8K_TEST, gsm8k_rows
 from refinery.transforms.decon import ngrams as ng
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DEFAULT = ng.TOKENIZERS["default"]
-GSM8K = "/work/shared/data/gsm8k"
 
 
 def helm(text: str) -> list[str]:
@@ -349,8 +349,8 @@ def _gsm8k(limit_train: int | None = None):
         with open(path, "rb") as f:
             for i, line in enumerate(f):
                 yield i, json.loads(line), None
-    evrows, _ = ng.make_eval_rows([f"{GSM8K}/test.jsonl"], read, "question", "id", DEFAULT)
-    train = [json.loads(line) for line in open(f"{GSM8K}/train.jsonl", "rb")][:limit_train]
+    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], read, "question", "id", DEFAULT)
+    train = gsm8k_rows("train")[:limit_train]
     rnd = random.Random(7)
     docs = []
     for i, r in enumerate(train):

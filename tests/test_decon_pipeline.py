@@ -15,12 +15,12 @@ import zstandard
 
 from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
+from conftest import GSM8K_TEST, gsm8k_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.stages import DeconSettings, build_stages
 from refinery.transforms.core.stages import run_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
-GSM8K = "/work/shared/data/gsm8k"
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 DETAIL_KEYS = {"eval_dataset", "eval_path", "eval_row", "eval_text", "instance_id", "ngram", "n", "eval_offsets",
                "train_path", "train_row", "train_text", "train_ngram", "train_offsets", "train_doc_id"}
@@ -72,8 +72,8 @@ def write_jsonl(path, rows, compress=None) -> None:
 # ---------------------------------------------------------------------------------------
 
 def test_gsm8k_agrees_with_reference(tmp_path):
-    test_rows = read_jsonl(f"{GSM8K}/test.jsonl")
-    train = read_jsonl(f"{GSM8K}/train.jsonl")[:4000]
+    test_rows = gsm8k_rows("test")
+    train = gsm8k_rows("train")[:4000]
     rnd = random.Random(3)
     docs = []
     planted = set()
@@ -87,12 +87,12 @@ def test_gsm8k_agrees_with_reference(tmp_path):
     write_jsonl(str(tmp_path / "train/part-0.jsonl"), docs[:2500])              # sliced by bytes
     write_jsonl(str(tmp_path / "train/part-1.jsonl.zst"), docs[2500:], "zst")   # one unit
     out = str(tmp_path / "out")
-    rc = run_cli(["--eval", f"{GSM8K}/test.jsonl", "--eval-text-field", "question",
+    rc = run_cli(["--eval", str(GSM8K_TEST), "--eval-text-field", "question",
                   "--train", str(tmp_path / "train"), "--output", out, "--ngrams", "5", "9", "13",
                   "--partitions", "16", "--slice-mb", "0.4"])
     assert rc == 0 and os.path.exists(os.path.join(out, ".SUCCESS"))
 
-    evrows, _ = ng.make_eval_rows([f"{GSM8K}/test.jsonl"], iter_rows, "question", "id", ng.TOKENIZERS["default"])
+    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], iter_rows, "question", "id", ng.TOKENIZERS["default"])
     train_paths = [str(tmp_path / "train/part-0.jsonl")] * 2500 + [str(tmp_path / "train/part-1.jsonl.zst")] * 1500
     rows_in_file = list(range(2500)) + list(range(1500))
     ref_ids, ref_details = ng.reference_overlap(

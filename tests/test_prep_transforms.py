@@ -19,7 +19,7 @@ from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
-from refinery.transforms.prep import (AssignShard, Document, Normalize, ReadRows, Rejected, RejectedRowError,
+from refinery.transforms.prep import (AssignShard, Document, Normalize, ReadRows, Rejected,
                                       SourceRow, Tokenize, TokenizedDocument, WriteTokenShards)
 from refinery.transforms.prep.documents import EMPTY, content_id, shard_of
 

@@ -23,7 +23,7 @@ import os
 import random
 import time
 
-from conftest import GSM8K, gsm8k_texts, run_prep, write_jsonl
+from conftest import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 from refinery.beam_pipelines.cli import main
 import reliability_helpers
 from reliability_helpers import (child_env, completed, current_receipts, expected_texts, final_digest,
@@ -165,7 +165,7 @@ def test_prep_kill9_loop(tmp_path, forks):
 def _decon_inputs(root):
     """200 GSM8K test questions as eval data; 3 training files of GSM8K train text, every
     20th document carrying an eval question (planted overlap)."""
-    test = [json.loads(line) for line in open(GSM8K / "test.jsonl")][:200]
+    test = gsm8k_rows("test")[:200]
     write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"t{i}", "text": r["question"]} for i, r in enumerate(test)])
     texts = gsm8k_texts(600)
     for f in range(3):

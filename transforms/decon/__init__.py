@@ -1,1 +1,23 @@
-"""refinery.transforms.decon."""
+"""decon: train/test n-gram overlap with provenance (the HELM method).
+
+Public, composable PTransforms (see :mod:`refinery.transforms.decon.beam`)::
+
+    from refinery.transforms.decon import BuildNgramIndex, FindOverlaps
+
+The logic is in :mod:`refinery.transforms.decon.ngrams`; the CLI's resumable stages
+(index -> scan -> reduce) are in :mod:`refinery.transforms.decon.stages`. Importing this
+package does not import Beam until a transform is used.
+"""
+from __future__ import annotations
+
+_TRANSFORMS = ("BuildNgramIndex", "FindOverlaps", "Overlap")
+
+__all__ = list(_TRANSFORMS)
+
+
+def __getattr__(name: str):
+    if name in _TRANSFORMS:
+        from refinery.transforms.decon import beam
+
+        return getattr(beam, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

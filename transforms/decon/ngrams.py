@@ -668,6 +668,59 @@ def _hash_of_record(rec: list) -> int:
     return rec[2]
 
 
+@dataclass
+class NgramIndex:
+    """THE test-side index, hash-partitioned: eval rows, the membership set the scan probes,
+    and per hash partition the detail records that verify a hit and give its eval offsets.
+
+    Built by :meth:`build` for both ``refinery decon`` (its ``index`` stage writes one file
+    per part) and ``BuildNgramIndex`` (one element, a Beam side input).
+    """
+
+    rows: list[EvalRow]
+    bad: dict[str, dict]               # eval dataset -> {"bad_rows": count}
+    ns: list[int]
+    tokenizer: str
+    num_partitions: int
+    membership: Membership
+    records: dict[int, list[list]]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
+    num_ngrams: int = 0
+
+    @classmethod
+    def build(cls, rows: list[EvalRow], bad: dict[str, dict], ns: Iterable[int], tokenizer: str,
+              num_partitions: int) -> "NgramIndex":
+        ns = sorted(set(int(n) for n in ns))
+        index = build_index(rows, ns, get_tokenizer(tokenizer))
+        membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
+                                {"tokenizer": tokenizer, "partitions": num_partitions})
+        return cls(rows, bad, ns, tokenizer, num_partitions, membership,
+                   dict(partition_records(index, num_partitions)), len(index))
+
+    def lookup(self, p: int) -> dict[tuple[int, str], list]:
+        """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
+        cache = self.__dict__.setdefault("_parts", {})
+        part = cache.get(p)
+        if part is None:
+            part = cache[p] = {(r[0], r[1]): r[3] for r in self.records.get(p, [])}
+        return part
+
+    def to_bytes(self) -> bytes:
+        with gc_paused():
+            return msgpack.packb({
+                "rows": [list(r.__dict__.values()) for r in self.rows], "bad": self.bad, "ns": self.ns,
+                "tokenizer": self.tokenizer, "partitions": self.num_partitions,
+                "membership": self.membership.to_bytes(), "records": self.records, "num_ngrams": self.num_ngrams,
+            }, use_bin_type=True, unicode_errors="surrogatepass")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "NgramIndex":
+        with gc_paused():
+            d = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        return cls([EvalRow(*r) for r in d["rows"]], d["bad"], d["ns"], d["tokenizer"], d["partitions"],
+                   Membership.from_bytes(d["membership"]), {int(k): v for k, v in d["records"].items()},
+                   d["num_ngrams"])
+
+
 JSON_ERRORS = "backslashreplace"  # a lone surrogate in a JSON string becomes its \\uXXXX escape
 
 

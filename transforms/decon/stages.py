@@ -92,17 +92,16 @@ _EVAL_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=2)
-def _eval_state(files: tuple[tuple[str, int, str], ...], text_field: str, id_field: str, tokenizer: str,
-                ns: tuple[int, ...], partitions: int) -> dict:
-    """Eval rows, index and partitions, built once per worker process for all index units.
+def _eval_index(files: tuple[tuple[str, int, str], ...], text_field: str, id_field: str, tokenizer: str,
+                ns: tuple[int, ...], partitions: int) -> ng.NgramIndex:
+    """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
-    tok = ng.get_tokenizer(tokenizer)
     with ng.gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field, tok)
-        index = ng.build_index(rows, ns, tok)
-        state = {"rows": rows, "bad": bad, "index": index, "parts": ng.partition_records(index, partitions)}
+        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field,
+                                      ng.get_tokenizer(tokenizer))
+        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
     gc.freeze()  # millions of long-lived objects: keep them out of every later GC pass
-    return state
+    return index
 
 
 _MEMBERSHIP: dict[str, ng.Membership] = {}
@@ -149,26 +148,24 @@ class IndexStage(Stage):
     def plan(self) -> list[Unit]:
         return [Unit("catalog", {})] + [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def _state(self) -> dict:
+    def _index(self) -> ng.NgramIndex:
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
-            return _eval_state(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text_field, self.s.id_field,
-                           self.s.tokenizer, tuple(self.s.ns), self.s.partitions)
+            return _eval_index(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text_field,
+                               self.s.id_field, self.s.tokenizer, tuple(self.s.ns), self.s.partitions)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        st = self._state()
+        index = self._index()
         if unit.id == "catalog":
-            index = st["index"]
-            membership = ng.Membership((v[0] for v in index.values()), {k[0] for k in index},
-                                       {"tokenizer": self.s.tokenizer, "partitions": self.s.partitions})
+            membership = index.membership
             ctx.write_bytes(ctx.part_path(MEMBERSHIP_FILE), membership.to_bytes())
-            ctx.write_bytes(ctx.part_path(EVAL_ROWS_FILE), ng.dumps_jsonl_gz(r.to_json() for r in st["rows"]))
-            ctx.write_bytes(ctx.part_path(EVAL_SUMMARY_FILE), json.dumps(st["bad"], sort_keys=True).encode())
-            return {"eval_rows": len(st["rows"]), "test_ngrams": len(index),
+            ctx.write_bytes(ctx.part_path(EVAL_ROWS_FILE), ng.dumps_jsonl_gz(r.to_json() for r in index.rows))
+            ctx.write_bytes(ctx.part_path(EVAL_SUMMARY_FILE), json.dumps(index.bad, sort_keys=True).encode())
+            return {"eval_rows": len(index.rows), "test_ngrams": index.num_ngrams,
                     "membership_bytes": membership.hashes.nbytes,
                     "membership_loaded_bytes": membership.nbytes,
                     "lengths": list(membership.lengths)}
         p = unit.payload["p"]
-        recs = st["parts"].get(p, [])
+        recs = index.records.get(p, [])
         ctx.write_bytes(ctx.part_path(partition_file(p)), ng.dumps_partition(recs))
         return {"test_ngrams": len(recs)}
 

@@ -1,0 +1,232 @@
+"""decon's public PTransforms: train/test n-gram overlap inside your own Beam pipeline.
+
+::
+
+    index = eval_rows | BuildNgramIndex(ngrams=[13], eval_dataset="gsm8k")
+    overlaps = train_rows | FindOverlaps(index)
+
+==========================  ==========================================  ===============================
+transform                   input element                               output element
+==========================  ==========================================  ===============================
+``BuildNgramIndex(ns)``     eval row: ``dict`` or ``SourceRow``          one :class:`~.ngrams.NgramIndex`
+``FindOverlaps(index)``     training row: ``dict`` or ``SourceRow``      :class:`Overlap`
+==========================  ==========================================  ===============================
+
+The method is HELM's (what ``refinery decon`` computes, through the same code in
+:mod:`refinery.transforms.decon.ngrams`): an eval instance overlaps at n when it shares an
+n-gram of ``min(n, its token count)`` tokens with a training document. The index is
+hash-partitioned: a compact membership set of n-gram hashes is probed first, and a hit is
+verified against the exact n-gram text of its hash partition (no false positives).
+
+``FindOverlaps`` is a side-input join: the index is broadcast (``AsSingleton``) and the
+training rows are streamed through one ``ParDo``; they are never shuffled.
+
+Beam metrics (namespace ``refinery_decon``): ``eval_rows``, ``eval_bad_rows``, ``test_ngrams``,
+``train_rows``, ``train_bad_rows``, ``train_rows_with_overlaps``, ``overlaps``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import apache_beam as beam
+import msgpack
+from apache_beam.metrics import Metrics
+
+from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.prep.documents import SourceRow
+
+NAMESPACE = "refinery_decon"
+
+
+class Overlap(NamedTuple):
+    """One eval instance sharing one n-gram with one training row, with offsets on both sides.
+
+    ``n`` is the configured n-gram length; ``ngram`` has ``min(n, tokens of the instance)``
+    tokens joined by one space (HELM's rule for short instances). Offsets are ``[start, end)``
+    character offsets into the original texts, one pair per occurrence. ``train_path`` and
+    ``train_row`` are known when the training rows came as :class:`SourceRow` (else ``""``
+    and ``-1``).
+    """
+
+    instance_id: str
+    eval_dataset: str
+    n: int
+    ngram: str
+    eval_offsets: tuple[tuple[int, int], ...]
+    train_doc_id: str
+    train_offsets: tuple[tuple[int, int], ...]
+    train_path: str = ""
+    train_row: int = -1
+
+
+class OverlapCoder(beam.coders.Coder):
+    def encode(self, value: Overlap) -> bytes:
+        return msgpack.packb(tuple(value), use_bin_type=True, unicode_errors="surrogatepass")
+
+    def decode(self, encoded: bytes) -> Overlap:
+        return Overlap(*msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass", use_list=False))
+
+    def is_deterministic(self) -> bool:
+        return True
+
+    def to_type_hint(self):
+        return Overlap
+
+
+class NgramIndexCoder(beam.coders.Coder):
+    def encode(self, value: ng.NgramIndex) -> bytes:
+        return value.to_bytes()
+
+    def decode(self, encoded: bytes) -> ng.NgramIndex:
+        return ng.NgramIndex.from_bytes(encoded)
+
+    def is_deterministic(self) -> bool:
+        return True
+
+    def to_type_hint(self):
+        return ng.NgramIndex
+
+
+beam.coders.registry.register_coder(Overlap, OverlapCoder)
+beam.coders.registry.register_coder(ng.NgramIndex, NgramIndexCoder)
+
+
+def _provenance(element, default_dataset: str | None) -> tuple[str, str, int, dict | None]:
+    """(eval dataset, path, row, record) of an input row (dict or SourceRow)."""
+    if isinstance(element, SourceRow):
+        return default_dataset or ng.eval_dataset_name(element.path), element.path, element.row, element.record
+    if isinstance(element, dict):
+        return default_dataset or "eval", "", -1, element
+    return default_dataset or "eval", "", -1, None
+
+
+def build_index(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str, text_field: str,
+                id_field: str, partitions: int) -> ng.NgramIndex:
+    """The index of eval rows given in any order: rows are ordered by (dataset, path, row,
+    instance id, text) first, so the index does not depend on how Beam delivered them."""
+    tok = ng.get_tokenizer(tokenizer)
+    keyed, bad = [], {}
+    for element in elements:
+        ds, path, row, record = _provenance(element, eval_dataset)
+        bad.setdefault(ds, {"bad_rows": 0})
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            bad[ds]["bad_rows"] += 1
+            continue
+        keyed.append((ds, path, row, ng.record_id(record, id_field), text))
+    keyed.sort()
+    rows = []
+    for ds, path, row, instance_id, text in keyed:
+        tokens = tok.tokenize(text)
+        rows.append(ng.EvalRow(len(rows), ds, path, row, instance_id, text, len(tokens), not any(tokens)))
+    return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions)
+
+
+class BuildNgramIndex(beam.PTransform):
+    """Eval rows -> the hash-partitioned test-side n-gram index.
+
+    Input: eval rows, ``dict`` (with ``text_field`` and optionally ``id_field``) or
+    :class:`~refinery.transforms.prep.documents.SourceRow`. Output: a PCollection holding
+    one :class:`~refinery.transforms.decon.ngrams.NgramIndex`, to pass to ``FindOverlaps``
+    (it is used there as a singleton side input).
+
+    ``eval_dataset``: the name of the eval set (default: from each SourceRow's folder, as
+    ``refinery decon`` names it, else ``"eval"``). Instance ids are ``str(row[id_field])``,
+    else a hash of the whole row. ``tokenizer``: ``default`` (HELM's), ``no_lowercase`` or
+    ``whitespace``. Rows without a string text are counted as bad rows, never indexed.
+    """
+
+    def __init__(self, ngrams: list[int] | int, eval_dataset: str | None = None, tokenizer: str = "default",
+                 text_field: str = "text", id_field: str = "id", partitions: int = 64):
+        super().__init__()
+        self.ngrams = sorted({int(n) for n in ([ngrams] if isinstance(ngrams, int) else ngrams)})
+        if not self.ngrams or self.ngrams[0] < 1:
+            raise ValueError("ngrams must be positive integers")
+        ng.get_tokenizer(tokenizer)
+        self.eval_dataset, self.tokenizer = eval_dataset, tokenizer
+        self.text_field, self.id_field, self.partitions = text_field, id_field, partitions
+
+    def expand(self, rows):
+        def build(elements: list) -> ng.NgramIndex:
+            index = build_index(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text_field,
+                                self.id_field, self.partitions)
+            Metrics.counter(NAMESPACE, "eval_rows").inc(len(index.rows))
+            Metrics.counter(NAMESPACE, "eval_bad_rows").inc(sum(b["bad_rows"] for b in index.bad.values()))
+            Metrics.counter(NAMESPACE, "test_ngrams").inc(index.num_ngrams)
+            return index
+
+        return (rows | "AllEvalRows" >> beam.combiners.ToList()
+                | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
+
+
+def overlaps_of_event(event: dict, index: ng.NgramIndex, ngrams: list[int], train_path: str = "",
+                      train_row: int = -1):
+    """The :class:`Overlap` records of one scan event (a training row with verified hits)."""
+    for hit in event["hits"]:
+        train_offsets = tuple(tuple(o) for o in hit["offsets"])
+        for eval_idx, eval_offsets in index.lookup(hit["partition"])[(hit["n"], hit["ngram"])]:
+            er = index.rows[eval_idx]
+            offsets = tuple(tuple(o) for o in eval_offsets)
+            for n in ngrams:
+                if min(n, er.num_tokens) == hit["n"]:
+                    yield Overlap(er.instance_id, er.eval_dataset, n, hit["ngram"], offsets, event["doc_id"],
+                                  train_offsets, train_path, train_row)
+
+
+class _FindOverlapsFn(beam.DoFn):
+    def __init__(self, ngrams: list[int] | None, text_field: str, id_field: str):
+        self.ngrams, self.text_field, self.id_field = ngrams, text_field, id_field
+        self.rows = Metrics.counter(NAMESPACE, "train_rows")
+        self.bad = Metrics.counter(NAMESPACE, "train_bad_rows")
+        self.hit_rows = Metrics.counter(NAMESPACE, "train_rows_with_overlaps")
+        self.overlaps = Metrics.counter(NAMESPACE, "overlaps")
+
+    def process(self, batch: list, index: ng.NgramIndex):
+        ngrams = self.ngrams or index.ns
+        if not set(ngrams) <= set(index.ns):
+            raise ValueError(f"FindOverlaps(ngrams={ngrams}): the index was built for n = {index.ns}")
+        records, where = [], []
+        for i, element in enumerate(batch):
+            _, path, row, record = _provenance(element, "")
+            records.append((i, record, None if isinstance(record, dict) else "not a row"))
+            where.append((path, row))
+        stats = ng.ScanStats()
+        for event in ng.scan_rows(records, text_field=self.text_field, id_field=self.id_field,
+                                  tokenizer=ng.get_tokenizer(index.tokenizer), membership=index.membership,
+                                  lookup=index.lookup, partitions=index.num_partitions, stats=stats):
+            self.hit_rows.inc()
+            path, row = where[event["row"]]
+            for overlap in overlaps_of_event(event, index, ngrams, path, row):
+                self.overlaps.inc()
+                yield overlap
+        self.rows.inc(stats.rows)
+        self.bad.inc(stats.bad_rows)
+
+
+class FindOverlaps(beam.PTransform):
+    """Training rows -> overlap records, joined with the index through a side input.
+
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.prep.documents.SourceRow`
+    (then each record also carries ``train_path`` and ``train_row``). Output: :class:`Overlap`
+    (instance_id, eval_dataset, n, ngram, eval_offsets, train_doc_id, train_offsets,
+    train_path, train_row), one per (instance, n, n-gram, training row).
+
+    ``index``: the output of ``BuildNgramIndex``. ``ngrams``: the n to report (default: the
+    index's). Training ids are ``str(row[id_field])``, else a hash of the whole row. Rows are
+    batched within bundles (``BatchElements``), never shuffled.
+    """
+
+    def __init__(self, index, ngrams: list[int] | None = None, text_field: str = "text", id_field: str = "id"):
+        super().__init__()
+        self.index = index
+        self.ngrams = sorted({int(n) for n in ngrams}) if ngrams else None
+        self.text_field, self.id_field = text_field, id_field
+
+    def expand(self, rows):
+        return (rows
+                | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
+                | "Scan" >> beam.ParDo(_FindOverlapsFn(self.ngrams, self.text_field, self.id_field),
+                                       index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
+
+
+__all__ = ["BuildNgramIndex", "FindOverlaps", "Overlap"]
