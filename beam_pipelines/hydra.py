@@ -1,4 +1,4 @@
-"""hydra: quality grading of a tokenized corpus (seeds/001's HYDRA), step by step.
+"""hydra: quality grading of a tokenized corpus (the HYDRA method: an oracle's grades distilled into small heads), step by step.
 
 A large gpt-oss (the oracle) grades a sample of documents on five 0-4 dimensions; small
 heads over a frozen smaller gpt-oss learn those grades; the heads then grade any corpus.

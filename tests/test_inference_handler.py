@@ -38,7 +38,8 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def test_import_does_not_import_torch():
-    code = ("import sys, refinery.transforms.inference.handler, refinery.transforms.inference.stages; "
+    code = ("import sys, refinery.transforms.inference, refinery.transforms.inference.handler, "
+            "refinery.transforms.inference.stages; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -218,7 +218,7 @@ class _Echo(Stage):
 
 
 def test_receipt_with_missing_files_is_pending_everywhere(tmp_path):
-    """Regression for seeds/000: planner and worker must agree that missing outputs = pending."""
+    """Regression: planner and worker must agree that missing outputs = pending."""
     stage = _Echo()
     run = StageRun(stage, str(tmp_path), stages.compute_stage_hash(stage, None))
     r = execute_unit(run, Unit("u0", {"v": 0}))

@@ -4,7 +4,7 @@ Pure functions only; the Beam wiring lives in :mod:`refinery.transforms.decon.st
 
 Method (HELM): index the n-grams of the TEST (eval) side, stream the TRAINING side and look
 up each of its n-grams; an eval instance overlaps at n when it shares at least one n-gram.
-See ``shared/reference/DECON.md`` for the exact facts this module implements.
+See ``docs/DECON.md`` for the exact facts this module implements.
 
 Pieces, in the order the pipeline uses them:
 

@@ -5,7 +5,7 @@ On validation labels (``{doc_id, scores: {dim: 0..4}}``):
 - weights: the first principal component of the standardized scores (the direction along
   which the five grades agree about overall quality), signs made non-negative, normalized to
   sum 1, then shrunk toward uniform by ``n / (n + shrinkage)`` so that a small validation set
-  gives near-uniform weights (seeds/001's observation, made explicit);
+  gives near-uniform weights (an observation on small label sets, made explicit);
 - aggregate = sum_d w_d * score_d (0..4);
 - ``tau_keep``: the threshold whose keep rate ``mean(aggregate >= tau_keep)`` is nearest to
   ``target_keep``; ``tau_drop``: the one whose drop rate ``mean(aggregate < tau_drop)`` is

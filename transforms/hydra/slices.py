@@ -6,7 +6,7 @@ A document of a prep output is addressed as ``{source}//{relpath}#s={start}:e={e
 nearest ``manifest.json`` at or above the shard within the root, else the first folder of
 ``relpath``).
 
-Slices (seeds/001): ``h = int(md5(doc_id).hexdigest()[:8], 16) % 100``; ``h < 80`` train,
+Slices: ``h = int(md5(doc_id).hexdigest()[:8], 16) % 100``; ``h < 80`` train,
 ``h < 90`` val, else test. ``docids_{train,val,test}.jsonl`` rows: ``{"doc_id", "source"}``,
 in (shard path, document) order.
 """
