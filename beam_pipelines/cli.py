@@ -55,7 +55,15 @@ def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentPars
 
 
 def main(argv: list[str] | None = None) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_beam_args, interruptible
+    """Run one command; SIGINT/SIGTERM at any point (start-up included) stop it with exit 130
+    and the command that resumes it."""
+    from refinery.beam_pipelines.command import interruptible
+
+    return interruptible(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    from refinery.beam_pipelines.command import UsageError, check_beam_args
     from refinery.runners import RunnerOptionsError, pipeline_args
 
     parser, subparsers = build_parser()
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunnerOptionsError) as e:
         print(str(e) if str(e).startswith("refinery ") else f"refinery {args.command}: {e}", file=sys.stderr)
         return 2
-    return interruptible(lambda: mod.run(args, beam_args))
+    return mod.run(args, beam_args)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,8 @@ def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: lis
     """``leftover`` (the flags the command's parser did not take) if every flag in it is one of
     Beam's options (or ours, see :data:`OUR_RUNNER_FLAGS`); else :class:`UsageError` naming
     the first unknown one with the nearest known flag ("did you mean --num-shards?")."""
+    if not leftover:
+        return leftover
     known = beam_flags() | set(OUR_RUNNER_FLAGS)
     after_flag = False
     for token in leftover:

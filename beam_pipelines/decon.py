@@ -37,10 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("inputs")
-    g.add_argument("--eval", nargs="+", required=True, metavar="PATH",
+    g.add_argument("--eval", nargs="+", default=[], metavar="PATH",
                    help="eval (test) data: files, folders (recursive) or globs; local or gs://; "
                         ".jsonl .jsonl.gz .jsonl.zst .json .parquet. The eval dataset name comes from "
                         "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k)")
+    g.add_argument("--eval-hf", nargs="+", default=[], metavar="NAME[:SUBSET]:SPLIT",
+                   help="eval sets by Hugging Face name (or a local dataset folder), e.g. openai/gsm8k:main:test; "
+                        "loaded with `datasets` at a pinned revision (--eval-hf-revision) and kept under "
+                        "OUTPUT/.refinery/eval-hf/")
+    g.add_argument("--eval-hf-revision", metavar="SHA", help="pin --eval-hf to this commit (default: the current one)")
     g.add_argument("--train", nargs="+", required=True, metavar="PATH", help="training data, same forms")
     g.add_argument("--text-field", default="text", help="text field on both sides (default: text)")
     g.add_argument("--eval-text-field", default=None, help="text field of eval rows (default: --text-field)")
@@ -81,11 +86,28 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.transforms.decon.stages import build_stages
 
     output = args.output.rstrip("/")
+    if not (args.eval or args.eval_hf):
+        return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
     try:
+        pending_hf = []
+        for spec in args.eval_hf:
+            from refinery.transforms.core.hf import materialize_split
+            from refinery.transforms.core.stages import META_DIR
+
+            path = materialize_split(spec, io.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
+                                     write=not args.dry_run)
+            if io.exists(path):
+                args.eval = [*args.eval, path]
+            else:
+                pending_hf.append(spec)
+        if pending_hf and not args.eval:
+            return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
         stages = build_stages(settings, output)
     except (io.InputError, ValueError) as e:
         return usage_error(f"refinery decon: {e}")
+    if pending_hf:
+        print(f"  (--dry-run: {', '.join(pending_hf)} would be loaded first; not counted below)")
 
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind

@@ -35,6 +35,7 @@ DATA_SUFFIXES = (
     ".jsonl", ".jsonl.gz", ".jsonl.zst",
     ".json", ".json.gz", ".json.zst",
     ".parquet",
+    ".arrow",  # Arrow IPC, as Hugging Face datasets' save_to_disk writes it
 )
 TMP_MARKER = ".tmp-"
 
@@ -428,11 +429,35 @@ def _is_hidden(relpath: str) -> bool:
     return any(part.startswith((".", "_")) for part in relpath.split("/"))
 
 
+def saved_dataset_files(folder: str) -> list[str] | None:
+    """The ``.arrow`` files of a Hugging Face ``datasets`` folder written by ``save_to_disk``
+    (the ``_data_files`` of its ``state.json``), or None if ``folder`` is not one. A saved
+    ``DatasetDict`` (``dataset_dict.json``) raises :class:`InputError` naming its splits: give
+    one split's folder."""
+    folder = folder.rstrip("/")
+    try:
+        splits = read_json(join(folder, "dataset_dict.json")).get("splits", [])
+    except (FileNotFoundError, ValueError):
+        splits = None
+    if splits is not None:
+        example = join(folder, splits[0]) if splits else join(folder, "SPLIT")
+        raise InputError(f"{folder}: a datasets DatasetDict saved with save_to_disk (splits: "
+                         f"{', '.join(splits) or 'none'}); give one split's folder, e.g. {example}")
+    if not exists(join(folder, "dataset_info.json")):
+        return None
+    try:
+        state = read_json(join(folder, "state.json"))
+        files = [join(folder, safe_relpath(f["filename"])) for f in state["_data_files"]]
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{folder}: a datasets save_to_disk folder without a usable state.json ({e})") from None
+    return files
+
+
 def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
 
     Folders and globs keep only files with a data suffix and skip hidden names (``.x``,
-    ``_SUCCESS``). A file named explicitly must have a data suffix. Results are sorted by
+    ``_SUCCESS``). A folder written by ``datasets``' ``save_to_disk`` gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results are sorted by
     path and unique. Raises :class:`InputError` naming any argument that matches nothing.
     """
     found: dict[str, InputFile] = {}
@@ -448,6 +473,9 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
                 rel = q[len(root):].lstrip("/")
                 if has_data_suffix(q, suffixes) and not _is_hidden(rel):
                     matches.append((proto + q, rel, info))
+        elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
+            for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
+                matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
         elif fs.isdir(p):
             for q, info in sorted(fs.find(p, detail=True).items()):
                 rel = q[len(p.rstrip("/")):].lstrip("/")

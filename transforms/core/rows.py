@@ -6,7 +6,8 @@ for each bad one; every pipeline (prep, decon, generate) reads its inputs throug
 Formats: ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` are read line by line (an uncompressed
 ``.jsonl`` also by byte range, so that several units can share one big file); ``.json``
 (optionally ``.gz``/``.zst``) holds an array of objects; ``.parquet`` is read one row group at a
-time, optionally only a range of row groups and only some columns.
+time, optionally only a range of row groups and only some columns; ``.arrow`` (Arrow IPC, as
+Hugging Face ``datasets``' ``save_to_disk`` writes it) one record batch at a time.
 
 Error policy (the same for every reader):
 
@@ -161,6 +162,31 @@ def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[s
         yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
 
 
+def _iter_arrow(path: str) -> Iterator[Row]:
+    """Rows of an Arrow IPC file, stream format (what ``datasets`` writes) or file format,
+    one record batch at a time."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    row = 0
+    try:
+        with io.open_read(path) as f:
+            try:
+                reader = ipc.open_stream(f)
+            except pa.ArrowInvalid:
+                f.seek(0)
+                file_reader = ipc.open_file(f)
+                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            for batch in reader:
+                for record in batch.to_pylist():
+                    yield row, record, None
+                    row += 1
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for corrupt files
+        if isinstance(e, ACCESS_ERRORS):
+            raise
+        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+
+
 def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,
               byte_range: tuple[int, int] | None = None) -> Iterator[Row]:
     """Rows of a data file as (0-based row, record, None) or (row, None, reason).
@@ -172,6 +198,8 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     """
     if path.endswith(".parquet"):
         yield from _iter_parquet(path, row_groups, columns)
+    elif path.endswith(".arrow"):
+        yield from _iter_arrow(path)
     elif path.endswith((".json", ".json.gz", ".json.zst")):
         yield from _iter_json_array(path)
     elif byte_range is not None:

@@ -306,20 +306,31 @@ class RemoteTokens:
         return a if dtype is None else a.astype(dtype)
 
 
-_REMOTE: "OrderedDict[str, RemoteTokens]" = OrderedDict()
-REMOTE_HANDLES = 64  # headers only: a handle holds no token data
-
-
 def open_tokens(path: str):
-    """A shard's tokens as a 1-D uint32 array-like: a memory map (local) or :class:`RemoteTokens`
-    (remote; handles of recently used shards are kept, at most :data:`REMOTE_HANDLES`)."""
+    """A shard's tokens as a 1-D uint32 array-like: a memory map (local) or
+    :class:`RemoteTokens` (remote: the header is read now, tokens on slicing)."""
     if not io.is_remote(path):
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    tokens = _REMOTE.pop(path, None) or RemoteTokens(path)
-    _REMOTE[path] = tokens
-    while len(_REMOTE) > REMOTE_HANDLES:
-        _REMOTE.popitem(last=False)
-    return tokens
+    return RemoteTokens(path)
+
+
+class TokenFiles:
+    """At most ``capacity`` open shards (:func:`open_tokens` handles, least recently used
+    dropped first): for readers that fetch one document at a time from many shards. A handle
+    holds no token data, so memory does not grow with shard size."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._open: "OrderedDict[str, object]" = OrderedDict()
+
+    def get(self, path: str):
+        tokens = self._open.pop(path, None)
+        if tokens is None:
+            tokens = open_tokens(path)
+        self._open[path] = tokens
+        while len(self._open) > self.capacity:
+            self._open.popitem(last=False)
+        return tokens
 
 
 class ShardReader:

@@ -97,13 +97,16 @@ def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
         yield DocAddress(source, relpath, int(s), int(e)).doc_id
 
 
+_SHARDS = shards.TokenFiles(64)  # inputs are fingerprinted: a shard does not change during a run
+
+
 def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = EOS_TOKEN_ID) -> list[int]:
     """The tokens of a doc-id addressed document (its trailing EOS removed). Only that
     document's tokens are read (a memory map locally, one ranged read on an object store)."""
     a = parse_doc_id(doc_id)
     path = io.join(data_root, a.relpath)
     try:
-        tokens = shards.open_tokens(path)
+        tokens = _SHARDS.get(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"doc {doc_id}: shard {path} not found (is --data-root right?)") from None
     if a.end > len(tokens):
