@@ -44,6 +44,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, subparsers
 
 
+def _is_file(path: str) -> bool:
+    from refinery.transforms.core import io
+
+    try:
+        return io.exists(path) and not io.isdir(path)
+    except Exception:  # noqa: BLE001 - an unreachable store is reported by the command itself
+        return False
+
+
 def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
     """The innermost subparser that parsed ``args`` (e.g. ``hydra grade``'s)."""
     for action in parser._actions:
@@ -73,14 +82,23 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
     mod = importlib.import_module(COMMANDS[args.command])
+    output = getattr(args, "output", None) if args.command != "status" else None
+    if isinstance(output, str) and _is_file(output):
+        print(f"refinery {args.command}: --output {output} is a file; give a folder (it is created if missing)",
+              file=sys.stderr)
+        return 2
     if not hasattr(args, "runner"):
         if unknown:
             _leaf_parser(subparsers[args.command], args).error(f"unrecognized arguments: {' '.join(unknown)}")
         return mod.run(args, [])
     try:  # a pipeline: what the command does not know must be a Beam option
         leaf = _leaf_parser(subparsers[args.command], args)
-        beam_args = pipeline_args(args.runner, args.workers, check_beam_args(leaf.prog.removeprefix("refinery "),
-                                                                            leaf, unknown))
+        leftover = check_beam_args(leaf.prog.removeprefix("refinery "), leaf, unknown)
+        beam_dry_run = [a for a in leftover if a == "--dry_run" or a.startswith("--dry_run=")]
+        if beam_dry_run:  # Beam's spelling of --dry-run (its own would run nothing and report failed units)
+            args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
+            leftover = [a for a in leftover if a not in beam_dry_run]
+        beam_args = pipeline_args(args.runner, args.workers, leftover)
     except (UsageError, RunnerOptionsError) as e:
         print(str(e) if str(e).startswith("refinery ") else f"refinery {args.command}: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import difflib
 import functools
+import logging
 import os
 import shlex
 import signal
@@ -46,6 +47,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
 _INTERRUPTED: list[int] = []
 _WATCHDOG: list[threading.Timer] = []
 STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM, exit hard if Beam has not stopped by then
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -66,6 +68,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _stop_beam_workers() -> None:
+    """SIGKILL the Beam SDK worker processes below this one (they block SIGINT, see
+    :func:`interruptible`): a unit they were running leaves only temp files, which the next
+    run removes."""
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"sdk_worker_main" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+
+
 def _hard_exit(signum: int) -> None:
     """Leave now: finished units have receipts, unfinished ones only temp files that the
     next run removes. Beam's worker processes (our descendants) are killed first."""
@@ -78,34 +91,66 @@ def _hard_exit(signum: int) -> None:
     os._exit(130)
 
 
-def _install_signal_handlers() -> None:
-    """SIGINT/SIGTERM stop the run; Beam may wrap the KeyboardInterrupt, so remember it.
+def _on_stop_signal(signum: int) -> None:
+    """Bookkeeping of SIGINT/SIGTERM: a second one exits at once; the first arms a watchdog
+    (Beam can swallow a KeyboardInterrupt and wait forever) and stops Beam's workers."""
+    _INTERRUPTED.append(signum)
+    if len(_INTERRUPTED) > 1:
+        _hard_exit(signum)
+    logging.disable(logging.CRITICAL)  # Beam's threads dying of the stop: no log lines before the hint
+    timer = threading.Timer(STOP_GRACE_S, _hard_exit, args=(signum,))
+    timer.daemon = True
+    timer.start()
+    _WATCHDOG.append(timer)
+    _stop_beam_workers()
 
-    Beam can swallow a KeyboardInterrupt raised in the wrong place (e.g. while it starts
-    its worker processes) and then wait forever; so the first signal also arms a watchdog
-    that exits the process after ``STOP_GRACE_S`` seconds, and a second signal exits at once.
-    """
-    def handler(signum, frame):
-        _INTERRUPTED.append(signum)
-        if len(_INTERRUPTED) > 1:
-            _hard_exit(signum)
-        timer = threading.Timer(STOP_GRACE_S, _hard_exit, args=(signum,))
-        timer.daemon = True
-        timer.start()
-        _WATCHDOG.append(timer)
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+
+def _interrupt_main_thread() -> None:
+    """Raise KeyboardInterrupt in the main thread at its next bytecode (SIGINT is ignored
+    there while a command runs, so ``_thread.interrupt_main`` would do nothing)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
+                                               ctypes.py_object(KeyboardInterrupt))
+
+
+def _watch_signals(stop: threading.Event) -> None:
+    """The thread that takes SIGINT/SIGTERM (blocked in every thread, so they wait for it):
+    count it, stop Beam's workers, interrupt the main thread."""
+    while not stop.is_set():
+        info = signal.sigtimedwait(STOP_SIGNALS, 0.2)
+        if info is not None:
+            _on_stop_signal(info.si_signo)
+            _interrupt_main_thread()
+
+
+def _quiet_thread_exceptions(args) -> None:
+    """After an interruption, Beam's threads dying of it print nothing (the hint comes last)."""
+    if not _INTERRUPTED:
+        _default_excepthook(args)
+
+
+_default_excepthook = threading.excepthook
 
 
 def interruptible(run) -> int:
-    """Call ``run()``; on SIGINT/SIGTERM print the resume command and return 130.
+    """Call ``run()``; on SIGINT/SIGTERM stop quietly, print the resume command last and
+    return 130.
 
-    Beam may wrap the KeyboardInterrupt raised inside a bundle, so any exception that
-    follows a signal counts as the interruption.
+    While ``run`` runs, SIGINT and SIGTERM are ignored and blocked: the processes it starts
+    (Beam's SDK workers) inherit "ignored", so the terminal's Ctrl-C, which reaches the
+    whole process group, does not make each of them print a traceback; in this process
+    the blocked signals wait for a watcher thread, which kills the workers and raises
+    KeyboardInterrupt in the main thread. Beam may wrap that KeyboardInterrupt, so any
+    exception that follows a signal counts as the interruption.
     """
     _INTERRUPTED.clear()
-    _install_signal_handlers()
+    old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    threading.excepthook = _quiet_thread_exceptions
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_signals, args=(stop,), name="refinery-signals", daemon=True)
+    watcher.start()
     try:
         return run()
     except KeyboardInterrupt:
@@ -114,10 +159,18 @@ def interruptible(run) -> int:
         if not _INTERRUPTED:
             raise
     finally:
+        stop.set()
+        watcher.join(timeout=1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        threading.excepthook = _default_excepthook
+        logging.disable(logging.NOTSET)
         for timer in _WATCHDOG:  # stopped in time: no hard exit later (in-process callers)
             timer.cancel()
         _WATCHDOG.clear()
-    print(f"\ninterrupted: finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr)
+    _stop_beam_workers()
+    print(f"\ninterrupted: finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr, flush=True)
     return 130
 
 
@@ -219,10 +272,14 @@ def usage_error(message: str) -> int:
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed."""
+    from refinery.transforms.core.io import InputError
     from refinery.transforms.core.stages import StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
-        return dry_run(p, args, beam_args)
+        try:
+            return dry_run(p, args, beam_args)
+        except InputError as e:
+            return usage_error(f"refinery {p.command}: {e}")
     if p.header:
         print(p.header, file=sys.stderr)
     t0 = time.time()
@@ -235,6 +292,8 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)
         return 1
+    except InputError as e:
+        return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))
     return 0
@@ -281,3 +340,39 @@ def describe_dataflow_job(stage: str, job) -> str:
     if env.service_options:
         lines.append(f"    service options: {', '.join(env.service_options)}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Input sanity: a wrong field name is an error before anything runs, not an empty result
+# ---------------------------------------------------------------------------------------
+
+def check_field(command: str, flag: str, field: str, paths: list[str], files: int = 8, rows: int = 100) -> None:
+    """:class:`UsageError` when none of the first ``rows`` readable rows of an input file has
+    ``field`` (the first ``files`` files are looked at), naming the file and the fields its
+    rows do have. A file whose first rows are all unreadable is left to the run (its rows
+    are rejected with reasons)."""
+    from refinery.transforms.core.rows import iter_rows
+
+    for path in paths[:files]:
+        fields: dict[str, None] = {}
+        good, found = 0, False
+        for _, record, error in iter_rows(path):
+            if error is not None:
+                continue
+            if field in record:
+                found = True
+                break
+            fields.update(dict.fromkeys(record))
+            good += 1
+            if good >= rows:
+                break
+        if good and not found:
+            raise UsageError(f"refinery {command}: {flag} {field!r}: no row of {path} has it (first {good} "
+                             f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
+
+
+def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:
+    """A loud line on stderr when more than half of the rows read were rejected."""
+    if read and rejected * 2 > read:
+        print(f"WARNING refinery {command}: {rejected:,} of {read:,} rows ({100 * rejected / read:.0f}%) were "
+              f"rejected; the reasons are in {where}. Check --text-field and the input files.", file=sys.stderr)

@@ -81,7 +81,8 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
+                                                 warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 
@@ -104,6 +105,10 @@ def run(args, beam_args: list[str]) -> int:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
         stages = build_stages(settings, output)
+        check_field("decon", "--eval-text-field", settings.eval_text_field, [f.path for f in stages[0].eval_files])
+        check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
+    except UsageError as e:
+        return usage_error(str(e))
     except (io.InputError, ValueError) as e:
         return usage_error(f"refinery decon: {e}")
     if pending_hf:
@@ -122,6 +127,10 @@ def run(args, beam_args: list[str]) -> int:
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
         lines.append(f"  report: {io.join(output, 'stats', 'report.md')}")
+        for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
+            e = json.loads(line)
+            warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
+                                    f"the eval rows of {e['eval_dataset']} (unreadable or without text)")
         return "\n".join(lines)
 
     index, scan = stages[0], stages[1]

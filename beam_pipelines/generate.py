@@ -65,8 +65,14 @@ def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = Fal
 
 
 def engine_settings(args):
+    """EngineSettings from the engine flags; ValueError (one line) for a checkpoint folder that is not there."""
+    import os
+
     from refinery.transforms.inference.handler import EngineSettings
 
+    if "://" not in args.checkpoint and not os.path.isdir(args.checkpoint):
+        raise ValueError(f"--checkpoint {args.checkpoint}: no such folder (a gpt-oss checkpoint folder: "
+                         f"config.json + *.safetensors; `refinery tiny-checkpoint DIR` makes a small random one)")
     device = args.device
     if device is None:
         import torch
@@ -116,7 +122,8 @@ def inference_pipeline(command: str, output: str, stages, header: str, summary):
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import run_pipeline, usage_error
+    from refinery.beam_pipelines.command import UsageError, check_field, run_pipeline, usage_error, \
+        warn_if_mostly_rejected
     from refinery.transforms.core import io
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import GenerateTask, build_stages
@@ -128,13 +135,19 @@ def run(args, beam_args: list[str]) -> int:
         params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
         task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
         source = document_source(args)
+        if args.input:
+            check_field("generate", "--text-field", args.text_field, [f.path for f in source.files])
         stages = build_stages(task, source, args.wave_units)
         units = len(stages[0].plan())
+    except UsageError as e:
+        return usage_error(str(e))
     except (io.InputError, ValueError) as e:
         return usage_error(f"refinery generate: {e}")
 
     def summary(result, seconds: float) -> str:
         stats = result.runs[-1].check("merge").receipt["stats"]
+        warn_if_mostly_rejected("generate", stats["errors"], stats["documents"],
+                                f"the error field of {io.join(output, GenerateTask.OUTPUT)}")
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
         return (f"generate done in {seconds:.1f}s; units run: {ran}\n"
                 f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "

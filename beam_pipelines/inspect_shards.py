@@ -62,6 +62,12 @@ def run(args, beam_args: list[str]) -> int:
                                                     write_length_histogram)
 
     stats = args.stats or bool(args.histogram)
+    if args.histogram:  # checked before any shard is scanned
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:
+            print("refinery inspect: --histogram needs matplotlib, which is not installed: "
+                  "pip install 'llm-refinery[plots]'", file=sys.stderr)
+            return 2
     if args.manifest:
         try:
             refs, eos, vocab = shards_from_manifest(args.manifest)
@@ -120,10 +126,6 @@ def run(args, beam_args: list[str]) -> int:
     print(f"total: {totals['tokens']:,} tokens, {totals['eos']:,} EOS, {totals['docs']:,} documents in "
           f"{len(chosen)} shard(s); {total_issues} issue(s)")
     if args.histogram:
-        import importlib.util
-        if importlib.util.find_spec("matplotlib") is None:
-            print("refinery inspect: --histogram needs matplotlib: pip install 'llm-refinery[plots]'", file=sys.stderr)
-            return 2
         lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
         write_length_histogram(lengths, args.histogram, title=f"document lengths, {len(chosen)} shard(s)")
         print(f"histogram: {args.histogram}")

@@ -65,8 +65,10 @@ def dataset_name(args) -> str:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
+                                                 warn_if_mostly_rejected)
     from refinery.transforms.core import io
+    from refinery.transforms.formats.shards import check_name
     from refinery.transforms.formats.tokenizer import get_encoding
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 
@@ -87,10 +89,17 @@ def run(args, beam_args: list[str]) -> int:
             source = hf.describe()
         else:
             inputs = io.expand_inputs(args.input)
+        check_field("prep", "--text-field", args.text_field, [f.path for f in inputs])
+    except UsageError as e:
+        return usage_error(str(e))
     except (io.InputError, ValueError) as e:
         return usage_error(f"refinery prep: {e}")
+    try:
+        dataset = check_name(dataset_name(args))
+    except ValueError as e:
+        return usage_error(f"refinery prep: --dataset: {e}")
     workers = args.workers or os.cpu_count() or 1
-    cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset_name(args),
+    cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
                      num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source)
 
@@ -100,6 +109,7 @@ def run(args, beam_args: list[str]) -> int:
         ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
             or "nothing (all units already done)"
         rows = m["rows"]
+        warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], io.join(cfg.output, "rejects/rejects.jsonl"))
         return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
                 f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
                 f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -31,7 +30,9 @@ def _vocab_dir() -> Path:
         existing = Path(current) / "o200k_base.tiktoken"
         if existing.exists() and hashlib.sha256(existing.read_bytes()).hexdigest() == VOCAB_SHA256:
             return Path(current)
-    folder = Path(os.environ.get("REFINERY_HARMONY_VOCAB_DIR", Path(tempfile.gettempdir()) / "refinery-harmony-vocab"))
+    from refinery.transforms.formats.tokenizer import user_cache_dir
+
+    folder = Path(os.environ.get("REFINERY_HARMONY_VOCAB_DIR") or user_cache_dir("harmony-vocab"))
     folder.mkdir(parents=True, exist_ok=True)
     write_vocab_file(folder)
     return folder

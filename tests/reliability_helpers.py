@@ -76,7 +76,7 @@ final_digest = tree_digest  # what the user gets: every file outside .refinery
 
 
 def temp_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if io.TMP_MARKER in p.name)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if io.is_temp_name(p.name))
 
 
 def current_receipts(out: Path) -> dict[str, bytes]:

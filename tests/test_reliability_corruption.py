@@ -78,7 +78,7 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
     _flip(p["part"]("00001.spill"), 100)
     damage.append(("flipped byte in an intermediate spill", "checksum mismatch for .refinery/tokenize",
                    ("tokenize", "00001")))
-    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{io.temp_name('x').split(io.TMP_MARKER)[1].split('-')[0]}-{_dead_pid()}-0123abcd"
+    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{io.temp_name('x').split(io.TMP_MARKER)[1].split('-')[0]}-{_dead_pid()}-{'0123abcd' * 4}"
     stray.write_bytes(b"\x93NUMPY half a shard")
     damage.append(("stray temp file of a dead writer", f"{stray}: stray temporary file", None))
     rejects = out / "rejects" / "rejects.jsonl"
@@ -137,21 +137,27 @@ def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
 
 def test_which_temp_files_are_dead(tmp_path):
     host = io.temp_name("x").split(io.TMP_MARKER)[1].split("-")[0]
-    live = tmp_path / f".a{io.TMP_MARKER}{host}-{os.getpid()}-00ff"
-    dead = tmp_path / f".b{io.TMP_MARKER}{host}-{_dead_pid()}-00ff"
-    other_host = tmp_path / f".c{io.TMP_MARKER}otherhost-{_dead_pid()}-00ff"
-    legacy_new = tmp_path / f".d{io.TMP_MARKER}0123abcd"
-    legacy_old = tmp_path / f".e{io.TMP_MARKER}4567abcd"
+    hexes = "0123456789abcdef" * 2
+    live = tmp_path / f".a{io.TMP_MARKER}{host}-{os.getpid()}-{hexes}"
+    dead = tmp_path / f".b{io.TMP_MARKER}{host}-{_dead_pid()}-{hexes}"
+    other_host = tmp_path / f".c{io.TMP_MARKER}otherhost-{_dead_pid()}-{hexes}"
+    # a user's files that merely contain ".tmp-", however old: never ours, never removed or reported
+    (tmp_path / "notes").mkdir()
+    user_files = [tmp_path / "notes" / "draft.tmp-2024.txt", tmp_path / f".d{io.TMP_MARKER}0123abcd",
+                  tmp_path / f".e{io.TMP_MARKER}{host}-{_dead_pid()}-00ff"]
     zombie_pid = os.fork()  # a killed Beam worker whose parent is gone: a zombie until reaped
     if zombie_pid == 0:
         os._exit(0)
     try:
         time.sleep(0.2)
-        zombie = tmp_path / f".f{io.TMP_MARKER}{host}-{zombie_pid}-00ff"
-        for p in (live, dead, other_host, legacy_new, legacy_old, zombie):
+        zombie = tmp_path / f".f{io.TMP_MARKER}{host}-{zombie_pid}-{hexes}"
+        for p in (live, dead, other_host, zombie, *user_files):
             p.write_bytes(b"x")
-        os.utime(legacy_old, (1, 1))
-        assert io.remove_dead_temp_files(str(tmp_path)) == sorted([str(dead), str(legacy_old), str(zombie)])
+        for p in user_files:
+            os.utime(p, (1, 1))
+        assert io.find_temp_files(str(tmp_path)) == sorted(str(p) for p in (live, dead, other_host, zombie))
+        assert io.remove_dead_temp_files(str(tmp_path)) == sorted([str(dead), str(zombie)])
     finally:
         os.waitpid(zombie_pid, 0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, other_host, legacy_new))
+    assert sorted(str(p) for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        str(p) for p in (live, other_host, *user_files))

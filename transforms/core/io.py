@@ -19,12 +19,13 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
+import re
 import shutil
 import socket
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
 from typing import IO, Iterator
@@ -52,6 +53,32 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
+class _OncePerMessage(logging.Filter):
+    """Lets each distinct gcsfs bucket-type warning through once per process (gcsfs repeats
+    "Could not determine bucket type" on every new client: on an emulator or without
+    default credentials, dozens of times per run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "bucket type" not in message and "storage layout" not in message:
+            return True
+        key = message.split(":", 1)[0]
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _quiet_gcsfs() -> None:
+    logger = logging.getLogger("gcsfs")
+    if not any(isinstance(f, _OncePerMessage) for f in logger.filters):
+        logger.addFilter(_OncePerMessage())
+
+
 def filesystem(path: str):
     """(fsspec filesystem, path as that filesystem spells it).
 
@@ -61,6 +88,7 @@ def filesystem(path: str):
     would read as missing and a rerun would not see what finished.
     """
     if path.startswith(("gs://", "gcs://")):
+        _quiet_gcsfs()
         return fsspec.core.url_to_fs(path, use_listings_cache=False)
     return fsspec.core.url_to_fs(path)
 
@@ -349,28 +377,34 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def temp_writer_dead(path: str, legacy_age_s: float = 3600.0) -> bool:
-    """Whether the local temp file ``path`` belongs to a writer that is gone: written on this
-    host by a pid that no longer runs (names without host/pid: older than ``legacy_age_s``).
-    A temp of a live writer (a concurrent run) or of another host is never judged dead."""
-    tail = basename(path).rsplit(TMP_MARKER, 1)[-1]
-    parts = tail.split("-")
-    if len(parts) == 3 and parts[1].isdigit():
-        host = socket.gethostname().replace("-", "_") or "host"
-        return parts[0] == host and not _pid_alive(int(parts[1]))
-    try:
-        return time.time() - os.stat(_local(path)).st_mtime > legacy_age_s
-    except FileNotFoundError:
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<host>[^-/]+)-(?P<pid>\d+)-[0-9a-f]{32}$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of ours (:func:`temp_name`): ``.NAME.tmp-HOST-PID-<32 hex>``.
+    Nothing else is ever taken for a temp file (a user's ``draft.tmp-2024.txt`` is not)."""
+    return TEMP_NAME.match(name) is not None
+
+
+def temp_writer_dead(path: str) -> bool:
+    """Whether the local temp file ``path`` (one of ours) belongs to a writer that is gone:
+    written on this host by a pid that no longer runs. A temp of a live writer (a
+    concurrent run) or of another host is never judged dead."""
+    m = TEMP_NAME.match(basename(path))
+    if m is None:
         return False
+    host = socket.gethostname().replace("-", "_") or "host"
+    return m["host"] == host and not _pid_alive(int(m["pid"]))
 
 
 def find_temp_files(root: str) -> list[str]:
-    """Every temp file of an interrupted or running local write under ``root`` (recursive)."""
+    """Every temp file (:func:`is_temp_name`) of an interrupted or running local write under
+    ``root`` (recursive)."""
     if is_remote(root):
         return []  # object-store writes upload whole objects; no temp names appear there
     out = []
     for dirpath, _, names in os.walk(_local(root)):
-        out += [os.path.join(dirpath, n) for n in names if TMP_MARKER in n]
+        out += [os.path.join(dirpath, n) for n in names if is_temp_name(n)]
     return sorted(out)
 
 

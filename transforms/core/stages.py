@@ -170,7 +170,10 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
             return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt)
-        path = io.join(output, entry["path"])
+        try:
+            path = io.join(output, io.safe_relpath(entry["path"]))
+        except ValueError as e:
+            return Completion(False, f"receipt lists a file outside the output: {e}", receipt)
         size = io.file_size(path)
         if size is None:
             return Completion(False, f"missing output {entry['path']}", receipt)
@@ -196,7 +199,7 @@ def verify_receipts(output: str, checksums: bool = False) -> list[str]:
         return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
     for st in info.get("stages", []):
         receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
-        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and io.TMP_MARKER not in p]
+        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
         for path in paths:
             c = check_receipt(output, path, st["stage_hash"], checksums)
             if not c.done:
@@ -278,7 +281,7 @@ class StageRun:
         the last poll (one listing + one GET per new receipt, not one GET per unit).
         """
         for path in io.listdir(self.receipts_dir):
-            if path.endswith(".json") and io.TMP_MARKER not in path:
+            if path.endswith(".json") and not io.is_temp_name(io.basename(path)):
                 if cache is not None and path in cache:
                     yield cache[path]
                     continue
@@ -452,7 +455,11 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
 
 
 class Progress:
-    """A tqdm bar fed from receipts (the source of truth), polled in a background thread."""
+    """Progress fed from receipts (the source of truth), polled in a background thread: a
+    tqdm bar on a terminal; otherwise (a log file, CI) a plain line at most every
+    :attr:`LOG_EVERY_S` seconds and one at the end, never a redrawn bar."""
+
+    LOG_EVERY_S = 30.0
 
     def __init__(self, run: StageRun, total: int, interval: float, enabled: bool):
         self.run, self.total, self.interval, self.enabled = run, total, interval, enabled
@@ -468,7 +475,8 @@ class Progress:
             self._thread.start()
         return self
 
-    def _poll(self, bar) -> None:
+    def _poll(self) -> tuple[int, str]:
+        """(units done, a postfix such as ``docs=... tokens=... failed=1``)."""
         done = failed = 0
         stats: dict[str, float] = {}
         for r in self.run.read_receipts(self._seen):
@@ -480,21 +488,37 @@ class Progress:
                             stats[k] = stats.get(k, 0) + v
             else:
                 failed += 1
-        bar.n = min(done, self.total)
         post = self.run.stage.describe_progress(stats, time.time() - self._start)
-        bar.set_postfix_str((post + (f" failed={failed}" if failed else "")).strip(), refresh=False)
-        bar.refresh()
+        return min(done, self.total), (post + (f" failed={failed}" if failed else "")).strip()
 
     def _loop(self) -> None:
+        if not sys.stderr.isatty():
+            return self._loop_plain()
         from tqdm import tqdm
 
         with tqdm(total=self.total, desc=self.run.name, unit="unit", file=sys.stderr,
                   dynamic_ncols=True) as bar:
-            while not self._stop.wait(self.interval):
+            while True:
+                stopping = self._stop.wait(self.interval)
                 with contextlib.suppress(Exception):
-                    self._poll(bar)
-            with contextlib.suppress(Exception):
-                self._poll(bar)
+                    bar.n, post = self._poll()
+                    bar.set_postfix_str(post, refresh=False)
+                    bar.refresh()
+                if stopping:
+                    break
+
+    def _loop_plain(self) -> None:
+        last = time.time()
+        while True:
+            stopping = self._stop.wait(self.interval)
+            if stopping or time.time() - last >= self.LOG_EVERY_S:
+                with contextlib.suppress(Exception):
+                    done, post = self._poll()
+                    print(f"{self.run.name}: {done}/{self.total} units, {time.time() - self._start:.0f}s"
+                          + (f", {post}" if post else ""), file=sys.stderr, flush=True)
+                last = time.time()
+            if stopping:
+                break
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -697,7 +721,7 @@ def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
         receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
         done = failed = 0
         for path in io.listdir(receipts_dir):
-            if not path.endswith(".json") or io.TMP_MARKER in path:
+            if not path.endswith(".json") or io.is_temp_name(io.basename(path)):
                 continue
             c = check_receipt(output, path, st["stage_hash"], verify_checksums)
             if c.done:

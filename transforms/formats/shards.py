@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from array import array
 from collections import OrderedDict
@@ -49,6 +50,17 @@ SCAN_CHUNK_TOKENS = 1 << 24
 # ---------------------------------------------------------------------------------------
 # Names
 # ---------------------------------------------------------------------------------------
+
+NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a dataset or source name: one safe path component
+
+
+def check_name(name: str, what: str = "dataset") -> str:
+    """``name`` if it is a safe dataset/source name (letters, digits, ``_ . -``, starting with a
+    letter or digit: it cannot name a folder or escape the output); else ValueError."""
+    if not isinstance(name, str) or not NAME_RULE.match(name):
+        raise ValueError(f"{what} name {name!r}: use letters, digits, '_', '.' and '-', starting with a letter or digit")
+    return name
+
 
 def shard_dirname(shard: int) -> str:
     return f"shard_{shard:04d}"

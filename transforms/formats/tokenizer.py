@@ -4,7 +4,7 @@ Dataflow/SLURM workers and this project's CI often have no internet, so the o200
 vocab (which tiktoken's ``o200k_harmony`` is built on) is resolved from, in order:
 
 1. an explicit file: the ``vocab_file`` argument or ``$REFINERY_VOCAB_FILE`` (plain or ``.gz``);
-2. tiktoken's own cache (``$TIKTOKEN_CACHE_DIR``, else ``$TMPDIR/data-gym-cache``);
+2. tiktoken's own cache (``$TIKTOKEN_CACHE_DIR``, else a per-user ``~/.cache/refinery/tiktoken``);
 3. the copy that the PyPI package ``bpe-openai`` ships (``bpe_openai/data/o200k_base.tiktoken.gz``);
 4. tiktoken's normal download.
 
@@ -21,7 +21,6 @@ import functools
 import gzip
 import hashlib
 import os
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -51,11 +50,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def user_cache_dir(name: str) -> Path:
+    """A per-user cache folder: ``$XDG_CACHE_HOME/refinery/NAME`` or ``~/.cache/refinery/NAME``
+    (not a fixed name under /tmp that every user of the machine shares)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "refinery" / name
+
+
 def tiktoken_cache_path() -> Path | None:
-    """Where tiktoken caches the o200k_base vocab (None when its cache is disabled)."""
+    """Where tiktoken caches the o200k_base vocab (None when its cache is disabled).
+
+    Unless ``$TIKTOKEN_CACHE_DIR`` (or ``$DATA_GYM_CACHE_DIR``) names one, refinery points
+    tiktoken at a per-user folder (:func:`user_cache_dir`) by setting ``$TIKTOKEN_CACHE_DIR``
+    for this process and the workers it starts."""
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
     if cache_dir is None:
-        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+        cache_dir = str(user_cache_dir("tiktoken"))
+        os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
     if cache_dir == "":
         return None
     return Path(cache_dir) / hashlib.sha1(VOCAB_URL.encode()).hexdigest()

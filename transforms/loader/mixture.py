@@ -37,6 +37,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from refinery.transforms.formats.shards import NAME_RULE
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -46,7 +48,7 @@ FLOW_TARGETS = {"dev": 100_000_000, "research": 1_000_000_000, "ablation": 6_000
 WEIGHT_SCALE = 1_000_000  # fixed-point weights: integers summing to this
 SOURCE_KEYS = {"id", "tokens_b", "percent", "hf_dataset", "hf_subset", "hf_split", "hf_valid_split",
                "hf_revision", "text_field", "id_field", "path", "valid_path"}
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ID = NAME_RULE  # a source id names folders and shards: the dataset-name rule
 _SPLIT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<lo>\d+(?:\.\d+)?%)?:(?P<hi>\d+(?:\.\d+)?%)?\])?$")
 
 

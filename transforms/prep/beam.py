@@ -437,8 +437,7 @@ class WriteTokenShards(beam.PTransform):
         super().__init__()
         if num_shards < 1:
             raise ValueError("num_shards must be at least 1")
-        if not dataset or not all(c.isalnum() or c in "-_." for c in dataset) or dataset.startswith("."):
-            raise ValueError(f"dataset {dataset!r}: use letters, digits, '-', '_' and '.' (not leading)")
+        shards.check_name(dataset)
         self.output, self.dataset, self.num_shards, self.version = output.rstrip("/"), dataset, num_shards, version
         self.rejected = rejected
 

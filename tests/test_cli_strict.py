@@ -1,0 +1,165 @@
+"""A strict, friendly CLI: typos, wrong fields and everyday mistakes are one clear line and exit 2;
+--dry-run on every pipeline command; status by the one completion check; quiet progress off a terminal."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import gsm8k_texts, run_prep, write_jsonl
+from refinery.beam_pipelines.cli import main
+
+torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return str(write_harmony_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", num_hidden_layers=2))
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, bad, hint", [
+    (["prep", "--input", "x", "--output", "y", "--nmu-shards", "4"], "--nmu-shards", "--num-shards"),
+    (["prep", "--input", "x", "--ouput", "y", "--output", "z"], "--ouput", "--output"),
+    (["decon", "--eval", "e", "--train", "t", "--output", "o", "--ngarms", "5"], "--ngarms", "--ngrams"),
+    (["generate", "--checkpoint", "c", "--input", "i", "--output", "o", "--temprature", "0.5"], "--temprature",
+     "--temperature"),
+    (["hydra", "grade", "--checkpoint", "c", "--heads-dir", "h", "--calibration", "c", "--input-docids", "d",
+      "--output", "o", "--max-ctxx", "5"], "--max-ctxx", "--max-ctx"),
+])
+def test_unknown_flags_exit_2_with_the_nearest_flag(argv, bad, hint, capsys):
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert f"unknown option {bad}" in line and f"did you mean {hint}?" in line
+
+
+def test_real_beam_flags_still_pass(tmp_path, small_corpus, capsys):
+    assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--job_name=nightly-prep",
+                 "--temp_location", str(tmp_path / "tmp"), "--dry-run"]) == 0
+    assert "tokenize" in capsys.readouterr().out and not (tmp_path / "o").exists()
+
+
+def test_a_missing_text_field_lists_the_fields_the_rows_have(tmp_path, small_corpus, capsys, ckpt):
+    assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "p"), "--text-field", "nosuch"]) == 2
+    line = _one_line(capsys)
+    assert "--text-field 'nosuch'" in line and "their fields: id, text" in line and not (tmp_path / "p").exists()
+    write_jsonl(tmp_path / "ev" / "e.jsonl", [{"id": "1", "question": "q"}])
+    assert main(["decon", "--eval", str(tmp_path / "ev"), "--train", str(small_corpus),
+                 "--output", str(tmp_path / "d")]) == 2
+    assert "--eval-text-field 'text'" in _one_line(capsys)
+    assert main(["generate", "--checkpoint", ckpt, "--input", str(small_corpus), "--text-field", "body",
+                 "--output", str(tmp_path / "g")]) == 2
+    assert "--text-field 'body'" in _one_line(capsys)
+
+
+def test_mostly_rejected_rows_are_said_loudly(tmp_path, capsys):
+    write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": "good one"}] + [{"text": 3}] * 5)
+    assert run_prep([tmp_path / "c"], tmp_path / "o") == 0
+    err = capsys.readouterr().err
+    assert "WARNING refinery prep: 5 of 6 rows (83%) were rejected" in err
+
+
+def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypatch, ckpt):
+    (tmp_path / "file").write_text("x")
+    assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "file")]) == 2
+    assert "is a file" in _one_line(capsys)
+    assert main(["generate", "--checkpoint", str(tmp_path / "nope"), "--input", str(small_corpus),
+                 "--output", str(tmp_path / "g")]) == 2
+    assert "--checkpoint" in _one_line(capsys)
+    out = tmp_path / "out"
+    assert run_prep([small_corpus], out, "--num-shards", 2) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0 and main(["info", str(out)]) == 0
+    assert main(["status", str(out / "manifest.json")]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "nothing")]) == 2
+    assert "not found" in _one_line(capsys)
+
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a))
+    assert main(["inspect", "--manifest", str(out / "manifest.json"), "--histogram", str(tmp_path / "h.png")]) == 2
+    line = _one_line(capsys)
+    assert "matplotlib" in line and "[plots]" in line
+
+
+def test_status_uses_the_one_completion_check(tmp_path, small_corpus, capsys):
+    out = tmp_path / "out"
+    assert run_prep([small_corpus], out, "--num-shards", 3) == 0
+    capsys.readouterr()
+    npy = next(out.glob("shard_0001/*.npy"))
+    npy.write_bytes(npy.read_bytes()[:100])
+    assert main(["status", str(out)]) == 0
+    rows = {line.split()[0]: line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["pack"] == ["3", "2", "0", "1"]  # units, done, failed, pending: the truncated shard is pending
+
+
+def test_dry_run_on_every_pipeline_command_changes_nothing(tmp_path, small_corpus, capsys, ckpt):
+    docids = tmp_path / "docids.jsonl"
+    docids.write_text('{"doc_id": "s//shard_0000/s-v1-shard-000000.npy#s=0:e=5"}\n')
+    assert run_prep([small_corpus], tmp_path / "prepped", "--num-shards", 1, "--dataset", "s") == 0
+    commands = {
+        "prep": ["prep", "--input", str(small_corpus)],
+        "decon": ["decon", "--eval", str(small_corpus), "--train", str(small_corpus)],
+        "generate": ["generate", "--checkpoint", ckpt, "--input", str(small_corpus)],
+        "oracle-label": ["hydra", "oracle-label", "--checkpoint", ckpt, "--input-docids", str(docids),
+                         "--data-root", str(tmp_path / "prepped")],
+    }
+    for name, argv in commands.items():
+        out = tmp_path / f"out-{name}"
+        assert main([*argv, "--output", str(out), "--dry-run"]) == 0, name
+        printed = capsys.readouterr().out
+        assert "--dry-run: plan for" in printed and "pending" in printed, name
+        assert not out.exists(), f"{name} --dry-run wrote {out}"
+
+
+def test_dry_run_with_dataflow_prints_each_jobs_description(tmp_path, small_corpus, capsys):
+    out = tmp_path / "out"  # planned from local receipts; the jobs are described as Dataflow would get them
+    assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--dry-run",
+                 "--runner", "dataflow", "--project", "refinery-test", "--region", "us-central1",
+                 "--temp_location", "gs://bucket/tmp", "--machine_type", "n2-standard-8", "--workers", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("dataflow job for stage") == 2  # tokenize and pack; manifest runs in the driver
+    assert "machine n2-standard-8" in printed and "max workers 3" in printed and "workflow.tar.gz" in printed
+    assert not out.exists()
+
+
+def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_corpus):
+    proc = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(small_corpus),
+                           "--output", str(tmp_path / "o"), "--runner", "direct"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr and "tokenize: 2/2 units" in proc.stderr
+
+
+def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):
+    """Ctrl-C to the whole process group of a 2-worker run: no traceback, exit 130, the hint last."""
+    import signal
+    import time
+
+    corpus = tmp_path / "c"
+    texts = gsm8k_texts(400)
+    for k in range(12):
+        write_jsonl(corpus / f"f{k:02d}.jsonl", [{"text": t * 20} for t in texts])
+    log = tmp_path / "units.log"
+    env = {**__import__("os").environ, "REFINERY_UNIT_LOG": str(log)}
+    proc = subprocess.Popen([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(corpus),
+                             "--output", str(tmp_path / "o"), "--workers", "2", "--no-progress"],
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"start"' in log.read_text()):
+        time.sleep(0.05)
+    assert log.exists(), "no unit started"
+    import os
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].strip().startswith("refinery prep --input")
+    assert "Resume with:" in err.strip().splitlines()[-2]
