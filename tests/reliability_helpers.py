@@ -264,7 +264,11 @@ class ForkedProc:
         return self._rc
 
     def stderr(self) -> str:
-        return self._errfile.read_text(errors="replace")
+        """What the run wrote ("" if it was killed before its fork opened the file)."""
+        try:
+            return self._errfile.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
 
 _SERVER: list[ForkServer] = []

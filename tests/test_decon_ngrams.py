@@ -1,6 +1,7 @@
 """Pure-function tests of refinery.transforms.decon.ngrams (no Beam)."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
@@ -346,7 +347,7 @@ def test_reduce_max_train_count_and_empty_rows():
 
 def _gsm8k(limit_train: int | None = None):
     def read(path):
-        with open(path, "rb") as f:
+        with gzip.open(path, "rb") as f:
             for i, line in enumerate(f):
                 yield i, json.loads(line), None
     evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], read, "question", "id", DEFAULT)

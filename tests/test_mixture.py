@@ -279,7 +279,8 @@ def test_dry_run_lists_hf_sources_without_the_hub(tmp_path, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert "10M tokens (flow target 100M, capped by --max-tokens)" in out
     assert re.search(r"fineweb/train +0\.8000 +8M +64  unresolved hf:HuggingFaceFW/fineweb-edu \(sample-10BT\) "
-                     r"split train: ConnectionError: hub unreachable", out)
+                     r"split train: HubError: Hugging Face hub: resolving HuggingFaceFW/fineweb-edu: "
+                     r"ConnectionError: hub unreachable", out)
     assert re.search(r"fineweb/valid +0\.8000 +80K .* split train\[:1%\]", out)
     assert re.search(r"code/train +0\.2000 +2M ", out)
     assert main(["prep-mixture", "--config", str(cfg), "--flow", "nope", "--data-root", "x", "--dry-run"]) == 2
