@@ -21,6 +21,8 @@ Importing this module does not import torch or Beam's ML package (which imports 
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -278,6 +280,42 @@ class BatchingOptions:
 
 
 # ---------------------------------------------------------------------------------------
+# Sharing one engine between worker processes, privately
+# ---------------------------------------------------------------------------------------
+
+def sharing_folder(secret: bytes) -> str:
+    """The private folder of one run's shared-model server: ``$TMPDIR/refinery-mps-UID-HASH``,
+    mode 0700, owned by this user (refused otherwise: another user made it)."""
+    import stat
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(),
+                          f"refinery-mps-{os.getuid()}-{hashlib.sha256(secret).hexdigest()[:16]}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise RuntimeError(f"{folder}: not a private folder of this user (mode {oct(st.st_mode)}, uid "
+                           f"{st.st_uid}); refusing to share the model through it")
+    return folder
+
+
+def secure_model_sharing(secret: bytes) -> str:
+    """Make Beam's shared-model server (``apache_beam.utils.multi_process_shared``, used by
+    RunInference when a model is shared across processes) private to this run, in this
+    process: its authentication key becomes ``secret`` (Beam's default is the fixed
+    ``b"mps"``, so any local user could connect and have a pickle unpickled in the server)
+    and its address and lock files go to :func:`sharing_folder` instead of ``/tmp`` under a
+    predictable name. Every worker process of the run calls it with the same secret (it
+    travels inside the pickled handler). Returns the folder."""
+    from apache_beam.utils import multi_process_shared
+
+    folder = sharing_folder(secret)
+    multi_process_shared.AUTH_KEY = secret
+    multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"] = folder
+    return folder
+
+
+# ---------------------------------------------------------------------------------------
 # The ModelHandler (built on first access: Beam's ML package imports torch)
 # ---------------------------------------------------------------------------------------
 
@@ -294,8 +332,10 @@ def _build_handler_class():
 
         ``share_across_processes`` (default True): the engine is loaded once per machine (one
         per accelerator) and served to every worker process; ``model_copies`` engines are
-        loaded when given. Batches are formed by prompt length (see :class:`BatchingOptions`);
-        the engine's continuous batching runs inside each batch.
+        loaded when given. The serving is private to the run (:func:`secure_model_sharing`:
+        a random key made when the handler is built, a 0700 folder). Batches are formed by
+        prompt length (see :class:`BatchingOptions`); the engine's continuous batching runs
+        inside each batch.
         """
 
         def __init__(self, settings: EngineSettings, params: GenerationParams = GenerationParams(),
@@ -306,11 +346,18 @@ def _build_handler_class():
             self.params = params
             self._share_across_processes = bool(share_across_processes or model_copies)
             self._model_copies = model_copies
+            self._sharing_secret = secrets.token_bytes(32)  # pickled with the handler: known to its workers only
             self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
             self._counters = None
 
         def load_model(self):
             return GptOssEngine(self.settings)
+
+        def share_model_across_processes(self) -> bool:
+            """Called by RunInference in each worker before it shares the model: secure it first."""
+            if self._share_across_processes:
+                secure_model_sharing(self._sharing_secret)
+            return self._share_across_processes
 
         def batch_elements_kwargs(self) -> Mapping[str, Any]:
             return self.batching.kwargs()
