@@ -152,8 +152,14 @@ def test_batch_tokens_and_hashes_match_exact():
 
 
 def test_ngram_hash_and_partition_are_stable():
-    # fixed values: a change of the hash definition invalidates stored indexes
-    assert ng.ngram_hash(2, "hello world") == ng.ngram_hash(2, "hello world")
+    # fixed values: a change of the hash definition invalidates stored indexes (membership files,
+    # partition files); if this fails, bump the decon FORMAT_VERSION, do not update the numbers
+    assert ng.ngram_hash(2, "hello world") == 14905141629898920256
+    assert ng.ngram_hash(1, "") == 17622645311363874476
+    assert ng.ngram_hash(13, "the quick brown fox jumps over the lazy dog and runs far away") == 5594190530321354089
+    assert ng.token_hash("hello") == 7494808937238676964
+    assert ng.token_hash("x" * 100) == 4815851833863556588  # a long token: the blake2b branch
+    assert ng.partition_of(3, "a b c", 7) == 1
     assert ng.ngram_hash(2, "hello world") != ng.ngram_hash(2, "world hello")
     assert ng.ngram_hash(1, "") != ng.ngram_hash(2, " ")
     assert 0 <= ng.partition_of(3, "a b c", 7) < 7

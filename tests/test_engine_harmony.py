@@ -46,16 +46,24 @@ def test_render_prompt(encoding):
 
 
 def test_parse_final_round_trip(encoding):
-    completion = _encode(
-        encoding,
-        "<|channel|>analysis<|message|>The user wants one word.<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>Yes, très humide.<|return|>",
-    )
-    assert harmony.parse_final(completion) == "Yes, très humide."
-    # the model's reply appended to the rendered prompt is what the generator produces
-    prompt = harmony.render_prompt(user="Is water wet?")
-    assert harmony.parse_final(completion) == harmony.parse_final(list(completion))
-    assert encoding.decode(prompt + completion).endswith("très humide.<|return|>")
+    """Both directions through openai-harmony's own renderer and parser, not our strings."""
+    import openai_harmony as oh
+
+    text = "Yes, très humide."
+    rendered = list(encoding.render(oh.Message.from_role_and_content(oh.Role.ASSISTANT, text).with_channel("final")))
+    head = _encode(encoding, "<|start|>assistant")
+    assert rendered[:len(head)] == head
+    completion = rendered[len(head):]  # what the generator produces after the prompt's "<|start|>assistant"
+    assert harmony.parse_final(completion) == text
+    [parsed] = encoding.parse_messages_from_completion_tokens(completion, oh.Role.ASSISTANT)
+    assert parsed.channel == "final" and parsed.content[0].text == text
+
+    # our prompt, parsed back by harmony: the same roles and contents
+    prompt = harmony.render_prompt(system="You grade.", developer="One word.", user="Is water wet?")
+    messages = encoding.parse_messages_from_completion_tokens(prompt[:-len(head)])
+    assert [m.author.role for m in messages] == [oh.Role.SYSTEM, oh.Role.DEVELOPER, oh.Role.USER]
+    assert messages[-1].content[0].text == "Is water wet?"
+    assert "One word." in messages[1].content[0].text and "You grade." in messages[0].content[0].text
 
 
 def test_parse_final_defensive(encoding):

@@ -96,6 +96,33 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
         assert r["judged"] == (r["probe_aggregated"] >= calibration["tau_drop"])
         if r["decision"] == "keep":
             assert r["aggregated"] >= calibration["tau_keep"]
+    _grade_equals_heads_on_backbone(rows, ckpt, str(data), heads, calibration, max_ctx=64)
     before = (out / "quality_scores.jsonl").read_bytes()
     assert hydra.main(argv, DIRECT) == 0  # rerun: all units done, same output
     assert (out / "quality_scores.jsonl").read_bytes() == before
+
+
+def _grade_equals_heads_on_backbone(rows, ckpt, data, heads, calibration, max_ctx):
+    """Each graded document's scores are the trained heads applied to the backbone's states
+    at the heads' layers: recomputed here from the checkpoint and the head files, without the
+    grader or the engine."""
+    import numpy as np
+
+    from refinery.kernels.model import Transformer
+    from refinery.transforms.hydra.heads import judge_preprocess, load_head, probe_features
+
+    model = Transformer.from_checkpoint(ckpt, device="cpu", dtype=torch.float32)
+    probe, pmeta = load_head(str(heads / "hydra_probe.pt"))
+    judge, jmeta = load_head(str(heads / "hydra_judge.pt"))
+    weights = np.asarray([calibration["weights"][d] for d in DIMENSIONS])
+    with torch.no_grad():
+        for r in rows:
+            tokens = torch.tensor(read_doc_tokens(data, r["doc_id"])[:max_ctx], dtype=torch.long)
+            hidden = model.hidden_states(tokens, [pmeta["layer"], jmeta["layer"]])
+            p = probe(probe_features(hidden[pmeta["layer"]].float()).unsqueeze(0))[0].clamp(0, 4).double().numpy()
+            assert abs(float(p @ weights) - r["probe_aggregated"]) < 1e-5
+            want = p
+            if r["judged"]:
+                want = judge(judge_preprocess(hidden[jmeta["layer"]].float()).unsqueeze(0))[0].clamp(0, 4).double().numpy()
+            assert np.allclose([r["scores"][d] for d in DIMENSIONS], want, atol=1e-5), r["doc_id"]
+            assert abs(float(want @ weights) - r["aggregated"]) < 1e-5
