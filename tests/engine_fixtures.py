@@ -148,32 +148,8 @@ def write_harmony_checkpoint(folder: Path, num_hidden_layers: int = 3, seed: int
 
 
 def interpreted_triton_kernels() -> dict:
-    """``ops.triton_kernels()`` running in Triton's interpreter on CPU tensors.
+    """``ops.triton_kernels()`` running in Triton's interpreter on CPU tensors (sets
+    ``TRITON_INTERPRET=1`` for this process; see ``refinery.kernels.interpret``)."""
+    from refinery.kernels.interpret import interpreted_triton_kernels as interpreted
 
-    Sets ``TRITON_INTERPRET=1`` for this process. Triton decides at decoration time whether a
-    ``@triton.jit`` function is compiled or interpreted, so what was imported before (triton's
-    own language helpers such as ``tl.zeros`` when e.g. transformers imported triton first, or
-    our kernel modules) is switched over: helpers are wrapped as interpreted functions, kernel
-    modules reloaded.
-    """
-    import importlib
-    import os
-    import sys
-
-    os.environ["TRITON_INTERPRET"] = "1"
-    importlib.import_module("triton.language")
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    for name, module in list(sys.modules.items()):
-        if name == "triton.language" or name.startswith("triton.language."):
-            for attr, value in list(vars(module).items()):
-                if isinstance(value, JITFunction):
-                    setattr(module, attr, InterpretedFunction(value.fn))
-
-    from refinery.kernels import ops, triton_attention, triton_moe
-
-    for module in (triton_moe, triton_attention):
-        if any(isinstance(v, JITFunction) for v in vars(module).values()):
-            importlib.reload(module)
-    return ops.triton_kernels()
+    return interpreted()
