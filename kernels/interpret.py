@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable
 
-KERNEL_MODULES = ("triton_moe", "triton_attention")
+KERNEL_MODULES = ("triton_moe", "triton_attention", "triton_norm", "triton_rope")
 
 
 def interpreted_triton_kernels() -> dict[str, Callable]:

@@ -42,9 +42,11 @@ class RMSNorm(nn.Module):
         self.scale = nn.Parameter(torch.ones(dim, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(_acc(x.dtype))
-        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (xf * self.scale.to(xf.dtype)).to(x.dtype)
+        return ops.kernel("rmsnorm", x.device)(x, self.scale, self.eps)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(x + delta))`` in one kernel where the device has one."""
+        return ops.kernel("add_rmsnorm", x.device)(x, delta, self.scale, self.eps)
 
 
 def yarn_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -77,9 +79,7 @@ class Rotary(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [N, heads, D]``: ``[x1 cos - x2 sin, x2 cos + x1 sin]``."""
-        x1, x2 = x.to(_acc(x.dtype)).chunk(2, dim=-1)
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+        return ops.rotate_half_split(x, cos, sin)
 
 
 @dataclass
@@ -114,25 +114,35 @@ class AttentionBlock(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         step: StepContext | None = None,
     ) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
-        qkv = self.qkv(self.norm(x))
-        q = qkv[:, : self.n_heads * d].reshape(n, self.n_heads, d)
-        k = qkv[:, self.n_heads * d : (self.n_heads + self.n_kv) * d].reshape(n, self.n_kv, d)
-        v = qkv[:, (self.n_heads + self.n_kv) * d :].reshape(n, self.n_kv, d)
-        q, k = Rotary.apply(q, *rope), Rotary.apply(k, *rope)
+        return x + self.delta(self.norm(x), positions, rope, step)
+
+    def delta(
+        self,
+        t: torch.Tensor,
+        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        step: StepContext | None = None,
+    ) -> torch.Tensor:
+        """What the block adds to the residual stream, from its normed input ``t [N, H]``."""
+        n, d = t.shape[0], self.head_dim
+        qkv = self.qkv(t)
+        rope_qkv = ops.kernel("rope_qkv", t.device)
         if step is None:
-            attend = ops.kernel("attention", x.device)
+            k = torch.empty((n, self.n_kv, d), dtype=qkv.dtype, device=qkv.device)
+            v = torch.empty_like(k)
+            q = rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k, v, None)
+            attend = ops.kernel("attention", t.device)
             o = attend(q, k, v, self.sinks, positions, positions, self.window, self.sm_scale)
         else:
             k_pool, v_pool, _ = step.cache.pools(self.layer)
             view = step.views[step.cache.kind(self.layer)]
-            ops.kernel("write_kv", x.device)(k_pool, v_pool, k, v, view.slots)
-            paged = ops.kernel("paged_attention", x.device)
+            q = rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k_pool, v_pool, view.slots)
+            paged = ops.kernel("paged_attention", t.device)
             o = paged(
                 q, k_pool, v_pool, self.sinks, view.block_table, view.query_start, view.seq_lens,
                 self.window, self.sm_scale,
             )
-        return x + self.out(o.reshape(n, self.n_heads * d))
+        return self.out(o.reshape(n, self.n_heads * d))
 
 
 class MLPBlock(nn.Module):
@@ -153,10 +163,13 @@ class MLPBlock(nn.Module):
         self.mlp2_bias = nn.Parameter(torch.zeros(e, h))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.norm(x)
-        indices, weights = ops.kernel("route", x.device)(self.gate(t), self.experts_per_token)
-        moe = ops.kernel("moe", x.device)
-        return x + moe(
+        return x + self.delta(self.norm(x))
+
+    def delta(self, t: torch.Tensor) -> torch.Tensor:
+        """What the block adds to the residual stream, from its normed input ``t [N, H]``."""
+        indices, weights = ops.kernel("route", t.device)(self.gate(t), self.experts_per_token)
+        moe = ops.kernel("moe", t.device)
+        return moe(
             t, indices, weights,
             self.mlp1_blocks, self.mlp1_scales, self.mlp1_bias,
             self.mlp2_blocks, self.mlp2_scales, self.mlp2_bias,
@@ -170,8 +183,23 @@ class TransformerBlock(nn.Module):
         self.attn = AttentionBlock(config, layer)
         self.mlp = MLPBlock(config)
 
-    def forward(self, x, positions, rope, step: StepContext | None = None) -> torch.Tensor:
-        return self.mlp(self.attn(x, positions, rope, step))
+    def forward(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        step: StepContext | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream before this block is ``x + delta`` (``delta`` None: just ``x``);
+        returns ``(x', delta')`` whose sum is the stream after it. Each residual add is done by
+        the norm kernel that follows it (``add_rmsnorm``), so one launch does both."""
+        if delta is None:
+            t = self.attn.norm(x)
+        else:
+            x, t = self.attn.norm.add_forward(x, delta)
+        x, t = self.mlp.norm.add_forward(x, self.attn.delta(t, positions, rope, step))
+        return x, self.mlp.delta(t)
 
 
 # ---- the model ---------------------------------------------------------------------------
@@ -239,15 +267,18 @@ class Transformer(nn.Module):
         step: StepContext | None,
         last_layer: int,
         keep: set[int],
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
+        """(x, delta, hidden): the residual stream after ``last_layer`` blocks is ``x + delta``
+        (``delta`` None after no block); ``hidden`` holds the streams asked for in ``keep``."""
         x = self.embedding(tokens)
+        delta = None
         rope = self.rotary.cos_sin(positions)
         hidden = {0: x} if 0 in keep else {}
         for i, block in enumerate(self.block[:last_layer]):
-            x = block(x, positions, rope, step)
+            x, delta = block(x, delta, positions, rope, step)
             if i + 1 in keep:
-                hidden[i + 1] = x
-        return x, hidden
+                hidden[i + 1] = x + delta
+        return x, delta, hidden
 
     @torch.inference_mode()
     def forward(
@@ -269,10 +300,10 @@ class Transformer(nn.Module):
             keep = {int(i) + (n + 1 if int(i) < 0 else 0) for i in return_hidden}  # -1 -> n
             if any(not 0 <= i <= n for i in keep):
                 raise ValueError(f"hidden state indices run from 0 to {n} (or -{n + 1} to -1)")
-            _, hidden = self._run(tokens, positions, None, max(keep, default=0), keep)
+            _, _, hidden = self._run(tokens, positions, None, max(keep, default=0), keep)
             return hidden
-        x, _ = self._run(tokens, positions, None, self.config.num_hidden_layers, set())
-        return self.unembedding(self.norm(x))
+        x, delta, _ = self._run(tokens, positions, None, self.config.num_hidden_layers, set())
+        return self.unembedding(self._final_norm(x, delta))
 
     def hidden_states(self, tokens: torch.Tensor, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """Shorthand for ``model(tokens, return_hidden=layers)``."""
@@ -287,8 +318,11 @@ class Transformer(nn.Module):
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         """A packed multi-sequence step through the paged cache; logits of ``logit_rows`` only."""
-        x, _ = self._run(tokens, positions, step, self.config.num_hidden_layers, set())
-        return self.unembedding(self.norm(x[logit_rows]))
+        x, delta, _ = self._run(tokens, positions, step, self.config.num_hidden_layers, set())
+        return self.unembedding(self._final_norm(x[logit_rows], delta[logit_rows] if delta is not None else None))
+
+    def _final_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        return self.norm(x) if delta is None else self.norm.add_forward(x, delta)[1]
 
 
 # ---- continuous batching -----------------------------------------------------------------

@@ -15,6 +15,17 @@ for any device, e.g. to run them under ``TRITON_INTERPRET=1`` on CPU tensors::
 
 Kernels and their contracts:
 
+``rmsnorm(x [N, H], scale [H] float32, eps) -> [N, H]``: ``x * rsqrt(mean(x**2) + eps) * scale``,
+computed in (at least) float32, in ``x``'s dtype.
+
+``add_rmsnorm(x [N, H], delta [N, H], scale, eps) -> (x + delta, rmsnorm(x + delta))``: a residual
+add (in ``x``'s dtype) fused with the norm that follows it.
+
+``rope_qkv(qkv [N, (Hq + 2 Hkv) * D], cos [N, D/2], sin [N, D/2], n_heads, n_kv, k_dst [S, Hkv, D]
+or a paged pool, v_dst, slots [N] long or None) -> q [N, Hq, D]``: half-split RoPE on the query and
+key heads of the qkv projection; rotated keys and the values are stored into ``k_dst``/``v_dst``
+at flat row ``slots[n]`` (row ``n`` when ``slots`` is None), the rotated queries returned.
+
 ``route(router_logits [N, E], k) -> (expert_indices [N, k] long, expert_weights [N, k])``: the
 top-k logits, highest first, and a softmax over those k values only (in the logits' dtype).
 
@@ -82,6 +93,54 @@ def use_kernels(device_type: str = _ANY, **overrides: Callable) -> Iterator[None
 
 
 # ---- reference kernels (torch) -----------------------------------------------------------
+
+
+def rmsnorm_torch(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension in (at least) float32, returned in ``x``'s dtype."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xf * scale.to(xf.dtype)).to(x.dtype)
+
+
+def add_rmsnorm_torch(
+    x: torch.Tensor, delta: torch.Tensor, scale: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rmsnorm(x + delta))``."""
+    r = x + delta
+    return r, kernel("rmsnorm", x.device)(r, scale, eps)
+
+
+def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [N, heads, D]`` by ``cos``/``sin [N, D/2]``: ``[x1 cos - x2 sin, x2 cos + x1 sin]``
+    in (at least) float32, returned in ``x``'s dtype."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def rope_qkv_torch(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    k_dst: torch.Tensor,
+    v_dst: torch.Tensor,
+    slots: torch.Tensor | None,
+) -> torch.Tensor:
+    """Split ``qkv``, rotate queries and keys, store keys and values (``write_kv`` for slots)."""
+    n, d = qkv.shape[0], k_dst.shape[-1]
+    q = qkv[:, : n_heads * d].reshape(n, n_heads, d)
+    k = qkv[:, n_heads * d : (n_heads + n_kv) * d].reshape(n, n_kv, d)
+    v = qkv[:, (n_heads + n_kv) * d :].reshape(n, n_kv, d)
+    q, k = rotate_half_split(q, cos, sin), rotate_half_split(k, cos, sin)
+    if slots is None:
+        k_dst.view(-1, n_kv, d)[:n] = k
+        v_dst.view(-1, n_kv, d)[:n] = v
+    else:
+        kernel("write_kv", qkv.device)(k_dst, v_dst, k, v, slots)
+    return q
+
 
 
 def swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -220,6 +279,9 @@ def paged_attention_torch(
 # ---- Triton kernels ----------------------------------------------------------------------
 
 _TORCH_FALLBACK = {
+    "rmsnorm": rmsnorm_torch,
+    "add_rmsnorm": add_rmsnorm_torch,
+    "rope_qkv": rope_qkv_torch,
     "route": route_torch,
     "moe": moe_torch,
     "attention": attention_torch,
@@ -244,9 +306,12 @@ def triton_kernels() -> dict[str, Callable]:
 
     Set ``TRITON_INTERPRET=1`` before the first call to run them on CPU tensors.
     """
-    from . import triton_attention, triton_moe
+    from . import triton_attention, triton_moe, triton_norm, triton_rope
 
     fast = {
+        "rmsnorm": (triton_norm.rmsnorm_triton, triton_moe.SUPPORTED_DTYPES),
+        "add_rmsnorm": (triton_norm.add_rmsnorm_triton, triton_moe.SUPPORTED_DTYPES),
+        "rope_qkv": (triton_rope.rope_qkv_triton, triton_moe.SUPPORTED_DTYPES),
         "route": (triton_moe.route_triton, triton_moe.SUPPORTED_DTYPES),
         "moe": (triton_moe.moe_triton, triton_moe.SUPPORTED_DTYPES),
         "attention": (triton_attention.attention_triton, triton_attention.SUPPORTED_DTYPES),
@@ -262,6 +327,9 @@ def register_triton_kernels(device_type: str = "cuda") -> None:
 
 
 register_kernel("dequant_mxfp4", mxfp4.dequantize)
+register_kernel("rmsnorm", rmsnorm_torch)
+register_kernel("add_rmsnorm", add_rmsnorm_torch)
+register_kernel("rope_qkv", rope_qkv_torch)
 register_kernel("route", route_torch)
 register_kernel("moe", moe_torch)
 register_kernel("attention", attention_torch)

@@ -52,6 +52,7 @@ def test_forward_and_hidden_states_match_torch(model):
         got_hidden = model.hidden_states(tokens, [1, -1])
     layers = model.config.num_hidden_layers
     assert calls["moe"] == calls["route"] == 2 * layers and calls["attention"] == 2 * layers
+    assert calls["rope_qkv"] == 2 * layers and calls["rmsnorm"] > 0 and calls["add_rmsnorm"] >= 2 * layers
     scale = ref.abs().max().item()
     assert (got - ref).abs().max().item() <= 1e-4 * scale
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
@@ -72,6 +73,7 @@ def test_generation_matches_torch(model):
     with ops.use_kernels("cpu", **kernels):
         got = run()
     assert calls["paged_attention"] > 0 and calls["attention"] == 0
+    assert calls["rope_qkv"] == calls["paged_attention"] and calls["add_rmsnorm"] > 0
     assert got == ref and [len(t) for t in got] == [5, 5, 5]
 
 
@@ -87,6 +89,6 @@ def test_cuda_registration_rule(monkeypatch):
     # what registration does: CUDA tensors get the Triton kernels, CPU ones keep torch
     triton_kernels = ops.triton_kernels()
     with ops.use_kernels("cuda", **triton_kernels):
-        for name in ("route", "moe", "attention", "paged_attention"):
+        for name in ("rmsnorm", "add_rmsnorm", "rope_qkv", "route", "moe", "attention", "paged_attention"):
             assert ops.kernel(name, "cuda").__name__.endswith("_triton")
             assert ops.kernel(name, "cpu").__name__.endswith("_torch")
