@@ -57,9 +57,10 @@ def test_route_matches_topk_softmax(n, e, k):
     assert torch.allclose(w.sum(-1), torch.ones(n))
 
 
-def test_group_by_expert_layout():
+@pytest.mark.parametrize("group", [triton_moe.group_by_expert, triton_moe.group_by_expert_triton])
+def test_group_by_expert_layout(group):
     idx = torch.tensor([[2, 0], [2, 4], [0, 2], [4, 2], [2, 0]])  # experts 1 and 3 empty
-    rows, block_expert = triton_moe.group_by_expert(idx, num_experts=5, block_m=2)
+    rows, block_expert = group(idx, num_experts=5, block_m=2)
     n = idx.numel()
     assert block_expert.shape[0] * 2 == rows.shape[0] == 2 * min(n, (n + 5) // 2)
     flat = idx.reshape(-1)
@@ -137,3 +138,69 @@ def test_mxfp4_layout_assumption():
     scales = torch.tensor([[128]], dtype=torch.uint8)
     row = mxfp4.dequantize(blocks, scales)[0]
     assert row[0].item() == 1.0 and row[1].item() == 2.0 and not row[2:].any()
+
+
+@pytest.mark.parametrize("n,e,k,block_m", [(1, 32, 4, 16), (37, 5, 2, 16), (150, 32, 4, 16), (300, 130, 4, 64),
+                                           (9, 128, 4, 32), (513, 8, 2, 64)])
+def test_group_kernel_equals_torch_grouping(n, e, k, block_m):
+    # several chunks of the single-program kernel (CHUNK is 16..128 rows), skewed routing
+    g = torch.Generator().manual_seed(n + e)
+    idx = torch.multinomial(torch.rand(e, generator=g) ** 4 + 1e-3, n * k, replacement=True, generator=g).view(n, k)
+    ref = triton_moe.group_by_expert(idx, e, block_m)
+    got = triton_moe.group_by_expert_triton(idx, e, block_m)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("block_m,split_k", [(16, 1), (16, 2), (32, 3), (64, 2)])
+def test_moe_tilings_and_split_k(block_m, split_k):
+    e, h, i, k, n = 5, 64, 192, 2, 23
+    experts = _experts(e, h, i, seed=block_m + split_k)
+    idx, w = ops.route_torch(_routing(n, e, k, seed=7), k)
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(8))
+    ref = _moe(ops.moe_torch, x, idx, w, experts)
+    got = _moe(triton_moe.moe_triton, x, idx, w, experts, block_m=block_m, block_n=32, block_k=64, split_k=split_k)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("decode", ["scaled_dot", "bits"])
+def test_moe_bfloat16_both_decode_paths(decode, monkeypatch):
+    # bf16/fp16 activations go to tl.dot_scaled (e2m1 x e8m0); REFINERY_MXFP4_DECODE=bits keeps
+    # the in-register decode. Both against the float32 torch path on the same bf16 values.
+    if decode == "bits":
+        monkeypatch.setenv("REFINERY_MXFP4_DECODE", "bits")
+    assert triton_moe.uses_scaled_dot(torch.bfloat16) == (decode == "scaled_dot")
+    e, h, i, k, n = 4, 64, 128, 2, 19
+    experts = {name: (t.to(torch.bfloat16) if t.is_floating_point() else t)
+               for name, t in _experts(e, h, i, seed=19).items()}
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(19)).to(torch.bfloat16)
+    idx, w = ops.route_torch(_routing(n, e, k, seed=19).to(torch.bfloat16), k)
+    ref = _moe(ops.moe_torch, x.float(), idx, w.float(),
+               {n_: (t.float() if t.is_floating_point() else t) for n_, t in experts.items()})
+    for split_k in (1, 2):
+        got = _moe(triton_moe.moe_triton, x, idx, w, experts, block_k=64, split_k=split_k)
+        assert got.dtype == torch.bfloat16
+        assert (got.float() - ref).abs().max() / ref.abs().max() < 2e-2
+
+
+def test_moe_config_heuristic_and_tuned_table(tmp_path, monkeypatch):
+    cfg = triton_moe.moe_config
+    # 20b shapes (32 experts, top-4): block_m from the rows each expert gets
+    assert cfg(1, 4, 32, 2880, 2880).block_m == 16
+    assert cfg(128, 4, 32, 2880, 2880).block_m == 16  # 16 rows per expert
+    assert cfg(256, 4, 32, 2880, 2880).block_m == 32
+    assert cfg(8192, 4, 32, 2880, 2880).block_m == 64  # prefill
+    # split-K only while the batch is too small to fill the GPU
+    assert cfg(1, 4, 32, 2880, 2880).split_k == 2
+    assert cfg(128, 4, 32, 2880, 2880).split_k == 1
+    assert cfg(1, 2, 4, 64, 64).split_k == 1  # K too short to split
+    configs = triton_moe.engine_configs(2880, 2880, 4, 32)
+    assert {c.block_m for c in configs} == {16, 32, 64}
+    # a tuning sweep's table takes over for its (bucket, shapes)
+    monkeypatch.setattr(triton_moe, "TUNED", {})
+    path = tmp_path / "tuned.json"
+    path.write_text('[{"bucket": 1, "hidden": 2880, "inter": 2880, "config": {"block_m": 16, "block_n": 32, '
+                    '"block_k": 256, "split_k": 4}}]')
+    assert triton_moe.load_tuned_configs(path) == 1
+    assert cfg(1, 4, 32, 2880, 2880) == triton_moe.MoEConfig(16, 32, 256, 4)
+    assert cfg(2, 4, 32, 2880, 2880) == triton_moe.MoEConfig(16, 32, 256, 4)  # same bucket
+    assert cfg(64, 4, 32, 2880, 2880).split_k == 1
