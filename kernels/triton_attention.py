@@ -8,11 +8,14 @@ Two kernels, both flash-style (one pass over the keys with an online softmax in 
   ``k_pos`` must be ascending, as they are in the engine).
 * :func:`paged_attention_triton` — the ``paged_attention`` kernel: a packed batch reading its
   keys from the paged KV pool through block tables (decode, and chunked prefill through the
-  cache). One program per (tile of a sequence's queries, KV head); the tile's rows are its
-  queries times the query heads sharing that KV head, so every loaded key serves the whole
-  GQA group. Keys are gathered per position (``block_table[b, pos // page]``), so any page
-  size works and freed (-1) blocks of a sliding layer are never read; the block table must
-  hold every key a query can see (the cache guarantees it).
+  cache). One program per (tile of a sequence's queries, KV head[, key segment]); the tile's
+  rows are its queries times the query heads sharing that KV head, so every loaded key serves
+  the whole GQA group. The grid covers the most tiles any sequence can need and surplus
+  programs exit, so no tile map is built on the host or cached between calls. Keys are
+  gathered per position (``block_table[b, pos // page]``), so any page size works and freed
+  (-1) blocks of a sliding layer are never read; the block table must hold every key a query
+  can see (the cache guarantees it). Small decode batches split each sequence's keys into
+  segments (flash-decoding) and combine them in a second launch, which adds the sink once.
 
 Dot operands are cast to ``triton_moe.dot_dtype`` (float32 under the interpreter).
 
@@ -27,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_moe import SUPPORTED_DTYPES, dot_dtype
+from .launches import launch
+from .triton_moe import SM_COUNT, SUPPORTED_DTYPES, dot_dtype
 
 LOG2E = 1.4426950408889634
 
@@ -85,23 +89,24 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, sinks_ptr, q_pos_ptr, k_pos_ptr, lo_p
              out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tiles_per_seq", "window"])
 def _paged_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, sinks_ptr, table_ptr, query_start_ptr,
-                            seq_lens_ptr, tile_seq_ptr, tile_q0_ptr, o_ptr,
+                            seq_lens_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, tiles_per_seq, n_q,
                             sq_n, sq_h, so_n, so_h, s_table, s_block, s_page, s_head,
                             qk_scale, window,
                             GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
                             BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                            PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                            DOT: tl.constexpr):
-    tile = tl.program_id(0)
+                            PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                            PRECISION: tl.constexpr, DOT: tl.constexpr):
+    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
-    b = tl.load(tile_seq_ptr + tile)
-    if b < 0:
-        return
-    q_first = tl.load(tile_q0_ptr + tile)  # first query of the tile, counted within its sequence
+    split = tl.program_id(2)
+    b = pid // tiles_per_seq
+    q_first = (pid % tiles_per_seq) * BLOCK_Q  # first query of the tile, counted within its sequence
     q_begin = tl.load(query_start_ptr + b)
     count = tl.load(query_start_ptr + b + 1) - q_begin
+    if q_first >= count:
+        return
     seq_len = tl.load(seq_lens_ptr + b)
     first_pos = seq_len - count  # position of the sequence's first query
 
@@ -116,15 +121,23 @@ def _paged_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, sinks_ptr, table_ptr,
     q = tl.load(q_ptr + q_row[:, None] * sq_n + head[:, None] * sq_h + offs_d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     q_pos = first_pos + qi
-    sink = tl.load(sinks_ptr + head, mask=r_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-    m_i = sink
-    l_i = tl.full([BLOCK_Q * GROUP_P], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
 
     hi = first_pos + tl.minimum(q_first + BLOCK_Q, count)  # one past the tile's last query
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(first_pos + q_first - window + 1, 0)
+    if NUM_SPLITS == 1:
+        # the sink: a virtual key with logit S_h and value 0
+        m_i = tl.load(sinks_ptr + head, mask=r_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_Q * GROUP_P], 1.0, tl.float32)
+    else:
+        # one segment of the keys; the sink joins once, in _combine_splits_kernel
+        seg = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = lo + split * seg
+        hi = tl.minimum(lo + seg, hi)
+        m_i = tl.full([BLOCK_Q * GROUP_P], -1.0e30, tl.float32)  # finite: an empty segment stays NaN-free
+        l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     table_row = table_ptr + b.to(tl.int64) * s_table
     for start in range(lo, hi, BLOCK_N):
         k_pos = start + tl.arange(0, BLOCK_N)
@@ -138,9 +151,39 @@ def _paged_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, sinks_ptr, table_ptr,
         if HAS_WINDOW:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = _online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, PRECISION, DOT)
-    out = acc / l_i[:, None]
-    tl.store(o_ptr + q_row[:, None] * so_n + head[:, None] * so_h + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + q_row[:, None] * so_n + head[:, None] * so_h + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+    else:
+        part = (split * n_q + q_row) * (tl.num_programs(1) * GROUP) + head  # [split, query, head] partial row
+        tl.store(m_ptr + part, m_i, mask=r_ok)
+        tl.store(l_ptr + part, l_i, mask=r_ok)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_q"])
+def _combine_splits_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, o_ptr, n_q, n_heads, so_n, so_h,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                           BLOCK_S: tl.constexpr):
+    """out[n, h] from the splits' (max, denominator, unnormalised sum): the sink enters here, once."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    sp_ok = sp < NUM_SPLITS
+    part = (sp * n_q + n) * n_heads + h
+    m = tl.load(m_ptr + part, mask=sp_ok, other=-1.0e30)
+    l = tl.load(l_ptr + part, mask=sp_ok, other=0.0)
+    sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+    m_all = tl.maximum(tl.max(m, axis=0), sink)
+    w = tl.exp2(m - m_all)
+    denom = tl.sum(l * w, axis=0) + tl.exp2(sink - m_all)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    acc = tl.load(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=sp_ok[:, None] & d_ok[None, :],
+                  other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / denom
+    tl.store(o_ptr + n * so_n + h * so_h + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 # ---- host side --------------------------------------------------------------------------
@@ -194,7 +237,8 @@ def attention_triton(
         lo = torch.searchsorted(k_pos, firsts - window, right=True)
     else:
         lo = torch.zeros_like(hi)
-    _attention_kernel[(num_blocks, n_heads)](
+    launch(
+        _attention_kernel, (num_blocks, n_heads),
         q, k, v, sinks.contiguous(), q_pos, k_pos, lo, hi, out,
         n, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), float(sm_scale) * LOG2E, int(window or 0),
@@ -205,37 +249,15 @@ def attention_triton(
     return out
 
 
-def query_tiles(query_start: torch.Tensor, block_q: int, total_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tile_seq, tile_q0): for each tile of at most ``block_q`` queries of one sequence, the
-    sequence (``-1`` past the last tile) and its first query within the sequence. Computed on
-    the device; the tile count is the bound ``min(N, (N + B*(block_q - 1)) // block_q)``."""
-    batch = query_start.shape[0] - 1
-    counts = query_start[1:] - query_start[:-1]
-    tiles = (counts + block_q - 1) // block_q
-    tile_end = torch.cumsum(tiles, 0)
-    num_tiles = max(1, min(total_queries, (total_queries + batch * (block_q - 1)) // block_q))
-    t = torch.arange(num_tiles, device=query_start.device)
-    seq = torch.searchsorted(tile_end, t, right=True)
-    valid = seq < batch
-    seq_c = seq.clamp(max=batch - 1)
-    q0 = (t - (tile_end - tiles)[seq_c]) * block_q
-    return torch.where(valid, seq, -1), torch.where(valid, q0, 0)
-
-
-_last_tiles: tuple | None = None  # (query_start, its _version, block_q, N, tile_seq, tile_q0)
-
-
-def _tiles(query_start: torch.Tensor, block_q: int, total_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`query_tiles`, computed once per step: every layer of a step passes the same
-    ``query_start`` tensor (an in-place change bumps its ``_version`` and recomputes)."""
-    global _last_tiles
-    key = (query_start, query_start._version, block_q, total_queries)
-    cached = _last_tiles
-    if cached is not None and cached[0] is key[0] and cached[1:4] == key[1:]:
-        return cached[4], cached[5]
-    tile_seq, tile_q0 = query_tiles(query_start.to(torch.long).contiguous(), block_q, total_queries)
-    _last_tiles = (*key, tile_seq, tile_q0)
-    return tile_seq, tile_q0
+def decode_splits(programs: int, max_keys: int, block_n: int) -> int:
+    """Key segments per (query tile, KV head) for flash-decoding: a power of two (few compiled
+    variants), enough for about two waves of programs over :data:`SM_COUNT` multiprocessors,
+    each segment at least two key blocks, at most 16; 1 (no split) when ``programs`` already
+    fill the GPU."""
+    if programs >= SM_COUNT:
+        return 1
+    cap = max(1, min(triton.cdiv(2 * SM_COUNT, programs), max_keys // (2 * block_n), 16))
+    return 1 << (cap.bit_length() - 1)
 
 
 def paged_attention_triton(
@@ -250,11 +272,21 @@ def paged_attention_triton(
     sm_scale: float,
     block_n: int = 64,
     block_q: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
-    """The ``paged_attention`` kernel (contract in ``ops``)."""
+    """The ``paged_attention`` kernel (contract in ``ops``).
+
+    The grid is ``(B * tiles_per_seq, Hkv, num_splits)`` with ``tiles_per_seq`` the tiles the
+    longest possible sequence needs (``N - B + 1`` queries); tiles past a sequence's queries exit
+    at once, so nothing is computed on the host from the device's query counts. Decode
+    batches too small to fill the GPU split each sequence's keys into ``num_splits`` segments
+    (flash-decoding; default :func:`decode_splits`, judged from the block table's width), and a
+    second launch combines them and adds the sink.
+    """
     _check(q, "paged_attention_triton")
     n, n_heads, head_dim = q.shape
     n_kv = k_pool.shape[2]
+    page = k_pool.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"{n_heads} query heads do not share {n_kv} KV heads evenly")
     if k_pool.stride() != v_pool.stride() or k_pool.stride(-1) != 1:
@@ -266,20 +298,34 @@ def paged_attention_triton(
     q = q if q.stride(-1) == 1 else q.contiguous()
     group = n_heads // n_kv
     group_p = triton.next_power_of_2(group)
+    decode = n <= 2 * batch  # few queries per sequence
     if block_q is None:
-        rows = 16 if n <= 2 * batch else 64  # decode: few queries per sequence
-        block_q = max(1, rows // group_p)
-    tile_seq, tile_q0 = _tiles(query_start, block_q, n)
-    query_start = query_start.to(torch.long).contiguous()
-    table = block_table.to(torch.long).contiguous()
-    _paged_attention_kernel[(tile_seq.shape[0], n_kv)](
-        q, k_pool, v_pool, sinks.contiguous(), table, query_start, seq_lens.to(torch.long).contiguous(),
-        tile_seq, tile_q0, out,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        table.stride(0), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        float(sm_scale) * LOG2E, int(window or 0),
-        GROUP=group, GROUP_P=group_p, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-        BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=k_pool.shape[1], HAS_WINDOW=bool(window),
-        PRECISION=_precision(q.dtype), DOT=dot_dtype(q.dtype),
-    )
+        block_q = max(1, (16 if decode else 64) // group_p)
+    tiles_per_seq = triton.cdiv(max(1, n - batch + 1), block_q)
+    if num_splits is None:
+        max_keys = block_table.shape[1] * page
+        if window:
+            max_keys = min(max_keys, window + block_q - 1)
+        num_splits = decode_splits(batch * tiles_per_seq * n_kv, max_keys, block_n) if decode else 1
+    table = block_table if block_table.dtype in (torch.int32, torch.int64) else block_table.long()
+    table = table if table.stride(-1) == 1 else table.contiguous()
+    if num_splits > 1:
+        m_part = torch.empty((num_splits, n, n_heads), dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty((num_splits, n, n_heads, head_dim), dtype=torch.float32, device=q.device)
+    else:
+        m_part = l_part = acc_part = out  # unused
+    launch(_paged_attention_kernel, (batch * tiles_per_seq, n_kv, num_splits),
+           q, k_pool, v_pool, sinks, table, query_start, seq_lens, out, m_part, l_part, acc_part,
+           tiles_per_seq, n,
+           q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+           table.stride(0), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+           float(sm_scale) * LOG2E, int(window or 0),
+           GROUP=group, GROUP_P=group_p, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+           BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page, HAS_WINDOW=bool(window), NUM_SPLITS=num_splits,
+           PRECISION=_precision(q.dtype), DOT=dot_dtype(q.dtype))
+    if num_splits > 1:
+        launch(_combine_splits_kernel, (n, n_heads), m_part, l_part, acc_part, sinks, out, n, n_heads,
+               out.stride(0), out.stride(1), HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+               NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits))
     return out

@@ -116,12 +116,62 @@ def test_paged_ragged_decode_and_chunks(heads, kv_heads):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_query_tiles_cover_every_query_once():
-    query_start = torch.tensor([0, 1, 1, 8, 9, 20])  # a sequence with no query in the middle
-    tile_seq, tile_q0 = triton_attention.query_tiles(query_start, block_q=4, total_queries=20)
-    pairs = [(s, q0) for s, q0 in zip(tile_seq.tolist(), tile_q0.tolist()) if s >= 0]
-    assert pairs == [(0, 0), (2, 0), (2, 4), (3, 0), (4, 0), (4, 4), (4, 8)]
-    assert (tile_seq[len(pairs):] == -1).all()
+@pytest.mark.parametrize("window", [None, 5, 12])
+def test_flash_decoding_splits_match(window):
+    # decode: one query per sequence; keys split into segments, combined with the sink once
+    lens = [13, 1, 40, 7, 16, 33]
+    k_pool, v_pool, table = _ragged_cache(lens, 4, 60, 2, 16, seed=21)
+    if window:
+        table[2, :5] = -1  # blocks a sliding layer has handed back (no query sees them)
+    g = torch.Generator().manual_seed(22)
+    q = torch.randn(len(lens), 4, 16, generator=g)
+    sinks = torch.randn(4, generator=g) * 3
+    query_start, seq_lens = torch.arange(len(lens) + 1), torch.tensor(lens)
+    ref = ops.paged_attention_torch(q, k_pool, v_pool, sinks, table, query_start, seq_lens, window, SCALE)
+    for splits in (1, 2, 3, 7, 16, None):  # 16 segments of 40 keys: several segments are empty
+        got = triton_attention.paged_attention_triton(q, k_pool, v_pool, sinks, table, query_start, seq_lens,
+                                                      window, SCALE, block_n=16, num_splits=splits)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_flash_decoding_adds_the_sink_once():
+    # one key per sequence: out = v * e^s / (e^s + e^S) whatever the split count
+    k_pool, v_pool, table = _ragged_cache([1], 4, 4, 1, 16, seed=23)
+    g = torch.Generator().manual_seed(24)
+    q = torch.randn(1, 2, 16, generator=g)
+    sinks = torch.tensor([1.5, -0.5])
+    args = (q, k_pool, v_pool, sinks, table, torch.tensor([0, 1]), torch.tensor([1]), None, SCALE)
+    slot = int(table[0, 0]) * 4
+    k, v = k_pool.view(-1, 1, 16)[slot], v_pool.view(-1, 1, 16)[slot]
+    s = (q[0] * k).sum(-1) * SCALE
+    expected = (v * (torch.exp(s) / (torch.exp(s) + torch.exp(sinks))).unsqueeze(-1)).unsqueeze(0)
+    for splits in (1, 4):
+        got = triton_attention.paged_attention_triton(*args, block_n=16, num_splits=splits)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_split_heuristic():
+    # batch 1 at 20b shapes (8 KV heads, 1280 keys): about two waves of programs
+    assert triton_attention.decode_splits(8, 1280, 64) == 8  # 10 rounded down to a power of two
+    assert triton_attention.decode_splits(8, 8192, 64) == 16
+    assert triton_attention.decode_splits(8, 128, 64) == 1  # a sliding window: too few keys
+    assert triton_attention.decode_splits(128 * 8, 4096, 64) == 1  # batch 128 fills the GPU
+
+
+def test_grid_needs_no_host_tile_map():
+    # a sequence with no query in the middle, chunks longer than a tile: every query once
+    lens = [9, 5, 12, 3]
+    counts = [1, 0, 11, 3]
+    k_pool, v_pool, table = _ragged_cache(lens, 4, 16, 2, 16, seed=11)
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(sum(counts), 4, 16, generator=g)
+    sinks = torch.randn(4, generator=g)
+    query_start = torch.tensor([0] + torch.cumsum(torch.tensor(counts), 0).tolist())
+    args = (q, k_pool, v_pool, sinks, table, query_start, torch.tensor(lens), None, SCALE)
+    assert not hasattr(triton_attention, "_last_tiles")  # no module-level state a CUDA graph would freeze
+    for block_q in (1, 2, 4):
+        torch.testing.assert_close(triton_attention.paged_attention_triton(*args, block_n=16, block_q=block_q),
+                                   ops.paged_attention_torch(*args), rtol=1e-5, atol=1e-5)
 
 
 def test_paged_through_the_real_cache_with_sliding_blocks_freed():
@@ -148,20 +198,3 @@ def test_paged_through_the_real_cache_with_sliding_blocks_freed():
         args = (q, k_pool, v_pool, sinks, view.block_table, view.query_start, view.seq_lens, window, SCALE)
         torch.testing.assert_close(KERNELS["paged_attention"](*args), ops.paged_attention_torch(*args),
                                    rtol=1e-5, atol=1e-5)
-
-
-def test_tile_map_reused_within_a_step_and_recomputed_after_a_change():
-    lens = [9, 5]
-    k_pool, v_pool, table = _ragged_cache(lens, 4, 8, 2, 16, seed=11)
-    g = torch.Generator().manual_seed(12)
-    q = torch.randn(6, 4, 16, generator=g)
-    sinks = torch.randn(4, generator=g)
-    query_start, seq_lens = torch.tensor([0, 1, 6]), torch.tensor(lens)
-    first = triton_attention._tiles(query_start, 8, 6)
-    assert triton_attention._tiles(query_start, 8, 6)[0] is first[0]  # same step: reused
-    query_start[1] = 2  # now sequence 0 has 2 queries, sequence 1 has 4
-    seq_lens = torch.tensor([10, 4])
-    assert triton_attention._tiles(query_start, 8, 6)[0] is not first[0]
-    args = (q, k_pool, v_pool, sinks, table, query_start, seq_lens, None, SCALE)
-    torch.testing.assert_close(triton_attention.paged_attention_triton(*args, block_n=16),
-                               ops.paged_attention_torch(*args), rtol=1e-5, atol=1e-5)
