@@ -5,7 +5,19 @@ Layers come in two kinds, ``full`` and ``sliding``; each kind has its own pool o
 block in every layer of that kind. A sequence's block table maps logical block ``j``
 (positions ``j*block_size .. (j+1)*block_size - 1``) to a pool block, or ``-1`` when it is
 not held. Sliding layers hand a block back as soon as no future query can see it, so each
-sequence holds at most ``ceil((window + chunk - 1) / block_size) + 1`` of them.
+sequence holds at most ``ceil((window + chunk - 1) / block_size) + 1`` of them; a per-sequence
+watermark (the first logical block still held) makes each step's freeing cost only the blocks
+it frees.
+
+The block tables also live on the device, one row per admitted sequence, in
+``device_table [kinds, max_batch (+1), max_blocks]`` (long, -1 where not held). The host keeps
+the lists as the truth and queues every change as a (flat index, value) pair
+(:meth:`take_updates`); the generator ships them with the step's other integers in one copy
+and applies them with one scatter (:meth:`apply_updates`), so tables are never rebuilt.
+
+With ``scratch=True`` each pool has one more block that no sequence ever holds, and the table
+one more row pointing at it: padding rows of a fixed-size (CUDA graph) decode batch read and
+write there.
 """
 from __future__ import annotations
 
@@ -40,6 +52,7 @@ class PagedKVCache:
         block_size: int = 16,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
+        scratch: bool = False,
     ) -> None:
         self.block_size = block_size
         self.max_seq_len = max_seq_len
@@ -51,6 +64,7 @@ class PagedKVCache:
             self.layer_slot.append((kind, counts[kind]))
             counts[kind] += 1
         full_blocks = math.ceil(max_seq_len / block_size)
+        self.max_blocks = full_blocks  # table width: logical blocks of the longest sequence
         self.blocks_per_seq = {FULL: full_blocks, SLIDING: full_blocks}
         if self.window:
             live = math.ceil((self.window + max(max_chunk, 1) - 1) / block_size) + 1
@@ -59,15 +73,31 @@ class PagedKVCache:
         self.k: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
         self.free: dict[str, list[int]] = {}
+        self.scratch_block: dict[str, int] = {}
         for kind, n_layers in counts.items():
             if n_layers == 0:
                 continue
             num_blocks = max_batch * self.blocks_per_seq[kind]
-            pool = (n_layers, num_blocks, block_size, *shape)
+            pool = (n_layers, num_blocks + int(scratch), block_size, *shape)
             self.k[kind] = torch.zeros(pool, device=device, dtype=dtype)
             self.v[kind] = torch.zeros(pool, device=device, dtype=dtype)
             self.free[kind] = list(range(num_blocks - 1, -1, -1))
+            if scratch:
+                self.scratch_block[kind] = num_blocks
         self.tables: dict[int, dict[str, list[int]]] = {}
+        # device-resident tables: one row per admitted sequence (+ the scratch row)
+        self.max_batch = max_batch
+        self.scratch_row = max_batch if scratch else None
+        self.device_table = torch.full(
+            (len(self.k), max_batch + int(scratch), full_blocks), -1, dtype=torch.long, device=device
+        )
+        for i, kind in enumerate(self.kinds):
+            if scratch:
+                self.device_table[i, max_batch, :] = self.scratch_block[kind]
+        self.row: dict[int, int] = {}
+        self.free_rows = list(range(max_batch - 1, -1, -1))
+        self.low: dict[int, int] = {}  # sliding watermark: logical blocks below it are freed
+        self._updates: list[tuple[int, int]] = []  # (flat index into device_table, value)
 
     @property
     def kinds(self) -> list[str]:
@@ -82,11 +112,36 @@ class PagedKVCache:
         return self.layer_slot[layer][0]
 
     def add_sequence(self, seq_id: int) -> None:
+        if not self.free_rows:
+            raise RuntimeError(f"more than {self.max_batch} sequences in the cache")
         self.tables[seq_id] = {kind: [] for kind in self.kinds}
+        self.row[seq_id] = self.free_rows.pop()
+        self.low[seq_id] = 0
 
     def free_sequence(self, seq_id: int) -> None:
+        row = self.row.pop(seq_id)
+        self.low.pop(seq_id)
         for kind, table in self.tables.pop(seq_id).items():
-            self.free[kind].extend(b for b in table if b >= 0)
+            for j, b in enumerate(table):
+                if b >= 0:
+                    self.free[kind].append(b)
+                    self._set(kind, row, j, -1)
+        self.free_rows.append(row)
+
+    def _set(self, kind: str, row: int, j: int, block: int) -> None:
+        """Queue ``device_table[kind, row, j] = block``."""
+        k = self.kinds.index(kind)
+        self._updates.append(((k * self.device_table.shape[1] + row) * self.max_blocks + j, block))
+
+    def take_updates(self) -> tuple[list[int], list[int]]:
+        """The queued table changes since the last call, as (flat indices, values)."""
+        updates, self._updates = self._updates, []
+        return [i for i, _ in updates], [v for _, v in updates]
+
+    def apply_updates(self, index: torch.Tensor, value: torch.Tensor) -> None:
+        """Write queued changes (on the device, from :meth:`take_updates`) into ``device_table``."""
+        if index.numel():
+            self.device_table.view(-1).index_copy_(0, index, value)
 
     def blocks_held(self, seq_id: int) -> dict[str, int]:
         return {kind: sum(b >= 0 for b in table) for kind, table in self.tables[seq_id].items()}
@@ -97,17 +152,26 @@ class PagedKVCache:
         end = start + count
         if end > self.max_seq_len:
             raise ValueError(f"position {end - 1} is past max_seq_len {self.max_seq_len}")
+        row = self.row[seq_id]
         for kind, table in self.tables[seq_id].items():
             if kind == SLIDING:
                 first_visible = max(0, start - self.window + 1)
-                for j in range(min(first_visible // self.block_size, len(table))):
-                    if table[j] >= 0:
-                        self.free[kind].append(table[j])
-                        table[j] = -1
+                stop = min(first_visible // self.block_size, len(table))
+                for j in range(self.low[seq_id], stop):  # only blocks not freed before
+                    self.free[kind].append(table[j])
+                    table[j] = -1
+                    self._set(kind, row, j, -1)
+                self.low[seq_id] = max(self.low[seq_id], stop)
             while len(table) * self.block_size < end:
                 if not self.free[kind]:
                     raise RuntimeError(f"KV cache out of {kind} blocks")
                 table.append(self.free[kind].pop())
+                self._set(kind, row, len(table) - 1, table[-1])
+
+    def slots(self, seq_id: int, kind: str, start: int, count: int) -> list[int]:
+        """Flat pool slots of positions ``start .. start+count-1`` (after :meth:`reserve`)."""
+        table, bs = self.tables[seq_id][kind], self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
 
     def batch_views(
         self, seq_ids: list[int], starts: list[int], counts: list[int], device: torch.device | str

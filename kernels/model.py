@@ -25,7 +25,9 @@ from torch import nn
 from . import ops
 from .checkpoint import checkpoint_files, iter_checkpoint, read_config
 from .config import ModelConfig
+from .decode_graph import DecodeGraphs, bucket_for
 from .kv_cache import BatchView, PagedKVCache
+from .step_inputs import StepUploader
 
 # ---- building blocks ---------------------------------------------------------------------
 
@@ -347,6 +349,13 @@ class BatchedGenerator:
     until at least one sequence has consumed all of its input, and returns the next-token
     logits of those; ``update`` feeds each chosen token back. Sequences beyond ``max_batch``
     wait and join as others finish.
+
+    Each step is device-resident: its integers go to the device in one copy
+    (:class:`~refinery.kernels.step_inputs.StepUploader`), block tables stay on the device and
+    change by the step's queued updates only, and sliding-window blocks are freed by a
+    watermark. With ``cuda_graph=True`` decode-only steps run at a fixed batch bucket from
+    static buffers and, on CUDA, are captured and replayed as CUDA graphs (see
+    ``decode_graph``; off by default: not yet run on a GPU). Logits are the same either way.
     """
 
     def __init__(
@@ -358,6 +367,7 @@ class BatchedGenerator:
         dtype: torch.dtype = torch.bfloat16,
         block_size: int = 16,
         prefill_chunk: int = 512,
+        cuda_graph: bool = False,
     ) -> None:
         if isinstance(checkpoint_or_model, Transformer):
             self.model = checkpoint_or_model
@@ -369,9 +379,15 @@ class BatchedGenerator:
         self.device = self.model.device
         self.max_seq_len, self.max_batch = max_seq_len, max_batch
         self.prefill_chunk = max(1, prefill_chunk)
+        if cuda_graph and self.device.type == "cuda" and not ops.triton_on_cuda():
+            raise ValueError("cuda_graph needs the Triton kernels on CUDA (the torch ones sync with the host)")
+        self.cuda_graph = cuda_graph
         self.cache = PagedKVCache(
-            self.config, max_batch, max_seq_len, self.prefill_chunk, block_size, self.device, self.model.dtype
+            self.config, max_batch, max_seq_len, self.prefill_chunk, block_size, self.device, self.model.dtype,
+            scratch=cuda_graph,
         )
+        self.uploader = StepUploader(self.device, self._input_capacity())
+        self.graphs = DecodeGraphs(self.device)
         self.active: dict[int, _Sequence] = {}
         self.waiting: deque[_Sequence] = deque()
         self._next_id = 0
@@ -416,6 +432,15 @@ class BatchedGenerator:
                 plan.append((seq, n))
         return plan
 
+    def _input_capacity(self) -> int:
+        """Integers one step can ship: tokens, positions and slots per kind (decodes plus a
+        prefill chunk), per-sequence fields, and the worst case of block-table changes."""
+        kinds = len(self.cache.kinds)
+        tokens = self.prefill_chunk + self.max_batch
+        per_seq = 4 * (self.max_batch + 1)
+        changes = kinds * (self.max_batch * self.cache.max_blocks + 2 * (tokens // self.cache.block_size + self.max_batch))
+        return (2 + kinds) * tokens + per_seq + 2 * changes
+
     def step(self) -> tuple[torch.Tensor, list[int]] | None:
         """Next-token logits ``[B, vocab]`` and their sequence ids; None when nothing can run."""
         self._admit()
@@ -428,24 +453,93 @@ class BatchedGenerator:
             counts = [n for _, n in plan]
             for seq, start, n in zip(seqs, starts, counts):
                 self.cache.reserve(seq.seq_id, start, n)
-            views = self.cache.batch_views([s.seq_id for s in seqs], starts, counts, self.device)
-            tokens = torch.tensor(
-                [t for s, st, n in zip(seqs, starts, counts) for t in s.tokens[st : st + n]], dtype=torch.long
-            )
-            positions = torch.cat([torch.arange(st, st + n) for st, n in zip(starts, counts)])
             ready = [b for b, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == len(s.tokens)]
-            ends = torch.cumsum(torch.tensor(counts), 0)
-            rows = ends[torch.tensor(ready, dtype=torch.long)] - 1
-            step = StepContext(self.cache, views)
-            logits = self.model.forward_step(
-                tokens.to(self.device), positions.to(self.device), step, rows.to(self.device)
-            )
+            if self.cuda_graph and len(ready) == len(seqs) and all(n == 1 for n in counts):
+                logits = self._decode_fixed(seqs, starts)
+            else:
+                logits = self._forward(seqs, starts, counts, ready)
             for seq, n in plan:
                 seq.cached += n
             if ready:
                 for b in ready:
                     seqs[b].awaiting = True
                 return logits, [seqs[b].seq_id for b in ready]
+
+    def _upload(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        query_start: list[int],
+        seq_lens: list[int],
+        rows: list[int],
+        logit_rows: list[int],
+        slots: dict[str, list[int]],
+    ) -> list[torch.Tensor]:
+        """Ship a step's integers and the queued table changes in one copy and apply the changes;
+        returns the device views [tokens, positions, query_start, seq_lens, rows, logit_rows,
+        slots of each kind...]."""
+        upd_index, upd_value = self.cache.take_updates()
+        parts = [tokens, positions, query_start, seq_lens, rows, logit_rows, *(slots[k] for k in self.cache.kinds),
+                 upd_index, upd_value]
+        dev = self.uploader.upload(parts)
+        self.cache.apply_updates(dev[-2], dev[-1])
+        return dev[:-2]
+
+    def _run_uploaded(self, dev: list[torch.Tensor]) -> torch.Tensor:
+        """The forward step on uploaded inputs; gathers the batch's block-table rows first (so a
+        captured step gathers them again on every replay)."""
+        tokens, positions, query_start, seq_lens, rows, logit_rows, *slots = dev
+        views = {
+            kind: BatchView(
+                block_table=self.cache.device_table[i].index_select(0, rows),
+                slots=slots[i],
+                query_start=query_start,
+                seq_lens=seq_lens,
+            )
+            for i, kind in enumerate(self.cache.kinds)
+        }
+        return self.model.forward_step(tokens, positions, StepContext(self.cache, views), logit_rows)
+
+    def _forward(self, seqs: list[_Sequence], starts: list[int], counts: list[int], ready: list[int]) -> torch.Tensor:
+        """A step of any shape: the packed sequences' new tokens, logits of the ``ready`` ones."""
+        tokens = [t for s, st, n in zip(seqs, starts, counts) for t in s.tokens[st : st + n]]
+        positions = [p for st, n in zip(starts, counts) for p in range(st, st + n)]
+        query_start = [0]
+        for n in counts:
+            query_start.append(query_start[-1] + n)
+        slots = {
+            kind: [x for s, st, n in zip(seqs, starts, counts) for x in self.cache.slots(s.seq_id, kind, st, n)]
+            for kind in self.cache.kinds
+        }
+        dev = self._upload(
+            tokens, positions, query_start, [st + n for st, n in zip(starts, counts)],
+            [self.cache.row[s.seq_id] for s in seqs], [query_start[b + 1] - 1 for b in ready], slots,
+        )
+        return self._run_uploaded(dev)
+
+    def _decode_fixed(self, seqs: list[_Sequence], starts: list[int]) -> torch.Tensor:
+        """A decode-only step padded to its batch bucket, from fixed buffers (a CUDA graph on CUDA)."""
+        batch = len(seqs)
+        bucket = bucket_for(batch, self.max_batch)
+        pad = bucket - batch
+        bs = self.cache.block_size
+        slots = {
+            kind: [self.cache.slots(s.seq_id, kind, st, 1)[0] for s, st in zip(seqs, starts)]
+            + [self.cache.scratch_block[kind] * bs] * pad
+            for kind in self.cache.kinds
+        }
+        dev = self._upload(
+            [s.tokens[st] for s, st in zip(seqs, starts)] + [0] * pad,
+            list(starts) + [0] * pad,
+            list(range(bucket + 1)),
+            [st + 1 for st in starts] + [1] * pad,
+            [self.cache.row[s.seq_id] for s in seqs] + [self.cache.scratch_row] * pad,
+            list(range(bucket)),
+            slots,
+        )
+        logits = self.graphs.run(bucket, lambda: self._run_uploaded(dev), self.uploader.device_buffer.data_ptr(),
+                                 self.uploader.generation)
+        return logits[:batch].clone()  # the graph's output buffer is rewritten by the next replay
 
     def update(self, seq_id: int, token: int, finished: bool = False) -> None:
         """Append the chosen ``token``; the sequence ends when ``finished``, at ``max_tokens``
