@@ -15,8 +15,8 @@ from engine_fixtures import interpreted_triton_kernels, random_weights, tiny_con
 
 KERNELS = interpreted_triton_kernels()  # TRITON_INTERPRET=1: the kernels run on CPU tensors
 
-from refinery.kernels import ops  # noqa: E402
-from refinery.kernels.model import BatchedGenerator, Transformer  # noqa: E402
+from refinery.kernels import launches, ops  # noqa: E402
+from refinery.kernels.model import BatchedGenerator, Transformer, sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,38 @@ def test_generation_matches_torch(model):
     assert calls["paged_attention"] > 0 and calls["attention"] == 0
     assert calls["rope_qkv"] == calls["paged_attention"] and calls["add_rmsnorm"] > 0
     assert got == ref and [len(t) for t in got] == [5, 5, 5]
+
+
+def test_fixed_shape_decode_with_triton_matches_torch(model):
+    # the CUDA-graph-ready decode (buckets, padding rows on the scratch block) with every Triton
+    # kernel forced in gives the torch path's greedy tokens
+    prompts = [_tokens(n, seed=20 + n) for n in (3, 17, 11, 6)]
+
+    def run(cuda_graph):
+        gen = BatchedGenerator(model, max_seq_len=48, max_batch=3, block_size=4, prefill_chunk=7,
+                               cuda_graph=cuda_graph)
+        return gen.generate_batch(prompts, max_tokens=6)
+
+    ref = run(False)
+    with ops.use_kernels("cpu", **KERNELS):
+        assert run(True) == ref
+
+
+def test_launches_per_decode_step(model):
+    # Triton path, decode of 3 sequences: at most 12 launches per layer (13 where flash-decoding
+    # splits the keys), one host-to-device copy and one block-table scatter per step
+    gen = BatchedGenerator(model, max_seq_len=64, max_batch=3, block_size=4, prefill_chunk=64)
+    with ops.use_kernels("cpu", **KERNELS):
+        for n in (5, 9, 12):
+            gen.add(_tokens(n, seed=n), max_tokens=8)
+        logits, ids = gen.step()  # prefill
+        for sid, token in zip(ids, sample(logits, 0.0)):
+            gen.update(sid, token)
+        (logits, ids), count, per_layer = launches.per_layer(model, gen.step)
+    assert len(ids) == 3 and per_layer == [12] * model.config.num_hidden_layers
+    assert count.by_name["aten.copy_"] == 1 and count.by_name.get("aten.index_copy_", 0) <= 1
+    assert count.total <= 12 * model.config.num_hidden_layers + 16
+    assert count.triton >= 9 * model.config.num_hidden_layers
 
 
 def test_cuda_registration_rule(monkeypatch):
