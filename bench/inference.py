@@ -7,21 +7,29 @@ engine's ``BatchedGenerator`` (paged KV cache, continuous batching):
 1. per batch size (default 1, 32, 128, 256; 1024-token prompts, 256 new tokens):
    prefill tokens/s (prompt tokens / time until every sequence has its first token; decodes
    are held back meanwhile), decode tokens/s (all sequences decoding together) and peak GPU
-   memory;
+   memory. Each batch is first run untimed with the same shapes (prompt length, batch, a few
+   decode steps), so every kernel variant the timed run needs is compiled beforehand; the
+   number of Triton compilations inside the timed regions is printed (it should be 0);
 2. the same model's decode through the torch reference kernels (``ops.moe_torch`` decodes
    each routed expert to bf16, ``ops.paged_attention_torch`` gathers keys per sequence) at
    ``--baseline-batches`` with ``--baseline-tokens`` new tokens, and the Triton / torch ratio;
 3. the batch-1 fraction of the memory-bandwidth roofline: bytes of active weights and KV read
-   per decode step / measured step time, over the GPU's measured device-to-device copy
-   bandwidth.
+   per decode step / measured step time, against the H100's peak (``--peak-tbps``, 3.35 TB/s)
+   and against the measured device-to-device copy bandwidth; the goal is 50% of the peak;
+4. batch-128 decode tokens/s against the 10,000 tok/s goal and vLLM's about 19,000;
+5. launches per decode step (Triton launches plus torch operators that launch a kernel), in
+   all and per layer, for the Triton path and the torch path (``refinery.kernels.launches``).
 
     .venv/bin/python bench/inference.py                       # 20b shapes, the full run
     .venv/bin/python bench/inference.py --model 120b          # must fit one H200 (141 GB)
     .venv/bin/python bench/inference.py --batches 1,32 --new-tokens 64
-    .venv/bin/python bench/inference.py --tiny                # CPU smoke run of the procedure
+    .venv/bin/python bench/inference.py --cuda-graph          # decode steps as CUDA graphs
+    .venv/bin/python bench/inference.py --tiny --json out.json  # CPU smoke run of the procedure
 
 Without a CUDA device it exits with status 2 and says so (``--tiny`` runs on the CPU with a
-tiny config and the torch kernels: it checks the procedure, its figures mean nothing).
+tiny config and the torch kernels: it checks the procedure, its timings mean nothing; its
+launch counts are real: the Triton path's are counted with the kernels run in Triton's
+interpreter, which launches exactly what the GPU would).
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from refinery.kernels import ops
+from refinery.kernels import launches, ops
 from refinery.kernels.config import ModelConfig
 from refinery.kernels.model import BatchedGenerator, Rotary, Transformer, sample
 
@@ -48,12 +56,17 @@ SHAPES = {
                  sliding_window=8),
 }
 TORCH_KERNELS = {
+    "rmsnorm": ops.rmsnorm_torch,
+    "add_rmsnorm": ops.add_rmsnorm_torch,
+    "rope_qkv": ops.rope_qkv_torch,
     "route": ops.route_torch,
     "moe": ops.moe_torch,
     "attention": ops.attention_torch,
     "paged_attention": ops.paged_attention_torch,
 }
 GB = 1e9
+H100_PEAK_TBPS = 3.35  # H100 SXM HBM3
+BATCH128_GOAL, VLLM_BATCH128 = 10_000, 19_000  # decode tok/s at batch 128 (20b, one H100)
 
 
 def model_config(name: str) -> ModelConfig:
@@ -189,6 +202,7 @@ class RunResult:
     decode_tokens_per_s: float
     step_ms: float
     peak_gb: float | None
+    compiles_in_timed: int = 0  # Triton compilations inside the timed prefill and decode
 
 
 def _sync(device: torch.device) -> None:
@@ -196,13 +210,42 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class CompileCounter:
+    """Counts Triton JIT compilations (in-process cache misses) while active."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._knobs = None
+        self._saved = None
+
+    def __enter__(self) -> "CompileCounter":
+        try:
+            from triton import knobs
+        except ImportError:  # no triton: nothing compiles
+            return self
+        self._knobs, self._saved = knobs, knobs.runtime.jit_post_compile_hook
+
+        def hook(**kwargs):
+            self.count += 1
+            return self._saved(**kwargs) if self._saved else None
+
+        knobs.runtime.jit_post_compile_hook = hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._knobs is not None:
+            self._knobs.runtime.jit_post_compile_hook = self._saved
+
+
 def run_batch(
-    model: Transformer, batch: int, prompt_len: int, new_tokens: int, prefill_chunk: int, path: str, seed: int = 0
+    model: Transformer, batch: int, prompt_len: int, new_tokens: int, prefill_chunk: int, path: str, seed: int = 0,
+    cuda_graph: bool = False, decode_steps: int | None = None,
 ) -> RunResult:
-    """Prefill ``batch`` random prompts, then decode ``new_tokens`` each (greedy), timing both."""
+    """Prefill ``batch`` random prompts, then decode ``new_tokens`` each (greedy), timing both;
+    ``decode_steps`` stops the decode early (a warm-up with the same cache and table shapes)."""
     device = model.device
     gen = BatchedGenerator(model, max_seq_len=prompt_len + new_tokens, max_batch=batch,
-                           prefill_chunk=prefill_chunk)
+                           prefill_chunk=prefill_chunk, cuda_graph=cuda_graph)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g).tolist()
     if device.type == "cuda":
@@ -210,6 +253,8 @@ def run_batch(
     for p in prompts:
         gen.add(p, max_tokens=new_tokens)
     _sync(device)
+    compiles = CompileCounter()
+    compiles.__enter__()
     t0 = time.perf_counter()
     first: dict[int, int] = {}
     while len(first) < batch:  # prefill: hold every first token back so no decode mixes in
@@ -223,7 +268,7 @@ def run_batch(
     for sid, token in first.items():
         gen.update(sid, token)
     steps = decoded = 0
-    while not gen.idle:
+    while not gen.idle and (decode_steps is None or steps < decode_steps):
         result = gen.step()
         if result is None:
             break
@@ -234,13 +279,14 @@ def run_batch(
         decoded += len(ids)
     _sync(device)
     t2 = time.perf_counter()
+    compiles.__exit__(None, None, None)
     peak = torch.cuda.max_memory_allocated(device) / GB if device.type == "cuda" else None
     decode_s = max(t2 - t1, 1e-9)
     return RunResult(
         path=path, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
         prefill_s=t1 - t0, prefill_tokens_per_s=batch * prompt_len / max(t1 - t0, 1e-9),
         decode_steps=steps, decode_s=decode_s, decode_tokens_per_s=decoded / decode_s,
-        step_ms=1e3 * decode_s / max(steps, 1), peak_gb=peak,
+        step_ms=1e3 * decode_s / max(steps, 1), peak_gb=peak, compiles_in_timed=compiles.count,
     )
 
 
@@ -257,18 +303,61 @@ def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> floa
     return 2 * nbytes * repeats / (time.perf_counter() - t0)
 
 
-def roofline(config: ModelConfig, batch1: RunResult, bandwidth: float) -> dict[str, float]:
-    """Batch-1 decode against the bandwidth roofline, at the decode's mean context length."""
+def roofline(config: ModelConfig, batch1: RunResult, bandwidth: float, peak: float = H100_PEAK_TBPS * 1e12
+             ) -> dict[str, float]:
+    """Batch-1 decode against the bandwidth roofline, at the decode's mean context length: the
+    achieved bytes/s as a fraction of the GPU's peak (``fraction``, the goal's measure) and of
+    the measured copy bandwidth (what a perfect kernel could reach in practice)."""
     context = batch1.prompt_len + batch1.new_tokens // 2
     step_bytes = decode_step_bytes(config, context, batch=1)
     achieved = step_bytes / (batch1.step_ms / 1e3)
     return {
         "step_bytes": step_bytes,
         "achieved_bytes_per_s": achieved,
+        "peak_bytes_per_s": peak,
         "copy_bandwidth_bytes_per_s": bandwidth,
-        "roofline_tokens_per_s": bandwidth / step_bytes,
-        "fraction": achieved / bandwidth,
+        "roofline_tokens_per_s": peak / step_bytes,
+        "copy_roofline_tokens_per_s": bandwidth / step_bytes,
+        "fraction": achieved / peak,
+        "fraction_of_copy_bandwidth": achieved / bandwidth,
     }
+
+
+def count_decode_launches(
+    model: Transformer, batch: int, prompt_len: int, prefill_chunk: int, kernels: dict
+) -> dict[str, object]:
+    """Launches of one decode step of ``batch`` sequences at ``prompt_len`` context, run with
+    ``kernels`` in the registry (the prefill before it uses the registry as it is): in all,
+    per layer, outside the layers, by name."""
+    gen = BatchedGenerator(model, max_seq_len=prompt_len + 2, max_batch=batch, prefill_chunk=prefill_chunk)
+    g = torch.Generator().manual_seed(batch)
+    for p in torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g).tolist():
+        gen.add(p, max_tokens=2)
+    first: dict[int, int] = {}
+    while len(first) < batch:
+        logits, ids = gen.step()
+        first.update(zip(ids, sample(logits, 0.0)))
+    for sid, token in first.items():
+        gen.update(sid, token)
+    with ops.use_kernels(model.device.type, **kernels):
+        _, counter, per_layer = launches.per_layer(model, gen.step)
+    _sync(model.device)
+    return {
+        "batch": batch,
+        "total": counter.total,
+        "triton": counter.triton,
+        "aten": counter.aten,
+        "per_layer_max": max(per_layer),
+        "per_layer_mean": sum(per_layer) / len(per_layer),
+        "outside_layers": counter.total - sum(per_layer),
+        "by_name": dict(sorted(counter.by_name.items())),
+    }
+
+
+def _fmt_launches(path: str, c: dict[str, object]) -> str:
+    return (f"[{path:6s}] launches per decode step at batch {c['batch']}: {c['total']} "
+            f"({c['triton']} Triton + {c['aten']} torch), {c['per_layer_max']} per layer at most "
+            f"(mean {c['per_layer_mean']:.1f}), {c['outside_layers']} outside the layers")
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -288,7 +377,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--model", choices=["20b", "120b"], default="20b", help="shapes to build (default 20b)")
-    p.add_argument("--batches", type=_ints, default=[1, 32, 128, 256], help="batch sizes (default 1,32,128,256)")
+    p.add_argument("--batches", type=_ints, help="batch sizes (default 1,32,128,256; --tiny: 1,3)")
     p.add_argument("--prompt-len", type=int, default=1024, help="prompt tokens per sequence (default 1024)")
     p.add_argument("--new-tokens", type=int, default=256, help="generated tokens per sequence (default 256)")
     p.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens per step (default 8192)")
@@ -297,15 +386,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-tokens", type=int, default=32,
                    help="generated tokens per sequence in the baseline (default 32; it is slow)")
     p.add_argument("--copy-gb", type=float, default=2.0, help="buffer size for the bandwidth probe (default 2)")
+    p.add_argument("--peak-tbps", type=float, default=H100_PEAK_TBPS,
+                   help=f"the GPU's peak memory bandwidth for the roofline (default {H100_PEAK_TBPS}, H100 SXM)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="run decode steps as CUDA graphs (BatchedGenerator(cuda_graph=True); not yet validated)")
+    p.add_argument("--launch-context", type=int,
+                   help="cached tokens per sequence when counting launches per decode step (default: --prompt-len)")
     p.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true",
                    help="CPU smoke run: tiny model, torch kernels, small batches (checks the procedure only)")
     args = p.parse_args(argv)
     if args.tiny:
-        args.model, args.batches, args.baseline_batches = "tiny", [1, 3], [1]
+        if args.cuda_graph:
+            p.error("--cuda-graph needs a GPU; --tiny runs on the CPU")
+        args.model, args.baseline_batches = "tiny", [1]
+        args.batches = args.batches or [1, 3]
         args.prompt_len, args.new_tokens, args.baseline_tokens = 24, 6, 4
         args.prefill_chunk, args.copy_gb = 32, 0.05
+    args.batches = args.batches or [1, 32, 128, 256]
     for name in ("prompt_len", "new_tokens", "prefill_chunk", "baseline_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -317,7 +416,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _fmt(r: RunResult) -> str:
     peak = f"{r.peak_gb:.1f} GB" if r.peak_gb is not None else "n/a"
     return (f"[{r.path:6s}] batch {r.batch:4d}: prefill {r.prefill_tokens_per_s:12,.0f} tok/s   "
-            f"decode {r.decode_tokens_per_s:10,.1f} tok/s ({r.step_ms:8.2f} ms/step)   peak {peak}")
+            f"decode {r.decode_tokens_per_s:10,.1f} tok/s ({r.step_ms:8.2f} ms/step)   peak {peak}   "
+            f"compiles in timed runs {r.compiles_in_timed}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,8 +453,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[RunResult] = []
     for batch in args.batches:
-        run_batch(model, batch, min(64, args.prompt_len), 3, args.prefill_chunk, "warmup")  # compile kernels
-        r = run_batch(model, batch, args.prompt_len, args.new_tokens, args.prefill_chunk, kernels_path, args.seed)
+        # untimed, with the timed run's shapes: compiles every kernel variant it will need
+        run_batch(model, batch, args.prompt_len, args.new_tokens, args.prefill_chunk, "warmup", args.seed + 1,
+                  args.cuda_graph, decode_steps=3)
+        r = run_batch(model, batch, args.prompt_len, args.new_tokens, args.prefill_chunk, kernels_path, args.seed,
+                      args.cuda_graph)
         results.append(r)
         print(_fmt(r), flush=True)
     baseline: list[RunResult] = []
@@ -364,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             baseline.append(r)
             print(_fmt(r), flush=True)
 
-    summary: dict[str, object] = {"model": args.model, "device": str(device), "kernels": kernels_path}
+    summary: dict[str, object] = {"model": args.model, "device": str(device), "kernels": kernels_path,
+                                  "cuda_graph": args.cuda_graph}
     by_batch = {r.batch: r for r in results}
     for b in baseline:
         if b.batch in by_batch:
@@ -373,18 +477,48 @@ def main(argv: list[str] | None = None) -> int:
             print(f"decode speed-up over the torch path at batch {b.batch}: {ratio:.1f}x")
     if 1 in by_batch:
         bw = copy_bandwidth(device, int(args.copy_gb * GB))
-        roof = roofline(config, by_batch[1], bw)
+        roof = roofline(config, by_batch[1], bw, args.peak_tbps * 1e12)
         summary["roofline_batch1"] = roof
-        print(f"batch-1 decode reads {roof['step_bytes'] / GB:.2f} GB per step; copy bandwidth "
-              f"{bw / GB:.0f} GB/s -> roofline {roof['roofline_tokens_per_s']:.0f} tok/s; "
-              f"achieved {roof['achieved_bytes_per_s'] / GB:.0f} GB/s = {100 * roof['fraction']:.1f}% of roofline")
+        print(f"batch-1 decode reads {roof['step_bytes'] / GB:.2f} GB per step, achieved "
+              f"{roof['achieved_bytes_per_s'] / GB:.0f} GB/s = {100 * roof['fraction']:.1f}% of roofline at the "
+              f"{args.peak_tbps:.2f} TB/s peak ({roof['roofline_tokens_per_s']:.0f} tok/s; goal 50%: "
+              f"{'met' if roof['fraction'] >= 0.5 else 'NOT met'}) and "
+              f"{100 * roof['fraction_of_copy_bandwidth']:.1f}% of the measured copy bandwidth {bw / GB:.0f} GB/s "
+              f"({roof['copy_roofline_tokens_per_s']:.0f} tok/s)")
     for r in results:
         if r.batch == 128:
-            print(f"batch-128 aggregate decode: {r.decode_tokens_per_s:,.0f} tok/s "
-                  f"({r.decode_tokens_per_s / 502:.1f}x the seed engine's 502 tok/s on a B200)")
+            tps = r.decode_tokens_per_s
+            summary["batch128"] = {"decode_tokens_per_s": tps, "goal": BATCH128_GOAL, "vllm": VLLM_BATCH128,
+                                   "goal_met": tps >= BATCH128_GOAL}
+            print(f"batch-128 aggregate decode: {tps:,.0f} tok/s = {100 * tps / BATCH128_GOAL:.0f}% of the "
+                  f"{BATCH128_GOAL:,} tok/s goal ({'met' if tps >= BATCH128_GOAL else 'NOT met'}), "
+                  f"{100 * tps / VLLM_BATCH128:.0f}% of vLLM's about {VLLM_BATCH128:,}")
+    timed_compiles = sum(r.compiles_in_timed for r in results + baseline)
+    summary["compiles_in_timed_runs"] = timed_compiles
+    if kernels_path == "triton" or args.tiny:
+        print(f"Triton compilations inside timed regions: {timed_compiles}")
     peaks = [r.peak_gb for r in results if r.peak_gb is not None]
     if peaks:
         print(f"peak GPU memory over the runs: {max(peaks):.1f} GB")
+
+    # launches per decode step, Triton path and torch path (on the CPU: Triton interpreted)
+    counts: dict[str, list[dict[str, object]]] = {"triton": [], "torch": []}
+    context = args.launch_context or args.prompt_len
+    triton_kernels = None
+    if device.type == "cpu":
+        from refinery.kernels.interpret import interpreted_triton_kernels
+
+        triton_kernels = interpreted_triton_kernels()
+    elif kernels_path == "triton":
+        triton_kernels = {}
+    for path, kernels in (("triton", triton_kernels), ("torch", TORCH_KERNELS)):
+        if kernels is None:
+            continue
+        for batch in args.batches:
+            c = count_decode_launches(model, batch, context, args.prefill_chunk, kernels)
+            counts[path].append(c)
+            print(_fmt_launches(path, c), flush=True)
+    summary["launches_per_decode_step"] = counts
     summary["runs"] = [asdict(r) for r in results + baseline]
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

@@ -89,7 +89,31 @@ def test_tiny_smoke_run(bench, tmp_path, capsys):
     runs = figures["runs"]
     assert [(r["path"], r["batch"]) for r in runs] == [("torch", 1), ("torch", 3), ("torch", 1)]
     assert all(r["decode_steps"] == r["new_tokens"] - 1 and r["decode_tokens_per_s"] > 0 for r in runs)
-    assert 0 < figures["roofline_batch1"]["fraction"]
+    roof = figures["roofline_batch1"]
+    assert 0 < roof["fraction"] and roof["peak_bytes_per_s"] == 3.35e12
+    assert roof["fraction_of_copy_bandwidth"] == roof["achieved_bytes_per_s"] / roof["copy_bandwidth_bytes_per_s"]
+    assert "of the measured copy bandwidth" in printed and "goal 50%" in printed
+    assert figures["compiles_in_timed_runs"] == 0
+    # launches per decode step: the Triton path (interpreted on the CPU) and the torch path
+    launches = figures["launches_per_decode_step"]
+    assert [c["batch"] for c in launches["triton"]] == [c["batch"] for c in launches["torch"]] == [1, 3]
+    for c in launches["triton"]:
+        assert c["per_layer_max"] <= 12 and c["triton"] > 0 and c["by_name"]["aten.copy_"] == 1
+    assert all(c["per_layer_max"] > 50 for c in launches["torch"])
+    assert "[triton] launches per decode step at batch 3" in printed
+
+
+def test_batch128_judged_against_the_goals(bench, monkeypatch, capsys):
+    # the batch-128 line and figures, from a stubbed run (no GPU here)
+    fake = bench.RunResult("triton", 128, 24, 6, 1.0, 1.0, 5, 1.0, 12_000.0, 1.0, None)
+    monkeypatch.setattr(bench, "run_batch", lambda model, batch, *a, **k: fake if batch == 128 else
+                        bench.RunResult("torch", batch, 24, 6, 1.0, 1.0, 5, 1.0, 100.0, 1.0, None))
+    monkeypatch.setattr(bench, "count_decode_launches", lambda *a, **k: {
+        "batch": 1, "total": 1, "triton": 0, "aten": 1, "per_layer_max": 0, "per_layer_mean": 0.0,
+        "outside_layers": 1, "by_name": {}})
+    assert bench.main(["--tiny", "--batches", "1,128"]) == 0
+    printed = capsys.readouterr().out
+    assert "batch-128 aggregate decode: 12,000 tok/s = 120% of the 10,000 tok/s goal (met), 63% of vLLM" in printed
 
 
 def test_exits_without_cuda(bench, monkeypatch, capsys):
