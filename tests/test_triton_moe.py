@@ -204,3 +204,18 @@ def test_moe_config_heuristic_and_tuned_table(tmp_path, monkeypatch):
     assert cfg(1, 4, 32, 2880, 2880) == triton_moe.MoEConfig(16, 32, 256, 4)
     assert cfg(2, 4, 32, 2880, 2880) == triton_moe.MoEConfig(16, 32, 256, 4)  # same bucket
     assert cfg(64, 4, 32, 2880, 2880).split_k == 1
+
+
+def test_tuning_sweep_runs_and_its_table_loads(tmp_path, monkeypatch):
+    # functional only (timings under the interpreter mean nothing): two candidates, two buckets
+    from refinery.kernels import moe_tune
+
+    cands = [triton_moe.MoEConfig(16, 32, 64, 1), triton_moe.MoEConfig(16, 32, 64, 2)]
+    best = moe_tune.sweep(hidden=64, inter=128, num_experts=4, topk=2, token_counts=[1, 9], configs=cands,
+                          device="cpu", dtype=torch.float32, repeats=1)
+    assert [e["bucket"] for e in best] == [1, 8] and all(e["config"] in [vars(c) for c in cands] for e in best)
+    path = tmp_path / "tuned.json"
+    moe_tune.write(best, path)
+    monkeypatch.setattr(triton_moe, "TUNED", {})
+    assert triton_moe.load_tuned_configs(path) == 2
+    assert triton_moe.moe_config(9, 2, 4, 64, 128) == triton_moe.MoEConfig(**best[1]["config"])
