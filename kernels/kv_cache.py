@@ -97,7 +97,9 @@ class PagedKVCache:
         self.row: dict[int, int] = {}
         self.free_rows = list(range(max_batch - 1, -1, -1))
         self.low: dict[int, int] = {}  # sliding watermark: logical blocks below it are freed
-        self._updates: list[tuple[int, int]] = []  # (flat index into device_table, value)
+        # queued device_table changes, flat index -> value: the last write to an entry wins (a
+        # freed row reused in the same step), so one scatter never sees an index twice
+        self._updates: dict[int, int] = {}
 
     @property
     def kinds(self) -> list[str]:
@@ -131,12 +133,12 @@ class PagedKVCache:
     def _set(self, kind: str, row: int, j: int, block: int) -> None:
         """Queue ``device_table[kind, row, j] = block``."""
         k = self.kinds.index(kind)
-        self._updates.append(((k * self.device_table.shape[1] + row) * self.max_blocks + j, block))
+        self._updates[(k * self.device_table.shape[1] + row) * self.max_blocks + j] = block
 
     def take_updates(self) -> tuple[list[int], list[int]]:
         """The queued table changes since the last call, as (flat indices, values)."""
-        updates, self._updates = self._updates, []
-        return [i for i, _ in updates], [v for _, v in updates]
+        updates, self._updates = self._updates, {}
+        return list(updates), list(updates.values())
 
     def apply_updates(self, index: torch.Tensor, value: torch.Tensor) -> None:
         """Write queued changes (on the device, from :meth:`take_updates`) into ``device_table``."""
