@@ -1,5 +1,6 @@
 """refinery.kernels: the gpt-oss MXFP4 inference engine (torch; Triton kernels for CUDA in
-``triton_moe`` and ``triton_attention``, picked per device through ``ops``).
+``triton_moe``, ``triton_attention``, ``triton_norm`` and ``triton_rope``, picked per device
+through ``ops``; launch counting in ``launches``; see docs/ENGINE.md for the decode step).
 
 Importing this package does not import torch; the names below load on first use.
 
