@@ -438,7 +438,8 @@ class BatchedGenerator:
         kinds = len(self.cache.kinds)
         tokens = self.prefill_chunk + self.max_batch
         per_seq = 4 * (self.max_batch + 1)
-        changes = kinds * (self.max_batch * self.cache.max_blocks + 2 * (tokens // self.cache.block_size + self.max_batch))
+        blocks_touched = 2 * (tokens // self.cache.block_size + self.max_batch)
+        changes = kinds * (self.max_batch * self.cache.max_blocks + blocks_touched)
         return (2 + kinds) * tokens + per_seq + 2 * changes
 
     def step(self) -> tuple[torch.Tensor, list[int]] | None:

@@ -1,7 +1,7 @@
 """Per-document seeded sampling that runs on the logits' device.
 
-The pipelines' rule (``refinery.transforms.inference.sample_rows``): row ``b`` draws one
-float64 uniform ``u`` from its own ``torch.Generator`` (CPU), and picks the first token whose
+The pipelines' rule (``refinery.transforms.inference.handler.sample_rows``): row ``b`` draws
+one float64 uniform ``u`` from its own ``torch.Generator`` (CPU), and picks the first token whose
 float64 cumulative probability under ``softmax(logits / temperature)`` exceeds
 ``u * total``, so a document's tokens depend only on its own seed and its own logits.
 
@@ -41,8 +41,8 @@ def sample_rows_device(logits: torch.Tensor, temperature: float, uniforms: torch
 
 
 def sample_rows(logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator]) -> list[int]:
-    """``refinery.transforms.inference.sample_rows`` computed on ``logits``' device: the same
-    tokens for the same generators (identical on CPU), one ``[B]`` copy back to the host."""
+    """``refinery.transforms.inference.handler.sample_rows`` computed on ``logits``' device: the
+    same tokens for the same generators (identical on CPU), one ``[B]`` copy back to the host."""
     if temperature <= 0:
         return logits.argmax(dim=-1).tolist()
     return sample_rows_device(logits, temperature, draw_uniforms(generators)).tolist()

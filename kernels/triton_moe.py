@@ -94,7 +94,8 @@ def _mxfp4_matmul(a_ptr, a_row_off, a_mask, w_blocks_ptr, w_scales_ptr, w_row, w
     ``a`` rows at ``a_ptr + a_row_off`` (contiguous along k); ``w_blocks_ptr``/``w_scales_ptr``
     point at the expert's first row; ``k_lo`` is a multiple of ``2 * BLOCK_KB``. With
     ``SCALED_DOT`` the tile goes to ``tl.dot_scaled`` (e2m1 weights, e8m0 scales; activations as
-    loaded, in ``A_FORMAT`` "bf16" or "fp16"), else it is decoded by :func:`_decode_tile` and multiplied as even and odd k.
+    loaded, in ``A_FORMAT`` "bf16" or "fp16"), else it is decoded by :func:`_decode_tile` and
+    multiplied as even and odd k.
     """
     kb_total = K // 2  # bytes per weight row
     groups = K // 32

@@ -125,7 +125,7 @@ def test_fixed_shape_logits_match(model):
 
 
 def test_device_sampling_matches_the_pipelines_rule():
-    from refinery.transforms.inference import sample_rows
+    from refinery.transforms.inference.handler import sample_rows
 
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)

@@ -43,7 +43,8 @@ def test_rmsnorm_and_add_rmsnorm_float32(n, h):
 
 
 def test_rmsnorm_bfloat16_and_registry():
-    x, d, scale = _randn(6, 96, seed=4, dtype=torch.bfloat16), _randn(6, 96, seed=5, dtype=torch.bfloat16), _randn(96, seed=6)
+    x, d = _randn(6, 96, seed=4, dtype=torch.bfloat16), _randn(6, 96, seed=5, dtype=torch.bfloat16)
+    scale = _randn(96, seed=6)
     _close_bf16(KERNELS["rmsnorm"](x, scale, 1e-5), ops.rmsnorm_torch(x, scale, 1e-5))
     r, y = KERNELS["add_rmsnorm"](x, d, scale, 1e-5)
     r0, y0 = ops.add_rmsnorm_torch(x, d, scale, 1e-5)
