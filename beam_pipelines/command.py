@@ -119,7 +119,8 @@ def _watch_signals(stop: threading.Event) -> None:
     count it, stop Beam's workers, interrupt the main thread."""
     while not stop.is_set():
         info = signal.sigtimedwait(STOP_SIGNALS, 0.2)
-        if info is not None:
+        # a stop/continue (SIGSTOP, SIGCONT) can end the wait with a siginfo of no signal
+        if info is not None and info.si_signo in STOP_SIGNALS:
             _on_stop_signal(info.si_signo)
             _interrupt_main_thread()
 

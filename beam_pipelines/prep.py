@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--num-shards", type=int, default=8, help="number of output shards (default: 8)")
     out.add_argument("--max-tokens", metavar="N",
                      help="keep documents in input order up to N tokens (suffixes K, M, B, T)")
+    out.add_argument("--unit-mb", type=float, default=16.0, metavar="MB",
+                     help="input per tokenize unit: smaller files are grouped, bigger local .jsonl files split by "
+                          "byte range, so the cores share any layout (default: 16; 0: one unit per file)")
     out.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
     add_runner_args(parser)
 
@@ -101,7 +104,8 @@ def run(args, beam_args: list[str]) -> int:
     workers = args.workers or os.cpu_count() or 1
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
                      num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
-                     max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source)
+                     max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
+                     unit_bytes=int(args.unit_mb * (1 << 20)))
 
     def summary(result, seconds: float) -> str:
         manifest_path = io.join(cfg.output, "manifest.json")

@@ -1,6 +1,6 @@
 """Per-document seeded sampling that runs on the logits' device.
 
-The pipelines' rule (``refinery.transforms.inference.handler.sample_rows``): row ``b`` draws
+The pipelines' rule (``refinery.transforms.inference.handler.sample_rows`` calls this): row ``b`` draws
 one float64 uniform ``u`` from its own ``torch.Generator`` (CPU), and picks the first token whose
 float64 cumulative probability under ``softmax(logits / temperature)`` exceeds
 ``u * total``, so a document's tokens depend only on its own seed and its own logits.

@@ -124,6 +124,16 @@ def test_fixed_shape_logits_match(model):
             ref.update(sid, token)
 
 
+def _reference_rule(logits, temperature, generators):
+    """The pipelines' sampling rule as it was written on the host: one float64 uniform per row
+    from the row's own generator, the first token whose float64 CDF exceeds u * total."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    cdf = torch.softmax(logits.double().cpu() / temperature, dim=-1).cumsum(dim=-1)
+    return [min(int(torch.searchsorted(cdf[b], torch.rand((), generator=g, dtype=torch.float64) * cdf[b, -1],
+                                       right=True)), cdf.shape[1] - 1) for b, g in enumerate(generators)]
+
+
 def test_device_sampling_matches_the_pipelines_rule():
     from refinery.transforms.inference.handler import sample_rows
 
@@ -132,7 +142,8 @@ def test_device_sampling_matches_the_pipelines_rule():
         logits = torch.randn(5, 300, generator=g) * (1 + seed % 4)
         for temperature in (0.0, 0.3, 1.0, 1.7):
             gens = lambda: [torch.Generator().manual_seed(100 * seed + b) for b in range(5)]  # noqa: E731
-            assert sampling.sample_rows(logits, temperature, gens()) == sample_rows(logits, temperature, gens())
+            want = _reference_rule(logits, temperature, gens())
+            assert sampling.sample_rows(logits, temperature, gens()) == want == sample_rows(logits, temperature, gens())
     # the same per-row streams: a row's token does not depend on the other rows
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     gens = lambda: [torch.Generator().manual_seed(s) for s in (1, 2, 3)]  # noqa: E731

@@ -45,8 +45,11 @@ def test_shared_model_server_takes_only_the_runs_key(tmp_path):
     from refinery.transforms.inference.handler import EngineSettings, GptOssModelHandler
 
     handler = GptOssModelHandler(EngineSettings(str(tmp_path)))
-    other = GptOssModelHandler(EngineSettings(str(tmp_path)))
-    assert handler._sharing_secret != other._sharing_secret and len(handler._sharing_secret) == 32
+    other = GptOssModelHandler(EngineSettings(str(tmp_path)))  # a later wave of the same run: the same key
+    assert handler._sharing_secret == other._sharing_secret and len(handler._sharing_secret) == 32
+    another_driver = subprocess.run([sys.executable, "-c", "from refinery.transforms.inference.handler import "
+                                     "sharing_secret; print(sharing_secret().hex())"], capture_output=True, text=True)
+    assert bytes.fromhex(another_driver.stdout.strip()) != handler._sharing_secret
     script = tmp_path / "probe_script.py"
     script.write_text(PROBE)
     proc = subprocess.run([sys.executable, str(script), pickle.dumps(handler).hex()], capture_output=True, text=True,

@@ -203,7 +203,7 @@ def test_max_tokens_keeps_input_order_prefix(tmp_path):
     lengths = [len(enc.encode_ordinary(normalize_text(t))) + 1 for t in texts]
     budget = sum(lengths[:33]) + 5  # inside the second file
     out = tmp_path / "out"
-    assert run_prep([root], out, "--num-shards", 2, "--max-tokens", budget, "--workers", 1) == 0
+    assert run_prep([root], out, "--num-shards", 2, "--max-tokens", budget, "--workers", 1, "--unit-mb", 0) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["total_documents"] == 33 and m["total_tokens"] == sum(lengths[:33])
     assert m["rows"]["over_budget"] == 7 and m["rows"]["read"] == 40  # read only 2 of 6 files
@@ -230,7 +230,7 @@ def test_verify_names_each_problem(small_corpus, tmp_path, capsys):
     raw[-3] ^= 0xFF
     npy0.write_bytes(bytes(raw))
     next(out.glob("shard_0001/*.idx")).unlink()
-    (out / "shard_0002" / ".x.npy.tmp-123").write_bytes(b"")
+    (out / "shard_0002" / f".x.npy.tmp-otherhost-123-{'ab' * 16}").write_bytes(b"")
     capsys.readouterr()
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 1
     text = capsys.readouterr().out
@@ -241,7 +241,7 @@ def test_verify_names_each_problem(small_corpus, tmp_path, capsys):
     other = {p: p.stat().st_mtime_ns for p in out.glob("shard_0002/*.npy")}
     assert run_prep([small_corpus], out, "--num-shards", 3, "--dataset", "v", "--verify-checksums") == 0
     assert {p: p.stat().st_mtime_ns for p in out.glob("shard_0002/*.npy")} == other
-    (out / "shard_0002" / ".x.npy.tmp-123").unlink()
+    (out / "shard_0002" / f".x.npy.tmp-otherhost-123-{'ab' * 16}").unlink()
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 

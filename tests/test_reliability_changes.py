@@ -22,7 +22,7 @@ def test_input_edited_or_added_under_a_finished_run(tmp_path, monkeypatch, caplo
     corpus = make_corpus(tmp_path / "corpus", files=3, docs_per_file=30)
     out, log = tmp_path / "out", tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
-    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch") == 0
+    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch", "--unit-mb", 0) == 0
     before = _hashes(out)
 
     edited = corpus / "part-01.jsonl"
@@ -31,7 +31,7 @@ def test_input_edited_or_added_under_a_finished_run(tmp_path, monkeypatch, caplo
     mark = len(read_unit_log(log))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="refinery"):
-        assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch") == 0
+        assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch", "--unit-mb", 0) == 0
     after = _hashes(out)
     assert all(after[k] != before[k] for k in ("tokenize", "pack", "manifest"))
     said = "\n".join(r.getMessage() for r in caplog.records)
@@ -45,7 +45,7 @@ def test_input_edited_or_added_under_a_finished_run(tmp_path, monkeypatch, caplo
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="refinery"):
-        assert run_prep([corpus], out, "--num-shards", 3, "--dataset", "ch") == 0
+        assert run_prep([corpus], out, "--num-shards", 3, "--dataset", "ch", "--unit-mb", 0) == 0
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "config changed: num_shards 2 -> 3" in said
 
@@ -65,6 +65,6 @@ def test_input_edited_during_a_run_fails_its_unit_then_replans(tmp_path, monkeyp
     assert "changed since this job was planned" in str(e.value) and "00002" in str(e.value)
     assert not (out / "manifest.json").exists()
     with caplog.at_level(logging.WARNING, logger="refinery"):
-        assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch") == 0
+        assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "ch", "--unit-mb", 0) == 0
     assert f"1 changed: {victim}" in "\n".join(r.getMessage() for r in caplog.records)
     assert shard_texts(out) == expected_texts(corpus)  # the late document is in, exactly once

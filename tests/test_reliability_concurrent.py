@@ -22,7 +22,7 @@ forks = reliability_helpers.forks
 
 def _argv(corpus, out):
     return ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "4", "--dataset", "cc",
-            "--runner", "direct", "--no-progress"]
+            "--runner", "direct", "--no-progress", "--unit-mb", "0"]  # a unit per file: 6 units to pause in
 
 
 def _wait_for(log, predicate, timeout=60.0) -> None:
@@ -42,7 +42,7 @@ def test_second_run_while_first_is_paused_mid_unit(tmp_path, forks, pause_at):
     deterministic version of two overlapping runs, with the nastiest interleaving."""
     corpus = make_corpus(tmp_path / "corpus", files=6, docs_per_file=50)
     ref = tmp_path / "ref"
-    assert run_prep([corpus], ref, "--num-shards", 4, "--dataset", "cc") == 0
+    assert run_prep([corpus], ref, "--num-shards", 4, "--dataset", "cc", "--unit-mb", 0) == 0
     want = final_digest(ref)
     stage, k = pause_at
     out, log = tmp_path / "out", tmp_path / "units.log"

@@ -31,7 +31,7 @@ def finished(tmp_path_factory):
     root = tmp_path_factory.mktemp("corruption")
     corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
     out = root / "out"
-    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c") == 0
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0) == 0
     return corpus, out, final_digest(out)
 
 
@@ -93,7 +93,7 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
 
     log = tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
-    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--verify-checksums") == 0
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0, "--verify-checksums") == 0
     started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
     assert started == sorted(u for _, _, u in damage if u)
     assert final_digest(out) == want
@@ -119,7 +119,7 @@ def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatc
     assert "manifest.json: not valid JSON" in capsys.readouterr().out
     log = tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
-    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c") == 0
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0) == 0
     started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
     assert started == [("manifest", "manifest"), ("pack", "0003")]
     assert final_digest(out) == want

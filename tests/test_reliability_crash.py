@@ -45,7 +45,8 @@ pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture
 
 def _prep_argv(corpus, out, runner: str, workers: int = 1) -> list[str]:
     return [str(a) for a in ("prep", "--input", corpus, "--output", out, "--num-shards", NUM_SHARDS,
-                             "--dataset", "k", "--runner", runner, "--workers", workers, "--no-progress")]
+                             "--dataset", "k", "--runner", runner, "--workers", workers, "--no-progress",
+                             "--unit-mb", 0)]  # a unit per file: many units to kill between
 
 
 def _stage_progress(out) -> list[tuple[str, int, int]]:
@@ -129,7 +130,7 @@ def test_prep_kill9_loop(tmp_path, forks):
     deadline = t0 + TIME_CAP_S
     corpus = make_corpus(tmp_path / "corpus", files=FILES, docs_per_file=50)
     ref = tmp_path / "ref"
-    assert run_prep([corpus], ref, "--num-shards", NUM_SHARDS, "--dataset", "k") == 0
+    assert run_prep([corpus], ref, "--num-shards", NUM_SHARDS, "--dataset", "k", "--unit-mb", 0) == 0
     want = final_digest(ref)
     docs = sum(expected_texts(corpus).values())
     assert shard_texts(ref) == expected_texts(corpus)
@@ -243,7 +244,7 @@ def test_prep_kill9_loop_with_outputs_on_gcs_emulator(tmp_path, forks, gcs_bucke
     t0 = time.time()
     corpus = make_corpus(tmp_path / "corpus", files=4, docs_per_file=40)
     ref = tmp_path / "ref"
-    assert run_prep([corpus], ref, "--num-shards", NUM_SHARDS, "--dataset", "k") == 0
+    assert run_prep([corpus], ref, "--num-shards", NUM_SHARDS, "--dataset", "k", "--unit-mb", 0) == 0
     want = final_digest(ref)
     out = f"{gcs_bucket}/prep"
     argv = _prep_argv(corpus, out, "direct")

@@ -28,7 +28,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("retries")
     corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
     ref = root / "ref"
-    assert run_prep([corpus], ref, "--num-shards", 3, "--dataset", "r") == 0
+    assert run_prep([corpus], ref, "--num-shards", 3, "--dataset", "r", "--unit-mb", 0) == 0
     return corpus, final_digest(ref)
 
 
@@ -116,7 +116,7 @@ def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monke
     os.replace(hidden, victim)
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same file again: the same plan
     mark = len(read_unit_log(log))
-    assert run_prep([work], out, "--num-shards", 3, "--dataset", "r") == 0
+    assert run_prep([work], out, "--num-shards", 3, "--dataset", "r", "--unit-mb", 0) == 0
     started = [(e["stage"], e["unit"]) for e in read_unit_log(log)[mark:] if e["event"] == "start"]
     assert [u for u in started if u[0] == "tokenize"] == [("tokenize", "00002")]
     # the shards are identical; rejects.jsonl and the manifest's plan hash name the input

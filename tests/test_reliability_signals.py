@@ -26,7 +26,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("signals")
     corpus = make_corpus(root / "corpus", files=6, docs_per_file=50)
     ref = root / "ref"
-    assert run_prep([corpus], ref, "--num-shards", 4, "--dataset", "s") == 0
+    assert run_prep([corpus], ref, "--num-shards", 4, "--dataset", "s", "--unit-mb", 0) == 0
     return corpus, final_digest(ref)
 
 
@@ -38,7 +38,7 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
     corpus, want = reference
     out, log = tmp_path / "out", tmp_path / "units.log"
     argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "4", "--dataset", "s",
-            "--no-progress"]
+            "--no-progress", "--unit-mb", "0"]
     stage, k, delay = when
     a = run_attempt(lambda: spawn(refinery_cmd(*argv, "--runner", "local", "--workers", "2"), child_env(log)),
                     log, kill_at_start=k, delay=delay, stage=stage, sig=sig, group=group, timeout=60)

@@ -108,18 +108,11 @@ def decode(tokens: Sequence[int]) -> str:
 def sample_rows(logits, temperature: float, generators: Sequence) -> list[int]:
     """One token per row of ``logits [B, V]``: greedy for ``temperature <= 0``, else an
     inverse-CDF draw with row ``b``'s own ``generators[b]`` (one uniform per token), so a
-    sequence's draws depend only on its own seed and its own logits."""
-    import torch
+    sequence's draws depend only on its own seed and its own logits. Computed where the
+    logits are (:func:`refinery.kernels.sampling.sample_rows`: only the uniforms cross)."""
+    from refinery.kernels.sampling import sample_rows as on_logits_device
 
-    if temperature <= 0:
-        return logits.argmax(dim=-1).tolist()
-    probs = torch.softmax(logits.double().cpu() / temperature, dim=-1)
-    cdf = probs.cumsum(dim=-1)
-    out = []
-    for b, gen in enumerate(generators):
-        u = torch.rand((), generator=gen, dtype=torch.float64) * cdf[b, -1]
-        out.append(min(int(torch.searchsorted(cdf[b], u, right=True)), probs.shape[1] - 1))
-    return out
+    return on_logits_device(logits, temperature, generators)
 
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -283,6 +276,18 @@ class BatchingOptions:
 # Sharing one engine between worker processes, privately
 # ---------------------------------------------------------------------------------------
 
+_SHARING_SECRET: list[bytes] = []
+
+
+def sharing_secret() -> bytes:
+    """This driver's key for the models its workers share: 32 random bytes, made once per
+    process (every wave of a run, and an in-process runner reusing a loaded model across
+    waves, must agree on it)."""
+    if not _SHARING_SECRET:
+        _SHARING_SECRET.append(secrets.token_bytes(32))
+    return _SHARING_SECRET[0]
+
+
 def sharing_folder(secret: bytes) -> str:
     """The private folder of one run's shared-model server: ``$TMPDIR/refinery-mps-UID-HASH``,
     mode 0700, owned by this user (refused otherwise: another user made it)."""
@@ -333,7 +338,7 @@ def _build_handler_class():
         ``share_across_processes`` (default True): the engine is loaded once per machine (one
         per accelerator) and served to every worker process; ``model_copies`` engines are
         loaded when given. The serving is private to the run (:func:`secure_model_sharing`:
-        a random key made when the handler is built, a 0700 folder). Batches are formed by
+        the driver's random key, carried by the pickled handler; a 0700 folder). Batches are formed by
         prompt length (see :class:`BatchingOptions`); the engine's continuous batching runs
         inside each batch.
         """
@@ -346,7 +351,7 @@ def _build_handler_class():
             self.params = params
             self._share_across_processes = bool(share_across_processes or model_copies)
             self._model_copies = model_copies
-            self._sharing_secret = secrets.token_bytes(32)  # pickled with the handler: known to its workers only
+            self._sharing_secret = sharing_secret()  # pickled with the handler: known to this run's workers only
             self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
             self._counters = None
 

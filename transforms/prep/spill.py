@@ -37,11 +37,16 @@ class SpillWriter:
         self._written = 0                      # tokens already flushed
         self._buffered = 0                     # tokens in the current run
         self._pending: list[tuple[int, np.ndarray]] = []  # (shard, tokens) in input order
+        self._ends: list[int] = []             # given input positions (a merge), else empty
         self._tables: list[np.ndarray] = []
         self._cum = 0
 
-    def add(self, shard: int, tokens) -> None:
-        """Append one document's tokens (a uint32 ``array('I')`` or numpy array)."""
+    def add(self, shard: int, tokens, cum_end: int | None = None) -> None:
+        """Append one document's tokens (a uint32 ``array('I')`` or numpy array). ``cum_end``:
+        its position in the whole input, when it is known already (merging spills); then
+        every document must be given one, and those of a shard must come in input order."""
+        if cum_end is not None:
+            self._ends.append(cum_end)
         self._pending.append((shard, tokens))
         self._buffered += len(tokens)
         if self._buffered >= self._run_tokens:
@@ -54,8 +59,12 @@ class SpillWriter:
         table = np.zeros(n, DOC_DTYPE)
         table["shard"] = [s for s, _ in self._pending]
         table["length"] = [len(t) for _, t in self._pending]
-        table["cum_end"] = self._cum + np.cumsum(table["length"], dtype=np.uint64)
-        self._cum = int(table["cum_end"][-1])
+        if self._ends:
+            table["cum_end"] = self._ends
+            self._ends = []
+        else:
+            table["cum_end"] = self._cum + np.cumsum(table["length"], dtype=np.uint64)
+            self._cum = int(table["cum_end"][-1])
         order = np.argsort(table["shard"], kind="stable")
         starts = np.zeros(n, np.uint64)
         starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
@@ -89,6 +98,47 @@ def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray
 
 def write_array(out: IO[bytes], array: np.ndarray) -> None:
     np.lib.format.write_array(out, array, allow_pickle=False)
+
+
+def read_table(docs_file: IO[bytes]) -> np.ndarray:
+    """A whole documents table (``.spilldocs``)."""
+    table = np.load(docs_file, allow_pickle=False)
+    if table.dtype != DOC_DTYPE or table.ndim != 1:
+        raise ValueError(f"spill documents table has dtype {table.dtype} shape {table.shape}, expected {DOC_DTYPE}")
+    return table
+
+
+def iter_documents(tokens_file: IO[bytes], table: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
+    """(shard, tokens, cum_end) of every document of a spill, reading the ``.spill`` front to
+    back once (offset order: a shard's documents come in input order)."""
+    by_offset = np.argsort(table["offset"], kind="stable")
+    pos = 0
+    for i in by_offset.tolist():
+        off, n = int(table["offset"][i]), int(table["length"][i])
+        if off != pos:
+            tokens_file.seek(4 * off)
+        raw = tokens_file.read(4 * n)
+        if len(raw) != 4 * n:
+            raise ValueError(f"spill file is truncated at token {off}")
+        yield int(table["shard"][i]), np.frombuffer(raw, dtype="<u4"), int(table["cum_end"][i])
+        pos = off + n
+
+
+def write_contiguous(local: IO[bytes], table: np.ndarray, out: IO[bytes]) -> np.ndarray:
+    """Copy the documents of ``table`` (sorted by shard) from the local spill ``local`` to
+    ``out`` in table order, so each shard's tokens are one contiguous range; returns the
+    table with its offsets into ``out``."""
+    local.flush()
+    table = table.copy()
+    pos = 0
+    offsets = np.empty(len(table), np.uint64)
+    for k, (off, n) in enumerate(zip(table["offset"].tolist(), table["length"].tolist())):
+        local.seek(4 * off)
+        out.write(local.read(4 * n))
+        offsets[k] = pos
+        pos += n
+    table["offset"] = offsets
+    return table
 
 
 def read_shard_rows(docs_file: IO[bytes], starts: np.ndarray, shard: int) -> np.ndarray:

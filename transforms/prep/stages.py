@@ -26,13 +26,15 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages, short_hash
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
 
 log = logging.getLogger("refinery")
+
+UNIT_BYTES = 16 << 20  # default input bytes per tokenize unit: small files are grouped, big .jsonl files split
 
 
 @dataclass
@@ -45,6 +47,7 @@ class PrepConfig:
     id_field: str = "id"
     max_tokens: int | None = None
     row_groups_per_unit: int = 8
+    unit_bytes: int = UNIT_BYTES  # 0: one unit per file (no grouping, no byte ranges)
     wave_units: int = 4
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
 
@@ -91,8 +94,36 @@ def included_units(units: list[Unit], receipts: dict[str, dict], max_tokens: int
 # Stages
 # ---------------------------------------------------------------------------------------
 
+
+
+def count_rows_before(path: str, offsets: list[int], chunk: int = 1 << 24) -> list[int]:
+    """For each byte offset ``lo`` (ascending), how many lines of a local JSONL file start
+    before it: what the rows of the byte range starting at ``lo`` are numbered from."""
+    out, newlines, pos = [], 0, 0
+    with open(path, "rb") as f:
+        for lo in offsets:
+            if lo == 0:
+                out.append(0)
+                continue
+            while pos < lo - 1:  # newlines in [0, lo - 1): each starts a line before lo
+                data = f.read(min(chunk, lo - 1 - pos))
+                if not data:
+                    break
+                newlines += data.count(b"\n")
+                pos += len(data)
+            out.append(1 + newlines)
+    return out
+
+
 class TokenizeStage(Stage):
-    """Unit: an input slice -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``."""
+    """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``.
+
+    A unit holds about :data:`UNIT_BYTES` of input, so that the cores have units to share
+    whatever the layout: consecutive small files are grouped into one unit, a big local
+    ``.jsonl`` is split into byte ranges (its row numbers are counted when planning), a
+    parquet file into ranges of ``row_groups_per_unit`` row groups. The unit boundaries
+    depend only on the inputs, never on the number of workers.
+    """
 
     name = "tokenize"
 
@@ -103,7 +134,7 @@ class TokenizeStage(Stage):
     def config(self) -> dict:
         return {"text_field": self.cfg.text_field, "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
-                "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source}
+                "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.cfg.inputs]
@@ -111,24 +142,48 @@ class TokenizeStage(Stage):
     def identity(self) -> dict:
         return tokenizer_identity()
 
+    def _pieces(self, i: int, f: io.InputFile) -> list[tuple[str, dict]] | None:
+        """(unit id, piece) for a file that is split into several units, else None."""
+        base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
+        if f.path.endswith(".parquet"):
+            try:
+                groups = parquet_row_groups(f.path) if f.size else []
+            except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
+                log.warning("%s: unreadable parquet footer (%s: %s); it is reported as a corrupt file",
+                            f.path, type(e).__name__, e)
+                groups = []
+            step = self.cfg.row_groups_per_unit
+            if len(groups) > step:
+                return [(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]})
+                        for g in range(0, len(groups), step)]
+        elif f.path.endswith(".jsonl") and not io.is_remote(f.path) and 0 < 2 * self.cfg.unit_bytes < f.size:
+            step = self.cfg.unit_bytes
+            los = list(range(0, f.size, step))
+            bases = count_rows_before(f.path, los)
+            return [(f"{i:05d}-r{k:04d}", {**base, "byte_range": [lo, min(lo + step, f.size)], "row_base": rb})
+                    for k, (lo, rb) in enumerate(zip(los, bases))]
+        return None
+
     def plan(self) -> list[Unit]:
         if self._plan is None:
-            units = []
+            units: list[Unit] = []
+            group: list[dict] = []
+            group_id, group_bytes = "", 0
             for i, f in enumerate(self.cfg.inputs):
-                base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
-                if f.path.endswith(".parquet"):
-                    try:
-                        groups = parquet_row_groups(f.path) if f.size else []
-                    except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
-                        log.warning("%s: unreadable parquet footer (%s: %s); it is reported as a corrupt file",
-                                    f.path, type(e).__name__, e)
-                        groups = []
-                    step = self.cfg.row_groups_per_unit
-                    if len(groups) > step:
-                        for g in range(0, len(groups), step):
-                            units.append(Unit(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]}))
-                        continue
-                units.append(Unit(f"{i:05d}", base))
+                pieces = self._pieces(i, f)
+                if pieces is not None or group_bytes >= self.cfg.unit_bytes or len(group) >= 1024:
+                    if group:
+                        units.append(Unit(group_id, {"pieces": group}))
+                    group, group_bytes = [], 0
+                if pieces is not None:
+                    units += [Unit(uid, {"pieces": [piece]}) for uid, piece in pieces]
+                    continue
+                if not group:
+                    group_id = f"{i:05d}"
+                group.append({"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()})
+                group_bytes += f.size
+            if group:
+                units.append(Unit(group_id, {"pieces": group}))
             self._plan = units
         return self._plan
 
@@ -138,32 +193,37 @@ class TokenizeStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         enc = get_encoding()
-        p = unit.payload
         rows_read = accepted = empty = rejected = tokens_total = chars = 0
-        columns = [cfg.text_field, cfg.id_field] if p["path"].endswith(".parquet") else None
-        row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
-        num_shards, text_field, id_field, relpath = cfg.num_shards, cfg.text_field, cfg.id_field, p["relpath"]
-        check_unchanged(p)
+        num_shards, text_field, id_field = cfg.num_shards, cfg.text_field, cfg.id_field
+        pieces = unit.payload["pieces"]
+        for p in pieces:
+            check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out:
             writer = spill.SpillWriter(tokens_out)
-            for row, record, error in iter_rows(p["path"], row_groups, columns):
-                rows_read += 1
-                doc = normalize_row(record, error, text_field, id_field, p["path"], row, relpath)
-                if type(doc) is Rejected:
-                    if doc.empty:
-                        empty += 1
-                    else:
-                        rejected += 1
-                        rejects_out.write((io_json(doc.to_json()) + "\n").encode())
-                    continue
-                tokens = encode_document(enc, doc.text)
-                writer.add(shard_of(doc.doc_id, num_shards), tokens)
-                accepted += 1
-                tokens_total += len(tokens)
-                chars += len(doc.text)
+            for p in pieces:
+                path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
+                columns = [text_field, id_field] if path.endswith(".parquet") else None
+                row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
+                byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
+                for row, record, error in iter_rows(path, row_groups, columns, byte_range):
+                    rows_read += 1
+                    doc = normalize_row(record, error, text_field, id_field, path, row_base + row, relpath)
+                    if type(doc) is Rejected:
+                        if doc.empty:
+                            empty += 1
+                        else:
+                            rejected += 1
+                            rejects_out.write((io_json(doc.to_json()) + "\n").encode())
+                        continue
+                    tokens = encode_document(enc, doc.text)
+                    writer.add(shard_of(doc.doc_id, num_shards), tokens)
+                    accepted += 1
+                    tokens_total += len(tokens)
+                    chars += len(doc.text)
             table, starts = spill.by_shard(writer.close(), num_shards)
-        check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
+        for p in pieces:
+            check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
                  "tokens": tokens_total, "chars": chars}
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
@@ -217,14 +277,103 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
     return out
 
 
+def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
+    """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts."""
+    return {k: io.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
+            (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"))}
+
+
+# A pack unit reads 3 files of every spill it draws from: 3 x M x N requests for M spills and
+# N shards. Above this many (spill, shard) pairs a merge stage first combines consecutive
+# tokenize spills into groups, so that pack reads 3 x G x N (see docs/SCALE.md).
+MERGE_ABOVE = 1 << 16
+MERGE_GROUP_BYTES = 1 << 30   # input bytes per merge group (bounds a merge unit's local disk)
+MERGE_GROUP_UNITS = 4096
+
+
+class MergeStage(Stage):
+    """Unit: a run of consecutive tokenize units -> one spill for the group, grouped by shard.
+
+    Present only when tokenize units x shards exceeds :data:`MERGE_ABOVE`. A merge unit reads
+    each of its tokenize spills once, sequentially (2 requests per unit), and writes one spill
+    whose shards are contiguous; each document keeps its position in the whole input order
+    (``cum_end`` counted from the first tokenize unit), so pack's ``--max-tokens`` cut is the
+    same as without merging and the shards come out byte-identical.
+    """
+
+    name = "merge"
+
+    def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage):
+        self.cfg = cfg
+        self.tokenize = tokenize
+
+    def config(self) -> dict:
+        return {"group_bytes": MERGE_GROUP_BYTES, "group_units": MERGE_GROUP_UNITS, "num_shards": self.cfg.num_shards,
+                "max_tokens": self.cfg.max_tokens}
+
+    def plan(self) -> list[Unit]:
+        sizes = {f.path: f.size for f in self.cfg.inputs}
+        groups: list[list[str]] = [[]]
+        size = 0
+        for u in self.tokenize.plan():
+            if groups[-1] and (size >= MERGE_GROUP_BYTES or len(groups[-1]) >= MERGE_GROUP_UNITS):
+                groups.append([])
+                size = 0
+            groups[-1].append(u.id)
+            size += sum(p["byte_range"][1] - p["byte_range"][0] if "byte_range" in p else sizes.get(p["path"], 0)
+                        for p in u.payload["pieces"])
+        return [Unit(f"g{k:05d}", {"units": ids}) for k, ids in enumerate(groups) if ids]
+
+    def included(self) -> list[tuple[str, int]]:
+        """(tokenize unit id, tokens before it) of the units the output includes, from their
+        receipts: read once per job and handed to every unit (a side input)."""
+        tk = bind_stages([self.tokenize], self.cfg.output)[0]
+        return [(u.id, before) for u, _, before in _tokenize_inputs(tk, self.cfg.max_tokens)]
+
+    def side_inputs(self, pipeline) -> dict:
+        import apache_beam as beam
+
+        included = (pipeline | "Once" >> beam.Create([None])
+                    | "Included" >> beam.Map(lambda _, stage: stage.included(), self))  # when the job runs
+        return {"included": beam.pvalue.AsSingleton(included)}
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        import tempfile
+
+        tk = ctx.upstream("tokenize")
+        mine = set(unit.payload["units"])
+        included = ctx.side.get("included") or self.included()
+        chosen = [(uid, before) for uid, before in included if uid in mine]
+        with tempfile.TemporaryFile(prefix="refinery-merge-") as local:
+            writer = spill.SpillWriter(local)
+            for uid, before in chosen:  # units in input order; each spill read once, front to back
+                files = spill_files(tk.parts_dir, uid)
+                with io.open_read(files["docs"]) as f:
+                    table = spill.read_table(f)
+                with io.open_read(files["tokens"]) as f:
+                    for doc_shard, tokens, cum_end in spill.iter_documents(f, table):
+                        writer.add(doc_shard, tokens, before + cum_end)
+            table, starts = spill.by_shard(writer.close(), self.cfg.num_shards)
+            out = spill_files(ctx.parts_dir, unit.id)
+            with ctx.open_write(out["tokens"]) as f:
+                table = spill.write_contiguous(local, table, f)
+        with ctx.open_write(out["docs"]) as f:
+            spill.write_array(f, table)
+        with ctx.open_write(out["shards"]) as f:
+            spill.write_array(f, starts)
+        return {"units": len(chosen), "docs": int(len(table)), "tokens": int(table["length"].sum(dtype=np.uint64))}
+
+
 class PackStage(Stage):
     """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx``."""
 
     name = "pack"
     final_outputs = True
 
-    def __init__(self, cfg: PrepConfig):
+    def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage, merge: MergeStage | None = None):
         self.cfg = cfg
+        self.tokenize = tokenize
+        self.merge = merge
 
     def config(self) -> dict:
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
@@ -233,19 +382,38 @@ class PackStage(Stage):
     def plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
 
+    def spill_sources(self) -> list[tuple[dict[str, str], int | None]]:
+        """(spill files, token budget left for its documents) of every spill pack reads, in
+        input order: the merge stage's groups when there is one, else every included
+        tokenize unit. Worked out once per job (reading M receipts) and handed to every pack
+        unit as a side input: no pack unit reads the tokenize receipts."""
+        runs = bind_stages([self.tokenize, *([self.merge] if self.merge else [])], self.cfg.output)
+        if self.merge:
+            return [(spill_files(runs[1].parts_dir, u.id), self.cfg.max_tokens) for u in self.merge.plan()]
+        budget = self.cfg.max_tokens
+        return [(spill_files(runs[0].parts_dir, u.id), None if budget is None else budget - before)
+                for u, _, before in _tokenize_inputs(runs[0], budget)]
+
+    def side_inputs(self, pipeline) -> dict:
+        import apache_beam as beam
+
+        sources = (pipeline | "Once" >> beam.Create([None])
+                   | "Spills" >> beam.Map(lambda _, stage: stage.spill_sources(), self))  # when the job runs
+        return {"spills": beam.pvalue.AsSingleton(sources)}
+
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
-        tk = ctx.upstream("tokenize")
-        budget = self.cfg.max_tokens
-        pieces = []  # (spill path, doc rows)
-        for u, _, before in _tokenize_inputs(tk, budget):
-            with io.open_read(io.join(tk.parts_dir, f"{u.id}.spillshards")) as f:
+        pieces = []  # (spill tokens path, doc rows)
+        for files, budget_left in ctx.side.get("spills") or self.spill_sources():
+            with io.open_read(files["shards"]) as f:
                 starts = np.load(f, allow_pickle=False)
-            with io.open_read(io.join(tk.parts_dir, f"{u.id}.spilldocs")) as f:
+            if starts[shard] == starts[shard + 1]:
+                continue  # no document of this shard: the table and tokens need no read
+            with io.open_read(files["docs"]) as f:
                 rows = spill.read_shard_rows(f, starts, shard)
-            rows = spill.within_budget(rows, None if budget is None else budget - before)
+            rows = spill.within_budget(rows, budget_left)
             if len(rows):
-                pieces.append((io.join(tk.parts_dir, f"{u.id}.spill"), rows))
+                pieces.append((files["tokens"], rows))
         lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
 
         def chunks():
@@ -320,10 +488,13 @@ class ManifestStage(Stage):
 
 
 def build_stages(cfg: PrepConfig) -> list[Stage]:
+    """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, "text_field": cfg.text_field,
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
                            "tokenizer": tokenizer_identity(), "source": cfg.source})
-    return [TokenizeStage(cfg), PackStage(cfg), ManifestStage(cfg, run_hash)]
+    tokenize = TokenizeStage(cfg)
+    merge = MergeStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
+    return [tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge), ManifestStage(cfg, run_hash)]
 
 
 def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
