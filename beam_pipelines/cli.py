@@ -25,6 +25,7 @@ COMMANDS = {
     "prep-mixture": "refinery.beam_pipelines.prep_mixture",
     "inspect": "refinery.beam_pipelines.inspect_shards",
     "regenerate-index": "refinery.beam_pipelines.regenerate_index",
+    "tiny-checkpoint": "refinery.beam_pipelines.tiny_checkpoint",
 }
 
 

@@ -163,3 +163,15 @@ def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].strip().startswith("refinery prep --input")
     assert "Resume with:" in err.strip().splitlines()[-2]
+
+
+def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path, capsys):
+    from refinery.kernels.config import load_config
+    from refinery.kernels.model import Transformer
+
+    assert main(["tiny-checkpoint", str(tmp_path / "tiny"), "--layers", "2"]) == 0
+    assert "wrote a tiny random gpt-oss" in capsys.readouterr().out
+    config = load_config(tmp_path / "tiny")
+    assert config.num_hidden_layers == 2 and config.vocab_size == 201088
+    model = Transformer.from_checkpoint(str(tmp_path / "tiny"), device="cpu", dtype=torch.float32)
+    assert model(torch.tensor([1, 2, 3])).shape == (3, 201088)
