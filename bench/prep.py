@@ -1,16 +1,24 @@
-"""Benchmark: refinery prep vs raw tiktoken ``encode_ordinary`` on the same documents.
+"""Benchmark: refinery prep against raw tiktoken ``encode_ordinary`` on the same documents.
 
-Builds a JSONL corpus of about ``--mb`` megabytes from GSM8K text (tests/data/gsm8k), then in
-one process run measures:
+Builds a JSONL corpus of about ``--mb`` megabytes of GSM8K text (tests/data/gsm8k) in several
+layouts and, in one run, measures:
 
-1. raw: ``encode_ordinary`` over every document already in memory (the ceiling);
-2. ``refinery prep`` with 1 worker (subprocess, in-process DirectRunner);
-3. ``refinery prep`` with 2 workers (subprocess, multi-processing DirectRunner);
+1. raw: ``encode_ordinary`` over every (normalized) document already in memory: the ceiling;
+2. ``refinery prep --workers 1`` end to end (start-up, tokenize, pack, manifest), per layout;
+3. ``refinery prep`` with every core (the default local runner), per layout;
 
-and prints tokens/s of each, prep-1 / raw, prep-2 / prep-1 and the peak RSS of each prep
-run. Absolute numbers on a shared machine are noise; the ratios are the figures.
+and prints tokens/s, the ratios 1 worker / raw (goal >= 0.7) and all cores / 1 worker
+(goal >= 1.7), and each run's peak RSS (the driver and its workers). ``--rss`` adds a run on
+a quarter of the corpus, to show that peak RSS does not grow with corpus size. ``--scale``
+simulates a run of thousands of tiny tokenize units on an object store (fsspec memory://)
+and counts the files pack opens with and without the merge stage.
 
-    .venv/bin/python bench/prep.py --mb 40
+Absolute numbers on a shared machine are noise; the ratios are the figures. Run it with
+nothing else on the machine:
+
+    .venv/bin/python bench/prep.py                   # ~200 MB, layouts: 8 files, 16 files, 1 file, 2000 files
+    .venv/bin/python bench/prep.py --mb 40 --layouts 8
+    .venv/bin/python bench/prep.py --scale --units 3000
 """
 from __future__ import annotations
 
@@ -18,7 +26,6 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,9 +34,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
+LAYOUTS = {"8": 8, "16": 16, "1": 1, "2000": 2000}  # number of input files
+
+PEAK_RSS = ("import resource, sys\n"
+            "from refinery.beam_pipelines.cli import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "r = resource.getrusage\n"
+            "print('PEAK_RSS_KB', max(r(resource.RUSAGE_SELF).ru_maxrss, r(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+            "sys.exit(rc)\n")
 
 
-def build_corpus(path: Path, mb: float, files: int) -> list[str]:
+def corpus_texts(mb: float) -> list[str]:
     base = []
     with gzip.open(GSM8K, "rt", encoding="utf-8") as f:
         for line in f:
@@ -41,58 +56,120 @@ def build_corpus(path: Path, mb: float, files: int) -> list[str]:
         texts.append(t)
         size += len(t.encode())
         i += 1
-    path.mkdir(parents=True, exist_ok=True)
-    per = (len(texts) + files - 1) // files
-    for k in range(files):
-        with open(path / f"part-{k:03d}.jsonl", "w") as f:
-            for j, t in enumerate(texts[k * per:(k + 1) * per]):
-                f.write(json.dumps({"id": f"{k}-{j}", "text": t}) + "\n")
     return texts
 
 
-def run_prep(corpus: Path, out: Path, workers: int) -> tuple[float, float]:
-    """(seconds, peak RSS MiB of the largest process) for one prep run."""
-    cmd = [sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(corpus), "--output", str(out),
-           "--num-shards", "8", "--workers", str(workers), "--no-progress", "--dataset", "bench"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def write_layout(path: Path, texts: list[str], files: int) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    per = (len(texts) + files - 1) // files
+    for k in range(files):
+        with open(path / f"part-{k:04d}.jsonl", "w") as f:
+            for j, t in enumerate(texts[k * per:(k + 1) * per]):
+                f.write(json.dumps({"id": f"{k}-{j}", "text": t}) + "\n")
+    return path
+
+
+def run_prep(corpus: Path, out: Path, workers: int | None) -> tuple[float, float]:
+    """(seconds end to end, peak RSS in MiB of the driver and its workers) of one prep run."""
+    argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "8", "--no-progress",
+            "--dataset", "bench", *(["--workers", str(workers)] if workers else [])]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    res = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], check=True, capture_output=True, text=True)
     secs = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return secs, max(peak, before) / 1024
+    peak = [int(line.split()[1]) for line in res.stdout.splitlines() if line.startswith("PEAK_RSS_KB")][0]
+    return secs, peak / 1024
+
+
+def simulate_scale(units: int, num_shards: int) -> None:
+    """Tiny tokenize units on memory://: files pack opens without and with the merge stage."""
+    from refinery.beam_pipelines.cli import main
+    from refinery.transforms.core import io
+    from refinery.transforms.prep import stages
+
+    work = Path(tempfile.mkdtemp(prefix="refinery-scale-"))
+    texts = corpus_texts(units * 0.0008)[:units]
+    for k, t in enumerate(texts):
+        (work / "in").mkdir(exist_ok=True)
+        (work / "in" / f"f{k:05d}.jsonl").write_text(json.dumps({"id": f"d{k}", "text": t}) + "\n")
+    opened = {"n": 0, "on": False}
+    real_open, real_pack = io.open_read, stages.PackStage.run_unit
+
+    def counting_open(path, *a, **k):
+        opened["n"] += opened["on"]
+        return real_open(path, *a, **k)
+
+    def counting_pack(self, unit, ctx):
+        opened["on"] = True
+        try:
+            return real_pack(self, unit, ctx)
+        finally:
+            opened["on"] = False
+
+    io.open_read, stages.PackStage.run_unit = counting_open, counting_pack
+    results = {}
+    for label, limit in (("without merge", 1 << 60), ("with merge", 1)):
+        stages.MERGE_ABOVE = limit
+        opened["n"] = 0
+        t0 = time.perf_counter()
+        assert main(["prep", "--input", str(work / "in"), "--output", f"memory://scale/{label.replace(' ', '-')}",
+                     "--num-shards", str(num_shards), "--unit-mb", "0", "--runner", "direct", "--no-progress"]) == 0
+        results[label] = (opened["n"], time.perf_counter() - t0)
+    for label, (n, secs) in results.items():
+        print(f"scale: {units:,} tokenize units x {num_shards} shards on memory://, {label:13}: "
+              f"pack opened {n:>9,} files ({secs:.0f}s end to end)")
+    print(f"scale: pack opens with / without the merge stage: "
+          f"{results['with merge'][0] / max(1, results['without merge'][0]):.4f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=40.0, help="corpus size in MB of text (default 40)")
-    ap.add_argument("--files", type=int, default=8, help="number of input files (tokenize units)")
+    ap.add_argument("--mb", type=float, default=200.0, help="corpus size in MB of text (default 200)")
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="FILES",
+                    help="input layouts as a number of files (default: 8 16 1 2000)")
+    ap.add_argument("--rss", action="store_true", help="also a 1-worker run on a quarter of the corpus")
+    ap.add_argument("--scale", action="store_true", help="only the object-store simulation of many units")
+    ap.add_argument("--units", type=int, default=3000, help="tokenize units of the --scale simulation")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
+    if args.scale:
+        simulate_scale(args.units, 64)
+        return
 
-    from refinery.transforms.prep.documents import normalize_text
     from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.prep.documents import normalize_text
 
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"warning: load average {load:.1f}: the machine is busy, the ratios will be off")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
-    texts = build_corpus(work / "corpus", args.mb, args.files)
+    texts = corpus_texts(args.mb)
     enc = get_encoding()
     normalized = [normalize_text(t) for t in texts]
     t0 = time.perf_counter()
     raw_tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in normalized)
     raw_secs = time.perf_counter() - t0
     raw_tps = raw_tokens / raw_secs
-
-    s1, rss1 = run_prep(work / "corpus", work / "out1", 1)
-    s2, rss2 = run_prep(work / "corpus", work / "out2", 2)
-    m = json.loads((work / "out1" / "manifest.json").read_text())
-    assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
-    tps1, tps2 = raw_tokens / s1, raw_tokens / s2
+    cores = os.cpu_count() or 1
     print(f"corpus: {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB, "
-          f"{raw_tokens:,} tokens, {args.files} files; cores: {os.cpu_count()}")
-    print(f"raw encode_ordinary      {raw_tps:12,.0f} tokens/s  ({raw_secs:.1f}s)")
-    print(f"refinery prep, 1 worker  {tps1:12,.0f} tokens/s  ({s1:.1f}s end to end, peak RSS {rss1:,.0f} MiB)")
-    print(f"refinery prep, 2 workers {tps2:12,.0f} tokens/s  ({s2:.1f}s end to end)")
-    print(f"ratio prep(1 worker) / raw encode : {tps1 / raw_tps:.2f}   (goal >= 0.6)")
-    print(f"ratio prep(2 workers) / 1 worker  : {tps2 / tps1:.2f}   (goal >= 1.6)")
+          f"{raw_tokens:,} tokens; cores: {cores}")
+    print(f"raw encode_ordinary                 {raw_tps:12,.0f} tokens/s  ({raw_secs:.1f}s)")
+    for files in args.layouts:
+        corpus = write_layout(work / f"corpus-{files}", texts, int(files))
+        s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1)
+        sn, rssn = run_prep(corpus, work / f"out-{files}-n", None)
+        m = json.loads((work / f"out-{files}-1" / "manifest.json").read_text())
+        assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
+        same = all((work / f"out-{files}-1" / s["path"]).read_bytes() == (work / f"out-{files}-n" / s["path"]).read_bytes()
+                   for s in m["shards"])
+        print(f"{files:>5} file(s): 1 worker {raw_tokens / s1:11,.0f} tokens/s ({s1:5.1f}s, peak RSS {rss1:5.0f} MiB) "
+              f"= {raw_tokens / s1 / raw_tps:.2f} x raw (goal >= 0.7); {cores} workers {raw_tokens / sn:11,.0f} "
+              f"tokens/s ({sn:5.1f}s, peak RSS {rssn:5.0f} MiB) = {s1 / sn:.2f} x 1 worker (goal >= 1.7); "
+              f"shards identical: {same}")
+    if args.rss:
+        quarter = write_layout(work / "corpus-quarter", texts[: len(texts) // 4], 8)
+        sq, rssq = run_prep(quarter, work / "out-quarter", 1)
+        s1, rss1 = run_prep(work / f"corpus-{args.layouts[0]}", work / "out-rss", 1)
+        print(f"peak RSS, 1 worker: {rssq:.0f} MiB on {args.mb / 4:.0f} MB, {rss1:.0f} MiB on {args.mb:.0f} MB")
 
 
 if __name__ == "__main__":
