@@ -72,7 +72,7 @@ def run(args, beam_args: list[str]) -> int:
                                                  warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.formats.shards import check_name
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tokenizer import check_vocab
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 
     if bool(args.input) == bool(args.hf_dataset):
@@ -81,7 +81,7 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error("refinery prep: --num-shards must be at least 1")
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
-    get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
+    check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     source = {}
     try:
         max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None

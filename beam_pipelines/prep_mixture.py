@@ -180,8 +180,8 @@ def run(args, beam_args: list[str]) -> int:
 
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file
-    from refinery.transforms.formats.tokenizer import get_encoding
-    get_encoding(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
+    from refinery.transforms.formats.tokenizer import check_vocab
+    check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     return _run_all(plans, args, beam_args, workers)
 
 

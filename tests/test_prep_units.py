@@ -41,6 +41,28 @@ def test_bad_vocab_file_is_refused(tmp_path, monkeypatch):
         tokenizer.resolve_vocab(str(bad))
 
 
+def test_parsed_vocab_cache_gives_tiktokens_own_encoding(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("REFINERY_VOCAB_FILE", raising=False)
+    tokenizer.get_encoding.cache_clear()
+    try:
+        enc = tokenizer.get_encoding()
+        [parsed] = (tmp_path / "cache").glob("*.ranks")
+        import tiktoken
+        reference = tiktoken.get_encoding("o200k_harmony")  # tiktoken parsing the same verified file
+        text = "Café <|endoftext|> naïve 日本語 code(){}\n\t  end"
+        assert enc.encode_ordinary(text) == reference.encode_ordinary(text)
+        assert enc.encode("<|return|>", allowed_special="all") == [200002] and enc.n_vocab == 201088
+        # a damaged cache is not trusted: the vocab is parsed again and the cache rewritten
+        parsed.write_bytes(parsed.read_bytes()[:-100] + b"x" * 100)
+        tokenizer.get_encoding.cache_clear()
+        assert tokenizer.get_encoding().encode_ordinary(text) == reference.encode_ordinary(text)
+        data = parsed.read_bytes()
+        assert hashlib.sha256(data[32:]).digest() == data[:32]
+    finally:
+        tokenizer.get_encoding.cache_clear()
+
+
 def test_identity_has_no_network_parts():
     assert tokenizer.tokenizer_identity() == {"encoding": "o200k_harmony", "vocab_sha256": tokenizer.VOCAB_SHA256}
 

@@ -17,10 +17,12 @@ vocab sha256). Nothing network-dependent enters it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -141,14 +143,62 @@ def write_vocab_file(directory: str | os.PathLike, vocab_file: str | None = None
     return path
 
 
+def check_vocab(vocab_file: str | None = None) -> None:
+    """Fail early (in a driver) if the verified vocab is not available, without building the
+    encoding: workers build it; the driver only needs to know they can."""
+    resolve_vocab(vocab_file)
+    cache_path = tiktoken_cache_path()
+    if cache_path is None or not cache_path.exists():
+        get_encoding(vocab_file)  # no offline copy: tiktoken downloads (or says why not)
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def _parsed_ranks(cache_path: Path) -> dict[bytes, int]:
+    """The vocab's (token bytes -> rank) table. Parsing the base64 text file takes tiktoken
+    about a second per process; the parsed table is kept beside it as ``marshal`` bytes
+    (prefixed by their sha256, checked on every read) and loads in a tenth of that."""
+    import marshal
+
+    from tiktoken.load import load_tiktoken_bpe
+
+    parsed = cache_path.with_name(cache_path.name + f".{VOCAB_SHA256[:16]}.ranks")
+    try:
+        data = parsed.read_bytes()
+        if hashlib.sha256(data[32:]).digest() == data[:32]:
+            return marshal.loads(data[32:])
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    ranks = load_tiktoken_bpe(str(cache_path), VOCAB_SHA256)
+    body = marshal.dumps(ranks)
+    with contextlib.suppress(OSError):  # a read-only cache still works, only slower
+        _seed_cache(hashlib.sha256(body).digest() + body, parsed)
+    return ranks
+
+
 @functools.lru_cache(maxsize=4)
 def get_encoding(vocab_file: str | None = None):
     """The ``o200k_harmony`` encoding (a ``tiktoken.Encoding``), built by tiktoken from an
-    offline, verified vocab."""
+    offline, verified vocab: tiktoken's own constructor gives the regex and special tokens;
+    only the parsed vocab comes from :func:`_parsed_ranks`."""
     import tiktoken
+    import tiktoken_ext.openai_public as openai_public
 
     resolve_vocab(vocab_file)
-    enc = tiktoken.get_encoding(ENCODING_NAME)
+    cache_path = tiktoken_cache_path()
+    if cache_path is None or not cache_path.exists():
+        enc = tiktoken.get_encoding(ENCODING_NAME)
+    else:
+        ranks = _parsed_ranks(cache_path)
+        with _BUILD_LOCK:  # tiktoken's constructor, handed the parsed table instead of re-parsing it
+            load = openai_public.load_tiktoken_bpe
+            openai_public.load_tiktoken_bpe = lambda *args, **kwargs: ranks
+            try:
+                params = openai_public.ENCODING_CONSTRUCTORS[ENCODING_NAME]()
+            finally:
+                openai_public.load_tiktoken_bpe = load
+        enc = tiktoken.Encoding(**params)
     if enc.eot_token != EOS_TOKEN_ID or enc.n_vocab != VOCAB_SIZE:
         raise VocabError(f"unexpected {ENCODING_NAME}: eot={enc.eot_token} n_vocab={enc.n_vocab}")
     return enc
