@@ -31,3 +31,16 @@ def direct_args(workers: int | None, args: list[str]) -> list[str]:
     """Beam arguments for ``--runner direct`` (in-process)."""
     return with_defaults(args, {"--runner": "DirectRunner", "--direct_running_mode": "in_memory",
                                 "--direct_num_workers": str(workers or 1)})
+
+
+def in_process(args: list[str]) -> list[str]:
+    """``args`` for the same job run in this process, when they ask for the local
+    multi-process DirectRunner (a light stage: I/O-bound work, where starting worker
+    processes would cost more than it saves); any other runner's ``args`` unchanged."""
+    from .args import value
+
+    if (value(args, "--runner") or "").lower() not in ("directrunner", "direct") or \
+            value(args, "--direct_running_mode") != "multi_processing":
+        return args
+    kept = [a for a in args if not a.startswith(("--direct_running_mode", "--direct_num_workers"))]
+    return kept + ["--direct_running_mode=in_memory", "--direct_num_workers=1"]

@@ -94,12 +94,17 @@ class Stage:
       budget (prep's ``--max-tokens``) asks for waves of units until the budget is met.
     - ``side_inputs(pipeline)``: Beam side inputs; their values arrive as ``ctx.side``.
     - ``local = True``: run in the driver, without Beam (small reduce/manifest stages).
+    - ``light = True``: mostly I/O, or a build every worker would repeat: on the local
+      multi-process runner its Beam job runs in the driver's process instead of starting a
+      pool of worker processes (seconds of start-up for a second of work); on every other
+      runner it is a Beam job like any other.
     - ``final_outputs = True``: the stage writes user-facing files under fixed names that
       another plan's run would overwrite; receipts of other plans of it are discarded.
     """
 
     name: str = ""
     local: bool = False
+    light: bool = False
     final_outputs: bool = False
 
     def config(self) -> dict:
@@ -552,6 +557,10 @@ def run_stage_pipeline(pipeline) -> None:
 
 
 def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+    if run.stage.light or len(units) == 1:  # nothing to share between worker processes
+        from refinery.runners.local import in_process
+
+        beam_args = in_process(beam_args)
     run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
 
 

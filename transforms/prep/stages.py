@@ -302,6 +302,7 @@ class MergeStage(Stage):
     """
 
     name = "merge"
+    light = True
 
     def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage):
         self.cfg = cfg
@@ -369,6 +370,7 @@ class PackStage(Stage):
 
     name = "pack"
     final_outputs = True
+    light = True  # reads spills, writes shards: on the local runner, no worker pool to start
 
     def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage, merge: MergeStage | None = None):
         self.cfg = cfg
