@@ -234,6 +234,9 @@ def _log_unit_event(event: str, run: "StageRun", unit_id: str) -> None:
         os.close(fd)
 
 
+CHECK_THREADS = 32  # receipt checks in flight at once on an object store
+
+
 @dataclass
 class StageRun:
     """A stage bound to an output directory and its (chained) hash. Picklable."""
@@ -265,18 +268,25 @@ class StageRun:
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums)
 
+    def check_all(self, unit_ids: list[str], verify_checksums: bool = False) -> dict[str, Completion]:
+        """:meth:`check` of many units. On an object store every check is a few requests of
+        tens of milliseconds each, so they are made CHECK_THREADS at a time."""
+        if not io.is_remote(self.output) or len(unit_ids) < 2:
+            return {u: self.check(u, verify_checksums) for u in unit_ids}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            return dict(zip(unit_ids, pool.map(lambda u: self.check(u, verify_checksums), unit_ids)))
+
     def pending(self, units: list[Unit], verify_checksums: bool = False) -> list[Unit]:
-        return [u for u in units if not self.check(u.id, verify_checksums).done]
+        checks = self.check_all([u.id for u in units], verify_checksums)
+        return [u for u in units if not checks[u.id].done]
 
     def completed_receipts(self, units: list[Unit] | None = None, verify_checksums: bool = False) -> dict[str, dict]:
         """Receipts of the completed units (of ``units``, default: the whole plan)."""
         units = self.stage.plan() if units is None else units
-        out = {}
-        for u in units:
-            c = self.check(u.id, verify_checksums)
-            if c.done:
-                out[u.id] = c.receipt
-        return out
+        checks = self.check_all([u.id for u in units], verify_checksums)
+        return {u.id: checks[u.id].receipt for u in units if checks[u.id].done}
 
     def read_receipts(self, cache: dict[str, dict] | None = None) -> Iterator[dict]:
         """Every parseable receipt of this stage hash, whatever its status (for status/progress).
@@ -680,19 +690,20 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     if on_plan:
         on_plan(runs, plans)
 
-    # Backward demand: a stage runs only if it, or a later stage, has pending units.
-    pending_any = [bool(r.pending(p, verify_checksums)) for r, p in zip(runs, plans)]
+    # Backward demand: a stage runs only if it, or a later stage, has pending units. Each
+    # stage's receipts are checked once here; after a wave only the units it ran are.
+    done = [r.completed_receipts(p, verify_checksums) for r, p in zip(runs, plans)]
+    pending_any = [len(d) < len(p) for d, p in zip(done, plans)]
     last = max((i for i, p in enumerate(pending_any) if p), default=-1)
     skipped = [r.name for r in runs[last + 1:]] if last >= 0 else [r.name for r in runs]
     ran: dict[str, int] = {}
     seconds: dict[str, float] = {}
-    for run, plan in zip(runs[: last + 1], plans[: last + 1]):
+    for run, plan, receipts in zip(runs[: last + 1], plans[: last + 1], done[: last + 1]):
         t0 = time.perf_counter()
         if run.stage.final_outputs:
             _discard_other_plans(run)
         ran[run.name] = 0
         while True:
-            receipts = run.completed_receipts(plan, verify_checksums)
             needed, final = run.stage.needed(plan, receipts)
             pending = [u for u in needed if u.id not in receipts]
             if not pending:
@@ -707,10 +718,11 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                 else:
                     runner(run, pending, beam_args, verify_checksums)
             ran[run.name] += len(pending)
-            failures = {u.id: run.check(u.id, verify_checksums).reason for u in pending}
-            failures = {k: v for k, v in failures.items() if v != "completed"}
+            checks = run.check_all([u.id for u in pending], verify_checksums)
+            failures = {u: c.reason for u, c in checks.items() if not c.done}
             if failures:
                 raise StageFailed(run.name, failures)
+            receipts = {**receipts, **{u: c.receipt for u, c in checks.items()}}
             if final:
                 break
         seconds[run.name] = time.perf_counter() - t0
