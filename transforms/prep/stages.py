@@ -289,6 +289,7 @@ def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
 MERGE_ABOVE = 1 << 16
 MERGE_GROUP_BYTES = 1 << 30   # input bytes per merge group (bounds a merge unit's local disk)
 MERGE_GROUP_UNITS = 4096
+PACK_READ_THREADS = 32        # a pack unit's table reads in flight at once on an object store
 
 
 class MergeStage(Stage):
@@ -405,17 +406,25 @@ class PackStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
-        pieces = []  # (spill tokens path, doc rows)
-        for files, budget_left in ctx.side.get("spills") or self.spill_sources():
+
+        def shard_rows(source: tuple[dict[str, str], int | None]) -> np.ndarray | None:
+            files, budget_left = source
             with io.open_read(files["shards"]) as f:
                 starts = np.load(f, allow_pickle=False)
             if starts[shard] == starts[shard + 1]:
-                continue  # no document of this shard: the table and tokens need no read
+                return None  # no document of this shard: the table and tokens need no read
             with io.open_read(files["docs"]) as f:
-                rows = spill.read_shard_rows(f, starts, shard)
-            rows = spill.within_budget(rows, budget_left)
-            if len(rows):
-                pieces.append((files["tokens"], rows))
+                return spill.within_budget(spill.read_shard_rows(f, starts, shard), budget_left)
+
+        sources = ctx.side.get("spills") or self.spill_sources()
+        if io.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(PACK_READ_THREADS) as pool:
+                tables = list(pool.map(shard_rows, sources))
+        else:
+            tables = [shard_rows(src) for src in sources]
+        pieces = [(files["tokens"], rows) for (files, _), rows in zip(sources, tables) if rows is not None and len(rows)]
         lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
 
         def chunks():
