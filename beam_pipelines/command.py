@@ -118,7 +118,7 @@ def _watch_signals(stop: threading.Event) -> None:
     """The thread that takes SIGINT/SIGTERM (blocked in every thread, so they wait for it):
     count it, stop Beam's workers, interrupt the main thread."""
     while not stop.is_set():
-        info = signal.sigtimedwait(STOP_SIGNALS, 0.2)
+        info = signal.sigtimedwait(STOP_SIGNALS, 0.05)
         # a stop/continue (SIGSTOP, SIGCONT) can end the wait with a siginfo of no signal
         if info is not None and info.si_signo in STOP_SIGNALS:
             _on_stop_signal(info.si_signo)

@@ -135,7 +135,7 @@ def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_corpus):
     proc = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(small_corpus),
                            "--output", str(tmp_path / "o"), "--runner", "direct"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "\r" not in proc.stderr and "tokenize: 2/2 units" in proc.stderr
+    assert "\r" not in proc.stderr and "tokenize: 1/1 units" in proc.stderr
 
 
 def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):

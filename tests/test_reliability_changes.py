@@ -59,7 +59,7 @@ def test_input_edited_during_a_run_fails_its_unit_then_replans(tmp_path, monkeyp
         clear_stale_manifest(runs, plans)
         victim.write_bytes(victim.read_bytes() + json.dumps({"id": "late", "text": "written during the run"}).encode() + b"\n")
 
-    cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="ch", num_shards=2)
+    cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="ch", num_shards=2, unit_bytes=0)
     with pytest.raises(StageFailed) as e:
         run_stages(build_stages(cfg), str(out), ["--runner=DirectRunner"], progress=False, on_plan=edit_after_planning)
     assert "changed since this job was planned" in str(e.value) and "00002" in str(e.value)

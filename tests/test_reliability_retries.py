@@ -33,7 +33,7 @@ def reference(tmp_path_factory):
 
 
 def _config(corpus, out) -> PrepConfig:
-    return PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3)
+    return PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3, unit_bytes=0)
 
 
 def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
