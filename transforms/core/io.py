@@ -32,6 +32,11 @@ from typing import IO, Iterator
 
 import fsspec
 
+try:
+    from compression import zstd  # Python 3.14+
+except ImportError:
+    from backports import zstd
+
 DATA_SUFFIXES = (
     ".jsonl", ".jsonl.gz", ".jsonl.zst",
     ".json", ".json.gz", ".json.zst",
@@ -138,7 +143,12 @@ def file_size(path: str) -> int | None:
 def open_read(path: str, compression: str | None = None) -> IO[bytes]:
     """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix.
 
-    Decompressed streams are buffered and iterate by line.
+    Decompression is bounded per read: ``read(n)`` and ``readline(limit)`` decompress only
+    what they return (plus a buffer of at most a few hundred KiB), so a small file that
+    expands to gigabytes is never expanded in memory at once; a line is bounded only by the
+    caller's limit. Every frame of a ``.zst`` is read; one that ends mid-stream (a file cut
+    short, an empty file) raises ``EOFError``, damaged content ``zstd.ZstdError``: a
+    truncated file is reported, never taken as complete.
     """
     if is_remote(path):
         fs, p = filesystem(path)
@@ -148,58 +158,8 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
     if compression == "infer" and path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "infer" and path.endswith(".zst"):
-        return io.BufferedReader(ZstdFramesReader(raw), 1 << 20)
+        return zstd.ZstdFile(raw, "rb")
     return raw
-
-
-class ZstdFramesReader(io.RawIOBase):
-    """Decompresses every zstd frame of a stream, one after another. Unlike zstandard's
-    ``stream_reader`` (which ends quietly when the input stops mid-frame), a stream cut
-    short raises ``EOFError``: a truncated ``.zst`` file is reported, not taken as complete."""
-
-    def __init__(self, raw: IO[bytes], chunk: int = 1 << 20):
-        import zstandard
-
-        self._zstd = zstandard
-        self._raw, self._chunk = raw, chunk
-        self._d = zstandard.ZstdDecompressor().decompressobj()
-        self._fed = False  # whether the current frame's decompressor has seen input
-        self._buf = b""
-        self._done = False
-
-    def readable(self) -> bool:
-        return True
-
-    def _decompress(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            self._fed = True
-            out.append(self._d.decompress(data))
-            if not self._d.eof:
-                break
-            data = self._d.unused_data  # the next frame starts here
-            self._d = self._zstd.ZstdDecompressor().decompressobj()
-            self._fed = False
-        return b"".join(out)
-
-    def readinto(self, b) -> int:
-        while not self._buf and not self._done:
-            chunk = self._raw.read(self._chunk)
-            if not chunk:
-                self._done = True
-                if self._fed and not self._d.eof:
-                    raise EOFError("zstd stream ended in the middle of a frame (file cut short)")
-                break
-            self._buf = self._decompress(chunk)
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._raw.close()
-        super().close()
 
 
 def read_bytes(path: str) -> bytes:
