@@ -26,6 +26,7 @@ Killing the job and running the same command again finishes it: finished units a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from refinery.beam_pipelines.command import add_runner_args
+    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -40,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--text-field", default="text", help="field holding the document text (default: text)")
     src.add_argument("--id-field", default="id",
                      help="field holding the document id (default: id; absent -> '{relpath}:{row}')")
+    src.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
+                     help="reject a row larger than N bytes (a JSONL line, a .json array element, a parquet/"
+                          "arrow row) as 'row too large', reading past it without holding it in memory "
+                          f"(default: {DEFAULT_MAX_ROW_BYTES} = {DEFAULT_MAX_ROW_BYTES >> 20} MiB)")
     out = parser.add_argument_group("output")
     out.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     out.add_argument("--dataset", help="dataset name used in shard file names (default: from the input)")
@@ -79,6 +84,8 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error("refinery prep: give exactly one of --input PATH... or --hf-dataset NAME")
     if args.num_shards < 1:
         return usage_error("refinery prep: --num-shards must be at least 1")
+    if args.max_row_bytes < 1:
+        return usage_error("refinery prep: --max-row-bytes must be at least 1")
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
@@ -105,7 +112,7 @@ def run(args, beam_args: list[str]) -> int:
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
                      num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
-                     unit_bytes=int(args.unit_mb * (1 << 20)))
+                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes)
 
     def summary(result, seconds: float) -> str:
         manifest_path = io.join(cfg.output, "manifest.json")

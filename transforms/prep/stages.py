@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refinery.transforms.core import io
-from refinery.transforms.core.rows import iter_rows, parquet_row_groups
+from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages, short_hash
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
@@ -49,6 +49,7 @@ class PrepConfig:
     row_groups_per_unit: int = 8
     unit_bytes: int = UNIT_BYTES  # 0: one unit per file (no grouping, no byte ranges)
     wave_units: int = 4
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row is rejected as too large, never held whole
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
 
 
@@ -134,7 +135,8 @@ class TokenizeStage(Stage):
     def config(self) -> dict:
         return {"text_field": self.cfg.text_field, "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
-                "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source}
+                "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source,
+                "max_row_bytes": self.cfg.max_row_bytes}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.cfg.inputs]
@@ -206,7 +208,7 @@ class TokenizeStage(Stage):
                 columns = [text_field, id_field] if path.endswith(".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
-                for row, record, error in iter_rows(path, row_groups, columns, byte_range):
+                for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
                     rows_read += 1
                     doc = normalize_row(record, error, text_field, id_field, path, row_base + row, relpath)
                     if type(doc) is Rejected:
