@@ -1,11 +1,14 @@
 """Bad input: every malformed row or unreadable file is rejected with path, row and reason;
 the job completes; ``read == accepted + empty + rejected``; a corrupt whole file is reported
-as such (never silently skipped); a 50 MB document goes through whole."""
+as such (never silently skipped); a 50 MB document goes through whole; a hostile row of
+gigabytes is rejected as too large with bounded memory."""
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,3 +109,68 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path):
     write_figures("bad_input", {"bad_inputs": len([c for c in JSONL_CASES if c[1] not in ("accepted",)]) + 9,
                                 "rows_read": rows["read"], "rejected": rows["rejected"], "empty": rows["empty"],
                                 "accepted": rows["accepted"]})
+
+
+# --- hostile or huge input: bounded memory -------------------------------------------
+
+GIB = 1 << 30
+MEASURE_RSS = """
+import resource, subprocess, sys
+rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def _write_huge_json_zst(path, element_bytes: int) -> None:
+    """``[{"id": "j0", ...}, {"id": "huge", "text": "aaa..."} (element_bytes), {"id": "j2", ...}]``, streamed."""
+    with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as w:
+        w.write(b'[{"id": "j0", "text": "json element before"},\n{"id": "huge", "text": "')
+        piece = b"a" * (1 << 20)
+        for _ in range(element_bytes >> 20):
+            w.write(piece)
+        w.write(b'"},\n{"id": "j2", "text": "json element after"}]\n')
+
+
+def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path):
+    """A 40 KB .jsonl.zst whose one line decompresses to 1.2 GB, a .json.zst array with a
+    1.2 GB element and a parquet file with a 200 MB text value: prep exits 0, keeps every other
+    row (before and after the huge ones), rejects each huge row as too large with its path
+    and row, and its peak RSS (driver and workers) stays under 1.5 GiB.
+
+    By hand: ``python tests/test_rows_bounded.py``'s ``write_huge_line_zst`` makes the file;
+    ``/usr/bin/time -v refinery prep --input DIR --output OUT`` shows the peak."""
+    from test_rows_bounded import write_huge_line_zst
+
+    corpus = tmp_path / "hostile"
+    corpus.mkdir()
+    before = b"".join(json.dumps({"id": f"b{i}", "text": f"line {i} before"}).encode() + b"\n" for i in range(3))
+    after = b"".join(json.dumps({"id": f"a{i}", "text": f"line {i} after"}).encode() + b"\n" for i in range(3))
+    write_huge_line_zst(corpus / "huge.jsonl.zst", 1_200_000_000, before, after)
+    assert (corpus / "huge.jsonl.zst").stat().st_size < 100_000
+    _write_huge_json_zst(corpus / "huge.json.zst", 1_200_000_000)
+    texts = ["parquet row 0", "b" * 200_000_000, "parquet row 2", "parquet row 3"]
+    pq.write_table(pa.table({"id": ["p0", "p1", "p2", "p3"], "text": texts}), corpus / "huge.parquet",
+                   row_group_size=2)
+    del texts
+    out = tmp_path / "out"
+    from reliability_helpers import refinery_cmd
+
+    cmd = refinery_cmd("prep", "--input", corpus, "--output", out, "--dataset", "hostile", "--num-shards", 2,
+                       "--runner", "direct", "--no-progress")
+    rc, peak = subprocess.run([sys.executable, "-c", MEASURE_RSS, *cmd], capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert rc == "0"
+    assert int(peak) < 1.5 * GIB, f"peak RSS {int(peak) / GIB:.2f} GiB"
+
+    rejects = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").read_text().splitlines()]
+    too_large = f"row too large: more than {64 << 20} bytes"
+    assert sorted((os.path.basename(r["path"]), r["row"], r["reason"]) for r in rejects) == [
+        ("huge.json.zst", 1, too_large), ("huge.jsonl.zst", 3, too_large), ("huge.parquet", 1, too_large)]
+    texts = shard_texts(out)
+    assert set(texts) == {*(f"line {i} before" for i in range(3)), *(f"line {i} after" for i in range(3)),
+                          "json element before", "json element after", "parquet row 0", "parquet row 2",
+                          "parquet row 3"}
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["rows"]["read"] == 7 + 3 + 4 and m["rows"]["rejected"] == 3
+    write_figures("hostile_input", {"peak_rss_bytes": int(peak), "huge_row_bytes": 1_200_000_000,
+                                    "rows_read": m["rows"]["read"], "rejected": m["rows"]["rejected"]})
