@@ -12,10 +12,12 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import zstandard
 
-from conftest import gsm8k_texts, run_prep
-from reliability_helpers import shard_texts, write_figures
+from conftest import gsm8k_rows, gsm8k_texts, run_prep
+from reliability_helpers import refinery_cmd, shard_texts, write_figures
+from test_rows_bounded import write_huge_line_zst
 
 # (raw line, expected outcome): "accepted", "empty" or a fragment of the reject reason
 JSONL_CASES = [
@@ -135,12 +137,12 @@ def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path):
     """A 40 KB .jsonl.zst whose one line decompresses to 1.2 GB, a .json.zst array with a
     1.2 GB element and a parquet file with a 200 MB text value: prep exits 0, keeps every other
     row (before and after the huge ones), rejects each huge row as too large with its path
-    and row, and its peak RSS (driver and workers) stays under 1.5 GiB.
+    and row, and its peak RSS (driver and workers) stays under 1.5 GiB. The 1.2 GB line alone,
+    by hand (from tests/)::
 
-    By hand: ``python tests/test_rows_bounded.py``'s ``write_huge_line_zst`` makes the file;
-    ``/usr/bin/time -v refinery prep --input DIR --output OUT`` shows the peak."""
-    from test_rows_bounded import write_huge_line_zst
-
+        python -c 'from test_rows_bounded import *; write_huge_line_zst("/tmp/h/huge.jsonl.zst", 1_200_000_000)'
+        /usr/bin/time -v refinery prep --input /tmp/h --output /tmp/h-out --runner direct
+    """
     corpus = tmp_path / "hostile"
     corpus.mkdir()
     before = b"".join(json.dumps({"id": f"b{i}", "text": f"line {i} before"}).encode() + b"\n" for i in range(3))
@@ -148,13 +150,10 @@ def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path):
     write_huge_line_zst(corpus / "huge.jsonl.zst", 1_200_000_000, before, after)
     assert (corpus / "huge.jsonl.zst").stat().st_size < 100_000
     _write_huge_json_zst(corpus / "huge.json.zst", 1_200_000_000)
-    texts = ["parquet row 0", "b" * 200_000_000, "parquet row 2", "parquet row 3"]
-    pq.write_table(pa.table({"id": ["p0", "p1", "p2", "p3"], "text": texts}), corpus / "huge.parquet",
-                   row_group_size=2)
-    del texts
+    pq.write_table(pa.table({"id": ["p0", "p1", "p2", "p3"],
+                             "text": ["parquet row 0", "b" * 200_000_000, "parquet row 2", "parquet row 3"]}),
+                   corpus / "huge.parquet", row_group_size=2)
     out = tmp_path / "out"
-    from reliability_helpers import refinery_cmd
-
     cmd = refinery_cmd("prep", "--input", corpus, "--output", out, "--dataset", "hostile", "--num-shards", 2,
                        "--runner", "direct", "--no-progress")
     rc, peak = subprocess.run([sys.executable, "-c", MEASURE_RSS, *cmd], capture_output=True, text=True,
@@ -174,3 +173,101 @@ def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path):
     assert m["rows"]["read"] == 7 + 3 + 4 and m["rows"]["rejected"] == 3
     write_figures("hostile_input", {"peak_rss_bytes": int(peak), "huge_row_bytes": 1_200_000_000,
                                     "rows_read": m["rows"]["read"], "rejected": m["rows"]["rejected"]})
+
+
+# --- the same bad input given to decon and generate ------------------------------------
+
+HUGE_LINE = 70_000_000  # over the default 64 MiB row cap
+
+
+def _bad_in_a_jsonl(takes_surrogates: bool) -> int:
+    """How many JSONL_CASES rows are bad for decon or generate: no JSON object or no string text.
+    decon takes text with unpaired surrogates (prep rejects it, and generate's prompt cannot hold it)."""
+    good = {"accepted", "empty", "unpaired surrogates"} if takes_surrogates else {"accepted", "empty"}
+    return sum(expected not in good for _, expected in JSONL_CASES)
+
+
+def _write_bad_files(root, good: list[dict]) -> dict[str, int]:
+    """Every kind of bad row and damaged file of the prep matrix, plus ``good`` rows in the
+    readable files; returns the number of bad rows per file, but for ``a.jsonl`` (the
+    JSONL_CASES rows: see :func:`_bad_in_a_jsonl`)."""
+    root.mkdir(parents=True)
+    lines = [json.dumps(r).encode() for r in good[:2]] + [c for c, _ in JSONL_CASES] + [json.dumps(good[2]).encode()]
+    (root / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    body = b"".join(json.dumps(r).encode() + b"\n" for r in good[3:] * 20)
+    gz, zs = gzip.compress(body, mtime=0), zstandard.ZstdCompressor().compress(body)
+    (root / "cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    (root / "cut.jsonl.zst").write_bytes(zs[: len(zs) // 2])
+    (root / "bad.json").write_text(json.dumps(good[:1])[:-1] + ', {"id": "j1", "te')
+    (root / "notarray.json").write_text('{"text": "an object, not an array"}')
+    (root / "corrupt.parquet").write_bytes(os.urandom(3000))
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": [r["id"] for r in good], "text": [r["text"] for r in good]}), buf,
+                   row_group_size=2)
+    whole = buf.getvalue().to_pybytes()
+    (root / "truncated.parquet").write_bytes(whole[: len(whole) // 2])
+    (root / "empty.jsonl").write_bytes(b"")
+    write_huge_line_zst(root / "huge.jsonl.zst", HUGE_LINE, json.dumps(good[0]).encode() + b"\n",
+                        json.dumps(good[1]).encode() + b"\n")
+    return {"a.jsonl": 0, "cut.jsonl.gz": 1, "cut.jsonl.zst": 1,
+            "bad.json": 1, "notarray.json": 1, "corrupt.parquet": 1, "truncated.parquet": 1, "empty.jsonl": 0,
+            "huge.jsonl.zst": 1}
+
+
+def test_decon_bad_eval_and_training_rows_are_counted(tmp_path):
+    """decon on eval and training folders holding the matrix: the run completes, bad eval rows
+    are counted in ``stats/eval_summary.jsonl`` ``num_bad_rows``, bad training rows in the scan
+    units' stats, and overlaps are still found in the good rows, at their right row numbers
+    (also right after a 70 MB line rejected as too large)."""
+    from refinery.beam_pipelines import decon
+
+    questions = [r["question"] for r in gsm8k_rows("test")[:8]]
+    ev = tmp_path / "eval" / "gsm8k"
+    eval_bad = _write_bad_files(ev, [{"id": f"q{i}", "text": q} for i, q in enumerate(questions)])
+    tr = tmp_path / "train"
+    train_bad = _write_bad_files(tr, [{"id": f"t{i}", "text": f"Training notes {i}. {q} End."}
+                                      for i, q in enumerate(questions)])
+    out = tmp_path / "out"
+    args = decon.build_parser().parse_args(["--eval", str(ev), "--train", str(tr), "--output", str(out),
+                                            "--ngrams", "8", "--partitions", "2", "--no-progress"])
+    assert decon.run(args, ["--runner=DirectRunner", "--direct_running_mode=in_memory"]) == 0
+
+    [summary] = [json.loads(line) for line in (out / "stats" / "eval_summary.jsonl").read_text().splitlines()]
+    assert summary["eval_dataset"] == "gsm8k"
+    assert summary["num_bad_rows"] == sum(eval_bad.values()) + _bad_in_a_jsonl(takes_surrogates=True)
+    receipts = list((out / ".refinery" / "scan").glob("*/receipts/*.json"))
+    stats = [json.loads(p.read_text())["stats"] for p in receipts]
+    assert sum(s["bad_rows"] for s in stats) == sum(train_bad.values()) + _bad_in_a_jsonl(takes_surrogates=True)
+    with gzip.open(out / "stats" / "overlap_details.jsonl.gz", "rt") as f:
+        found = {(os.path.basename(d["train_path"]), d["train_row"], d["instance_id"]) for d in map(json.loads, f)}
+    assert {("a.jsonl", 0, "q0"), ("a.jsonl", 1, "q1"), ("a.jsonl", 2 + len(JSONL_CASES), "q2"),
+            ("huge.jsonl.zst", 0, "q0"), ("huge.jsonl.zst", 2, "q1"), ("bad.json", 0, "q0")} <= found
+    assert not {f for f, _, _ in found} - {"a.jsonl", "huge.jsonl.zst", "bad.json", "cut.jsonl.gz", "cut.jsonl.zst"}
+
+
+def test_generate_bad_rows_become_error_rows(tmp_path):
+    """generate on the matrix: every row of every file gives one row of ``generations.jsonl``;
+    a bad row (or damaged file, or too-large row) an error row with its reason, never a crash."""
+    pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+    from engine_fixtures import write_harmony_checkpoint
+    from test_generate_pipeline import DIRECT, _args, _rows
+
+    from refinery.beam_pipelines import generate
+    from refinery.transforms.core import rows
+
+    ckpt = str(write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1))
+    inp = tmp_path / "in"
+    bad = _write_bad_files(inp, [{"id": f"g{i}", "text": t} for i, t in enumerate(gsm8k_texts(4))])
+    out = tmp_path / "out"
+    assert generate.run(_args(ckpt, [inp], out, "--docs-per-unit", "40"), DIRECT) == 0
+
+    got = _rows(out)
+    assert len(got) == sum(1 for f in bad for _ in rows.iter_rows(str(inp / f)))  # one per row read
+    errors = [r for r in got if "error" in r]
+    assert len(errors) == sum(bad.values()) + _bad_in_a_jsonl(takes_surrogates=False)
+    assert all(set(r) == {"id", "error"} and r["error"].startswith(f"{inp}/") for r in errors)  # path:line: reason
+    reasons = " | ".join(r["error"] for r in errors)
+    for fragment in ("malformed JSON", "invalid UTF-8", "row is a JSON list", "blank line", "missing or not a string",
+                     "corrupt file after", f"row too large: more than {64 << 20} bytes"):
+        assert fragment in reasons, fragment
+    assert {r["id"] for r in got if "error" not in r} >= {"g0", "g1", "g2"}
