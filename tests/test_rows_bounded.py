@@ -233,3 +233,25 @@ def test_decompression_is_bounded_per_read(tmp_path):
     got, grown_mib = out.rsplit(" ", 1)
     assert got == repr([(0, None), (1, f"row too large: more than {8 << 20} bytes"), (2, None)])
     assert int(grown_mib) < 48, grown_mib
+
+
+def test_prep_max_row_bytes_flag(tmp_path, capsys):
+    from conftest import run_prep
+
+    from refinery.beam_pipelines.cli import main
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    _lines_file(corpus / "a.jsonl", [json.dumps({"id": "s", "text": "short"}).encode() + b"\n",
+                                     json.dumps({"id": "l", "text": "long " * 40}).encode() + b"\n",
+                                     json.dumps({"id": "t", "text": "tail"}).encode() + b"\n"])
+    out = tmp_path / "out"
+    assert run_prep([corpus], out, "--max-row-bytes", CAP, "--num-shards", 1) == 0
+    [reject] = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").read_text().splitlines()]
+    assert reject == {"path": str(corpus / "a.jsonl"), "row": 1, "reason": TOO_LARGE}
+    assert json.loads((out / "manifest.json").read_text())["rows"]["accepted"] == 2
+    assert run_prep([corpus], tmp_path / "out0", "--max-row-bytes", 0) == 2
+    assert "--max-row-bytes must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["prep", "--help"])
+    assert f"(default: {64 << 20} = 64 MiB)" in " ".join(capsys.readouterr().out.split())
