@@ -199,6 +199,11 @@ def test_zstd_frames_cut_short_or_damaged_are_reported(tmp_path):
     assert "ZstdError" in list(rows.iter_rows(str(path)))[-1][2]
     path.write_bytes(b"")
     assert list(rows.iter_rows(str(path)))[-1][2].startswith("corrupt file after 0 rows: EOFError")
+    # a frame that asks for a 1 GiB window is refused (zstd's limit: 128 MiB), not allocated
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=30, write_content_size=False)
+    with open(path, "wb") as raw, zstandard.ZstdCompressor(compression_params=params).stream_writer(raw) as w:
+        w.write(b"".join(lines))
+    assert "Frame requires too much memory" in list(rows.iter_rows(str(path)))[-1][2]
 
 
 def write_huge_line_zst(path, line_bytes: int, before: bytes = b'{"text": "before"}\n',

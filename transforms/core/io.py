@@ -144,11 +144,12 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
     """A binary reader; ``compression='infer'`` decompresses ``.gz``/``.zst`` by suffix.
 
     Decompression is bounded per read: ``read(n)`` and ``readline(limit)`` decompress only
-    what they return (plus a buffer of at most a few hundred KiB), so a small file that
-    expands to gigabytes is never expanded in memory at once; a line is bounded only by the
-    caller's limit. Every frame of a ``.zst`` is read; one that ends mid-stream (a file cut
-    short, an empty file) raises ``EOFError``, damaged content ``zstd.ZstdError``: a
-    truncated file is reported, never taken as complete.
+    about what they return (beside the decoder's own state: a zstd window is at most 128 MiB,
+    zstd's default limit), so a small file that expands to gigabytes is never expanded in
+    memory at once; a line is bounded only by the caller's limit. Every frame of a ``.zst``
+    is read; a stream that ends mid-frame (a file cut short, an empty file) raises
+    ``EOFError``, damaged content ``zstd.ZstdError``: a truncated file is reported, never
+    taken as complete.
     """
     if is_remote(path):
         fs, p = filesystem(path)
