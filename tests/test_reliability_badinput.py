@@ -250,18 +250,20 @@ def test_generate_bad_rows_become_error_rows(tmp_path):
     a bad row (or damaged file, or too-large row) an error row with its reason, never a crash."""
     pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
     from engine_fixtures import write_harmony_checkpoint
-    from test_generate_pipeline import DIRECT, _args, _rows
 
-    from refinery.beam_pipelines import generate
     from refinery.transforms.core import rows
 
-    ckpt = str(write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1))
+    ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
     inp = tmp_path / "in"
     bad = _write_bad_files(inp, [{"id": f"g{i}", "text": t} for i, t in enumerate(gsm8k_texts(4))])
     out = tmp_path / "out"
-    assert generate.run(_args(ckpt, [inp], out, "--docs-per-unit", "40"), DIRECT) == 0
+    cmd = refinery_cmd("generate", "--checkpoint", ckpt, "--input", inp, "--output", out, "--max-tokens", 4,
+                       "--dtype", "float32", "--device", "cpu", "--max-seq-len", 256, "--max-batch", 8,
+                       "--docs-per-unit", 40, "--runner", "direct", "--no-progress")
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
 
-    got = _rows(out)
+    got = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
     assert len(got) == sum(1 for f in bad for _ in rows.iter_rows(str(inp / f)))  # one per row read
     errors = [r for r in got if "error" in r]
     assert len(errors) == sum(bad.values()) + _bad_in_a_jsonl(takes_surrogates=False)
