@@ -56,7 +56,11 @@ def checkpoint_files(path: str | os.PathLike) -> tuple[str, Path, list[Path]]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
-        return HF, folder, [folder / name for name in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values()))
+        for name in names:  # an index names files of its own folder: never an absolute path or a '..' escape
+            if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts or not name:
+                raise ValueError(f"{index}: refusing weight file {name!r}: not a file of the checkpoint folder")
+        return HF, folder, [folder / name for name in names]
     files = sorted(folder.glob("*.safetensors"))
     if not files and (folder / "original").is_dir():
         return checkpoint_files(folder / "original")

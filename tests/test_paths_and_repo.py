@@ -1,0 +1,172 @@
+"""Paths stay where they belong; caches are per user; remote shards are read by range; the repo
+needs nothing outside itself."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_prep
+from refinery.beam_pipelines.cli import main
+from refinery.transforms.core import io
+from refinery.transforms.core.stages import RECEIPT_SCHEMA, check_receipt
+from refinery.transforms.formats import shards, tokenizer
+from refinery.transforms.hydra.slices import parse_doc_id, read_doc_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- paths -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("doc_id", ["x///etc/passwd.npy#s=0:e=4", "x//../other/shard.npy#s=0:e=4",
+                                    "x//shard_0000/../../../secret.npy#s=0:e=4", "x//shard_0000/notes.txt#s=0:e=4",
+                                    "x//gs://bucket/a.npy#s=0:e=4"])
+def test_doc_ids_leaving_the_data_root_are_refused(doc_id):
+    with pytest.raises(ValueError, match="doc id"):
+        parse_doc_id(doc_id)
+
+
+def test_a_bad_doc_id_is_an_error_row_naming_it(tmp_path, small_corpus):
+    pytest.importorskip("torch")
+    from engine_fixtures import write_harmony_checkpoint
+
+    data = tmp_path / "prep"
+    assert run_prep([small_corpus], data, "--num-shards", 1, "--dataset", "s") == 0
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.arange(10, dtype=np.uint32))
+    good = "s//shard_0000/s-v1-shard-000000.npy#s=0:e=5"
+    bad = "x//../outside.npy#s=0:e=5"
+    (tmp_path / "ids.txt").write_text(f"{good}\n{bad}\nx///{outside}#s=0:e=5\n")
+    with pytest.raises(ValueError):
+        read_doc_tokens(str(data), bad)
+    ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
+    assert main(["generate", "--checkpoint", str(ckpt), "--input-docids", str(tmp_path / "ids.txt"),
+                 "--data-root", str(data), "--output", str(tmp_path / "gen"), "--max-tokens", "2",
+                 "--dtype", "float32", "--runner", "direct", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "gen" / "generations.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [good, bad, f"x///{outside}#s=0:e=5"]
+    assert "error" not in rows[0] and all("refusing path" in r["error"] and r["id"] in r["error"] for r in rows[1:])
+
+
+def test_dataset_names_cannot_escape_the_output(tmp_path, small_corpus, capsys):
+    assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--dataset", "../escape"]) == 2
+    assert "dataset name '../escape'" in capsys.readouterr().err
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "o").exists()
+
+
+def test_receipts_and_manifests_naming_outside_paths_are_refused(tmp_path, small_corpus, capsys):
+    (tmp_path / "secret").write_bytes(b"x" * 10)
+    receipt = tmp_path / "out" / "r.json"
+    receipt.parent.mkdir()
+    for path in ("../secret", str(tmp_path / "secret"), "a/../../secret"):
+        receipt.write_text(json.dumps({"schema": RECEIPT_SCHEMA, "stage_hash": "h", "status": "completed",
+                                       "files": [{"path": path, "bytes": 10, "sha256": "x"}]}))
+        c = check_receipt(str(tmp_path / "out"), str(receipt), "h")
+        assert not c.done and "outside the output" in c.reason
+    out = tmp_path / "prep"
+    assert run_prep([small_corpus], out, "--num-shards", 1) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"][0]["path"] = "../secret"
+    (out / "manifest.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    assert "refusing path '../secret'" in capsys.readouterr().out
+
+
+def test_checkpoint_index_naming_outside_files_is_refused(tmp_path):
+    pytest.importorskip("torch")
+    from refinery.kernels.checkpoint import checkpoint_files
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for name in ("../model.safetensors", "/etc/model.safetensors"):
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": name}}))
+        with pytest.raises(ValueError, match="refusing weight file"):
+            checkpoint_files(folder)
+
+
+def test_caches_are_per_user(monkeypatch, tmp_path):
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    path = tokenizer.tiktoken_cache_path()
+    assert str(path).startswith(str(tmp_path / "home" / ".cache" / "refinery" / "tiktoken"))
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == str(path.parent)  # tiktoken and workers use the same folder
+    assert tokenizer.user_cache_dir("harmony-vocab") == tmp_path / "home" / ".cache" / "refinery" / "harmony-vocab"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tokenizer.user_cache_dir("x") == tmp_path / "xdg" / "refinery" / "x"
+
+
+# --- remote shards ------------------------------------------------------------------------
+
+def test_remote_shards_are_read_by_range(tmp_path, small_corpus, monkeypatch):
+    import fsspec
+
+    out = "memory://ranges/prep"
+    assert run_prep([small_corpus], out, "--num-shards", 1, "--dataset", "r", runner="direct") == 0
+    try:
+        npy = f"{out}/shard_0000/r-v1-shard-000000.npy"
+        ranges = []
+        real = io.read_range
+        monkeypatch.setattr(io, "read_range", lambda p, a, b: ranges.append((a, b)) or real(p, a, b))
+        reader = shards.ShardReader(npy)
+        local = np.load(__import__("io").BytesIO(fsspec.filesystem("memory").cat_file("/ranges/prep/shard_0000/"
+                                                                                         "r-v1-shard-000000.npy")))
+        for i in (0, 5, len(reader) - 1):
+            start, end = reader.index.get_document(i)
+            assert reader.document(i).tolist() == local[start:end].tolist()
+        assert [b - a for a, b in ranges] == [4 * (e - s) for s, e in
+                                              (reader.index.get_document(i) for i in (0, 5, len(reader) - 1))]
+        files = shards.TokenFiles(capacity=2)
+        paths = []
+        for k in range(3):
+            paths.append(str(tmp_path / f"s{k}.npy"))
+            np.save(paths[-1], np.arange(k + 1, dtype=np.uint32))
+        for p in (*paths, paths[0]):
+            assert len(files.get(p)) == int(Path(p).stem[1:]) + 1
+        assert len(files._open) == 2 and list(files._open) == [paths[2], paths[0]]  # least recently used dropped
+    finally:
+        fsspec.filesystem("memory").rm("/ranges", recursive=True)
+
+
+# --- noise --------------------------------------------------------------------------------
+
+def test_gcsfs_bucket_type_warning_is_said_once(caplog):
+    io._quiet_gcsfs()
+    logger = logging.getLogger("gcsfs")
+    with caplog.at_level(logging.WARNING, logger="gcsfs"):
+        for _ in range(20):
+            logger.warning("Could not determine bucket type for bucket name b1: oops, falling back to GCSFileSystem")
+        logger.warning("Could not determine bucket type for bucket name b2: oops, falling back to GCSFileSystem")
+        logger.warning("something else")
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("bucket name b1" in m for m in messages) == 1 and sum("b2" in m for m in messages) == 1
+    assert "something else" in messages
+
+
+# --- the repo itself ------------------------------------------------------------------------
+
+def test_the_repo_names_no_path_outside_itself():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    parent = str(ROOT.parent) + "/"  # e.g. a sibling folder of the checkout, as the developers had
+    outside = re.compile("|".join(re.escape(p) for p in ("../" + "shared", parent)))
+    hits = [f for f in files if f.endswith((".py", ".md", ".toml", ".sh", ".cfg", ".txt", "Makefile", "run"))
+            and outside.search((ROOT / f).read_text(errors="replace"))]
+    assert hits == []
+
+
+def test_make_demo_writes_inside_the_checkout_and_make_test_counts_no_tests_as_failure():
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert f"--output {ROOT}/out/demo" in dry and "/tmp/" not in dry
+    for name in ("Makefile", ".ci/run"):
+        text = (ROOT / name).read_text()
+        assert "-eq 5" not in text and "== 5" not in text  # pytest's 'no tests collected' is a failure
