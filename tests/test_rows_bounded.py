@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from refinery.transforms.core import io, rows
+from refinery.transforms.core import rows
 
 CAP = 100
 TOO_LARGE = f"row too large: more than {CAP} bytes"
