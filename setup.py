@@ -31,6 +31,7 @@ setup(
         "orjson>=3.9",  # JSON lines parsed fast (the standard parser words the errors)
         "pyarrow>=15",
         "zstandard>=0.22",
+        "isal>=1.6",  # gzip members of decon's details, ~4x faster than zlib at a smaller size
         "tqdm>=4.66",
         "tomli>=2.0; python_version < '3.11'",  # mixture TOML files (3.11+ has tomllib)
     ],
