@@ -1037,6 +1037,11 @@ def hit_blocks(hits: ScanHits, id_field: str) -> Iterator[tuple[int, dict]]:
 
 # -- reduce: one eval partition ---------------------------------------------------------
 
+def _pairs(offsets: list) -> str:
+    """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
+    return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
+
+
 def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
     """The configured n whose effective length for a row of ``num_tokens`` tokens is ``length``."""
     return [n for n in ns if min(n, num_tokens) == length]
@@ -1049,9 +1054,9 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
     (the row base makes a byte slice's rows file-global); it is called twice when
-    ``max_train_count`` is set (document counts first). ``write`` receives each detail record
-    as one JSON line (``str``, no newline, keys in the documented order; lone surrogates are
-    left for :data:`JSON_ERRORS`).
+    ``max_train_count`` is set (document counts first). ``write`` receives the detail records
+    of one training row and n-gram at a time, as JSON lines each ending in a newline (keys in
+    the documented order; lone surrogates are left for :data:`JSON_ERRORS`).
 
     Returns the partition's share of the results (msgpack-able): ``details``, ``ignored``
     (n-grams over ``max_train_count``), ``overlaps`` (eval_idx -> n -> {ngram: training
@@ -1062,15 +1067,14 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     """
     ns = sorted(set(ns))
     nmax = ns[-1]
-    counts = np.zeros(len(records), dtype=np.int64)
     ignored = None
     if max_train_count is not None:
+        seen = np.zeros(len(records), dtype=np.int64)
         for _, _, _, block in blocks():
-            counts += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
-        ignored = (counts > max_train_count).tolist()
-        counts[:] = 0
-    dumps_u = json.JSONEncoder(ensure_ascii=False).encode
-    dumps = json.dumps
+            seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
+        ignored = (seen > max_train_count).tolist()
+    counts = [0] * len(records)  # training documents holding each n-gram
+    quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
     heads: dict[int, str] = {}
     prefixes: dict[int, list[str]] = {}       # record -> the detail line up to the training part, per eval row
     sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of
@@ -1078,14 +1082,13 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     hit_rows: dict[tuple[str, int], list[int]] = defaultdict(list)
     details = 0
     for unit, path, base, block in blocks():
-        path_json = dumps_u(path)
+        path_json = quote(path)
         recs, occ = _i64(block["record"]), _i64(block["occurrences"])
         starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
         rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
         o = 0
         for k, rec in enumerate(recs):
-            offs = [[s, e] for s, e in zip(starts[o:o + occ[k]], ends[o:o + occ[k]])]
-            o += occ[k]
+            a, o = o, o + occ[k]
             if ignored is not None and ignored[rec]:
                 continue
             counts[rec] += 1
@@ -1100,16 +1103,17 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                     head = heads.get(eval_idx)
                     if head is None:
                         er = eval_rows[eval_idx]
-                        head = heads[eval_idx] = dumps_u({"eval_dataset": er.eval_dataset, "eval_path": er.eval_path,
-                                                          "eval_row": er.eval_row, "instance_id": er.instance_id})[:-1]
-                    lines.append(f'{head}, "n": {n}, "ngram": {dumps_u(gram)}, "eval_offsets": {dumps(eval_offsets)}, ')
+                        head = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
+                                                  f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
+                                                  f'"instance_id": {quote(er.instance_id)}')
+                    lines.append(f'{head}, "n": {n}, "ngram": {quote(gram)}, "eval_offsets": {_pairs(eval_offsets)}, ')
                     if n == min(nmax, eval_rows[eval_idx].num_tokens):
                         sampled[rec].append(eval_idx)
-            tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {dumps_u(doc_ids[k])}, '
-                    f'"train_offsets": {dumps(offs)}, "train_snippet_start": {snip[k]}, '
-                    f'"train_snippet": {dumps_u(snippets[k])}}}')
-            for line in lines:
-                write(line + tail)
+            offs = list(zip(starts[a:o], ends[a:o]))
+            tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
+                    f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
+                    f'"train_snippet": {quote(snippets[k])}}}\n')
+            write(tail.join(lines) + tail)
             details += len(lines)
             for eval_idx in sampled[rec]:
                 rows_of = samples.setdefault(eval_idx, {})
@@ -1119,10 +1123,10 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                         [records[rec][1], offs, snip[k], snippets[k]])
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
     spans: dict[int, list] = {}
-    for rec in np.flatnonzero(counts).tolist():
+    for rec in prefixes:
         n, gram, _, evals = records[rec]
         for eval_idx, eval_offsets in evals:
-            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[gram] = int(counts[rec])
+            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[gram] = counts[rec]
             if n == min(nmax, eval_rows[eval_idx].num_tokens):
                 spans.setdefault(eval_idx, []).extend(eval_offsets)
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)

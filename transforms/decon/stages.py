@@ -39,6 +39,7 @@ from typing import Iterator
 
 import msgpack
 import zstandard
+from isal import igzip
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
@@ -138,6 +139,7 @@ def load_partition_file(path: str) -> ng.Partition:
 
 class IndexStage(Stage):
     name = "index"
+    local = True  # one process builds the whole eval index; a Beam job would only add its start-up
 
     def __init__(self, settings: DeconSettings, eval_files: list[io.InputFile]):
         self.s = settings
@@ -376,21 +378,21 @@ class ReduceStage(Stage):
                     yield i, path, base, block
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
-            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
+            with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
                 pending: list[str] = []
+                size = 0
 
-                def flush() -> None:
-                    gz.write(("\n".join(pending) + "\n").encode("utf-8", ng.JSON_ERRORS))
-                    pending.clear()
-
-                def write(line: str) -> None:
-                    pending.append(line)
-                    if len(pending) >= 4096:
-                        flush()
+                def write(lines: str) -> None:
+                    nonlocal size
+                    pending.append(lines)
+                    size += len(lines)
+                    if size > 1 << 22:
+                        gz.write("".join(pending).encode("utf-8", ng.JSON_ERRORS))
+                        pending.clear()
+                        size = 0
 
                 result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write)
-                if pending:
-                    flush()
+                gz.write("".join(pending).encode("utf-8", ng.JSON_ERRORS))
             packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
         return {"details": result["details"], "ignored_ngrams": result["ignored"]}
