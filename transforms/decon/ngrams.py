@@ -51,6 +51,7 @@ import string
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator
 
 import msgpack
@@ -619,9 +620,10 @@ def gc_paused():
 
 
 def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
-                ) -> dict[tuple[int, str], tuple[int, list[tuple[int, list[tuple[int, int]]]]]]:
-    """(effective length, n-gram) -> (ngram_hash, [(eval_idx, offsets)]) over all eval rows,
-    in row order. Hashes come from the vectorized twin (equal to :func:`ngram_hash`)."""
+                ) -> dict[tuple[int, str], tuple[int, list[list]]]:
+    """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
+    all eval rows, in row order. Hashes come from the vectorized twin (equal to
+    :func:`ngram_hash`)."""
     index: dict[tuple[int, str], tuple[int, list]] = {}
     ns = list(ns)
     chunk = 4096
@@ -632,23 +634,29 @@ def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
             prefix = batch_prefix(batch)
             window_hashes: dict[int, list[int]] = {}
             for k, r in enumerate(part):
+                if r.empty:
+                    continue
                 tokens, spans = tokenizer.tokenize_with_offsets(r.text)
                 first = int(batch.row_first[k])
                 for length in effective_lengths(ns, len(tokens)):
                     if length not in window_hashes:
                         window_hashes[length] = batch_all_window_hashes(batch, prefix, length).tolist()
                     wh = window_hashes[length]
+                    blank = " " * (length - 1)  # the n-gram of empty tokens only: skipped
                     seen: dict[str, list] = {}
-                    for i, gram in iter_ngrams(tokens, length):
+                    for i, gram in enumerate([" ".join(tokens[i:i + length])
+                                              for i in range(len(tokens) - length + 1)]):
                         offs = seen.get(gram)
                         if offs is None:
+                            if gram == blank:
+                                continue
                             offs = seen[gram] = []
                             key = (length, gram)
                             entry = index.get(key)
                             if entry is None:
                                 entry = index[key] = (wh[first + i], [])
-                            entry[1].append((r.eval_idx, offs))
-                        offs.append((spans[i][0], spans[i + length - 1][1]))
+                            entry[1].append([r.eval_idx, offs])
+                        offs.append([spans[i][0], spans[i + length - 1][1]])
     return index
 
 
@@ -660,12 +668,8 @@ def partition_records(index: dict, partitions: int) -> dict[int, list[list]]:
         for (length, gram), (h, evals) in index.items():
             out[h % partitions].append([length, gram, h, evals])
         for recs in out.values():
-            recs.sort(key=_hash_of_record)
+            recs.sort(key=itemgetter(2))
     return out
-
-
-def _hash_of_record(rec: list) -> int:
-    return rec[2]
 
 
 @dataclass
