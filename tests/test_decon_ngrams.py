@@ -261,7 +261,7 @@ def _scan(eval_rows, train_texts, ns, partitions=4, membership=None, batch_bytes
     index = ng.build_index(eval_rows, ns, DEFAULT)
     parts = {p: ng.Partition(recs) for p, recs in ng.partition_records(index, partitions).items()}
     if membership is None:
-        membership = ng.Membership([v[0] for v in index.values()], {k[0] for k in index})
+        membership = ng.Membership([v[0] for v in index.values()], {k[0] for k in index}, {"ns": ns})
     stats = ng.ScanStats()
     batches = list(ng.scan_rows(((i, {"text": t}, None) for i, t in enumerate(train_texts)), text_field="text",
                                 tokenizer=DEFAULT, membership=membership,

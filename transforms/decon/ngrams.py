@@ -476,6 +476,15 @@ def batch_all_window_hashes(batch: TokenBatch, prefix: np.ndarray, length: int) 
     return _mix64_np(raw)
 
 
+def window_hashes_at(batch: TokenBatch, prefix: np.ndarray, pos: np.ndarray, length: int) -> np.ndarray:
+    """Hashes of the windows of ``length`` tokens starting at ``pos`` (each ``<= T - length``)."""
+    _, inv = _TOKEN_POWERS.get(len(batch.hashes))
+    raw = prefix[pos + length] - prefix[pos]
+    raw *= inv[pos]
+    raw += _U((length * _C_NGRAM) & MASK64)
+    return _mix64_np(raw)
+
+
 def window_in_row(batch: TokenBatch, pos: np.ndarray, length: int) -> np.ndarray:
     return batch.row_of[pos] == batch.row_of[pos + length - 1]
 
@@ -696,7 +705,7 @@ class NgramIndex:
         ns = sorted(set(int(n) for n in ns))
         index = build_index(rows, ns, get_tokenizer(tokenizer))
         membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
-                                {"tokenizer": tokenizer, "partitions": num_partitions})
+                                {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
         return cls(rows, bad, ns, tokenizer, num_partitions, membership,
                    dict(partition_records(index, num_partitions)), len(index))
 
@@ -889,16 +898,31 @@ def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, st
     prefix = batch_prefix(batch)
     buf, starts, ends = batch.buf, batch.starts, batch.ends
     pos_l, len_l, id_l = [], [], []
+    n0 = min(membership.meta.get("ns") or [1])
+    first_hits = None  # positions whose n0-gram is in the set
     for length in membership.lengths:
-        h = batch_all_window_hashes(batch, prefix, length)
-        stats.windows += len(h)
-        pos = np.flatnonzero(membership.contains(h))
-        pos = pos[window_in_row(batch, pos, length)]
+        stats.windows += max(0, len(batch.hashes) - length + 1)
+        if first_hits is not None and length > n0:
+            # An eval n-gram longer than n0 comes from an eval row of more than n0 tokens, whose
+            # first n0 tokens are an eval n-gram too (n0 >= 2: never all empty): only windows
+            # whose n0-gram is in the set need probing.
+            pos = first_hits[first_hits + length <= len(batch.hashes)]
+            h = window_hashes_at(batch, prefix, pos, length)
+            found = membership.contains(h)
+            pos, h = pos[found], h[found]
+        else:
+            h = batch_all_window_hashes(batch, prefix, length)
+            pos = np.flatnonzero(membership.contains(h))
+            h = h[pos]
+            if length == n0 >= 2:
+                first_hits = pos
+        inrow = window_in_row(batch, pos, length)
+        pos, h = pos[inrow], h[inrow]
         if not len(pos):
             continue
         stats.hash_hits += len(pos)
         last = pos + length - 1
-        parts = (h[pos] % _U(partitions)).astype(np.int64)
+        parts = (h % _U(partitions)).astype(np.int64)
         edge = (starts[pos] == ends[pos]) | (starts[last] == ends[last])
         ids = np.empty(len(pos), dtype=np.int64)
         inner = ~edge
