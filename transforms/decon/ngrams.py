@@ -991,14 +991,16 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
       windows covering it, / all tokens.
     """
+    if not overlap_counts:
+        return {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
     length = min(n, len(tokens))
-    windows = list(iter_ngrams(tokens, length))
-    total = len(windows)
+    grams = [" ".join(tokens[i:i + length]) for i in range(len(tokens) - length + 1)]
+    total = len(grams) - grams.count(" " * (length - 1))  # the all-empty window is not an n-gram
     cover = [0.0] * len(tokens)
     covered = [False] * len(tokens)
     hits = 0
     wsum = 0.0
-    for i, gram in windows:
+    for i, gram in enumerate(grams):
         c = overlap_counts.get(gram)
         if not c:
             continue
@@ -1107,7 +1109,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     prefixes: dict[int, list[str]] = {}       # record -> the detail line up to the training part, per eval row
     sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of
     samples: dict[int, dict[tuple[int, int], list]] = {}
-    hit_rows: dict[tuple[str, int], list[int]] = defaultdict(list)
+    hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
     details = 0
     for unit, path, base, block in blocks():
         path_json = quote(path)
@@ -1115,13 +1117,14 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
         rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
         o = 0
+        rows_of_rec = hit_rows[path]
         for k, rec in enumerate(recs):
             a, o = o, o + occ[k]
             if ignored is not None and ignored[rec]:
                 continue
             counts[rec] += 1
             row = base + rows[k]
-            hit_rows[(path, rec)].append(row)
+            rows_of_rec[rec].append(row)
             lines = prefixes.get(rec)
             if lines is None:
                 n, gram, _, evals = records[rec]
@@ -1159,13 +1162,14 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 spans.setdefault(eval_idx, []).extend(eval_offsets)
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
-    for (path, rec), rows in hit_rows.items():
-        n_rec = records[rec][0]
-        for eval_idx, _ in records[rec][3]:
-            er = eval_rows[eval_idx]
-            for n in configured_ns(ns, er.num_tokens, n_rec):
-                path_ids[(path, er.eval_dataset, n)].add(eval_idx)
-                path_rows[(path, er.eval_dataset, n)].update(rows)
+    for path, rows_of_rec in hit_rows.items():
+        for rec, rows in rows_of_rec.items():
+            n_rec = records[rec][0]
+            for eval_idx, _ in records[rec][3]:
+                er = eval_rows[eval_idx]
+                for n in configured_ns(ns, er.num_tokens, n_rec):
+                    path_ids[(path, er.eval_dataset, n)].add(eval_idx)
+                    path_rows[(path, er.eval_dataset, n)].update(rows)
     return {"details": details, "ignored": int(sum(ignored)) if ignored is not None else 0,
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
