@@ -51,6 +51,7 @@ import string
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator
 
@@ -870,10 +871,11 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
 
 MAX_KNOWN_WINDOWS = 1 << 20  # per length; the cache of verified windows is cleared past this
 _NOT_FOUND = -1
+_UNKNOWN = -2
 
 
 def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], length: int,
-            known: dict[bytes, int], lookup: Callable[[int], Partition]) -> list[int]:
+            known: dict[bytes, int], lookup: Callable[[int], Partition]) -> np.ndarray:
     """``partition << 32 | record`` of each window ``buf[starts[k]:ends[k]]`` of ``length``
     tokens, or -1 where its n-gram is not in the test index.
 
@@ -884,12 +886,11 @@ def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], le
     if len(known) > MAX_KNOWN_WINDOWS:
         known.clear()
     raws = [buf[s:e] for s, e in zip(starts, ends)]
-    ids = [known.get(raw, None) for raw in raws]
-    for k, found in enumerate(ids):
-        if found is None:
-            raw = raws[k]
-            rec = lookup(parts[k]).find.get((length, b" ".join(raw.split())))
-            ids[k] = known[raw] = _NOT_FOUND if rec is None else parts[k] << 32 | rec
+    ids = np.fromiter(map(known.get, raws, repeat(_UNKNOWN)), dtype=np.int64, count=len(raws))
+    for k in np.flatnonzero(ids == _UNKNOWN).tolist():
+        raw = raws[k]
+        rec = lookup(parts[k]).find.get((length, b" ".join(raw.split())))
+        ids[k] = known[raw] = _NOT_FOUND if rec is None else parts[k] << 32 | rec
     return ids
 
 
@@ -1096,7 +1097,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     ``[unit, row, train_path, [[ngram, offsets, snippet_start, snippet], ...]]``).
     """
     ns = sorted(set(ns))
-    nmax = ns[-1]
+    at_nmax = [min(ns[-1], r.num_tokens) for r in eval_rows]  # each eval row's n-gram length at the largest n
     ignored = None
     if max_train_count is not None:
         seen = np.zeros(len(records), dtype=np.int64)
@@ -1138,7 +1139,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                                                   f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
                                                   f'"instance_id": {quote(er.instance_id)}')
                     lines.append(f'{head}, "n": {n}, "ngram": {quote(gram)}, "eval_offsets": {_pairs(eval_offsets)}, ')
-                    if n == min(nmax, eval_rows[eval_idx].num_tokens):
+                    if n == at_nmax[eval_idx]:
                         sampled[rec].append(eval_idx)
             offs = list(zip(starts[a:o], ends[a:o]))
             tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
@@ -1158,7 +1159,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         n, gram, _, evals = records[rec]
         for eval_idx, eval_offsets in evals:
             overlaps.setdefault(eval_idx, {}).setdefault(n, {})[gram] = counts[rec]
-            if n == min(nmax, eval_rows[eval_idx].num_tokens):
+            if n == at_nmax[eval_idx]:
                 spans.setdefault(eval_idx, []).extend(eval_offsets)
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
