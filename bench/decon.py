@@ -132,7 +132,7 @@ t0 = time.process_time()
 for hits in ng.scan_rows(iter_rows(train_file), text_field="text", tokenizer=ng.TOKENIZERS["default"], membership=m,
                          lookup=lambda p: load_partition_file(f"{index_parts}/{partition_file(p)}"),
                          partitions=int(m.meta["partitions"]), stats=stats):
-    list(ng.hit_blocks(hits, "id"))
+    list(ng.hit_blocks([ng.hit_groups(hits, "id")]))
 print(json.dumps({"rss_after_imports_mb": base, "rss_after_membership_mb": loaded, "peak_rss_mb": vm_hwm_mb(),
                   "seconds": time.process_time() - t0, "text_mb": stats.text_bytes / 1e6}))
 """

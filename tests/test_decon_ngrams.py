@@ -315,7 +315,7 @@ def test_hit_blocks_snippets_and_doc_ids():
     rows = _eval_rows(["quick brown fox"])
     text = "x" * 80 + " quick brown fox " + "y" * 80 + " quick brown fox"
     batches, _, parts = _scan(rows, [text], [3])
-    (p, block), = [pb for hits in batches for pb in ng.hit_blocks(hits, "id")]
+    (p, block), = ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches])
     assert parts[p].records[np.frombuffer(block["record"], "<i8")[0]][1] == "quick brown fox"
     assert block["doc_id"] == [ng.record_hash_id({"text": text})]
     assert np.frombuffer(block["occurrences"], "<i8").tolist() == [2]
@@ -346,9 +346,8 @@ def test_instance_metrics():
 def _reduce(eval_rows, batches, parts, ns, max_train_count=None):
     """The reduce of every partition (blocks through a msgpack round trip, as on disk), then the merge."""
     blocks = defaultdict(list)
-    for hits in batches:
-        for p, block in ng.hit_blocks(hits, "id"):
-            blocks[p].append(msgpack.unpackb(msgpack.packb(block)))
+    for p, block in ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches]):
+        blocks[p].append(msgpack.unpackb(msgpack.packb(block)))
     details = []
     results = []
     for p in sorted(parts):
@@ -413,7 +412,11 @@ def test_scan_agrees_with_reference_on_gsm8k():
     assert stats.false_hits == 0
     assert mine == ref_details and len(mine) > 1000
     res, details = _reduce(evrows, batches, parts, ns)
-    assert len(details) == len(ref_details)
+    assert len(details) == len(ref_details) and len(batches) > 10
+    for d in details:  # hits regrouped from many batches by partition keep their own offsets and snippets
+        text = docs[d["train_row"]]
+        assert all(" ".join(helm(text[s:e])) == d["ngram"] for s, e in d["train_offsets"])
+        assert text[d["train_snippet_start"]:].startswith(d["train_snippet"])
     assert {(d["eval_row"], d["train_row"], d["n"], d["ngram"]) for d in details} == {
         (evrows[idx].eval_row, row, n, gram) for idx, _, row, n, gram in ref_details}
     got = {(s["eval_dataset"], s["n"]): s["instance_ids"] for s in res.overlap_stats}

@@ -29,10 +29,14 @@ Pieces, in the order the pipeline uses them:
   (at most 8 bytes more per n-gram) that rejects most misses with one gather. Hash hits are
   then verified against the exact n-gram text in the hash partition's detail records, so
   there are no false positives.
-- :func:`scan_rows`: the training-side join (batching, probing, verification, offsets).
-- :func:`reduce_overlaps` + :func:`instance_metrics` + :func:`render_report`: stats files,
-  HELM metrics (binary, jaccard, token; jaccard and token also weighted by 1/train count),
-  ``max_train_count`` (ignore n-grams seen in more than K training documents).
+- :func:`scan_rows`: the training-side join (batching, probing, verification, offsets),
+  giving :class:`ScanHits`; :func:`hit_blocks` groups them by hash partition, each
+  (training row, n-gram) with its doc id and a snippet of the training text.
+- :func:`reduce_partition`: one hash partition's hits joined with its eval records (detail
+  records, training document counts for ``max_train_count``, by-path sets, report samples);
+  :func:`merge_partitions`: the stats and HELM metrics (binary, jaccard, token; jaccard and
+  token also weighted by 1/train count) of the whole run; :func:`render_report` (markdown)
+  and :func:`contamination_report` (what ``report.html`` shows).
 - :func:`reference_overlap`: a straightforward pure-Python implementation of the same
   method (dict of test n-grams, stream training) used by tests and ``bench/decon.py``.
 """
@@ -48,6 +52,7 @@ import math
 import os
 import re
 import string
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -268,11 +273,16 @@ def sort_keys_recursive(obj):
     return obj
 
 
+_ID_PACKERS = threading.local()  # one msgpack Packer per thread: packb builds a new one per call
+
+
 def record_hash_id(record: dict) -> str:
     """blake2b-64 (decimal) of the msgpack of the recursively key-sorted record. Values msgpack
     cannot encode (a parquet timestamp or decimal) are hashed as their ``str()``."""
-    packed = msgpack.packb(sort_keys_recursive(record), use_bin_type=True, unicode_errors="surrogatepass",
-                           default=str)
+    packer = getattr(_ID_PACKERS, "packer", None)
+    if packer is None:
+        packer = _ID_PACKERS.packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass", default=str)
+    packed = packer.pack(sort_keys_recursive(record))
     return str(int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big"))
 
 
@@ -843,9 +853,15 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
             part = loaded[p] = lookup(p)
         return part
 
-    pending: list[tuple[int, dict, str]] = []
-    prepared: list[bytes] = []
     known: dict[int, dict[bytes, int]] = defaultdict(dict)  # verified windows, see _verify
+    prepare = tokenizer.prepare
+
+    def scan(pending: list[tuple[int, dict, str]]) -> ScanHits | None:
+        prepared = [prepare(text) for _, _, text in pending]
+        stats.text_bytes += sum(map(len, prepared))
+        return _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known)
+
+    pending: list[tuple[int, dict, str]] = []
     size = 0
     for row, record, error in rows:
         stats.rows += 1
@@ -853,18 +869,15 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
         if not isinstance(text, str):
             stats.bad_rows += 1
             continue
-        p = tokenizer.prepare(text)
-        stats.text_bytes += len(p)
         pending.append((row, record, text))
-        prepared.append(p)
-        size += len(p) + 3
+        size += len(text) + 3
         if size >= batch_bytes:
-            hits = _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known)
+            hits = scan(pending)
             if hits is not None:
                 yield hits
-            pending, prepared, size = [], [], 0
+            pending, size = [], 0
     if pending:
-        hits = _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known)
+        hits = scan(pending)
         if hits is not None:
             yield hits
 
@@ -1035,34 +1048,64 @@ def _b64(values: np.ndarray) -> bytes:
     return np.ascontiguousarray(values, dtype="<i8").tobytes()
 
 
-def hit_blocks(hits: ScanHits, id_field: str) -> Iterator[tuple[int, dict]]:
-    """``(partition, block)`` for each partition hit in a batch, ascending.
+@dataclass
+class HitGroups:
+    """One entry per (training row, n-gram) of a batch's hits, in their order, as columns:
+    ``partition``, ``row`` (the row number the reader gave), ``doc_id``, ``record`` (index in
+    the partition's records), ``occurrences`` (count) with their ``start``/``end`` code-point
+    offsets, and a ``snippet`` of the training text (:data:`SNIPPET_CONTEXT` characters
+    either side of the first occurrence) with its ``snippet_start``."""
 
-    A block holds one entry per (training row, n-gram) in columns: ``row`` (the row number
-    the reader gave), ``doc_id``, ``record`` (index in the partition's records),
-    ``occurrences`` (count) with their ``start``/``end`` code-point offsets, and a
-    ``snippet`` of the training text (:data:`SNIPPET_CONTEXT` characters either side of the
-    first occurrence) with its ``snippet_start``. Integer columns are little-endian int64 bytes.
-    """
+    partition: np.ndarray
+    row: np.ndarray
+    doc_id: list[str]
+    record: np.ndarray
+    occurrences: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    snippet_start: np.ndarray
+    snippet: list[str]
+
+
+def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
+    """The :class:`HitGroups` of a batch's hits."""
     g = hits.group_starts()
     first = g[:-1]
-    grow, gpart = hits.row[first], hits.partition[first]
+    grow = hits.row[first].tolist()
     lo = np.maximum(hits.start[first] - SNIPPET_CONTEXT, 0)
-    hi = hits.end[first] + SNIPPET_CONTEXT
     rows = hits.rows
     doc_ids: dict[int, str] = {}
-    for r in grow.tolist():
+    for r in grow:
         if r not in doc_ids:
             doc_ids[r] = record_id(rows[r][1], id_field)
-    cuts = np.flatnonzero(np.diff(gpart)) + 1
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(first)]):
-        ra = grow[a:b].tolist()
-        yield int(gpart[a]), {
-            "row": _b64([rows[r][0] for r in ra]), "doc_id": [doc_ids[r] for r in ra],
-            "record": _b64(hits.record[first[a:b]]), "occurrences": _b64(np.diff(g[a:b + 1])),
-            "start": _b64(hits.start[g[a]:g[b]]), "end": _b64(hits.end[g[a]:g[b]]),
-            "snippet_start": _b64(lo[a:b]),
-            "snippet": [rows[r][2][s:e] for r, s, e in zip(ra, lo[a:b].tolist(), hi[a:b].tolist())],
+    return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
+                     [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
+                     [rows[r][2][s:e] for r, s, e in zip(grow, lo.tolist(),
+                                                         (hits.end[first] + SNIPPET_CONTEXT).tolist())])
+
+
+def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
+    """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
+    block holds the partition's groups in scan order, the :class:`HitGroups` columns but
+    ``partition``, integer columns as little-endian int64 bytes."""
+    part = np.concatenate([x.partition for x in groups])
+    occ = np.concatenate([x.occurrences for x in groups])
+    start, end = np.concatenate([x.start for x in groups]), np.concatenate([x.end for x in groups])
+    row, record = np.concatenate([x.row for x in groups]), np.concatenate([x.record for x in groups])
+    snip_start = np.concatenate([x.snippet_start for x in groups])
+    doc_ids = [d for x in groups for d in x.doc_id]
+    snippets = [s for x in groups for s in x.snippet]
+    order = np.argsort(part, kind="stable")
+    first_occ = np.cumsum(occ) - occ
+    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    for sel in np.split(order, cuts):
+        counts = occ[sel]
+        at = np.repeat(first_occ[sel] - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        picked = sel.tolist()
+        yield int(part[sel[0]]), {
+            "row": _b64(row[sel]), "doc_id": [doc_ids[k] for k in picked], "record": _b64(record[sel]),
+            "occurrences": _b64(counts), "start": _b64(start[at]), "end": _b64(end[at]),
+            "snippet_start": _b64(snip_start[sel]), "snippet": [snippets[k] for k in picked],
         }
 
 

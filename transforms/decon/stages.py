@@ -54,8 +54,8 @@ EVAL_SUMMARY_FILE = "eval_bad_rows.json"
 
 
 def hits_file(unit_id: str) -> str:
-    """A scan unit's verified hits: zstd frames, each a msgpack list of the
-    :func:`ngrams.hit_blocks` blocks of one partition; the unit's receipt lists the frames as
+    """A scan unit's verified hits: zstd frames, each the msgpack of one partition's
+    :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames as
     ``frames: [[partition, offset, length], ...]``."""
     return f"hits/{unit_id}.bin"
 
@@ -268,26 +268,26 @@ class ScanStage(Stage):
             rows = iter_rows(pl["path"])
         stats = ng.ScanStats()
         tok = ng.get_tokenizer(self.s.tokenizer)
-        held: dict[int, list[dict]] = {}
+        held: list[ng.HitGroups] = []
         frames: list[list[int]] = []
         size = 0
         with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, ng.gc_paused():
             def flush() -> None:
                 nonlocal size
-                for p in sorted(held):
-                    frame = zstandard.ZstdCompressor(level=1).compress(
-                        msgpack.packb(held[p], use_bin_type=True, unicode_errors="surrogatepass"))
-                    frames.append([p, size, len(frame)])
-                    out.write(frame)
-                    size += len(frame)
+                if held:
+                    for p, block in ng.hit_blocks(held):
+                        frame = zstandard.ZstdCompressor(level=1).compress(
+                            msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
+                        frames.append([p, size, len(frame)])
+                        out.write(frame)
+                        size += len(frame)
                 held.clear()
 
             chars = 0
             for hits in ng.scan_rows(rows, text_field=self.s.train_text_field, tokenizer=tok, membership=membership,
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
-                for p, block in ng.hit_blocks(hits, self.s.id_field):
-                    held.setdefault(p, []).append(block)
-                    chars += sum(map(len, block["snippet"]))
+                held.append(ng.hit_groups(hits, self.s.id_field))
+                chars += sum(map(len, held[-1].snippet))
                 if chars > HELD_CHARS:
                     flush()
                     chars = 0
@@ -374,8 +374,7 @@ class ReduceStage(Stage):
             for i, offset, length in table["frames"].get(p, []):
                 unit_id, path, base = table["units"][i]
                 frame = io.read_range(io.join(scan_run.parts_dir, hits_file(unit_id)), offset, offset + length)
-                for block in msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), **unpack):
-                    yield i, path, base, block
+                yield i, path, base, msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), **unpack)
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
