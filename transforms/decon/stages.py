@@ -109,7 +109,9 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text_field: str, id_fie
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field,
                                       ng.get_tokenizer(tokenizer))
         index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
-    gc.freeze()  # millions of long-lived objects: keep them out of every later GC pass
+        # millions of long-lived objects: out of every later GC pass, before the GC is back on
+        # (its first pass would otherwise walk them all)
+        gc.freeze()
     return index
 
 
@@ -129,7 +131,7 @@ def membership_from_bytes(data: bytes) -> ng.Membership:
 def load_partition_file(path: str) -> ng.Partition:
     with ng.gc_paused():
         part = ng.load_partition(io.read_bytes(path))
-    gc.freeze()
+        gc.freeze()
     return part
 
 
