@@ -403,11 +403,6 @@ class ReduceStage(Stage):
 # merge: the stats files and reports
 # ---------------------------------------------------------------------------------------
 
-STATS_FILES = ("stats/overlap_details.jsonl.gz", "stats/overlap_instances.jsonl.gz", "stats/overlap_stats.jsonl",
-               "stats/overlap_stats_by_train_path.jsonl", "stats/overlap_metrics.jsonl", "stats/eval_summary.jsonl",
-               "stats/report.md", "stats/report.html")
-
-
 def _jsonl(rows: list[dict]) -> bytes:
     return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", ng.JSON_ERRORS) + b"\n" for r in rows)
 
