@@ -900,10 +900,14 @@ def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], le
         known.clear()
     raws = [buf[s:e] for s, e in zip(starts, ends)]
     ids = np.fromiter(map(known.get, raws, repeat(_UNKNOWN)), dtype=np.int64, count=len(raws))
+    finds: dict[int, dict] = {}
     for k in np.flatnonzero(ids == _UNKNOWN).tolist():
-        raw = raws[k]
-        rec = lookup(parts[k]).find.get((length, b" ".join(raw.split())))
-        ids[k] = known[raw] = _NOT_FOUND if rec is None else parts[k] << 32 | rec
+        raw, part = raws[k], parts[k]
+        find = finds.get(part)
+        if find is None:
+            find = finds[part] = lookup(part).find
+        rec = find.get((length, b" ".join(raw.split())))
+        ids[k] = known[raw] = _NOT_FOUND if rec is None else part << 32 | rec
     return ids
 
 
