@@ -12,9 +12,10 @@ of the process, so other load on the machine does not skew them much):
   reduce, merge: every stats file, report.md, report.html).
 
 For both: whether the instance sets equal the baseline's for every n (``--ngrams``, default
-5 9 13), the size of the details, and peak RSS (the bench process; a scan worker process
-with the side input loaded). Beam's import (once per process) is done before timing and
-printed apart.
+5 9 13), the size of the details, and peak RSS (a scan worker process with the side input
+loaded; the refinery run's process). Every baseline and refinery run is timed in a fresh
+process of its own (one run's heap does not slow the next); Beam's import, once per
+process, is done before timing and printed apart.
 
     .venv/bin/python bench/decon.py [--copies 12] [--dense-copies 12] [--ngrams 5 9 13] [--scale]
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import random
 import resource
@@ -86,8 +88,16 @@ def run_reference(eval_file: str, train_file: str, ns: list[int]) -> tuple[dict,
     return ids, time.process_time() - t0
 
 
+def fresh(fn, *args):
+    """``fn(*args)`` in a new Python process (spawned: nothing inherited), its result back."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tuple[dict, float, dict]:
     """``refinery decon`` end to end; (instance sets, CPU seconds of this process, scan figures)."""
+    import apache_beam  # noqa: F401  (once per process, before timing)
+
     args = decon.build_parser().parse_args(
         ["--eval", eval_file, "--train", train_dir, "--output", out, "--ngrams", *map(str, ns), "--force",
          "--no-progress"])
@@ -108,7 +118,8 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tup
     sizes = {name: os.path.getsize(os.path.join(out, "stats", name))
              for name in ("overlap_details.jsonl.gz", "overlap_instances.jsonl.gz", "report.html")}
     return ids, cpu, {"scan_cpu_seconds": sum(r["stats"]["cpu_seconds"] for r in scan),
-                      "scan_units": len(scan), "catalog": catalog["stats"], "sizes": sizes}
+                      "scan_units": len(scan), "catalog": catalog["stats"], "sizes": sizes,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 WORKER_SCRIPT = r"""
@@ -186,10 +197,10 @@ def main() -> int:
 
     # sparse hits: the scan stage against the baseline
     sparse_file = os.path.join(work, "sparse", "docs.jsonl")
-    mb = write_jsonl(sparse_file, sparse_training(a.copies))
-    ref_ids, ref_s = run_reference(eval_q, sparse_file, a.ngrams)
+    mb = sparse_mb = write_jsonl(sparse_file, sparse_training(a.copies))
+    ref_ids, ref_s = fresh(run_reference, eval_q, sparse_file, a.ngrams)
     out = os.path.join(work, "out-sparse")
-    ids, cpu, info = run_refinery(eval_q, os.path.dirname(sparse_file), out, a.ngrams)
+    ids, cpu, info = fresh(run_refinery, eval_q, os.path.dirname(sparse_file), out, a.ngrams)
     same_all &= ids == ref_ids
     scan_s = info["scan_cpu_seconds"]
     print(f"\nsparse hits: {mb:.1f} MB ({a.copies} x GSM8K train, test questions planted); eval: 1,319 questions")
@@ -211,9 +222,9 @@ def main() -> int:
     dense_file = os.path.join(work, "dense", "docs.jsonl")
     train = [r["question"] + "\n" + r["answer"] for r in gsm8k_rows("train")]
     mb = write_jsonl(dense_file, train * a.dense_copies)
-    ref_ids, ref_s = run_reference(eval_qa, dense_file, a.ngrams)
+    ref_ids, ref_s = fresh(run_reference, eval_qa, dense_file, a.ngrams)
     out = os.path.join(work, "out-dense")
-    ids, cpu, info = run_refinery(eval_qa, os.path.dirname(dense_file), out, a.ngrams)
+    ids, cpu, info = fresh(run_refinery, eval_qa, os.path.dirname(dense_file), out, a.ngrams)
     same_all &= ids == ref_ids
     sz = info["sizes"]
     print(f"\ndense hits: {mb:.1f} MB ({a.dense_copies} x GSM8K train); eval: 1,319 test questions + answers")
@@ -225,17 +236,17 @@ def main() -> int:
           f"overlap_instances.jsonl.gz {sz['overlap_instances.jsonl.gz'] / 1e6:.2f} MB for {mb:.1f} MB of training "
           f"text; report.html {sz['report.html'] / 1e3:.0f} kB")
     w = scan_worker(out, dense_file)
-    print(f"  scan worker process: peak RSS {w['peak_rss_mb']:.0f} MB; bench process peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(f"  scan worker process: peak RSS {w['peak_rss_mb']:.0f} MB; the refinery run's process (driver and "
+          f"worker): peak RSS {info['peak_rss_mb']:.0f} MB")
 
     if a.scale:
         syn = os.path.join(work, "synthetic", "synthetic", "test.jsonl")
         os.makedirs(os.path.dirname(syn), exist_ok=True)
         synthetic_eval(syn, 1_000_000, a.ngrams)
-        mb = os.path.getsize(sparse_file) and sum(len(t.encode()) for t in sparse_training(a.copies)) / 1e6
-        ref2_ids, ref2_s = run_reference(syn, sparse_file, a.ngrams)
+        mb = sparse_mb
+        ref2_ids, ref2_s = fresh(run_reference, syn, sparse_file, a.ngrams)
         out2 = os.path.join(work, "out-1m")
-        ids2, cpu2, info2 = run_refinery(syn, os.path.dirname(sparse_file), out2, a.ngrams)
+        ids2, cpu2, info2 = fresh(run_refinery, syn, os.path.dirname(sparse_file), out2, a.ngrams)
         w2 = scan_worker(out2, sparse_file)
         c2 = info2["catalog"]
         scan2 = info2["scan_cpu_seconds"]
