@@ -1117,6 +1117,9 @@ def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
 
 def _pairs(offsets: list) -> str:
     """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
+    if len(offsets) == 1:
+        (s, e), = offsets
+        return f"[[{s}, {e}]]"
     return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
 
 
@@ -1133,8 +1136,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
     (the row base makes a byte slice's rows file-global); it is called twice when
     ``max_train_count`` is set (document counts first). ``write`` receives the detail records
-    of one training row and n-gram at a time, as JSON lines each ending in a newline (keys in
-    the documented order; lone surrogates are left for :data:`JSON_ERRORS`).
+    of one block at a time, as JSON lines each ending in a newline (keys in the documented
+    order; lone surrogates are left for :data:`JSON_ERRORS`).
 
     Returns the partition's share of the results (msgpack-able): ``details``, ``ignored``
     (n-grams over ``max_train_count``), ``overlaps`` (eval_idx -> n -> {ngram: training
@@ -1166,6 +1169,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
         o = 0
         rows_of_rec = hit_rows[path]
+        out: list[str] = []
         for k, rec in enumerate(recs):
             a, o = o, o + occ[k]
             if ignored is not None and ignored[rec]:
@@ -1192,7 +1196,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
                     f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
                     f'"train_snippet": {quote(snippets[k])}}}\n')
-            write(tail.join(lines) + tail)
+            out.append(tail.join(lines) + tail)
             details += len(lines)
             for eval_idx in sampled[rec]:
                 rows_of = samples.setdefault(eval_idx, {})
@@ -1200,6 +1204,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 if key in rows_of or len(rows_of) < 2:
                     rows_of.setdefault(key, [unit, row, path, []])[3].append(
                         [records[rec][1], offs, snip[k], snippets[k]])
+        write("".join(out))
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
     spans: dict[int, list] = {}
     for rec in prefixes:

@@ -380,20 +380,10 @@ class ReduceStage(Stage):
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
-                pending: list[str] = []
-                size = 0
-
                 def write(lines: str) -> None:
-                    nonlocal size
-                    pending.append(lines)
-                    size += len(lines)
-                    if size > 1 << 22:
-                        gz.write("".join(pending).encode("utf-8", ng.JSON_ERRORS))
-                        pending.clear()
-                        size = 0
+                    gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
 
                 result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write)
-                gz.write("".join(pending).encode("utf-8", ng.JSON_ERRORS))
             packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
         return {"details": result["details"], "ignored_ngrams": result["ignored"]}
