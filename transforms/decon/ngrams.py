@@ -263,11 +263,12 @@ def eval_dataset_name(path: str) -> str:
     return name
 
 
+_NESTED = (dict, list, tuple)
+
+
 def sort_keys_recursive(obj):
     if isinstance(obj, dict):
-        if not any(isinstance(v, (dict, list, tuple)) for v in obj.values()):
-            return dict(sorted(obj.items()))
-        return {k: sort_keys_recursive(obj[k]) for k in sorted(obj)}
+        return {k: sort_keys_recursive(v) if isinstance(v, _NESTED) else v for k, v in sorted(obj.items())}
     if isinstance(obj, (list, tuple)):
         return [sort_keys_recursive(v) for v in obj]
     return obj
@@ -1082,10 +1083,10 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
     for r in grow:
         if r not in doc_ids:
             doc_ids[r] = record_id(rows[r][1], id_field)
+    texts = [text for _, _, text in rows]
     return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
                      [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
-                     [rows[r][2][s:e] for r, s, e in zip(grow, lo.tolist(),
-                                                         (hits.end[first] + SNIPPET_CONTEXT).tolist())])
+                     [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), (hits.end[first] + SNIPPET_CONTEXT).tolist())])
 
 
 def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
