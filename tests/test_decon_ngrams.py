@@ -351,7 +351,8 @@ def _reduce(eval_rows, batches, parts, ns, max_train_count=None):
     details = []
     results = []
     for p in sorted(parts):
-        res = ng.reduce_partition(parts[p].records, eval_rows, ns, lambda p=p: ((0, "t.jsonl", 0, b) for b in blocks[p]),
+        res = ng.reduce_partition(parts[p].records, eval_rows, ns,
+                                  lambda p=p: ((0, "t.jsonl", 0, b) for b in blocks[p]),
                                   max_train_count, lambda lines: details.extend(map(json.loads, lines.splitlines())))
         results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
     return ng.merge_partitions(eval_rows, ns, results, DEFAULT), details

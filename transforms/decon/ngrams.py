@@ -1084,9 +1084,10 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
         if r not in doc_ids:
             doc_ids[r] = record_id(rows[r][1], id_field)
     texts = [text for _, _, text in rows]
+    hi = (hits.end[first] + SNIPPET_CONTEXT).tolist()
     return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
                      [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
-                     [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), (hits.end[first] + SNIPPET_CONTEXT).tolist())])
+                     [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
 
 
 def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:

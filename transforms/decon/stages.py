@@ -26,7 +26,6 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
 from __future__ import annotations
 
 import gc
-import gzip
 import hashlib
 import json
 import resource
@@ -432,11 +431,10 @@ class MergeStage(Stage):
                 with io.open_read(io.join(reduce_run.parts_dir, details_file(u.payload["p"]))) as member:
                     shutil.copyfileobj(member, out, 1 << 22)
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
+                   for u in plan)
         with ng.gc_paused():
-            result = ng.merge_partitions(
-                eval_rows, self.s.ns, (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir,
-                                                                                results_file(u.payload["p"]))), **unpack)
-                                       for u in plan), tok, bad)
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                         ng.dumps_jsonl_gz(ng.overlap_instance(r) for r in eval_rows if r.eval_idx in result.overlaps))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), _jsonl(result.overlap_stats))
