@@ -6,13 +6,16 @@ training file and row, which n-gram, and the character offsets on both sides.
 
 Stages (see :mod:`refinery.transforms.decon.stages`): ``index`` (eval n-grams -> hash
 partitions + a compact membership file), ``scan`` (training file slices streamed against
-the membership side input; training n-grams are never shuffled), ``reduce`` (stats,
-details, metrics, report). Killing the job and re-running the same command finishes it.
+the membership side input; training n-grams are never shuffled), ``reduce`` (one unit per
+hash partition: details and per-partition results), ``merge`` (stats, metrics, reports).
+Killing the job and re-running the same command finishes it.
 
 Outputs under DIR/stats: ``overlap_stats.jsonl`` (per eval dataset and n),
-``overlap_details.jsonl.gz`` (per eval row x training row x n-gram, with offsets),
-``overlap_stats_by_train_path.jsonl``, ``overlap_metrics.jsonl`` (HELM metrics per
-instance), ``eval_summary.jsonl``, ``report.md``; then ``DIR/.SUCCESS``.
+``overlap_details.jsonl.gz`` (per eval row x training row x n-gram, with offsets and a
+snippet of the training text), ``overlap_instances.jsonl.gz`` (the text of each
+overlapping eval instance), ``overlap_stats_by_train_path.jsonl``, ``overlap_metrics.jsonl``
+(HELM metrics per instance), ``eval_summary.jsonl``, ``report.md``, ``report.html``; then
+``DIR/.SUCCESS``.
 """
 from __future__ import annotations
 
@@ -64,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
     o.add_argument("--slice-mb", type=float, default=256.0,
                    help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
+    o.add_argument("--report-examples", type=int, default=20, metavar="K",
+                   help="stats/report.html shows the K most contaminated instances of each eval dataset at the "
+                        "largest n (default: 20)")
     add_runner_args(parser)
 
 
@@ -76,6 +82,7 @@ def settings_from_args(args):
         train_text_field=args.train_text_field or args.text_field,
         id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
         max_train_count=args.max_train_count, slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
+        report_examples=args.report_examples,
     )
 
 
@@ -126,7 +133,7 @@ def run(args, beam_args: list[str]) -> int:
             s = json.loads(line)
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
-        lines.append(f"  report: {io.join(output, 'stats', 'report.md')}")
+        lines.append(f"  report: {io.join(output, 'stats', 'report.html')} (and report.md)")
         for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],

@@ -8,6 +8,7 @@ import random
 import re
 import string
 import sys
+from collections import defaultdict
 
 import msgpack
 import numpy as np
@@ -258,16 +259,28 @@ def _eval_rows(texts: list[str], dataset: str = "ds") -> list[ng.EvalRow]:
 
 def _scan(eval_rows, train_texts, ns, partitions=4, membership=None, batch_bytes=1 << 20):
     index = ng.build_index(eval_rows, ns, DEFAULT)
-    parts = ng.partition_records(index, partitions)
-    pdicts = {p: {(r[0], r[1]): r[3] for r in recs} for p, recs in parts.items()}
+    parts = {p: ng.Partition(recs) for p, recs in ng.partition_records(index, partitions).items()}
     if membership is None:
-        membership = ng.Membership([v[0] for v in index.values()], {k[0] for k in index})
+        membership = ng.Membership([v[0] for v in index.values()], {k[0] for k in index}, {"ns": ns})
     stats = ng.ScanStats()
-    events = list(ng.scan_rows(((i, {"text": t}, None) for i, t in enumerate(train_texts)), text_field="text",
-                               id_field="id", tokenizer=DEFAULT, membership=membership,
-                               lookup=lambda p: pdicts.get(p, {}), partitions=partitions, stats=stats,
-                               batch_bytes=batch_bytes))
-    return events, stats, pdicts
+    batches = list(ng.scan_rows(((i, {"text": t}, None) for i, t in enumerate(train_texts)), text_field="text",
+                                tokenizer=DEFAULT, membership=membership,
+                                lookup=lambda p: parts.get(p, ng.Partition([])), partitions=partitions, stats=stats,
+                                batch_bytes=batch_bytes))
+    return batches, stats, parts
+
+
+def _hits(batches, parts) -> dict[tuple[int, int, str], list]:
+    """(training row, n, ngram) -> offsets of its occurrences, from the scan's batches."""
+    out = {}
+    for hits in batches:
+        g = hits.group_starts().tolist()
+        for a, b in zip(g[:-1], g[1:]):
+            n, gram, _, _ = parts[int(hits.partition[a])].records[int(hits.record[a])]
+            key = (hits.rows[int(hits.row[a])][0], n, gram)
+            assert key not in out  # one group per (row, n-gram)
+            out[key] = [[s, e] for s, e in zip(hits.start[a:b].tolist(), hits.end[a:b].tolist())]
+    return out
 
 
 def test_hash_hits_are_verified_no_false_positives():
@@ -277,26 +290,38 @@ def test_hash_hits_are_verified_no_false_positives():
     # "lazy dog sleeps" hits the hash set, and verification must reject it
     fake = [ng.ngram_hash(3, "lazy dog sleeps"), ng.ngram_hash(3, "dog sleeps all")]
     m = ng.Membership([v[0] for v in index.values()] + fake, [3])
-    events, stats, _ = _scan(rows, ["the lazy dog sleeps all day", "quick brown fox!"], [3], membership=m)
-    assert stats.false_hits == 2 and stats.verified_hits == 1
-    assert [(e["row"], [h["ngram"] for h in e["hits"]]) for e in events] == [(1, ["quick brown fox"])]
+    batches, stats, parts = _scan(rows, ["the lazy dog sleeps all day", "quick brown fox!"], [3], membership=m)
+    assert stats.false_hits == 2 and stats.verified_hits == 1 and stats.rows_with_hits == 1
+    assert list(_hits(batches, parts)) == [(1, 3, "quick brown fox")]
 
 
 def test_scan_offsets_and_short_eval_rows():
     rows = _eval_rows(["Quick fox.", "İstanbul Grand Bazaar opens", "?", "word"])
     train = ["A QUICK fox. and a quick  fox.", "in İSTANBUL grand bazaar opens daily", "sword words", "word"]
-    events, stats, pdicts = _scan(rows, train, [2, 13], batch_bytes=8)
-    got = {(e["row"], h["n"], h["ngram"]): h["offsets"] for e in events for h in e["hits"]}
+    batches, stats, parts = _scan(rows, train, [2, 13], batch_bytes=8)
+    got = _hits(batches, parts)
     assert got[(0, 2, "quick fox")] == [[2, 11], [19, 29]]
     # the short eval row's one 3-gram (n=13) ends with the empty token: only at the row end
     assert got[(0, 3, "quick fox ")] == [[19, 30]]
     assert got[(1, 4, "i̇stanbul grand bazaar opens")] == [[3, 30]]
     assert got[(3, 1, "word")] == [[0, 4]]
     assert (2, 1, "word") not in got  # "sword"/"words" are other tokens
-    for e in events:
-        for h in e["hits"]:
-            for s, t in h["offsets"]:
-                assert " ".join(helm(train[e["row"]][s:t])) == h["ngram"]
+    for (row, n, gram), offsets in got.items():
+        for s, t in offsets:
+            assert " ".join(helm(train[row][s:t])) == gram
+
+
+def test_hit_blocks_snippets_and_doc_ids():
+    rows = _eval_rows(["quick brown fox"])
+    text = "x" * 80 + " quick brown fox " + "y" * 80 + " quick brown fox"
+    batches, _, parts = _scan(rows, [text], [3])
+    (p, block), = ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches])
+    assert parts[p].records[np.frombuffer(block["record"], "<i8")[0]][1] == "quick brown fox"
+    assert block["doc_id"] == [ng.record_hash_id({"text": text})]
+    assert np.frombuffer(block["occurrences"], "<i8").tolist() == [2]
+    assert np.frombuffer(block["start"], "<i8").tolist() == [81, 178]
+    lo = int(np.frombuffer(block["snippet_start"], "<i8")[0])
+    assert lo == 81 - ng.SNIPPET_CONTEXT and block["snippet"] == [text[lo:96 + ng.SNIPPET_CONTEXT]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,26 +343,29 @@ def test_instance_metrics():
     assert ng.instance_metrics(["", ""], 5, {})["jaccard"] == 0.0
 
 
-def _reduce(eval_rows, events, ns, max_train_count=None, pdicts=None):
-    if pdicts is None:
-        index = ng.build_index(eval_rows, ns, DEFAULT)
-        parts = ng.partition_records(index, 4)
-        pdicts = {p: {(r[0], r[1]): r[3] for r in recs} for p, recs in parts.items()}
-    tev = [ng.TrainEvent("t.jsonl", e["row"], e["doc_id"], e["text"], e["hits"]) for e in events]
+def _reduce(eval_rows, batches, parts, ns, max_train_count=None):
+    """The reduce of every partition (blocks through a msgpack round trip, as on disk), then the merge."""
+    blocks = defaultdict(list)
+    for p, block in ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches]):
+        blocks[p].append(msgpack.unpackb(msgpack.packb(block)))
     details = []
-    res = ng.reduce_overlaps(eval_rows, ns, lambda: iter(tev), lambda p, n, g: pdicts[p][(n, g)], DEFAULT,
-                             max_train_count, lambda line: details.append(json.loads(line)))
-    return res, details
+    results = []
+    for p in sorted(parts):
+        res = ng.reduce_partition(parts[p].records, eval_rows, ns,
+                                  lambda p=p: ((0, "t.jsonl", 0, b) for b in blocks[p]),
+                                  max_train_count, lambda lines: details.extend(map(json.loads, lines.splitlines())))
+        results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
+    return ng.merge_partitions(eval_rows, ns, results, DEFAULT), details
 
 
 def test_reduce_max_train_count_and_empty_rows():
     rows = _eval_rows(["common phrase here", "rare words only", "?!"])
     train = ["common phrase here"] * 3 + ["rare words only"]
-    events, _, _ = _scan(rows, train, [3])
-    res, details = _reduce(rows, events, [3])
+    batches, _, parts = _scan(rows, train, [3])
+    res, details = _reduce(rows, batches, parts, [3])
     assert res.overlap_stats == [{"eval_dataset": "ds", "n": 3, "num_instances": 3, "instance_ids": ["e0", "e1"]}]
     assert len(details) == 4
-    res2, details2 = _reduce(rows, events, [3], max_train_count=2)
+    res2, details2 = _reduce(rows, batches, parts, [3], max_train_count=2)
     assert res2.overlap_stats[0]["instance_ids"] == ["e1"] and res2.ignored_ngrams == 1
     assert len(details2) == 1
     m = {(r["instance_id"], r["n"]): r for r in res.metrics}
@@ -374,20 +402,24 @@ def test_scan_agrees_with_reference_on_gsm8k():
     evrows, docs = _gsm8k(limit_train=2500)
     ns = [5, 9, 13]
     ref_ids, ref_details = ng.reference_overlap(evrows, (("t", i, d) for i, d in enumerate(docs)), ns, DEFAULT)
-    events, stats, pdicts = _scan(evrows, docs, ns, partitions=16, batch_bytes=64 << 10)
+    batches, stats, parts = _scan(evrows, docs, ns, partitions=16, batch_bytes=64 << 10)
+    by_gram = {(r[0], r[1]): r[3] for part in parts.values() for r in part.records}
     mine = set()
-    found = {}
-    for e in events:
-        for h in e["hits"]:
-            for idx, offs in pdicts[h["partition"]][(h["n"], h["ngram"])]:
-                mine.add((idx, "t", e["row"], h["n"], h["ngram"]))
-            for s, t in h["offsets"]:
-                assert " ".join(helm(docs[e["row"]][s:t])) == h["ngram"]
-            found[(e["row"], h["n"], h["ngram"])] = len(h["offsets"])
+    for (row, n, gram), offsets in _hits(batches, parts).items():
+        for idx, _ in by_gram[(n, gram)]:
+            mine.add((idx, "t", row, n, gram))
+        for s, t in offsets:
+            assert " ".join(helm(docs[row][s:t])) == gram
     assert stats.false_hits == 0
     assert mine == ref_details and len(mine) > 1000
-    res, details = _reduce(evrows, events, ns, pdicts=pdicts)
-    assert len(details) == len(ref_details)
+    res, details = _reduce(evrows, batches, parts, ns)
+    assert len(details) == len(ref_details) and len(batches) > 10
+    for d in details:  # hits regrouped from many batches by partition keep their own offsets and snippets
+        text = docs[d["train_row"]]
+        assert all(" ".join(helm(text[s:e])) == d["ngram"] for s, e in d["train_offsets"])
+        assert text[d["train_snippet_start"]:].startswith(d["train_snippet"])
+    assert {(d["eval_row"], d["train_row"], d["n"], d["ngram"]) for d in details} == {
+        (evrows[idx].eval_row, row, n, gram) for idx, _, row, n, gram in ref_details}
     got = {(s["eval_dataset"], s["n"]): s["instance_ids"] for s in res.overlap_stats}
     assert got == ref_ids
     assert len(ref_ids[("gsm8k", 13)]) >= 60  # the planted questions (at least)

@@ -1,4 +1,4 @@
-"""End-to-end tests of ``refinery decon`` (index -> scan -> reduce on the stage machinery)."""
+"""End-to-end tests of ``refinery decon`` (index -> scan -> reduce -> merge on the stage machinery)."""
 from __future__ import annotations
 
 import gzip
@@ -22,8 +22,9 @@ from refinery.transforms.core.stages import run_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
-DETAIL_KEYS = {"eval_dataset", "eval_path", "eval_row", "eval_text", "instance_id", "ngram", "n", "eval_offsets",
-               "train_path", "train_row", "train_text", "train_ngram", "train_offsets", "train_doc_id"}
+DETAIL_KEYS = ["eval_dataset", "eval_path", "eval_row", "instance_id", "n", "ngram", "eval_offsets", "train_path",
+               "train_row", "train_doc_id", "train_offsets", "train_snippet_start", "train_snippet"]
+INSTANCE_KEYS = ["eval_dataset", "eval_path", "eval_row", "instance_id", "eval_text"]
 
 
 def helm(text: str) -> list[str]:
@@ -46,14 +47,45 @@ def read_details(out: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def check_detail_offsets(details: list[dict]) -> None:
+def read_instances(out: str) -> dict[tuple[str, int], dict]:
+    """overlap_instances.jsonl.gz by (eval_path, eval_row); each instance is there once."""
+    with gzip.open(os.path.join(out, "stats/overlap_instances.jsonl.gz"), "rb") as f:
+        rows = [json.loads(line) for line in f]
+    assert all(list(r) == INSTANCE_KEYS for r in rows)
+    by_key = {(r["eval_path"], r["eval_row"]): r for r in rows}
+    assert len(by_key) == len(rows)
+    return by_key
+
+
+def training_texts(details: list[dict]) -> dict[tuple[str, int], str]:
+    """The text of every training row the details name, read back from the training files."""
+    out = {}
+    for path in {d["train_path"] for d in details}:
+        for row, record, error in iter_rows(path):
+            if error is None:
+                out[(path, row)] = record["text"]
+    return out
+
+
+def check_detail_offsets(out: str, details: list[dict]) -> None:
+    """Every detail holds complete provenance: the eval instance's text (written once, in
+    overlap_instances) and the training text hold the n-gram at the recorded offsets, and the
+    snippet is the training text at its start, around the first occurrence."""
+    instances = read_instances(out)
+    assert set(instances) == {(d["eval_path"], d["eval_row"]) for d in details}
+    train = training_texts(details)
     for d in details:
-        assert set(d) == DETAIL_KEYS
-        assert d["ngram"] == d["train_ngram"] and len(d["ngram"].split(" ")) == d["n"]
+        assert list(d) == DETAIL_KEYS and len(d["ngram"].split(" ")) == d["n"]
+        inst = instances[(d["eval_path"], d["eval_row"])]
+        assert (inst["eval_dataset"], inst["instance_id"]) == (d["eval_dataset"], d["instance_id"])
         for s, e in d["eval_offsets"]:
-            assert " ".join(helm(d["eval_text"][s:e])) == d["ngram"]
+            assert " ".join(helm(inst["eval_text"][s:e])) == d["ngram"]
+        text = train[(d["train_path"], d["train_row"])]
         for s, e in d["train_offsets"]:
-            assert " ".join(helm(d["train_text"][s:e])) == d["ngram"]
+            assert " ".join(helm(text[s:e])) == d["ngram"]
+        lo, snippet = d["train_snippet_start"], d["train_snippet"]
+        s, e = d["train_offsets"][0]
+        assert snippet == text[lo:lo + len(snippet)] == text[max(0, s - ng.SNIPPET_CONTEXT):e + ng.SNIPPET_CONTEXT]
 
 
 def write_jsonl(path, rows, compress=None) -> None:
@@ -108,13 +140,14 @@ def test_gsm8k_agrees_with_reference(tmp_path):
     assert {evrows[k].instance_id for k in planted} <= ids13
 
     details = read_details(out)
-    by_text = {r.text: r.eval_idx for r in evrows}
-    got = {(by_text[d["eval_text"]], d["train_path"], d["train_row"], d["n"], d["ngram"]) for d in details}
+    by_row = {(r.eval_path, r.eval_row): r.eval_idx for r in evrows}
+    got = {(by_row[(d["eval_path"], d["eval_row"])], d["train_path"], d["train_row"], d["n"], d["ngram"])
+           for d in details}
     assert got == ref_details and len(details) == len(ref_details)
-    check_detail_offsets(details)
+    check_detail_offsets(out, details)
     for d in details:  # row numbers across byte slices are file-global
-        assert d["train_text"] == docs[d["train_row"] + (2500 if d["train_path"].endswith(".zst") else 0)]["text"]
-        assert d["train_doc_id"] == ng.record_hash_id(docs[d["train_row"] + (2500 if d["train_path"].endswith(".zst") else 0)])
+        doc = docs[d["train_row"] + (2500 if d["train_path"].endswith(".zst") else 0)]
+        assert d["train_snippet"] in doc["text"] and d["train_doc_id"] == ng.record_hash_id(doc)
 
     receipts = [json.load(open(os.path.join(dp, f))) for dp, _, fs in os.walk(os.path.join(out, ".refinery/scan"))
                 for f in fs if f.endswith(".json")]
@@ -191,7 +224,7 @@ def test_formats_matrix_and_rows(tmp_path):
     assert sur[0]["train_doc_id"] == ng.record_hash_id(
         {"text": "a broken \ud800 surrogate inside an eval question too", "x": "\udfff"})
     details = read_details(out)
-    check_detail_offsets(details)
+    check_detail_offsets(out, details)
     both = [d for d in details if d["train_doc_id"] == "doc-both"]
     assert {d["eval_dataset"] for d in both} == {"mmlu", "gsm8k"}       # matrix: under both datasets
     assert all(d["train_path"] == f"{tr}/a.jsonl.zst" and d["train_row"] == 1 for d in both)
@@ -222,30 +255,30 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
     out = str(tmp_path / "out")
     s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
     first = run_stages(build_stages(s, out), out, DIRECT, progress=False)
-    assert first.ran["scan"] > 5 and first.ran["reduce"] == 1
+    assert first.ran["scan"] > 5 and first.ran["reduce"] == 4 and first.ran["merge"] == 1
     stats_before = open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read()
     again = run_stages(build_stages(s, out), out, DIRECT, progress=False)
-    assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce"}
-    # lose one scan part: that unit (only) runs again; the reduce is still done (unit
-    # outputs are pure functions of their inputs, so the part comes back identical)
+    assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce", "merge"}
+    # lose one scan part: that unit (only) runs again; the reduce and merge are still done
+    # (unit outputs are pure functions of their inputs, so the part comes back identical)
     scan_run = again.runs[1]
-    part = os.path.join(scan_run.parts_dir, "events", "f00000-s0000.msgpack.zst")
+    part = os.path.join(scan_run.parts_dir, "hits", "f00000-s0000.bin")
     part_bytes = open(part, "rb").read()
     os.remove(part)
     third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
     assert third.ran == {"index": 0, "scan": 1}
     assert open(part, "rb").read() == part_bytes
-    # lose a final output too: the reduce runs again
+    # lose a final output too: the merge runs again (the reduce units' own parts are there)
     os.remove(part)
     os.remove(os.path.join(out, "stats/overlap_stats.jsonl"))
     third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
-    assert third.ran == {"index": 0, "scan": 1, "reduce": 1}
+    assert third.ran == {"index": 0, "scan": 1, "reduce": 0, "merge": 1}
     assert open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read() == stats_before
     # a reduce-only setting: index and scan are kept
     s2 = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
                        max_train_count=0)
     fourth = run_stages(build_stages(s2, out), out, DIRECT, progress=False)
-    assert fourth.ran == {"index": 0, "scan": 0, "reduce": 1}
+    assert fourth.ran == {"index": 0, "scan": 0, "reduce": 4, "merge": 1}
     assert all(not r["instance_ids"] for r in read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl")))
     assert os.path.exists(os.path.join(out, ".SUCCESS"))
 
@@ -280,4 +313,4 @@ def test_cli_errors_and_entry_point(tmp_path, capsys):
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
     assert {s["eval_dataset"] for s in stats} == {"arc", "gsm8k", "mmlu"}
     run_info = json.load(open(os.path.join(out, ".refinery/run.json")))
-    assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce"]
+    assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce", "merge"]

@@ -179,7 +179,7 @@ def decon_pipeline(root: Path) -> list[Jobs]:
     settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
                              partitions=4)
     output = str(root / "out")
-    return [Jobs(build_stages(settings, output), output, ["index", "scan"])]
+    return [Jobs(build_stages(settings, output), output, ["scan", "reduce"])]
 
 
 # Inference pipelines: 3 documents, 2 per unit, 1 unit per wave -> 2 infer jobs (merge is local).

@@ -159,18 +159,26 @@ class BuildNgramIndex(beam.PTransform):
                 | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
 
 
-def overlaps_of_event(event: dict, index: ng.NgramIndex, ngrams: list[int], train_path: str = "",
-                      train_row: int = -1):
-    """The :class:`Overlap` records of one scan event (a training row with verified hits)."""
-    for hit in event["hits"]:
-        train_offsets = tuple(tuple(o) for o in hit["offsets"])
-        for eval_idx, eval_offsets in index.lookup(hit["partition"])[(hit["n"], hit["ngram"])]:
+def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int], where: list[tuple[str, int]],
+                     id_field: str):
+    """The :class:`Overlap` records of one batch's verified hits; ``where[i]`` is the
+    (path, row) of the batch's i-th input row."""
+    doc_ids: dict[int, str] = {}
+    g = hits.group_starts()
+    for a, b in zip(g[:-1].tolist(), g[1:].tolist()):
+        r = int(hits.row[a])
+        row, record, _ = hits.rows[r]
+        if r not in doc_ids:
+            doc_ids[r] = ng.record_id(record, id_field)
+        n_eff, gram, _, evals = index.lookup(int(hits.partition[a])).records[int(hits.record[a])]
+        train_offsets = tuple(zip(hits.start[a:b].tolist(), hits.end[a:b].tolist()))
+        path, file_row = where[row]
+        for eval_idx, eval_offsets in evals:
             er = index.rows[eval_idx]
             offsets = tuple(tuple(o) for o in eval_offsets)
-            for n in ngrams:
-                if min(n, er.num_tokens) == hit["n"]:
-                    yield Overlap(er.instance_id, er.eval_dataset, n, hit["ngram"], offsets, event["doc_id"],
-                                  train_offsets, train_path, train_row)
+            for n in ng.configured_ns(ngrams, er.num_tokens, n_eff):
+                yield Overlap(er.instance_id, er.eval_dataset, n, gram, offsets, doc_ids[r], train_offsets,
+                              path, file_row)
 
 
 class _FindOverlapsFn(beam.DoFn):
@@ -191,14 +199,13 @@ class _FindOverlapsFn(beam.DoFn):
             records.append((i, record, None if isinstance(record, dict) else "not a row"))
             where.append((path, row))
         stats = ng.ScanStats()
-        for event in ng.scan_rows(records, text_field=self.text_field, id_field=self.id_field,
-                                  tokenizer=ng.get_tokenizer(index.tokenizer), membership=index.membership,
-                                  lookup=index.lookup, partitions=index.num_partitions, stats=stats):
-            self.hit_rows.inc()
-            path, row = where[event["row"]]
-            for overlap in overlaps_of_event(event, index, ngrams, path, row):
+        for hits in ng.scan_rows(records, text_field=self.text_field, tokenizer=ng.get_tokenizer(index.tokenizer),
+                                 membership=index.membership, lookup=index.lookup, partitions=index.num_partitions,
+                                 stats=stats):
+            for overlap in overlaps_of_hits(hits, index, ngrams, where, self.id_field):
                 self.overlaps.inc()
                 yield overlap
+        self.hit_rows.inc(stats.rows_with_hits)
         self.rows.inc(stats.rows)
         self.bad.inc(stats.bad_rows)
 

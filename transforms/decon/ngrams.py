@@ -29,10 +29,14 @@ Pieces, in the order the pipeline uses them:
   (at most 8 bytes more per n-gram) that rejects most misses with one gather. Hash hits are
   then verified against the exact n-gram text in the hash partition's detail records, so
   there are no false positives.
-- :func:`scan_rows`: the training-side join (batching, probing, verification, offsets).
-- :func:`reduce_overlaps` + :func:`instance_metrics` + :func:`render_report`: stats files,
-  HELM metrics (binary, jaccard, token; jaccard and token also weighted by 1/train count),
-  ``max_train_count`` (ignore n-grams seen in more than K training documents).
+- :func:`scan_rows`: the training-side join (batching, probing, verification, offsets),
+  giving :class:`ScanHits`; :func:`hit_blocks` groups them by hash partition, each
+  (training row, n-gram) with its doc id and a snippet of the training text.
+- :func:`reduce_partition`: one hash partition's hits joined with its eval records (detail
+  records, training document counts for ``max_train_count``, by-path sets, report samples);
+  :func:`merge_partitions`: the stats and HELM metrics (binary, jaccard, token; jaccard and
+  token also weighted by 1/train count) of the whole run; :func:`render_report` (markdown)
+  and :func:`contamination_report` (what ``report.html`` shows).
 - :func:`reference_overlap`: a straightforward pure-Python implementation of the same
   method (dict of test n-grams, stream training) used by tests and ``bench/decon.py``.
 """
@@ -48,13 +52,18 @@ import math
 import os
 import re
 import string
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator
 
 import msgpack
 import numpy as np
+
+from refinery.transforms.decon import report_html as rh
 
 # ---------------------------------------------------------------------------------------
 # Tokenizers
@@ -254,21 +263,27 @@ def eval_dataset_name(path: str) -> str:
     return name
 
 
+_NESTED = (dict, list, tuple)
+
+
 def sort_keys_recursive(obj):
     if isinstance(obj, dict):
-        if not any(isinstance(v, (dict, list, tuple)) for v in obj.values()):
-            return dict(sorted(obj.items()))
-        return {k: sort_keys_recursive(obj[k]) for k in sorted(obj)}
+        return {k: sort_keys_recursive(v) if isinstance(v, _NESTED) else v for k, v in sorted(obj.items())}
     if isinstance(obj, (list, tuple)):
         return [sort_keys_recursive(v) for v in obj]
     return obj
 
 
+_ID_PACKERS = threading.local()  # one msgpack Packer per thread: packb builds a new one per call
+
+
 def record_hash_id(record: dict) -> str:
     """blake2b-64 (decimal) of the msgpack of the recursively key-sorted record. Values msgpack
     cannot encode (a parquet timestamp or decimal) are hashed as their ``str()``."""
-    packed = msgpack.packb(sort_keys_recursive(record), use_bin_type=True, unicode_errors="surrogatepass",
-                           default=str)
+    packer = getattr(_ID_PACKERS, "packer", None)
+    if packer is None:
+        packer = _ID_PACKERS.packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass", default=str)
+    packed = packer.pack(sort_keys_recursive(record))
     return str(int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big"))
 
 
@@ -410,11 +425,9 @@ def tokenize_batch(prepared: list[bytes], table: bytes) -> TokenBatch:
     if len(prepared) > 1:
         row_base[1:] = np.cumsum(lens[:-1] + 3)
     arr = np.frombuffer(buf, dtype=np.uint8)
-    n = len(arr)
-    nonsp = np.empty(n + 2, dtype=np.int8)
-    nonsp[0] = nonsp[-1] = 0
-    np.not_equal(arr, 0x20, out=nonsp[1:-1].view(np.bool_))
-    edges = np.flatnonzero(np.diff(nonsp))  # run boundaries alternate: start, end, start, ...
+    nonsp = np.zeros(len(arr) + 2, dtype=np.bool_)
+    np.not_equal(arr, 0x20, out=nonsp[1:-1])
+    edges = np.flatnonzero(nonsp[1:] != nonsp[:-1])  # run boundaries alternate: start, end, start, ...
     starts = edges[0::2].copy()
     ends = edges[1::2].copy()
     # Each row's first token starts at its start marker (non-space, after a space or the
@@ -471,6 +484,15 @@ def batch_all_window_hashes(batch: TokenBatch, prefix: np.ndarray, length: int) 
     _, inv = _TOKEN_POWERS.get(t)
     raw = prefix[length:] - prefix[:w]
     raw *= inv[:w]
+    raw += _U((length * _C_NGRAM) & MASK64)
+    return _mix64_np(raw)
+
+
+def window_hashes_at(batch: TokenBatch, prefix: np.ndarray, pos: np.ndarray, length: int) -> np.ndarray:
+    """Hashes of the windows of ``length`` tokens starting at ``pos`` (each ``<= T - length``)."""
+    _, inv = _TOKEN_POWERS.get(len(batch.hashes))
+    raw = prefix[pos + length] - prefix[pos]
+    raw *= inv[pos]
     raw += _U((length * _C_NGRAM) & MASK64)
     return _mix64_np(raw)
 
@@ -619,9 +641,10 @@ def gc_paused():
 
 
 def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
-                ) -> dict[tuple[int, str], tuple[int, list[tuple[int, list[tuple[int, int]]]]]]:
-    """(effective length, n-gram) -> (ngram_hash, [(eval_idx, offsets)]) over all eval rows,
-    in row order. Hashes come from the vectorized twin (equal to :func:`ngram_hash`)."""
+                ) -> dict[tuple[int, str], tuple[int, list[list]]]:
+    """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
+    all eval rows, in row order. Hashes come from the vectorized twin (equal to
+    :func:`ngram_hash`)."""
     index: dict[tuple[int, str], tuple[int, list]] = {}
     ns = list(ns)
     chunk = 4096
@@ -632,23 +655,29 @@ def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
             prefix = batch_prefix(batch)
             window_hashes: dict[int, list[int]] = {}
             for k, r in enumerate(part):
+                if r.empty:
+                    continue
                 tokens, spans = tokenizer.tokenize_with_offsets(r.text)
                 first = int(batch.row_first[k])
                 for length in effective_lengths(ns, len(tokens)):
                     if length not in window_hashes:
                         window_hashes[length] = batch_all_window_hashes(batch, prefix, length).tolist()
                     wh = window_hashes[length]
+                    blank = " " * (length - 1)  # the n-gram of empty tokens only: skipped
                     seen: dict[str, list] = {}
-                    for i, gram in iter_ngrams(tokens, length):
+                    for i, gram in enumerate([" ".join(tokens[i:i + length])
+                                              for i in range(len(tokens) - length + 1)]):
                         offs = seen.get(gram)
                         if offs is None:
+                            if gram == blank:
+                                continue
                             offs = seen[gram] = []
                             key = (length, gram)
                             entry = index.get(key)
                             if entry is None:
                                 entry = index[key] = (wh[first + i], [])
-                            entry[1].append((r.eval_idx, offs))
-                        offs.append((spans[i][0], spans[i + length - 1][1]))
+                            entry[1].append([r.eval_idx, offs])
+                        offs.append([spans[i][0], spans[i + length - 1][1]])
     return index
 
 
@@ -660,12 +689,8 @@ def partition_records(index: dict, partitions: int) -> dict[int, list[list]]:
         for (length, gram), (h, evals) in index.items():
             out[h % partitions].append([length, gram, h, evals])
         for recs in out.values():
-            recs.sort(key=_hash_of_record)
+            recs.sort(key=itemgetter(2))
     return out
-
-
-def _hash_of_record(rec: list) -> int:
-    return rec[2]
 
 
 @dataclass
@@ -692,16 +717,16 @@ class NgramIndex:
         ns = sorted(set(int(n) for n in ns))
         index = build_index(rows, ns, get_tokenizer(tokenizer))
         membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
-                                {"tokenizer": tokenizer, "partitions": num_partitions})
+                                {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
         return cls(rows, bad, ns, tokenizer, num_partitions, membership,
                    dict(partition_records(index, num_partitions)), len(index))
 
-    def lookup(self, p: int) -> dict[tuple[int, str], list]:
+    def lookup(self, p: int) -> Partition:
         """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
         cache = self.__dict__.setdefault("_parts", {})
         part = cache.get(p)
         if part is None:
-            part = cache[p] = {(r[0], r[1]): r[3] for r in self.records.get(p, [])}
+            part = cache[p] = Partition(self.records.get(p, []))
         return part
 
     def to_bytes(self) -> bytes:
@@ -738,16 +763,32 @@ def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
             yield json.loads(line)
 
 
+class Partition:
+    """One hash partition of the test index: its records ``[n, ngram, hash, [[eval_idx,
+    [[start, end], ...]], ...]]`` ordered by hash, and (built on first use) the lookup the
+    scan verifies hash hits against: ``(n, UTF-8 n-gram) -> record index``."""
+
+    def __init__(self, records: list[list]):
+        self.records = records
+        self._find: dict[tuple[int, bytes], int] | None = None
+
+    @property
+    def find(self) -> dict[tuple[int, bytes], int]:
+        if self._find is None:
+            self._find = {(r[0], r[1].encode("utf-8", "surrogatepass")): i for i, r in enumerate(self.records)}
+        return self._find
+
+
 def dumps_partition(records: list[list]) -> bytes:
     """Partition detail records (:func:`partition_records`) -> msgpack bytes."""
     with gc_paused():
         return msgpack.packb(records, use_bin_type=True, unicode_errors="surrogatepass")
 
 
-def load_partition(data: bytes) -> dict[tuple[int, str], list]:
-    """Partition file bytes -> {(n, ngram): [[eval_idx, [[start, end], ...]], ...]}."""
-    recs = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
-    return {(r[0], r[1]): r[3] for r in recs}
+def load_partition(data: bytes) -> Partition:
+    """Partition file bytes -> :class:`Partition`."""
+    with gc_paused():
+        return Partition(msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False))
 
 
 # ---------------------------------------------------------------------------------------
@@ -770,19 +811,58 @@ class ScanStats:
             setattr(self, k, getattr(self, k) + v)
 
 
-def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str, id_field: str,
-              tokenizer: Tokenizer, membership: Membership, lookup: Callable[[int], dict],
-              partitions: int, stats: ScanStats, batch_bytes: int = 1 << 20) -> Iterator[dict]:
-    """Stream training rows ``(row, record, error)``; yield one event per training row with
-    verified hits: ``{row, doc_id, text, hits: [{n, ngram, partition, offsets}]}``.
+@dataclass
+class ScanHits:
+    """The verified hits of one batch of training rows: one entry per occurrence of a test
+    n-gram, sorted by (partition, row, record, start).
 
-    ``lookup(p)`` returns the detail dict of hash partition ``p`` (:func:`load_partition`);
-    a hash hit counts only if ``(n, ngram)`` is in it (no false positives). Offsets are
-    code-point ``[start, end)`` pairs into the original training text, one per occurrence.
+    ``rows`` are the batch's rows ``(row, record, text)``; ``row`` indexes them; ``record``
+    is the n-gram's index in its partition's records; ``start``/``end`` are code-point
+    offsets into the row's text.
     """
+
+    rows: list[tuple[int, dict, str]]
+    row: np.ndarray
+    partition: np.ndarray
+    record: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def group_starts(self) -> np.ndarray:
+        """Index of the first occurrence of each (partition, row, record) group, then ``len``."""
+        k = len(self.row)
+        new = np.ones(k, dtype=np.bool_)
+        if k > 1:
+            new[1:] = (np.diff(self.row) != 0) | (np.diff(self.partition) != 0) | (np.diff(self.record) != 0)
+        return np.append(np.flatnonzero(new), k)
+
+
+def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str, tokenizer: Tokenizer,
+              membership: Membership, lookup: Callable[[int], Partition], partitions: int, stats: ScanStats,
+              batch_bytes: int = 1 << 20) -> Iterator[ScanHits]:
+    """Stream training rows ``(row, record, error)`` in batches; yield the :class:`ScanHits` of
+    each batch that has any.
+
+    ``lookup(p)`` returns hash partition ``p`` (:func:`load_partition`); a hash hit counts
+    only if its exact n-gram is in it (no false positives).
+    """
+    loaded: dict[int, Partition] = {}
+
+    def partition(p: int) -> Partition:
+        part = loaded.get(p)
+        if part is None:
+            part = loaded[p] = lookup(p)
+        return part
+
+    known: dict[int, dict[bytes, int]] = defaultdict(dict)  # verified windows, see _verify
+    prepare = tokenizer.prepare
+
+    def scan(pending: list[tuple[int, dict, str]]) -> ScanHits | None:
+        prepared = [prepare(text) for _, _, text in pending]
+        stats.text_bytes += sum(map(len, prepared))
+        return _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known)
+
     pending: list[tuple[int, dict, str]] = []
-    prepared: list[bytes] = []
-    known: dict[tuple[int, str], bool] = {}  # (n, ngram) -> verified against its partition
     size = 0
     for row, record, error in rows:
         stats.rows += 1
@@ -790,105 +870,126 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
         if not isinstance(text, str):
             stats.bad_rows += 1
             continue
-        p = tokenizer.prepare(text)
-        stats.text_bytes += len(p)
         pending.append((row, record, text))
-        prepared.append(p)
-        size += len(p) + 3
+        size += len(text) + 3
         if size >= batch_bytes:
-            yield from _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats, known)
-            pending, prepared, size = [], [], 0
+            hits = scan(pending)
+            if hits is not None:
+                yield hits
+            pending, size = [], 0
     if pending:
-        yield from _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats, known)
+        hits = scan(pending)
+        if hits is not None:
+            yield hits
 
 
-def _scan_batch(pending, prepared, id_field, tokenizer, membership, lookup, partitions, stats,
-                known: dict) -> Iterator[dict]:
+MAX_KNOWN_WINDOWS = 1 << 20  # per length; the cache of verified windows is cleared past this
+_NOT_FOUND = -1
+_UNKNOWN = -2
+
+
+def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], length: int,
+            known: dict[bytes, int], lookup: Callable[[int], Partition]) -> np.ndarray:
+    """``partition << 32 | record`` of each window ``buf[starts[k]:ends[k]]`` of ``length``
+    tokens, or -1 where its n-gram is not in the test index.
+
+    A window's bytes, from its first token's start to its last token's end (separator runs
+    included), determine its n-gram when neither end token is empty (tokens never contain a
+    separator): ``known`` caches the answer by those bytes.
+    """
+    if len(known) > MAX_KNOWN_WINDOWS:
+        known.clear()
+    raws = [buf[s:e] for s, e in zip(starts, ends)]
+    ids = np.fromiter(map(known.get, raws, repeat(_UNKNOWN)), dtype=np.int64, count=len(raws))
+    finds: dict[int, dict] = {}
+    for k in np.flatnonzero(ids == _UNKNOWN).tolist():
+        raw, part = raws[k], parts[k]
+        find = finds.get(part)
+        if find is None:
+            find = finds[part] = lookup(part).find
+        rec = find.get((length, b" ".join(raw.split())))
+        ids[k] = known[raw] = _NOT_FOUND if rec is None else part << 32 | rec
+    return ids
+
+
+def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, stats, known) -> ScanHits | None:
     batch = tokenize_batch(prepared, tokenizer.byte_table)
-    pos_l, len_l, h_l = [], [], []
     prefix = batch_prefix(batch)
+    buf, starts, ends = batch.buf, batch.starts, batch.ends
+    pos_l, len_l, id_l = [], [], []
+    n0 = min(membership.meta.get("ns") or [1])
+    first_hits = None  # positions whose n0-gram is in the set
     for length in membership.lengths:
-        h = batch_all_window_hashes(batch, prefix, length)
-        stats.windows += len(h)
-        pos = np.flatnonzero(membership.contains(h))
-        pos = pos[window_in_row(batch, pos, length)]
-        if len(pos):
-            pos_l.append(pos)
-            h_l.append(h[pos])
-            len_l.append(np.full(len(pos), length, dtype=np.int64))
+        stats.windows += max(0, len(batch.hashes) - length + 1)
+        if first_hits is not None and length > n0:
+            # An eval n-gram longer than n0 comes from an eval row of more than n0 tokens, whose
+            # first n0 tokens are an eval n-gram too (n0 >= 2: never all empty): only windows
+            # whose n0-gram is in the set need probing.
+            pos = first_hits[first_hits + length <= len(batch.hashes)]
+            h = window_hashes_at(batch, prefix, pos, length)
+            found = membership.contains(h)
+            pos, h = pos[found], h[found]
+        else:
+            h = batch_all_window_hashes(batch, prefix, length)
+            pos = np.flatnonzero(membership.contains(h))
+            h = h[pos]
+            if length == n0 >= 2:
+                first_hits = pos
+        inrow = window_in_row(batch, pos, length)
+        pos, h = pos[inrow], h[inrow]
+        if not len(pos):
+            continue
+        stats.hash_hits += len(pos)
+        last = pos + length - 1
+        parts = (h % _U(partitions)).astype(np.int64)
+        edge = (starts[pos] == ends[pos]) | (starts[last] == ends[last])
+        ids = np.empty(len(pos), dtype=np.int64)
+        inner = ~edge
+        ids[inner] = _verify(buf, starts[pos[inner]].tolist(), ends[last[inner]].tolist(), parts[inner].tolist(),
+                             length, known[length], lookup)
+        for k in np.flatnonzero(edge).tolist():  # an empty token at an end: join the tokens
+            p = int(pos[k])
+            gram = b" ".join(buf[a:b] for a, b in zip(starts[p:p + length].tolist(), ends[p:p + length].tolist()))
+            rec = lookup(int(parts[k])).find.get((length, gram))
+            ids[k] = _NOT_FOUND if rec is None else int(parts[k]) << 32 | rec
+        pos_l.append(pos)
+        len_l.append(np.full(len(pos), length, dtype=np.int64))
+        id_l.append(ids)
     if not pos_l:
-        return
-    pos = np.concatenate(pos_l)
-    lens = np.concatenate(len_l)
-    hs = np.concatenate(h_l)
-    order = np.lexsort((lens, pos))
-    pos, lens, hs = pos[order], lens[order], hs[order]
+        return None
+    ids = np.concatenate(id_l)
+    ok = ids >= 0
+    stats.false_hits += int(len(ok) - ok.sum())
+    stats.verified_hits += int(ok.sum())
+    if not ok.any():
+        return None
+    pos, lens, ids = np.concatenate(pos_l)[ok], np.concatenate(len_l)[ok], ids[ok]
     last = pos + lens - 1
     rows = batch.row_of[pos]
-    starts, ends = batch.starts, batch.ends
-    edge_empty = (starts[pos] == ends[pos]) | (starts[last] == ends[last])
-    base_arr = batch.row_base[rows] + 1
-    parts = (hs % _U(partitions)).astype(np.int64)
-    buf = batch.buf
-    stats.hash_hits += len(pos)
-    false_hits = verified = 0
-    cur_row = -1
-    hits: dict = {}
-    exact = None
-    row = record = text = None
-    first = 0
-    for p, length, s, e, edge, base, part, r in zip(
-            pos.tolist(), lens.tolist(), starts[pos].tolist(), ends[last].tolist(), edge_empty.tolist(),
-            base_arr.tolist(), parts.tolist(), rows.tolist()):
-        if r != cur_row:
-            if hits:
-                stats.rows_with_hits += 1
-                yield {"row": row, "doc_id": record_id(record, id_field), "text": text, "hits": list(hits.values())}
-            cur_row = r
-            hits = {}
-            row, record, text = pending[r]
-            chars = None  # byte offset -> char offset, for non-ASCII rows
-            exact = None
-            if not text.isascii():
-                if len(prepared[r]) and len(text.lower() if tokenizer.lowercase else text) == len(text):
-                    lead = (np.frombuffer(prepared[r], dtype=np.uint8) & 0xC0) != 0x80
-                    chars = np.zeros(len(lead) + 1, dtype=np.int64)
-                    np.cumsum(lead, out=chars[1:])
-                else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
-                    exact = tokenizer.tokenize_with_offsets(text)
-            first = int(batch.row_first[r])
-        if exact is None:
-            if edge:
-                gram = " ".join(buf[k0:k1].decode("utf-8", "surrogatepass") for k0, k1 in zip(
-                    starts[p:p + length].tolist(), ends[p:p + length].tolist()))
-            else:
-                gram = b" ".join(buf[s:e].split()).decode("utf-8", "surrogatepass")
-            if chars is None:
-                span = [s - base, e - base]
-            else:
-                span = [int(chars[s - base]), int(chars[e - base])]
-        else:
-            i = p - first
-            tokens, spans = exact
-            gram = " ".join(tokens[i:i + length])
-            span = [spans[i][0], spans[i + length - 1][1]]
-        key = (length, gram)
-        ok = known.get(key)
-        if ok is None:
-            ok = known[key] = key in lookup(part)
-        if not ok:
-            false_hits += 1
+    base = batch.row_base[rows] + 1
+    start = starts[pos] - base
+    end = ends[last] - base
+    for r in np.unique(rows).tolist():  # rows whose byte offsets are not code-point offsets
+        row, _, text = pending[r]
+        if len(prepared[r]) == len(text):
             continue
-        verified += 1
-        hit = hits.get(key)
-        if hit is None:
-            hit = hits[key] = {"n": length, "ngram": gram, "partition": part, "offsets": []}
-        hit["offsets"].append(span)
-    if hits:
-        stats.rows_with_hits += 1
-        yield {"row": row, "doc_id": record_id(record, id_field), "text": text, "hits": list(hits.values())}
-    stats.false_hits += false_hits
-    stats.verified_hits += verified
+        at = np.flatnonzero(rows == r)
+        if len(text.lower() if tokenizer.lowercase else text) == len(text):
+            lead = (np.frombuffer(prepared[r], dtype=np.uint8) & 0xC0) != 0x80
+            chars = np.zeros(len(lead) + 1, dtype=np.int64)
+            np.cumsum(lead, out=chars[1:])
+            start[at], end[at] = chars[start[at]], chars[end[at]]
+        else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
+            spans = tokenizer.tokenize_with_offsets(text)[1]
+            first = int(batch.row_first[r])
+            for k in at.tolist():
+                i = int(pos[k]) - first
+                start[k], end[k] = spans[i][0], spans[i + int(lens[k]) - 1][1]
+    part, rec = ids >> 32, ids & 0xFFFFFFFF
+    order = np.lexsort((start, rec, rows, part))
+    hits = ScanHits(pending, rows[order], part[order], rec[order], start[order], end[order])
+    stats.rows_with_hits += len(np.unique(rows))
+    return hits
 
 
 # ---------------------------------------------------------------------------------------
@@ -909,14 +1010,16 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
       windows covering it, / all tokens.
     """
+    if not overlap_counts:
+        return {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
     length = min(n, len(tokens))
-    windows = list(iter_ngrams(tokens, length))
-    total = len(windows)
+    grams = [" ".join(tokens[i:i + length]) for i in range(len(tokens) - length + 1)]
+    total = len(grams) - grams.count(" " * (length - 1))  # the all-empty window is not an n-gram
     cover = [0.0] * len(tokens)
     covered = [False] * len(tokens)
     hits = 0
     wsum = 0.0
-    for i, gram in windows:
+    for i, gram in enumerate(grams):
         c = overlap_counts.get(gram)
         if not c:
             continue
@@ -937,25 +1040,198 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     }
 
 
+# -- the scan's output, grouped by hash partition ---------------------------------------
+
+SNIPPET_CONTEXT = 50  # characters of training text kept on each side of a hit's first occurrence
+
+
+def _i64(data: bytes) -> list[int]:
+    return np.frombuffer(data, dtype="<i8").tolist()
+
+
+def _b64(values: np.ndarray) -> bytes:
+    return np.ascontiguousarray(values, dtype="<i8").tobytes()
+
+
 @dataclass
-class TrainEvent:
-    """One training row with verified hits (a scan part line, row made file-global)."""
+class HitGroups:
+    """One entry per (training row, n-gram) of a batch's hits, in their order, as columns:
+    ``partition``, ``row`` (the row number the reader gave), ``doc_id``, ``record`` (index in
+    the partition's records), ``occurrences`` (count) with their ``start``/``end`` code-point
+    offsets, and a ``snippet`` of the training text (:data:`SNIPPET_CONTEXT` characters
+    either side of the first occurrence) with its ``snippet_start``."""
 
-    train_path: str
-    train_row: int
-    doc_id: str
-    text: str
-    hits: list[dict]
+    partition: np.ndarray
+    row: np.ndarray
+    doc_id: list[str]
+    record: np.ndarray
+    occurrences: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    snippet_start: np.ndarray
+    snippet: list[str]
 
 
-def count_train_docs(events: Iterable[TrainEvent]) -> dict[tuple[int, str], int]:
-    """(n, ngram) -> number of distinct training documents (path, row) containing it."""
-    counts: dict[tuple[int, str], int] = defaultdict(int)
-    for ev in events:
-        for h in ev.hits:
-            counts[(h["n"], h["ngram"])] += 1
-    return dict(counts)
+def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
+    """The :class:`HitGroups` of a batch's hits."""
+    g = hits.group_starts()
+    first = g[:-1]
+    grow = hits.row[first].tolist()
+    lo = np.maximum(hits.start[first] - SNIPPET_CONTEXT, 0)
+    rows = hits.rows
+    doc_ids: dict[int, str] = {}
+    for r in grow:
+        if r not in doc_ids:
+            doc_ids[r] = record_id(rows[r][1], id_field)
+    texts = [text for _, _, text in rows]
+    hi = (hits.end[first] + SNIPPET_CONTEXT).tolist()
+    return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
+                     [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
+                     [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
 
+
+def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
+    """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
+    block holds the partition's groups in scan order, the :class:`HitGroups` columns but
+    ``partition``, integer columns as little-endian int64 bytes."""
+    part = np.concatenate([x.partition for x in groups])
+    occ = np.concatenate([x.occurrences for x in groups])
+    start, end = np.concatenate([x.start for x in groups]), np.concatenate([x.end for x in groups])
+    row, record = np.concatenate([x.row for x in groups]), np.concatenate([x.record for x in groups])
+    snip_start = np.concatenate([x.snippet_start for x in groups])
+    doc_ids = [d for x in groups for d in x.doc_id]
+    snippets = [s for x in groups for s in x.snippet]
+    order = np.argsort(part, kind="stable")
+    first_occ = np.cumsum(occ) - occ
+    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    for sel in np.split(order, cuts):
+        counts = occ[sel]
+        at = np.repeat(first_occ[sel] - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        picked = sel.tolist()
+        yield int(part[sel[0]]), {
+            "row": _b64(row[sel]), "doc_id": [doc_ids[k] for k in picked], "record": _b64(record[sel]),
+            "occurrences": _b64(counts), "start": _b64(start[at]), "end": _b64(end[at]),
+            "snippet_start": _b64(snip_start[sel]), "snippet": [snippets[k] for k in picked],
+        }
+
+
+# -- reduce: one eval partition ---------------------------------------------------------
+
+def _pairs(offsets: list) -> str:
+    """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
+    if len(offsets) == 1:
+        (s, e), = offsets
+        return f"[[{s}, {e}]]"
+    return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
+
+
+def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
+    """The configured n whose effective length for a row of ``num_tokens`` tokens is ``length``."""
+    return [n for n in ns if min(n, num_tokens) == length]
+
+
+def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
+                     blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
+                     write: Callable[[str], None]) -> dict:
+    """Join one eval partition's records with the scan's hit blocks of that partition.
+
+    ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
+    (the row base makes a byte slice's rows file-global); it is called twice when
+    ``max_train_count`` is set (document counts first). ``write`` receives the detail records
+    of one block at a time, as JSON lines each ending in a newline (keys in the documented
+    order; lone surrogates are left for :data:`JSON_ERRORS`).
+
+    Returns the partition's share of the results (msgpack-able): ``details``, ``ignored``
+    (n-grams over ``max_train_count``), ``overlaps`` (eval_idx -> n -> {ngram: training
+    documents}), ``by_path`` ([train_path, eval_dataset, n, eval_idx list, train rows]),
+    ``spans`` (eval_idx -> eval offsets of its overlapping n-grams at the largest n) and
+    ``samples`` (eval_idx -> its first two training rows at the largest n, each
+    ``[unit, row, train_path, [[ngram, offsets, snippet_start, snippet], ...]]``).
+    """
+    ns = sorted(set(ns))
+    at_nmax = [min(ns[-1], r.num_tokens) for r in eval_rows]  # each eval row's n-gram length at the largest n
+    ignored = None
+    if max_train_count is not None:
+        seen = np.zeros(len(records), dtype=np.int64)
+        for _, _, _, block in blocks():
+            seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
+        ignored = (seen > max_train_count).tolist()
+    counts = [0] * len(records)  # training documents holding each n-gram
+    quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
+    heads: dict[int, str] = {}
+    prefixes: dict[int, list[str]] = {}       # record -> the detail line up to the training part, per eval row
+    sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of
+    samples: dict[int, dict[tuple[int, int], list]] = {}
+    hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
+    details = 0
+    for unit, path, base, block in blocks():
+        path_json = quote(path)
+        recs, occ = _i64(block["record"]), _i64(block["occurrences"])
+        starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
+        rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
+        o = 0
+        rows_of_rec = hit_rows[path]
+        out: list[str] = []
+        for k, rec in enumerate(recs):
+            a, o = o, o + occ[k]
+            if ignored is not None and ignored[rec]:
+                continue
+            counts[rec] += 1
+            row = base + rows[k]
+            rows_of_rec[rec].append(row)
+            lines = prefixes.get(rec)
+            if lines is None:
+                n, gram, _, evals = records[rec]
+                lines = prefixes[rec] = []
+                sampled[rec] = []
+                for eval_idx, eval_offsets in evals:
+                    head = heads.get(eval_idx)
+                    if head is None:
+                        er = eval_rows[eval_idx]
+                        head = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
+                                                  f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
+                                                  f'"instance_id": {quote(er.instance_id)}')
+                    lines.append(f'{head}, "n": {n}, "ngram": {quote(gram)}, "eval_offsets": {_pairs(eval_offsets)}, ')
+                    if n == at_nmax[eval_idx]:
+                        sampled[rec].append(eval_idx)
+            offs = list(zip(starts[a:o], ends[a:o]))
+            tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
+                    f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
+                    f'"train_snippet": {quote(snippets[k])}}}\n')
+            out.append(tail.join(lines) + tail)
+            details += len(lines)
+            for eval_idx in sampled[rec]:
+                rows_of = samples.setdefault(eval_idx, {})
+                key = (unit, row)
+                if key in rows_of or len(rows_of) < 2:
+                    rows_of.setdefault(key, [unit, row, path, []])[3].append(
+                        [records[rec][1], offs, snip[k], snippets[k]])
+        write("".join(out))
+    overlaps: dict[int, dict[int, dict[str, int]]] = {}
+    spans: dict[int, list] = {}
+    for rec in prefixes:
+        n, gram, _, evals = records[rec]
+        for eval_idx, eval_offsets in evals:
+            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[gram] = counts[rec]
+            if n == at_nmax[eval_idx]:
+                spans.setdefault(eval_idx, []).extend(eval_offsets)
+    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
+    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    for path, rows_of_rec in hit_rows.items():
+        for rec, rows in rows_of_rec.items():
+            n_rec = records[rec][0]
+            for eval_idx, _ in records[rec][3]:
+                er = eval_rows[eval_idx]
+                for n in configured_ns(ns, er.num_tokens, n_rec):
+                    path_ids[(path, er.eval_dataset, n)].add(eval_idx)
+                    path_rows[(path, er.eval_dataset, n)].update(rows)
+    return {"details": details, "ignored": int(sum(ignored)) if ignored is not None else 0,
+            "overlaps": overlaps, "spans": spans,
+            "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
+            "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
+
+
+# -- merge: all partitions --------------------------------------------------------------
 
 @dataclass
 class ReduceResult:
@@ -964,83 +1240,62 @@ class ReduceResult:
     metrics: list[dict]
     summary: list[dict]
     ignored_ngrams: int
+    overlaps: dict[int, dict[int, dict[str, int]]]   # eval_idx -> n -> {ngram: training documents}
+    spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
+    samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
 
 
-def reduce_overlaps(eval_rows: list[EvalRow], ns: list[int], events: Callable[[], Iterable[TrainEvent]],
-                    eval_detail: Callable[[int, int, str], list], tokenizer: Tokenizer,
-                    max_train_count: int | None, write_detail: Callable[[dict], None],
-                    eval_bad_rows: dict[str, dict] | None = None) -> ReduceResult:
-    """Join scan events with the eval side; write details through ``write_detail``.
-
-    ``write_detail`` receives each detail record as one JSON line (``str``, no newline), keys
-    in the documented order; it may contain lone surrogates (encode with
-    :data:`JSON_ERRORS`, which writes them as JSON escapes).
-
-    ``events()`` is called twice (document counts for ``max_train_count``, then the join).
-    ``eval_detail(partition, n, ngram)`` returns ``[[eval_idx, offsets], ...]``.
-    """
+def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
+                     eval_bad_rows: dict[str, dict] | None = None) -> ReduceResult:
+    """The stats, HELM metrics and report inputs of a run from its partitions' results
+    (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
+    instance are the union of its partitions' (metrics need all of them)."""
     ns = sorted(set(ns))
-    counts = count_train_docs(events())
-    ignored = {k for k, c in counts.items() if max_train_count is not None and c > max_train_count}
-    by_idx = {r.eval_idx: r for r in eval_rows}
+    overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
+    spans: dict[int, list] = defaultdict(list)
+    samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
+    by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
+    ignored = 0
+    for part in parts:
+        ignored += part["ignored"]
+        for eval_idx, per_n in part["overlaps"].items():
+            for n, grams in per_n.items():
+                overlaps[eval_idx].setdefault(n, {}).update(grams)
+        for eval_idx, offsets in part["spans"].items():
+            spans[eval_idx].extend(offsets)
+        for eval_idx, rows in part["samples"].items():
+            for unit, row, path, hits in rows:
+                samples[eval_idx].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
+        for path, ds, n, ids, rows in part["by_path"]:
+            got = by_path.setdefault((path, ds, n), (set(), set()))
+            got[0].update(ids)
+            got[1].update(rows)
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
+    hit_ids: dict[tuple[str, int], set] = defaultdict(set)
     for r in eval_rows:
         all_ids[r.eval_dataset].add(r.instance_id)
         if r.empty:
             empty_ids[r.eval_dataset].add(r.instance_id)
-    hit_ids: dict[tuple[str, int], set] = defaultdict(set)
-    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
-    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
-    inst_overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
-    eval_head: dict[int, str] = {}  # serialized eval fields of a row, reused by all its details
-    configured_of: dict[tuple[int, int], list[int]] = {}
-    dumps_u = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, not one per call
-    dumps = json.dumps  # default arguments: json's cached encoder
-    for ev in events():
-        train_part = None
-        for h in ev.hits:
-            key = (h["n"], h["ngram"])
-            if key in ignored:
-                continue
-            if train_part is None:
-                train_part = dumps_u({"train_path": ev.train_path, "train_row": ev.train_row,
-                                      "train_text": ev.text})[1:-1]
-            gram_json = dumps_u(h["ngram"])
-            train_tail = (f', {train_part}, "train_ngram": {gram_json}, "train_offsets": {dumps(h["offsets"])}, '
-                          f'"train_doc_id": {dumps_u(ev.doc_id)}}}')
-            for eval_idx, eval_offsets in eval_detail(h["partition"], h["n"], h["ngram"]):
-                er = by_idx[eval_idx]
-                ck = (eval_idx, h["n"])
-                configured = configured_of.get(ck)
-                if configured is None:
-                    configured = configured_of[ck] = [n for n in ns if min(n, er.num_tokens) == h["n"]]
-                for n in configured:
-                    hit_ids[(er.eval_dataset, n)].add(er.instance_id)
-                    path_ids[(ev.train_path, er.eval_dataset, n)].add(er.instance_id)
-                    path_rows[(ev.train_path, er.eval_dataset, n)].add(ev.train_row)
-                inst_overlaps[eval_idx][h["n"]][h["ngram"]] = counts[key]
-                head = eval_head.get(eval_idx)
-                if head is None:
-                    head = eval_head[eval_idx] = dumps_u({
-                        "eval_dataset": er.eval_dataset, "eval_path": er.eval_path, "eval_row": er.eval_row,
-                        "eval_text": er.text, "instance_id": er.instance_id})[:-1]
-                write_detail(f'{head}, "ngram": {gram_json}, "n": {h["n"]}, '
-                             f'"eval_offsets": {dumps(eval_offsets)}{train_tail}')
+        for length in overlaps.get(r.eval_idx, {}):
+            for n in configured_ns(ns, r.num_tokens, length):
+                hit_ids[(r.eval_dataset, n)].add(r.instance_id)
     stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
               "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
-    by_path = [{"train_path": p, "eval_dataset": ds, "n": n, "num_instances": len(ids),
-                "instance_ids": sorted(ids), "num_train_rows": len(path_rows[(p, ds, n)])}
-               for (p, ds, n), ids in sorted(path_ids.items())]
+    paths = []
+    for (path, ds, n), (ids, rows) in sorted(by_path.items()):
+        instance_ids = sorted({eval_rows[i].instance_id for i in ids})
+        paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
+                      "instance_ids": instance_ids, "num_train_rows": len(rows)})
     metrics = []
     for r in eval_rows:
-        tokens = tokenizer.tokenize(r.text) if r.eval_idx in inst_overlaps else None
+        tokens = tokenizer.tokenize(r.text) if r.eval_idx in overlaps else None
         for n in ns:
             if tokens is None:
                 m = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
             else:
-                m = instance_metrics(tokens, n, inst_overlaps[r.eval_idx].get(min(n, r.num_tokens), {}))
+                m = instance_metrics(tokens, n, overlaps[r.eval_idx].get(min(n, r.num_tokens), {}))
             metrics.append({"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
                             "instance_id": r.instance_id, "n": n, **m})
     summary = []
@@ -1052,7 +1307,14 @@ def reduce_overlaps(eval_rows: list[EvalRow], ns: list[int], events: Callable[[]
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
-    return ReduceResult(stats, by_path, metrics, summary, len(ignored))
+    return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
+                        {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()})
+
+
+def overlap_instance(r: EvalRow) -> dict:
+    """The line of ``overlap_instances.jsonl.gz`` for an eval row: its text, written once."""
+    return {"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
+            "instance_id": r.instance_id, "eval_text": r.text}
 
 
 def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5) -> str:
@@ -1083,6 +1345,77 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
             lines.append(f"- {ds}: {s['num_empty_instances']} empty/punctuation-only instances (never counted "
                          f"as overlapping), {s['num_bad_rows']} unreadable rows or rows without text")
     return "\n".join(lines) + "\n"
+
+
+def merged_snippet(hits: list) -> tuple[str, list[tuple[int, int]]]:
+    """One snippet of a training row from its hits ``[ngram, offsets, snippet_start, snippet]``:
+    the earliest snippet extended by those that overlap or touch it, and every occurrence
+    inside it (offsets relative to the snippet)."""
+    pieces = sorted((h[2], h[3]) for h in hits)
+    lo, text = pieces[0]
+    for start, piece in pieces[1:]:
+        end = lo + len(text)
+        if start > end:
+            break
+        text += piece[end - start:]
+    hi = lo + len(text)
+    return text, [(s - lo, e - lo) for h in hits for s, e in h[1] if lo <= s and e <= hi]
+
+
+def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: list[int], examples: int,
+                         settings: tuple[tuple[str, str], ...], inputs: tuple[tuple[str, str, str], ...],
+                         scan_stats: dict) -> rh.ContaminationReport:
+    """What ``stats/report.html`` shows (:mod:`~refinery.transforms.decon.report_html`).
+
+    Per eval dataset and n: the counts and the means of HELM's metrics over its rows; the
+    training files contributing most (instances contaminated at any n); the ``examples``
+    most contaminated instances at the largest n (HELM's token metric, ties in eval order),
+    each with its overlapping spans and its first two training rows (scan order) as
+    snippets, from the partitions' bounded samples.
+    """
+    ns = sorted(set(ns))
+    metrics = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
+    for m in result.metrics:
+        metrics[(m["eval_dataset"], m["n"])].append(m)
+    per_n = {(s["eval_dataset"], s["n"]): s for s in result.overlap_stats}
+    files: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for row in result.by_train_path:
+        files[row["eval_dataset"]][row["train_path"]].update(row["instance_ids"])
+    at_max = {r.eval_idx: result.metrics[r.eval_idx * len(ns) + len(ns) - 1] for r in eval_rows}
+    names = ("binary", "jaccard", "token", "jaccard_weighted", "token_weighted")
+    datasets = []
+    for s in result.summary:
+        ds = s["eval_dataset"]
+        rows = [r for r in eval_rows if r.eval_dataset == ds]
+        results = []
+        for n in ns:
+            ms = metrics.get((ds, n), [])
+            means = [sum(m[k] for m in ms) / len(ms) if ms else 0.0 for k in names]
+            results.append(rh.NResult(n, per_n[(ds, n)]["num_instances"], len(per_n[(ds, n)]["instance_ids"]), *means))
+        top = sorted(((p, len(ids)) for p, ids in files[ds].items()), key=lambda x: (-x[1], x[0]))
+        chosen = sorted((r for r in rows if at_max[r.eval_idx]["binary"]),
+                        key=lambda r: (-at_max[r.eval_idx]["token"], r.eval_idx))[:examples]
+        shown = []
+        for r in chosen:
+            hits = []
+            for _, row, path, row_hits in result.samples.get(r.eval_idx, []):
+                text, spans = merged_snippet(row_hits)
+                hits.append(rh.TrainHit(path, row, text, tuple(rh.Span(a, b) for a, b in spans),
+                                        len({h[0] for h in row_hits})))
+            shown.append(rh.Example(r.instance_id, r.eval_row, r.text,
+                                    tuple(rh.Span(a, b) for a, b in result.spans.get(r.eval_idx, [])),
+                                    at_max[r.eval_idx]["token"], tuple(hits)))
+        datasets.append(rh.DatasetReport(ds, tuple(sorted({r.eval_path for r in rows})), s["num_rows"],
+                                         s["num_instances"], s["num_empty_instances"], s["num_bad_rows"],
+                                         tuple(results), tuple(top), tuple(shown), ns[-1]))
+    rows_read = (("eval rows", len(eval_rows)),
+                 ("eval rows unreadable or without text", sum(s["num_bad_rows"] for s in result.summary)),
+                 ("training rows", int(scan_stats.get("rows", 0))),
+                 ("training rows unreadable or without text", int(scan_stats.get("bad_rows", 0))),
+                 ("training rows with overlaps", int(scan_stats.get("rows_with_hits", 0))),
+                 ("training text bytes", int(scan_stats.get("text_bytes", 0))))
+    return rh.ContaminationReport("Train/test overlap report", settings, inputs, rows_read, tuple(datasets),
+                                  "refinery decon")
 
 
 # ---------------------------------------------------------------------------------------

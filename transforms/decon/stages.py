@@ -1,4 +1,4 @@
-"""The three stages of ``refinery decon``: index -> scan -> reduce (thin wiring).
+"""The four stages of ``refinery decon``: index -> scan -> reduce -> merge (thin wiring).
 
 The logic lives in :mod:`refinery.transforms.decon.ngrams`; this module binds it to the
 stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
@@ -10,20 +10,26 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
 - ``scan`` (units: training file slices): each unit streams its slice, probes the
   membership structure (a Beam side input: the membership file's bytes, broadcast), verifies
   each hash hit against the exact n-gram text of the partition it falls in (partitions are
-  loaded only when hit, cached per worker process), and writes one part file of overlap
-  events. Training n-grams never enter a shuffle.
-- ``reduce`` (local, one unit): parts -> ``stats/overlap_stats.jsonl``,
-  ``stats/overlap_details.jsonl.gz``, ``stats/overlap_stats_by_train_path.jsonl``,
-  ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``, ``stats/report.md``, then
-  ``.SUCCESS`` last.
+  loaded only when hit, cached per worker process), and writes its verified hits grouped by
+  partition, each with a snippet of the training text around it. Training n-grams never
+  enter a shuffle.
+- ``reduce`` (units: one per hash partition): the partition's hits from every scan unit
+  (ranged reads of the frames its receipts list) joined with the partition's eval records:
+  its detail records (one gzip member) and its share of the results (instance sets, training
+  document counts, by-path sets, examples for the report). A partition's n-grams are its own.
+- ``merge`` (local, one unit): the members concatenated in partition order into
+  ``stats/overlap_details.jsonl.gz``, then ``stats/overlap_instances.jsonl.gz``,
+  ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
+  ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``, ``stats/report.md``,
+  ``stats/report.html``, and ``.SUCCESS`` last.
 """
 from __future__ import annotations
 
 import gc
-import gzip
 import hashlib
 import json
 import resource
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -32,29 +38,28 @@ from typing import Iterator
 
 import msgpack
 import zstandard
+from isal import igzip
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
 from refinery.transforms.decon import ngrams as ng
-from refinery.transforms.core.stages import Stage, Unit, UnitContext, bind_stages
+from refinery.transforms.decon.report_html import render_html
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
 
 
-def events_file(unit_id: str) -> str:
-    """A scan unit's overlap events: a zstd-compressed stream of msgpack maps
-    ``{row, doc_id, text, hits: [{n, ngram, partition, offsets}]}`` (row within the unit)."""
-    return f"events/{unit_id}.msgpack.zst"
+def hits_file(unit_id: str) -> str:
+    """A scan unit's verified hits: zstd frames, each the msgpack of one partition's
+    :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames as
+    ``frames: [[partition, offset, length], ...]``."""
+    return f"hits/{unit_id}.bin"
 
 
-def read_events(path: str) -> Iterator[dict]:
-    with io.open_read(path) as raw:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        unpacker = msgpack.Unpacker(reader, raw=False, unicode_errors="surrogatepass", max_buffer_size=1 << 31)
-        yield from unpacker
+HELD_CHARS = 32 << 20  # snippet characters a scan unit holds before it writes its frames
 
 
 def partition_file(p: int) -> str:
@@ -74,6 +79,7 @@ class DeconSettings:
     max_train_count: int | None = None
     slice_bytes: int = 256 << 20
     batch_bytes: int = 1 << 20
+    report_examples: int = 20
 
     def __post_init__(self):
         self.ns = sorted(set(int(n) for n in self.ns))
@@ -81,6 +87,8 @@ class DeconSettings:
             raise ValueError("--ngrams needs positive integers")
         if self.partitions < 1:
             raise ValueError("--partitions must be >= 1")
+        if self.report_examples < 0:
+            raise ValueError("--report-examples must be >= 0")
         ng.get_tokenizer(self.tokenizer)
 
 
@@ -100,7 +108,9 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text_field: str, id_fie
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field,
                                       ng.get_tokenizer(tokenizer))
         index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
-    gc.freeze()  # millions of long-lived objects: keep them out of every later GC pass
+        # millions of long-lived objects: out of every later GC pass, before the GC is back on
+        # (its first pass would otherwise walk them all)
+        gc.freeze()
     return index
 
 
@@ -117,10 +127,10 @@ def membership_from_bytes(data: bytes) -> ng.Membership:
 
 
 @lru_cache(maxsize=256)
-def load_partition_file(path: str) -> dict:
+def load_partition_file(path: str) -> ng.Partition:
     with ng.gc_paused():
         part = ng.load_partition(io.read_bytes(path))
-    gc.freeze()
+        gc.freeze()
     return part
 
 
@@ -130,6 +140,7 @@ def load_partition_file(path: str) -> dict:
 
 class IndexStage(Stage):
     name = "index"
+    local = True  # one process builds the whole eval index; a Beam job would only add its start-up
 
     def __init__(self, settings: DeconSettings, eval_files: list[io.InputFile]):
         self.s = settings
@@ -246,7 +257,7 @@ class ScanStage(Stage):
         index_parts = ctx.upstream("index").parts_dir
         partitions = int(membership.meta.get("partitions", self.s.partitions))
 
-        def lookup(p: int) -> dict:
+        def lookup(p: int) -> ng.Partition:
             return load_partition_file(io.join(index_parts, partition_file(p)))
 
         pl = unit.payload
@@ -258,37 +269,79 @@ class ScanStage(Stage):
             rows = iter_rows(pl["path"])
         stats = ng.ScanStats()
         tok = ng.get_tokenizer(self.s.tokenizer)
-        events = 0
-        packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass")
-        with ctx.open_write(ctx.part_path(events_file(unit.id))) as raw, ng.gc_paused():
-            with zstandard.ZstdCompressor(level=1).stream_writer(raw, closefd=False) as zw:
-                for ev in ng.scan_rows(rows, text_field=self.s.train_text_field, id_field=self.s.id_field,
-                                       tokenizer=tok, membership=membership, lookup=lookup,
-                                       partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
-                    zw.write(packer.pack(ev))
-                    events += 1
-        return {**stats.__dict__, "events": events, "seconds": time.perf_counter() - t0,
+        held: list[ng.HitGroups] = []
+        frames: list[list[int]] = []
+        size = 0
+        with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, ng.gc_paused():
+            def flush() -> None:
+                nonlocal size
+                if held:
+                    for p, block in ng.hit_blocks(held):
+                        frame = zstandard.ZstdCompressor(level=1).compress(
+                            msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
+                        frames.append([p, size, len(frame)])
+                        out.write(frame)
+                        size += len(frame)
+                held.clear()
+
+            chars = 0
+            for hits in ng.scan_rows(rows, text_field=self.s.train_text_field, tokenizer=tok, membership=membership,
+                                     lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
+                held.append(ng.hit_groups(hits, self.s.id_field))
+                chars += sum(map(len, held[-1].snippet))
+                if chars > HELD_CHARS:
+                    flush()
+                    chars = 0
+            flush()
+        return {**stats.__dict__, "frames": frames, "seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.thread_time() - c0,
                 "peak_rss_mb": _peak_rss_mb(), "membership_loaded_bytes": membership.nbytes,
                 "test_ngrams": len(membership)}
 
 
 # ---------------------------------------------------------------------------------------
-# reduce
+# reduce: one unit per eval partition
 # ---------------------------------------------------------------------------------------
 
-STATS_FILES = ("stats/overlap_stats.jsonl", "stats/overlap_details.jsonl.gz", "stats/overlap_stats_by_train_path.jsonl",
-               "stats/overlap_metrics.jsonl", "stats/eval_summary.jsonl", "stats/report.md")
+def details_file(p: int) -> str:
+    """Eval partition ``p``'s detail records: one complete gzip member (the merge concatenates them)."""
+    return f"details/part-{p:05d}.jsonl.gz"
 
 
-def _jsonl(rows: list[dict]) -> bytes:
-    return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", ng.JSON_ERRORS) + b"\n" for r in rows)
+def results_file(p: int) -> str:
+    """Eval partition ``p``'s share of the results (:func:`ngrams.reduce_partition`), msgpack."""
+    return f"results/part-{p:05d}.msgpack"
+
+
+def scan_frames(scan_run: StageRun) -> dict:
+    """Where each partition's hits are: ``units`` lists each scan unit in plan order as
+    ``[unit id, training path, row base]`` (the rows of the byte slices of its file before
+    it), ``frames`` maps a partition to its ``[unit index, offset, length]`` frames."""
+    plan = scan_run.stage.plan()
+    receipts = scan_run.completed_receipts(plan)
+    missing = [u.id for u in plan if u.id not in receipts]
+    if missing:
+        raise RuntimeError(f"scan units not completed: {missing[:5]}")
+    units: list[list] = []
+    frames: dict[int, list] = {}
+    rows_before: dict[int, int] = {}
+    for i, u in enumerate(plan):
+        f = u.payload["file"]
+        units.append([u.id, u.payload["path"], rows_before.get(f, 0) if u.payload["kind"] == "bytes" else 0])
+        rows_before[f] = rows_before.get(f, 0) + int(receipts[u.id]["stats"].get("rows", 0))
+        for p, offset, length in receipts[u.id]["stats"]["frames"]:
+            frames.setdefault(p, []).append([i, offset, length])
+    return {"units": units, "frames": frames}
+
+
+@lru_cache(maxsize=2)
+def load_eval_rows(path: str) -> list[ng.EvalRow]:
+    with ng.gc_paused():
+        return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(path))]
 
 
 class ReduceStage(Stage):
     name = "reduce"
-    local = True
-    final_outputs = True
 
     def __init__(self, settings: DeconSettings, scan_stage: ScanStage):
         self.s = settings
@@ -298,80 +351,120 @@ class ReduceStage(Stage):
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count}
 
     def plan(self) -> list[Unit]:
-        return [Unit("reduce", {})]
+        return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
+
+    def side_inputs(self, pipeline) -> dict:
+        import apache_beam as beam
+
+        scan = self.scan_stage
+        scan_run = bind_stages([scan.index_stage, scan], scan.output)[1]
+        frames = (pipeline
+                  | "ScanUnits" >> beam.Create([None])
+                  | "ScanFrames" >> beam.Map(lambda _: scan_frames(scan_run)))
+        return {"frames": beam.pvalue.AsSingleton(frames)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        index_run = ctx.upstream("index")
-        scan_run = ctx.upstream("scan")
-        tok = ng.get_tokenizer(self.s.tokenizer)
-        eval_rows = [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(io.join(index_run.parts_dir, EVAL_ROWS_FILE)))]
-        bad = json.loads(io.read_bytes(io.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
-        plan = scan_run.stage.plan()
-        receipts = scan_run.completed_receipts(plan)
-        missing = [u.id for u in plan if u.id not in receipts]
+        p = unit.payload["p"]
+        index_run, scan_run = ctx.upstream("index"), ctx.upstream("scan")
+        table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
+        records = load_partition_file(io.join(index_run.parts_dir, partition_file(p))).records
+        eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+
+        def blocks() -> Iterator[tuple[int, str, int, dict]]:
+            for i, offset, length in table["frames"].get(p, []):
+                unit_id, path, base = table["units"][i]
+                frame = io.read_range(io.join(scan_run.parts_dir, hits_file(unit_id)), offset, offset + length)
+                yield i, path, base, msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), **unpack)
+
+        with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
+            with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
+                def write(lines: str) -> None:
+                    gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
+
+                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write)
+            packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
+        ctx.write_bytes(ctx.part_path(results_file(p)), packed)
+        return {"details": result["details"], "ignored_ngrams": result["ignored"]}
+
+
+# ---------------------------------------------------------------------------------------
+# merge: the stats files and reports
+# ---------------------------------------------------------------------------------------
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", ng.JSON_ERRORS) + b"\n" for r in rows)
+
+
+class MergeStage(Stage):
+    name = "merge"
+    local = True
+    final_outputs = True
+
+    def __init__(self, settings: DeconSettings, reduce_stage: ReduceStage):
+        self.s = settings
+        self.reduce_stage = reduce_stage
+
+    def config(self) -> dict:
+        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples}
+
+    def plan(self) -> list[Unit]:
+        return [Unit("merge", {})]
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        io.remove(ctx.output_path("stats/report.html"))  # never beside details of another run
+        index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
+        plan = reduce_run.stage.plan()
+        missing = [u.id for u in plan if not reduce_run.check(u.id).done]
         if missing:
-            raise RuntimeError(f"scan units not completed: {missing[:5]}")
-        # row base of each byte slice = rows of the preceding slices of the same file
-        base: dict[str, int] = {}
-        seen_rows: dict[int, int] = {}
-        for u in plan:
-            f = u.payload["file"]
-            base[u.id] = seen_rows.get(f, 0) if u.payload["kind"] == "bytes" else 0
-            seen_rows[f] = seen_rows.get(f, 0) + int(receipts[u.id]["stats"].get("rows", 0))
+            raise RuntimeError(f"reduce units not completed: {missing[:5]}")
+        tok = ng.get_tokenizer(self.s.tokenizer)
+        eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        bad = json.loads(io.read_bytes(io.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
         scan_totals: dict[str, float] = {}
-        for r in receipts.values():
+        for r in scan_run.completed_receipts().values():
             for k, v in r["stats"].items():
-                if isinstance(v, (int, float)) and k not in ("peak_rss_mb", "membership_loaded_bytes", "test_ngrams", "lengths"):
+                if isinstance(v, (int, float)) and k not in ("peak_rss_mb", "membership_loaded_bytes", "test_ngrams"):
                     scan_totals[k] = scan_totals.get(k, 0) + v
-
-        def events() -> Iterator[ng.TrainEvent]:
-            for u in plan:
-                for ev in read_events(io.join(scan_run.parts_dir, events_file(u.id))):
-                    yield ng.TrainEvent(u.payload["path"], base[u.id] + ev["row"], ev["doc_id"], ev["text"], ev["hits"])
-
-        partitions: dict[int, dict] = {}
-
-        def eval_detail(p: int, n: int, gram: str) -> list:
-            part = partitions.get(p)
-            if part is None:
-                part = partitions[p] = load_partition_file(io.join(index_run.parts_dir, partition_file(p)))
-            return part[(n, gram)]
-
-        details_path = ctx.output_path("stats/overlap_details.jsonl.gz")
-        n_details = 0
-        with ctx.open_write(details_path) as raw, ng.gc_paused():
-            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
-                pending: list[str] = []
-                size = 0
-
-                def write_detail(line: str) -> None:
-                    nonlocal n_details, size
-                    pending.append(line)
-                    size += len(line)
-                    n_details += 1
-                    if size > 1 << 20:
-                        flush()
-
-                def flush() -> None:
-                    nonlocal size
-                    if pending:
-                        gz.write(("\n".join(pending) + "\n").encode("utf-8", ng.JSON_ERRORS))
-                        pending.clear()
-                    size = 0
-
-                result = ng.reduce_overlaps(eval_rows, self.s.ns, events, eval_detail, tok, self.s.max_train_count,
-                                            write_detail, bad)
-                flush()
+        with ctx.open_write(ctx.output_path("stats/overlap_details.jsonl.gz")) as out:
+            for u in plan:  # gzip members, concatenated in partition order
+                with io.open_read(io.join(reduce_run.parts_dir, details_file(u.payload["p"]))) as member:
+                    shutil.copyfileobj(member, out, 1 << 22)
+        unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
+                   for u in plan)
+        with ng.gc_paused():
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
+        ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
+                        ng.dumps_jsonl_gz(ng.overlap_instance(r) for r in eval_rows if r.eval_idx in result.overlaps))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), _jsonl(result.overlap_stats))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), _jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), _jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), _jsonl(result.summary))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count).encode())
+        report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
+                                          self.report_settings(), self.report_inputs(), scan_totals)
+        ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
-        return {"details": n_details, "ignored_ngrams": result.ignored_ngrams,
+        return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
+                "ignored_ngrams": result.ignored_ngrams,
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
+
+    def report_settings(self) -> tuple[tuple[str, str], ...]:
+        s = self.s
+        return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer),
+                ("max-train-count", "none" if s.max_train_count is None else str(s.max_train_count)),
+                ("eval text field", s.eval_text_field), ("train text field", s.train_text_field),
+                ("id field", s.id_field), ("partitions", str(s.partitions)),
+                ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
+
+    def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
+        scan = self.reduce_stage.scan_stage
+        return tuple((side, f.path, f"size {f.size:,}, version {f.version}")
+                     for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
+                     for f in files)
 
 
 def expand_as_given(args: list[str]) -> list[io.InputFile]:
@@ -400,4 +493,5 @@ def build_stages(settings: DeconSettings, output: str) -> list[Stage]:
     train_files = expand_as_given(settings.train_paths)
     index = IndexStage(settings, eval_files)
     scan = ScanStage(settings, train_files, index, output)
-    return [index, scan, ReduceStage(settings, scan)]
+    reduce = ReduceStage(settings, scan)
+    return [index, scan, reduce, MergeStage(settings, reduce)]

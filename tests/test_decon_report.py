@@ -1,0 +1,161 @@
+"""``stats/report.html`` of real ``refinery decon`` runs (issue 17), parsed with the standard library's parser."""
+from __future__ import annotations
+
+import html
+import json
+import os
+
+from conftest import gsm8k_rows, write_jsonl
+from test_decon_pipeline import (helm, make_matrix_inputs, read_details, read_instances, read_jsonl, run_cli,
+                                 training_texts)
+from test_decon_report_html import marks, parse
+
+from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon import report_html as rh
+
+HOSTILE_Q = 'What does <script>alert("x")</script></div> print when the page & its "quotes" load twice?'
+
+
+def page_of(out: str) -> tuple[str, object]:
+    page = open(os.path.join(out, "stats/report.html"), encoding="utf-8").read()
+    return page, parse(page)
+
+
+def shown(text: str) -> str:
+    """A text as the page shows it (controls and lone surrogates replaced, one for one)."""
+    return html.unescape(rh.esc(text))
+
+
+def merged(offsets) -> list[tuple[int, int]]:
+    return rh.merge_spans([rh.Span(s, e) for s, e in offsets], 1 << 62)
+
+
+def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
+    ev, tr = make_matrix_inputs(tmp_path)
+    write_jsonl(tmp_path / "decontamination" / "hostile" / "test.jsonl", [{"id": "h1", "text": HOSTILE_Q}])
+    write_jsonl(tmp_path / "train" / "e.jsonl", [{"text": f"A forum post: {HOSTILE_Q} Thanks."}])
+    out = str(tmp_path / "out")
+    assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4"]) == 0
+    page, p = page_of(out)
+    assert p.opened["script"] == 0 and "<script>alert" not in page    # escaped, never a tag
+
+    # every dataset and n, with the counts of overlap_stats.jsonl
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    cards = p.root.find_all("section", "card")
+    assert [c.find_all("h3")[0].text() for c in cards] == ["arc", "gsm8k", "hostile", "mmlu"]
+    counts = {(card.find_all("h3")[0].text(), int(tr.attrs["data-n"])): (int(tr.attrs["data-contaminated"]),
+                                                                        int(tr.attrs["data-instances"]))
+             for card in cards for tr in card.find_all("tr") if "data-n" in tr.attrs}
+    assert counts == {(s["eval_dataset"], s["n"]): (len(s["instance_ids"]), s["num_instances"]) for s in stats}
+
+    # the evidence: highlighted spans are the n-gram text at the recorded offsets, in the
+    # instance (at the largest n) and in each training snippet
+    details = read_details(out)
+    instances = read_instances(out)
+    train = training_texts(details)
+    sections = p.root.find_all("section", "evidence")
+    examples = [(sec.find_all("h3")[0].text(), art) for sec in sections for art in sec.find_all("article", "example")]
+    assert {ds for ds, _ in examples} == {"arc", "gsm8k", "hostile", "mmlu"}
+    for ds, art in examples:
+        instance_id = art.find_all("code")[0].text()
+        mine = [d for d in details if d["eval_dataset"] == ds and d["instance_id"] == instance_id]
+        text = instances[(mine[0]["eval_path"], mine[0]["eval_row"])]["eval_text"]
+        n_eff = min(13, len(helm(text)))
+        at_n = [d for d in mine if d["n"] == n_eff]
+        want = [shown(text[s:e]) for s, e in merged(o for d in at_n for o in d["eval_offsets"])]
+        assert marks(art.find_all("div", "text")[0]) == want
+        for hit in art.find_all("div", "hit"):
+            code = hit.find_all("code")[0].text()
+            row = int(hit.find_all("p", "meta")[0].text().split("· row ")[1].split(" ")[0].replace(",", ""))
+            occ = merged(o for d in at_n if (d["train_path"], d["train_row"]) == (code, row)
+                         for o in d["train_offsets"])
+            texts = {shown(train[(code, row)][s:e]) for s, e in occ}
+            got = marks(hit.find_all("div", "snippet")[0])
+            assert got and set(got) <= texts
+    hostile = [art for ds, art in examples if ds == "hostile"][0]
+    assert any("<script>alert" in m for m in marks(hostile.find_all("div", "text")[0]))
+    assert any("</div>" in m for div in hostile.find_all("div", "snippet") for m in marks(div))
+
+    # settings and rows read, so that a reader can reproduce the run
+    kv = {tr.find_all("th")[0].text(): tr.find_all("td")[0].text() for tr in p.root.find_all("tr")
+          if tr.find_all("th") and tr.find_all("td") and len(tr.find_all("td")) == 1}
+    assert kv["n"] == "3 13" and kv["tokenizer"] == "default" and kv["max-train-count"] == "none"
+    summary = read_jsonl(os.path.join(out, "stats/eval_summary.jsonl"))
+    assert kv["eval rows"] == f"{sum(s['num_rows'] for s in summary):,}"
+    inputs = p.root.find_all("table", "inputs")[0]
+    sides = [[td.text() for td in row.find_all("td")] for row in inputs.find_all("tr")[1:]]
+    assert {(side, path) for side, path, _ in sides} >= {("eval", f"{ev}/arc-dolma/test.json"),
+                                                         ("train", f"{tr}/e.jsonl")}
+    assert all(fp.startswith("size ") for _, _, fp in sides)
+
+
+def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path):
+    ev, tr = make_matrix_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
+                    "--report-examples", "1"]) == 0
+    _, p = page_of(out)
+    metrics = read_jsonl(os.path.join(out, "stats/overlap_metrics.jsonl"))
+    for sec in p.root.find_all("section", "evidence"):
+        ds = sec.find_all("h3")[0].text()
+        arts = sec.find_all("article", "example")
+        assert len(arts) <= 1 and "at n = 13" in sec.text()
+        top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == 13 and m["binary"]),
+                     key=lambda m: -m["token"])
+        assert [a.find_all("code")[0].text() for a in arts] == [m["instance_id"] for m in top[:1]]
+
+
+def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
+    test = gsm8k_rows("test")
+    write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl",
+                [{"id": f"q{i}", "text": r["question"] + "\n" + r["answer"]} for i, r in enumerate(test)])
+    write_jsonl(tmp_path / "train" / "t.jsonl",
+                [{"text": r["question"] + "\n" + r["answer"]} for r in gsm8k_rows("train")[:1500]])
+    argv = ["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--ngrams", "5",
+            "--report-examples", "100000"]
+    out = str(tmp_path / "out")
+    assert run_cli([*argv, "--output", out]) == 0
+    page, p = page_of(out)
+    assert len(page.encode("utf-8")) <= 2_000_000
+    assert len(p.root.find_all("article", "example")) >= 100       # many examples, yet within the bound
+    assert run_cli([*argv, "--output", out, "--force"]) == 0       # everything again, same bytes
+    assert open(os.path.join(out, "stats/report.html"), encoding="utf-8").read() == page
+
+
+def test_written_only_once_the_details_exist(tmp_path, monkeypatch):
+    ev, tr = make_matrix_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    argv = ["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4"]
+    assert run_cli(argv) == 0
+    page = open(os.path.join(out, "stats/report.html"), "rb").read()
+    receipt, = [json.load(open(os.path.join(dp, f))) for dp, _, fs in os.walk(os.path.join(out, ".refinery/merge"))
+                for f in fs if f.endswith(".json")]
+    written = [f["path"] for f in receipt["files"]]
+    order = [written.index(f) for f in ("stats/overlap_details.jsonl.gz", "stats/report.html", ".SUCCESS")]
+    assert order == sorted(order)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("merge interrupted")
+
+    # a new plan of the merge (another K) that fails before its page: no page stands beside its details
+    monkeypatch.setattr(ng, "merge_partitions", broken)
+    assert run_cli([*argv, "--report-examples", "3"]) == 1
+    assert not os.path.exists(os.path.join(out, "stats/report.html"))
+    assert not os.path.exists(os.path.join(out, ".SUCCESS"))
+    monkeypatch.undo()
+    assert run_cli(argv) == 0
+    assert open(os.path.join(out, "stats/report.html"), "rb").read() == page
+
+
+def test_empty_states(tmp_path):
+    write_jsonl(tmp_path / "eval" / "clean" / "test.jsonl", [{"text": "Glaciers carve moraines in the far north."}])
+    write_jsonl(tmp_path / "eval" / "none" / "test.jsonl", [{"text": None}, {"text": 3}])  # no instance
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": t["question"]} for t in gsm8k_rows("train")[:50]])
+    out = str(tmp_path / "out")
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--output", out]) == 0
+    page, p = page_of(out)
+    assert "No contamination found" in p.root.find_all("p", "lede")[0].text()
+    cards = {c.find_all("h3")[0].text(): c for c in p.root.find_all("section", "card")}
+    assert set(cards) == {"clean", "none"}
+    assert cards["clean"].find_all("p", "clean") and cards["none"].find_all("p", "empty")
+    assert p.root.find_all("article", "example") == []
