@@ -292,3 +292,23 @@ def test_stage_hash_chain():
     h1 = stages.compute_stage_hash(a1, None)
     assert h1 == stages.compute_stage_hash(a2, None)
     assert stages.compute_stage_hash(a1, "x") != stages.compute_stage_hash(a1, "y")
+
+
+def test_encode_document_is_encode_ordinary_token_for_token():
+    """prep encodes through tiktoken's uint32 buffer; it must equal ``encode_ordinary`` + EOS,
+    special-token text and any Unicode included."""
+    import random
+
+    enc = tokenizer.get_encoding()
+    rng = random.Random(14)
+    specials = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>",
+                "<|reserved_200000|>", "<|endofprompt|>"]
+    words = ["The", " answer", " is", " 42", ".\n\n", "  ", "\t", "naïve", " 東京", " 🙂", "#### 7", "x" * 50]
+    for _ in range(2000):
+        parts = [rng.choice(words) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            parts.insert(rng.randint(0, len(parts)), rng.choice(specials))
+        parts.append("".join(chr(rng.randint(0x20, 0x2FFFF)) for _ in range(rng.randint(0, 8))))
+        text = "".join(parts).encode("utf-8", "ignore").decode("utf-8")
+        got = encode_document(enc, text)
+        assert list(got) == enc.encode_ordinary(text) + [tokenizer.EOS_TOKEN_ID], text

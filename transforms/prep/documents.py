@@ -139,7 +139,8 @@ def doc_id_for(record: dict, id_field: str, relpath: str | None, row: int | None
 
 
 def shard_of(doc_id: str, num_shards: int) -> int:
-    return int(hashlib.md5(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:16], 16) % num_shards
+    """The md5 rule: the first 8 bytes of md5(doc_id as UTF-8), big-endian, modulo num_shards."""
+    return int.from_bytes(hashlib.md5(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "big") % num_shards
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,7 +165,10 @@ def normalize_row(record: dict | None, error: str | None, text_field: str, id_fi
 def encode_document(enc, text: str) -> array:
     """Tokens of a normalized document (uint32): ``encode_ordinary`` (special-token text
     stays ordinary text) followed by exactly one EOS."""
-    out = array("I", enc.encode_ordinary(text))
+    out = array("I")
+    # encode_to_numpy with no special token allowed or disallowed is encode_ordinary
+    # (tested token for token), returned as one uint32 buffer instead of a list of ints.
+    out.frombytes(memoryview(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())).cast("B"))
     out.append(EOS_TOKEN_ID)
     return out
 

@@ -69,8 +69,12 @@ class SpillWriter:
         starts = np.zeros(n, np.uint64)
         starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
         table["offset"] = starts
-        for i in order:
-            self._out.write(_u32_bytes(self._pending[i][1]))
+        pending = self._pending
+        if sys.byteorder == "little":  # one write per run, no per-document copies
+            self._out.write(b"".join([_u32_view(pending[i][1]) for i in order]))
+        else:
+            for i in order:
+                self._out.write(_u32_bytes(pending[i][1]))
         self._written += self._buffered
         self._tables.append(table)
         self._pending, self._buffered = [], 0
@@ -78,6 +82,13 @@ class SpillWriter:
     def close(self) -> np.ndarray:
         self._flush()
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
+
+
+def _u32_view(tokens) -> memoryview:
+    """The raw uint32 buffer of one document's tokens (little-endian machines only)."""
+    if isinstance(tokens, np.ndarray):
+        tokens = np.ascontiguousarray(tokens, "<u4")
+    return memoryview(tokens)
 
 
 def _u32_bytes(tokens) -> bytes:
