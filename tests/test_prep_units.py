@@ -312,3 +312,22 @@ def test_encode_document_is_encode_ordinary_token_for_token():
         text = "".join(parts).encode("utf-8", "ignore").decode("utf-8")
         got = encode_document(enc, text)
         assert list(got) == enc.encode_ordinary(text) + [tokenizer.EOS_TOKEN_ID], text
+
+
+def test_normalize_text_fast_paths_equal_the_definition():
+    """The definition: NFC; CR LF and lone CR to LF; every Cc code point but TAB and LF dropped; stripped."""
+    import random
+    import unicodedata
+
+    from refinery.transforms.prep.documents import normalize_text
+
+    def reference(text: str) -> str:
+        text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+        return "".join(c for c in text if unicodedata.category(c) != "Cc" or c in "\t\n").strip()
+
+    rng = random.Random(3)
+    alphabet = [chr(cp) for cp in range(0xA0)] + list("éèe\u0301ÅA\u030a東🙂\u2028\u00a0")
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
+        assert normalize_text(text) == reference(text), repr(text)
+    assert normalize_text("  plain ascii\n") == "plain ascii"

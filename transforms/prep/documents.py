@@ -99,22 +99,25 @@ def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]
     return text, None
 
 
-# Every Cc code point (C0, DEL, C1) except \t and \n maps to None. \r is handled first.
+# Every Cc code point (C0, DEL, C1) except \t and \n is dropped. \r is handled first.
 _DROP_CC = {cp: None for cp in range(0xA0)  # every Cc code point lies below U+00A0
             if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
-_ASCII_TO_FIX = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # ASCII Cc except \t \n, and \r
+_CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in sorted(_DROP_CC)) + "]")
+_ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
 
 
 def normalize_text(text: str) -> str:
     """The normalized form of a document's text ('' means the document is empty)."""
     if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
-        if _ASCII_TO_FIX.search(text) is None:
+        if not text.encode("ascii").translate(None, _ASCII_CLEAN):  # nothing but clean ASCII
             return text.strip()
     elif not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text.translate(_DROP_CC).strip()
+    if _CC_TO_DROP.search(text) is not None:  # a search is ~15x cheaper than translate()
+        text = _CC_TO_DROP.sub("", text)
+    return text.strip()
 
 
 # ---------------------------------------------------------------------------------------
