@@ -13,8 +13,10 @@ a quarter of the corpus, to show that peak RSS does not grow with corpus size. `
 simulates a run of thousands of tiny tokenize units on an object store (fsspec memory://)
 and counts the files pack opens with and without the merge stage.
 
-Absolute numbers on a shared machine are noise; the ratios are the figures. Run it with
-nothing else on the machine:
+Absolute numbers on a shared machine are noise; the ratios are the figures. This machine's
+speed drifts by 20-30% over minutes, so each layout runs ``--repeat`` rounds of (raw on a
+quarter of the documents, 1 worker, all cores), each ratio is taken within its round, and
+the medians are printed with their range. Run it with nothing else on the machine:
 
     .venv/bin/python bench/prep.py                   # ~200 MB, layouts: 8 files, 16 files, 1 file, 2000 files
     .venv/bin/python bench/prep.py --mb 40 --layouts 8
@@ -26,6 +28,8 @@ import argparse
 import gzip
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,6 +130,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=200.0, help="corpus size in MB of text (default 200)")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="FILES",
                     help="input layouts as a number of files (default: 8 16 1 2000)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds per layout; medians and ranges shown (default 3)")
     ap.add_argument("--rss", action="store_true", help="also a 1-worker run on a quarter of the corpus")
     ap.add_argument("--scale", action="store_true", help="only the object-store simulation of many units")
     ap.add_argument("--units", type=int, default=3000, help="tokenize units of the --scale simulation")
@@ -145,26 +150,58 @@ def main() -> None:
     texts = corpus_texts(args.mb)
     enc = get_encoding()
     normalized = [normalize_text(t) for t in texts]
-    t0 = time.perf_counter()
+    sample = normalized[::4]  # raw speed is measured on a quarter, right before each run it is compared with
+
+    def raw_tps() -> float:
+        t0 = time.perf_counter()
+        tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in sample)
+        return tokens / (time.perf_counter() - t0)
+
+    def raw_scaling(n: int) -> float:
+        """How much faster ``n`` processes encode the sample at once than one alone, now: the
+        ceiling the machine itself puts on "all cores vs 1 worker" (shared vCPUs vary)."""
+        alone = raw_tps()
+        t0 = time.perf_counter()
+        pids = []
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                for t in sample:
+                    enc.encode_ordinary(t)
+                os._exit(0)
+            pids.append(pid)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        return n * sample_tokens / (time.perf_counter() - t0) / alone
+
     raw_tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in normalized)
-    raw_secs = time.perf_counter() - t0
-    raw_tps = raw_tokens / raw_secs
+    sample_tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in sample)
     cores = os.cpu_count() or 1
     print(f"corpus: {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB, "
-          f"{raw_tokens:,} tokens; cores: {cores}")
-    print(f"raw encode_ordinary                 {raw_tps:12,.0f} tokens/s  ({raw_secs:.1f}s)")
+          f"{raw_tokens:,} tokens; cores: {cores}; {args.repeat} round(s) per layout, medians shown")
     for files in args.layouts:
         corpus = write_layout(work / f"corpus-{files}", texts, int(files))
-        s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1)
-        sn, rssn = run_prep(corpus, work / f"out-{files}-n", None)
-        m = json.loads((work / f"out-{files}-1" / "manifest.json").read_text())
-        assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
-        same = all((work / f"out-{files}-1" / s["path"]).read_bytes() == (work / f"out-{files}-n" / s["path"]).read_bytes()
-                   for s in m["shards"])
-        print(f"{files:>5} file(s): 1 worker {raw_tokens / s1:11,.0f} tokens/s ({s1:5.1f}s, peak RSS {rss1:5.0f} MiB) "
-              f"= {raw_tokens / s1 / raw_tps:.2f} x raw (goal >= 0.7); {cores} workers {raw_tokens / sn:11,.0f} "
-              f"tokens/s ({sn:5.1f}s, peak RSS {rssn:5.0f} MiB) = {s1 / sn:.2f} x 1 worker (goal >= 1.7); "
-              f"shards identical: {same}")
+        rounds = []
+        for r in range(args.repeat):
+            raw = raw_tps()  # this machine's speed drifts: each ratio uses the raw figure taken just before
+            s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1)
+            ceiling = raw_scaling(cores)
+            sn, rssn = run_prep(corpus, work / f"out-{files}-n", None)
+            rounds.append((raw_tokens / s1 / raw, s1 / sn, raw, s1, sn, max(rss1, rssn), ceiling))
+            m = json.loads((work / f"out-{files}-1" / "manifest.json").read_text())
+            assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
+            same = all((work / f"out-{files}-1" / s["path"]).read_bytes()
+                       == (work / f"out-{files}-n" / s["path"]).read_bytes() for s in m["shards"])
+            assert same, "1 worker and all cores wrote different shards"
+            for d in (f"out-{files}-1", f"out-{files}-n"):
+                shutil.rmtree(work / d)
+        med = [statistics.median(x[k] for x in rounds) for k in range(7)]
+        span = lambda k: f"{min(x[k] for x in rounds):.2f}-{max(x[k] for x in rounds):.2f}"  # noqa: E731
+        print(f"{files:>5} file(s): raw {med[2]:11,.0f} tokens/s; 1 worker {raw_tokens / med[3]:11,.0f} tokens/s "
+              f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 0.7); {cores} workers "
+              f"{raw_tokens / med[4]:11,.0f} tokens/s ({med[4]:5.1f}s) = {med[1]:.2f} x 1 worker [{span(1)}] "
+              f"(goal >= 1.7; raw encode in {cores} processes scaled {med[6]:.2f} x [{span(6)}] on this machine "
+              f"meanwhile); peak RSS {med[5]:.0f} MiB; shards identical: True")
     if args.rss:
         quarter = write_layout(work / "corpus-quarter", texts[: len(texts) // 4], 8)
         sq, rssq = run_prep(quarter, work / "out-quarter", 1)
