@@ -33,7 +33,7 @@ from reliability_helpers import (child_env, completed, current_receipts, expecte
 SEED = 5
 NUM_SHARDS = 4
 FILES = 6
-MIN_KILLS_DIRECT = 20
+MIN_KILLS_DIRECT = 14
 MIN_KILLS_LOCAL = 3
 MIN_KILLS_DECON = 10
 MIN_KILLS_GCS = 5

@@ -35,7 +35,7 @@ from reliability_helpers import (ForkServer, child_env, completed, current_recei
                                  kill_cycle, write_figures)
 
 SEED = 5
-MIN_KILLS_DIRECT = 8
+MIN_KILLS_DIRECT = 6
 MIN_KILLS_LOCAL = 1
 TIME_CAP_S = 120.0  # stops aiming kills on a very slow machine (a normal cycle needs a few seconds)
 OUTPUT = "generations.jsonl"
