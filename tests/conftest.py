@@ -92,3 +92,38 @@ def tree_digest(root: Path) -> dict[str, str]:
     """:func:`file_digest` of every user-facing output file (not the .refinery metadata)."""
     return {str(p.relative_to(root)): file_digest(p)
             for p in sorted(root.rglob("*")) if p.is_file() and ".refinery" not in p.parts}
+
+
+class _PipFreezeOnce:
+    """``subprocess`` as Beam's stager sees it, with ``pip freeze`` run once per session.
+
+    Beam records the submitting environment (``pip freeze``, ~0.4 s in a subprocess) each
+    time it turns a pipeline into a portable or Dataflow job; the runner tests build over a
+    hundred. The staged artifact is the same, only the repeated subprocess is saved."""
+
+    def __init__(self, real):
+        self._real, self._frozen = real, None
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def check_output(self, cmd, *args, **kwargs):
+        if list(cmd[1:]) == ["-m", "pip", "freeze"]:
+            if self._frozen is None:
+                self._frozen = self._real.check_output(cmd, *args, **kwargs)
+            return self._frozen
+        return self._real.check_output(cmd, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _pip_freeze_once():
+    import subprocess
+
+    try:
+        from apache_beam.runners.portability import stager
+    except ImportError:
+        yield
+        return
+    stager.subprocess = _PipFreezeOnce(subprocess)
+    yield
+    stager.subprocess = subprocess
