@@ -100,9 +100,8 @@ def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]
 
 
 # Every Cc code point (C0, DEL, C1) except \t and \n is dropped. \r is handled first.
-_DROP_CC = {cp: None for cp in range(0xA0)  # every Cc code point lies below U+00A0
-            if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n"}
-_CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in sorted(_DROP_CC)) + "]")
+_CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in range(0xA0)  # every Cc lies below U+00A0
+                                      if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n") + "]")
 _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
 
 

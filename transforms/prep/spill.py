@@ -18,11 +18,11 @@ Two files per unit (neither ends in ``.npy``: only shards may):
 """
 from __future__ import annotations
 
-import sys
-from array import array
 from typing import IO, Iterator
 
 import numpy as np
+
+from refinery.transforms.formats.shards import u32_bytes
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
 READ_CHUNK_TOKENS = 1 << 22
@@ -69,12 +69,7 @@ class SpillWriter:
         starts = np.zeros(n, np.uint64)
         starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
         table["offset"] = starts
-        pending = self._pending
-        if sys.byteorder == "little":  # one write per run, no per-document copies
-            self._out.write(b"".join([_u32_view(pending[i][1]) for i in order]))
-        else:
-            for i in order:
-                self._out.write(_u32_bytes(pending[i][1]))
+        self._out.write(b"".join([u32_bytes(self._pending[i][1]) for i in order]))  # one write per run
         self._written += self._buffered
         self._tables.append(table)
         self._pending, self._buffered = [], 0
@@ -82,22 +77,6 @@ class SpillWriter:
     def close(self) -> np.ndarray:
         self._flush()
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
-
-
-def _u32_view(tokens) -> memoryview:
-    """The raw uint32 buffer of one document's tokens (little-endian machines only)."""
-    if isinstance(tokens, np.ndarray):
-        tokens = np.ascontiguousarray(tokens, "<u4")
-    return memoryview(tokens)
-
-
-def _u32_bytes(tokens) -> bytes:
-    if isinstance(tokens, np.ndarray):
-        return tokens.astype("<u4", copy=False).tobytes()
-    if sys.byteorder != "little":  # array('I') is native-endian
-        tokens = array(tokens.typecode, tokens)
-        tokens.byteswap()
-    return tokens.tobytes()
 
 
 def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
