@@ -148,6 +148,15 @@ def test_iter_rows_reports_every_bad_row(tmp_path):
     assert got[4][2] == "row is a JSON list, not an object"
 
 
+def test_malformed_json_reasons_say_at_once():
+    """json's own messages may end in "at"; the reason adds "at column N" without doubling it."""
+    assert rows.parse_json_line(b'{"text": "cut\n') == (
+        None, "malformed JSON: Unterminated string starting at column 10")
+    assert rows.parse_json_line(b'{"text": "a\tb"}') == (None, "malformed JSON: Invalid control character at column 12")
+    assert rows.parse_json_line(b'{"text": 1,}') == (
+        None, "malformed JSON: Expecting property name enclosed in double quotes at column 12")
+
+
 def test_truncated_gzip_is_reported_not_dropped(tmp_path):
     data = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(2000)))
     p = tmp_path / "cut.jsonl.gz"

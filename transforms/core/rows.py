@@ -66,7 +66,8 @@ def _json_fallback(line: bytes) -> tuple[dict | None, str | None]:
     except json.JSONDecodeError as e:
         if not line.strip():
             return None, "blank line"
-        return None, f"malformed JSON: {e.msg} at column {e.colno}"
+        # some of json's messages end in "at" ("Unterminated string starting at"): one "at" only
+        return None, f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
     if not isinstance(record, dict):
         return None, f"row is a JSON {type(record).__name__}, not an object"
     return record, None
