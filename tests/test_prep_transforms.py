@@ -177,3 +177,12 @@ def test_sink_through_portable_runner(tmp_path, corpus_with_bad_rows):
 def test_rejects_a_dataset_name_that_would_escape_the_output():
     with pytest.raises(ValueError, match="dataset"):
         WriteTokenShards("out", dataset="../escape", num_shards=2)
+
+
+def test_building_the_sink_logs_no_beam_warning(caplog):
+    """Beam warns at construction about a DoFn whose process() both yields and returns."""
+    from refinery.transforms.prep.beam import _WriteShardFn
+
+    with caplog.at_level("WARNING", logger="apache_beam"):  # the CLI raises it to ERROR
+        beam.ParDo(_WriteShardFn("out", "d", 2, "v1"))
+    assert caplog.records == []

@@ -375,8 +375,10 @@ class _WriteShardFn(beam.DoFn):
             raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
         (self.skipped if receipt.get("skipped") else self.written).inc()
         by_ext = {f["path"].rsplit(".", 1)[1]: f for f in receipt["files"]}
-        yield shards.shard_entry(shard, by_ext["npy"], by_ext["idx"], receipt["stats"]["tokens"],
-                                 receipt["stats"]["docs"])
+        # returned, not yielded: Beam warns about a process() that has both (its check
+        # also counts the return of the nested _Write)
+        return [shards.shard_entry(shard, by_ext["npy"], by_ext["idx"], receipt["stats"]["tokens"],
+                                   receipt["stats"]["docs"])]
 
 
 def _write_rejects(rejected: list[Rejected], output: str) -> dict:
