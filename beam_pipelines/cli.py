@@ -64,6 +64,28 @@ def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentPars
     return parser
 
 
+class _BeamNoise(logging.Filter):
+    """Drops the lines Beam logs on the root logger (out of reach of the ``apache_beam``
+    logger's level) that say nothing to a refinery user: RunInference without scipy cannot
+    measure its memory use, "Resource module is not available", once per model load."""
+
+    NOISE = ("Resource module is not available",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Warnings and errors on stderr (``--verbose``: also INFO); Beam's routine warnings off."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
+    root = logging.getLogger()
+    if not any(isinstance(f, _BeamNoise) for f in root.filters):
+        root.addFilter(_BeamNoise())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGINT/SIGTERM at any point (start-up included) stop it with exit 130
     and the command that resumes it."""
@@ -78,10 +100,7 @@ def _main(argv: list[str] | None) -> int:
 
     parser, subparsers = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "verbose", False):
-        logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
+    configure_logging(getattr(args, "verbose", False))
     mod = importlib.import_module(COMMANDS[args.command])
     output = getattr(args, "output", None) if args.command != "status" else None
     if isinstance(output, str) and _is_file(output):

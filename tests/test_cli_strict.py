@@ -2,6 +2,7 @@
 --dry-run on every pipeline command; status by the one completion check; quiet progress off a terminal."""
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -163,6 +164,21 @@ def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].strip().startswith("refinery prep --input")
     assert "Resume with:" in err.strip().splitlines()[-2]
+
+
+def test_beams_memory_warning_is_not_shown(monkeypatch, caplog):
+    """RunInference without scipy logs "Resource module is not available" on the root logger
+    at every model load (seen with --runner direct); the CLI's logging drops that line."""
+    from apache_beam.ml.inference import base
+
+    from refinery.beam_pipelines.cli import configure_logging
+
+    monkeypatch.setattr(base, "resource", None)  # what Beam sets when scipy is missing
+    configure_logging(verbose=False)
+    with caplog.at_level("WARNING"):
+        base._get_current_process_memory_in_bytes()
+        logging.getLogger().warning("another warning")
+    assert "Resource module" not in caplog.text and "another warning" in caplog.text
 
 
 def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path, capsys):
