@@ -21,6 +21,7 @@ setup(
     package_dir=PACKAGES,
     install_requires=[
         "apache-beam[gcp]>=2.60",
+        "build>=1.0",  # Beam's stager builds the --setup_file sdist with `python -m build` (dataflow, flink)
         "numpy>=1.26",
         "tiktoken>=0.9",
         "bpe-openai>=0.1.4",  # ships o200k_base.tiktoken.gz: the offline vocab
