@@ -6,10 +6,16 @@ Each command lives in its own module of ``refinery.beam_pipelines`` with three n
 ``command.add_runner_args``) is a pipeline: the flags it does not know must be Beam's
 PipelineOptions (``--project``, ``--temp_location``, ``--flink_master``, ...), and are passed
 to Beam; anything else exits 2 naming the flag and the nearest one.
+
+Before any command runs, where it reads and writes is checked without the network
+(``command.location_problems``: Dataflow's options, local paths under Dataflow, bucket
+names; then credentials for ``gs://``), each problem one line, exit 2. A ``--dry-run`` runs
+inside ``io.offline``: it lists and reads nothing remote.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -95,34 +101,53 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_beam_args
+    from refinery.beam_pipelines.command import UsageError, check_beam_args, gs_paths, location_problems
     from refinery.runners import RunnerOptionsError, pipeline_args
+    from refinery.transforms.core import io
+    from refinery.transforms.core.gcs import credentials_problem
 
     parser, subparsers = build_parser()
     args, unknown = parser.parse_known_args(argv)
     configure_logging(getattr(args, "verbose", False))
     mod = importlib.import_module(COMMANDS[args.command])
-    output = getattr(args, "output", None) if args.command != "status" else None
-    if isinstance(output, str) and _is_file(output):
-        print(f"refinery {args.command}: --output {output} is a file; give a folder (it is created if missing)",
-              file=sys.stderr)
-        return 2
+    leaf = _leaf_parser(subparsers[args.command], args)
+    command = leaf.prog.removeprefix("refinery ")
+    beam_args: list[str] = []
     if not hasattr(args, "runner"):
         if unknown:
-            _leaf_parser(subparsers[args.command], args).error(f"unrecognized arguments: {' '.join(unknown)}")
-        return mod.run(args, [])
-    try:  # a pipeline: what the command does not know must be a Beam option
-        leaf = _leaf_parser(subparsers[args.command], args)
-        leftover = check_beam_args(leaf.prog.removeprefix("refinery "), leaf, unknown)
-        beam_dry_run = [a for a in leftover if a == "--dry_run" or a.startswith("--dry_run=")]
-        if beam_dry_run:  # Beam's spelling of --dry-run (its own would run nothing and report failed units)
-            args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
-            leftover = [a for a in leftover if a not in beam_dry_run]
-        beam_args = pipeline_args(args.runner, args.workers, leftover)
-    except (UsageError, RunnerOptionsError) as e:
-        print(str(e) if str(e).startswith("refinery ") else f"refinery {args.command}: {e}", file=sys.stderr)
-        return 2
-    return mod.run(args, beam_args)
+            leaf.error(f"unrecognized arguments: {' '.join(unknown)}")
+    else:
+        try:  # a pipeline: what the command does not know must be a Beam option
+            leftover = check_beam_args(command, leaf, unknown)
+            beam_dry_run = [a for a in leftover if a == "--dry_run" or a.startswith("--dry_run=")]
+            if beam_dry_run:  # Beam's spelling of --dry-run (its own would run nothing and report failed units)
+                args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
+                leftover = [a for a in leftover if a not in beam_dry_run]
+            beam_args = pipeline_args(args.runner, args.workers, leftover)
+        except (UsageError, RunnerOptionsError) as e:
+            return _usage_lines(command, str(e).splitlines())
+    dry_run = getattr(args, "dry_run", False)
+    problems = location_problems(args, leaf, beam_args)
+    if not problems and (gs_paths(args, leaf) or any("gs://" in a for a in beam_args)):
+        if (missing := credentials_problem()) is not None:
+            if not dry_run:
+                problems.append(missing)
+            else:  # a dry run reads nothing remote; the run will need them
+                print(f"refinery {command}: note: {missing}", file=sys.stderr)
+    if problems:
+        return _usage_lines(command, problems)
+    with io.offline("a dry run reads nothing remote") if dry_run else contextlib.nullcontext():
+        output = getattr(args, "output", None) if args.command != "status" else None
+        if isinstance(output, str) and _is_file(output):
+            return _usage_lines(command, [f"--output {output} is a file; give a folder (it is created if missing)"])
+        return mod.run(args, beam_args)
+
+
+def _usage_lines(command: str, lines: list[str]) -> int:
+    """Print each line as ``refinery COMMAND: line`` on stderr; exit code 2."""
+    for line in lines:
+        print(line if line.startswith("refinery ") else f"refinery {command}: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -242,6 +242,49 @@ def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: lis
 
 
 # ---------------------------------------------------------------------------------------
+# Where a run reads and writes: checked up front, without the network
+# ---------------------------------------------------------------------------------------
+
+# the data paths a pipeline's workers read or write (the flags' dest names)
+WORKER_PATHS = ("input", "eval", "train", "input_docids", "data_root", "output")
+
+
+def gs_paths(args, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(flag, path) for every ``gs://`` path among the arguments ``parser`` parsed (flag ""
+    for a positional argument)."""
+    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    found = []
+    for dest, v in sorted(vars(args).items()):
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, str) and item.startswith("gs://"):
+                found.append((flags.get(dest, ""), item))
+    return found
+
+
+def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str]) -> list[str]:
+    """One line per problem with where the run reads and writes: for Dataflow, its options
+    (``runners.dataflow.option_problems``) and every local data path (its workers cannot
+    see this machine's files); the bucket name of every ``gs://`` path. Reads nothing remote."""
+    from refinery.runners.dataflow import is_dataflow, option_problems
+    from refinery.transforms.core import io
+    from refinery.transforms.core.gcs import bucket_problem
+
+    problems = []
+    if is_dataflow(beam_args):
+        problems += option_problems(beam_args)
+        for dest in WORKER_PATHS:
+            v = getattr(args, dest, None)
+            for path in v if isinstance(v, list) else [v]:
+                if isinstance(path, str) and not io.is_remote(path):
+                    problems.append(f"--{dest.replace('_', '-')} {path}: a local path, which Dataflow's workers "
+                                    "cannot see; give a gs://BUCKET/PATH (or run with --runner local)")
+    for flag, path in gs_paths(args, parser):
+        if (bad := bucket_problem(path)) is not None:
+            problems.append(f"{flag} {bad}".strip())
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
 # One runner for every pipeline command
 # ---------------------------------------------------------------------------------------
 
@@ -302,17 +345,30 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
 
 def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     """Print the plan (per stage: units done, failed, pending, by the one completion check)
-    and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing."""
+    and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing.
+    Inside ``io.offline`` (the CLI's dry runs) it says which remote inputs it did not list
+    and, for a remote output, that it did not read the receipts."""
+    from refinery.runners.dataflow import is_dataflow
+    from refinery.transforms.core import io
     from refinery.transforms.core.stages import bind_stages
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)
+    offline = io.offline_state()
     print(f"refinery {p.command} --dry-run: plan for {p.output} (nothing is run or written)")
     if p.header:
         print(p.header)
+    if offline and offline.unlisted:
+        print(f"  not listed ({offline.reason}), so not counted below: {', '.join(offline.unlisted)}")
+    unread = bool(offline) and io.is_remote(p.output) and not force
+    if unread:
+        print(f"  receipts under {p.output} not read ({offline.reason}): done/failed/pending unknown")
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
     for run in bind_stages(p.stages, p.output):
         units = run.stage.plan()
+        if unread:
+            print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {'?':>7} {'?':>7} {'?':>7}")
+            continue
         done = failed = 0
         if not force:
             for u in units:
@@ -320,11 +376,15 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 done += c.done
                 failed += (not c.done) and c.reason.startswith("failed")
         print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
-    if getattr(args, "runner", "") == "dataflow":
+    if is_dataflow(beam_args):
         from refinery.runners.translate import dataflow_jobs
 
+        described = 0
         for run, job in dataflow_jobs(p.stages, p.output, beam_args, verify, p.builder):
             print(describe_dataflow_job(run.name, job))
+            described += 1
+        if not described:
+            print("  no Dataflow job to describe: its stages have no units planned here")
     return 0
 
 

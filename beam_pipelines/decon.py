@@ -29,7 +29,7 @@ EPILOG = """\
 examples:
   refinery decon --eval decontamination/ --train corpus/ --output out/decon --ngrams 5 9 13
   refinery decon --eval gsm8k/test.jsonl --eval-text-field question \\
-      --train 'gs://bucket/crawl/*.jsonl.zst' --output gs://bucket/decon --runner dataflow ...
+      --train 'gs://my-bucket/crawl/*.jsonl.zst' --output gs://my-bucket/decon --runner dataflow ...
 """
 
 

@@ -15,8 +15,8 @@ HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
 EPILOG = """\
 examples:
   refinery prep --input corpus/ --output out/ --num-shards 16
-  refinery prep --input 'gs://bucket/crawl/*.jsonl.zst' --output gs://bucket/tokens \\
-      --runner dataflow --project P --region us-central1 --temp_location gs://bucket/tmp
+  refinery prep --input 'gs://my-bucket/crawl/*.jsonl.zst' --output gs://my-bucket/tokens \\
+      --runner dataflow --project my-project --region us-central1 --temp_location gs://my-bucket/tmp
   refinery prep --hf-dataset HuggingFaceFW/fineweb-edu --hf-subset sample-10BT --output out/ --max-tokens 100M
 
 Killing the job and running the same command again finishes it: finished units are kept

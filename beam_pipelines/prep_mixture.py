@@ -27,7 +27,7 @@ EPILOG = """\
 examples:
   refinery prep-mixture --config examples/mix.toml --data-root /tmp/mix --flow dev --max-tokens 200K --dry-run
   refinery prep-mixture --config mix.toml --flow research --stage pretrain --splits train,valid --workers 8
-  refinery prep-mixture --config mix.toml --flow dev --continue-on-error --runner dataflow --project P ...
+  refinery prep-mixture --config mix.toml --flow dev --continue-on-error --runner dataflow --project my-project ...
 
 --dry-run prints the plan (sources, weights, token budgets, shards, and what the receipts
 say is already done) and runs nothing. Re-run the same command to resume after a failure
@@ -186,12 +186,17 @@ def run(args, beam_args: list[str]) -> int:
 
 
 def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
+    from refinery.transforms.core import io
     from refinery.transforms.loader import mixture as mx
 
+    offline = io.offline_state()  # the CLI's dry run: nothing remote is listed or read
     print(f"{'source/split':28} {'weight':>8} {'budget':>9} {'shards':>6}  {'status':8} detail")
     for plan in plans:
         try:
+            unlisted = len(offline.unlisted) if offline else 0
             inputs, desc = resolve_inputs(plan)
+            if offline and len(offline.unlisted) > unlisted:
+                raise io.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
             cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
             status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
             detail = f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"

@@ -1,7 +1,8 @@
 """refinery's transforms in your own Beam pipeline: Parquet -> token shards, and train/test overlap.
 
     python examples/beam_pipeline.py --parquet 'corpus/*.parquet' --eval eval.jsonl --output out/
-    # any Beam flag works too: --runner DataflowRunner --project P --temp_location gs://b/tmp ...
+    # any Beam flag works too, e.g. for Dataflow:
+    #   --runner DataflowRunner --project my-project --region us-central1 --temp_location gs://my-bucket/tmp
 """
 import argparse
 import json

@@ -21,14 +21,18 @@ Our one flag of our own, removed before Beam sees the arguments:
   package): Beam's stock image has no CUDA runtime.
 
 Beam flags you always give: ``--project``, ``--region``, ``--temp_location=gs://...``
-(staging defaults to it). Often: ``--machine_type``, ``--num_workers``,
+(staging defaults to it). :func:`option_problems` checks them up front, offline: Beam's own
+check, when one is missing or malformed, raises a traceback, or looks for a default bucket
+over the network. Often: ``--machine_type``, ``--num_workers``,
 ``--sdk_container_image``, ``--service_account_email``, ``--subnetwork``,
 ``--no_use_public_ips``, ``--job_name``. ``--dry_run`` builds the job description
 without submitting it (see :mod:`refinery.runners.translate`).
 """
 from __future__ import annotations
 
-from .args import RunnerOptionsError, has, take, values, with_defaults
+import re
+
+from .args import RunnerOptionsError, has, take, value, values, with_defaults
 from .package import setup_file
 
 ONE_SDK_PROCESS = "no_use_multiple_sdk_containers"
@@ -80,3 +84,56 @@ def dataflow_args(workers: int | None, args: list[str]) -> list[str]:
     if workers:
         defaults["--max_num_workers"] = str(workers)
     return with_defaults(args, defaults)
+
+
+# Google Cloud's rules: a project ID has 6-30 lowercase letters, digits or hyphens, starts with
+# a letter and does not end with a hyphen (older ones may carry a domain: example.com:my-project).
+PROJECT_ID = re.compile(r"([a-z0-9][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
+REGION = re.compile(r"[a-z]+(-[a-z]+)+[0-9]+")
+JOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def is_dataflow(args: list[str]) -> bool:
+    """Whether Beam arguments ``args`` run on Dataflow."""
+    return (value(args, "--runner") or "").lower() in ("dataflowrunner", "dataflow")
+
+
+def option_problems(args: list[str]) -> list[str]:
+    """One line per Dataflow option of ``args`` that is missing or malformed ([] when all are
+    usable): ``--project``, ``--region``, ``--temp_location`` (or ``--staging_location``),
+    ``--job_name``. Reads nothing remote."""
+    from refinery.transforms.core.gcs import bucket_problem
+
+    problems = []
+    project = value(args, "--project")
+    if not project:
+        problems.append("--runner dataflow needs --project PROJECT_ID (the project the job runs in and is billed to)")
+    elif not PROJECT_ID.fullmatch(project):
+        problems.append(f"--project {project}: not a project ID (6-30 lowercase letters, digits or hyphens, "
+                        "starting with a letter, e.g. my-project); give the ID, not the project's name or number")
+    region = value(args, "--region")
+    if not region:
+        problems.append("--runner dataflow needs --region REGION (where the job runs, e.g. us-central1)")
+    elif not REGION.fullmatch(region):
+        problems.append(f"--region {region}: not a Compute Engine region (e.g. us-central1, europe-west4)")
+    locations = [f for f in ("--temp_location", "--staging_location") if value(args, f)]
+    if not locations:
+        problems.append("--runner dataflow needs --temp_location gs://BUCKET/PATH (Dataflow's temp and staging files)")
+    for flag in locations:
+        path = value(args, flag)
+        if not path.startswith("gs://") or "/" not in path[len("gs://"):]:
+            problems.append(f"{flag} {path}: give gs://BUCKET/PATH (a folder in a Cloud Storage bucket)")
+        elif (bad := bucket_problem(path)) is not None:
+            problems.append(f"{flag} {bad}")
+    job = value(args, "--job_name")
+    if job and not JOB_NAME.fullmatch(job):
+        problems.append(f"--job_name {job}: lowercase letters, digits and hyphens, starting with a letter "
+                        "(or leave it unset: each stage's job is named uniquely)")
+    return problems
+
+
+def check_options(args: list[str]) -> None:
+    """:class:`RunnerOptionsError` with one line per problem of :func:`option_problems`."""
+    problems = option_problems(args)
+    if problems:
+        raise RunnerOptionsError("\n".join(problems))

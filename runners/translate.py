@@ -17,13 +17,15 @@ a whole plan so that a job can be checked before anything runs:
 - :func:`dataflow_jobs`: each of those jobs on DataflowRunner with ``--dry_run``: the
   runner applies its overrides, translates, resolves the container image and stages
   nothing; yields the Dataflow job description (``apiclient.Job``) it would submit.
-  Needs ``--project``, ``--region``, ``--temp_location=gs://...`` among the Beam arguments.
+  Needs ``--project``, ``--region``, ``--temp_location=gs://...`` among the Beam arguments
+  (checked first: :class:`~refinery.runners.args.RunnerOptionsError` names each problem).
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
 from .args import has
+from .dataflow import check_options
 
 from refinery.transforms.core.stages import Stage, StageRun, Unit, bind_stages, build_stage_pipeline
 
@@ -77,6 +79,7 @@ def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str], verify
     """
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
+    check_options(beam_args)  # Beam would raise a traceback, or look for a default bucket online
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
     for run, pipeline in stage_pipelines(stages, output, args, verify_checksums, builder):
         if not isinstance(pipeline.runner, DataflowRunner):

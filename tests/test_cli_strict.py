@@ -121,17 +121,6 @@ def test_dry_run_on_every_pipeline_command_changes_nothing(tmp_path, small_corpu
         assert not out.exists(), f"{name} --dry-run wrote {out}"
 
 
-def test_dry_run_with_dataflow_prints_each_jobs_description(tmp_path, small_corpus, capsys):
-    out = tmp_path / "out"  # planned from local receipts; the jobs are described as Dataflow would get them
-    assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--dry-run",
-                 "--runner", "dataflow", "--project", "refinery-test", "--region", "us-central1",
-                 "--temp_location", "gs://bucket/tmp", "--machine_type", "n2-standard-8", "--workers", "3"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("dataflow job for stage") == 2  # tokenize and pack; manifest runs in the driver
-    assert "machine n2-standard-8" in printed and "max workers 3" in printed and "workflow.tar.gz" in printed
-    assert not out.exists()
-
-
 def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_corpus):
     proc = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(small_corpus),
                            "--output", str(tmp_path / "o"), "--runner", "direct"], capture_output=True, text=True)

@@ -84,14 +84,50 @@ def _quiet_gcsfs() -> None:
         logger.addFilter(_OncePerMessage())
 
 
+class RemoteNotRead(InputError):
+    """A remote path touched while :func:`offline` is in force (a dry run)."""
+
+
+@dataclass
+class Offline:
+    """While in force: why remote paths are not read, and the remote inputs left unlisted."""
+
+    reason: str
+    unlisted: list[str]
+
+
+_OFFLINE: list[Offline] = []
+
+
+@contextlib.contextmanager
+def offline(reason: str) -> Iterator[Offline]:
+    """Read nothing remote inside this block (a dry run touches no network): remote input
+    arguments are not listed by :func:`expand_inputs` (they are kept in ``.unlisted``) and
+    any other access to a remote path raises :class:`RemoteNotRead` naming it."""
+    state = Offline(reason, [])
+    _OFFLINE.append(state)
+    try:
+        yield state
+    finally:
+        _OFFLINE.remove(state)
+
+
+def offline_state() -> Offline | None:
+    """The :func:`offline` block in force, if any."""
+    return _OFFLINE[-1] if _OFFLINE else None
+
+
 def filesystem(path: str):
-    """(fsspec filesystem, path as that filesystem spells it).
+    """(fsspec filesystem, path as that filesystem spells it); :class:`RemoteNotRead` for a
+    remote path inside :func:`offline`.
 
     ``gs://``: gcsfs's listing cache is off. Receipts and outputs are written by other
     processes (workers, another run of the same command); a listing cached in this process
     would hide them (``info``/``exists``/``open`` consult it), so a just-written receipt
     would read as missing and a rerun would not see what finished.
     """
+    if _OFFLINE and is_remote(path):
+        raise RemoteNotRead(f"{path}: not read ({_OFFLINE[-1].reason})")
     if path.startswith(("gs://", "gcs://")):
         _quiet_gcsfs()
         return fsspec.core.url_to_fs(path, use_listings_cache=False)
@@ -454,9 +490,13 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
     Folders and globs keep only files with a data suffix and skip hidden names (``.x``,
     ``_SUCCESS``). A folder written by ``datasets``' ``save_to_disk`` gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results are sorted by
     path and unique. Raises :class:`InputError` naming any argument that matches nothing.
+    Inside :func:`offline`, remote arguments are not listed but kept in its ``unlisted``.
     """
     found: dict[str, InputFile] = {}
     for arg in paths:
+        if _OFFLINE and is_remote(arg):
+            _OFFLINE[-1].unlisted.append(arg)
+            continue
         fs, p = filesystem(arg)
         proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
         matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)

@@ -1,0 +1,169 @@
+"""Where a run reads and writes is checked before anything runs, and a dry run reads nothing remote.
+
+Every test here runs with each network connection and name lookup outside this machine
+refused and recorded (there must be none): a missing or malformed Dataflow option, a bad
+bucket name, a local path under Dataflow and ``gs://`` without credentials are each one line
+and exit 2, at once; a Dataflow dry run with ``gs://`` inputs and output lists nothing, says
+what it did not list, and still describes each job; the README's commands pass as dry runs.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import write_jsonl
+from refinery.beam_pipelines.cli import main
+from refinery.transforms.core import gcs
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+DATAFLOW = ["--runner", "dataflow", "--project", "my-project", "--region", "us-central1",
+            "--temp_location", "gs://my-bucket/tmp"]
+GS_PREP = ["prep", "--input", "gs://my-bucket/crawl/*.jsonl", "--output", "gs://my-bucket/tokens"]
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Refuse (and record) every connection and name lookup that is not to this machine."""
+    attempts: list = []
+    local = ("127.0.0.1", "::1", "localhost")
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[0] not in local:
+            attempts.append(address)
+            raise OSError(f"test: network refused ({address})")
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in local and host is not None:
+            attempts.append(host)
+            raise socket.gaierror(f"test: name lookup refused ({host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield attempts
+    assert attempts == [], "the network was touched"
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """No Google credentials anywhere: no key file, no gcloud login, not on a Google Cloud VM."""
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setattr(gcs, "_on_google_cloud", lambda: False)
+
+
+def _err_lines(capsys) -> list[str]:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err), err
+    return err
+
+
+def _one_line_each(capsys, expected: list[str], command: str = "prep") -> None:
+    lines = _err_lines(capsys)
+    assert len(lines) == len(expected), lines
+    for line, start in zip(lines, expected):
+        assert line.startswith(f"refinery {command}: {start}"), (line, start)
+
+
+@pytest.mark.parametrize("drop, add, expected", [
+    ("--project", [], ["--runner dataflow needs --project PROJECT_ID"]),
+    ("--region", [], ["--runner dataflow needs --region REGION"]),
+    ("--temp_location", [], ["--runner dataflow needs --temp_location gs://BUCKET/PATH"]),
+    ("--project", ["--project", "P"], ["--project P: not a project ID"]),
+    ("--temp_location", ["--temp_location", "gs://b/tmp"], ["--temp_location gs://b/tmp: invalid bucket name 'b'"]),
+    ("--temp_location", ["--temp_location", "/tmp/x"], ["--temp_location /tmp/x: give gs://BUCKET/PATH"]),
+    (None, ["--job_name", "Nightly_Prep"], ["--job_name Nightly_Prep: lowercase letters"]),
+    (None, ["--region", "US-central1"], ["--region US-central1: not a Compute Engine region"]),
+])
+def test_each_bad_dataflow_option_is_one_line(drop, add, expected, capsys, no_credentials):
+    args = list(DATAFLOW)
+    if drop:
+        del args[args.index(drop):args.index(drop) + 2]
+    for dry in ([], ["--dry-run"]):
+        assert main([*GS_PREP, *args, *add, *dry]) == 2
+        _one_line_each(capsys, expected)
+
+
+def test_every_problem_at_once_one_line_each(tmp_path, capsys):
+    """Local paths under Dataflow (its workers cannot see them) and each missing option."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "x"}])
+    assert main(["prep", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--runner", "dataflow", "--temp_location", "gs://my-bucket/tmp", "--dry-run"]) == 2
+    _one_line_each(capsys, ["--runner dataflow needs --project", "--runner dataflow needs --region",
+                            f"--input {tmp_path / 'in'}: a local path, which Dataflow's workers cannot see",
+                            f"--output {tmp_path / 'out'}: a local path"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bucket_names_are_checked_for_every_runner(tmp_path, capsys):
+    assert main(["prep", "--input", "gs://Crawl_Data/x.jsonl", "--output", str(tmp_path / "o"), "--dry-run"]) == 2
+    _one_line_each(capsys, ["--input gs://Crawl_Data/x.jsonl: invalid bucket name 'Crawl_Data'"])
+    assert main(["decon", "--eval", "gs://ab/e.jsonl", "--train", "gs://my-bucket/t", "--output", "gs://x/o",
+                 "--dry-run"]) == 2
+    _one_line_each(capsys, ["--eval gs://ab/e.jsonl: invalid bucket name 'ab'", "--output gs://x/o: invalid bucket"],
+                   "decon")
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("my-bucket", True), ("a.b.c", True), ("logs_2024", True), ("x" * 63, True), ("x" * 64, False),
+    ("ab", False), ("My-Bucket", False), ("-bucket", False), ("bucket-", False), ("a..b", False),
+    ("192.168.1.1", False), ("goog-data", False), ("my-google-data", False), ("", False),
+])
+def test_bucket_name_rules(name, ok):
+    assert (gcs.bucket_problem(f"gs://{name}/x") is None) == ok
+
+
+def test_gs_without_credentials_is_one_line_naming_the_login(tmp_path, capsys, monkeypatch, no_credentials):
+    assert main(["prep", "--input", "gs://my-bucket/crawl/", "--output", str(tmp_path / "o")]) == 2
+    _one_line_each(capsys, ["no Google Cloud credentials for gs://"])
+    assert main(["verify", "gs://my-bucket/tokens/manifest.json"]) == 2
+    [line] = _err_lines(capsys)
+    assert "gcloud auth application-default login" in line and line.startswith("refinery verify: ")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "gone.json"))
+    assert main([*GS_PREP, *DATAFLOW]) == 2
+    [line] = _err_lines(capsys)
+    assert f"GOOGLE_APPLICATION_CREDENTIALS names {tmp_path / 'gone.json'}, which is not a file" in line
+    assert "gcloud auth application-default login" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_dataflow_dry_run_reads_nothing_remote(capfd, no_credentials):
+    """gs:// inputs are not listed, receipts on gs:// not read; each job is still described
+    (from the plan it can make), and the missing credentials are a note, not an error."""
+    assert main([*GS_PREP, *DATAFLOW, "--workers", "3", "--machine_type", "n2-standard-8", "--dry-run"]) == 0
+    out, err = capfd.readouterr()
+    assert "not listed (a dry run reads nothing remote), so not counted below: gs://my-bucket/crawl/*.jsonl" in out
+    assert "receipts under gs://my-bucket/tokens not read" in out
+    assert re.search(r"pack +\w{16} +8 +\? +\? +\?", out)
+    assert out.count("dataflow job for stage") == 2  # tokenize and pack; manifest runs in the driver
+    assert "machine n2-standard-8, max workers 3" in out and "workflow.tar.gz" in out
+    assert "gcloud auth application-default login" in err and "Traceback" not in err
+    assert "No module named build" not in err  # Beam's stager builds the sdist with `build` (installed with refinery)
+
+
+def _readme_commands(runner: str) -> list[str]:
+    """The README's ``refinery ...`` commands that name ``--runner RUNNER`` (continuations joined)."""
+    text = README.read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines()
+            if line.strip().startswith("refinery ") and f"--runner {runner}" in line]
+
+
+def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(tmp_path, capsys, monkeypatch, no_credentials):
+    torch = pytest.importorskip("torch", reason="generate's dry run loads the checkpoint's config")
+    from engine_fixtures import write_harmony_checkpoint
+
+    del torch
+    ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
+    commands = _readme_commands("dataflow") + _readme_commands("flink")
+    assert len(commands) >= 5, commands  # prep (twice), decon, generate on Dataflow; prep on Flink
+    for command in commands:
+        argv = [a.replace("/models/gpt-oss-20b", str(ckpt)) for a in shlex.split(command)[1:]]
+        assert main([*argv, "--dry-run"]) == 0, (command, capsys.readouterr().err)
+        assert "--dry-run: plan for gs://my-bucket/" in capsys.readouterr().out, command
