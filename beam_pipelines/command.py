@@ -182,6 +182,20 @@ def resume_hint() -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# Optional dependencies (setup.py's extras)
+# ---------------------------------------------------------------------------------------
+
+def missing_extra(module: str, extra: str) -> str | None:
+    """None when ``module`` can be imported; else what to install. refinery is installed from
+    a clone (it is not on PyPI), so the hint names the extra of this checkout's setup.py."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return f"{module} is not installed: pip install -e '.[{extra}]' (in the refinery checkout)"
+
+
+# ---------------------------------------------------------------------------------------
 # Flags: what is not ours must be Beam's
 # ---------------------------------------------------------------------------------------
 

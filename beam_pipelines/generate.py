@@ -68,13 +68,16 @@ def engine_settings(args):
     """EngineSettings from the engine flags; ValueError (one line) for a checkpoint folder that is not there."""
     import os
 
+    from refinery.beam_pipelines.command import missing_extra
     from refinery.transforms.inference.handler import EngineSettings
 
     if "://" not in args.checkpoint and not os.path.isdir(args.checkpoint):
         raise ValueError(f"--checkpoint {args.checkpoint}: no such folder (a gpt-oss checkpoint folder: "
                          f"config.json + *.safetensors; `refinery tiny-checkpoint DIR` makes a small random one)")
     device = args.device
-    if device is None:
+    if device is None:  # torch picks it here, in the driver
+        if (missing := missing_extra("torch", "inference")) is not None:
+            raise ValueError(f"the gpt-oss engine needs torch; {missing}")
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineSettings(checkpoint=args.checkpoint, device=device, dtype=args.dtype, max_batch=args.max_batch,

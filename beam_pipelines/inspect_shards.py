@@ -63,10 +63,10 @@ def run(args, beam_args: list[str]) -> int:
 
     stats = args.stats or bool(args.histogram)
     if args.histogram:  # checked before any shard is scanned
-        import importlib.util
-        if importlib.util.find_spec("matplotlib") is None:
-            print("refinery inspect: --histogram needs matplotlib, which is not installed: "
-                  "pip install 'llm-refinery[plots]'", file=sys.stderr)
+        from refinery.beam_pipelines.command import missing_extra
+
+        if (missing := missing_extra("matplotlib", "plots")) is not None:
+            print(f"refinery inspect: --histogram needs matplotlib; {missing}", file=sys.stderr)
             return 2
     if args.manifest:
         try:

@@ -7,7 +7,6 @@ Its text is noise; every code path of the engine and the pipelines runs, in seco
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 
 HELP = "write a tiny random gpt-oss checkpoint (to try generate and hydra on a CPU)"
@@ -22,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    if importlib.util.find_spec("torch") is None:
-        print("refinery tiny-checkpoint: needs torch: pip install 'llm-refinery[inference]'", file=sys.stderr)
+    from refinery.beam_pipelines.command import missing_extra
+
+    if (missing := missing_extra("torch", "inference")) is not None:
+        print(f"refinery tiny-checkpoint: needs torch; {missing}", file=sys.stderr)
         return 2
     from refinery.kernels.tiny import main
 

@@ -88,7 +88,20 @@ def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypa
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a))
     assert main(["inspect", "--manifest", str(out / "manifest.json"), "--histogram", str(tmp_path / "h.png")]) == 2
     line = _one_line(capsys)
-    assert "matplotlib" in line and "[plots]" in line
+    assert line.endswith("matplotlib is not installed: pip install -e '.[plots]' (in the refinery checkout)")
+
+
+def test_missing_torch_names_the_extra_as_installed_from_a_clone(tmp_path, small_corpus, capsys, monkeypatch, ckpt):
+    """refinery is not on PyPI: the hint installs the checkout's extra."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a))
+    hint = "torch is not installed: pip install -e '.[inference]' (in the refinery checkout)"
+    assert main(["tiny-checkpoint", str(tmp_path / "tiny")]) == 2
+    assert _one_line(capsys) == f"refinery tiny-checkpoint: needs torch; {hint}"
+    assert main(["generate", "--checkpoint", ckpt, "--input", str(small_corpus), "--output", str(tmp_path / "g")]) == 2
+    assert _one_line(capsys) == f"refinery generate: the gpt-oss engine needs torch; {hint}"
+    assert not (tmp_path / "tiny").exists() and not (tmp_path / "g").exists()
 
 
 def test_status_uses_the_one_completion_check(tmp_path, small_corpus, capsys):
