@@ -79,12 +79,24 @@ def _stop_beam_workers() -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
-def _hard_exit(signum: int) -> None:
-    """Leave now: finished units have receipts, unfinished ones only temp files that the
-    next run removes. Beam's worker processes (our descendants) are killed first."""
+def _say(message: str) -> None:
+    """One message on stderr, now (ASCII dots where the terminal cannot show an ellipsis)."""
     with contextlib.suppress(Exception):
-        print(f"\ninterrupted (signal {signum}); Beam did not stop within {STOP_GRACE_S:.0f}s, exiting now. "
-              f"Finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr, flush=True)
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except UnicodeEncodeError:
+            print(message.replace("\u2026", "..."), file=sys.stderr, flush=True)
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _hard_exit(signum: int, why: str) -> None:
+    """Leave now, saying ``why``: finished units have receipts, unfinished ones only temp
+    files that the next run removes. Beam's worker processes (our descendants) are killed first."""
+    _say(f"\ninterrupted ({_signal_name(signum)}); {why}, exiting now. Finished units are kept. "
+         f"Resume with:\n  {resume_hint()}")
     for pid in _descendants(os.getpid()):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -92,13 +104,18 @@ def _hard_exit(signum: int) -> None:
 
 
 def _on_stop_signal(signum: int) -> None:
-    """Bookkeeping of SIGINT/SIGTERM: a second one exits at once; the first arms a watchdog
-    (Beam can swallow a KeyboardInterrupt and wait forever) and stops Beam's workers."""
+    """Bookkeeping of SIGINT/SIGTERM: a second one exits at once; the first is acknowledged
+    at once (the progress bar stops, "stopping…" is printed), arms a watchdog (Beam can
+    swallow a KeyboardInterrupt and wait forever) and stops Beam's workers."""
+    from refinery.transforms.core.stages import halt_progress
+
     _INTERRUPTED.append(signum)
     if len(_INTERRUPTED) > 1:
-        _hard_exit(signum)
+        _hard_exit(signum, f"{_signal_name(signum)} again")
     logging.disable(logging.CRITICAL)  # Beam's threads dying of the stop: no log lines before the hint
-    timer = threading.Timer(STOP_GRACE_S, _hard_exit, args=(signum,))
+    halt_progress()
+    _say(f"\nstopping\u2026 ({_signal_name(signum)} again to quit now)")
+    timer = threading.Timer(STOP_GRACE_S, _hard_exit, args=(signum, f"Beam did not stop within {STOP_GRACE_S:.0f}s"))
     timer.daemon = True
     timer.start()
     _WATCHDOG.append(timer)

@@ -6,7 +6,11 @@ outputs do not depend on the runner) finishes with outputs byte-identical to an
 uninterrupted run, redoing no finished unit."""
 from __future__ import annotations
 
+import io as io_module
+import logging
 import signal
+import sys
+import time
 
 import pytest
 
@@ -45,6 +49,8 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
     assert a.killed, f"the run finished before the signal: {a.stderr[-2000:]}"
     assert a.returncode == 130, a.stderr[-3000:]
     assert "Resume with:" in a.stderr and "refinery prep" in a.stderr
+    ack = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    assert f"stopping\u2026 ({ack} again to quit now)" in a.stderr  # acknowledged at once
     assert a.stop_seconds < STOP_LIMIT_S
     # nothing half-written under a final name: each final file present is the finished one
     # (temp files of the interrupted writes may remain: hidden names, removed by the next run)
@@ -59,3 +65,60 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
     assert recomputed_units(read_unit_log(log)) == []
     write_figures(f"signal_{signal.Signals(sig).name}", {"stop_seconds": round(a.stop_seconds, 2),
                                                            "units_kept": len(before)})
+
+
+class _Terminal(io_module.StringIO):
+    """A stderr that says it is a terminal (so Progress draws a tqdm bar), with write times."""
+
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.times.append(time.monotonic())
+        return super().write(text)
+
+
+def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tmp_path, monkeypatch):
+    """First signal: the bar stops drawing and "stopping… (Ctrl-C again to quit now)" is
+    printed, at once; a second signal exits saying so, not "Beam did not stop within 5s"."""
+    from refinery.beam_pipelines import command
+    from refinery.transforms.core.stages import Progress, Stage, bind_stages
+
+    class One(Stage):
+        name = "one"
+
+        def plan(self):
+            return []
+
+    [run] = bind_stages([One()], str(tmp_path))
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(command, "_stop_beam_workers", lambda: None)
+    exits: list[str] = []
+    monkeypatch.setattr(command, "_hard_exit", lambda signum, why: exits.append(why))
+    command._INTERRUPTED.clear()
+    try:
+        with Progress(run, total=3, interval=0.05, enabled=True) as progress:
+            time.sleep(0.3)  # the bar redraws every 50 ms
+            t0 = time.monotonic()
+            command._on_stop_signal(signal.SIGINT)
+            acked = time.monotonic()
+            assert not progress._thread.is_alive()  # stopped drawing
+            drawn = len(term.times)
+            time.sleep(0.3)
+            assert len(term.times) == drawn
+        assert acked - t0 < 1.0
+        assert term.getvalue().rstrip().endswith("stopping\u2026 (Ctrl-C again to quit now)")
+        assert exits == [] and len(command._WATCHDOG) == 1  # the 5 s watchdog is armed, not fired
+        command._on_stop_signal(signal.SIGINT)
+        assert exits == ["Ctrl-C again"]
+    finally:
+        for timer in command._WATCHDOG:
+            timer.cancel()
+        command._WATCHDOG.clear()
+        command._INTERRUPTED.clear()
+        logging.disable(logging.NOTSET)

@@ -472,14 +472,17 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
 class Progress:
     """Progress fed from receipts (the source of truth), polled in a background thread: a
     tqdm bar on a terminal; otherwise (a log file, CI) a plain line at most every
-    :attr:`LOG_EVERY_S` seconds and one at the end, never a redrawn bar."""
+    :attr:`LOG_EVERY_S` seconds and one at the end, never a redrawn bar. :func:`halt_progress`
+    (an interruption) stops every bar at once, without a last poll."""
 
     LOG_EVERY_S = 30.0
+    _active: set[Progress] = set()
 
     def __init__(self, run: StageRun, total: int, interval: float, enabled: bool):
         self.run, self.total, self.interval, self.enabled = run, total, interval, enabled
         self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
         self._stop = threading.Event()
+        self._halted = False
         self._thread = None
         self._start = time.time()
         self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
@@ -488,7 +491,16 @@ class Progress:
         if self.enabled:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
+            Progress._active.add(self)
         return self
+
+    def halt(self, timeout: float) -> None:
+        """Stop drawing now: no last poll, no final line; waits up to ``timeout`` s for the
+        drawing thread to finish its current line."""
+        self._halted = True
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=timeout)
 
     def _poll(self) -> tuple[int, str]:
         """(units done, a postfix such as ``docs=... tokens=... failed=1``)."""
@@ -515,6 +527,8 @@ class Progress:
                   dynamic_ncols=True) as bar:
             while True:
                 stopping = self._stop.wait(self.interval)
+                if self._halted:
+                    break
                 with contextlib.suppress(Exception):
                     bar.n, post = self._poll()
                     bar.set_postfix_str(post, refresh=False)
@@ -526,6 +540,8 @@ class Progress:
         last = time.time()
         while True:
             stopping = self._stop.wait(self.interval)
+            if self._halted:
+                break
             if stopping or time.time() - last >= self.LOG_EVERY_S:
                 with contextlib.suppress(Exception):
                     done, post = self._poll()
@@ -536,9 +552,17 @@ class Progress:
                 break
 
     def __exit__(self, *exc):
+        Progress._active.discard(self)
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+
+
+def halt_progress(timeout: float = 1.0) -> None:
+    """Stop every progress display of this process at once (SIGINT/SIGTERM: the bar must not
+    go on ticking while the run stops)."""
+    for progress in list(Progress._active):
+        progress.halt(timeout)
 
 
 def build_stage_pipeline(run: StageRun, units: list[Unit], beam_args: list[str],
