@@ -160,7 +160,8 @@ def interruptible(run) -> int:
     whole process group, does not make each of them print a traceback; in this process
     the blocked signals wait for a watcher thread, which kills the workers and raises
     KeyboardInterrupt in the main thread. Beam may wrap that KeyboardInterrupt, so any
-    exception that follows a signal counts as the interruption.
+    exception that follows a signal counts as the interruption; so does a KeyboardInterrupt
+    that lands in the clean-up (a signal just as ``run`` returned).
     """
     _INTERRUPTED.clear()
     old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
@@ -169,14 +170,8 @@ def interruptible(run) -> int:
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_signals, args=(stop,), name="refinery-signals", daemon=True)
     watcher.start()
-    try:
-        return run()
-    except KeyboardInterrupt:
-        pass
-    except Exception:
-        if not _INTERRUPTED:
-            raise
-    finally:
+
+    def restore() -> None:  # idempotent: run again when a KeyboardInterrupt cut it short
         stop.set()
         watcher.join(timeout=1)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -187,6 +182,19 @@ def interruptible(run) -> int:
         for timer in _WATCHDOG:  # stopped in time: no hard exit later (in-process callers)
             timer.cancel()
         _WATCHDOG.clear()
+
+    try:
+        try:
+            return run()
+        except KeyboardInterrupt:
+            pass
+        except Exception:
+            if not _INTERRUPTED:
+                raise
+        finally:
+            restore()
+    except KeyboardInterrupt:
+        restore()
     _stop_beam_workers()
     print(f"\ninterrupted: finished units are kept. Resume with:\n  {resume_hint()}", file=sys.stderr, flush=True)
     return 130

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io as io_module
 import logging
+import os
 import signal
 import sys
 import time
@@ -122,3 +123,32 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
         command._WATCHDOG.clear()
         command._INTERRUPTED.clear()
         logging.disable(logging.NOTSET)
+
+
+def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(monkeypatch, capsys):
+    """A signal taken while ``interruptible`` cleans up (the run had just returned) raised
+    KeyboardInterrupt out of it, a traceback; now it is the same exit 130 as any other once
+    acknowledged (one that comes after the clean-up stopped listening is ignored: exit 0)."""
+    from refinery.beam_pipelines import command
+
+    monkeypatch.setattr(command, "_stop_beam_workers", lambda: None)
+    leaked = 0
+    for delay in (0.0, 0.0005, 0.001, 0.002) * 15:  # the signal is taken during run() or after it
+        def run(delay=delay):
+            os.kill(os.getpid(), signal.SIGINT)
+            t = time.monotonic()
+            while time.monotonic() - t < delay:  # busy, so the watcher thread may take the signal meanwhile
+                pass
+            return 0
+
+        try:
+            code = command.interruptible(run)
+        except KeyboardInterrupt:
+            leaked += 1
+            continue
+        err = capsys.readouterr().err
+        if "stopping" in err:
+            assert code == 130 and err.strip().splitlines()[-2] == "interrupted: finished units are kept. Resume with:"
+        else:
+            assert code == 0 and err == ""
+    assert leaked == 0
