@@ -31,7 +31,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--runner", default="local",
                    help=f"where to run: {', '.join(RUNNERS)}, or any Beam runner name (default: local). "
                         "Flags refinery does not know go to Beam (--project, --flink_master, ...); "
-                        "dataflow also takes --gpu TYPE[:COUNT] (e.g. nvidia-l4) for GPU workers")
+                        "dataflow needs --project, --region and --temp_location gs://BUCKET/PATH, and gs:// "
+                        "inputs and output; it also takes --gpu TYPE[:COUNT] (e.g. nvidia-l4) for GPU workers")
     g.add_argument("--workers", type=int, default=None,
                    help="local: worker processes (default: one per core); flink: parallelism; dataflow: max workers")
     g.add_argument("--verify-checksums", action="store_true",
@@ -40,7 +41,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--dry-run", action="store_true",
                    help="print the plan (units per stage: done, failed, pending; with --runner dataflow also "
-                        "each job's Dataflow description) and exit; nothing is run or written")
+                        "each job's Dataflow description) and exit; nothing is run or written, and nothing "
+                        "remote is read (gs:// inputs are not listed, receipts on gs:// not read)")
     g.add_argument("-v", "--verbose", action="store_true", help="log each stage's plan")
 
 
