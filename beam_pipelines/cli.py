@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from refinery.beam_pipelines.command import UsageError, check_beam_args
-    from refinery.runners import RunnerOptionsError, pipeline_args
+    from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
 
     parser, subparsers = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -100,6 +100,8 @@ def _main(argv: list[str] | None) -> int:
             args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
             leftover = [a for a in leftover if a not in beam_dry_run]
         beam_args = pipeline_args(args.runner, args.workers, leftover)
+        if not args.dry_run:
+            beam_args = prepare_run(args.runner, beam_args)
     except (UsageError, RunnerOptionsError) as e:
         print(str(e) if str(e).startswith("refinery ") else f"refinery {args.command}: {e}", file=sys.stderr)
         return 2

@@ -272,9 +272,9 @@ def usage_error(message: str) -> int:
 
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
-    or the summary. Returns the exit code: 0 done, 1 units not completed."""
+    or the summary. Returns the exit code: 0 done, 1 units not completed or a Beam job failed."""
     from refinery.transforms.core.io import InputError
-    from refinery.transforms.core.stages import StageFailed, run_stages
+    from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
         try:
@@ -293,11 +293,24 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)
         return 1
+    except JobFailed as e:
+        if _INTERRUPTED:  # a job stopped by Ctrl-C: the interruption, not a failure
+            raise
+        print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
+              f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
+        return 1
     except InputError as e:
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))
     return 0
+
+
+def beam_runner_name(beam_args: list[str]) -> str:
+    """The ``--runner`` Beam was given (``FlinkRunner``, ``DirectRunner``, ...)."""
+    from refinery.runners.args import value
+
+    return value(beam_args, "--runner") or "DirectRunner"
 
 
 def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:

@@ -389,6 +389,22 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
 # Beam wiring
 # ---------------------------------------------------------------------------------------
 
+def count_receipt(stage: str, receipt: dict) -> None:
+    """Beam counters of one unit's receipt, namespace ``refinery``: ``<stage>_units_<status>``
+    (``skipped`` for a unit found done), and for a unit run now ``<stage>_<stat>`` for each
+    integer stat (``tokenize_tokens``, ``scan_verified_hits``, ...). The runner reports
+    them back (:func:`run_stage_pipeline`; Flink's and Dataflow's UIs show them)."""
+    from apache_beam.metrics import Metrics
+
+    if receipt.get("skipped"):
+        Metrics.counter("refinery", f"{stage}_units_skipped").inc()
+        return
+    Metrics.counter("refinery", f"{stage}_units_{receipt['status']}").inc()
+    for key, v in (receipt.get("stats") or {}).items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            Metrics.counter("refinery", f"{stage}_{key}").inc(v)
+
+
 def _run_unit_fn():
     import apache_beam as beam
 
@@ -402,7 +418,7 @@ def _run_unit_fn():
         def process(self, element, **side):
             unit_id, payload = element
             receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
-            beam.metrics.Metrics.counter("refinery", f"{self.run.name}_units_{receipt['status']}").inc()
+            count_receipt(self.run.name, receipt)
             yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
 
     return RunUnitFn
@@ -448,12 +464,25 @@ class StageFailed(RuntimeError):
         super().__init__(f"stage {stage}: {len(failures)} unit(s) not completed:\n{lines}{more}")
 
 
+class JobFailed(RuntimeError):
+    """A stage's Beam job failed as a whole (a lost worker or task manager, a runner
+    error), as opposed to units that failed inside it (:class:`StageFailed`). Receipts of
+    the units that finished before are kept; ``cause`` is the runner's exception."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage = stage
+        self.cause = cause
+        first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+        super().__init__(f"stage {stage}: the Beam job failed: {type(cause).__name__}: {first[:400]}")
+
+
 @dataclass
 class JobResult:
     runs: list[StageRun]
     ran: dict[str, int]  # stage -> units executed this time
     skipped_stages: list[str]
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time this time
+    metrics: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> the runner's refinery counters
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
@@ -556,22 +585,46 @@ def build_stage_pipeline(run: StageRun, units: list[Unit], beam_args: list[str],
     return pipeline
 
 
-def run_stage_pipeline(pipeline) -> None:
-    """Run a pipeline from :func:`build_stage_pipeline` and wait for it (raises if it fails).
+def run_stage_pipeline(pipeline) -> dict[str, int]:
+    """Run a pipeline from :func:`build_stage_pipeline`, wait for it (raises if it fails) and
+    return its ``refinery`` counters (:func:`count_receipt`) as the runner reports them.
 
-    Leaving ``with pipeline`` runs it, with what Beam's context adds (subprocess servers
-    such as Flink's job server are stopped at the end).
+    Subprocess servers the run starts (Flink's job server) are shared while it runs and
+    stopped at the end, as ``with pipeline`` would; the counters are read before that,
+    while the job service still answers.
     """
-    with pipeline:
-        pass
+    from apache_beam.utils.subprocess_server import SubprocessServer
+
+    with SubprocessServer.cache_subprocesses():
+        result = pipeline.run()
+        result.wait_until_finish()
+        return refinery_counters(result)
 
 
-def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+def refinery_counters(result) -> dict[str, int]:
+    """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
+    summed over steps (committed values where the runner has them, else attempted); {}
+    when the runner reports no metrics."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("refinery"))["counters"]
+    except Exception as e:  # noqa: BLE001 - metrics are a report; the run's outputs are in its receipts
+        log.info("no metrics from the runner (%s: %s)", type(e).__name__, e)
+        return {}
+    out: dict[str, int] = {}
+    for c in counters:
+        v = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(v or 0)
+    return dict(sorted(out.items()))
+
+
+def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
     if run.stage.light or len(units) == 1:  # nothing to share between worker processes
         from refinery.runners.local import in_process
 
         beam_args = in_process(beam_args)
-    run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
+    return run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
 
 
 def _discard_other_plans(run: StageRun) -> None:
@@ -652,13 +705,16 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
                run_info: dict | None = None,
                on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
-               runner: Callable[[StageRun, list[Unit], list[str], bool], None] | None = None) -> JobResult:
+               runner: Callable[[StageRun, list[Unit], list[str], bool], dict | None] | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
     ``force`` deletes ``OUTPUT/.refinery`` first (a fresh run). ``on_plan`` is called with
     the bound stages and their plans before anything runs (prep uses it to clear a stale
-    manifest). Raises :class:`StageFailed` when a stage ends with units not completed;
-    the receipts of everything that finished are kept for the next run.
+    manifest). ``runner(run, pending units, beam_args, verify_checksums)`` runs a stage's
+    units (default: one Beam job) and may return the runner's counters, kept in
+    ``JobResult.metrics``. Raises :class:`StageFailed` when a stage ends with units not
+    completed, :class:`JobFailed` when its Beam job failed; the receipts of everything that
+    finished are kept for the next run.
     """
     runner = runner or _run_beam_stage
     if force:
@@ -698,6 +754,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     skipped = [r.name for r in runs[last + 1:]] if last >= 0 else [r.name for r in runs]
     ran: dict[str, int] = {}
     seconds: dict[str, float] = {}
+    metrics: dict[str, dict[str, int]] = {}
     for run, plan, receipts in zip(runs[: last + 1], plans[: last + 1], done[: last + 1]):
         t0 = time.perf_counter()
         if run.stage.final_outputs:
@@ -716,7 +773,15 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                     for unit in pending:
                         execute_unit(run, unit, verify_checksums)
                 else:
-                    runner(run, pending, beam_args, verify_checksums)
+                    try:
+                        counters = runner(run, pending, beam_args, verify_checksums)
+                    except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
+                        log.info("stage %s: the Beam job failed", run.name, exc_info=True)
+                        raise JobFailed(run.name, e) from e
+                    stage_counters = metrics.setdefault(run.name, {})
+                    for k, v in (counters or {}).items():
+                        stage_counters[k] = stage_counters.get(k, 0) + v
+                    log.info("stage %s: runner counters %s", run.name, json.dumps(counters or {}, sort_keys=True))
             ran[run.name] += len(pending)
             checks = run.check_all([u.id for u in pending], verify_checksums)
             failures = {u: c.reason for u, c in checks.items() if not c.done}
@@ -726,7 +791,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
             if final:
                 break
         seconds[run.name] = time.perf_counter() - t0
-    return JobResult(runs, ran, skipped, seconds)
+    return JobResult(runs, ran, skipped, seconds, metrics)
 
 
 def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
