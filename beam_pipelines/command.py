@@ -273,7 +273,7 @@ def usage_error(message: str) -> int:
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed."""
-    from refinery.transforms.core.io import InputError
+    from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
@@ -293,7 +293,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)
         return 1
-    except InputError as e:
+    except (InputError, PathError) as e:
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))

@@ -124,7 +124,7 @@ def run(args, beam_args: list[str]) -> int:
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
-            io.remove(io.join(output, ".SUCCESS"))
+            io.remove(io.join(output, ".SUCCESS"), root=output)
 
     def summary(result, seconds: float) -> str:
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"

@@ -201,8 +201,50 @@ def safe_relpath(relpath: str) -> str:
     return norm
 
 
-def remove(path: str) -> None:
-    """Remove a file if it exists."""
+class PathError(ValueError):
+    """An output path that cannot be used, or a removal that would leave the output folder
+    through a symbolic link; the message names the path (the CLI prints it as one line)."""
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _link_out_of(path: str, root: str) -> str | None:
+    """The symbolic link among the folders from ``root`` down to ``path`` (``path`` itself
+    excluded) that leads out of ``root``, spelled from ``root``, or None. ``path`` must be
+    inside ``root``."""
+    root_abs, path_abs = os.path.abspath(_local(root)), os.path.abspath(_local(path))
+    if not _inside(path_abs, root_abs) or path_abs == root_abs:
+        raise PathError(f"refusing to remove {path}: it is not inside {root}")
+    root_real = os.path.realpath(root_abs)
+    current = _local(root)
+    for part in os.path.relpath(os.path.dirname(path_abs), root_abs).split(os.sep):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        if os.path.islink(current) and not _inside(os.path.realpath(current), root_real):
+            return current
+    return None
+
+
+def _check_removal(path: str, root: str | None) -> None:
+    """:class:`PathError` if removing local ``path`` would follow a link out of ``root``."""
+    if root is None or is_remote(path):
+        return
+    link = _link_out_of(path, root)
+    if link is not None:
+        raise PathError(f"refusing to remove {path}: {link} is a symbolic link to {os.readlink(link)}, "
+                        f"outside {root}; remove or replace that link yourself")
+
+
+def remove(path: str, root: str | None = None) -> None:
+    """Remove a file if it exists (a symbolic link itself, never what it points to).
+
+    ``root``: the folder the file belongs to (a run's OUTPUT); a path reached through a
+    symbolic link leading out of it raises :class:`PathError` naming the link.
+    """
+    _check_removal(path, root)
     if is_remote(path):
         fs, p = filesystem(path)
         with contextlib.suppress(FileNotFoundError):
@@ -212,13 +254,31 @@ def remove(path: str) -> None:
             os.remove(_local(path))
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: str, root: str | None = None) -> None:
+    """Remove a folder and everything in it (or a file), if it exists; errors are raised, not
+    swallowed.
+
+    Symbolic links are never followed: ``path`` being a link removes the link itself, links
+    inside the tree are removed as links, and with ``root`` (the run's OUTPUT) a ``path``
+    reached through a link leading out of ``root`` raises :class:`PathError` naming it.
+    """
+    _check_removal(path, root)
     if is_remote(path):
         fs, p = filesystem(path)
         if fs.exists(p):
             fs.rm(p, recursive=True)
-    else:
-        shutil.rmtree(_local(path), ignore_errors=True)
+        return
+    local = _local(path)
+    if os.path.islink(local):
+        logging.getLogger("refinery").warning("removing the symbolic link %s itself (to %s); what it points to "
+                                              "is left as it is", path, os.readlink(local))
+        os.remove(local)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(local):
+            shutil.rmtree(local)
+        else:
+            os.remove(local)
 
 
 def listdir(path: str) -> list[str]:
