@@ -372,6 +372,23 @@ def check_field(command: str, flag: str, field: str, paths: list[str], files: in
                              f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
 
 
+def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
+    """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
+    anything is written: it is not a file nor under one, a folder can be made there (probed,
+    except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
+    would list it (a run reading its own outputs back as input). Every command that takes
+    ``--output`` calls it (``flag``: how the message names the output)."""
+    from refinery.transforms.core import io
+
+    problem = io.output_folder_problem(output, probe=not dry_run)
+    if problem:
+        raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
+    for arg in inputs:
+        if io.listing_reaches(arg, output):
+            raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
+                             f"read the run's own outputs back; give an output folder outside it")
+
+
 def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:
     """A loud line on stderr when more than half of the rows read were rejected."""
     if read and rejected * 2 > read:

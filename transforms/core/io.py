@@ -14,6 +14,7 @@ here relies on one.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob as globlib
 import gzip
 import hashlib
@@ -279,6 +280,67 @@ def remove_tree(path: str, root: str | None = None) -> None:
             shutil.rmtree(local)
         else:
             os.remove(local)
+
+
+def output_folder_problem(path: str, probe: bool = True) -> str | None:
+    """Why ``path`` cannot be a local output folder (``path`` is a file, or lies under one, or
+    under a broken link; no folder can be made there), or None. ``probe``: make and remove a
+    hidden empty folder in the nearest existing folder, the one sure test that folders can be
+    created there (permissions, read-only mounts, ``/proc``). Object stores have no folders:
+    a remote path is never a problem here."""
+    if is_remote(path):
+        return None
+    path = os.path.normpath(_local(path))
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing) or "."
+    if os.path.islink(existing) and not os.path.exists(existing):
+        return f"{existing} is a symbolic link to {os.readlink(existing)}, which does not exist"
+    if not os.path.isdir(existing):
+        return "is a file; give a folder (it is created if missing)" if existing == path \
+            else f"{existing} is a file, not a folder"
+    if probe:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".refinery-probe-", dir=existing))
+        except OSError as e:
+            return f"cannot create a folder in {existing} ({e.strerror or e})"
+    return None
+
+
+def _parts(path: str) -> tuple[str, list[str]]:
+    """(scheme, path components): local paths resolved (links, ``..``), remote ones normalized."""
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return ("gs" if scheme == "gcs" else scheme), [p for p in posixpath.normpath("/" + rest).split("/") if p]
+    return "", [p for p in os.path.realpath(_local(path)).split(os.sep) if p]
+
+
+def listing_reaches(arg: str, folder: str) -> bool:
+    """Whether listing the input ``arg`` (a file, folder or glob, as :func:`expand_inputs` takes
+    it) could take in files under ``folder``: ``folder`` is ``arg`` or inside it, or lies
+    where the glob's pattern could descend (``d/*.jsonl`` reaches ``d`` but not ``d/out``;
+    ``d/**`` reaches everything under ``d``)."""
+    if not globlib.has_magic(arg):
+        scheme, a = _parts(arg)
+        other, f = _parts(folder)
+        return scheme == other and f[:len(a)] == a
+    prefix, _, rest = arg.partition("://") if is_remote(arg) else ("", "", _local(arg))
+    pieces = rest.split("/")
+    first = next(i for i, piece in enumerate(pieces) if globlib.has_magic(piece))
+    fixed = "/".join(pieces[:first]) or ("/" if rest.startswith("/") else ".")
+    scheme, a = _parts(f"{prefix}://{fixed}" if prefix else fixed)
+    pattern = [piece for piece in pieces[first:] if piece]
+    other, f = _parts(folder)
+    if scheme != other or f[:len(a)] != a:
+        return False
+    below = f[len(a):]  # the folder's names under the glob's fixed part, matched name by name
+    if "**" in pattern:  # any depth past it
+        matched = pattern[:pattern.index("**")]
+    elif len(below) < len(pattern):  # a file below the folder is deep enough for the pattern
+        matched = pattern[:len(below)]
+    else:
+        return False
+    return all(fnmatch.fnmatchcase(name, pat) for name, pat in zip(below, matched))
 
 
 def listdir(path: str) -> list[str]:
