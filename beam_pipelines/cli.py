@@ -45,15 +45,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, subparsers
 
 
-def _is_file(path: str) -> bool:
-    from refinery.transforms.core import io
-
-    try:
-        return io.exists(path) and not io.isdir(path)
-    except Exception:  # noqa: BLE001 - an unreachable store is reported by the command itself
-        return False
-
-
 def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
     """The innermost subparser that parsed ``args`` (e.g. ``hydra grade``'s)."""
     for action in parser._actions:
@@ -83,11 +74,6 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
     mod = importlib.import_module(COMMANDS[args.command])
-    output = getattr(args, "output", None) if args.command != "status" else None
-    if isinstance(output, str) and _is_file(output):
-        print(f"refinery {args.command}: --output {output} is a file; give a folder (it is created if missing)",
-              file=sys.stderr)
-        return 2
     if not hasattr(args, "runner"):
         if unknown:
             _leaf_parser(subparsers[args.command], args).error(f"unrecognized arguments: {' '.join(unknown)}")

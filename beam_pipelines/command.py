@@ -273,7 +273,7 @@ def usage_error(message: str) -> int:
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed or a Beam job failed."""
-    from refinery.transforms.core.io import InputError
+    from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
@@ -299,7 +299,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
               f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
         return 1
-    except InputError as e:
+    except (InputError, PathError) as e:
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))
@@ -383,6 +383,23 @@ def check_field(command: str, flag: str, field: str, paths: list[str], files: in
         if good and not found:
             raise UsageError(f"refinery {command}: {flag} {field!r}: no row of {path} has it (first {good} "
                              f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
+
+
+def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
+    """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
+    anything is written: it is not a file nor under one, a folder can be made there (probed,
+    except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
+    would list it (a run reading its own outputs back as input). Every command that takes
+    ``--output`` calls it (``flag``: how the message names the output)."""
+    from refinery.transforms.core import io
+
+    problem = io.output_folder_problem(output, probe=not dry_run)
+    if problem:
+        raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
+    for arg in inputs:
+        if io.listing_reaches(arg, output):
+            raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
+                             f"read the run's own outputs back; give an output folder outside it")
 
 
 def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:

@@ -88,8 +88,8 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
-                                                 warn_if_mostly_rejected)
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, check_output, run_pipeline,
+                                                 usage_error, warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 
@@ -97,6 +97,7 @@ def run(args, beam_args: list[str]) -> int:
     if not (args.eval or args.eval_hf):
         return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
     try:
+        check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
         pending_hf = []
         for spec in args.eval_hf:
             from refinery.transforms.core.hf import materialize_split
@@ -124,7 +125,7 @@ def run(args, beam_args: list[str]) -> int:
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
-            io.remove(io.join(output, ".SUCCESS"))
+            io.remove(io.join(output, ".SUCCESS"), root=output)
 
     def summary(result, seconds: float) -> str:
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"

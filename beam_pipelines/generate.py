@@ -122,7 +122,7 @@ def inference_pipeline(command: str, output: str, stages, header: str, summary):
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_field, run_pipeline, usage_error, \
+    from refinery.beam_pipelines.command import UsageError, check_field, check_output, run_pipeline, usage_error, \
         warn_if_mostly_rejected
     from refinery.transforms.core import io
     from refinery.transforms.inference.handler import GenerationParams
@@ -132,6 +132,7 @@ def run(args, beam_args: list[str]) -> int:
     try:
         if bool(args.input) == bool(args.input_docids):
             raise ValueError("give exactly one of --input PATH... or --input-docids FILE...")
+        check_output("generate", output, args.input or [], dry_run=args.dry_run)
         params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
         task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
         source = document_source(args)

@@ -73,8 +73,8 @@ def dataset_name(args) -> str:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
-                                                 warn_if_mostly_rejected)
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, check_output, run_pipeline,
+                                                 usage_error, warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.formats.shards import check_name
     from refinery.transforms.formats.tokenizer import check_vocab
@@ -91,6 +91,7 @@ def run(args, beam_args: list[str]) -> int:
     check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     source = {}
     try:
+        check_output("prep", args.output, args.input or [], dry_run=args.dry_run)
         max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
         if args.hf_dataset:
             from refinery.transforms.core.hf import resolve_hf_parquet

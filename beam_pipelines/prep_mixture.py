@@ -140,6 +140,7 @@ def _fail(msg: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.command import UsageError, check_output, usage_error
     from refinery.transforms.prep.stages import parse_token_count
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
@@ -162,6 +163,11 @@ def run(args, beam_args: list[str]) -> int:
             raise mx.MixtureError(f"{args.config}: no data_root in the file; pass --data-root DIR")
         plans, skipped = mx.plan_mixture(mixture, data_root, splits, target, max_tokens, args.valid_percent)
         weights = mx.fixed_point_weights(mx.source_fractions(mixture))
+        for plan in plans:  # every output before any run: none may be a file, or inside an input
+            check_output("prep-mixture", plan.output, [] if plan.source.is_hf else plan.source.path_splits[plan.split],
+                         dry_run=args.dry_run, flag=f"the output of {plan.label}")
+    except UsageError as e:
+        return usage_error(str(e))
     except ValueError as e:
         return _fail(str(e))
 

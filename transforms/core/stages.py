@@ -634,7 +634,7 @@ def _discard_other_plans(run: StageRun) -> None:
         if io.basename(path) != run.stage_hash:
             log.info("discarding receipts of plan %s of stage %s (its outputs are being replaced)",
                      io.basename(path), run.name)
-            io.remove_tree(path)
+            io.remove_tree(path, root=run.output)
 
 
 def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
@@ -718,7 +718,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     """
     runner = runner or _run_beam_stage
     if force:
-        io.remove_tree(io.join(output, META_DIR))
+        io.remove_tree(io.join(output, META_DIR), root=output)
     for path in io.remove_dead_temp_files(output):
         log.info("removed %s: a temp file left by an interrupted write", path)
     runs = bind_stages(stages, output)

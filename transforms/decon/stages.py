@@ -412,7 +412,7 @@ class MergeStage(Stage):
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        io.remove(ctx.output_path("stats/report.html"))  # never beside details of another run
+        io.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
         index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
         plan = reduce_run.stage.plan()
         missing = [u.id for u in plan if not reduce_run.check(u.id).done]

@@ -512,7 +512,7 @@ class ManifestStage(Stage):
         for stale in shards.shard_files(cfg.output):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
-                io.remove(stale)
+                io.remove(stale, root=cfg.output)
         ctx.write_bytes(ctx.output_path(shards.MANIFEST), shards.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
@@ -536,7 +536,7 @@ def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
     try:
         if io.read_json(path).get("plan_hash") != manifest_run.stage_hash:
             log.warning("removing %s: it describes a different plan; a new one is written at the end", path)
-            io.remove(path)
+            io.remove(path, root=manifest_run.output)
     except (FileNotFoundError, ValueError):
         if io.exists(path):
-            io.remove(path)
+            io.remove(path, root=manifest_run.output)
