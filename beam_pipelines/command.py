@@ -316,7 +316,7 @@ def beam_runner_name(beam_args: list[str]) -> str:
 def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     """Print the plan (per stage: units done, failed, pending, by the one completion check)
     and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing."""
-    from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.core.stages import bind_stages, repairs_of
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)
@@ -324,14 +324,17 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     if p.header:
         print(p.header)
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
+    repairs: dict[str, str] = {}  # of the earlier stages' done units: a later unit built before one is pending
     for run in bind_stages(p.stages, p.output):
         units = run.stage.plan()
         done = failed = 0
+        run.upstream_repairs = dict(repairs)
         if not force:
             for u in units:
                 c = run.check(u.id, verify)
                 done += c.done
                 failed += (not c.done) and c.reason.startswith("failed")
+                repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
         print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
     if getattr(args, "runner", "") == "dataflow":
         from refinery.runners.translate import dataflow_jobs

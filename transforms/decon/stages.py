@@ -17,7 +17,8 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
   (ranged reads of the frames its receipts list) joined with the partition's eval records:
   its detail records (one gzip member) and its share of the results (instance sets, training
   document counts, by-path sets, examples for the report). A partition's n-grams are its own.
-- ``merge`` (local, one unit): the members concatenated in partition order into
+- ``merge`` (local, one unit): the members, each inflated to check its CRC first,
+  concatenated in partition order into
   ``stats/overlap_details.jsonl.gz``, then ``stats/overlap_instances.jsonl.gz``,
   ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
   ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``, ``stats/report.md``,
@@ -29,7 +30,6 @@ import gc
 import hashlib
 import json
 import resource
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -40,23 +40,63 @@ import msgpack
 import zstandard
 from isal import igzip
 
+from isal import isal_zlib
+
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.report_html import render_html
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: hits frames carry zstd content checksums
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
 
 
 def hits_file(unit_id: str) -> str:
-    """A scan unit's verified hits: zstd frames, each the msgpack of one partition's
-    :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames as
-    ``frames: [[partition, offset, length], ...]``."""
+    """A scan unit's verified hits: zstd frames (with content checksums), each the msgpack
+    of one partition's :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames
+    as ``frames: [[partition, offset, length], ...]``."""
     return f"hits/{unit_id}.bin"
+
+
+REBUILD_HINT = "run the same command again with --verify-checksums to rebuild it"
+
+
+def compress_frame(data: bytes) -> bytes:
+    """One zstd frame of ``data`` with its content checksum (xxhash64), checked on reading."""
+    return zstandard.ZstdCompressor(level=1, write_checksum=True).compress(data)
+
+
+def decompress_frame(frame: bytes, where: str) -> bytes:
+    """The data of a :func:`compress_frame` frame; ValueError naming ``where`` if the frame is
+    damaged (its checksum, or its header's checksum flag, does not hold)."""
+    try:
+        if not zstandard.get_frame_parameters(frame).has_checksum:
+            raise zstandard.ZstdError("the frame carries no checksum")
+        return zstandard.ZstdDecompressor().decompress(frame)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"{where}: damaged zstd frame ({e}); {REBUILD_HINT}") from None
+
+
+def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
+    """Copy one complete gzip member from ``src`` to ``out``, inflating it on the way to check
+    its CRC and length; ValueError naming ``where`` if it is damaged or not one whole member
+    (``out`` then holds a partial copy: the caller's unit fails and its file is not kept)."""
+    inflate = isal_zlib.decompressobj(wbits=31)
+    try:
+        while block := src.read(chunk):
+            if inflate.eof:
+                raise isal_zlib.error("data after the end of the gzip member")
+            inflate.decompress(block, chunk)  # the output is dropped: only checked
+            while inflate.unconsumed_tail:
+                inflate.decompress(inflate.unconsumed_tail, chunk)
+            out.write(block)
+        if not inflate.eof or inflate.unused_data:
+            raise isal_zlib.error("cut short" if not inflate.eof else "data after the end of the gzip member")
+    except isal_zlib.error as e:
+        raise ValueError(f"{where}: damaged gzip member ({e}); {REBUILD_HINT}") from None
 
 
 HELD_CHARS = 32 << 20  # snippet characters a scan unit holds before it writes its frames
@@ -277,8 +317,7 @@ class ScanStage(Stage):
                 nonlocal size
                 if held:
                     for p, block in ng.hit_blocks(held):
-                        frame = zstandard.ZstdCompressor(level=1).compress(
-                            msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
+                        frame = compress_frame(msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
                         frames.append([p, size, len(frame)])
                         out.write(frame)
                         size += len(frame)
@@ -374,8 +413,10 @@ class ReduceStage(Stage):
         def blocks() -> Iterator[tuple[int, str, int, dict]]:
             for i, offset, length in table["frames"].get(p, []):
                 unit_id, path, base = table["units"][i]
-                frame = io.read_range(io.join(scan_run.parts_dir, hits_file(unit_id)), offset, offset + length)
-                yield i, path, base, msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), **unpack)
+                hits = io.join(scan_run.parts_dir, hits_file(unit_id))
+                frame = io.read_range(hits, offset, offset + length)
+                data = decompress_frame(frame, f"{hits} frame at bytes {offset}-{offset + length}")
+                yield i, path, base, msgpack.unpackb(data, **unpack)
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
@@ -427,9 +468,10 @@ class MergeStage(Stage):
                 if isinstance(v, (int, float)) and k not in ("peak_rss_mb", "membership_loaded_bytes", "test_ngrams"):
                     scan_totals[k] = scan_totals.get(k, 0) + v
         with ctx.open_write(ctx.output_path("stats/overlap_details.jsonl.gz")) as out:
-            for u in plan:  # gzip members, concatenated in partition order
-                with io.open_read(io.join(reduce_run.parts_dir, details_file(u.payload["p"]))) as member:
-                    shutil.copyfileobj(member, out, 1 << 22)
+            for u in plan:  # gzip members, each checked, concatenated in partition order
+                path = io.join(reduce_run.parts_dir, details_file(u.payload["p"]))
+                with io.open_read(path) as member:
+                    copy_gzip_member(member, out, path)
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
                    for u in plan)
