@@ -417,11 +417,11 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     byte range (rows numbered from 0 within the range); ``max_row_bytes``: a larger row is
     a bad row (:func:`too_large`), read past without being held whole.
     """
-    if path.endswith(".parquet"):
+    if io.has_suffix(path, ".parquet"):
         yield from _iter_parquet(path, row_groups, columns, max_row_bytes)
-    elif path.endswith(".arrow"):
+    elif io.has_suffix(path, ".arrow"):
         yield from _iter_arrow(path, max_row_bytes)
-    elif path.endswith((".json", ".json.gz", ".json.zst")):
+    elif io.has_suffix(path, ".json", ".json.gz", ".json.zst"):
         yield from _iter_json_array(path, max_row_bytes)
     elif byte_range is not None:
         yield from _iter_jsonl_range(path, *byte_range, max_row_bytes)
