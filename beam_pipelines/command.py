@@ -250,8 +250,10 @@ class Pipeline:
     """What a pipeline command hands to :func:`run_pipeline`.
 
     ``header``: printed (stderr) before running; ``summary(result, seconds)``: what a
-    successful run did, printed on stdout; ``on_plan``/``runner``/``builder``: passed to ``run_stages``
-    (``builder`` builds the Beam jobs of a stage for a dry run, see ``runners.translate``).
+    successful run did, printed on stdout; ``verdict(result)``: why a run whose units all
+    finished still failed (e.g. :func:`reject_rate_failure`), or None: exit 1 with that line;
+    ``on_plan``/``runner``/``builder``: passed to ``run_stages`` (``builder`` builds the Beam
+    jobs of a stage for a dry run, see ``runners.translate``).
     """
 
     command: str
@@ -259,6 +261,7 @@ class Pipeline:
     stages: list
     header: str = ""
     summary: Callable[[object, float], str] | None = None
+    verdict: Callable[[object], str | None] | None = None
     on_plan: Callable | None = None
     runner: Callable | None = None
     builder: Callable | None = None
@@ -272,7 +275,8 @@ def usage_error(message: str) -> int:
 
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
-    or the summary. Returns the exit code: 0 done, 1 units not completed or a Beam job failed."""
+    or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
+    the verdict failed."""
     from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
@@ -303,6 +307,10 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))
+    failure = p.verdict(result) if p.verdict else None
+    if failure:
+        print(f"refinery {p.command}: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -403,6 +411,40 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
         if io.listing_reaches(arg, output):
             raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
                              f"read the run's own outputs back; give an output folder outside it")
+
+
+def add_reject_rate_arg(g, rows: str = "the rows read") -> None:
+    """``--max-reject-rate R`` on the argument group ``g``; ``rows``: which rows it counts."""
+    g.add_argument("--max-reject-rate", type=float, default=None, metavar="R",
+                   help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected; the outputs are "
+                        f"still written (default: exit 1 only when no row was accepted). A run that read no "
+                        f"row at all always exits 1")
+
+
+def bad_reject_rate(args) -> str | None:
+    """What is wrong with ``--max-reject-rate`` (for a usage error), or None."""
+    rate = args.max_reject_rate
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        return f"--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not {rate:g}"
+    return None
+
+
+def reject_rate_failure(what: str, read: int, rejected: int, accepted: int, max_rate: float | None,
+                        reasons: str) -> str | None:
+    """Why a run fails its ``--max-reject-rate`` (one line, naming ``what`` was read, with
+    ``reasons``: where the reasons are), or None. ``max_rate`` None: fail only when nothing
+    was accepted. Reading nothing at all always fails."""
+    if read == 0:
+        return f"no {what} read (empty input files?)"
+    if max_rate is None:
+        if accepted == 0:
+            return (f"no {what} accepted of {read:,} read ({rejected:,} rejected; {reasons}); "
+                    f"--max-reject-rate 1 lets such a run pass")
+        return None
+    if rejected > max_rate * read:
+        return (f"{rejected:,} of {read:,} {what} ({100 * rejected / read:.0f}%) rejected, more than "
+                f"--max-reject-rate {max_rate:g}; {reasons}")
+    return None
 
 
 def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:

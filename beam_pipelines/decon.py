@@ -35,14 +35,15 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
-    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("inputs")
     g.add_argument("--eval", nargs="+", default=[], metavar="PATH",
                    help="eval (test) data: files, folders (recursive) or globs; local or gs://; "
-                        ".jsonl .jsonl.gz .jsonl.zst .json .parquet. The eval dataset name comes from "
+                        ".jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow (any case; other files in a folder "
+                        "are skipped and named). The eval dataset name comes from "
                         "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k)")
     g.add_argument("--eval-hf", nargs="+", default=[], metavar="NAME[:SUBSET]:SPLIT",
                    help="eval sets by Hugging Face name (or a local dataset folder), e.g. openai/gsm8k:main:test; "
@@ -55,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-text-field", default=None, help="text field of training rows (default: --text-field)")
     g.add_argument("--id-field", default="id",
                    help="id field (default: id); absent or null -> blake2b hash of the whole record")
+    add_reject_rate_arg(g, "the eval rows read, or of the training rows read,")
     m = parser.add_argument_group("method")
     m.add_argument("--ngrams", nargs="+", type=int, default=[13], metavar="N",
                    help="n-gram lengths (default: 13); rows shorter than n use their one min(n, len)-gram")
@@ -88,14 +90,18 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, check_output, run_pipeline,
-                                                 usage_error, warn_if_mostly_rejected)
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, bad_reject_rate, check_field, check_output,
+                                                 reject_rate_failure, run_pipeline, usage_error,
+                                                 warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 
     output = args.output.rstrip("/")
+    if problem := bad_reject_rate(args):
+        return usage_error(f"refinery decon: {problem}")
     if not (args.eval or args.eval_hf):
         return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
+    skipped: list[str] = []
     try:
         check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
         pending_hf = []
@@ -112,7 +118,7 @@ def run(args, beam_args: list[str]) -> int:
         if pending_hf and not args.eval:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
-        stages = build_stages(settings, output)
+        stages = build_stages(settings, output, skipped)
         check_field("decon", "--eval-text-field", settings.eval_text_field, [f.path for f in stages[0].eval_files])
         check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
     except UsageError as e:
@@ -127,9 +133,28 @@ def run(args, beam_args: list[str]) -> int:
         if not runs[-1].check(plans[-1][0].id).done:
             io.remove(io.join(output, ".SUCCESS"), root=output)
 
+    bad_rows = "unreadable or without text"
+
+    def row_counts(result) -> dict[str, tuple[int, int]]:
+        """(rows read, rows unreadable or without text) of each side."""
+        summary_lines = io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines()
+        evals = [json.loads(line) for line in summary_lines]
+        scan = result.runs[-1].check("merge").receipt["stats"]["scan"]
+        return {"eval": (sum(e["num_rows"] + e["num_bad_rows"] for e in evals), sum(e["num_bad_rows"] for e in evals)),
+                "training": (int(scan.get("rows", 0)), int(scan.get("bad_rows", 0)))}
+
+    def verdict(result) -> str | None:
+        for side, (read, bad) in row_counts(result).items():
+            if failure := reject_rate_failure(f"{side} rows", read, bad, read - bad, args.max_reject_rate,
+                                              f"{bad_rows}: decon counts such rows, it does not list them"):
+                return failure
+        return None
+
     def summary(result, seconds: float) -> str:
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
         lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
+        for side, (read, bad) in row_counts(result).items():
+            lines.append(f"  {side} rows: read {read:,} = used {read - bad:,} + {bad_rows} {bad:,}")
         for line in io.read_bytes(io.join(output, "stats", "overlap_stats.jsonl")).splitlines():
             s = json.loads(line)
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
@@ -138,13 +163,15 @@ def run(args, beam_args: list[str]) -> int:
         for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
-                                    f"the eval rows of {e['eval_dataset']} (unreadable or without text)")
+                                    f"the eval rows of {e['eval_dataset']} ({bad_rows})")
         return "\n".join(lines)
 
     index, scan = stages[0], stages[1]
     header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
-              f"n = {' '.join(map(str, settings.ns))} -> {output}")
-    return run_pipeline(Pipeline("decon", output, stages, header, summary, on_plan=on_plan), args, beam_args)
+              f"n = {' '.join(map(str, settings.ns))} -> {output}"
+              + (f"\n  {io.skipped_note(skipped)}" if skipped else ""))
+    return run_pipeline(Pipeline("decon", output, stages, header, summary, verdict=verdict, on_plan=on_plan),
+                        args, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,6 +167,30 @@ def test_expand_inputs(corpus):
         io.expand_inputs([str(corpus / "notes.txt")])
 
 
+def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tmp_path):
+    """Nothing vanishes in silence: files of a folder or glob without a data extension are
+    returned in ``skipped``; ``C.JSONL`` / ``D.Jsonl.GZ`` are data files, read as such."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.jsonl").write_bytes(b'{"text": "a"}\n')
+    (d / "c.JSONL").write_bytes(b'{"text": "c"}\n')
+    (d / "D.Jsonl.GZ").write_bytes(gzip.compress(b'{"text": "d"}\n'))
+    (d / "b.jsonl.bz2").write_bytes(b"BZh9")
+    (d / "readme.txt").write_text("notes")
+    (d / ".hidden.txt").write_text("x")  # hidden names stay unmentioned
+    (d / "_SUCCESS").write_text("")
+    skipped: list[str] = []
+    files = io.expand_inputs([str(d)], skipped=skipped)
+    assert [f.relpath for f in files] == ["D.Jsonl.GZ", "a.jsonl", "c.JSONL"]
+    assert skipped == [str(d / "b.jsonl.bz2"), str(d / "readme.txt")]
+    assert io.skipped_note(skipped) == f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt"
+    assert io.skipped_note([f"f{i}.txt" for i in range(7)]).endswith(": f0.txt, f1.txt, f2.txt, f3.txt, f4.txt and 2 more")
+    glob_skipped: list[str] = []
+    assert [f.relpath for f in io.expand_inputs([str(d / "*")], skipped=glob_skipped)] == [f.relpath for f in files]
+    assert glob_skipped == skipped
+    assert [record["text"] for f in files for _, record, _ in rows.iter_rows(f.path)] == ["d", "a", "c"]
+
+
 def test_atomic_open_leaves_nothing_on_error(tmp_path):
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError):

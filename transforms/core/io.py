@@ -157,9 +157,9 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
         raw = fs.open(p, "rb")
     else:
         raw = open(_local(path), "rb")
-    if compression == "infer" and path.endswith(".gz"):
+    if compression == "infer" and has_suffix(path, ".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
-    if compression == "infer" and path.endswith(".zst"):
+    if compression == "infer" and has_suffix(path, ".zst"):
         return zstd.ZstdFile(raw, "rb")
     return raw
 
@@ -531,8 +531,20 @@ class InputFile:
         return {"path": self.path, "size": self.size, "version": self.version}
 
 
+def has_suffix(path: str, *suffixes: str) -> bool:
+    """Whether ``path`` ends with one of ``suffixes`` (lower case), in any case: ``C.JSONL`` is a ``.jsonl``."""
+    return path.lower().endswith(suffixes)
+
+
 def has_data_suffix(path: str, suffixes=DATA_SUFFIXES) -> bool:
-    return path.endswith(tuple(suffixes))
+    return has_suffix(path, *suffixes)
+
+
+def skipped_note(skipped: list[str], shown: int = 5) -> str:
+    """One line naming the files :func:`expand_inputs` skipped for their extension."""
+    skipped = list(dict.fromkeys(skipped))
+    names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+    return f"skipped {len(skipped)} file(s) with unsupported extensions: {names}"
 
 
 def _version(info: dict) -> str:
@@ -570,13 +582,17 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
-def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
+def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] | None = None) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
 
-    Folders and globs keep only files with a data suffix and skip hidden names (``.x``,
-    ``_SUCCESS``). A folder written by ``datasets``' ``save_to_disk`` gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results are sorted by
-    path and unique. Raises :class:`InputError` naming any argument that matches nothing.
+    Folders and globs keep only files with a data suffix (in any case: ``a.JSONL``) and skip
+    hidden names (``.x``, ``_SUCCESS``); the other files they hold are appended to
+    ``skipped`` (for :func:`skipped_note`). A folder written by ``datasets``' ``save_to_disk``
+    gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results
+    are sorted by path and unique. Raises :class:`InputError` naming any argument that
+    matches nothing.
     """
+    skipped = [] if skipped is None else skipped
     found: dict[str, InputFile] = {}
     for arg in paths:
         fs, p = filesystem(arg)
@@ -588,16 +604,24 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
                 if info.get("type") == "directory":
                     continue
                 rel = q[len(root):].lstrip("/")
-                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
                     matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
         elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
             for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
                 matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
         elif fs.isdir(p):
             for q, info in sorted(fs.find(p, detail=True).items()):
                 rel = q[len(p.rstrip("/")):].lstrip("/")
-                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
                     matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
         elif fs.exists(p):
             if not has_data_suffix(p, suffixes):
                 raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")

@@ -228,12 +228,12 @@ class IndexStage(Stage):
 def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
     units = []
     for fi, f in enumerate(files):
-        if f.path.endswith(".jsonl") and f.size > slice_bytes:
+        if io.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
             k = -(-f.size // slice_bytes)
             for si in range(k):
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
                                                          "lo": si * slice_bytes, "hi": min(f.size, (si + 1) * slice_bytes)}))
-        elif f.path.endswith(".parquet") and f.size > slice_bytes:
+        elif io.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
             groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
             for si, g in enumerate(range(0, len(groups), per)):
@@ -509,14 +509,15 @@ class MergeStage(Stage):
                      for f in files)
 
 
-def expand_as_given(args: list[str]) -> list[io.InputFile]:
+def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[io.InputFile]:
     """:func:`io.expand_inputs`, but each file's path spelled from the argument the user gave
-    (a relative folder stays relative), so that output paths are as given."""
+    (a relative folder stays relative), so that output paths are as given. Files skipped
+    for their extension are appended to ``skipped``."""
     import glob as globlib
 
     out: dict[str, io.InputFile] = {}
     for arg in args:
-        for f in io.expand_inputs([arg]):
+        for f in io.expand_inputs([arg], skipped=skipped):
             if globlib.has_magic(arg):
                 head = arg[: min(arg.index(c) for c in "*?[" if c in arg)]
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
@@ -530,9 +531,9 @@ def expand_as_given(args: list[str]) -> list[io.InputFile]:
     return sorted(out.values(), key=lambda f: f.path)
 
 
-def build_stages(settings: DeconSettings, output: str) -> list[Stage]:
-    eval_files = expand_as_given(settings.eval_paths)
-    train_files = expand_as_given(settings.train_paths)
+def build_stages(settings: DeconSettings, output: str, skipped: list[str] | None = None) -> list[Stage]:
+    eval_files = expand_as_given(settings.eval_paths, skipped)
+    train_files = expand_as_given(settings.train_paths, skipped)
     index = IndexStage(settings, eval_files)
     scan = ScanStage(settings, train_files, index, output)
     reduce = ReduceStage(settings, scan)

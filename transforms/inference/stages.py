@@ -85,7 +85,9 @@ class DocumentSource:
         if self.docs_per_unit < 1:
             raise ValueError("docs per unit must be at least 1")
         # doc-id files may have any name (docids_val.jsonl, val_shard_00, ...)
-        self.files = io.expand_inputs(self.paths) if self.paths else io.expand_inputs(self.docid_files, suffixes=("",))
+        self.skipped: list[str] = []  # files of the input folders skipped for their extension
+        self.files = (io.expand_inputs(self.paths, skipped=self.skipped) if self.paths
+                      else io.expand_inputs(self.docid_files, suffixes=("",)))
         self._plan: list[Unit] | None = None
 
     def config(self) -> dict:
