@@ -44,7 +44,7 @@ from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
 from refinery.transforms.decon import ngrams as ng
-from refinery.transforms.decon.report_html import render_html
+from refinery.transforms.decon.report_html import fingerprint_text, render_html
 
 FORMAT_VERSION = 2
 MEMBERSHIP_FILE = "membership.bin"
@@ -462,7 +462,7 @@ class MergeStage(Stage):
 
     def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
         scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, f"size {f.size:,}, version {f.version}")
+        return tuple((side, f.path, fingerprint_text(f.size, f.version, io.is_remote(f.path)))
                      for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
                      for f in files)
 
