@@ -33,6 +33,18 @@ examples:
 """
 
 
+def _count_or_none(value: str) -> int | None:
+    if value.lower() == "none":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'none', got {value!r}")
+    return count
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
     from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
@@ -64,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="default: HELM's lower() + split on runs of whitespace/ASCII punctuation")
     m.add_argument("--max-train-count", type=int, default=None, metavar="K",
                    help="ignore n-grams found in more than K training documents (HELM's frequency filter)")
+    m.add_argument("--max-ngram-details", type=_count_or_none, default=100_000, metavar="D",
+                   help="write at most D detail records per n-gram (eval rows x training rows; the stats still "
+                        "count them all) and warn when an n-gram has more; 'none': no cap (default: 100000)")
     o = parser.add_argument_group("output and layout")
     o.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
@@ -83,7 +98,8 @@ def settings_from_args(args):
         eval_text_field=args.eval_text_field or args.text_field,
         train_text_field=args.train_text_field or args.text_field,
         id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
-        max_train_count=args.max_train_count, slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
+        max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
+        slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples,
     )
 
@@ -160,6 +176,9 @@ def run(args, beam_args: list[str]) -> int:
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
         lines.append(f"  report: {io.join(output, 'stats', 'report.html')} (and report.md)")
+        for receipt in result.runs[-1].completed_receipts().values():
+            if receipt["stats"].get("capped_warning"):
+                print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
         for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],

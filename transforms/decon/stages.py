@@ -46,9 +46,9 @@ from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
 from refinery.transforms.decon import ngrams as ng
-from refinery.transforms.decon.report_html import render_html
+from refinery.transforms.decon.report_html import fingerprint_text, render_html
 
-FORMAT_VERSION = 3  # 3: hits frames carry zstd content checksums
+FORMAT_VERSION = 3  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
@@ -117,6 +117,7 @@ class DeconSettings:
     tokenizer: str = "default"
     partitions: int = 64
     max_train_count: int | None = None
+    max_ngram_details: int | None = ng.DEFAULT_MAX_NGRAM_DETAILS
     slice_bytes: int = 256 << 20
     batch_bytes: int = 1 << 20
     report_examples: int = 20
@@ -129,6 +130,8 @@ class DeconSettings:
             raise ValueError("--partitions must be >= 1")
         if self.report_examples < 0:
             raise ValueError("--report-examples must be >= 0")
+        if self.max_ngram_details is not None and self.max_ngram_details < 1:
+            raise ValueError("--max-ngram-details must be >= 1 (or none)")
         ng.get_tokenizer(self.tokenizer)
 
 
@@ -379,6 +382,12 @@ def load_eval_rows(path: str) -> list[ng.EvalRow]:
         return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(path))]
 
 
+@lru_cache(maxsize=2)
+def load_same_text(path: str) -> ng.SameText:
+    """The eval rows of ``path`` that share a text (once per process, for all reduce units)."""
+    return ng.same_text(load_eval_rows(path))
+
+
 class ReduceStage(Stage):
     name = "reduce"
 
@@ -387,7 +396,8 @@ class ReduceStage(Stage):
         self.scan_stage = scan_stage
 
     def config(self) -> dict:
-        return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count}
+        return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
+                "max_ngram_details": self.s.max_ngram_details}
 
     def plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -408,6 +418,7 @@ class ReduceStage(Stage):
         table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
         records = load_partition_file(io.join(index_run.parts_dir, partition_file(p))).records
         eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
 
         def blocks() -> Iterator[tuple[int, str, int, dict]]:
@@ -423,10 +434,12 @@ class ReduceStage(Stage):
                 def write(lines: str) -> None:
                     gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
 
-                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write)
+                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write,
+                                             self.s.max_ngram_details, same)
             packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
-        return {"details": result["details"], "ignored_ngrams": result["ignored"]}
+        return {"details": result["details"], "ignored_ngrams": result["ignored"],
+                "capped_ngrams": len(result["capped"])}
 
 
 # ---------------------------------------------------------------------------------------
@@ -477,20 +490,24 @@ class MergeStage(Stage):
                    for u in plan)
         with ng.gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
+        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
-                        ng.dumps_jsonl_gz(ng.overlap_instance(r) for r in eval_rows if r.eval_idx in result.overlaps))
+                        ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), _jsonl(result.overlap_stats))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), _jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), _jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), _jsonl(result.summary))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
-                        ng.render_report(result, scan_totals, self.s.max_train_count).encode())
+                        ng.render_report(result, scan_totals, self.s.max_train_count,
+                                         max_ngram_details=self.s.max_ngram_details).encode())
         report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
                                           self.report_settings(), self.report_inputs(), scan_totals)
         ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
         return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
                 "ignored_ngrams": result.ignored_ngrams,
+                "capped_ngrams": len(result.capped), "details_left_out": sum(c[3] - c[2] for c in result.capped),
+                "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
@@ -498,13 +515,14 @@ class MergeStage(Stage):
         s = self.s
         return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer),
                 ("max-train-count", "none" if s.max_train_count is None else str(s.max_train_count)),
+                ("max-ngram-details", "none" if s.max_ngram_details is None else str(s.max_ngram_details)),
                 ("eval text field", s.eval_text_field), ("train text field", s.train_text_field),
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
                 ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
 
     def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
         scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, f"size {f.size:,}, version {f.version}")
+        return tuple((side, f.path, fingerprint_text(f.size, f.version, io.is_remote(f.path)))
                      for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
                      for f in files)
 
