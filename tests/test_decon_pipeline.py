@@ -351,7 +351,9 @@ def test_portable_runner_matches_direct(tmp_path):
 
 
 def test_cli_errors_and_entry_point(tmp_path, capsys):
-    assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    (tmp_path / "train").mkdir()
+    assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path / "train"),
+                    "--output", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
     ev, tr = make_matrix_inputs(tmp_path)
     assert run_cli(["--eval", ev, "--train", tr, "--output", str(tmp_path / "o"), "--ngrams", "0"]) == 2
