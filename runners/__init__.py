@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .args import RunnerOptionsError, with_defaults
 from .dataflow import dataflow_args
-from .flink import flink_args, resolve_flink
+from .flink import flink_args, flink_job_service, resolve_flink
 from .local import direct_args, local_args
 from .package import setup_file
 from .portable import portable_args
@@ -29,7 +29,7 @@ RUNNERS = ("local", "direct", "portable", "flink", "dataflow")
 _BUILDERS = {"local": local_args, "direct": direct_args, "portable": portable_args,
              "flink": flink_args, "dataflow": dataflow_args}
 
-__all__ = ["RUNNERS", "RunnerOptionsError", "pipeline_args", "prepare_run", "setup_file"]
+__all__ = ["RUNNERS", "RunnerOptionsError", "job_service", "pipeline_args", "prepare_run", "setup_file"]
 
 
 def pipeline_args(runner: str = "local", workers: int | None = None, beam_args: list[str] | None = None) -> list[str]:
@@ -52,3 +52,10 @@ def prepare_run(runner: str, beam_args: list[str]) -> list[str]:
     if runner.lower() == "flink":
         return resolve_flink(beam_args)
     return beam_args
+
+
+def job_service(beam_args: list[str]):
+    """A context manager giving ``beam_args`` for all of a command's Beam jobs: for Flink
+    through Beam's job server, one job server for them all (:func:`.flink.flink_job_service`);
+    for other runners ``beam_args`` as they are."""
+    return flink_job_service(beam_args)

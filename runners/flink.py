@@ -31,6 +31,9 @@ otherwise report as a Java stack trace, and says it in one line instead:
 - Java is on ``PATH`` (the job server is a Java program), unless the jar is uploaded
   straight to the cluster (``--flink_submit_uber_jar``).
 
+A command's Beam jobs share one job server (:func:`flink_job_service`): Beam would start a
+JVM for each job and stop them all only when the process exits.
+
 Beam flags worth knowing: ``--flink_master=HOST:8081`` (the JobManager's REST address;
 ``[local]`` starts an embedded Flink), ``--flink_version`` (1.19, 1.20, 2.0, 2.1, 2.2),
 ``--flink_job_server_jar=PATH``, ``--flink_submit_uber_jar`` (upload the job server jar with
@@ -38,6 +41,7 @@ the pipeline to the JobManager instead of running a job server on this machine).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -178,3 +182,33 @@ def resolve_flink(args: list[str]) -> list[str]:
             f"no Flink {minor} job server jar here and Beam cannot download it ({url}: {why}). Fetch one with "
             f"'python -m refinery.runners.flink_local fetch --flink {minor}' or give --flink_job_server_jar PATH")
     return args + extra
+
+
+@contextlib.contextmanager
+def flink_job_service(args: list[str]):
+    """``args`` with ``--job_endpoint`` of one Beam Flink job server started here and stopped
+    on leaving, for every Beam job of a command; ``args`` unchanged when they are not for
+    FlinkRunner through a job server (another runner, ``--job_endpoint`` given, or the uber
+    jar submitted straight to a cluster)."""
+    master = value(args, "--flink_master") or "[auto]"
+    if (value(args, "--runner") or "").lower() != "flinkrunner" or has(args, "--job_endpoint") or \
+            (has(args, "--flink_submit_uber_jar") and master not in LOCAL_MASTERS):
+        yield args
+        return
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
+    from apache_beam.runners.portability.flink_runner import FlinkJarJobServer, FlinkRunner
+
+    options = PipelineOptions(args)
+    flink = options.view_as(FlinkRunnerOptions)
+    flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)  # as FlinkRunner does for its own
+    class FlinkJobServer(FlinkJarJobServer):  # start() returns a stub; the endpoint is known only here
+        def subprocess_cmd_and_endpoint(self):
+            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
+            return cmd, self.endpoint
+
+    server = FlinkJobServer(options)
+    server.start()
+    try:
+        yield args + [f"--job_endpoint={server.endpoint}"]
+    finally:
+        server.stop()

@@ -249,6 +249,7 @@ def test_embedded_flink_prep_decon_generate_equal_local(flink_jar, corpus, tmp_p
         flink, local = tmp_path / f"{argv[0]}-flink", tmp_path / f"{argv[0]}-local"
         r = ok(run_cli(*argv, "--output", flink, "--no-progress", "-v", *EMBEDDED))
         assert "'--flink-master', '[local]'" in r.stderr  # Beam started the Flink job server, embedded
+        assert r.stderr.count("Really starting service") == 1  # one job server JVM for all the command's jobs
         for stage, counters in counters_logged(r.stderr).items():  # and Flink reported the units back
             assert counters == receipt_counters(flink)[stage], stage
         ok(run_cli(*argv, "--output", local, "--no-progress", "--runner", "direct"))
@@ -310,6 +311,7 @@ def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
     on = ["--runner", "flink", "--workers", "2", "--no-progress", "-v", *cluster.beam_args()]
     t0 = time.time()
     r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0", *on))
+    assert r.stderr.count("Really starting service") == 1  # tokenize and pack through one job server
     ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep-local", "--num-shards", "3", "--unit-mb", "0",
                "--runner", "direct", "--no-progress"))
     assert final_digest(tmp_path / "prep") == final_digest(tmp_path / "prep-local")

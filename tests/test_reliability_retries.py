@@ -140,8 +140,14 @@ def test_beam_counters_come_back_equal_to_the_receipts(reference, tmp_path):
     assert pack["pack_units_completed"] == 3 and pack["pack_docs"] == 160 and "manifest" not in result.metrics
 
 
-def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_path, capsys):
+def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    from refinery import runners
     from refinery.beam_pipelines import command
+
+    # the "cluster" here is the fake runner below: no Flink job server is started for it
+    monkeypatch.setattr(runners, "job_service", contextlib.nullcontext)
 
     corpus, want = reference
     out = tmp_path / "out"

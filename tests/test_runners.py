@@ -80,6 +80,18 @@ def test_flink_args():
                         "--runner=FlinkRunner", "--parallelism=2", *opens]
 
 
+def test_flink_job_service_only_where_a_job_server_runs_here():
+    from refinery.runners import job_service
+
+    # another runner, a job server of the user's, or the uber jar sent to a cluster: args as they are
+    for args in (["--runner=DirectRunner"], ["--runner=FlinkRunner", "--job_endpoint=js:8099"],
+                 ["--runner=FlinkRunner", "--flink_master=jm:8081", "--flink_submit_uber_jar"]):
+        with job_service(args) as got:
+            assert got == args
+    # (a FlinkRunner that needs one gets --job_endpoint of a job server shared by all its jobs:
+    # tests/test_flink.py counts one job server per command)
+
+
 def test_dataflow_args_cpu_and_gpu():
     cpu = pipeline_args("dataflow", 10, GCP)
     assert cpu == GCP + ["--runner=DataflowRunner", f"--setup_file={setup_file()}", "--max_num_workers=10"]
