@@ -51,15 +51,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, subparsers
 
 
-def _is_file(path: str) -> bool:
-    from refinery.transforms.core import io
-
-    try:
-        return io.exists(path) and not io.isdir(path)
-    except Exception:  # noqa: BLE001 - an unreachable store is reported by the command itself
-        return False
-
-
 def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
     """The innermost subparser that parsed ``args`` (e.g. ``hydra grade``'s)."""
     for action in parser._actions:
@@ -102,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from refinery.beam_pipelines.command import UsageError, check_beam_args, gs_paths, location_problems
-    from refinery.runners import RunnerOptionsError, pipeline_args
+    from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
     from refinery.transforms.core import io
     from refinery.transforms.core.gcs import credentials_problem
 
@@ -124,6 +115,8 @@ def _main(argv: list[str] | None) -> int:
                 args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
                 leftover = [a for a in leftover if a not in beam_dry_run]
             beam_args = pipeline_args(args.runner, args.workers, leftover)
+            if not args.dry_run:
+                beam_args = prepare_run(args.runner, beam_args)
         except (UsageError, RunnerOptionsError) as e:
             return _usage_lines(command, str(e).splitlines())
     dry_run = getattr(args, "dry_run", False)
@@ -137,9 +130,6 @@ def _main(argv: list[str] | None) -> int:
     if problems:
         return _usage_lines(command, problems)
     with io.offline("a dry run reads nothing remote") if dry_run else contextlib.nullcontext():
-        output = getattr(args, "output", None) if args.command != "status" else None
-        if isinstance(output, str) and _is_file(output):
-            return _usage_lines(command, [f"--output {output} is a file; give a folder (it is created if missing)"])
         return mod.run(args, beam_args)
 
 

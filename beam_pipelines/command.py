@@ -334,8 +334,10 @@ class Pipeline:
     """What a pipeline command hands to :func:`run_pipeline`.
 
     ``header``: printed (stderr) before running; ``summary(result, seconds)``: what a
-    successful run did, printed on stdout; ``on_plan``/``runner``/``builder``: passed to ``run_stages``
-    (``builder`` builds the Beam jobs of a stage for a dry run, see ``runners.translate``).
+    successful run did, printed on stdout; ``verdict(result)``: why a run whose units all
+    finished still failed (e.g. :func:`reject_rate_failure`), or None: exit 1 with that line;
+    ``on_plan``/``runner``/``builder``: passed to ``run_stages`` (``builder`` builds the Beam
+    jobs of a stage for a dry run, see ``runners.translate``).
     """
 
     command: str
@@ -343,6 +345,7 @@ class Pipeline:
     stages: list
     header: str = ""
     summary: Callable[[object, float], str] | None = None
+    verdict: Callable[[object], str | None] | None = None
     on_plan: Callable | None = None
     runner: Callable | None = None
     builder: Callable | None = None
@@ -356,9 +359,11 @@ def usage_error(message: str) -> int:
 
 def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
-    or the summary. Returns the exit code: 0 done, 1 units not completed."""
-    from refinery.transforms.core.io import InputError
-    from refinery.transforms.core.stages import StageFailed, run_stages
+    or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
+    the verdict failed."""
+    from refinery.transforms.core.io import InputError, PathError
+    from refinery.runners import job_service
+    from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
         try:
@@ -369,19 +374,38 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(p.header, file=sys.stderr)
     t0 = time.time()
     try:
-        result = run_stages(p.stages, p.output, beam_args, verify_checksums=getattr(args, "verify_checksums", False),
-                            force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
-                            run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
-                            on_plan=p.on_plan, runner=p.runner)
+        with job_service(beam_args) as job_args:
+            result = run_stages(p.stages, p.output, job_args,
+                                verify_checksums=getattr(args, "verify_checksums", False),
+                                force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
+                                run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
+                                on_plan=p.on_plan, runner=p.runner)
     except StageFailed as e:
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)
         return 1
-    except InputError as e:
+    except JobFailed as e:
+        if _INTERRUPTED:  # a job stopped by Ctrl-C: the interruption, not a failure
+            raise
+        print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
+              f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
+        return 1
+    except (InputError, PathError) as e:
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))
+    failure = p.verdict(result) if p.verdict else None
+    if failure:
+        print(f"refinery {p.command}: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def beam_runner_name(beam_args: list[str]) -> str:
+    """The ``--runner`` Beam was given (``FlinkRunner``, ``DirectRunner``, ...)."""
+    from refinery.runners.args import value
+
+    return value(beam_args, "--runner") or "DirectRunner"
 
 
 def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
@@ -391,7 +415,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     and, for a remote output, that it did not read the receipts."""
     from refinery.runners.dataflow import is_dataflow
     from refinery.transforms.core import io
-    from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.core.stages import bind_stages, repairs_of
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)
@@ -405,17 +429,20 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     if unread:
         print(f"  receipts under {p.output} not read ({offline.reason}): done/failed/pending unknown")
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
+    repairs: dict[str, str] = {}  # of the earlier stages' done units: a later unit built before one is pending
     for run in bind_stages(p.stages, p.output):
         units = run.stage.plan()
         if unread:
             print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {'?':>7} {'?':>7} {'?':>7}")
             continue
         done = failed = 0
+        run.upstream_repairs = dict(repairs)
         if not force:
             for u in units:
                 c = run.check(u.id, verify)
                 done += c.done
                 failed += (not c.done) and c.reason.startswith("failed")
+                repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
         print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
     if is_dataflow(beam_args):
         from refinery.runners.translate import dataflow_jobs
@@ -471,6 +498,57 @@ def check_field(command: str, flag: str, field: str, paths: list[str], files: in
         if good and not found:
             raise UsageError(f"refinery {command}: {flag} {field!r}: no row of {path} has it (first {good} "
                              f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
+
+
+def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
+    """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
+    anything is written: it is not a file nor under one, a folder can be made there (probed,
+    except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
+    would list it (a run reading its own outputs back as input). Every command that takes
+    ``--output`` calls it (``flag``: how the message names the output)."""
+    from refinery.transforms.core import io
+
+    problem = io.output_folder_problem(output, probe=not dry_run)
+    if problem:
+        raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
+    for arg in inputs:
+        if io.listing_reaches(arg, output):
+            raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
+                             f"read the run's own outputs back; give an output folder outside it")
+
+
+def add_reject_rate_arg(g, rows: str = "the rows read") -> None:
+    """``--max-reject-rate R`` on the argument group ``g``; ``rows``: which rows it counts."""
+    g.add_argument("--max-reject-rate", type=float, default=None, metavar="R",
+                   help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected; the outputs are "
+                        f"still written (default: exit 1 only when no row was accepted). A run that read no "
+                        f"row at all always exits 1")
+
+
+def bad_reject_rate(args) -> str | None:
+    """What is wrong with ``--max-reject-rate`` (for a usage error), or None."""
+    rate = args.max_reject_rate
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        return f"--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not {rate:g}"
+    return None
+
+
+def reject_rate_failure(what: str, read: int, rejected: int, accepted: int, max_rate: float | None,
+                        reasons: str) -> str | None:
+    """Why a run fails its ``--max-reject-rate`` (one line, naming ``what`` was read, with
+    ``reasons``: where the reasons are), or None. ``max_rate`` None: fail only when nothing
+    was accepted. Reading nothing at all always fails."""
+    if read == 0:
+        return f"no {what} read (empty input files?)"
+    if max_rate is None:
+        if accepted == 0:
+            return (f"no {what} accepted of {read:,} read ({rejected:,} rejected; {reasons}); "
+                    f"--max-reject-rate 1 lets such a run pass")
+        return None
+    if rejected > max_rate * read:
+        return (f"{rejected:,} of {read:,} {what} ({100 * rejected / read:.0f}%) rejected, more than "
+                f"--max-reject-rate {max_rate:g}; {reasons}")
+    return None
 
 
 def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:

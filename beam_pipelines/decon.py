@@ -33,16 +33,29 @@ examples:
 """
 
 
+def _count_or_none(value: str) -> int | None:
+    if value.lower() == "none":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'none', got {value!r}")
+    return count
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
-    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("inputs")
     g.add_argument("--eval", nargs="+", default=[], metavar="PATH",
                    help="eval (test) data: files, folders (recursive) or globs; local or gs://; "
-                        ".jsonl .jsonl.gz .jsonl.zst .json .parquet. The eval dataset name comes from "
+                        ".jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow (any case; other files in a folder "
+                        "are skipped and named). The eval dataset name comes from "
                         "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k)")
     g.add_argument("--eval-hf", nargs="+", default=[], metavar="NAME[:SUBSET]:SPLIT",
                    help="eval sets by Hugging Face name (or a local dataset folder), e.g. openai/gsm8k:main:test; "
@@ -55,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-text-field", default=None, help="text field of training rows (default: --text-field)")
     g.add_argument("--id-field", default="id",
                    help="id field (default: id); absent or null -> blake2b hash of the whole record")
+    add_reject_rate_arg(g, "the eval rows read, or of the training rows read,")
     m = parser.add_argument_group("method")
     m.add_argument("--ngrams", nargs="+", type=int, default=[13], metavar="N",
                    help="n-gram lengths (default: 13); rows shorter than n use their one min(n, len)-gram")
@@ -62,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="default: HELM's lower() + split on runs of whitespace/ASCII punctuation")
     m.add_argument("--max-train-count", type=int, default=None, metavar="K",
                    help="ignore n-grams found in more than K training documents (HELM's frequency filter)")
+    m.add_argument("--max-ngram-details", type=_count_or_none, default=100_000, metavar="D",
+                   help="write at most D detail records per n-gram (eval rows x training rows; the stats still "
+                        "count them all) and warn when an n-gram has more; 'none': no cap (default: 100000)")
     o = parser.add_argument_group("output and layout")
     o.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
@@ -81,22 +98,28 @@ def settings_from_args(args):
         eval_text_field=args.eval_text_field or args.text_field,
         train_text_field=args.train_text_field or args.text_field,
         id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
-        max_train_count=args.max_train_count, slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
+        max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
+        slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples,
     )
 
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, bad_reject_rate, check_field, check_output,
+                                                 reject_rate_failure, run_pipeline, usage_error,
                                                  warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 
     output = args.output.rstrip("/")
+    if problem := bad_reject_rate(args):
+        return usage_error(f"refinery decon: {problem}")
     if not (args.eval or args.eval_hf):
         return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
+    skipped: list[str] = []
     try:
+        check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
         pending_hf = []
         for spec in args.eval_hf:
             from refinery.transforms.core.hf import materialize_split
@@ -111,7 +134,7 @@ def run(args, beam_args: list[str]) -> int:
         if pending_hf and not args.eval:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
-        stages = build_stages(settings, output)
+        stages = build_stages(settings, output, skipped)
         check_field("decon", "--eval-text-field", settings.eval_text_field, [f.path for f in stages[0].eval_files])
         check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
     except UsageError as e:
@@ -124,26 +147,50 @@ def run(args, beam_args: list[str]) -> int:
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
-            io.remove(io.join(output, ".SUCCESS"))
+            io.remove(io.join(output, ".SUCCESS"), root=output)
+
+    bad_rows = "unreadable or without text"
+
+    def row_counts(result) -> dict[str, tuple[int, int]]:
+        """(rows read, rows unreadable or without text) of each side."""
+        summary_lines = io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines()
+        evals = [json.loads(line) for line in summary_lines]
+        scan = result.runs[-1].check("merge").receipt["stats"]["scan"]
+        return {"eval": (sum(e["num_rows"] + e["num_bad_rows"] for e in evals), sum(e["num_bad_rows"] for e in evals)),
+                "training": (int(scan.get("rows", 0)), int(scan.get("bad_rows", 0)))}
+
+    def verdict(result) -> str | None:
+        for side, (read, bad) in row_counts(result).items():
+            if failure := reject_rate_failure(f"{side} rows", read, bad, read - bad, args.max_reject_rate,
+                                              f"{bad_rows}: decon counts such rows, it does not list them"):
+                return failure
+        return None
 
     def summary(result, seconds: float) -> str:
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
         lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
+        for side, (read, bad) in row_counts(result).items():
+            lines.append(f"  {side} rows: read {read:,} = used {read - bad:,} + {bad_rows} {bad:,}")
         for line in io.read_bytes(io.join(output, "stats", "overlap_stats.jsonl")).splitlines():
             s = json.loads(line)
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
         lines.append(f"  report: {io.join(output, 'stats', 'report.html')} (and report.md)")
+        for receipt in result.runs[-1].completed_receipts().values():
+            if receipt["stats"].get("capped_warning"):
+                print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
         for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
-                                    f"the eval rows of {e['eval_dataset']} (unreadable or without text)")
+                                    f"the eval rows of {e['eval_dataset']} ({bad_rows})")
         return "\n".join(lines)
 
     index, scan = stages[0], stages[1]
     header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
-              f"n = {' '.join(map(str, settings.ns))} -> {output}")
-    return run_pipeline(Pipeline("decon", output, stages, header, summary, on_plan=on_plan), args, beam_args)
+              f"n = {' '.join(map(str, settings.ns))} -> {output}"
+              + (f"\n  {io.skipped_note(skipped)}" if skipped else ""))
+    return run_pipeline(Pipeline("decon", output, stages, header, summary, verdict=verdict, on_plan=on_plan),
+                        args, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

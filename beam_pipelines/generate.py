@@ -54,7 +54,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = Fal
     g = parser.add_argument_group("inputs")
     if not docids_only:
         g.add_argument("--input", nargs="+", metavar="PATH",
-                       help="files, folders or globs of .jsonl .jsonl.gz .jsonl.zst .json .parquet rows")
+                       help="files, folders or globs of .jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow rows "
+                            "(any case; other files in a folder are skipped and named)")
         g.add_argument("--text-field", default="text", help="text field of input rows (default: text)")
         g.add_argument("--id-field", default="id", help="id field (default: id; absent -> '{relpath}:{row}')")
     g.add_argument("--input-docids", nargs="+", metavar="FILE", required=docids_only,
@@ -100,12 +101,13 @@ def document_source(args):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_input_arguments(parser)
     g = parser.add_argument_group("generation")
+    add_reject_rate_arg(g, "the documents read (unreadable rows: error rows in the output)")
     g.add_argument("--output", required=True, metavar="DIR", help="output folder (local or gs://)")
     g.add_argument("--template", default="rephrase",
                    help="'rephrase' (built in) or a text file whose {text} is replaced by the document")
@@ -116,17 +118,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(parser)
 
 
-def inference_pipeline(command: str, output: str, stages, header: str, summary):
+def inference_pipeline(command: str, output: str, stages, header: str, summary, verdict=None):
     """A :class:`~refinery.beam_pipelines.command.Pipeline` of infer -> merge, run in waves."""
     from refinery.beam_pipelines.command import Pipeline
     from refinery.transforms.inference.stages import infer_runner, wave_pipelines
 
-    return Pipeline(command, output, stages, header, summary, runner=infer_runner, builder=wave_pipelines)
+    return Pipeline(command, output, stages, header, summary, verdict=verdict, runner=infer_runner,
+                    builder=wave_pipelines)
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_field, run_pipeline, usage_error, \
-        warn_if_mostly_rejected
+    from refinery.beam_pipelines.command import UsageError, bad_reject_rate, check_field, check_output, \
+        reject_rate_failure, run_pipeline, usage_error, warn_if_mostly_rejected
     from refinery.transforms.core import io
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import GenerateTask, build_stages
@@ -135,6 +138,9 @@ def run(args, beam_args: list[str]) -> int:
     try:
         if bool(args.input) == bool(args.input_docids):
             raise ValueError("give exactly one of --input PATH... or --input-docids FILE...")
+        check_output("generate", output, args.input or [], dry_run=args.dry_run)
+        if problem := bad_reject_rate(args):
+            raise ValueError(problem)
         params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
         task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
         source = document_source(args)
@@ -147,6 +153,12 @@ def run(args, beam_args: list[str]) -> int:
     except (io.InputError, ValueError) as e:
         return usage_error(f"refinery generate: {e}")
 
+    def verdict(result) -> str | None:
+        stats = result.runs[-1].check("merge").receipt["stats"]
+        read, errors = stats["documents"], stats["errors"]
+        return reject_rate_failure("documents", read, errors, read - errors, args.max_reject_rate,
+                                   f"reasons in the error field of {io.join(output, GenerateTask.OUTPUT)}")
+
     def summary(result, seconds: float) -> str:
         stats = result.runs[-1].check("merge").receipt["stats"]
         warn_if_mostly_rejected("generate", stats["errors"], stats["documents"],
@@ -156,8 +168,9 @@ def run(args, beam_args: list[str]) -> int:
                 f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "
                 f"{stats['generated_tokens']:,} tokens generated\n  output: {io.join(output, GenerateTask.OUTPUT)}")
 
-    header = f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}"
-    return run_pipeline(inference_pipeline("generate", output, stages, header, summary), args, beam_args)
+    header = (f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}"
+              + (f"\n  {io.skipped_note(source.skipped)}" if source.skipped else ""))
+    return run_pipeline(inference_pipeline("generate", output, stages, header, summary, verdict), args, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

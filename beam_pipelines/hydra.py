@@ -203,7 +203,13 @@ def _grade(args, beam_args) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.command import UsageError, check_output, usage_error
+
     step = args.hydra_command
+    try:
+        check_output(f"hydra {step}", args.output, dry_run=getattr(args, "dry_run", False))
+    except UsageError as e:
+        return usage_error(str(e))
     if step == "slices":
         return _slices(args)
     if step == "oracle-label":

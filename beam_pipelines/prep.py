@@ -25,7 +25,7 @@ Killing the job and running the same command again finishes it: finished units a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
     from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("input")
     src.add_argument("--input", nargs="+", metavar="PATH",
                      help="files, folders (recursive) or globs; local or gs://; "
-                          ".jsonl .jsonl.gz .jsonl.zst .json .parquet, or a datasets save_to_disk folder")
+                          ".jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow (any case), or a datasets "
+                          "save_to_disk folder; other files in a folder are skipped and named")
     src.add_argument("--hf-dataset", metavar="NAME", help="a Hugging Face dataset (its parquet files)")
     src.add_argument("--hf-subset", metavar="S", help="dataset subset/config")
     src.add_argument("--hf-split", default="train", metavar="SPLIT", help="split (default: train)")
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="reject a row larger than N bytes (a JSONL line, a .json array element, a parquet/"
                           "arrow row) as 'row too large', reading past it without holding it in memory "
                           f"(default: {DEFAULT_MAX_ROW_BYTES} = {DEFAULT_MAX_ROW_BYTES >> 20} MiB)")
+    add_reject_rate_arg(src)
     out = parser.add_argument_group("output")
     out.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     out.add_argument("--dataset", help="dataset name used in shard file names (default: from the input)")
@@ -66,14 +68,16 @@ def dataset_name(args) -> str:
         base = args.hf_dataset.rsplit("/", 1)[-1]
     else:
         base = args.input[0].rstrip("/").rsplit("/", 1)[-1]
-        for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet"):
-            base = base.removesuffix(suffix)
+        for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet", ".arrow"):
+            if base.lower().endswith(suffix):
+                base = base[:-len(suffix)]
     clean = "".join(c if c.isalnum() or c in "-_" else "_" for c in base).strip("_")
     return clean or "dataset"
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, check_field, run_pipeline, usage_error,
+    from refinery.beam_pipelines.command import (Pipeline, UsageError, bad_reject_rate, check_field, check_output,
+                                                 reject_rate_failure, run_pipeline, usage_error,
                                                  warn_if_mostly_rejected)
     from refinery.transforms.core import io
     from refinery.transforms.formats.shards import check_name
@@ -86,11 +90,15 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error("refinery prep: --num-shards must be at least 1")
     if args.max_row_bytes < 1:
         return usage_error("refinery prep: --max-row-bytes must be at least 1")
+    if problem := bad_reject_rate(args):
+        return usage_error(f"refinery prep: {problem}")
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     source = {}
+    skipped: list[str] = []
     try:
+        check_output("prep", args.output, args.input or [], dry_run=args.dry_run)
         max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
         if args.hf_dataset:
             from refinery.transforms.core.hf import resolve_hf_parquet
@@ -98,7 +106,7 @@ def run(args, beam_args: list[str]) -> int:
             inputs = io.expand_inputs(list(hf.files))
             source = hf.describe()
         else:
-            inputs = io.expand_inputs(args.input)
+            inputs = io.expand_inputs(args.input, skipped=skipped)
         check_field("prep", "--text-field", args.text_field, [f.path for f in inputs])
     except UsageError as e:
         return usage_error(str(e))
@@ -114,22 +122,30 @@ def run(args, beam_args: list[str]) -> int:
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
                      unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes)
 
+    rejects_path = io.join(cfg.output, "rejects/rejects.jsonl")
+
+    def verdict(result) -> str | None:
+        rows = io.read_json(io.join(cfg.output, "manifest.json"))["rows"]
+        return reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
+                                   f"reasons in {rejects_path}")
+
     def summary(result, seconds: float) -> str:
         manifest_path = io.join(cfg.output, "manifest.json")
         m = io.read_json(manifest_path)
         ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
             or "nothing (all units already done)"
         rows = m["rows"]
-        warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], io.join(cfg.output, "rejects/rejects.jsonl"))
+        warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path)
         return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
                 f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
                 f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
                 f"rejected {rows['rejected']:,}"
                 + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
-                + (f"  (reasons in {io.join(cfg.output, 'rejects/rejects.jsonl')})" if rows["rejected"] else "")
+                + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
                 + f"\n  manifest: {manifest_path}")
 
     header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
-              + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")")
-    return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary,
+              + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
+              + (f"\n  {io.skipped_note(skipped)}" if skipped else ""))
+    return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
                                  on_plan=clear_stale_manifest), args, beam_args)

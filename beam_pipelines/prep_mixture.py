@@ -36,7 +36,7 @@ or an interruption; --force re-does every source/split from scratch.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_runner_args
+    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("run")
     r.add_argument("--continue-on-error", action="store_true",
                    help="a failing source/split does not stop the others (exit 1 at the end, naming it)")
+    add_reject_rate_arg(r, "the rows read of a source/split (it then fails like one whose units fail)")
     r.add_argument("--parallel", action="store_true",
                    help="accepted for compatibility: --runner local already runs one worker per core")
     add_runner_args(parser)
@@ -81,15 +82,16 @@ def hf_split_files(source, split: str, fs=None, api=None):
     return replace(hf, files=tuple(sl.select(list(hf.files)))), str(sl)
 
 
-def resolve_inputs(plan, fs=None, api=None):
-    """(input files, source description for the plan hash) of one source/split."""
+def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
+    """(input files, source description for the plan hash) of one source/split; the files of
+    its folders skipped for their extension are appended to ``skipped``."""
     from refinery.transforms.core import io
 
     s = plan.source
     if s.is_hf:
         hf, spec = hf_split_files(s, plan.split, fs, api)
         return io.expand_inputs(list(hf.files)), {**hf.describe(), "hf_split": spec}
-    return io.expand_inputs(list(s.path_splits[plan.split])), {}
+    return io.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
 
 
 def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
@@ -100,12 +102,12 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
                       max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc)
 
 
-def split_stages(plan, num_shards: int, workers: int):
+def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None = None):
     """(prep config, prep stages) of one source/split: the resumable run :func:`_run_all` does
     for it (``refinery.runners.translate`` builds its Beam jobs without running them)."""
     from refinery.transforms.prep.stages import build_stages
 
-    inputs, desc = resolve_inputs(plan)
+    inputs, desc = resolve_inputs(plan, skipped=skipped)
     cfg = prep_config(plan, inputs, desc, num_shards, workers)
     return cfg, build_stages(cfg)
 
@@ -140,6 +142,7 @@ def _fail(msg: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
+    from refinery.beam_pipelines.command import UsageError, bad_reject_rate, check_output, usage_error
     from refinery.transforms.prep.stages import parse_token_count
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
@@ -149,6 +152,8 @@ def run(args, beam_args: list[str]) -> int:
                      f"got --vocab-size {args.vocab_size} --eos-token-id {args.eos_token_id}")
     if args.num_shards < 1:
         return _fail("--num-shards must be at least 1")
+    if problem := bad_reject_rate(args):
+        return _fail(problem)
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     if not splits:
         return _fail("--splits names no split")
@@ -162,6 +167,11 @@ def run(args, beam_args: list[str]) -> int:
             raise mx.MixtureError(f"{args.config}: no data_root in the file; pass --data-root DIR")
         plans, skipped = mx.plan_mixture(mixture, data_root, splits, target, max_tokens, args.valid_percent)
         weights = mx.fixed_point_weights(mx.source_fractions(mixture))
+        for plan in plans:  # every output before any run: none may be a file, or inside an input
+            check_output("prep-mixture", plan.output, [] if plan.source.is_hf else plan.source.path_splits[plan.split],
+                         dry_run=args.dry_run, flag=f"the output of {plan.label}")
+    except UsageError as e:
+        return usage_error(str(e))
     except ValueError as e:
         return _fail(str(e))
 
@@ -194,12 +204,14 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
     for plan in plans:
         try:
             unlisted = len(offline.unlisted) if offline else 0
-            inputs, desc = resolve_inputs(plan)
+            skipped: list[str] = []
+            inputs, desc = resolve_inputs(plan, skipped=skipped)
             if offline and len(offline.unlisted) > unlisted:
                 raise io.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
             cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
             status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
-            detail = f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
+            detail = (f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
+                      + (f"; {io.skipped_note(skipped)}" if skipped else ""))
         except Exception as e:  # noqa: BLE001 - a dry run reports, it does not stop
             status, detail = "unresolved", f"{plan.source.describe_split(plan.split)}: {type(e).__name__}: {e}"
         print(f"{plan.label:28} {weight_of[plan.source.id] / mx.WEIGHT_SCALE:>8.4f} "
@@ -222,21 +234,33 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
         print(f"[{i}/{len(plans)}] {plan.label}: budget {mx.format_tokens(plan.budget)} tokens -> {plan.output}",
               file=sys.stderr)
         try:
-            cfg, stages = split_stages(plan, args.num_shards, workers)
+            skipped: list[str] = []
+            cfg, stages = split_stages(plan, args.num_shards, workers, skipped)
+            if skipped:
+                print(f"  {plan.label}: {io.skipped_note(skipped)}", file=sys.stderr)
             result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,
                                 force=args.force, progress=not args.no_progress,
                                 run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
                                           "split": plan.split}, on_plan=clear_stale_manifest)
             m = io.read_json(io.join(cfg.output, "manifest.json"))
+            rows, rejects = m["rows"], io.join(cfg.output, "rejects/rejects.jsonl")
             ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (already done)"
             print(f"  {plan.label}: {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in "
-                  f"{m['num_shards']} shards; units run: {ran}", file=sys.stderr)
+                  f"{m['num_shards']} shards; units run: {ran}\n"
+                  f"    rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
+                  f"rejected {rows['rejected']:,}"
+                  + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
+                  + (f"  (reasons in {rejects})" if rows["rejected"] else ""), file=sys.stderr)
+            failure = command.reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"],
+                                                  args.max_reject_rate, f"reasons in {rejects}")
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - reported by name; the run goes on if asked to
             if command._INTERRUPTED:  # Beam wrapped the interruption
                 raise
-            failed[plan.label] = f"{type(e).__name__}: {e}"
+            failure = f"{type(e).__name__}: {e}"
+        if failure:
+            failed[plan.label] = failure
             print(f"  FAILED {plan.label}: {failed[plan.label]}", file=sys.stderr)
             if not args.continue_on_error:
                 rest = [p.label for p in plans[i:]]

@@ -113,7 +113,9 @@ def _mxfp4_matmul(a_ptr, a_row_off, a_mask, w_blocks_ptr, w_scales_ptr, w_row, w
                         other=0.0)
             scale = tl.load(w_scales_ptr + w_row[:, None] * groups + g[None, :],
                             mask=w_mask[:, None] & g_ok[None, :], other=127)  # [N, BLOCK_KB // 16]
-            acc = tl.dot_scaled(a, None, A_FORMAT, byte, scale, "e2m1", acc)
+            # tl.constexpr(...) around the formats: compiled code wraps them already, but Triton
+            # 3.7's interpreter hands dot_scaled bare strings, which it cannot read.
+            acc = tl.dot_scaled(a, None, tl.constexpr(A_FORMAT), byte, scale, tl.constexpr("e2m1"), acc)
         else:
             a_lo = tl.load(a_ptr + a_row_off[:, None] + 2 * kb[None, :], mask=a_mask[:, None] & k_ok[None, :],
                            other=0.0)
@@ -424,10 +426,21 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def scaled_dot_available() -> bool:
+    """Whether ``tl.dot_scaled`` can run here: always when compiled; under ``TRITON_INTERPRET=1``
+    only if the interpreter implements it (Triton 3.7's does not)."""
+    if os.environ.get("TRITON_INTERPRET", "") not in ("1", "true", "True"):
+        return True
+    from triton.runtime import interpreter
+    return hasattr(interpreter.InterpreterBuilder, "create_dot_scaled")
+
+
 def uses_scaled_dot(dtype: torch.dtype) -> bool:
     """Whether MXFP4 tiles go to ``tl.dot_scaled`` (bf16/fp16 activations; ``REFINERY_MXFP4_DECODE=bits``
-    forces the bit-decode path) rather than being decoded in registers (float32)."""
-    return dtype in (torch.bfloat16, torch.float16) and os.environ.get("REFINERY_MXFP4_DECODE", "") != "bits"
+    forces the bit-decode path) rather than being decoded in registers (float32, or wherever
+    :func:`scaled_dot_available` says no)."""
+    return (dtype in (torch.bfloat16, torch.float16) and os.environ.get("REFINERY_MXFP4_DECODE", "") != "bits"
+            and scaled_dot_available())
 
 
 def moe_triton(

@@ -11,14 +11,15 @@ One module per target, each documenting its flags and defaults:
   ``setup.py``; ``--gpu TYPE[:COUNT]`` for inference workers.
 
 Any other name is passed to Beam as ``--runner=NAME``. Flags the user gave win over every
-default here. :mod:`.translate` builds a stage's Beam pipeline without running it (runner
+default here. :func:`prepare_run` completes them for a real run (not a dry run): for Flink,
+the cluster's version and a job server jar, or one line saying what is missing. :mod:`.translate` builds a stage's Beam pipeline without running it (runner
 API proto, Dataflow ``--dry_run`` job description).
 """
 from __future__ import annotations
 
 from .args import RunnerOptionsError, with_defaults
 from .dataflow import dataflow_args
-from .flink import flink_args
+from .flink import flink_args, flink_job_service, resolve_flink
 from .local import direct_args, local_args
 from .package import setup_file
 from .portable import portable_args
@@ -28,7 +29,7 @@ RUNNERS = ("local", "direct", "portable", "flink", "dataflow")
 _BUILDERS = {"local": local_args, "direct": direct_args, "portable": portable_args,
              "flink": flink_args, "dataflow": dataflow_args}
 
-__all__ = ["RUNNERS", "RunnerOptionsError", "pipeline_args", "setup_file"]
+__all__ = ["RUNNERS", "RunnerOptionsError", "job_service", "pipeline_args", "prepare_run", "setup_file"]
 
 
 def pipeline_args(runner: str = "local", workers: int | None = None, beam_args: list[str] | None = None) -> list[str]:
@@ -42,3 +43,19 @@ def pipeline_args(runner: str = "local", workers: int | None = None, beam_args: 
     if builder is None:
         return with_defaults(args, {"--runner": runner})
     return builder(workers, args)
+
+
+def prepare_run(runner: str, beam_args: list[str]) -> list[str]:
+    """``beam_args`` from :func:`pipeline_args`, checked and completed right before a real
+    run; may contact the runner's service (Flink's REST API). Raises
+    :class:`RunnerOptionsError` with the one-line cause."""
+    if runner.lower() == "flink":
+        return resolve_flink(beam_args)
+    return beam_args
+
+
+def job_service(beam_args: list[str]):
+    """A context manager giving ``beam_args`` for all of a command's Beam jobs: for Flink
+    through Beam's job server, one job server for them all (:func:`.flink.flink_job_service`);
+    for other runners ``beam_args`` as they are."""
+    return flink_job_service(beam_args)

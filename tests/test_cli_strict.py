@@ -2,6 +2,7 @@
 --dry-run on every pipeline command; status by the one completion check; quiet progress off a terminal."""
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -65,6 +66,66 @@ def test_mostly_rejected_rows_are_said_loudly(tmp_path, capsys):
     assert run_prep([tmp_path / "c"], tmp_path / "o") == 0
     err = capsys.readouterr().err
     assert "WARNING refinery prep: 5 of 6 rows (83%) were rejected" in err
+
+
+def test_prep_names_skipped_files_and_reads_extensions_in_any_case(tmp_path, capsys):
+    d = tmp_path / "c"
+    write_jsonl(d / "a.jsonl", [{"text": "alpha one"}, {"text": "alpha two"}])
+    write_jsonl(d / "c.JSONL", [{"text": "upper case name"}])
+    (d / "b.jsonl.bz2").write_bytes(b"BZh9")
+    (d / "readme.txt").write_text("notes")
+    assert run_prep([d], tmp_path / "o") == 0
+    assert f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt" in capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["rows"]["read"] == 3
+
+
+def test_a_run_that_accepts_nothing_exits_1(tmp_path, capsys):
+    """All rows rejected, or none read: exit 1 with one line saying why (also when the rerun has
+    nothing left to do); --max-reject-rate tunes it."""
+    write_jsonl(tmp_path / "bad" / "a.jsonl", [{"text": 3}] * 3)
+    for _ in range(2):  # the first run, then a rerun that finds every unit done
+        assert run_prep([tmp_path / "bad"], tmp_path / "o") == 1
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == (f"refinery prep: no rows accepted of 3 read (3 rejected; reasons in {tmp_path}/o/rejects/"
+                        f"rejects.jsonl); --max-reject-rate 1 lets such a run pass")
+    assert run_prep([tmp_path / "bad"], tmp_path / "o", "--max-reject-rate", "1") == 0
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "empty.jsonl").write_bytes(b"")
+    assert run_prep([tmp_path / "none"], tmp_path / "o2") == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "refinery prep: no rows read (empty input files?)"
+    write_jsonl(tmp_path / "most" / "a.jsonl", [{"text": "good one"}] + [{"text": 3}] * 5)
+    assert run_prep([tmp_path / "most"], tmp_path / "o3", "--max-reject-rate", "0.5") == 1
+    assert "5 of 6 rows (83%) rejected, more than --max-reject-rate 0.5" in capsys.readouterr().err
+    assert run_prep([tmp_path / "most"], tmp_path / "o3", "--max-reject-rate", "0.9") == 0
+    capsys.readouterr()
+    out = str(tmp_path / "o4")
+    for argv in (["prep", "--input", str(tmp_path / "most"), "--output", out],
+                 ["decon", "--eval", "e", "--train", "t", "--output", out],
+                 ["prep-mixture", "--config", "mix.toml", "--data-root", out]):
+        assert main([*argv, "--max-reject-rate", "5"]) == 2
+        assert "--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not 5" in _one_line(capsys)
+
+
+def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):
+    write_jsonl(tmp_path / "ev" / "gsm" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
+    write_jsonl(tmp_path / "tr" / "t.jsonl", [{"text": 3}] * 3)
+    argv = ["decon", "--eval", str(tmp_path / "ev"), "--train", str(tmp_path / "tr"), "--output", str(tmp_path / "d"),
+            "--ngrams", "3", "--partitions", "1", "--runner", "direct", "--no-progress"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "  eval rows: read 1 = used 1 + unreadable or without text 0" in out
+    assert "  training rows: read 3 = used 0 + unreadable or without text 3" in out
+    assert err.strip().splitlines()[-1].startswith("refinery decon: no training rows accepted of 3 read (3 rejected")
+    assert main([*argv, "--max-reject-rate", "1"]) == 0
+
+
+def test_generate_fails_when_every_document_is_unreadable(tmp_path, capsys, ckpt):
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "x", "text": 3}, {"id": "y", "text": None}])
+    assert main(["generate", "--checkpoint", ckpt, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "g"),
+                 "--text-field", "text", "--id-field", "id", "--max-tokens", "2", "--device", "cpu", "--dtype", "float32",
+                 "--runner", "direct", "--no-progress"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "refinery generate: no documents accepted of 2 read (2 rejected; reasons in the error field of ")
 
 
 def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypatch, ckpt):

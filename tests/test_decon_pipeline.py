@@ -283,6 +283,59 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
     assert os.path.exists(os.path.join(out, ".SUCCESS"))
 
 
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x5A]))
+
+
+def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt(tmp_path):
+    """A flipped byte in a scan unit's hits frame, or in a reduce unit's details member, left
+    by the time the next stage reads it (as after a kill): the reader fails naming the file
+    (the zstd frames carry checksums; the merge inflates each member it concatenates)
+    instead of changing a snippet or writing a .gz with a CRC error. A rerun with
+    --verify-checksums rebuilds the damaged unit and what follows, back to the clean bytes."""
+    from pathlib import Path
+
+    from conftest import tree_digest
+    from refinery.transforms.core.stages import StageFailed
+
+    ev, tr = make_matrix_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
+    runs = run_stages(build_stages(s, out), out, DIRECT, progress=False).runs
+    clean = tree_digest(Path(out))
+    scan_run, reduce_run, merge_run = runs[1:]
+
+    frames = [(length, offset, u.id) for u in scan_run.stage.plan()
+              for _, offset, length in json.load(open(scan_run.receipt_path(u.id)))["stats"]["frames"]]
+    length, offset, unit = max(frames)
+    hits = os.path.join(scan_run.parts_dir, "hits", f"{unit}.bin")
+    _flip(hits, offset + length // 2)
+    for p in os.listdir(reduce_run.receipts_dir):  # the reduce has not run yet
+        os.remove(os.path.join(reduce_run.receipts_dir, p))
+    with pytest.raises(StageFailed) as e:
+        run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert e.value.stage == "reduce" and f"{hits} frame at bytes {offset}-{offset + length}: damaged" in str(e.value)
+    again = run_stages(build_stages(s, out), out, DIRECT, progress=False, verify_checksums=True)
+    assert again.ran == {"index": 0, "scan": 1, "reduce": 4, "merge": 1}
+    assert tree_digest(Path(out)) == clean
+
+    member = max((os.path.join(reduce_run.parts_dir, "details", f) for f in os.listdir(os.path.join(
+        reduce_run.parts_dir, "details"))), key=os.path.getsize)
+    _flip(member, os.path.getsize(member) // 2)
+    os.remove(merge_run.receipt_path("merge"))  # the merge has not run yet
+    with pytest.raises(StageFailed) as e:
+        run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    assert e.value.stage == "merge" and f"{member}: damaged gzip member" in str(e.value)
+    assert read_details(out)  # the earlier, whole file: never replaced by a copy of the damage
+    again = run_stages(build_stages(s, out), out, DIRECT, progress=False, verify_checksums=True)
+    assert again.ran == {"index": 0, "scan": 0, "reduce": 1, "merge": 1}
+    assert tree_digest(Path(out)) == clean
+
+
 def test_portable_runner_matches_direct(tmp_path):
     ev, tr = make_matrix_inputs(tmp_path)
     outs = {}
@@ -298,7 +351,9 @@ def test_portable_runner_matches_direct(tmp_path):
 
 
 def test_cli_errors_and_entry_point(tmp_path, capsys):
-    assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    (tmp_path / "train").mkdir()
+    assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path / "train"),
+                    "--output", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
     ev, tr = make_matrix_inputs(tmp_path)
     assert run_cli(["--eval", ev, "--train", tr, "--output", str(tmp_path / "o"), "--ngrams", "0"]) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 
 from conftest import gsm8k_rows, write_jsonl
 from test_decon_pipeline import (helm, make_matrix_inputs, read_details, read_instances, read_jsonl, run_cli,
@@ -86,7 +87,8 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     sides = [[td.text() for td in row.find_all("td")] for row in inputs.find_all("tr")[1:]]
     assert {(side, path) for side, path, _ in sides} >= {("eval", f"{ev}/arc-dolma/test.json"),
                                                          ("train", f"{tr}/e.jsonl")}
-    assert all(fp.startswith("size ") for _, _, fp in sides)
+    local_mtime = r"size [\d,]+ bytes, modified \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+    assert all(re.fullmatch(local_mtime, fp) for _, _, fp in sides)
 
 
 def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path):

@@ -253,7 +253,9 @@ def test_long_text_shows_a_window_around_the_spans():
     inside = [text[max(s, start):min(e, end)] for s, e in merged if e > start and s < end]
     assert marks(block) == inside and inside
     assert start == 0                                     # the span near the start pulls the window there
-    assert block.text() == text[start:end] + " …"
+    assert text[end - 1] != " " != text[end]              # the window ends inside a word ...
+    end = text.rindex(" ", 0, end)                        # ... which the page leaves out
+    assert block.text() == text[start:end] + " …" and block.text().endswith("w00427 …")
     assert f"Showing characters {start + 1:,}–{end:,} of {len(text):,}" in page
     assert "highlighted spans outside this window not shown" in page
 
@@ -334,6 +336,81 @@ def test_no_external_resources():
             assert banned not in low, banned
         hrefs = [n.attrs["href"] for n in parse(page).root.find_all("a")]
         assert hrefs and all(h.startswith("#") for h in hrefs)
+
+
+def test_untrusted_strings_are_isolated_from_the_text_around_them():
+    rlo = "\u202e"          # RIGHT-TO-LEFT OVERRIDE: reverses what follows it, up to the end of its isolate
+    ex = example("the sum of two", [(4, 7)], [hit("the sum of two", [(4, 7)], path=f"train/{rlo}evil.jsonl")],
+                 instance_id=f"id{rlo}1")
+    ds = dataset(f"gsm{rlo}8k", 10, {13: 1}, examples=[ex], top=[(f"train/{rlo}evil.jsonl", 1)],
+                 paths=(f"eval/{rlo}x/test.jsonl",))
+    r = report(ds, settings=((f"k{rlo}", f"v{rlo}"),), inputs=(("eval", f"p{rlo}", f"f{rlo}"),),
+               rows_read=((f"rows{rlo}", 1),), generated_by=f"gen{rlo}")
+    page = render_html(r)
+    assert "bdi{unicode-bidi:isolate}" in page
+
+    def unisolated(node: Node, inside: bool = False) -> list[str]:
+        inside = inside or node.tag == "bdi"
+        out = []
+        for c in node.children:
+            if isinstance(c, str):
+                out += [c] if rlo in c and not inside else []
+            else:
+                out += unisolated(c, inside)
+        return out
+
+    body = parse(page).root.find_all("body")[0]
+    assert body.text().count(rlo) == 12 and unisolated(body) == []
+
+
+def test_tables_scroll_inside_their_card_and_the_metrics_fit():
+    page = render_html(hostile_report())
+    p = parse(page)
+    tables = p.root.find_all("table")
+    assert tables and all(any(t is c for sc in p.root.find_all("div", "scroll") for c in sc.children) for t in tables)
+    css = p.root.find_all("style")[0].text()
+    assert ".scroll{max-width:100%;overflow-x:auto}" in css       # a wide table scrolls, never the page
+    assert "th.num{white-space:normal}" in css                      # "jaccard (weighted)" may wrap
+    assert ".share{" not in css and ".count{white-space:nowrap;display:inline-block}" in css  # under the bar
+
+
+def test_fingerprints_read_as_sizes_and_dates():
+    assert rh.fingerprint_text(241537, "1700000000.5", remote=False) == \
+        "size 241,537 bytes, modified 2023-11-14 22:13:20 UTC"
+    assert rh.fingerprint_text(99, "1712345678901234", remote=True) == "size 99 bytes, generation 1712345678901234"
+    assert rh.fingerprint_text(99, "2024-05-01T00:00:00Z", remote=True) == "size 99 bytes, version 2024-05-01T00:00:00Z"
+    assert rh.fingerprint_text(5, "not a time", remote=False) == "size 5 bytes, version not a time"
+    assert rh.fingerprint_text(5, "", remote=False) == "size 5 bytes"
+
+
+def test_rows_are_said_to_count_from_zero():
+    page = render_html(report(dataset("d", 10, {13: 1}, examples=[example("abc", [(0, 3)], [hit("abc", [(0, 3)])])])))
+    legend = parse(page).root.find_all("p", "legend")[0].text()
+    assert "Rows are numbered from 0" in legend
+
+
+def test_snippets_start_and_end_on_whole_words():
+    snippet = "ousand words of context: the sum of two and three, said the teac"
+    s = snippet.index("the sum")
+    cut = TrainHit("t.jsonl", 1, snippet, (Span(s, s + 7),), 1, cut_before=True, cut_after=True)
+    whole = TrainHit("t.jsonl", 2, snippet, (Span(s, s + 7),), 1)
+    page = render_html(report(dataset("d", 10, {13: 1}, examples=[example("abc", [(0, 3)], [cut, whole])])))
+    first, second = parse(page).root.find_all("div", "snippet")
+    assert first.text() == "… words of context: the sum of two and three, said the …"
+    assert second.text() == snippet                                   # not cut: shown as it is
+    # never into a highlight, and a word longer than WORD_SLACK stays cut
+    assert rh.word_bounds("abc def", [(1, 3)], 0, 7, True, False) == (0, 7)
+    long_word = "x" * (rh.WORD_SLACK + 5) + " tail"
+    assert rh.word_bounds(long_word, [], 0, len(long_word), True, False) == (0, len(long_word))
+    assert rh.word_bounds("ab cd ef", [], 0, 8, True, True) == (3, 5)
+    assert rh.word_bounds(" and his", [], 0, 8, True, False) == (1, 8)      # no blank after the ellipsis
+
+
+def test_an_example_says_how_many_instances_share_its_text():
+    ex = Example("i-1", 0, "abc", (Span(0, 3),), 1.0, (), same_text=49_999)
+    page = render_html(report(dataset("d", 50_000, {13: 50_000}, examples=[ex])))
+    meta = parse(page).root.find_all("article", "example")[0].find_all("p", "meta")[0].text()
+    assert meta.endswith("· 49,999 other instances with exactly this text")
 
 
 # ---------------------------------------------------------------------------------------

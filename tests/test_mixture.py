@@ -301,3 +301,18 @@ def test_prep_mixture_on_portable_runner(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     for sid in ("alpha", "beta"):
         assert main(["verify", str(tmp_path / "data" / sid / "train" / "manifest.json")]) == 0
+
+
+def test_prep_mixture_shows_rejected_rows_and_fails_a_source_that_accepts_none(tmp_path, capsys):
+    cfg = _two_source_config(tmp_path)
+    with open(tmp_path / "corpus" / "a.jsonl", "a") as f:
+        f.write('{"id": "bad", "text": 3}\n')
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", [{"text": 3}] * 4)
+    assert _mix(cfg, "--splits", "train", "--continue-on-error") == 1
+    err = capsys.readouterr().err
+    alpha = tmp_path / "data" / "alpha" / "train"
+    assert re.search(r"alpha/train: .*\n    rows: read \d+ = accepted \d+ \+ empty 0 \+ rejected 1 \+ over budget \d+  "
+                     rf"\(reasons in {alpha}/rejects/rejects.jsonl\)", err), err
+    assert "FAILED beta/train: no rows accepted of 4 read (4 rejected; reasons in " in err
+    assert "1/2 source/split(s) done" in err
+    assert _mix(cfg, "--splits", "train", "--max-reject-rate", "1") == 0

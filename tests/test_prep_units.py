@@ -176,6 +176,30 @@ def test_expand_inputs(corpus):
         io.expand_inputs([str(corpus / "notes.txt")])
 
 
+def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tmp_path):
+    """Nothing vanishes in silence: files of a folder or glob without a data extension are
+    returned in ``skipped``; ``C.JSONL`` / ``D.Jsonl.GZ`` are data files, read as such."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.jsonl").write_bytes(b'{"text": "a"}\n')
+    (d / "c.JSONL").write_bytes(b'{"text": "c"}\n')
+    (d / "D.Jsonl.GZ").write_bytes(gzip.compress(b'{"text": "d"}\n'))
+    (d / "b.jsonl.bz2").write_bytes(b"BZh9")
+    (d / "readme.txt").write_text("notes")
+    (d / ".hidden.txt").write_text("x")  # hidden names stay unmentioned
+    (d / "_SUCCESS").write_text("")
+    skipped: list[str] = []
+    files = io.expand_inputs([str(d)], skipped=skipped)
+    assert [f.relpath for f in files] == ["D.Jsonl.GZ", "a.jsonl", "c.JSONL"]
+    assert skipped == [str(d / "b.jsonl.bz2"), str(d / "readme.txt")]
+    assert io.skipped_note(skipped) == f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt"
+    assert io.skipped_note([f"f{i}.txt" for i in range(7)]).endswith(": f0.txt, f1.txt, f2.txt, f3.txt, f4.txt and 2 more")
+    glob_skipped: list[str] = []
+    assert [f.relpath for f in io.expand_inputs([str(d / "*")], skipped=glob_skipped)] == [f.relpath for f in files]
+    assert glob_skipped == skipped
+    assert [record["text"] for f in files for _, record, _ in rows.iter_rows(f.path)] == ["d", "a", "c"]
+
+
 def test_atomic_open_leaves_nothing_on_error(tmp_path):
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError):
@@ -294,6 +318,50 @@ def test_failed_unit_is_recorded_and_retried(tmp_path):
     stage.calls.clear()
     stages.run_stages([stage], str(tmp_path), [], progress=False, runner=local)
     assert stage.calls == ["u1"]  # only the failed unit runs again
+
+
+def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp_path):
+    """A unit redone over damaged files gets a repair token, and every unit of later stages
+    built before that repair is pending (planner, worker and verify agree); a unit redone
+    because its file went missing is rebuilt identically and invalidates nothing."""
+    class _Later(_Echo):
+        name = "later"
+
+    def local(run, units, args, verify):
+        for u in units:
+            execute_unit(run, u, verify)
+
+    first, later = _Echo(), _Later()
+    out = str(tmp_path)
+    runs = stages.run_stages([first, later], out, [], progress=False, runner=local).runs
+    u1 = tmp_path / json.loads(open(runs[0].receipt_path("u1")).read())["files"][0]["path"]
+
+    u1.unlink()
+    result = stages.run_stages([first, later], out, [], progress=False, runner=local)
+    assert result.ran == {"echo": 1} and "repair" not in json.loads(open(runs[0].receipt_path("u1")).read())
+
+    tokens = []
+    for _ in range(2):  # a second repair of the same unit is a new repair
+        u1.write_bytes(b"value 9")  # same size, other bytes
+        first.calls.clear()
+        later.calls.clear()
+        result = stages.run_stages([first, later], out, [], progress=False, runner=local, verify_checksums=True)
+        assert result.ran == {"echo": 1, "later": 2} and first.calls == ["u1"] and later.calls == ["u0", "u1"]
+        tokens.append(json.loads(open(runs[0].receipt_path("u1")).read())["repair"])
+        assert json.loads(open(runs[1].receipt_path("u0")).read())["upstream_repairs"] == {"echo/u1": tokens[-1]}
+        assert stages.verify_receipts(out, checksums=True) == []
+    assert tokens[0] != tokens[1]
+
+    later_receipt = runs[1].receipt_path("u0")
+    stale = json.loads(open(later_receipt).read())
+    stale.pop("upstream_repairs")  # as if built before the repair
+    open(later_receipt, "w").write(json.dumps(stale))
+    assert stages.verify_receipts(out) == [
+        f"{later_receipt}: built before a repair of echo/u1 (damaged files rebuilt since)"]
+    assert [s["pending"] for s in stages.stage_status(out)] == [0, 1]
+    later.calls.clear()
+    assert stages.run_stages([first, later], out, [], progress=False, runner=local).ran == {"echo": 0, "later": 1}
+    assert later.calls == ["u0"]
 
 
 def test_stage_hash_chain():

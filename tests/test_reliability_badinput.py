@@ -39,6 +39,9 @@ JSONL_CASES = [
     (b'{"id": "crlf", "text": "windows line"}\r', "accepted"),
     (b'{"id": "dup", "text": "x", "text": "y"}', "accepted"),
     (b'\xef\xbb\xbf{"id": "bom", "text": "utf-8 bom"}', "malformed JSON"),
+    (b'{"id": 1' + b"0" * 5000 + b', "text": "x"}', "number out of range"),  # valid JSON, 5,001 digits
+    (b"[" * 100_000, "row nested too deep"),
+    (b'{"id": 18446744073709551616, "text": "id beyond 64 bits"}', "accepted"),
     (b'{"id": "ok1", "text": "last"}', "accepted"),
 ]
 

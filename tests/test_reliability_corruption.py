@@ -1,6 +1,7 @@
 """Damage to a finished prep output: ``refinery verify --checksums`` names every problem
-(exit 1), and one rerun with ``--verify-checksums`` repairs exactly the affected units
-(the unit log shows which units started) back to byte-identical outputs."""
+(exit 1), and one rerun with ``--verify-checksums`` repairs exactly the affected units and
+what was built from a damaged intermediate (the unit log shows which units started) back
+to byte-identical outputs."""
 from __future__ import annotations
 
 import json
@@ -78,6 +79,8 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
     _flip(p["part"]("00001.spill"), 100)
     damage.append(("flipped byte in an intermediate spill", "checksum mismatch for .refinery/tokenize",
                    ("tokenize", "00001")))
+    # every shard may have been packed from the damaged spill: all are rebuilt after its repair
+    built_from_spill = [("pack", f"{s:04d}") for s in range(SHARDS)] + [("manifest", "manifest")]
     stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{io.temp_name('x').split(io.TMP_MARKER)[1].split('-')[0]}-{_dead_pid()}-{'0123abcd' * 4}"
     stray.write_bytes(b"\x93NUMPY half a shard")
     damage.append(("stray temp file of a dead writer", f"{stray}: stray temporary file", None))
@@ -95,12 +98,52 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
     assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0, "--verify-checksums") == 0
     started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
-    assert started == sorted(u for _, _, u in damage if u)
+    assert started == sorted({u for _, _, u in damage if u} | set(built_from_spill))
     assert final_digest(out) == want
     assert temp_files(out) == []
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
     write_figures("corruption", {"corruptions": len(damage), "detected": len(damage) - len(missed),
                                  "units_repaired": len(started)})
+
+
+def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(finished, tmp_path, monkeypatch, capsys):
+    """prep stopped after tokenize, a byte of a spill flipped, then a plain rerun: it cannot
+    see the damage (sizes only) and packs it into a shard, but `verify --checksums` never says
+    OK while that shard is there: first it names the spill, and once the spill alone is
+    rebuilt, the pack receipts built before that repair. A rerun with --verify-checksums
+    then rebuilds every shard packed from the spill, and the outputs equal a clean run's."""
+    from refinery.transforms.core.stages import bind_stages, execute_unit, run_stages
+    from refinery.transforms.prep.stages import PrepConfig, build_stages
+
+    corpus, _, want = finished
+    out = tmp_path / "out"
+    cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="c", num_shards=SHARDS,
+                     unit_bytes=0)
+    run_stages(build_stages(cfg)[:1], str(out), ["--runner=DirectRunner"], progress=False)  # killed after tokenize
+    _flip(_paths(out)["part"]("00001.spill"), 100)
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0) == 0
+    assert final_digest(out) != want  # the known limit: a plain run checks an intermediate's size only
+
+    capsys.readouterr()
+    assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 1
+    assert "checksum mismatch for .refinery/tokenize" in capsys.readouterr().out
+    tokenize = bind_stages(build_stages(cfg), str(out))[0]
+    assert execute_unit(tokenize, tokenize.stage.plan()[1], verify_checksums=True)["status"] == "completed"
+    assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 1
+    report = capsys.readouterr().out
+    assert all(f"pack/{_paths(out)['receipt']('pack', '0000').parent.parent.name}/receipts/{s:04d}.json: built "
+               f"before a repair of tokenize/00001" in report for s in range(SHARDS)), report
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0, "--dry-run") == 0
+    plan = {row.split()[0]: row.split()[2:] for row in capsys.readouterr().out.splitlines()[2:]}
+    assert plan["pack"] == [str(SHARDS), "0", "0", str(SHARDS)] and plan["manifest"] == ["1", "0", "0", "1"], plan
+
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+    assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0, "--verify-checksums") == 0
+    started = sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
+    assert started == [("manifest", "manifest")] + [("pack", f"{s:04d}") for s in range(SHARDS)]
+    assert final_digest(out) == want
+    assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
 def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatch, capsys):

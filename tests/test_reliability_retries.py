@@ -124,3 +124,52 @@ def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monke
     def shards(d):
         return {k: v for k, v in d.items() if k.startswith("shard_")}
     assert shards(final_digest(out)) == shards(want) and len(shards(want)) == 6
+
+
+def test_beam_counters_come_back_equal_to_the_receipts(reference, tmp_path):
+    corpus, want = reference
+    out = tmp_path / "out"
+    result = run_stages(build_stages(_config(corpus, out)), str(out),
+                        ["--runner=DirectRunner", "--direct_running_mode=in_memory"], progress=False)
+    assert final_digest(out) == want
+    tokenize, pack = result.metrics["tokenize"], result.metrics["pack"]
+    receipts = [json.loads(p.read_text()) for p in (out / ".refinery" / "tokenize").glob("*/receipts/*.json")]
+    assert tokenize["tokenize_units_completed"] == len(receipts) == 4
+    assert tokenize["tokenize_tokens"] == sum(r["stats"]["tokens"] for r in receipts) > 0
+    assert tokenize["tokenize_accepted"] == sum(r["stats"]["accepted"] for r in receipts) == 160
+    assert pack["pack_units_completed"] == 3 and pack["pack_docs"] == 160 and "manifest" not in result.metrics
+
+
+def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    from refinery import runners
+    from refinery.beam_pipelines import command
+
+    # the "cluster" here is the fake runner below: no Flink job server is started for it
+    monkeypatch.setattr(runners, "job_service", contextlib.nullcontext)
+
+    corpus, want = reference
+    out = tmp_path / "out"
+
+    def lost_cluster(run, units, beam_args, verify_checksums):
+        if run.name == "pack":  # tokenize ran; the job of the next stage dies with its cluster
+            raise RuntimeError("Pipeline BeamApp-x failed in state FAILED: java.lang.Exception: "
+                               "TaskManager lost\n\tat org.apache.flink...")
+        return stages._run_beam_stage(run, units, beam_args, verify_checksums)
+
+    with pytest.raises(stages.JobFailed, match=r"^stage pack: the Beam job failed: RuntimeError: Pipeline BeamApp-x "
+                                               r"failed in state FAILED: java.lang.Exception: TaskManager lost$"):
+        run_stages(build_stages(_config(corpus, out)), str(out), [], progress=False, runner=lost_cluster)
+    assert len(list((out / ".refinery" / "tokenize").glob("*/receipts/*.json"))) == 4  # kept
+
+    p = command.Pipeline("prep", str(out), build_stages(_config(corpus, out)), runner=lost_cluster)
+    args = type("Args", (), {"dry_run": False, "no_progress": True})()
+    assert command.run_pipeline(p, args, ["--runner=FlinkRunner"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("refinery prep: stage pack: the Beam job failed: RuntimeError: Pipeline BeamApp-x")
+    assert err[1].startswith("Finished units are kept (-v shows FlinkRunner's whole error); fix the cause and run")
+    assert err[2].startswith("  refinery ") and len(err) == 3
+    assert run_stages(build_stages(_config(corpus, out)), str(out), [], progress=False).ran == \
+        {"tokenize": 0, "pack": 3, "manifest": 1}
+    assert final_digest(out) == want

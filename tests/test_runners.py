@@ -61,9 +61,15 @@ def test_portable_args():
 
 
 def test_flink_args():
-    assert pipeline_args("flink", 4) == ["--runner=FlinkRunner", "--parallelism=4"]  # [auto]: local, LOOPBACK
+    from refinery.runners.flink import JVM_OPENS
+
+    opens = [f"--job_server_jvm_properties={p}" for p in JVM_OPENS]  # the job server's JVM on Java 17
+    assert opens[0] == "--job_server_jvm_properties=--add-opens=java.base/java.lang=ALL-UNNAMED"
+    assert pipeline_args("flink", 4) == ["--runner=FlinkRunner", "--parallelism=4", *opens]  # [auto]: local, LOOPBACK
+    mine = pipeline_args("flink", None, ["--job_server_jvm_properties=-Xmx2g"])
+    assert mine == ["--job_server_jvm_properties=-Xmx2g", "--runner=FlinkRunner"]  # the user's JVM flags win
     cluster = pipeline_args("flink", 8, ["--flink_master=jm:8081", f"--sdk_container_image={CPU_IMAGE}"])
-    assert cluster[-3:] == ["--runner=FlinkRunner", "--parallelism=8", "--environment_type=DOCKER"]
+    assert cluster[-6:-3] == ["--runner=FlinkRunner", "--parallelism=8", "--environment_type=DOCKER"]
     assert f"--environment_config={CPU_IMAGE}" in cluster
     assert not any(a.startswith("--setup_file") for a in cluster)  # the image has the package
     stock = pipeline_args("flink", None, ["--flink_master=jm:8081"])
@@ -71,7 +77,19 @@ def test_flink_args():
     external = pipeline_args("flink", 2, ["--flink_master=jm:8081", "--environment_type=EXTERNAL",
                                           "--environment_config=localhost:50000"])
     assert external == ["--flink_master=jm:8081", "--environment_type=EXTERNAL", "--environment_config=localhost:50000",
-                        "--runner=FlinkRunner", "--parallelism=2"]
+                        "--runner=FlinkRunner", "--parallelism=2", *opens]
+
+
+def test_flink_job_service_only_where_a_job_server_runs_here():
+    from refinery.runners import job_service
+
+    # another runner, a job server of the user's, or the uber jar sent to a cluster: args as they are
+    for args in (["--runner=DirectRunner"], ["--runner=FlinkRunner", "--job_endpoint=js:8099"],
+                 ["--runner=FlinkRunner", "--flink_master=jm:8081", "--flink_submit_uber_jar"]):
+        with job_service(args) as got:
+            assert got == args
+    # (a FlinkRunner that needs one gets --job_endpoint of a job server shared by all its jobs:
+    # tests/test_flink.py counts one job server per command)
 
 
 def test_dataflow_args_cpu_and_gpu():

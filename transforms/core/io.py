@@ -14,6 +14,7 @@ here relies on one.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob as globlib
 import gzip
 import hashlib
@@ -192,9 +193,9 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
         raw = fs.open(p, "rb")
     else:
         raw = open(_local(path), "rb")
-    if compression == "infer" and path.endswith(".gz"):
+    if compression == "infer" and has_suffix(path, ".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
-    if compression == "infer" and path.endswith(".zst"):
+    if compression == "infer" and has_suffix(path, ".zst"):
         return zstd.ZstdFile(raw, "rb")
     return raw
 
@@ -237,8 +238,50 @@ def safe_relpath(relpath: str) -> str:
     return norm
 
 
-def remove(path: str) -> None:
-    """Remove a file if it exists."""
+class PathError(ValueError):
+    """An output path that cannot be used, or a removal that would leave the output folder
+    through a symbolic link; the message names the path (the CLI prints it as one line)."""
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _link_out_of(path: str, root: str) -> str | None:
+    """The symbolic link among the folders from ``root`` down to ``path`` (``path`` itself
+    excluded) that leads out of ``root``, spelled from ``root``, or None. ``path`` must be
+    inside ``root``."""
+    root_abs, path_abs = os.path.abspath(_local(root)), os.path.abspath(_local(path))
+    if not _inside(path_abs, root_abs) or path_abs == root_abs:
+        raise PathError(f"refusing to remove {path}: it is not inside {root}")
+    root_real = os.path.realpath(root_abs)
+    current = _local(root)
+    for part in os.path.relpath(os.path.dirname(path_abs), root_abs).split(os.sep):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        if os.path.islink(current) and not _inside(os.path.realpath(current), root_real):
+            return current
+    return None
+
+
+def _check_removal(path: str, root: str | None) -> None:
+    """:class:`PathError` if removing local ``path`` would follow a link out of ``root``."""
+    if root is None or is_remote(path):
+        return
+    link = _link_out_of(path, root)
+    if link is not None:
+        raise PathError(f"refusing to remove {path}: {link} is a symbolic link to {os.readlink(link)}, "
+                        f"outside {root}; remove or replace that link yourself")
+
+
+def remove(path: str, root: str | None = None) -> None:
+    """Remove a file if it exists (a symbolic link itself, never what it points to).
+
+    ``root``: the folder the file belongs to (a run's OUTPUT); a path reached through a
+    symbolic link leading out of it raises :class:`PathError` naming the link.
+    """
+    _check_removal(path, root)
     if is_remote(path):
         fs, p = filesystem(path)
         with contextlib.suppress(FileNotFoundError):
@@ -248,13 +291,92 @@ def remove(path: str) -> None:
             os.remove(_local(path))
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: str, root: str | None = None) -> None:
+    """Remove a folder and everything in it (or a file), if it exists; errors are raised, not
+    swallowed.
+
+    Symbolic links are never followed: ``path`` being a link removes the link itself, links
+    inside the tree are removed as links, and with ``root`` (the run's OUTPUT) a ``path``
+    reached through a link leading out of ``root`` raises :class:`PathError` naming it.
+    """
+    _check_removal(path, root)
     if is_remote(path):
         fs, p = filesystem(path)
         if fs.exists(p):
             fs.rm(p, recursive=True)
+        return
+    local = _local(path)
+    if os.path.islink(local):
+        logging.getLogger("refinery").warning("removing the symbolic link %s itself (to %s); what it points to "
+                                              "is left as it is", path, os.readlink(local))
+        os.remove(local)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(local):
+            shutil.rmtree(local)
+        else:
+            os.remove(local)
+
+
+def output_folder_problem(path: str, probe: bool = True) -> str | None:
+    """Why ``path`` cannot be a local output folder (``path`` is a file, or lies under one, or
+    under a broken link; no folder can be made there), or None. ``probe``: make and remove a
+    hidden empty folder in the nearest existing folder, the one sure test that folders can be
+    created there (permissions, read-only mounts, ``/proc``). Object stores have no folders:
+    a remote path is never a problem here."""
+    if is_remote(path):
+        return None
+    path = os.path.normpath(_local(path))
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing) or "."
+    if os.path.islink(existing) and not os.path.exists(existing):
+        return f"{existing} is a symbolic link to {os.readlink(existing)}, which does not exist"
+    if not os.path.isdir(existing):
+        return "is a file; give a folder (it is created if missing)" if existing == path \
+            else f"{existing} is a file, not a folder"
+    if probe:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".refinery-probe-", dir=existing))
+        except OSError as e:
+            return f"cannot create a folder in {existing} ({e.strerror or e})"
+    return None
+
+
+def _parts(path: str) -> tuple[str, list[str]]:
+    """(scheme, path components): local paths resolved (links, ``..``), remote ones normalized."""
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return ("gs" if scheme == "gcs" else scheme), [p for p in posixpath.normpath("/" + rest).split("/") if p]
+    return "", [p for p in os.path.realpath(_local(path)).split(os.sep) if p]
+
+
+def listing_reaches(arg: str, folder: str) -> bool:
+    """Whether listing the input ``arg`` (a file, folder or glob, as :func:`expand_inputs` takes
+    it) could take in files under ``folder``: ``folder`` is ``arg`` or inside it, or lies
+    where the glob's pattern could descend (``d/*.jsonl`` reaches ``d`` but not ``d/out``;
+    ``d/**`` reaches everything under ``d``)."""
+    if not globlib.has_magic(arg):
+        scheme, a = _parts(arg)
+        other, f = _parts(folder)
+        return scheme == other and f[:len(a)] == a
+    prefix, _, rest = arg.partition("://") if is_remote(arg) else ("", "", _local(arg))
+    pieces = rest.split("/")
+    first = next(i for i, piece in enumerate(pieces) if globlib.has_magic(piece))
+    fixed = "/".join(pieces[:first]) or ("/" if rest.startswith("/") else ".")
+    scheme, a = _parts(f"{prefix}://{fixed}" if prefix else fixed)
+    pattern = [piece for piece in pieces[first:] if piece]
+    other, f = _parts(folder)
+    if scheme != other or f[:len(a)] != a:
+        return False
+    below = f[len(a):]  # the folder's names under the glob's fixed part, matched name by name
+    if "**" in pattern:  # any depth past it
+        matched = pattern[:pattern.index("**")]
+    elif len(below) < len(pattern):  # a file below the folder is deep enough for the pattern
+        matched = pattern[:len(below)]
     else:
-        shutil.rmtree(_local(path), ignore_errors=True)
+        return False
+    return all(fnmatch.fnmatchcase(name, pat) for name, pat in zip(below, matched))
 
 
 def listdir(path: str) -> list[str]:
@@ -445,8 +567,20 @@ class InputFile:
         return {"path": self.path, "size": self.size, "version": self.version}
 
 
+def has_suffix(path: str, *suffixes: str) -> bool:
+    """Whether ``path`` ends with one of ``suffixes`` (lower case), in any case: ``C.JSONL`` is a ``.jsonl``."""
+    return path.lower().endswith(suffixes)
+
+
 def has_data_suffix(path: str, suffixes=DATA_SUFFIXES) -> bool:
-    return path.endswith(tuple(suffixes))
+    return has_suffix(path, *suffixes)
+
+
+def skipped_note(skipped: list[str], shown: int = 5) -> str:
+    """One line naming the files :func:`expand_inputs` skipped for their extension."""
+    skipped = list(dict.fromkeys(skipped))
+    names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+    return f"skipped {len(skipped)} file(s) with unsupported extensions: {names}"
 
 
 def _version(info: dict) -> str:
@@ -484,14 +618,18 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
-def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
+def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] | None = None) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
 
-    Folders and globs keep only files with a data suffix and skip hidden names (``.x``,
-    ``_SUCCESS``). A folder written by ``datasets``' ``save_to_disk`` gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results are sorted by
-    path and unique. Raises :class:`InputError` naming any argument that matches nothing.
-    Inside :func:`offline`, remote arguments are not listed but kept in its ``unlisted``.
+    Folders and globs keep only files with a data suffix (in any case: ``a.JSONL``) and skip
+    hidden names (``.x``, ``_SUCCESS``); the other files they hold are appended to
+    ``skipped`` (for :func:`skipped_note`). A folder written by ``datasets``' ``save_to_disk``
+    gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results
+    are sorted by path and unique. Raises :class:`InputError` naming any argument that
+    matches nothing. Inside :func:`offline`, remote arguments are not listed but kept in its
+    ``unlisted``.
     """
+    skipped = [] if skipped is None else skipped
     found: dict[str, InputFile] = {}
     for arg in paths:
         if _OFFLINE and is_remote(arg):
@@ -506,16 +644,24 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES) -> list[InputFile]:
                 if info.get("type") == "directory":
                     continue
                 rel = q[len(root):].lstrip("/")
-                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
                     matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
         elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
             for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
                 matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
         elif fs.isdir(p):
             for q, info in sorted(fs.find(p, detail=True).items()):
                 rel = q[len(p.rstrip("/")):].lstrip("/")
-                if has_data_suffix(q, suffixes) and not _is_hidden(rel):
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
                     matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
         elif fs.exists(p):
             if not has_data_suffix(p, suffixes):
                 raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")

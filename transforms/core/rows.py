@@ -21,8 +21,10 @@ still decode a whole page or record batch of the file, however large its writer 
 
 Error policy (the same for every reader):
 
-- A row that is not a JSON object (malformed JSON, invalid UTF-8, a blank line, an array...)
-  or that is too large is a bad row with its reason; reading goes on with the next row.
+- A row that is not a JSON object (malformed JSON, invalid UTF-8, a blank line, an array...),
+  that is too large, or whose values cannot be held (a number of more than 4,300 digits,
+  arrays/objects nested more than :data:`MAX_DEPTH` deep) is a bad row with its reason;
+  reading goes on with the next row.
 - A file whose content cannot be read to the end (a truncated gzip, a zstd stream cut
   mid-frame, a corrupt parquet file, a JSON array cut short, malformed or not an array)
   yields one final ``corrupt file after N rows: ...`` row: nothing vanishes silently.
@@ -31,7 +33,9 @@ Error policy (the same for every reader):
   recording a permanent rejection.
 
 JSON lines are parsed with orjson; a line orjson refuses goes through the standard library
-parser, which decides (and words the reason), so both give the same rows.
+parser, which decides (and words the reason), so both give the same rows. So does a row in
+which orjson rounded an integer beyond 64 bits to a float: integers are read exactly, and
+``str(record["id"])`` is the id's decimal string.
 """
 from __future__ import annotations
 
@@ -58,34 +62,114 @@ ACCESS_ERRORS = (FileNotFoundError, PermissionError, ConnectionError, TimeoutErr
 CONTENT_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, io.zstd.ZstdError)
 
 
+class Unusable(Exception):
+    """Valid JSON whose values cannot be held (a number too long, nesting too deep); the
+    message is the reason of the bad row."""
+
+
+MAX_DEPTH = 256  # arrays/objects nested in a row, the row itself included
+TOO_DEEP = f"row nested too deep: more than {MAX_DEPTH} levels of arrays and objects"
+_INT64 = float(1 << 63)
+
+
+def _check(value) -> bool:
+    """Raise :class:`Unusable` when ``value`` nests more than :data:`MAX_DEPTH` arrays and
+    objects (deeper rows break recursive code downstream); True when it holds a float
+    outside the int64 range, which is how orjson reads an integer beyond 64 bits."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    rounded = False
+    stack = [(value, 1)]  # iterative: a deep row must not exhaust the Python stack here
+    while stack:
+        obj, depth = stack.pop()
+        for v in obj.values() if type(obj) is dict else obj:
+            t = type(v)
+            if t is float:
+                rounded = rounded or not -_INT64 < v < _INT64
+            elif t is dict or t is list:
+                if depth >= MAX_DEPTH:
+                    raise Unusable(TOO_DEEP)
+                stack.append((v, depth + 1))
+    return rounded
+
+
+def _stdlib_loads(text: str):
+    """``json.loads``, its integers exact; :class:`Unusable` for a number it cannot convert
+    (more than ``sys.get_int_max_str_digits()`` digits) or a row nested too deep. Malformed
+    JSON raises ``json.JSONDecodeError``."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise Unusable(TOO_DEEP) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion: ..."
+        raise Unusable(f"number out of range: {str(e).split(';')[0]}") from None
+    _check(value)
+    return value
+
+
+def _exact(data: bytes, value):
+    """orjson's ``value`` of ``data``, or the standard library's where orjson rounded an
+    integer beyond 64 bits to a float (so ``str(record["id"])`` is its exact decimal)."""
+    return _stdlib_loads(data.decode("utf-8")) if _check(value) else value
+
+
+def _as_row(value) -> tuple[dict | None, str | None]:
+    if isinstance(value, dict):
+        return value, None
+    return None, f"row is a JSON {type(value).__name__}, not an object"
+
+
 def _json_fallback(line: bytes) -> tuple[dict | None, str | None]:
     try:
-        record = json.loads(line.decode("utf-8"))  # strict UTF-8 (json.loads(bytes) would sniff UTF-16)
+        text = line.decode("utf-8")  # strict UTF-8 (json.loads(bytes) would sniff UTF-16)
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start}"
+    try:
+        return _as_row(_stdlib_loads(text))
     except json.JSONDecodeError as e:
         if not line.strip():
             return None, "blank line"
         # some of json's messages end in "at" ("Unterminated string starting at"): one "at" only
         return None, f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
-    if not isinstance(record, dict):
-        return None, f"row is a JSON {type(record).__name__}, not an object"
-    return record, None
+    except Unusable as e:
+        return None, str(e)
 
 
 def parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
     """(record, None) or (None, reason) for one JSONL line (a trailing ``\\n``/``\\r\\n`` is ignored)."""
     try:
-        record = orjson.loads(line)
+        value = orjson.loads(line)
     except orjson.JSONDecodeError:
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
         return _json_fallback(line)
-    if isinstance(record, dict):
-        return record, None
-    return None, f"row is a JSON {type(record).__name__}, not an object"
+    try:
+        return _as_row(_exact(line, value))
+    except Unusable as e:
+        return None, str(e)
+
+
+def parse_json_element(element: bytes) -> tuple[dict | None, str | None]:
+    """(record, None) or (None, reason) for one element of a ``.json`` array. A malformed
+    element raises orjson's ``JSONDecodeError``: the array's file is corrupt."""
+    try:
+        value = orjson.loads(element)
+    except orjson.JSONDecodeError as e:
+        try:  # orjson refuses some valid JSON (a 5,000-digit number, deep nesting): the standard library decides
+            value = _stdlib_loads(element.decode("utf-8"))
+        except Unusable as u:
+            return None, str(u)
+        except ValueError:  # malformed (a JSONDecodeError or UnicodeDecodeError)
+            raise e from None
+        return _as_row(value)
+    try:
+        return _as_row(_exact(element, value))
+    except Unusable as e:
+        return None, str(e)
 
 
 def too_large(max_row_bytes: int) -> str:
@@ -246,12 +330,7 @@ def _iter_json_array(path: str, max_row_bytes: int) -> Iterator[Row]:
     try:
         with io.open_read(path, compression="infer") as f:
             for element in json_array_elements(f, max_row_bytes):
-                if element is None:
-                    yield row, None, too_large(max_row_bytes)
-                elif isinstance(record := orjson.loads(element), dict):
-                    yield row, record, None
-                else:
-                    yield row, None, f"row is a JSON {type(record).__name__}, not an object"
+                yield (row, None, too_large(max_row_bytes)) if element is None else (row, *parse_json_element(element))
                 row += 1
     except CONTENT_ERRORS as e:  # orjson.JSONDecodeError is a ValueError: a malformed element
         if isinstance(e, ACCESS_ERRORS):
@@ -339,11 +418,11 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     byte range (rows numbered from 0 within the range); ``max_row_bytes``: a larger row is
     a bad row (:func:`too_large`), read past without being held whole.
     """
-    if path.endswith(".parquet"):
+    if io.has_suffix(path, ".parquet"):
         yield from _iter_parquet(path, row_groups, columns, max_row_bytes)
-    elif path.endswith(".arrow"):
+    elif io.has_suffix(path, ".arrow"):
         yield from _iter_arrow(path, max_row_bytes)
-    elif path.endswith((".json", ".json.gz", ".json.zst")):
+    elif io.has_suffix(path, ".json", ".json.gz", ".json.zst"):
         yield from _iter_json_array(path, max_row_bytes)
     elif byte_range is not None:
         yield from _iter_jsonl_range(path, *byte_range, max_row_bytes)

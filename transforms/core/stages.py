@@ -19,8 +19,17 @@ and keeps what precedes. Outputs of different plans never mix: parts live under 
 
 "Done" is decided by ONE function, :func:`check_receipt`, used both by the planner (which
 units are pending) and by the worker right before it runs a unit: the receipt says
-completed, its stage hash matches, and every listed file exists with the recorded size
-(and sha256 with ``verify_checksums``). A receipt whose files are missing means pending.
+completed, its stage hash matches, every listed file exists with the recorded size
+(and sha256 with ``verify_checksums``), and no unit of an earlier stage was repaired
+since it was built. A receipt whose files are missing means pending.
+
+Repairs: a unit redone because its files were *damaged* (wrong size or sha256, or an
+unreadable receipt) gets a new ``repair`` token in its receipt, because what was built
+from it may have read the damage; each receipt records the repair tokens of the earlier
+stages' done units it was built after (``upstream_repairs``), and a unit whose record
+differs from the current one is pending. So a repair invalidates everything after it,
+while a unit redone only because a file went missing (rebuilt identically) keeps its token
+and invalidates nothing.
 
 Stages run backward-demand-driven: if every unit of the last stages is done, earlier
 stages are not run at all, even if their intermediate parts were deleted.
@@ -34,7 +43,8 @@ Receipt schema (JSON)::
 
     {schema, stage, stage_hash, unit, status: completed|failed,
      files: [{path (relative to OUTPUT), bytes, sha256}], stats,
-     started_at, finished_at, host, error?: {type, message, traceback}}
+     started_at, finished_at, host, error?: {type, message, traceback},
+     repair?: token, upstream_repairs?: {"stage/unit": token}}
 """
 from __future__ import annotations
 
@@ -148,11 +158,22 @@ class Completion:
     done: bool
     reason: str
     receipt: dict | None = None
+    damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
+
+
+def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
+    """``{"stage/unit": repair token}`` of the units (done receipts by unit id) that were
+    rebuilt over damaged files: what a later stage's receipts record as ``upstream_repairs``."""
+    return {f"{stage}/{u}": r["repair"] for u, r in sorted(receipts.items()) if r.get("repair")}
 
 
 def check_receipt(output: str, receipt_path: str, stage_hash: str,
-                  verify_checksums: bool = False) -> Completion:
-    """THE completion check. Used by the planner and by the worker; nothing else decides."""
+                  verify_checksums: bool = False, upstream_repairs: dict[str, str] | None = None) -> Completion:
+    """THE completion check. Used by the planner and by the worker; nothing else decides.
+
+    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units now; a receipt
+    that recorded others was built before an upstream repair and is pending (None: not judged).
+    """
     try:
         raw = io.read_bytes(receipt_path)
     except FileNotFoundError:
@@ -162,7 +183,7 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         if not isinstance(receipt, dict):
             raise ValueError("not an object")
     except ValueError as e:
-        return Completion(False, f"unreadable receipt ({e})")
+        return Completion(False, f"unreadable receipt ({e})", damaged=True)
     if receipt.get("schema") != RECEIPT_SCHEMA or receipt.get("stage_hash") != stage_hash:
         return Completion(False, "receipt from another plan", receipt)
     if receipt.get("status") != "completed":
@@ -174,27 +195,47 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     for entry in files:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
-            return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt)
+            return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt, damaged=True)
         try:
             path = io.join(output, io.safe_relpath(entry["path"]))
         except ValueError as e:
-            return Completion(False, f"receipt lists a file outside the output: {e}", receipt)
+            return Completion(False, f"receipt lists a file outside the output: {e}", receipt, damaged=True)
         size = io.file_size(path)
         if size is None:
             return Completion(False, f"missing output {entry['path']}", receipt)
         if size != entry["bytes"]:
-            return Completion(False, f"size mismatch for {entry['path']}: {size} != {entry['bytes']}", receipt)
+            return Completion(False, f"size mismatch for {entry['path']}: {size} != {entry['bytes']}", receipt,
+                              damaged=True)
         if verify_checksums and io.sha256_file(path) != entry["sha256"]:
-            return Completion(False, f"checksum mismatch for {entry['path']}", receipt)
+            return Completion(False, f"checksum mismatch for {entry['path']}", receipt, damaged=True)
+    built_after = receipt.get("upstream_repairs") or {}
+    if upstream_repairs is not None and built_after != upstream_repairs:
+        changed = sorted(k for k in {**built_after, **upstream_repairs}
+                         if built_after.get(k) != upstream_repairs.get(k))
+        return Completion(False, f"built before a repair of {', '.join(changed[:3])}"
+                                 f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt)
     return Completion(True, "completed", receipt)
+
+
+def check_recorded_run(output: str, info: dict,
+                       checksums: bool = False) -> Iterator[tuple[dict, list[str], list[Completion]]]:
+    """(stage entry of run.json, its receipt paths, :func:`check_receipt` of each) per stage of
+    a recorded run, in order, each judged against the repairs of the earlier stages' done units."""
+    repairs: dict[str, str] = {}
+    for st in info.get("stages", []):
+        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
+        checks = [check_receipt(output, path, st["stage_hash"], checksums, dict(repairs)) for path in paths]
+        repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks if c.done}))
+        yield st, paths, checks
 
 
 def verify_receipts(output: str, checksums: bool = False) -> list[str]:
     """Problems with the receipts of the run recorded in ``OUTPUT/.refinery/run.json``
     ([] if none, or if there is no run record): each receipt present under a stage's
     current hash must pass :func:`check_receipt` (a truncated receipt, one from another
-    plan, a failed unit, a missing or changed file are each named), and the receipt
-    count of a stage may not exceed its planned units."""
+    plan, a failed unit, a missing or changed file, one built before an upstream repair
+    are each named), and the receipt count of a stage may not exceed its planned units."""
     problems: list[str] = []
     try:
         info = io.read_json(io.join(output, META_DIR, "run.json"))
@@ -202,13 +243,9 @@ def verify_receipts(output: str, checksums: bool = False) -> list[str]:
         return problems
     except ValueError as e:
         return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
-    for st in info.get("stages", []):
+    for st, paths, checks in check_recorded_run(output, info, checksums):
         receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
-        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
-        for path in paths:
-            c = check_receipt(output, path, st["stage_hash"], checksums)
-            if not c.done:
-                problems.append(f"{path}: {c.reason}")
+        problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
         if len(paths) > st.get("units", len(paths)):
             problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")
     return problems
@@ -239,12 +276,16 @@ CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 
 @dataclass
 class StageRun:
-    """A stage bound to an output directory and its (chained) hash. Picklable."""
+    """A stage bound to an output directory and its (chained) hash. Picklable.
+
+    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units, set by the
+    planner; its units' receipts record it and :meth:`check` compares (None: not judged)."""
 
     stage: Stage
     output: str
     stage_hash: str
     upstream: dict[str, "StageRun"] = field(default_factory=dict)
+    upstream_repairs: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -266,7 +307,8 @@ class StageRun:
         return io.join(self.receipts_dir, f"{unit_id}.json")
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
-        return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums)
+        return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
+                             self.upstream_repairs)
 
     def check_all(self, unit_ids: list[str], verify_checksums: bool = False) -> dict[str, Completion]:
         """:meth:`check` of many units. On an object store every check is a few requests of
@@ -359,6 +401,9 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     A failing unit gets a ``failed`` receipt with the error and is retried on the next run;
     the exception is not re-raised, so one bad unit does not abort the others. ``stale``:
     a done unit whose receipt it calls stale is run again (a sink whose input changed).
+    A unit redone over damaged files gets a new ``repair`` token (derived from the previous
+    one and the damage, so two runs repairing the same damage agree); otherwise it keeps
+    the previous receipt's token.
     """
     done = run.check(unit.id, verify_checksums)
     if done.done and not (stale and stale(done.receipt)):
@@ -370,6 +415,13 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         "schema": RECEIPT_SCHEMA, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit.id,
         "started_at": _now(), "host": socket.gethostname(), "pid": os.getpid(),
     }
+    repair = (done.receipt or {}).get("repair")
+    if done.damaged:
+        repair = short_hash({"after": repair, "damage": done.reason})
+    if repair:
+        receipt["repair"] = repair
+    if run.upstream_repairs:
+        receipt["upstream_repairs"] = run.upstream_repairs
     try:
         stats = run.stage.run_unit(unit, ctx)
         receipt.update(status="completed", files=ctx.files, stats=stats or {})
@@ -389,6 +441,22 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
 # Beam wiring
 # ---------------------------------------------------------------------------------------
 
+def count_receipt(stage: str, receipt: dict) -> None:
+    """Beam counters of one unit's receipt, namespace ``refinery``: ``<stage>_units_<status>``
+    (``skipped`` for a unit found done), and for a unit run now ``<stage>_<stat>`` for each
+    integer stat (``tokenize_tokens``, ``scan_verified_hits``, ...). The runner reports
+    them back (:func:`run_stage_pipeline`; Flink's and Dataflow's UIs show them)."""
+    from apache_beam.metrics import Metrics
+
+    if receipt.get("skipped"):
+        Metrics.counter("refinery", f"{stage}_units_skipped").inc()
+        return
+    Metrics.counter("refinery", f"{stage}_units_{receipt['status']}").inc()
+    for key, v in (receipt.get("stats") or {}).items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            Metrics.counter("refinery", f"{stage}_{key}").inc(v)
+
+
 def _run_unit_fn():
     import apache_beam as beam
 
@@ -402,7 +470,7 @@ def _run_unit_fn():
         def process(self, element, **side):
             unit_id, payload = element
             receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
-            beam.metrics.Metrics.counter("refinery", f"{self.run.name}_units_{receipt['status']}").inc()
+            count_receipt(self.run.name, receipt)
             yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
 
     return RunUnitFn
@@ -448,12 +516,25 @@ class StageFailed(RuntimeError):
         super().__init__(f"stage {stage}: {len(failures)} unit(s) not completed:\n{lines}{more}")
 
 
+class JobFailed(RuntimeError):
+    """A stage's Beam job failed as a whole (a lost worker or task manager, a runner
+    error), as opposed to units that failed inside it (:class:`StageFailed`). Receipts of
+    the units that finished before are kept; ``cause`` is the runner's exception."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage = stage
+        self.cause = cause
+        first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+        super().__init__(f"stage {stage}: the Beam job failed: {type(cause).__name__}: {first[:400]}")
+
+
 @dataclass
 class JobResult:
     runs: list[StageRun]
     ran: dict[str, int]  # stage -> units executed this time
     skipped_stages: list[str]
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time this time
+    metrics: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> the runner's refinery counters
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
@@ -580,22 +661,46 @@ def build_stage_pipeline(run: StageRun, units: list[Unit], beam_args: list[str],
     return pipeline
 
 
-def run_stage_pipeline(pipeline) -> None:
-    """Run a pipeline from :func:`build_stage_pipeline` and wait for it (raises if it fails).
+def run_stage_pipeline(pipeline) -> dict[str, int]:
+    """Run a pipeline from :func:`build_stage_pipeline`, wait for it (raises if it fails) and
+    return its ``refinery`` counters (:func:`count_receipt`) as the runner reports them.
 
-    Leaving ``with pipeline`` runs it, with what Beam's context adds (subprocess servers
-    such as Flink's job server are stopped at the end).
+    Subprocess servers the run starts (Flink's job server) are shared while it runs and
+    stopped at the end, as ``with pipeline`` would; the counters are read before that,
+    while the job service still answers.
     """
-    with pipeline:
-        pass
+    from apache_beam.utils.subprocess_server import SubprocessServer
+
+    with SubprocessServer.cache_subprocesses():
+        result = pipeline.run()
+        result.wait_until_finish()
+        return refinery_counters(result)
 
 
-def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
+def refinery_counters(result) -> dict[str, int]:
+    """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
+    summed over steps (committed values where the runner has them, else attempted); {}
+    when the runner reports no metrics."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("refinery"))["counters"]
+    except Exception as e:  # noqa: BLE001 - metrics are a report; the run's outputs are in its receipts
+        log.info("no metrics from the runner (%s: %s)", type(e).__name__, e)
+        return {}
+    out: dict[str, int] = {}
+    for c in counters:
+        v = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(v or 0)
+    return dict(sorted(out.items()))
+
+
+def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
     if run.stage.light or len(units) == 1:  # nothing to share between worker processes
         from refinery.runners.local import in_process
 
         beam_args = in_process(beam_args)
-    run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
+    return run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
 
 
 def _discard_other_plans(run: StageRun) -> None:
@@ -605,7 +710,7 @@ def _discard_other_plans(run: StageRun) -> None:
         if io.basename(path) != run.stage_hash:
             log.info("discarding receipts of plan %s of stage %s (its outputs are being replaced)",
                      io.basename(path), run.name)
-            io.remove_tree(path)
+            io.remove_tree(path, root=run.output)
 
 
 def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
@@ -676,17 +781,20 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
                run_info: dict | None = None,
                on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
-               runner: Callable[[StageRun, list[Unit], list[str], bool], None] | None = None) -> JobResult:
+               runner: Callable[[StageRun, list[Unit], list[str], bool], dict | None] | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
     ``force`` deletes ``OUTPUT/.refinery`` first (a fresh run). ``on_plan`` is called with
     the bound stages and their plans before anything runs (prep uses it to clear a stale
-    manifest). Raises :class:`StageFailed` when a stage ends with units not completed;
-    the receipts of everything that finished are kept for the next run.
+    manifest). ``runner(run, pending units, beam_args, verify_checksums)`` runs a stage's
+    units (default: one Beam job) and may return the runner's counters, kept in
+    ``JobResult.metrics``. Raises :class:`StageFailed` when a stage ends with units not
+    completed, :class:`JobFailed` when its Beam job failed; the receipts of everything that
+    finished are kept for the next run.
     """
     runner = runner or _run_beam_stage
     if force:
-        io.remove_tree(io.join(output, META_DIR))
+        io.remove_tree(io.join(output, META_DIR), root=output)
     for path in io.remove_dead_temp_files(output):
         log.info("removed %s: a temp file left by an interrupted write", path)
     runs = bind_stages(stages, output)
@@ -715,14 +823,27 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         on_plan(runs, plans)
 
     # Backward demand: a stage runs only if it, or a later stage, has pending units. Each
-    # stage's receipts are checked once here; after a wave only the units it ran are.
-    done = [r.completed_receipts(p, verify_checksums) for r, p in zip(runs, plans)]
-    pending_any = [len(d) < len(p) for d, p in zip(done, plans)]
-    last = max((i for i, p in enumerate(pending_any) if p), default=-1)
-    skipped = [r.name for r in runs[last + 1:]] if last >= 0 else [r.name for r in runs]
+    # stage's receipts are checked once here; after a wave only the units it ran are. A
+    # stage is checked again when an earlier stage repaired a damaged unit in this run.
+    done: list[dict[str, dict]] = []
+    for run, plan in zip(runs, plans):
+        run.upstream_repairs = _repairs_before(runs, done)
+        done.append(run.completed_receipts(plan, verify_checksums))
+    last = max((i for i, (d, p) in enumerate(zip(done, plans)) if len(d) < len(p)), default=-1)
     ran: dict[str, int] = {}
     seconds: dict[str, float] = {}
-    for run, plan, receipts in zip(runs[: last + 1], plans[: last + 1], done[: last + 1]):
+    metrics: dict[str, dict[str, int]] = {}
+    for i, (run, plan) in enumerate(zip(runs, plans)):
+        repairs = _repairs_before(runs, done[:i])
+        if repairs != run.upstream_repairs:
+            log.info("stage %s: checked again, as the repairs of earlier units changed in this run", run.name)
+            run.upstream_repairs = repairs
+            done[i] = run.completed_receipts(plan, verify_checksums)
+            if len(done[i]) < len(plan):
+                last = max(last, i)
+        if i > last:
+            continue
+        receipts = done[i]
         t0 = time.perf_counter()
         if run.stage.final_outputs:
             _discard_other_plans(run)
@@ -740,17 +861,33 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                     for unit in pending:
                         execute_unit(run, unit, verify_checksums)
                 else:
-                    runner(run, pending, beam_args, verify_checksums)
+                    try:
+                        counters = runner(run, pending, beam_args, verify_checksums)
+                    except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
+                        log.info("stage %s: the Beam job failed", run.name, exc_info=True)
+                        raise JobFailed(run.name, e) from e
+                    stage_counters = metrics.setdefault(run.name, {})
+                    for k, v in (counters or {}).items():
+                        stage_counters[k] = stage_counters.get(k, 0) + v
+                    log.info("stage %s: runner counters %s", run.name, json.dumps(counters or {}, sort_keys=True))
             ran[run.name] += len(pending)
             checks = run.check_all([u.id for u in pending], verify_checksums)
             failures = {u: c.reason for u, c in checks.items() if not c.done}
             if failures:
                 raise StageFailed(run.name, failures)
-            receipts = {**receipts, **{u: c.receipt for u, c in checks.items()}}
+            receipts = done[i] = {**receipts, **{u: c.receipt for u, c in checks.items()}}
             if final:
                 break
         seconds[run.name] = time.perf_counter() - t0
-    return JobResult(runs, ran, skipped, seconds)
+    return JobResult(runs, ran, [r.name for r in runs if r.name not in ran], seconds, metrics)
+
+
+def _repairs_before(runs: list[StageRun], done: list[dict[str, dict]]) -> dict[str, str]:
+    """:func:`repairs_of` the done units of the first ``len(done)`` stages."""
+    out: dict[str, str] = {}
+    for run, receipts in zip(runs, done):
+        out.update(repairs_of(run.name, receipts))
+    return out
 
 
 def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
@@ -762,13 +899,9 @@ def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{output}: no refinery run here ({run_json} not found)") from None
     rows = []
-    for st in info.get("stages", []):
-        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+    for st, _, checks in check_recorded_run(output, info, verify_checksums):
         done = failed = 0
-        for path in io.listdir(receipts_dir):
-            if not path.endswith(".json") or io.is_temp_name(io.basename(path)):
-                continue
-            c = check_receipt(output, path, st["stage_hash"], verify_checksums)
+        for c in checks:
             if c.done:
                 done += 1
             elif c.receipt is not None and c.receipt.get("status") == "failed":

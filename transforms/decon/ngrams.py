@@ -34,6 +34,8 @@ Pieces, in the order the pipeline uses them:
   (training row, n-gram) with its doc id and a snippet of the training text.
 - :func:`reduce_partition`: one hash partition's hits joined with its eval records (detail
   records, training document counts for ``max_train_count``, by-path sets, report samples);
+  its detail records are streamed, one per distinct eval text (:func:`same_text`), at most
+  ``max_ngram_details`` per n-gram, n-grams and snippets cut at 1,000 characters;
   :func:`merge_partitions`: the stats and HELM metrics (binary, jaccard, token; jaccard and
   token also weighted by 1/train count) of the whole run; :func:`render_report` (markdown)
   and :func:`contamination_report` (what ``report.html`` shows).
@@ -53,8 +55,8 @@ import os
 import re
 import string
 import threading
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
@@ -1009,6 +1011,8 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     - ``jaccard_weighted``: sum over overlapping windows of 1/count, / all windows.
     - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
       windows covering it, / all tokens.
+
+    ``overlap_counts`` is keyed by :func:`overlap_key` (the n-gram itself unless it is very long).
     """
     if not overlap_counts:
         return {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
@@ -1020,7 +1024,7 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     hits = 0
     wsum = 0.0
     for i, gram in enumerate(grams):
-        c = overlap_counts.get(gram)
+        c = overlap_counts.get(overlap_key(gram))
         if not c:
             continue
         hits += 1
@@ -1043,6 +1047,8 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
 # -- the scan's output, grouped by hash partition ---------------------------------------
 
 SNIPPET_CONTEXT = 50  # characters of training text kept on each side of a hit's first occurrence
+SNIPPET_MAX_CHARS = 1000  # a snippet is cut there (a huge token): ``train_snippet_truncated`` says so
+NGRAM_MAX_CHARS = 1000  # a detail record's n-gram is cut there: ``ngram_truncated`` says so
 
 
 def _i64(data: bytes) -> list[int]:
@@ -1059,7 +1065,8 @@ class HitGroups:
     ``partition``, ``row`` (the row number the reader gave), ``doc_id``, ``record`` (index in
     the partition's records), ``occurrences`` (count) with their ``start``/``end`` code-point
     offsets, and a ``snippet`` of the training text (:data:`SNIPPET_CONTEXT` characters
-    either side of the first occurrence) with its ``snippet_start``."""
+    either side of the first occurrence, at most :data:`SNIPPET_MAX_CHARS`) with its
+    ``snippet_start``."""
 
     partition: np.ndarray
     row: np.ndarray
@@ -1084,7 +1091,7 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
         if r not in doc_ids:
             doc_ids[r] = record_id(rows[r][1], id_field)
     texts = [text for _, _, text in rows]
-    hi = (hits.end[first] + SNIPPET_CONTEXT).tolist()
+    hi = np.minimum(hits.end[first] + SNIPPET_CONTEXT, lo + SNIPPET_MAX_CHARS).tolist()
     return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
                      [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
                      [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
@@ -1130,25 +1137,77 @@ def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
     return [n for n in ns if min(n, num_tokens) == length]
 
 
+@dataclass(frozen=True)
+class SameText:
+    """Eval rows with exactly the same text (their n-grams and offsets are the same):
+    ``others[i]``: the later rows of the text whose first row (eval order) is ``i``;
+    ``first[j]``: that first row, for each later row ``j``. Rows with a text of their own are
+    in neither."""
+
+    others: dict[int, list[int]]
+    first: dict[int, int]
+
+
+def same_text(eval_rows: list[EvalRow]) -> SameText:
+    """The :class:`SameText` of ``eval_rows`` (empty rows included: they have no records)."""
+    seen: dict[str, int] = {}
+    others: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    for r in eval_rows:
+        i = seen.setdefault(r.text, r.eval_idx)
+        if i != r.eval_idx:
+            others.setdefault(i, []).append(r.eval_idx)
+            first[r.eval_idx] = i
+    return SameText(others, first)
+
+
+def overlap_key(gram: str) -> str:
+    """An n-gram's key in the results' ``overlaps``: the n-gram itself, or, past
+    :data:`NGRAM_MAX_CHARS`, its first characters and a blake2b digest of it (bounded, and
+    never equal to a shorter n-gram)."""
+    if len(gram) <= NGRAM_MAX_CHARS:
+        return gram
+    digest = hashlib.blake2b(gram.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{gram[:NGRAM_MAX_CHARS]} {digest}"
+
+
+DEFAULT_MAX_NGRAM_DETAILS = 100_000  # detail records written per n-gram (--max-ngram-details)
+PREFIX_CACHE_EVALS = 1024  # records with at most this many eval rows keep their detail-line heads
+WRITE_LINES = 1024         # detail lines built at once for a record with many eval rows
+WRITE_CHARS = 1 << 20      # detail text held before it is handed to ``write``
+
+
 def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
                      blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
-                     write: Callable[[str], None]) -> dict:
+                     write: Callable[[str], None], max_ngram_details: int | None = None,
+                     same: SameText | None = None) -> dict:
     """Join one eval partition's records with the scan's hit blocks of that partition.
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
     (the row base makes a byte slice's rows file-global); it is called twice when
     ``max_train_count`` is set (document counts first). ``write`` receives the detail records
-    of one block at a time, as JSON lines each ending in a newline (keys in the documented
-    order; lone surrogates are left for :data:`JSON_ERRORS`).
+    as JSON lines each ending in a newline, a few at a time (at most about
+    :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; lone
+    surrogates are left for :data:`JSON_ERRORS`).
 
-    Returns the partition's share of the results (msgpack-able): ``details``, ``ignored``
-    (n-grams over ``max_train_count``), ``overlaps`` (eval_idx -> n -> {ngram: training
-    documents}), ``by_path`` ([train_path, eval_dataset, n, eval_idx list, train rows]),
-    ``spans`` (eval_idx -> eval offsets of its overlapping n-grams at the largest n) and
-    ``samples`` (eval_idx -> its first two training rows at the largest n, each
-    ``[unit, row, train_path, [[ngram, offsets, snippet_start, snippet], ...]]``).
+    Eval rows with the same text (``same``, default :func:`same_text`) get one detail record
+    per (training row, n-gram): the first row's, with ``same_text`` (how many others). At most
+    ``max_ngram_details`` detail records are written per n-gram (scan order, then eval
+    order); the stats still count every one. N-grams and snippets are cut at
+    :data:`NGRAM_MAX_CHARS` / :data:`SNIPPET_MAX_CHARS`, marked ``ngram_truncated`` /
+    ``train_snippet_truncated``.
+
+    Returns the partition's share of the results (msgpack-able): ``details`` (written),
+    ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written,
+    all] per n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n ->
+    {:func:`overlap_key`: training documents}), ``by_path`` ([train_path, eval_dataset, n,
+    eval_idx list, train rows]), ``spans`` (eval_idx -> eval offsets of its overlapping
+    n-grams at the largest n) and ``samples`` (eval_idx -> its first two training rows at the
+    largest n, each ``[unit, row, train_path, [[ngram hash, offsets, snippet_start,
+    snippet], ...]]``; only for the first row of a shared text).
     """
     ns = sorted(set(ns))
+    same = same_text(eval_rows) if same is None else same
     at_nmax = [min(ns[-1], r.num_tokens) for r in eval_rows]  # each eval row's n-gram length at the largest n
     ignored = None
     if max_train_count is not None:
@@ -1156,14 +1215,34 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         for _, _, _, block in blocks():
             seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
         ignored = (seen > max_train_count).tolist()
-    counts = [0] * len(records)  # training documents holding each n-gram
+    counts = [0] * len(records)   # training documents holding each n-gram
+    written = [0] * len(records)  # detail records written of each n-gram
     quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
     heads: dict[int, str] = {}
-    prefixes: dict[int, list[str]] = {}       # record -> the detail line up to the training part, per eval row
-    sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of
+    kept: dict[int, list] = {}                # record -> its [eval_idx, offsets], one per distinct text
+    middles: dict[int, str] = {}              # record -> its detail lines' n-gram part
+    prefixes: dict[int, list[str]] = {}       # record -> its detail lines up to the training part (few eval rows)
+    sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of, still sampling
     samples: dict[int, dict[tuple[int, int], list]] = {}
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
-    details = 0
+    out: list[str] = []
+    held = 0
+
+    def head(eval_idx: int) -> str:
+        h = heads.get(eval_idx)
+        if h is None:
+            er = eval_rows[eval_idx]
+            h = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
+                                   f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
+                                   f'"instance_id": {quote(er.instance_id)}')
+            if eval_idx in same.others:
+                h = heads[eval_idx] = f'{h}, "same_text": {len(same.others[eval_idx])}'
+        return h
+
+    def lines_of(rec: int, evals: list) -> list[str]:
+        middle = middles[rec]
+        return [f'{head(eval_idx)}, {middle}{_pairs(eval_offsets)}, ' for eval_idx, eval_offsets in evals]
+
     for unit, path, base, block in blocks():
         path_json = quote(path)
         recs, occ = _i64(block["record"]), _i64(block["occurrences"])
@@ -1171,7 +1250,6 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
         o = 0
         rows_of_rec = hit_rows[path]
-        out: list[str] = []
         for k, rec in enumerate(recs):
             a, o = o, o + occ[k]
             if ignored is not None and ignored[rec]:
@@ -1179,53 +1257,77 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             counts[rec] += 1
             row = base + rows[k]
             rows_of_rec[rec].append(row)
-            lines = prefixes.get(rec)
-            if lines is None:
+            evals = kept.get(rec)
+            if evals is None:
                 n, gram, _, evals = records[rec]
-                lines = prefixes[rec] = []
-                sampled[rec] = []
-                for eval_idx, eval_offsets in evals:
-                    head = heads.get(eval_idx)
-                    if head is None:
-                        er = eval_rows[eval_idx]
-                        head = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
-                                                  f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
-                                                  f'"instance_id": {quote(er.instance_id)}')
-                    lines.append(f'{head}, "n": {n}, "ngram": {quote(gram)}, "eval_offsets": {_pairs(eval_offsets)}, ')
-                    if n == at_nmax[eval_idx]:
-                        sampled[rec].append(eval_idx)
+                if same.first:
+                    evals = [e for e in evals if e[0] not in same.first]
+                kept[rec] = evals
+                cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
+                middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
+                if len(evals) <= PREFIX_CACHE_EVALS:
+                    prefixes[rec] = lines_of(rec, evals)
+                sampled[rec] = [eval_idx for eval_idx, _ in evals if n == at_nmax[eval_idx]]
             offs = list(zip(starts[a:o], ends[a:o]))
-            tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
-                    f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
-                    f'"train_snippet": {quote(snippets[k])}}}\n')
-            out.append(tail.join(lines) + tail)
-            details += len(lines)
-            for eval_idx in sampled[rec]:
-                rows_of = samples.setdefault(eval_idx, {})
+            room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
+            if room > 0:
+                written[rec] += room
+                cut = (', "train_snippet_truncated": true'
+                       if offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS else "")
+                tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
+                        f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
+                        f'"train_snippet": {quote(snippets[k])}{cut}}}\n')
+                cached = prefixes.get(rec)
+                for c in range(0, room, WRITE_LINES):
+                    lines = cached[c:room] if cached is not None else lines_of(rec, evals[c:min(room, c + WRITE_LINES)])
+                    out.append(tail.join(lines) + tail)
+                    held += len(out[-1])
+                    if held >= WRITE_CHARS:
+                        write("".join(out))
+                        out.clear()
+                        held = 0
+            if sampled[rec]:
                 key = (unit, row)
-                if key in rows_of or len(rows_of) < 2:
-                    rows_of.setdefault(key, [unit, row, path, []])[3].append(
-                        [records[rec][1], offs, snip[k], snippets[k]])
-        write("".join(out))
+                hit = [records[rec][2], offs, snip[k], snippets[k]]
+                for eval_idx in sampled[rec]:
+                    rows_of = samples.setdefault(eval_idx, {})
+                    if key in rows_of or len(rows_of) < 2:
+                        rows_of.setdefault(key, [unit, row, path, []])[3].append(hit)
+                # rows come in scan order: an eval row with two rows takes no later one from this record
+                sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[eval_idx]) < 2]
+        if out:
+            write("".join(out))
+            out.clear()
+            held = 0
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
     spans: dict[int, list] = {}
-    for rec in prefixes:
+    capped = []
+    for rec in kept:
         n, gram, _, evals = records[rec]
+        key = overlap_key(gram)
         for eval_idx, eval_offsets in evals:
-            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[gram] = counts[rec]
+            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = counts[rec]
             if n == at_nmax[eval_idx]:
                 spans.setdefault(eval_idx, []).extend(eval_offsets)
+        if counts[rec] * len(kept[rec]) > written[rec]:
+            capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(kept[rec])])
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}  # record -> (eval_dataset, n) -> eval rows
     for path, rows_of_rec in hit_rows.items():
         for rec, rows in rows_of_rec.items():
-            n_rec = records[rec][0]
-            for eval_idx, _ in records[rec][3]:
-                er = eval_rows[eval_idx]
-                for n in configured_ns(ns, er.num_tokens, n_rec):
-                    path_ids[(path, er.eval_dataset, n)].add(eval_idx)
-                    path_rows[(path, er.eval_dataset, n)].update(rows)
-    return {"details": details, "ignored": int(sum(ignored)) if ignored is not None else 0,
+            keys = keys_of.get(rec)
+            if keys is None:
+                keys = keys_of[rec] = {}
+                n_rec = records[rec][0]
+                for eval_idx, _ in records[rec][3]:
+                    er = eval_rows[eval_idx]
+                    for n in configured_ns(ns, er.num_tokens, n_rec):
+                        keys.setdefault((er.eval_dataset, n), []).append(eval_idx)
+            for (ds, n), ids in keys.items():
+                path_ids[(path, ds, n)].update(ids)
+                path_rows[(path, ds, n)].update(rows)
+    return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
             "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
@@ -1243,6 +1345,7 @@ class ReduceResult:
     overlaps: dict[int, dict[int, dict[str, int]]]   # eval_idx -> n -> {ngram: training documents}
     spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
     samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
+    capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
@@ -1256,8 +1359,10 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
     ignored = 0
+    capped: list = []
     for part in parts:
         ignored += part["ignored"]
+        capped += part.get("capped", [])
         for eval_idx, per_n in part["overlaps"].items():
             for n, grams in per_n.items():
                 overlaps[eval_idx].setdefault(n, {}).update(grams)
@@ -1308,7 +1413,8 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
     return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
-                        {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()})
+                        {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])))
 
 
 def overlap_instance(r: EvalRow) -> dict:
@@ -1317,7 +1423,36 @@ def overlap_instance(r: EvalRow) -> dict:
             "instance_id": r.instance_id, "eval_text": r.text}
 
 
-def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5) -> str:
+def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText | None = None) -> Iterator[dict]:
+    """The lines of ``overlap_instances.jsonl.gz``: each overlapping eval row with its text, in
+    eval order; a text shared by several rows once, on its first row's line, which lists the
+    others under ``same_text`` (their detail records are that row's)."""
+    same = same_text(eval_rows) if same is None else same
+    for r in eval_rows:
+        if r.eval_idx not in overlaps or r.eval_idx in same.first:
+            continue
+        line = overlap_instance(r)
+        if r.eval_idx in same.others:
+            line["same_text"] = [{k: v for k, v in overlap_instance(eval_rows[i]).items() if k != "eval_text"}
+                                 for i in same.others[r.eval_idx]]
+        yield line
+
+
+def capped_warning(capped: list, max_ngram_details: int | None) -> str:
+    """One sentence on the n-grams whose detail records were capped ("" when none was)."""
+    if not capped:
+        return ""
+    left_out = sum(c[3] - c[2] for c in capped)
+    n, gram, _, total = capped[0]
+    shown = gram if len(gram) <= 60 else gram[:59] + "…"
+    return (f"{len(capped):,} n-gram(s) had more than {max_ngram_details:,} detail records (eval rows x training "
+            f"rows); {left_out:,} records were left out of overlap_details.jsonl.gz (the stats and metrics count "
+            f"them all). The largest: {shown!r} (n={n}, {total:,} records). Raise --max-ngram-details to keep "
+            f"them, or ignore such n-grams with --max-train-count.")
+
+
+def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5,
+                  max_ngram_details: int | None = None) -> str:
     """A short human-readable report: per dataset and n, contamination and top files."""
     lines = ["# Train/test overlap report", ""]
     lines.append(f"training rows scanned: {scan_stats.get('rows', 0)}, "
@@ -1325,6 +1460,8 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
                  f"rows with overlaps: {scan_stats.get('rows_with_hits', 0)}")
     if max_train_count is not None:
         lines.append(f"n-grams ignored (in more than {max_train_count} training documents): {result.ignored_ngrams}")
+    if result.capped:
+        lines.append(f"detail records capped: {capped_warning(result.capped, max_ngram_details)}")
     lines.append("")
     summary = {s["eval_dataset"]: s for s in result.summary}
     top_files: dict[tuple[str, int], list] = defaultdict(list)
@@ -1347,19 +1484,36 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
     return "\n".join(lines) + "\n"
 
 
-def merged_snippet(hits: list) -> tuple[str, list[tuple[int, int]]]:
+@dataclass(frozen=True)
+class MergedSnippet:
+    text: str
+    spans: list[tuple[int, int]]   # offsets relative to ``text``
+    cut_before: bool               # the training text goes on before ``text``
+    cut_after: bool                # ... and (as far as the hits tell) after it
+
+
+def merged_snippet(hits: list) -> MergedSnippet:
     """One snippet of a training row from its hits ``[ngram, offsets, snippet_start, snippet]``:
     the earliest snippet extended by those that overlap or touch it, and every occurrence
-    inside it (offsets relative to the snippet)."""
-    pieces = sorted((h[2], h[3]) for h in hits)
-    lo, text = pieces[0]
-    for start, piece in pieces[1:]:
+    inside it (offsets relative to the snippet). An occurrence longer than a snippet can
+    hold (:data:`SNIPPET_MAX_CHARS`) is shown up to the snippet's end. ``cut_after`` is
+    false when the last snippet is shorter than its hit asked for: the text ended there."""
+    pieces = []
+    for h in hits:
+        want = h[1][0][1] + SNIPPET_CONTEXT - h[2]       # its first occurrence's end + the context
+        pieces.append((h[2], h[3], want > SNIPPET_MAX_CHARS, len(h[3]) >= min(want, SNIPPET_MAX_CHARS)))
+    pieces.sort()
+    lo, text, clipped, goes_on = pieces[0]
+    for start, piece, piece_clipped, piece_goes_on in pieces[1:]:
         end = lo + len(text)
         if start > end:
             break
-        text += piece[end - start:]
+        if start + len(piece) > end:
+            text += piece[end - start:]
+            clipped, goes_on = piece_clipped, piece_goes_on
     hi = lo + len(text)
-    return text, [(s - lo, e - lo) for h in hits for s, e in h[1] if lo <= s and e <= hi]
+    spans = [(s - lo, min(e, hi) - lo) for h in hits for s, e in h[1] if lo <= s and (e <= hi or clipped and s < hi)]
+    return MergedSnippet(text, spans, lo > 0, goes_on)
 
 
 def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: list[int], examples: int,
@@ -1371,9 +1525,11 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
     training files contributing most (instances contaminated at any n); the ``examples``
     most contaminated instances at the largest n (HELM's token metric, ties in eval order),
     each with its overlapping spans and its first two training rows (scan order) as
-    snippets, from the partitions' bounded samples.
+    snippets, from the partitions' bounded samples. A text shared by several instances of
+    the dataset is shown once, saying how many others have it.
     """
     ns = sorted(set(ns))
+    same = same_text(eval_rows)
     metrics = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
     for m in result.metrics:
         metrics[(m["eval_dataset"], m["n"])].append(m)
@@ -1393,18 +1549,24 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
             means = [sum(m[k] for m in ms) / len(ms) if ms else 0.0 for k in names]
             results.append(rh.NResult(n, per_n[(ds, n)]["num_instances"], len(per_n[(ds, n)]["instance_ids"]), *means))
         top = sorted(((p, len(ids)) for p, ids in files[ds].items()), key=lambda x: (-x[1], x[0]))
-        chosen = sorted((r for r in rows if at_max[r.eval_idx]["binary"]),
-                        key=lambda r: (-at_max[r.eval_idx]["token"], r.eval_idx))[:examples]
+        ranked = sorted((r for r in rows if at_max[r.eval_idx]["binary"]),
+                        key=lambda r: (-at_max[r.eval_idx]["token"], r.eval_idx))
+        copies = Counter(r.text for r in ranked)
+        chosen: dict[str, EvalRow] = {}
+        for r in ranked:
+            if len(chosen) == examples:
+                break
+            chosen.setdefault(r.text, r)
         shown = []
-        for r in chosen:
+        for r in chosen.values():
             hits = []
-            for _, row, path, row_hits in result.samples.get(r.eval_idx, []):
-                text, spans = merged_snippet(row_hits)
-                hits.append(rh.TrainHit(path, row, text, tuple(rh.Span(a, b) for a, b in spans),
-                                        len({h[0] for h in row_hits})))
+            for _, row, path, row_hits in result.samples.get(same.first.get(r.eval_idx, r.eval_idx), []):
+                snippet = merged_snippet(row_hits)
+                hits.append(rh.TrainHit(path, row, snippet.text, tuple(rh.Span(a, b) for a, b in snippet.spans),
+                                        len({h[0] for h in row_hits}), snippet.cut_before, snippet.cut_after))
             shown.append(rh.Example(r.instance_id, r.eval_row, r.text,
                                     tuple(rh.Span(a, b) for a, b in result.spans.get(r.eval_idx, [])),
-                                    at_max[r.eval_idx]["token"], tuple(hits)))
+                                    at_max[r.eval_idx]["token"], tuple(hits), copies[r.text] - 1))
         datasets.append(rh.DatasetReport(ds, tuple(sorted({r.eval_path for r in rows})), s["num_rows"],
                                          s["num_instances"], s["num_empty_instances"], s["num_bad_rows"],
                                          tuple(results), tuple(top), tuple(shown), ns[-1]))
@@ -1414,6 +1576,8 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
                  ("training rows unreadable or without text", int(scan_stats.get("bad_rows", 0))),
                  ("training rows with overlaps", int(scan_stats.get("rows_with_hits", 0))),
                  ("training text bytes", int(scan_stats.get("text_bytes", 0))))
+    if result.capped:
+        rows_read += (("detail records left out (over --max-ngram-details)", sum(c[3] - c[2] for c in result.capped)),)
     return rh.ContaminationReport("Train/test overlap report", settings, inputs, rows_read, tuple(datasets),
                                   "refinery decon")
 

@@ -43,10 +43,12 @@ import html
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 MAX_TEXT_CHARS = 3000       # characters of an eval text shown around its spans
 MAX_SNIPPET_CHARS = 1000    # characters of a training snippet shown
 CONTEXT_CHARS = 200         # characters shown before the first span when the spans do not fit
+WORD_SLACK = 30             # characters a cut text gives up at most to start and end on whole words
 MAX_LABEL_CHARS = 300       # names, paths, ids, settings values
 MAX_HITS = 2                # training hits shown per example
 MAX_TOP_FILES = 10          # training files listed per dataset
@@ -79,6 +81,8 @@ class TrainHit:
     snippet: str                        # training text around the hit, cut by the caller
     snippet_spans: tuple[Span, ...]     # overlapping spans, offsets relative to `snippet`
     ngrams: int                         # distinct overlapping n-grams this training row shares
+    cut_before: bool = False            # the training text goes on before `snippet`
+    cut_after: bool = False             # ... and after it
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class Example:
     spans: tuple[Span, ...]             # overlapping spans in `text`, merged for display
     token_overlap: float                # HELM token metric of this instance, 0..1
     hits: tuple[TrainHit, ...]          # at most MAX_HITS are shown
+    same_text: int = 0                  # other instances of the dataset with exactly this text
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,9 @@ def cut(text: str, max_chars: int = MAX_LABEL_CHARS) -> str:
 
 
 def label(text: str) -> str:
-    """A name, path, id or setting: cut, then escaped."""
-    return esc(cut(text))
+    """A name, path, id or setting: cut, escaped, and isolated in ``<bdi>`` so that bidi
+    controls in it (U+202E) cannot reorder the text around it."""
+    return f"<bdi>{esc(cut(text))}</bdi>"
 
 
 def merge_spans(spans: Iterable[Span], length: int) -> list[tuple[int, int]]:
@@ -209,18 +215,49 @@ def highlight(text: str, spans: list[tuple[int, int]], start: int, end: int) -> 
     return "".join(out)
 
 
-def text_block(text: str, merged: list[tuple[int, int]], max_chars: int, cls: str) -> str:
+def word_bounds(text: str, spans: list[tuple[int, int]], start: int, end: int, cut_before: bool,
+                cut_after: bool) -> tuple[int, int]:
+    """``[start, end)`` moved inward so that a cut text starts and ends on whole words.
+
+    A cut start (``start > 0``, or ``cut_before``: the text goes on before) inside a word
+    moves past that word's rest, then past any whitespace; a cut end likewise, backwards.
+    Each moves by at most :data:`WORD_SLACK` characters and never into a span (merged,
+    sorted); a word longer than that stays cut.
+    """
+    if start > 0 or cut_before:
+        first = bisect.bisect_right(spans, start, key=lambda span: span[1])
+        limit = min(end, start + WORD_SLACK, spans[first][0] if first < len(spans) else end)
+        if not (start > 0 and text[start - 1].isspace()):
+            start = next((i for i in range(start, limit) if text[i].isspace()), start)
+        while start < limit and text[start].isspace():
+            start += 1
+    if end < len(text) or cut_after:
+        last = bisect.bisect_left(spans, end, key=lambda span: span[0])
+        limit = max(start, end - WORD_SLACK, spans[last - 1][1] if last > 0 else start)
+        if not (end < len(text) and text[end].isspace()):
+            end = next((i + 1 for i in range(end - 1, limit - 1, -1) if text[i].isspace()), end)
+        while end > limit and text[end - 1].isspace():
+            end -= 1
+    return start, end
+
+
+def text_block(text: str, merged: list[tuple[int, int]], max_chars: int, cls: str, cut_before: bool = False,
+               cut_after: bool = False) -> str:
     """A ``<div class=cls>`` with the (windowed) text highlighted, plus a note if it was cut.
 
-    ``merged``: the text's spans as :func:`merge_spans` returns them.
+    ``merged``: the text's spans as :func:`merge_spans` returns them; ``cut_before`` /
+    ``cut_after``: ``text`` is itself a piece of a longer text (a snippet). A cut side starts
+    or ends on a whole word (:func:`word_bounds`) and shows an ellipsis.
     """
     start, end = text_window(len(text), merged, max_chars)
     if not text:
         return f'<div class="{cls}"><span class="cut">(empty text)</span></div>'
-    lead = '<span class="cut">… </span>' if start > 0 else ""
-    tail = '<span class="cut"> …</span>' if end < len(text) else ""
+    windowed = start > 0 or end < len(text)
+    start, end = word_bounds(text, merged, start, end, cut_before, cut_after)
+    lead = '<span class="cut">… </span>' if start > 0 or cut_before else ""
+    tail = '<span class="cut"> …</span>' if end < len(text) or cut_after else ""
     block = f'<div class="{cls}">{lead}{highlight(text, merged, start, end)}{tail}</div>'
-    if start == 0 and end == len(text):
+    if not windowed:
         return block
     note = f"Showing characters {start + 1:,}–{end:,} of {len(text):,}"
     outside = sum(1 for s, e in merged if e <= start or s >= end)
@@ -258,6 +295,23 @@ def percent(part: int, total: int) -> str:
 def metric(value: float) -> str:
     """A HELM metric (0..1) with 4 decimals; ``"n/a"`` when not finite."""
     return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
+def fingerprint_text(size: int, version: str, remote: bool) -> str:
+    """An input's fingerprint for a reader: ``"size 241,537 bytes, modified 2025-01-02 03:04:05
+    UTC"`` for a local file (its version is its mtime), ``"size 99 bytes, generation 1712..."``
+    for a cloud object with a numbered generation, else the version as it is."""
+    text = f"size {size:,} bytes"
+    if not version:
+        return text
+    if not remote:
+        try:
+            return f"{text}, modified {datetime.fromtimestamp(float(version), timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+        except (ValueError, OverflowError, OSError):
+            pass
+    elif version.isdigit():
+        return f"{text}, generation {version}"
+    return f"{text}, version {version}"
 
 
 def bar_width(part: int, total: int, width: int = BAR_WIDTH) -> float:
@@ -317,7 +371,8 @@ def _glance_card(index: int, ds: DatasetReport) -> str:
         parts.append('<p class="clean">No instance of this eval set shares an n-gram with the training data, '
                      'at any n.</p>')
     if ds.results:
-        parts.append('<table class="metrics"><thead><tr><th class="num">n</th><th>contaminated instances</th>'
+        parts.append('<div class="scroll"><table class="metrics"><thead><tr><th class="num">n</th>'
+                     '<th>contaminated instances</th>'
                      '<th class="num">binary</th><th class="num">jaccard</th><th class="num">token</th>'
                      '<th class="num">jaccard (weighted)</th><th class="num">token (weighted)</th></tr></thead><tbody>')
         for r in ds.results:
@@ -330,15 +385,15 @@ def _glance_card(index: int, ds: DatasetReport) -> str:
                 + "".join(f'<td class="num">{m(v)}</td>'
                           for v in (r.binary, r.jaccard, r.token, r.jaccard_weighted, r.token_weighted))
                 + "</tr>")
-        parts.append("</tbody></table>")
+        parts.append("</tbody></table></div>")
     else:
         parts.append('<p class="note">No results were recorded for this eval set.</p>')
     if ds.top_train_files:
-        parts.append('<h4>Training files contributing most</h4><table class="files"><thead><tr>'
+        parts.append('<h4>Training files contributing most</h4><div class="scroll"><table class="files"><thead><tr>'
                      '<th>training file</th><th class="num">contaminated instances</th></tr></thead><tbody>')
         for path, count in ds.top_train_files[:MAX_TOP_FILES]:
             parts.append(f'<tr><td><code>{label(path)}</code></td><td class="num">{count:,}</td></tr>')
-        parts.append("</tbody></table>")
+        parts.append("</tbody></table></div>")
         if len(ds.top_train_files) > MAX_TOP_FILES:
             more = len(ds.top_train_files) - MAX_TOP_FILES
             parts.append(f'<p class="note">and {plural(more, "more training file")}.</p>')
@@ -349,7 +404,7 @@ def _glance_card(index: int, ds: DatasetReport) -> str:
 def _hit_html(hit: TrainHit) -> str:
     """One training hit: path, row, shared n-grams, highlighted snippet."""
     snippet = text_block(hit.snippet, merge_spans(hit.snippet_spans, len(hit.snippet)), MAX_SNIPPET_CHARS,
-                         "text snippet")
+                         "text snippet", hit.cut_before, hit.cut_after)
     return (f'<div class="hit"><p class="meta"><span class="k">training</span> <code>{label(hit.train_path)}</code>'
             f" · row {hit.train_row:,} · {plural(hit.ngrams, 'shared n-gram')}</p>"
             f"{snippet}</div>")
@@ -361,7 +416,9 @@ def example_html(ex: Example) -> str:
     parts = ['<article class="example">',
              (f'<p class="meta"><span class="k">instance</span> <code>{label(ex.instance_id)}</code>'
               f" · eval row {ex.eval_row:,} · token overlap {metric(ex.token_overlap)}"
-              f" · {plural(len(merged), 'highlighted span')}</p>"),
+              f" · {plural(len(merged), 'highlighted span')}"
+              + (f" · {plural(ex.same_text, 'other instance')} with exactly this text" if ex.same_text else "")
+              + "</p>"),
              text_block(ex.text, merged, MAX_TEXT_CHARS, "text")]
     parts += [_hit_html(h) for h in ex.hits[:MAX_HITS]]
     if not ex.hits:
@@ -396,7 +453,7 @@ def _evidence(index: int, ds: DatasetReport, shown: list[str], max_bytes: int) -
 def _kv_table(rows: list[tuple[str, str]]) -> str:
     """A two-column table of already escaped cells."""
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
-    return f'<table class="kv"><tbody>{body}</tbody></table>'
+    return f'<div class="scroll"><table class="kv"><tbody>{body}</tbody></table></div>'
 
 
 def _settings(report: ContaminationReport) -> str:
@@ -422,8 +479,8 @@ def _settings(report: ContaminationReport) -> str:
         else:
             hidden[side] = hidden.get(side, 0) + 1
     if rows:
-        parts.append('<table class="inputs"><thead><tr><th>side</th><th>path</th><th>fingerprint</th></tr></thead>'
-                     f"<tbody>{''.join(rows)}</tbody></table>")
+        parts.append('<div class="scroll"><table class="inputs"><thead><tr><th>side</th><th>path</th>'
+                     f"<th>fingerprint</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
         for side, count in hidden.items():
             parts.append(f'<p class="note">{plural(count, "more " + label(side) + " input")} not listed.</p>')
     else:
@@ -442,6 +499,7 @@ _CSS = """\
 body{margin:0;background:#f6f6f4;color:#1f2328;
 font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
 main{max-width:1000px;margin:0 auto;padding:24px 20px 48px}
+bdi{unicode-bidi:isolate}
 h1{font-size:1.6rem;margin:0 0 .3rem}
 h2{font-size:1.25rem;margin:2.2rem 0 .8rem;padding-bottom:.3rem;border-bottom:1px solid #d0d7de}
 h3{font-size:1.05rem;margin:0 0 .3rem;overflow-wrap:anywhere}
@@ -454,11 +512,13 @@ a{color:#0a58a8}
 .empty,.clean{border-radius:6px;padding:6px 10px;margin:.4rem 0}
 .empty{background:#f3f4f6}
 .clean{background:#ecf6ec}
+.scroll{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;width:100%;font-size:.9rem;margin:.3rem 0}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{font-weight:600;color:#424a53}
 .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.share{white-space:nowrap}
+th.num{white-space:normal}
+.count{white-space:nowrap;display:inline-block}
 .bar{vertical-align:middle;margin-right:6px}
 code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.85em;overflow-wrap:anywhere}
 .text{white-space:pre-wrap;overflow-wrap:anywhere;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
@@ -482,8 +542,8 @@ def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[str
                     f"within {max_bytes:,} bytes; all numbers are in the stats files beside it.</p>") if omitted else ""
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f'<meta name="generator" content="{label(report.generated_by)}">',
-             f"<title>{label(report.title)}</title>", f"<style>\n{_CSS}</style>", "</head>", "<body>", "<main>",
+             f'<meta name="generator" content="{esc(cut(report.generated_by))}">',
+             f"<title>{esc(cut(report.title))}</title>", f"<style>\n{_CSS}</style>", "</head>", "<body>", "<main>",
              f"<header><h1>{label(report.title)}</h1>", f'<p class="lede">{_lede(report)}</p>',
              ('<nav><a href="#glance">At a glance</a> · <a href="#evidence">The evidence</a> · '
               '<a href="#settings">Settings</a></nav></header>'),
@@ -499,7 +559,8 @@ def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[str
         parts.append(omitted_note)
     parts += ["</section>", '<section id="evidence"><h2>The evidence</h2>',
               ('<p class="legend"><span class="swatch">Highlighted</span> text is part of an n-gram that also '
-               "occurs in the training data.</p>")]
+               "occurs in the training data. Rows are numbered from 0 (a file's first row is row 0), as in the "
+               "stats files.</p>")]
     if not report.datasets:
         parts.append('<p class="empty">No eval datasets were read, so there is no evidence to show.</p>')
     parts += [_evidence(i + 1, ds, shown[i], max_bytes) for i, ds in enumerate(datasets)]

@@ -17,7 +17,8 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
   (ranged reads of the frames its receipts list) joined with the partition's eval records:
   its detail records (one gzip member) and its share of the results (instance sets, training
   document counts, by-path sets, examples for the report). A partition's n-grams are its own.
-- ``merge`` (local, one unit): the members concatenated in partition order into
+- ``merge`` (local, one unit): the members, each inflated to check its CRC first,
+  concatenated in partition order into
   ``stats/overlap_details.jsonl.gz``, then ``stats/overlap_instances.jsonl.gz``,
   ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
   ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``, ``stats/report.md``,
@@ -29,7 +30,6 @@ import gc
 import hashlib
 import json
 import resource
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -40,23 +40,63 @@ import msgpack
 import zstandard
 from isal import igzip
 
+from isal import isal_zlib
+
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
 from refinery.transforms.decon import ngrams as ng
-from refinery.transforms.decon.report_html import render_html
+from refinery.transforms.decon.report_html import fingerprint_text, render_html
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
 
 
 def hits_file(unit_id: str) -> str:
-    """A scan unit's verified hits: zstd frames, each the msgpack of one partition's
-    :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames as
-    ``frames: [[partition, offset, length], ...]``."""
+    """A scan unit's verified hits: zstd frames (with content checksums), each the msgpack
+    of one partition's :func:`ngrams.hit_blocks` block; the unit's receipt lists the frames
+    as ``frames: [[partition, offset, length], ...]``."""
     return f"hits/{unit_id}.bin"
+
+
+REBUILD_HINT = "run the same command again with --verify-checksums to rebuild it"
+
+
+def compress_frame(data: bytes) -> bytes:
+    """One zstd frame of ``data`` with its content checksum (xxhash64), checked on reading."""
+    return zstandard.ZstdCompressor(level=1, write_checksum=True).compress(data)
+
+
+def decompress_frame(frame: bytes, where: str) -> bytes:
+    """The data of a :func:`compress_frame` frame; ValueError naming ``where`` if the frame is
+    damaged (its checksum, or its header's checksum flag, does not hold)."""
+    try:
+        if not zstandard.get_frame_parameters(frame).has_checksum:
+            raise zstandard.ZstdError("the frame carries no checksum")
+        return zstandard.ZstdDecompressor().decompress(frame)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"{where}: damaged zstd frame ({e}); {REBUILD_HINT}") from None
+
+
+def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
+    """Copy one complete gzip member from ``src`` to ``out``, inflating it on the way to check
+    its CRC and length; ValueError naming ``where`` if it is damaged or not one whole member
+    (``out`` then holds a partial copy: the caller's unit fails and its file is not kept)."""
+    inflate = isal_zlib.decompressobj(wbits=31)
+    try:
+        while block := src.read(chunk):
+            if inflate.eof:
+                raise isal_zlib.error("data after the end of the gzip member")
+            inflate.decompress(block, chunk)  # the output is dropped: only checked
+            while inflate.unconsumed_tail:
+                inflate.decompress(inflate.unconsumed_tail, chunk)
+            out.write(block)
+        if not inflate.eof or inflate.unused_data:
+            raise isal_zlib.error("cut short" if not inflate.eof else "data after the end of the gzip member")
+    except isal_zlib.error as e:
+        raise ValueError(f"{where}: damaged gzip member ({e}); {REBUILD_HINT}") from None
 
 
 HELD_CHARS = 32 << 20  # snippet characters a scan unit holds before it writes its frames
@@ -77,6 +117,7 @@ class DeconSettings:
     tokenizer: str = "default"
     partitions: int = 64
     max_train_count: int | None = None
+    max_ngram_details: int | None = ng.DEFAULT_MAX_NGRAM_DETAILS
     slice_bytes: int = 256 << 20
     batch_bytes: int = 1 << 20
     report_examples: int = 20
@@ -89,6 +130,8 @@ class DeconSettings:
             raise ValueError("--partitions must be >= 1")
         if self.report_examples < 0:
             raise ValueError("--report-examples must be >= 0")
+        if self.max_ngram_details is not None and self.max_ngram_details < 1:
+            raise ValueError("--max-ngram-details must be >= 1 (or none)")
         ng.get_tokenizer(self.tokenizer)
 
 
@@ -188,12 +231,12 @@ class IndexStage(Stage):
 def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
     units = []
     for fi, f in enumerate(files):
-        if f.path.endswith(".jsonl") and f.size > slice_bytes:
+        if io.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
             k = -(-f.size // slice_bytes)
             for si in range(k):
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
                                                          "lo": si * slice_bytes, "hi": min(f.size, (si + 1) * slice_bytes)}))
-        elif f.path.endswith(".parquet") and f.size > slice_bytes:
+        elif io.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
             groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
             for si, g in enumerate(range(0, len(groups), per)):
@@ -277,8 +320,7 @@ class ScanStage(Stage):
                 nonlocal size
                 if held:
                     for p, block in ng.hit_blocks(held):
-                        frame = zstandard.ZstdCompressor(level=1).compress(
-                            msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
+                        frame = compress_frame(msgpack.packb(block, use_bin_type=True, unicode_errors="surrogatepass"))
                         frames.append([p, size, len(frame)])
                         out.write(frame)
                         size += len(frame)
@@ -340,6 +382,12 @@ def load_eval_rows(path: str) -> list[ng.EvalRow]:
         return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(path))]
 
 
+@lru_cache(maxsize=2)
+def load_same_text(path: str) -> ng.SameText:
+    """The eval rows of ``path`` that share a text (once per process, for all reduce units)."""
+    return ng.same_text(load_eval_rows(path))
+
+
 class ReduceStage(Stage):
     name = "reduce"
 
@@ -348,7 +396,8 @@ class ReduceStage(Stage):
         self.scan_stage = scan_stage
 
     def config(self) -> dict:
-        return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count}
+        return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
+                "max_ngram_details": self.s.max_ngram_details}
 
     def plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -369,23 +418,28 @@ class ReduceStage(Stage):
         table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
         records = load_partition_file(io.join(index_run.parts_dir, partition_file(p))).records
         eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
 
         def blocks() -> Iterator[tuple[int, str, int, dict]]:
             for i, offset, length in table["frames"].get(p, []):
                 unit_id, path, base = table["units"][i]
-                frame = io.read_range(io.join(scan_run.parts_dir, hits_file(unit_id)), offset, offset + length)
-                yield i, path, base, msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), **unpack)
+                hits = io.join(scan_run.parts_dir, hits_file(unit_id))
+                frame = io.read_range(hits, offset, offset + length)
+                data = decompress_frame(frame, f"{hits} frame at bytes {offset}-{offset + length}")
+                yield i, path, base, msgpack.unpackb(data, **unpack)
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
                 def write(lines: str) -> None:
                     gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
 
-                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write)
+                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write,
+                                             self.s.max_ngram_details, same)
             packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
-        return {"details": result["details"], "ignored_ngrams": result["ignored"]}
+        return {"details": result["details"], "ignored_ngrams": result["ignored"],
+                "capped_ngrams": len(result["capped"])}
 
 
 # ---------------------------------------------------------------------------------------
@@ -412,7 +466,7 @@ class MergeStage(Stage):
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        io.remove(ctx.output_path("stats/report.html"))  # never beside details of another run
+        io.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
         index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
         plan = reduce_run.stage.plan()
         missing = [u.id for u in plan if not reduce_run.check(u.id).done]
@@ -427,28 +481,33 @@ class MergeStage(Stage):
                 if isinstance(v, (int, float)) and k not in ("peak_rss_mb", "membership_loaded_bytes", "test_ngrams"):
                     scan_totals[k] = scan_totals.get(k, 0) + v
         with ctx.open_write(ctx.output_path("stats/overlap_details.jsonl.gz")) as out:
-            for u in plan:  # gzip members, concatenated in partition order
-                with io.open_read(io.join(reduce_run.parts_dir, details_file(u.payload["p"]))) as member:
-                    shutil.copyfileobj(member, out, 1 << 22)
+            for u in plan:  # gzip members, each checked, concatenated in partition order
+                path = io.join(reduce_run.parts_dir, details_file(u.payload["p"]))
+                with io.open_read(path) as member:
+                    copy_gzip_member(member, out, path)
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
                    for u in plan)
         with ng.gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
+        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
-                        ng.dumps_jsonl_gz(ng.overlap_instance(r) for r in eval_rows if r.eval_idx in result.overlaps))
+                        ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), _jsonl(result.overlap_stats))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), _jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), _jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), _jsonl(result.summary))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
-                        ng.render_report(result, scan_totals, self.s.max_train_count).encode())
+                        ng.render_report(result, scan_totals, self.s.max_train_count,
+                                         max_ngram_details=self.s.max_ngram_details).encode())
         report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
                                           self.report_settings(), self.report_inputs(), scan_totals)
         ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
         return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
                 "ignored_ngrams": result.ignored_ngrams,
+                "capped_ngrams": len(result.capped), "details_left_out": sum(c[3] - c[2] for c in result.capped),
+                "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
@@ -456,25 +515,27 @@ class MergeStage(Stage):
         s = self.s
         return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer),
                 ("max-train-count", "none" if s.max_train_count is None else str(s.max_train_count)),
+                ("max-ngram-details", "none" if s.max_ngram_details is None else str(s.max_ngram_details)),
                 ("eval text field", s.eval_text_field), ("train text field", s.train_text_field),
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
                 ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
 
     def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
         scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, f"size {f.size:,}, version {f.version}")
+        return tuple((side, f.path, fingerprint_text(f.size, f.version, io.is_remote(f.path)))
                      for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
                      for f in files)
 
 
-def expand_as_given(args: list[str]) -> list[io.InputFile]:
+def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[io.InputFile]:
     """:func:`io.expand_inputs`, but each file's path spelled from the argument the user gave
-    (a relative folder stays relative), so that output paths are as given."""
+    (a relative folder stays relative), so that output paths are as given. Files skipped
+    for their extension are appended to ``skipped``."""
     import glob as globlib
 
     out: dict[str, io.InputFile] = {}
     for arg in args:
-        for f in io.expand_inputs([arg]):
+        for f in io.expand_inputs([arg], skipped=skipped):
             if globlib.has_magic(arg):
                 head = arg[: min(arg.index(c) for c in "*?[" if c in arg)]
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
@@ -488,9 +549,9 @@ def expand_as_given(args: list[str]) -> list[io.InputFile]:
     return sorted(out.values(), key=lambda f: f.path)
 
 
-def build_stages(settings: DeconSettings, output: str) -> list[Stage]:
-    eval_files = expand_as_given(settings.eval_paths)
-    train_files = expand_as_given(settings.train_paths)
+def build_stages(settings: DeconSettings, output: str, skipped: list[str] | None = None) -> list[Stage]:
+    eval_files = expand_as_given(settings.eval_paths, skipped)
+    train_files = expand_as_given(settings.train_paths, skipped)
     index = IndexStage(settings, eval_files)
     scan = ScanStage(settings, train_files, index, output)
     reduce = ReduceStage(settings, scan)

@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 
 from refinery.transforms.core import io, rows
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+from refinery.transforms.core.stages import (Stage, StageRun, Unit, UnitContext, count_receipt, execute_unit,
+                                             short_hash)
 
 log = logging.getLogger("refinery")
 
@@ -84,7 +85,9 @@ class DocumentSource:
         if self.docs_per_unit < 1:
             raise ValueError("docs per unit must be at least 1")
         # doc-id files may have any name (docids_val.jsonl, val_shard_00, ...)
-        self.files = io.expand_inputs(self.paths) if self.paths else io.expand_inputs(self.docid_files, suffixes=("",))
+        self.skipped: list[str] = []  # files of the input folders skipped for their extension
+        self.files = (io.expand_inputs(self.paths, skipped=self.skipped) if self.paths
+                      else io.expand_inputs(self.docid_files, suffixes=("",)))
         self._plan: list[Unit] | None = None
 
     def config(self) -> dict:
@@ -476,7 +479,7 @@ def _wave_transforms():
             results = {i: inf for i, inf in grouped["results"]}
             side = {"docs": info["docs"], "error": info["error"], "results": results}
             receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
-            beam.metrics.Metrics.counter("refinery", f"{self.run.name}_units_{receipt['status']}").inc()
+            count_receipt(self.run.name, receipt)
             yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
 
     return ExpandUnitFn, WriteUnitFn
@@ -529,11 +532,12 @@ def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], 
     return p
 
 
-def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
-    """One Beam job: the given infer units through RunInference, parts + receipts written."""
+def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
+    """One Beam job: the given infer units through RunInference, parts + receipts written;
+    returns the job's ``refinery`` counters."""
     from refinery.transforms.core.stages import run_stage_pipeline
 
-    run_stage_pipeline(build_wave_pipeline(run, units, beam_args, verify_checksums))
+    return run_stage_pipeline(build_wave_pipeline(run, units, beam_args, verify_checksums))
 
 
 def waves(run: StageRun, units: list[Unit]) -> list[list[Unit]]:
@@ -549,9 +553,13 @@ def wave_pipelines(run: StageRun, units: list[Unit], beam_args: list[str],
         yield build_wave_pipeline(run, wave, beam_args, verify_checksums)
 
 
-def infer_runner(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> None:
-    """``run_stages`` runner for the infer stage: waves of ``wave_units`` units, one job each."""
+def infer_runner(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
+    """``run_stages`` runner for the infer stage: waves of ``wave_units`` units, one job
+    each; returns the ``refinery`` counters summed over the waves."""
     todo = waves(run, units)
+    counters: dict[str, int] = {}
     for k, wave in enumerate(todo, 1):
         log.info("stage %s: wave %d/%d (%d units)", run.name, k, len(todo), len(wave))
-        run_wave(run, wave, beam_args, verify_checksums)
+        for name, v in (run_wave(run, wave, beam_args, verify_checksums) or {}).items():
+            counters[name] = counters.get(name, 0) + v
+    return counters

@@ -164,7 +164,7 @@ class TokenizeStage(Stage):
     def _pieces(self, i: int, f: io.InputFile) -> list[tuple[str, dict]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
         base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
-        if f.path.endswith(".parquet"):
+        if io.has_suffix(f.path, ".parquet"):
             try:
                 groups = parquet_row_groups(f.path) if f.size else []
             except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
@@ -175,7 +175,7 @@ class TokenizeStage(Stage):
             if len(groups) > step:
                 return [(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]})
                         for g in range(0, len(groups), step)]
-        elif f.path.endswith(".jsonl") and not io.is_remote(f.path) and 0 < 2 * self.cfg.unit_bytes < f.size:
+        elif io.has_suffix(f.path, ".jsonl") and not io.is_remote(f.path) and 0 < 2 * self.cfg.unit_bytes < f.size:
             step = self.cfg.unit_bytes
             los = list(range(0, f.size, step))
             bases = count_rows_before(f.path, los)
@@ -222,7 +222,7 @@ class TokenizeStage(Stage):
             writer = spill.SpillWriter(tokens_out)
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
-                columns = [text_field, id_field] if path.endswith(".parquet") else None
+                columns = [text_field, id_field] if io.has_suffix(path, ".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
                 for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
@@ -512,7 +512,7 @@ class ManifestStage(Stage):
         for stale in shards.shard_files(cfg.output):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
-                io.remove(stale)
+                io.remove(stale, root=cfg.output)
         ctx.write_bytes(ctx.output_path(shards.MANIFEST), shards.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
@@ -536,7 +536,7 @@ def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
     try:
         if io.read_json(path).get("plan_hash") != manifest_run.stage_hash:
             log.warning("removing %s: it describes a different plan; a new one is written at the end", path)
-            io.remove(path)
+            io.remove(path, root=manifest_run.output)
     except (FileNotFoundError, ValueError):
         if io.exists(path):
-            io.remove(path)
+            io.remove(path, root=manifest_run.output)

@@ -1,0 +1,220 @@
+"""decon under hostile eval sets: memory and output size bounded (no Beam)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from refinery.transforms.decon import ngrams as ng
+
+DEFAULT = ng.TOKENIZERS["default"]
+COMMON = "the quick brown fox jumps over the lazy dog while the cat sleeps"  # 13 tokens
+
+# One reduce in a fresh process: eval rows sharing n-grams (all the same text, or distinct
+# texts holding one common 13-gram) against N training rows that hold them; prints how much
+# the peak RSS grew during the reduce and what it wrote.
+REDUCE = """
+import json, resource, sys
+from refinery.transforms.decon import ngrams as ng
+kind, n_train, rows_n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+common = sys.argv[4]
+texts = [common + " and dreams"] * rows_n if kind == "identical" else [f"{common} row{i}" for i in range(rows_n)]
+def read(path):
+    for i, t in enumerate(texts):
+        yield i, {"text": t, "id": f"e{i}"}, None
+rows, _ = ng.make_eval_rows(["x/ds/test.jsonl"], read, "text", "id", ng.TOKENIZERS["default"])
+index = ng.NgramIndex.build(rows, {}, [13], "default", 1)
+train = ((j, {"text": f"doc {j}: {texts[0]}"}, None) for j in range(n_train))
+hits = list(ng.scan_rows(train, text_field="text", tokenizer=ng.TOKENIZERS["default"],
+                         membership=index.membership, lookup=index.lookup, partitions=1, stats=ng.ScanStats()))
+blocks = [b for _, b in ng.hit_blocks([ng.hit_groups(h, "id") for h in hits])]
+written = [0, 0]
+def write(lines):
+    written[0] += len(lines)
+    written[1] = max(written[1], len(lines))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+res = ng.reduce_partition(index.records[0], rows, [13], lambda: ((0, "t.jsonl", 0, b) for b in blocks), None, write)
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"grew_kb": grew, "details": res["details"], "chars": written[0], "largest_write": written[1]}))
+"""
+
+
+def reduce_in_subprocess(kind: str, n_train: int, rows: int = 2000) -> dict:
+    out = subprocess.run([sys.executable, "-c", REDUCE, kind, str(n_train), str(rows), COMMON],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("kind", ["identical", "distinct"])
+def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind):
+    small, large = reduce_in_subprocess(kind, 5), reduce_in_subprocess(kind, 60)
+    # the fan-out grew 12x; the reduce's memory must not follow it
+    assert large["grew_kb"] - small["grew_kb"] < 10_000, (small, large)
+    assert large["largest_write"] <= 2 * ng.WRITE_CHARS
+    if kind == "identical":
+        # one detail record per distinct text (3 n-grams x 60 training rows), not per eval row
+        assert large["details"] == 3 * 60
+    else:
+        assert large["details"] == 60 * (2000 + 1)      # every eval row's record is written
+
+
+# ---------------------------------------------------------------------------------------
+# Pure pieces: index, scan, reduce and merge of a small run
+# ---------------------------------------------------------------------------------------
+
+def eval_rows(texts: list[str], dataset: str = "ds") -> list[ng.EvalRow]:
+    def read(path):
+        for i, t in enumerate(texts):
+            yield i, {"text": t, "id": f"e{i}"}, None
+    rows, _ = ng.make_eval_rows([f"x/{dataset}/test.jsonl"], read, "text", "id", DEFAULT)
+    return rows
+
+
+def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_details=None, partitions=2):
+    """Every partition's reduce (blocks and results through msgpack, as on disk), then the merge."""
+    import msgpack
+
+    index = ng.NgramIndex.build(rows, {}, ns, "default", partitions)
+    hits = list(ng.scan_rows(((j, {"text": t}, None) for j, t in enumerate(train)), text_field="text",
+                             tokenizer=DEFAULT, membership=index.membership, lookup=index.lookup,
+                             partitions=partitions, stats=ng.ScanStats()))
+    blocks = {p: msgpack.unpackb(msgpack.packb(b)) for p, b in ng.hit_blocks([ng.hit_groups(h, "id") for h in hits])}
+    details, results = [], []
+    for p in range(partitions):
+        res = ng.reduce_partition(index.records.get(p, []), rows, ns,
+                                  lambda p=p: [(0, "t.jsonl", 0, blocks[p])] if p in blocks else [], None,
+                                  lambda lines: details.extend(map(json.loads, lines.splitlines())),
+                                  max_ngram_details)
+        results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
+    return ng.merge_partitions(rows, ns, results, DEFAULT), details
+
+
+def test_identical_eval_texts_give_one_record_listing_their_instances():
+    same = "the cat sat on the mat today"
+    rows = eval_rows([same, same, "another text here entirely", same])
+    result, details = run(rows, [f"x {same} y", same, "another text here"], [3])
+    # one record per (text, training row, n-gram): the first row's, saying how many others share it
+    shared = [d for d in details if d["eval_row"] != 2]
+    assert {d["eval_row"] for d in shared} == {0} and len(shared) == 5 * 2     # 5 3-grams x 2 training rows
+    assert all(list(d)[:5] == ["eval_dataset", "eval_path", "eval_row", "instance_id", "same_text"]
+               and d["same_text"] == 2 for d in shared)
+    own = [d for d in details if d["eval_row"] == 2]
+    assert own and all("same_text" not in d for d in own)
+    # the stats and metrics still count every instance
+    assert result.overlap_stats[0]["instance_ids"] == ["e0", "e1", "e2", "e3"]
+    metrics = {m["instance_id"]: m for m in result.metrics}
+    assert metrics["e1"]["token"] == metrics["e3"]["token"] == metrics["e0"]["token"] == 1.0
+    # the text once, listing the other instances
+    lines = list(ng.overlap_instances(rows, result.overlaps))
+    assert [(x["eval_row"], x.get("same_text")) for x in lines] == [
+        (0, [{"eval_dataset": "ds", "eval_path": "x/ds/test.jsonl", "eval_row": 1, "instance_id": "e1"},
+             {"eval_dataset": "ds", "eval_path": "x/ds/test.jsonl", "eval_row": 3, "instance_id": "e3"}]),
+        (2, None)]
+    # the report shows the text once, with its training hits, and says how many others have it
+    report = ng.contamination_report(result, rows, [3], 20, (), (), {})
+    examples = report.datasets[0].examples
+    assert [(e.instance_id, e.same_text) for e in examples] == [("e0", 2), ("e2", 0)]
+    assert [h.train_row for h in examples[0].hits] == [0, 1]
+
+
+def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so():
+    rows = eval_rows([f"alpha beta gamma row{i}" for i in range(6)])
+    train = ["alpha beta gamma"] * 4
+    full, all_details = run(rows, train, [3])
+    capped, details = run(rows, train, [3], max_ngram_details=10)
+    assert len(all_details) == 6 * 4 and len(details) == 10
+    assert details == all_details[:10]                   # scan order, then eval order
+    assert capped.capped == [[3, "alpha beta gamma", 10, 24]] and full.capped == []
+    assert capped.overlap_stats == full.overlap_stats and capped.metrics == full.metrics
+    md = ng.render_report(capped, {}, None, max_ngram_details=10)
+    assert "more than 10 detail records" in md and "14 records were left out" in md
+    assert "capped" not in ng.render_report(full, {}, None, max_ngram_details=10)
+
+
+def test_a_huge_token_gives_bounded_n_grams_and_snippets():
+    token = "z" * 200_000
+    text = f"intro {token} outro end"
+    rows = eval_rows([text])
+    train = f"{'a ' * 100}{text}{' b' * 100}"
+    result, details = run(rows, [train], [3])
+    assert len(details) == 2                               # "intro z.. outro", "z.. outro end"
+    for d in details:
+        assert len(json.dumps(d)) < 4 * ng.NGRAM_MAX_CHARS
+        assert d["ngram_truncated"] is True and len(d["ngram"]) == ng.NGRAM_MAX_CHARS
+        assert " ".join(DEFAULT.tokenize(text[slice(*d["eval_offsets"][0])])).startswith(d["ngram"])
+        assert d["train_snippet_truncated"] is True and len(d["train_snippet"]) == ng.SNIPPET_MAX_CHARS
+        lo = d["train_snippet_start"]
+        assert d["train_snippet"] == train[lo:lo + ng.SNIPPET_MAX_CHARS]
+        assert list(d).index("ngram_truncated") == list(d).index("ngram") + 1
+        assert list(d)[-1] == "train_snippet_truncated"
+    assert all(len(k) < ng.NGRAM_MAX_CHARS + 40 for per_n in result.overlaps.values() for grams in per_n.values()
+               for k in grams)
+    assert result.metrics[0]["token"] == 1.0
+    # the report's snippet shows the long occurrence highlighted up to its end
+    hit, = ng.contamination_report(result, rows, [3], 1, (), (), {}).datasets[0].examples[0].hits
+    assert hit.cut_before and hit.cut_after and hit.snippet_spans[-1].end == len(hit.snippet)
+
+
+def test_merged_snippet_tells_where_the_training_text_goes_on():
+    # [hash, offsets, snippet_start, snippet]; the snippets of "text" around [60, 70) and [75, 80)
+    text = "0123456789" * 20
+    a = [1, [[60, 70]], 10, text[10:120]]
+    b = [2, [[75, 80]], 25, text[25:130]]
+    got = ng.merged_snippet([a, b])
+    assert got.text == text[10:130] and got.spans == [(50, 60), (65, 70)] and got.cut_before and got.cut_after
+    ended = [1, [[0, 10]], 0, text[0:40]]                   # asked for [0, 60): the text ended at 40
+    got = ng.merged_snippet([ended])
+    assert not got.cut_before and not got.cut_after
+
+
+# ---------------------------------------------------------------------------------------
+# The command: flag, warning, outputs
+# ---------------------------------------------------------------------------------------
+
+def test_decon_collapses_caps_and_warns(tmp_path, capsys):
+    import gzip
+
+    from conftest import write_jsonl
+    from test_decon_pipeline import run_cli
+
+    from refinery.beam_pipelines import decon
+
+    question = "What is the capital city of France and how old is it"
+    rows = [{"id": f"same{i}", "text": question} for i in range(30)]
+    rows += [{"id": f"other{i}", "text": f"capital city of France trivia number {i}"} for i in range(8)]
+    write_jsonl(tmp_path / "eval" / "trivia" / "test.jsonl", rows)
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": f"Doc {j}. {question}? Paris."} for j in range(3)])
+    out = tmp_path / "out"
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--output", str(out),
+                    "--ngrams", "4", "--partitions", "2", "--max-ngram-details", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING refinery decon: 1 n-gram(s) had more than 5 detail records" in err
+    assert "'capital city of france'" in err and "--max-ngram-details" in err
+    with gzip.open(out / "stats/overlap_details.jsonl.gz", "rt") as f:
+        details = [json.loads(line) for line in f]
+    shared = [d for d in details if d["instance_id"].startswith("same")]
+    assert {d["instance_id"] for d in shared} == {"same0"} and {d["same_text"] for d in shared} == {29}
+    by_gram = {}
+    for d in details:
+        by_gram[d["ngram"]] = by_gram.get(d["ngram"], 0) + 1
+    assert by_gram["capital city of france"] == 5 and max(by_gram.values()) == 5
+    with gzip.open(out / "stats/overlap_instances.jsonl.gz", "rt") as f:
+        instances = [json.loads(line) for line in f]
+    first, = [i for i in instances if i["instance_id"].startswith("same")]
+    assert [s["instance_id"] for s in first["same_text"]] == [f"same{i}" for i in range(1, 30)]
+    stats = [json.loads(line) for line in open(out / "stats/overlap_stats.jsonl")]
+    assert len(stats[0]["instance_ids"]) == 38                          # every instance still counted
+    assert "detail records capped" in (out / "stats/report.md").read_text()
+    page = (out / "stats/report.html").read_text()
+    assert page.count("29 other instances with exactly this text") == 1
+    assert "<th><bdi>max-ngram-details</bdi></th><td><bdi>5</bdi></td>" in page
+    # the flag: a positive count or none
+    assert decon.build_parser().parse_args(["--train", "t", "--output", "o"]).max_ngram_details == \
+        ng.DEFAULT_MAX_NGRAM_DETAILS
+    assert decon.build_parser().parse_args(["--train", "t", "--output", "o", "--max-ngram-details",
+                                            "none"]).max_ngram_details is None
+    with pytest.raises(SystemExit):
+        decon.build_parser().parse_args(["--train", "t", "--output", "o", "--max-ngram-details", "0"])
+    assert "expected a positive integer or 'none', got '0'" in capsys.readouterr().err

@@ -1,0 +1,429 @@
+"""refinery on a real Flink: an embedded Flink and a standalone session cluster.
+
+- ``resolve_flink`` and the CLI: the cluster's version from its REST API, and one line
+  (exit 2) for a cluster that does not answer, an unsupported or mismatched version, no
+  job server jar and no way to download one, no Java.
+- Embedded (``--flink_master=[local]``): prep, decon and generate give byte-identical
+  outputs to the same commands on the local runner.
+- Standalone: a JobManager and a TaskManager (2 slots) as separate JVMs plus a Beam worker
+  pool (``--environment_type=EXTERNAL``), started from a Flink distribution unpacked from
+  PyPI and stopped by their own pids. prep and decon give byte-identical outputs, Flink's
+  REST API lists their jobs FINISHED, and the Beam counters reported back equal the units'
+  receipts. Faults: the TaskManager killed with SIGKILL inside prep's tokenize stage, and
+  refinery itself killed mid-job; in both cases the same command run again finishes with
+  the same bytes, and no unit that had finished runs again.
+
+The job server jar and the Flink distribution come from ``make test`` (``python -m
+refinery.runners.flink_local fetch`` into ``.cache/flink``). Without Java, or without them,
+these tests skip with one reason, unless ``REFINERY_REQUIRE_FLINK=1`` (set by ``.ci/run``),
+which turns that into a failure.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import GSM8K_TEST, gsm8k_texts, write_jsonl
+from reliability_helpers import (child_env, final_digest, read_unit_log, recomputed_units, refinery_cmd, spawn,
+                                 temp_files, wait_group_gone)
+
+from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
+from refinery.runners import flink as flink_mod
+from refinery.runners import flink_local
+
+REQUIRED = os.environ.get("REFINERY_REQUIRE_FLINK") == "1"
+
+
+def _unavailable(reason: str):
+    if REQUIRED:
+        pytest.fail(f"{reason} (REFINERY_REQUIRE_FLINK=1: CI must run the Flink tests)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def flink_jar() -> Path:
+    """The fetched job server jar (Flink 1.19), or skip/fail with one reason."""
+    if shutil.which("java") is None:
+        _unavailable("Flink tests skipped: no Java")
+    minor = flink_mod.minor_version(flink_local.DEFAULT_FLINK)
+    jar = flink_local.find_job_server_jar(minor)
+    if jar is None:
+        _unavailable(f"Flink tests skipped: no Flink {minor} job server jar in {flink_local.cache_dir()} "
+                     "(make test fetches it: python -m refinery.runners.flink_local fetch)")
+    return jar
+
+
+def run_cli(*args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``refinery ARGS`` in a fresh interpreter (a user's run: its job server JVMs end with it)."""
+    return subprocess.run(refinery_cmd(*args), env=env or child_env(Path(os.devnull)), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-3000:]}"
+    return r
+
+
+def counters_logged(stderr: str) -> dict[str, dict[str, int]]:
+    """stage -> the runner's counters, from ``-v``'s 'stage S: runner counters {...}' lines."""
+    out: dict[str, dict[str, int]] = {}
+    for stage, counters in re.findall(r"stage (\w+): runner counters (\{.*\})", stderr):
+        for k, v in json.loads(counters).items():
+            out.setdefault(stage, {})[k] = out.get(stage, {}).get(k, 0) + v
+    return out
+
+
+def receipt_counters(out: Path) -> dict[str, dict[str, int]]:
+    """What the counters must be: per stage run on Beam, units completed and the sums of their
+    receipts' integer stats."""
+    info = json.loads((out / ".refinery" / "run.json").read_text())
+    want: dict[str, dict[str, int]] = {}
+    for st in info["stages"]:
+        receipts = [json.loads(p.read_text()) for p in
+                    sorted((out / ".refinery" / st["name"] / st["stage_hash"] / "receipts").glob("*.json"))]
+        sums = {f"{st['name']}_units_completed": len(receipts)}
+        for r in receipts:
+            for k, v in r["stats"].items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    sums[f"{st['name']}_{k}"] = sums.get(f"{st['name']}_{k}", 0) + v
+        want[st["name"]] = sums
+    return want
+
+
+# ---------------------------------------------------------------------------------------
+# Before a run: version, jar, Java (no Flink needed)
+# ---------------------------------------------------------------------------------------
+
+class _FakeFlink(http.server.BaseHTTPRequestHandler):
+    version = "1.20.1"
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = json.dumps({"flink-version": self.version, "refresh-interval": 3000}).encode()
+        self.send_response(200 if self.path == "/v1/config" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def fake_rest():
+    """A stand-in for a JobManager's REST API: (host:port, set_version)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_FakeFlink,), {}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def set_version(v):
+        server.RequestHandlerClass.version = v
+
+    yield f"127.0.0.1:{server.server_address[1]}", set_version
+    server.shutdown()
+
+
+@pytest.fixture
+def java_present(monkeypatch):
+    """``java`` looks installed (these checks never start it)."""
+    monkeypatch.setattr(flink_mod.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+
+@pytest.fixture
+def no_jars(tmp_path, monkeypatch):
+    """An empty jar cache and a Maven that does not answer."""
+    monkeypatch.setenv(flink_local.CACHE_ENV, str(tmp_path / "cache"))
+    dead = f"http://127.0.0.1:{flink_local.free_port()}/beam-runners-flink-job-server.jar"
+    monkeypatch.setattr(flink_mod, "beam_jar_path", lambda minor: (dead, str(tmp_path / "beam-cache" / "x.jar")))
+    return dead
+
+
+def test_version_comes_from_the_cluster(fake_rest, java_present, tmp_path):
+    master, set_version = fake_rest
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"PK")
+    args = pipeline_args("flink", 2, [f"--flink_master={master}", "--environment_type=EXTERNAL",
+                                      "--environment_config=localhost:50000", f"--flink_job_server_jar={jar}"])
+    assert "--flink_version=1.20" in prepare_run("flink", args)  # 1.20.1 -> the job server's 1.20
+    set_version("2.2.0")
+    assert "--flink_version=2.2" in prepare_run("flink", args)
+    assert prepare_run("flink", [*args, "--flink_version=2.2"]).count("--flink_version=2.2") == 1  # given, matching
+    with pytest.raises(RunnerOptionsError, match=r"--flink_version 1.20 does not match .* runs Flink 2.2.0"):
+        prepare_run("flink", [*args, "--flink_version=1.20"])
+    set_version("1.16.3")
+    with pytest.raises(RunnerOptionsError, match=r"runs Flink 1.16.3, which this Beam does not support "
+                                                 r"\(it supports Flink 1.19, 1.20"):
+        prepare_run("flink", args)
+    assert flink_mod.rest_url("jm:8081") == "http://jm:8081" and flink_mod.minor_version("1.19.3") == "1.19"
+
+
+def test_cached_jar_is_found_for_the_cluster_version(fake_rest, java_present, tmp_path, monkeypatch):
+    master, set_version = fake_rest
+    monkeypatch.setenv(flink_local.CACHE_ENV, str(tmp_path))
+    (tmp_path / "job-server").mkdir()
+    for name in ("beam-runners-flink-1.20-job-server-2.61.0.jar", "beam-runners-flink-1.20-job-server-2.64.0.jar",
+                 "beam-runners-flink-2.0-job-server-2.64.0.jar", "notes.jar"):
+        (tmp_path / "job-server" / name).write_bytes(b"PK")
+    assert flink_local.cached_flink_minors() == ["1.20", "2.0"]
+    args = prepare_run("flink", pipeline_args("flink", None, [f"--flink_master={master}", "--environment_type=EXTERNAL",
+                                                              "--environment_config=localhost:1"]))
+    # the newest Beam version's jar for the cluster's Flink minor
+    assert f"--flink_job_server_jar={tmp_path}/job-server/beam-runners-flink-1.20-job-server-2.64.0.jar" in args
+    embedded = prepare_run("flink", pipeline_args("flink", None, []))  # [auto]: a fetched version, not a download
+    assert "--flink_version=2.0" in embedded and any(a.endswith("flink-2.0-job-server-2.64.0.jar") for a in embedded)
+
+
+def _one_line_exit_2(capsys, argv: list[str], expected: str) -> None:
+    from refinery.beam_pipelines.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(expected, err), err
+
+
+def test_cli_says_what_is_missing_in_one_line(fake_rest, no_jars, small_corpus, tmp_path, capsys, monkeypatch):
+    master, set_version = fake_rest
+    prep = ["prep", "--input", str(small_corpus), "--output", str(tmp_path / "out"), "--runner", "flink"]
+    ext = ["--environment_type=EXTERNAL", "--environment_config=localhost:1"]
+    dead = f"127.0.0.1:{flink_local.free_port()}"
+    _one_line_exit_2(capsys, [*prep, f"--flink_master={dead}", *ext],
+                     rf"^refinery prep: the Flink cluster at http://{dead} does not answer \(.*\): start it, or fix "
+                     r"--flink_master$")
+    set_version("1.18.1")
+    _one_line_exit_2(capsys, [*prep, f"--flink_master={master}", *ext], r"runs Flink 1.18.1, which this Beam does not")
+    set_version("1.19.3")
+    if shutil.which("java"):
+        _one_line_exit_2(capsys, [*prep, f"--flink_master={master}", *ext],
+                         r"no Flink 1.19 job server jar here and Beam cannot download it \(http://127.0.0.1:\d+/"
+                         r".*\)\. Fetch one with 'python -m refinery.runners.flink_local fetch --flink 1.19'")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-java-here"))
+    _one_line_exit_2(capsys, [*prep, "--flink_master=[local]"], r"needs Java 11 or newer .* 'java' is not on PATH")
+    assert not (tmp_path / "out").exists()  # refused before anything was planned or written
+
+
+def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path):
+    import io
+    import tarfile
+    import zipfile
+
+    wheel = tmp_path / "apache_flink-9.9.9-cp311-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in ("pyflink/bin/jobmanager.sh", "pyflink/conf/config.yaml", "pyflink/datastream/x.py",
+                     "pyflink/bin/../../escape.sh"):
+            z.writestr(name, name)
+    sdist = tmp_path / "apache-flink-libraries-9.9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        for name in ("apache-flink-libraries-9.9.9/deps/lib/flink-dist-9.9.9.jar",
+                     "apache-flink-libraries-9.9.9/deps/plugins/m/m.jar", "apache-flink-libraries-9.9.9/setup.py"):
+            data = name.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    home = tmp_path / "home"
+    flink_local._unpack(wheel, home, ("pyflink/",))
+    flink_local._unpack(sdist, home, ("apache-flink-libraries-9.9.9/deps/",))
+    got = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    assert got == ["bin/jobmanager.sh", "conf/config.yaml", "lib/flink-dist-9.9.9.jar", "plugins/m/m.jar"]
+    assert not (tmp_path / "escape.sh").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Embedded Flink: same bytes as the local runner
+# ---------------------------------------------------------------------------------------
+
+EMBEDDED = ["--runner", "flink", "--flink_master=[local]", "--workers", "2"]
+
+
+def test_embedded_flink_prep_decon_generate_equal_local(flink_jar, corpus, tmp_path):
+    from engine_fixtures import write_harmony_checkpoint
+
+    def both(*argv: str) -> tuple[Path, Path]:
+        flink, local = tmp_path / f"{argv[0]}-flink", tmp_path / f"{argv[0]}-local"
+        r = ok(run_cli(*argv, "--output", flink, "--no-progress", "-v", *EMBEDDED))
+        assert "'--flink-master', '[local]'" in r.stderr  # Beam started the Flink job server, embedded
+        assert r.stderr.count("Really starting service") == 1  # one job server JVM for all the command's jobs
+        for stage, counters in counters_logged(r.stderr).items():  # and Flink reported the units back
+            assert counters == receipt_counters(flink)[stage], stage
+        ok(run_cli(*argv, "--output", local, "--no-progress", "--runner", "direct"))
+        return flink, local
+
+    flink, local = both("prep", "--input", corpus, "--num-shards", "3", "--unit-mb", "0")
+    assert final_digest(flink) == final_digest(local) and (flink / "manifest.json").exists()
+    assert len(list(flink.glob("shard_*/*.npy"))) == 3
+
+    train = write_jsonl(tmp_path / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
+    flink, local = both("decon", "--eval", GSM8K_TEST, "--eval-text-field", "question", "--train", train.parent,
+                        "--ngrams", "8", "13")
+    assert final_digest(flink) == final_digest(local)
+    assert (flink / "stats" / "overlap_instances.jsonl.gz").exists()
+
+    ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
+    docs = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"g{i}", "text": t} for i, t in enumerate(gsm8k_texts(5))])
+    flink, local = both("generate", "--checkpoint", ckpt, "--input", docs, "--max-tokens", "4", "--dtype", "float32",
+                        "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4", "--docs-per-unit", "2",
+                        "--temperature", "0.8", "--seed", "7", "--no-share-model")
+    assert final_digest(flink) == final_digest(local)
+    assert len((flink / "generations.jsonl").read_text().splitlines()) == 5
+
+
+# ---------------------------------------------------------------------------------------
+# A standalone session cluster
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster(flink_jar, tmp_path_factory):
+    """A JobManager, a TaskManager with 2 slots and a Beam worker pool, as separate processes;
+    SDK workers append unit events to the cluster's unit log (``cluster.unit_log``)."""
+    home = flink_local.flink_home()
+    if home is None:
+        _unavailable(f"Flink tests skipped: no Flink {flink_local.DEFAULT_FLINK} distribution in "
+                     f"{flink_local.cache_dir()} (python -m refinery.runners.flink_local fetch)")
+    work = tmp_path_factory.mktemp("flink-cluster")
+    unit_log = work / "units.log"
+    c = flink_local.LocalFlinkCluster(home, work, slots=2, worker_env={"REFINERY_UNIT_LOG": str(unit_log)})
+    c.unit_log = unit_log
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+        assert all(p.poll() is not None for p in c.procs.values())  # stopped by their own pids
+
+
+def _finished_jobs_since(cluster, t0: float) -> list[dict]:
+    jobs = [j for j in cluster.jobs() if j["start-time"] / 1000 >= t0 - 1]
+    deadline = time.time() + 60
+    while any(j["state"] not in ("FINISHED", "FAILED", "CANCELED") for j in jobs) and time.time() < deadline:
+        time.sleep(1)
+        jobs = [j for j in cluster.jobs() if j["start-time"] / 1000 >= t0 - 1]
+    return jobs
+
+
+def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
+    on = ["--runner", "flink", "--workers", "2", "--no-progress", "-v", *cluster.beam_args()]
+    t0 = time.time()
+    r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0", *on))
+    assert r.stderr.count("Really starting service") == 1  # tokenize and pack through one job server
+    ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep-local", "--num-shards", "3", "--unit-mb", "0",
+               "--runner", "direct", "--no-progress"))
+    assert final_digest(tmp_path / "prep") == final_digest(tmp_path / "prep-local")
+    counters = counters_logged(r.stderr)
+    want = receipt_counters(tmp_path / "prep")
+    assert set(counters) == {"tokenize", "pack"}  # the Beam stages (the manifest is written in the driver)
+    for stage in counters:  # the Beam counters the Flink job reported equal the receipts' stats
+        assert counters[stage] == want[stage], stage
+    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    assert counters["tokenize"]["tokenize_tokens"] == manifest["total_tokens"] > 0
+    assert counters["tokenize"]["tokenize_accepted"] == manifest["total_documents"]
+
+    train = write_jsonl(tmp_path / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
+    decon = ["decon", "--eval", GSM8K_TEST, "--eval-text-field", "question", "--train", train.parent, "--ngrams", "8"]
+    r = ok(run_cli(*decon, "--output", tmp_path / "decon", *on))
+    ok(run_cli(*decon, "--output", tmp_path / "decon-local", "--runner", "direct", "--no-progress"))
+    assert final_digest(tmp_path / "decon") == final_digest(tmp_path / "decon-local")
+    counters = counters_logged(r.stderr)
+    want = receipt_counters(tmp_path / "decon")
+    assert set(counters) == {"scan", "reduce"}
+    for stage in counters:
+        assert counters[stage] == want[stage], stage
+    assert counters["scan"]["scan_verified_hits"] > 0  # the training rows hold GSM8K text: overlaps found
+
+    jobs = _finished_jobs_since(cluster, t0)
+    assert len(jobs) == 4 and all(j["state"] == "FINISHED" for j in jobs), jobs  # tokenize, pack, scan, reduce
+
+
+def _big_corpus(root: Path, files: int = 6, docs: int = 1500) -> Path:
+    """Files big enough that one tokenize unit takes a visible moment (unique ids, GSM8K text)."""
+    texts = gsm8k_texts(docs)
+    for k in range(files):
+        write_jsonl(root / f"part-{k}.jsonl", [{"id": f"{k}-{i}", "text": t} for i, t in enumerate(texts)])
+    return root
+
+
+def _wait_for(log: Path, stage: str, event: str, count: int, proc, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if sum(e["stage"] == stage and e["event"] == event for e in read_unit_log(log)) >= count:
+            return
+        assert proc.poll() is None, f"the run ended first:\n{proc.stderr()[-2000:]}"
+        time.sleep(0.02)
+    raise AssertionError(f"no {count} x {event} of {stage} within {timeout}s")
+
+
+def _completed_before(log: Path) -> tuple[set[tuple], int]:
+    """(stage, unit) of every unit completed so far, and how many events the log holds."""
+    events = read_unit_log(log)
+    return {(e["stage"], e["unit"]) for e in events if e["event"] == "end-completed"}, len(events)
+
+
+def _restarted(log: Path, done: set[tuple], after: int) -> list[dict]:
+    """Start events, after the first ``after`` events, of units in ``done``: must be none."""
+    return [e for e in read_unit_log(log)[after:] if e["event"] == "start" and (e["stage"], e["unit"]) in done]
+
+
+@pytest.fixture(scope="module")
+def big_reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("big")
+    corpus = _big_corpus(root / "corpus")
+    ref = root / "ref"
+    ok(run_cli("prep", "--input", corpus, "--output", ref, "--num-shards", "2", "--unit-mb", "0", "--runner", "direct",
+               "--no-progress"))
+    return corpus, final_digest(ref)
+
+
+def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_path):
+    corpus, want = big_reference
+    out = tmp_path / "out"
+    cluster.unit_log.write_text("")
+    argv = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0", "--runner", "flink",
+            "--workers", "1", "--no-progress", *cluster.beam_args()]
+    proc = spawn(refinery_cmd(*argv), child_env(Path(os.devnull)))
+    _wait_for(cluster.unit_log, "tokenize", "end-completed", 2, proc)
+    _wait_for(cluster.unit_log, "tokenize", "start", 3, proc)
+    cluster.kill("taskmanager", signal.SIGKILL)
+    done_at_kill, at_kill = _completed_before(cluster.unit_log)
+    rc = proc.wait(timeout=180)
+    err = proc.stderr()
+    assert rc == 1, err[-3000:]
+    tail = err.strip().splitlines()
+    assert re.search(r"^refinery prep: stage tokenize: the Beam job failed: ", tail[-3]), err[-3000:]
+    assert tail[-2].startswith("Finished units are kept") and tail[-1].startswith("  refinery prep --input")
+    assert "Traceback" not in err
+
+    cluster.restart_taskmanager()
+    rerun = ok(run_cli(*argv, env=child_env(Path(os.devnull)), timeout=300))
+    assert final_digest(out) == want, rerun.stderr[-2000:]
+    events = read_unit_log(cluster.unit_log)
+    assert len(done_at_kill) >= 2 and recomputed_units(events) == []  # no unit ran again once it had finished
+    assert _restarted(cluster.unit_log, done_at_kill, at_kill) == []
+    assert temp_files(out) == []
+
+
+def test_refinery_killed_mid_job_then_rerun(cluster, big_reference, tmp_path):
+    corpus, want = big_reference
+    out = tmp_path / "out"
+    cluster.unit_log.write_text("")
+    argv = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0", "--runner", "flink",
+            "--workers", "1", "--no-progress", *cluster.beam_args()]
+    t0 = time.time()
+    proc = spawn(refinery_cmd(*argv), child_env(Path(os.devnull)))
+    _wait_for(cluster.unit_log, "tokenize", "end-completed", 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its job server JVM; the Flink job lives on
+    assert wait_group_gone(proc.pid) == []
+    done_at_kill, at_kill = _completed_before(cluster.unit_log)
+    ok(run_cli(*argv, env=child_env(Path(os.devnull)), timeout=300))
+    jobs = _finished_jobs_since(cluster, t0)  # the orphaned job too: it skips what the rerun did
+    assert all(j["state"] == "FINISHED" for j in jobs), jobs
+    assert final_digest(out) == want
+    events = read_unit_log(cluster.unit_log)
+    assert len(done_at_kill) >= 2 and recomputed_units(events) == []
+    assert _restarted(cluster.unit_log, done_at_kill, at_kill) == []
+    assert temp_files(out) == []
