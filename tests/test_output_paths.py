@@ -127,7 +127,11 @@ def test_listing_reaches_through_links(tmp_path):
     assert io.listing_reaches(str(tmp_path / "alias"), str(tmp_path / "d" / "out"))
 
 
-def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path, small_corpus, capsys):
+def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path, small_corpus, capsys,
+                                                                            monkeypatch):
+    from refinery.transforms.core import gcs
+
+    monkeypatch.setattr(gcs, "credentials_problem", lambda: None)  # as if this machine had them
     out = small_corpus / "out"
     assert run_prep([small_corpus], out) == 2
     line = _one_line(capsys)
@@ -135,10 +139,10 @@ def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp
     assert main(["decon", "--eval", str(tmp_path / "eval.jsonl"), "--train", str(small_corpus),
                  "--output", str(out)]) == 2
     assert f"--output {out} is inside the input {small_corpus}" in _one_line(capsys) and not out.exists()
-    for command in (["prep", "--input", "gs://b/corpus"], ["decon", "--eval", "gs://b/e.jsonl", "--train",
-                                                           "gs://b/corpus"]):
-        assert main([*command, "--output", "gs://b/corpus/out"]) == 2  # refused before any request
-        assert "--output gs://b/corpus/out is inside the input gs://b/corpus" in _one_line(capsys)
+    for command in (["prep", "--input", "gs://my-bucket/corpus"], ["decon", "--eval", "gs://my-bucket/e.jsonl", "--train",
+                                                           "gs://my-bucket/corpus"]):
+        assert main([*command, "--output", "gs://my-bucket/corpus/out"]) == 2  # refused before any request
+        assert "--output gs://my-bucket/corpus/out is inside the input gs://my-bucket/corpus" in _one_line(capsys)
     # a glob that cannot descend into the output is fine
     assert run_prep([f"{small_corpus}/*.jsonl"], out, "--num-shards", 1, "--dry-run") == 0
 

@@ -161,8 +161,9 @@ def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(tmp_path, capsys, 
 
     ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
     commands = _readme_commands("dataflow") + _readme_commands("flink")
-    assert len(commands) >= 5, commands  # prep (twice), decon, generate on Dataflow; prep on Flink
+    assert len(commands) >= 7, commands  # prep (twice), decon, generate on Dataflow; prep on Flink (cluster, local)
     for command in commands:
-        argv = [a.replace("/models/gpt-oss-20b", str(ckpt)) for a in shlex.split(command)[1:]]
+        argv = [a.replace("/models/gpt-oss-20b", str(ckpt)) for a in shlex.split(command, comments=True)[1:]]
         assert main([*argv, "--dry-run"]) == 0, (command, capsys.readouterr().err)
-        assert "--dry-run: plan for gs://my-bucket/" in capsys.readouterr().out, command
+        output = argv[argv.index("--output") + 1]
+        assert f"--dry-run: plan for {output} " in capsys.readouterr().out, command
