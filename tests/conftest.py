@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,29 @@ def _pip_freeze_once():
     stager.subprocess = _PipFreezeOnce(subprocess)
     yield
     stager.subprocess = subprocess
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Refuse (and record) every connection and name lookup that is not to this machine; the
+    test fails if any was tried."""
+    attempts: list = []
+    local = ("127.0.0.1", "::1", "localhost")
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[0] not in local:
+            attempts.append(address)
+            raise OSError(f"test: network refused ({address})")
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in local and host is not None:
+            attempts.append(host)
+            raise socket.gaierror(f"test: name lookup refused ({host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield attempts
+    assert attempts == [], "the network was touched"

@@ -16,7 +16,6 @@ each Beam job, how stages become jobs).
 """
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -288,30 +287,6 @@ PIPELINES: dict[str, Callable[[Path], list[Jobs]]] = {
     "hydra oracle-label": oracle_label_pipeline,
     "hydra grade": grade_pipeline,
 }
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Refuse (and record) every connection and name lookup that is not to this machine."""
-    attempts: list = []
-    local = ("127.0.0.1", "::1", "localhost")
-    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
-
-    def connect(self, address):
-        if isinstance(address, tuple) and address[0] not in local:
-            attempts.append(address)
-            raise OSError(f"test: network refused ({address})")
-        return real_connect(self, address)
-
-    def getaddrinfo(host, *args, **kwargs):
-        if host not in local and host is not None:
-            attempts.append(host)
-            raise socket.gaierror(f"test: name lookup refused ({host})")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return attempts
 
 
 # runner -> (our extra flags, the environment urn its workers get)
