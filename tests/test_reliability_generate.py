@@ -66,7 +66,7 @@ def job(tmp_path_factory, gen_forks):
             file_ids.insert(4, "part-0.jsonl:4")  # the malformed row: an error row, not dropped
         ids += file_ids
     base = ["generate", "--checkpoint", str(ckpt), "--input", str(root / "in"), "--max-tokens", "8",
-            "--dtype", "float32", "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4",
+            "--dtype", "float32", "--device", "cpu", "--max-seq-len", "256", "--max-batch", "1",
             "--docs-per-unit", "3", "--wave-units", "2", "--temperature", "0.8", "--seed", "7", "--no-progress"]
     ref = root / "ref"
     a = run_attempt(lambda: gen_forks.start([*base, "--output", str(ref), "--runner", "direct"],
