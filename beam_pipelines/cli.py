@@ -40,6 +40,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser = argparse.ArgumentParser(
         prog="refinery", description="Prepare LLM training data as Apache Beam pipelines.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     subparsers = {}
     for name, module_name in COMMANDS.items():
@@ -49,6 +50,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         mod.add_arguments(c)
         subparsers[name] = c
     return parser, subparsers
+
+
+def version_line() -> str:
+    """``refinery 0.1.0 (apache-beam 2.77.0, Python 3.11.7)``: what ``--version`` prints."""
+    import platform
+    from importlib import metadata
+
+    def dist(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"refinery {dist('llm-refinery')} (apache-beam {dist('apache-beam')}, Python {platform.python_version()})"
 
 
 def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:

@@ -32,12 +32,35 @@ def run(args, beam_args: list[str]) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    for k, val in summary.items():
-        print(f"{k:16} {val}")
+    for label, text in readable(m):
+        print(f"{label:16} {text}")
+    return 0
+
+
+def readable(m: dict) -> list[tuple[str, str]]:
+    """(label, text) lines of a manifest for people: counts with thousands separators, the
+    row accounting as its sum, no raw Python values."""
+    def count(v) -> str:
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else ("-" if v is None else str(v))
+
+    counts = ("vocab_size", "num_shards", "total_documents", "total_tokens")
+    lines = [(k, count(m.get(k)) if k in counts else ("-" if m.get(k) is None else str(m.get(k))))
+             for k in ("dataset", "version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "created_at",
+                       *counts[1:])]
+    budget = m.get("max_tokens")
+    lines.append(("max_tokens", "no budget" if budget is None else count(budget)))
+    lines.append(("plan_hash", count(m.get("plan_hash"))))
+    rows = m.get("rows")
+    if isinstance(rows, dict):
+        parts = [f"{k.replace('_', ' ')} {count(rows[k])}" for k in ("accepted", "empty", "rejected", "over_budget")
+                 if k in rows and (k != "over_budget" or rows[k])]
+        parts += [f"{k.replace('_', ' ')} {count(v)}" for k, v in rows.items()
+                  if k not in ("read", "accepted", "empty", "rejected", "over_budget")]
+        lines.append(("rows", f"read {count(rows.get('read'))} = " + " + ".join(parts)))
     docs = [s["num_documents"] for s in m.get("shards", [])]
     toks = [s["num_tokens"] for s in m.get("shards", [])]
     if docs:
-        print(f"{'shard docs':16} min {min(docs):,}  max {max(docs):,}")
-        print(f"{'shard tokens':16} min {min(toks):,}  max {max(toks):,}")
-        print(f"{'tokens/doc':16} {sum(toks) / max(sum(docs), 1):,.1f}")
-    return 0
+        lines.append(("shard docs", f"min {min(docs):,}  max {max(docs):,}"))
+        lines.append(("shard tokens", f"min {min(toks):,}  max {max(toks):,}"))
+        lines.append(("tokens/doc", f"{sum(toks) / max(sum(docs), 1):,.1f}"))
+    return lines

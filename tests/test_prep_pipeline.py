@@ -123,6 +123,26 @@ def test_verify_info_status_cli(prepared, capsys):
     assert "tokenize" in text and "manifest" in text
 
 
+def test_info_reads_as_text_and_version(prepared, capsys):
+    from refinery.beam_pipelines.info import readable
+
+    _, out = prepared
+    m = json.loads((out / "manifest.json").read_text())
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "{" not in text and "None" not in text  # no raw Python values
+    lines = dict(readable(m))
+    assert lines["total_tokens"] == f"{m['total_tokens']:,}" and "," in lines["total_tokens"]
+    assert lines["eos_token_id"] == str(m["eos_token_id"])  # an id, not a count
+    r = m["rows"]
+    assert lines["rows"] == (f"read {r['read']:,} = accepted {r['accepted']:,} + empty {r['empty']:,} + "
+                             f"rejected {r['rejected']:,}")
+    assert lines["max_tokens"] == "no budget"
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("refinery 0.1.0 (apache-beam ")
+
+
 def test_rerun_skips_everything(prepared, capsys):
     corpus_root, out = prepared
     before = {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in out.rglob("*") if p.is_file()
