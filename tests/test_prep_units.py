@@ -287,6 +287,31 @@ def test_receipt_with_missing_files_is_pending_everywhere(tmp_path):
     assert stage.calls == ["u0", "u0"] and (tmp_path / r["files"][0]["path"]).read_bytes() == b"value 0"
 
 
+def test_an_interpreter_glitch_runs_the_unit_again_once_and_other_errors_fail_it(tmp_path):
+    class Glitchy(_Echo):
+        def run_unit(self, unit, ctx):
+            if not self.calls:  # the first attempt wrote something before it broke
+                ctx.write_bytes(ctx.part_path(f"{unit.id}-first.txt"), b"x")
+            if len(self.calls) < self.glitches:
+                self.calls.append(unit.id)
+                raise SystemError(self.message)
+            return super().run_unit(unit, ctx)
+
+    for glitches, message, status in ((1, "AST constructor recursion depth mismatch (before=33, after=30)",
+                                       "completed"),
+                                      (2, "AST constructor recursion depth mismatch (before=1, after=0)", "failed"),
+                                      (1, "error return without exception set", "failed")):
+        stage = Glitchy()
+        stage.glitches, stage.message = glitches, message
+        run = StageRun(stage, str(tmp_path / f"{glitches}-{status}"), "h")
+        r = execute_unit(run, Unit("u0", {"v": 0}))
+        assert r["status"] == status, (message, r.get("error"))
+        if status == "completed":  # the second attempt's files only
+            assert [f["path"].rsplit("/", 1)[-1] for f in r["files"]] == ["u0.txt"] and stage.calls == ["u0", "u0"]
+        else:
+            assert r["error"]["type"] == "SystemError" and len(stage.calls) == min(glitches, 2)
+
+
 def test_check_receipt_cases(tmp_path):
     stage = _Echo()
     run = StageRun(stage, str(tmp_path), "h1")

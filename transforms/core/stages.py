@@ -393,6 +393,29 @@ class UnitContext:
         return self.run.upstream[stage_name]
 
 
+# CPython 3.11 can raise this in a thread that builds an AST (``ast.parse``, a traceback's
+# caret line) while another thread does the same (python/cpython#106905): the unit's work is
+# not at fault, so it is run once more before it is called failed.
+_INTERPRETER_GLITCHES = ("AST constructor recursion depth mismatch",)
+
+
+def _interpreter_glitch(e: BaseException) -> bool:
+    return isinstance(e, SystemError) and str(e).startswith(_INTERPRETER_GLITCHES)
+
+
+def _run_unit(run: StageRun, unit: Unit, side: dict | None) -> tuple[dict, "UnitContext"]:
+    """(stats, context) of one unit's work; an interpreter glitch (see above) runs it again once."""
+    ctx = UnitContext(run, unit, side)
+    try:
+        return run.stage.run_unit(unit, ctx) or {}, ctx
+    except SystemError as e:
+        if not _interpreter_glitch(e):
+            raise
+        log.warning("unit %s/%s: %s (a Python interpreter glitch); running it again", run.name, unit.id, e)
+    ctx = UnitContext(run, unit, side)
+    return run.stage.run_unit(unit, ctx) or {}, ctx
+
+
 def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
                  side: dict | None = None, stale: Callable[[dict], bool] | None = None) -> dict:
     """Run one unit unless :func:`check_receipt` says it is done; write its receipt last.
@@ -410,7 +433,7 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
     _log_unit_event("start", run, unit.id)
-    ctx = UnitContext(run, unit, side)
+    ctx = UnitContext(run, unit, side)  # replaced by the one of the attempt that returns
     receipt = {
         "schema": RECEIPT_SCHEMA, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit.id,
         "started_at": _now(), "host": socket.gethostname(), "pid": os.getpid(),
@@ -423,8 +446,8 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     if run.upstream_repairs:
         receipt["upstream_repairs"] = run.upstream_repairs
     try:
-        stats = run.stage.run_unit(unit, ctx)
-        receipt.update(status="completed", files=ctx.files, stats=stats or {})
+        stats, ctx = _run_unit(run, unit, side)
+        receipt.update(status="completed", files=ctx.files, stats=stats)
     except Exception as e:  # noqa: BLE001 - recorded in the receipt, retried next run
         receipt.update(status="failed", files=ctx.files, stats={}, error={
             "type": type(e).__name__, "message": str(e)[:2000],
