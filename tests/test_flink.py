@@ -379,14 +379,29 @@ def big_reference(tmp_path_factory):
     return corpus, final_digest(ref)
 
 
-def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_path):
-    corpus, want = big_reference
-    out = tmp_path / "out"
+def _prep_on_cluster(cluster, corpus: Path, out: Path):
+    """(argv, process) of ``refinery prep`` on the cluster, once it has finished 2 tokenize units."""
     cluster.unit_log.write_text("")
     argv = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0", "--runner", "flink",
             "--workers", "1", "--no-progress", *cluster.beam_args()]
     proc = spawn(refinery_cmd(*argv), child_env(Path(os.devnull)))
     _wait_for(cluster.unit_log, "tokenize", "end-completed", 2, proc)
+    return argv, proc
+
+
+def _assert_finished_as_reference(cluster, out: Path, want: dict, done_at_kill, at_kill) -> None:
+    """Same bytes as the reference; no unit that had finished ran again; no temp files left."""
+    assert final_digest(out) == want
+    events = read_unit_log(cluster.unit_log)
+    assert len(done_at_kill) >= 2 and recomputed_units(events) == []  # no unit ran again once it had finished
+    assert _restarted(cluster.unit_log, done_at_kill, at_kill) == []
+    assert temp_files(out) == []
+
+
+def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_path):
+    corpus, want = big_reference
+    out = tmp_path / "out"
+    argv, proc = _prep_on_cluster(cluster, corpus, out)
     _wait_for(cluster.unit_log, "tokenize", "start", 3, proc)
     cluster.kill("taskmanager", signal.SIGKILL)
     done_at_kill, at_kill = _completed_before(cluster.unit_log)
@@ -399,31 +414,19 @@ def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_
     assert "Traceback" not in err
 
     cluster.restart_taskmanager()
-    rerun = ok(run_cli(*argv, env=child_env(Path(os.devnull)), timeout=300))
-    assert final_digest(out) == want, rerun.stderr[-2000:]
-    events = read_unit_log(cluster.unit_log)
-    assert len(done_at_kill) >= 2 and recomputed_units(events) == []  # no unit ran again once it had finished
-    assert _restarted(cluster.unit_log, done_at_kill, at_kill) == []
-    assert temp_files(out) == []
+    ok(run_cli(*argv, env=child_env(Path(os.devnull)), timeout=300))
+    _assert_finished_as_reference(cluster, out, want, done_at_kill, at_kill)
 
 
 def test_refinery_killed_mid_job_then_rerun(cluster, big_reference, tmp_path):
     corpus, want = big_reference
     out = tmp_path / "out"
-    cluster.unit_log.write_text("")
-    argv = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0", "--runner", "flink",
-            "--workers", "1", "--no-progress", *cluster.beam_args()]
     t0 = time.time()
-    proc = spawn(refinery_cmd(*argv), child_env(Path(os.devnull)))
-    _wait_for(cluster.unit_log, "tokenize", "end-completed", 2, proc)
+    argv, proc = _prep_on_cluster(cluster, corpus, out)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its job server JVM; the Flink job lives on
     assert wait_group_gone(proc.pid) == []
     done_at_kill, at_kill = _completed_before(cluster.unit_log)
     ok(run_cli(*argv, env=child_env(Path(os.devnull)), timeout=300))
     jobs = _finished_jobs_since(cluster, t0)  # the orphaned job too: it skips what the rerun did
     assert all(j["state"] == "FINISHED" for j in jobs), jobs
-    assert final_digest(out) == want
-    events = read_unit_log(cluster.unit_log)
-    assert len(done_at_kill) >= 2 and recomputed_units(events) == []
-    assert _restarted(cluster.unit_log, done_at_kill, at_kill) == []
-    assert temp_files(out) == []
+    _assert_finished_as_reference(cluster, out, want, done_at_kill, at_kill)
