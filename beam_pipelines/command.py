@@ -336,8 +336,7 @@ class Pipeline:
     ``header``: printed (stderr) before running; ``summary(result, seconds)``: what a
     successful run did, printed on stdout; ``verdict(result)``: why a run whose units all
     finished still failed (e.g. :func:`reject_rate_failure`), or None: exit 1 with that line;
-    ``on_plan``/``runner``/``builder``: passed to ``run_stages`` (``builder`` builds the Beam
-    jobs of a stage for a dry run, see ``runners.translate``).
+    ``on_plan``/``runner``: passed to ``run_stages``.
     """
 
     command: str
@@ -348,7 +347,6 @@ class Pipeline:
     verdict: Callable[[object], str | None] | None = None
     on_plan: Callable | None = None
     runner: Callable | None = None
-    builder: Callable | None = None
     run_info: dict = field(default_factory=dict)
 
 
@@ -445,21 +443,20 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
         print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
     if is_dataflow(beam_args):
-        from refinery.runners.translate import dataflow_jobs
+        from refinery.runners.translate import dataflow_job, step_names
 
-        described = 0
-        for run, job in dataflow_jobs(p.stages, p.output, beam_args, verify, p.builder):
-            print(describe_dataflow_job(run.name, job))
-            described += 1
-        if not described:
-            print("  no Dataflow job to describe: its stages have no units planned here")
+        job = dataflow_job(p.stages, p.output, beam_args, verify)
+        print(describe_dataflow_job(p.command, job, step_names(job.proto_pipeline)) if job is not None
+              else "  no Dataflow job to describe: its stages have no units planned here")
     return 0
 
 
-def describe_dataflow_job(stage: str, job) -> str:
-    """A few lines of a Dataflow job description: image, machine type, workers, packages."""
+def describe_dataflow_job(command: str, job, steps: list[str]) -> str:
+    """A few lines of a Dataflow job description: its steps, image, machine type, workers,
+    packages."""
     env = job.proto.environment
-    lines = [f"  dataflow job for stage {stage}: {job.proto.name or '(unnamed)'}"]
+    lines = [f"  dataflow job for refinery {command}: {job.proto.name or '(unnamed)'}",
+             f"    steps: {', '.join(steps)}"]
     for pool in env.worker_pools:
         scaling = pool.autoscaling_settings
         lines.append(f"    image {pool.worker_harness_container_image or '(Beam default)'}, machine "

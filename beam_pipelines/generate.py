@@ -119,12 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def inference_pipeline(command: str, output: str, stages, header: str, summary, verdict=None):
-    """A :class:`~refinery.beam_pipelines.command.Pipeline` of infer -> merge, run in waves."""
+    """A :class:`~refinery.beam_pipelines.command.Pipeline` of infer (in waves) -> merge: one Beam job."""
     from refinery.beam_pipelines.command import Pipeline
-    from refinery.transforms.inference.stages import infer_runner, wave_pipelines
 
-    return Pipeline(command, output, stages, header, summary, verdict=verdict, runner=infer_runner,
-                    builder=wave_pipelines)
+    return Pipeline(command, output, stages, header, summary, verdict=verdict)
 
 
 def run(args, beam_args: list[str]) -> int:

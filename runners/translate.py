@@ -1,56 +1,36 @@
-"""Build a pipeline's Beam jobs without running them: runner-API protos and Dataflow dry runs.
+"""Build a command's Beam job without running it: runner-API protos and Dataflow dry runs.
 
-Every pipeline is a list of stages (``refinery.transforms.core.stages``); each stage that is not
-``local`` becomes one Beam job over its pending units (the ``infer`` stage of the inference
-pipelines: one job per wave of units). These helpers build those jobs for
-a whole plan so that a job can be checked before anything runs:
+Every command is a list of stages (``refinery.transforms.core.stages``) run as ONE Beam job:
+each stage a named step over its units, each step after the one before
+(``refinery.transforms.core.pipeline``). These helpers build that job for a whole plan, so
+that it can be checked before anything runs:
 
-- :func:`stage_pipelines`: (stage run, Beam pipeline) for each Beam job of each Beam stage,
-  every unit of its plan, built with the given Beam arguments (any runner's). A stage is one
-  job (:func:`refinery.transforms.core.stages.build_stage_pipeline`) unless a ``builder`` says
-  otherwise: the inference pipelines (generate, hydra oracle-label and grade) pass
-  :func:`refinery.transforms.inference.stages.wave_pipelines`, one job per wave of ``infer``
-  units, as they pass ``infer_runner`` to ``run_stages``.
+- :func:`command_pipeline`: the built Beam pipeline of every stage with every unit of its
+  plan, with the given Beam arguments (any runner's).
 - :func:`runner_api`: the portable runner-API proto of a built pipeline, with the
   environment the runner would give it (what a portable job server such as Flink's
   receives).
-- :func:`dataflow_jobs`: each of those jobs on DataflowRunner with ``--dry_run``: the
-  runner applies its overrides, translates, resolves the container image and stages
-  nothing; yields the Dataflow job description (``apiclient.Job``) it would submit.
-  Needs ``--project``, ``--region``, ``--temp_location=gs://...`` among the Beam arguments
+- :func:`dataflow_job`: that pipeline on DataflowRunner with ``--dry_run``: the runner
+  applies its overrides, translates, resolves the container image and stages nothing;
+  returns the Dataflow job description (``apiclient.Job``) it would submit. Needs
+  ``--project``, ``--region``, ``--temp_location=gs://...`` among the Beam arguments
   (checked first: :class:`~refinery.runners.args.RunnerOptionsError` names each problem).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
-
 from .args import has
 from .dataflow import check_options
 
-from refinery.transforms.core.stages import Stage, StageRun, Unit, bind_stages, build_stage_pipeline
+from refinery.transforms.core.stages import Stage, bind_stages
 
 
-def beam_stages(stages: list[Stage], output: str) -> list[tuple[StageRun, list[Unit]]]:
-    """(bound stage, its whole plan) for every stage that runs on Beam (not ``local``)."""
-    return [(run, run.stage.plan()) for run in bind_stages(stages, output) if not run.stage.local]
+def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):
+    """The command's Beam pipeline, built, not run: every stage a step over its whole plan
+    (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
+    from refinery.transforms.core.pipeline import Step, build_pipeline
 
-
-# (stage run, its units, Beam arguments, verify checksums) -> the stage's built Beam jobs
-PipelineBuilder = Callable[[StageRun, list[Unit], list[str], bool], Iterable[object]]
-
-
-def one_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool = False):
-    """The default :data:`PipelineBuilder`: the stage's units in one job (what ``run_stages`` runs)."""
-    return [build_stage_pipeline(run, units, beam_args, verify_checksums)]
-
-
-def stage_pipelines(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False,
-                    builder: PipelineBuilder | None = None) -> Iterator[tuple[StageRun, object]]:
-    """(stage run, built ``beam.Pipeline``) for each Beam job of each Beam stage, in run
-    order; nothing is run or written. ``builder``: see the module docstring."""
-    for run, units in beam_stages(stages, output):
-        for pipeline in (builder or one_pipeline)(run, units, beam_args, verify_checksums):
-            yield run, pipeline
+    steps = [Step(run, units) for run in bind_stages(stages, output) if (units := run.stage.plan())]
+    return build_pipeline(steps, beam_args, verify_checksums) if steps else None
 
 
 def default_environment(pipeline):
@@ -66,13 +46,12 @@ def runner_api(pipeline):
     return pipeline.to_runner_api(default_environment=default_environment(pipeline))
 
 
-def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False,
-                  builder: PipelineBuilder | None = None) -> Iterator[tuple[StageRun, object]]:
-    """(stage run, Dataflow job) for each Beam job of :func:`stage_pipelines`, built with DataflowRunner and
+def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):
+    """The Dataflow job of :func:`command_pipeline`, built with DataflowRunner and
     ``--dry_run``: the runner applies its overrides, translates the pipeline, resolves the
     container image and builds the job description (``apiclient.Job``; ``.proto`` is the
     Dataflow Job message, with its environment from :func:`job_environment`) but submits
-    nothing and uploads nothing.
+    nothing and uploads nothing. None when no stage plans a unit.
 
     ``--dry_run`` is added here, before the pipeline is built: Beam's option validation
     at construction already skips its GCS bucket checks only in a dry run.
@@ -81,12 +60,24 @@ def dataflow_jobs(stages: list[Stage], output: str, beam_args: list[str], verify
 
     check_options(beam_args)  # Beam would raise a traceback, or look for a default bucket online
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
-    for run, pipeline in stage_pipelines(stages, output, args, verify_checksums, builder):
-        if not isinstance(pipeline.runner, DataflowRunner):
-            raise ValueError(f"stage {run.name}: runner is {type(pipeline.runner).__name__}, not DataflowRunner")
-        job = pipeline.run().job
-        job.proto.environment = job_environment(job)
-        yield run, job
+    pipeline = command_pipeline(stages, output, args, verify_checksums)
+    if pipeline is None:
+        return None
+    if not isinstance(pipeline.runner, DataflowRunner):
+        raise ValueError(f"the runner is {type(pipeline.runner).__name__}, not DataflowRunner")
+    job = pipeline.run().job
+    job.proto.environment = job_environment(job)
+    return job
+
+
+def step_names(proto_pipeline) -> list[str]:
+    """The names of a runner-API pipeline's top-level steps, in order (a command's stages:
+    ``Tokenize units``, ``Pack shards``, ...)."""
+    names = []
+    for root in proto_pipeline.root_transform_ids:
+        for sub in proto_pipeline.components.transforms[root].subtransforms:
+            names.append(proto_pipeline.components.transforms[sub].unique_name)
+    return names
 
 
 def staged_artifacts(proto_pipeline) -> list[str]:

@@ -8,7 +8,7 @@
 - Standalone: a JobManager and a TaskManager (2 slots) as separate JVMs plus a Beam worker
   pool (``--environment_type=EXTERNAL``), started from a Flink distribution unpacked from
   PyPI and stopped by their own pids. prep and decon give byte-identical outputs, Flink's
-  REST API lists their jobs FINISHED, and the Beam counters reported back equal the units'
+  REST API lists one FINISHED job per command, and the Beam counters reported back equal the units'
   receipts. Faults: the TaskManager killed with SIGKILL inside prep's tokenize stage, and
   refinery itself killed mid-job; in both cases the same command run again finishes with
   the same bytes, and no unit that had finished runs again.
@@ -311,13 +311,13 @@ def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
     on = ["--runner", "flink", "--workers", "2", "--no-progress", "-v", *cluster.beam_args()]
     t0 = time.time()
     r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0", *on))
-    assert r.stderr.count("Really starting service") == 1  # tokenize and pack through one job server
+    assert r.stderr.count("Really starting service") == 1  # one job server
     ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep-local", "--num-shards", "3", "--unit-mb", "0",
                "--runner", "direct", "--no-progress"))
     assert final_digest(tmp_path / "prep") == final_digest(tmp_path / "prep-local")
     counters = counters_logged(r.stderr)
     want = receipt_counters(tmp_path / "prep")
-    assert set(counters) == {"tokenize", "pack"}  # the Beam stages (the manifest is written in the driver)
+    assert set(counters) == {"tokenize", "pack", "manifest"}  # every stage: steps of the one job
     for stage in counters:  # the Beam counters the Flink job reported equal the receipts' stats
         assert counters[stage] == want[stage], stage
     manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
@@ -331,13 +331,13 @@ def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
     assert final_digest(tmp_path / "decon") == final_digest(tmp_path / "decon-local")
     counters = counters_logged(r.stderr)
     want = receipt_counters(tmp_path / "decon")
-    assert set(counters) == {"scan", "reduce"}
+    assert set(counters) == {"index", "scan", "reduce", "merge"}
     for stage in counters:
         assert counters[stage] == want[stage], stage
     assert counters["scan"]["scan_verified_hits"] > 0  # the training rows hold GSM8K text: overlaps found
 
     jobs = _finished_jobs_since(cluster, t0)
-    assert len(jobs) == 4 and all(j["state"] == "FINISHED" for j in jobs), jobs  # tokenize, pack, scan, reduce
+    assert len(jobs) == 2 and all(j["state"] == "FINISHED" for j in jobs), jobs  # one job per command
 
 
 def _big_corpus(root: Path, files: int = 6, docs: int = 1500) -> Path:

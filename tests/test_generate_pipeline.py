@@ -78,7 +78,7 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
     before = (out / "generations.jsonl").read_bytes()
     # rerun: every unit skipped, nothing rewritten
     stages = gs.build_stages(task, generate.document_source(args))
-    result = run_stages(stages, str(out), DIRECT, progress=False, runner=gs.infer_runner)
+    result = run_stages(stages, str(out), DIRECT, progress=False)
     assert result.ran == {} and (out / "generations.jsonl").read_bytes() == before
     # a different batch size (batching options are not part of the plan) re-run from scratch: same bytes
     out2 = tmp_path / "out2"
@@ -89,30 +89,56 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
 def test_interrupted_run_resumes(tmp_path, ckpt, monkeypatch):
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
     out = tmp_path / "out"
-    real, calls = gs.run_wave, []
+    real, calls = gs.WriteUnitFn.process, []
 
-    def wave_then_crash(run, units, beam_args, verify):
+    def write_then_crash(self, element):  # the job dies once the first wave is written
         if calls:
-            raise KeyboardInterrupt("killed")
-        calls.append([u.id for u in units])
-        real(run, units, beam_args, verify)
+            raise RuntimeError("killed")
+        calls.append(element[0])
+        yield from real(self, element)
 
-    monkeypatch.setattr(gs, "run_wave", wave_then_crash)
-    with pytest.raises(KeyboardInterrupt):
-        generate.run(_args(ckpt, [inp], out, "--wave-units", "1"), DIRECT)
+    monkeypatch.setattr(gs.WriteUnitFn, "process", write_then_crash)
+    assert generate.run(_args(ckpt, [inp], out, "--wave-units", "1"), DIRECT) == 1
     assert not (out / "generations.jsonl").exists()
-    monkeypatch.setattr(gs, "run_wave", real)
+    monkeypatch.setattr(gs.WriteUnitFn, "process", real)
     args = _args(ckpt, [inp], out, "--wave-units", "1")
     task = gs.GenerateTask(generate.engine_settings(args), gs.GenerationParams(6, 0.8, 7), "rephrase")
     stages = gs.build_stages(task, generate.document_source(args), 1)
     done = [u.id for u in stages[0].plan() if bind_stages(stages, str(out))[0].check(u.id).done]
-    assert done == calls[0] == ["f00000-d00000000"]
-    result = run_stages(stages, str(out), DIRECT, progress=False, runner=gs.infer_runner)
+    assert done == calls == ["f00000-d00000000"]
+    result = run_stages(stages, str(out), DIRECT, progress=False)
     assert result.ran == {"infer": 2, "merge": 1}  # only the two units the crash left
     resumed = (out / "generations.jsonl").read_bytes()
     fresh = tmp_path / "fresh"
     assert generate.run(_args(ckpt, [inp], fresh), DIRECT) == 0
     assert (fresh / "generations.jsonl").read_bytes() == resumed
+
+
+def test_generate_is_one_pipeline_with_its_waves_inside(tmp_path, ckpt, monkeypatch):
+    """3 units in waves of 1: one Beam pipeline (Infer with 3 waves, then Merge outputs),
+    each wave's receipts written before the next wave starts."""
+    import apache_beam as beam
+
+    from refinery.runners.translate import step_names
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
+    runs, real = [], beam.Pipeline.run
+
+    def counted(self, *args, **kwargs):
+        proto = self.to_runner_api()
+        runs.append((step_names(proto), sorted(t.unique_name for t in proto.components.transforms.values()
+                                               if t.unique_name.endswith("/Write"))))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(beam.Pipeline, "run", counted)
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+    assert generate.run(_args(ckpt, [inp], tmp_path / "out", "--wave-units", "1"), DIRECT) == 0
+    assert runs == [(["Infer", "Merge outputs"], ["Infer/Wave 1/Write", "Infer/Wave 2/Write", "Infer/Wave 3/Write"])]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    infer = [(e["event"], e["unit"]) for e in events if e["stage"] == "infer"]
+    assert [e for e, _ in infer] == ["start", "end-completed"] * 3  # one wave after the other
+    assert [e["stage"] for e in events][-2:] == ["merge", "merge"]
 
 
 def test_generate_portable_runner(tmp_path, ckpt):

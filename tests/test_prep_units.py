@@ -330,18 +330,14 @@ def test_check_receipt_cases(tmp_path):
 
 
 def test_failed_unit_is_recorded_and_retried(tmp_path):
-    def local(run, units, args, verify):
-        for u in units:
-            execute_unit(run, u, verify)
-
     stage = _Echo(fail_on={"u1"})
     with pytest.raises(stages.StageFailed, match="u1: failed: ValueError cannot do u1"):
-        stages.run_stages([stage], str(tmp_path), [], progress=False, runner=local)
+        stages.run_stages([stage], str(tmp_path), [], progress=False, runner=stages.run_in_driver)
     receipt = json.loads((tmp_path / ".refinery/echo").glob("*/receipts/u1.json").__next__().read_text())
     assert receipt["status"] == "failed" and receipt["error"]["type"] == "ValueError"
     stage.fail_on.clear()
     stage.calls.clear()
-    stages.run_stages([stage], str(tmp_path), [], progress=False, runner=local)
+    stages.run_stages([stage], str(tmp_path), [], progress=False, runner=stages.run_in_driver)
     assert stage.calls == ["u1"]  # only the failed unit runs again
 
 
@@ -352,17 +348,13 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
     class _Later(_Echo):
         name = "later"
 
-    def local(run, units, args, verify):
-        for u in units:
-            execute_unit(run, u, verify)
-
     first, later = _Echo(), _Later()
     out = str(tmp_path)
-    runs = stages.run_stages([first, later], out, [], progress=False, runner=local).runs
+    runs = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver).runs
     u1 = tmp_path / json.loads(open(runs[0].receipt_path("u1")).read())["files"][0]["path"]
 
     u1.unlink()
-    result = stages.run_stages([first, later], out, [], progress=False, runner=local)
+    result = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
     assert result.ran == {"echo": 1} and "repair" not in json.loads(open(runs[0].receipt_path("u1")).read())
 
     tokens = []
@@ -370,7 +362,7 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
         u1.write_bytes(b"value 9")  # same size, other bytes
         first.calls.clear()
         later.calls.clear()
-        result = stages.run_stages([first, later], out, [], progress=False, runner=local, verify_checksums=True)
+        result = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver, verify_checksums=True)
         assert result.ran == {"echo": 1, "later": 2} and first.calls == ["u1"] and later.calls == ["u0", "u1"]
         tokens.append(json.loads(open(runs[0].receipt_path("u1")).read())["repair"])
         assert json.loads(open(runs[1].receipt_path("u0")).read())["upstream_repairs"] == {"echo/u1": tokens[-1]}
@@ -385,7 +377,7 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
         f"{later_receipt}: built before a repair of echo/u1 (damaged files rebuilt since)"]
     assert [s["pending"] for s in stages.stage_status(out)] == [0, 1]
     later.calls.clear()
-    assert stages.run_stages([first, later], out, [], progress=False, runner=local).ran == {"echo": 0, "later": 1}
+    assert stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver).ran == {"echo": 0, "later": 1}
     assert later.calls == ["u0"]
 
 

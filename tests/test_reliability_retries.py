@@ -37,15 +37,13 @@ def _config(corpus, out) -> PrepConfig:
 
 
 def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
-    """A stage runner: Create | Reshuffle | ParDo(the real RunUnit DoFn, failing once where told)
-    on BundleBasedDirectRunner (which retries a failed bundle up to 4 times)."""
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
+    """A step runner: the command's one pipeline, whose units run in the real RunUnitFn
+    failing once where told, on BundleBasedDirectRunner (which retries a failed bundle up to
+    4 times)."""
+    from refinery.transforms.core import pipeline
 
-    RunUnitFn = stages._run_unit_fn()
-
-    class FlakyRunUnitFn(RunUnitFn):
-        def process(self, element, **side):
+    class FlakyRunUnitFn(pipeline.RunUnitFn):
+        def process(self, element, upstream=(), **side):
             key = f"{self.run.name}-{element[0]}"
             marker = attempts_dir / key
             first = not marker.exists()
@@ -53,15 +51,14 @@ def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
                 f.write("attempt\n")
             if first and key in fail_before:
                 raise ConnectionError(f"injected: worker lost before unit {key}")
-            out = list(super().process(element, **side))
+            out = list(super().process(element, upstream, **side))
             if first and key in fail_after:
                 raise ConnectionError(f"injected: worker lost after the receipt of {key}")
             yield from out
 
-    def runner(run, units, beam_args, verify_checksums):
-        with beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner"])) as p:
-            _ = (p | beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
-                 | beam.Reshuffle() | beam.ParDo(FlakyRunUnitFn(run, verify_checksums)))
+    def runner(steps, beam_args, verify_checksums):
+        built = pipeline.build_pipeline(steps, ["--runner=BundleBasedDirectRunner"], verify_checksums, FlakyRunUnitFn)
+        return pipeline.run_pipeline(built)
 
     return runner
 
@@ -137,7 +134,8 @@ def test_beam_counters_come_back_equal_to_the_receipts(reference, tmp_path):
     assert tokenize["tokenize_units_completed"] == len(receipts) == 4
     assert tokenize["tokenize_tokens"] == sum(r["stats"]["tokens"] for r in receipts) > 0
     assert tokenize["tokenize_accepted"] == sum(r["stats"]["accepted"] for r in receipts) == 160
-    assert pack["pack_units_completed"] == 3 and pack["pack_docs"] == 160 and "manifest" not in result.metrics
+    assert pack["pack_units_completed"] == 3 and pack["pack_docs"] == 160
+    assert result.metrics["manifest"]["manifest_units_completed"] == 1  # a step of the same job
 
 
 def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_path, capsys, monkeypatch):
@@ -152,11 +150,11 @@ def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_
     corpus, want = reference
     out = tmp_path / "out"
 
-    def lost_cluster(run, units, beam_args, verify_checksums):
-        if run.name == "pack":  # tokenize ran; the job of the next stage dies with its cluster
-            raise RuntimeError("Pipeline BeamApp-x failed in state FAILED: java.lang.Exception: "
-                               "TaskManager lost\n\tat org.apache.flink...")
-        return stages._run_beam_stage(run, units, beam_args, verify_checksums)
+    def lost_cluster(steps, beam_args, verify_checksums):
+        # the job's tokenize step ran; then the job dies with its cluster
+        stages.run_in_driver([s for s in steps if s.run.name == "tokenize"], beam_args, verify_checksums)
+        raise RuntimeError("Pipeline BeamApp-x failed in state FAILED: java.lang.Exception: "
+                           "TaskManager lost\n\tat org.apache.flink...")
 
     with pytest.raises(stages.JobFailed, match=r"^stage pack: the Beam job failed: RuntimeError: Pipeline BeamApp-x "
                                                r"failed in state FAILED: java.lang.Exception: TaskManager lost$"):

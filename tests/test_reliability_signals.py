@@ -103,7 +103,7 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
     monkeypatch.setattr(command, "_hard_exit", lambda signum, why: exits.append(why))
     command._INTERRUPTED.clear()
     try:
-        with Progress(run, total=3, interval=0.05, enabled=True) as progress:
+        with Progress([(run, 3)], interval=0.05, enabled=True) as progress:
             time.sleep(0.3)  # the bar redraws every 50 ms
             t0 = time.monotonic()
             command._on_stop_signal(signal.SIGINT)

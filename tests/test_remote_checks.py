@@ -116,13 +116,14 @@ def test_gs_without_credentials_is_one_line_naming_the_login(tmp_path, capsys, m
 
 def test_dataflow_dry_run_reads_nothing_remote(capfd, no_credentials):
     """gs:// inputs are not listed, receipts on gs:// not read; each job is still described
-    (from the plan it can make), and the missing credentials are a note, not an error."""
+    (the one job, from the plan it can make), and the missing credentials are a note, not an error."""
     assert main([*GS_PREP, *DATAFLOW, "--workers", "3", "--machine_type", "n2-standard-8", "--dry-run"]) == 0
     out, err = capfd.readouterr()
     assert "not listed (a dry run reads nothing remote), so not counted below: gs://my-bucket/crawl/*.jsonl" in out
     assert "receipts under gs://my-bucket/tokens not read" in out
     assert re.search(r"pack +\w{16} +8 +\? +\? +\?", out)
-    assert out.count("dataflow job for stage") == 2  # tokenize and pack; manifest runs in the driver
+    assert out.count("dataflow job for refinery prep") == 1  # one job; tokenize plans no unit unlisted
+    assert "steps: Pack shards, Write manifest" in out
     assert "machine n2-standard-8, max workers 3" in out and "workflow.tar.gz" in out
     assert "gcloud auth application-default login" in err and "Traceback" not in err
     assert "No module named build" not in err  # Beam's stager builds the sdist with `build` (installed with refinery)

@@ -25,7 +25,7 @@ from conftest import gsm8k_texts, write_jsonl
 
 from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
 from refinery.runners.dataflow import GPU_MACHINES, parse_gpu
-from refinery.runners.translate import dataflow_jobs, runner_api, stage_pipelines
+from refinery.runners.translate import command_pipeline, dataflow_job, runner_api, step_names
 
 GCP = ["--project=refinery-test", "--region=us-central1", "--temp_location=gs://refinery-test-bucket/tmp"]
 CPU_IMAGE = "registry.example/refinery-cpu:1"
@@ -135,16 +135,18 @@ def test_cli_refuses_bad_runner_flags_before_running(tmp_path, capsys):
 
 @dataclass
 class Jobs:
-    """One resumable run of a pipeline: its stages and output, the stage of each Beam job it
-    builds (in order), and how its stages become Beam jobs: ``builder`` None = one job per
-    stage, run by ``RunUnits``; ``wave_pipelines`` = one RunInference job per wave of
-    ``infer`` units, written by ``Write``, whose model handler is ``handler``."""
+    """One resumable run of a pipeline: its stages and output, the steps of its one Beam job
+    (its stages' titles, in order) and, for the inference pipelines, the model handler of
+    their RunInference and the number of waves of infer units."""
 
     stages: list
     output: str
-    job_stages: list[str]
-    builder: Callable | None = None
+    steps: list[str]
     handler: str | None = None
+    waves: int = 0
+
+
+PREP_STEPS = ["Tokenize units", "Pack shards", "Write manifest"]
 
 
 def prep_pipeline(root: Path) -> list[Jobs]:
@@ -155,7 +157,7 @@ def prep_pipeline(root: Path) -> list[Jobs]:
     write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
     cfg = PrepConfig(inputs=io.expand_inputs([str(root / "in")]), output=str(root / "out"), dataset="t",
                      num_shards=2)
-    return [Jobs(build_stages(cfg), cfg.output, ["tokenize", "pack"])]
+    return [Jobs(build_stages(cfg), cfg.output, PREP_STEPS)]
 
 
 def prep_mixture_pipeline(root: Path) -> list[Jobs]:
@@ -184,7 +186,7 @@ valid_path = "corpus/a_valid.jsonl"
     for plan in plans:
         cfg, stages = split_stages(plan, num_shards=2, workers=2)
         assert cfg.output == str(root / "data" / "alpha" / plan.split) and cfg.max_tokens == plan.budget
-        jobs.append(Jobs(stages, cfg.output, ["tokenize", "pack"]))
+        jobs.append(Jobs(stages, cfg.output, PREP_STEPS))
     return jobs
 
 
@@ -196,10 +198,11 @@ def decon_pipeline(root: Path) -> list[Jobs]:
     settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
                              partitions=4)
     output = str(root / "out")
-    return [Jobs(build_stages(settings, output), output, ["scan", "reduce"])]
+    return [Jobs(build_stages(settings, output), output,
+                 ["Index eval sets", "Scan training data", "Reduce partitions", "Merge reports"])]
 
 
-# Inference pipelines: 3 documents, 2 per unit, 1 unit per wave -> 2 infer jobs (merge is local).
+# Inference pipelines: 3 documents, 2 per unit, 1 unit per wave -> 2 waves in the infer step.
 # Their stages are built the way their commands build them (parsed CLI arguments).
 
 def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> list[Jobs]:
@@ -207,7 +210,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     from engine_fixtures import write_harmony_checkpoint
 
     from refinery.beam_pipelines import generate, hydra
-    from refinery.transforms.inference.stages import build_stages, wave_pipelines
+    from refinery.transforms.inference.stages import build_stages
 
     ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
     common = ["--checkpoint", str(ckpt), "--output", str(root / "out"), "--device", "cpu", "--dtype", "float32",
@@ -231,7 +234,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
 
         task = GradeTask(engine, args.heads_dir, args.calibration, args.max_ctx, options)
     stages = build_stages(task, generate.document_source(args), args.wave_units)
-    return [Jobs(stages, args.output, ["infer", "infer"], wave_pipelines, handler)]
+    return [Jobs(stages, args.output, ["Infer", "Merge outputs"], handler, waves=2)]
 
 
 def _docids(root: Path, n: int) -> Path:
@@ -301,14 +304,13 @@ RUNNER_CASES = {
 }
 
 
-def _unit_transform(proto, jobs: Jobs):
-    """The transform whose DoFn writes the units' receipts: ``.../RunUnits`` of a stage job,
-    ``Write`` of an inference wave."""
-    name = "Write" if jobs.builder else "RunUnits"
-    matches = [t for t in proto.components.transforms.values()
-               if t.unique_name == name or t.unique_name.endswith("/" + name)]
-    assert len(matches) == 1, [t.unique_name for t in proto.components.transforms.values()]
-    return matches[0]
+def _unit_transforms(proto):
+    """The transforms whose DoFns write units' receipts: ``<step>/Run`` of each step, and
+    ``Infer/Wave k/Write`` of each wave of an inference pipeline."""
+    from apache_beam.portability import common_urns
+
+    return [t for t in proto.components.transforms.values()
+            if t.spec.urn == common_urns.primitives.PAR_DO.urn and t.unique_name.endswith(("/Run", "/Write"))]
 
 
 def _unpickled_dofn(transform):
@@ -319,54 +321,56 @@ def _unpickled_dofn(transform):
     return pickler.loads(payload.do_fn.payload)[0]  # (fn, args, kwargs, side inputs, windowing)
 
 
-def _model_handler(proto) -> str:
-    """Class name of the model handler inside the (keyed) RunInference DoFn of a wave job."""
+def _model_handlers(proto) -> list[str]:
+    """Class name of the model handler inside the (keyed) RunInference DoFn of each wave."""
     from apache_beam.portability import common_urns
 
     handlers = []
     for t in proto.components.transforms.values():
-        if t.unique_name.startswith("Infer/") and t.spec.urn == common_urns.primitives.PAR_DO.urn:
+        if "/Infer/" in t.unique_name and t.spec.urn == common_urns.primitives.PAR_DO.urn:
             fn = _unpickled_dofn(t)
             keyed = getattr(fn, "_model_handler", None)
             if keyed is not None:
                 handlers.append(type(keyed._unkeyed).__name__)
-    assert len(handlers) == 1, handlers
-    return handlers[0]
+    return handlers
 
 
-def _check_job(proto, jobs: Jobs, run, bound: dict, env_urn: str | None, image: str | None):
-    """The job's unit-writing DoFn carries the same stage run (name, hash, output, plan) as
-    binding the stages does; its environment is the runner's."""
+def _check_job(proto, jobs: Jobs, bound: dict, env_urn: str | None, image: str | None):
+    """One job whose steps are the command's stages; each unit-writing DoFn carries the same
+    stage run (name, hash, output, plan) as binding the stages does; its environment is the
+    runner's."""
     from apache_beam.portability.api import beam_runner_api_pb2
 
-    transform = _unit_transform(proto, jobs)
-    env = proto.components.environments[transform.environment_id]
-    if env_urn is not None:
-        assert env.urn == env_urn, run.name
-    if image is not None:
-        assert beam_runner_api_pb2.DockerPayload.FromString(env.payload).container_image == image
-    fn = _unpickled_dofn(transform)
-    assert type(fn).__name__ == ("WriteUnitFn" if jobs.builder else "RunUnitFn")
-    expected = bound[run.name]
-    assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (run.name, expected.stage_hash, jobs.output)
-    assert [u.id for u in fn.run.stage.plan()] == [u.id for u in expected.stage.plan()]
+    assert step_names(proto) == jobs.steps
+    written = []
+    for transform in _unit_transforms(proto):
+        env = proto.components.environments[transform.environment_id]
+        if env_urn is not None:
+            assert env.urn == env_urn, transform.unique_name
+        if image is not None:
+            assert beam_runner_api_pb2.DockerPayload.FromString(env.payload).container_image == image
+        fn = _unpickled_dofn(transform)
+        expected = bound[fn.run.name]
+        assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (expected.name, expected.stage_hash, jobs.output)
+        assert [u.id for u in fn.run.stage.plan()] == [u.id for u in expected.stage.plan()]
+        written.append((type(fn).__name__, fn.run.name))
     if jobs.handler:
-        assert _model_handler(proto) == jobs.handler
+        assert sorted(written) == [("RunUnitFn", "merge")] + [("WriteUnitFn", "infer")] * jobs.waves
+        assert _model_handlers(proto) == [jobs.handler] * jobs.waves
+    else:
+        assert sorted(written) == sorted(("RunUnitFn", r.name) for r in bound.values())
 
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
-def test_each_stage_translates_for_each_runner(pipeline, tmp_path, no_network):
+def test_each_command_is_one_job_for_each_runner(pipeline, tmp_path, no_network):
     from refinery.transforms.core.stages import bind_stages
 
     for jobs in PIPELINES[pipeline](tmp_path):
         bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
         for runner, (extra, env_urn) in RUNNER_CASES.items():
-            built = list(stage_pipelines(jobs.stages, jobs.output, pipeline_args(runner, 2, extra),
-                                         builder=jobs.builder))
-            assert [run.name for run, _ in built] == jobs.job_stages, runner
-            for run, p in built:
-                image = CPU_IMAGE if env_urn == "beam:env:docker:v1" else None
-                _check_job(runner_api(p), jobs, run, bound, env_urn, image)
+            built = command_pipeline(jobs.stages, jobs.output, pipeline_args(runner, 2, extra))
+            image = CPU_IMAGE if env_urn == "beam:env:docker:v1" else None
+            _check_job(runner_api(built), jobs, bound, env_urn, image)
         assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "building must not run units"
     assert no_network == []
 
@@ -394,20 +398,18 @@ def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network
         bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
         args = pipeline_args("dataflow", 7, [*GCP, f"--sdk_container_image={CPU_IMAGE}",
                                              "--machine_type=n2-standard-8", f"--job_name={job_name(pipeline)}"])
-        built = list(dataflow_jobs(jobs.stages, jobs.output, args, builder=jobs.builder))
-        assert [run.name for run, _ in built] == jobs.job_stages
-        for run, job in built:
-            env = job.proto.environment
-            pool = _pool(job)
-            assert job.proto.name == job_name(pipeline) and job.proto.type_.name == "JOB_TYPE_BATCH"
-            assert pool.machine_type == "n2-standard-8" and pool.autoscaling_settings.max_num_workers == 7
-            assert pool.worker_harness_container_image == CPU_IMAGE
-            assert "workflow.tar.gz" in {p.name for p in pool.packages}  # the --setup_file sdist
-            assert "use_runner_v2" in env.experiments
-            assert env.temp_storage_prefix.startswith("storage.googleapis.com/refinery-test-bucket/tmp")
-            _check_job(job.proto_pipeline, jobs, run, bound, "beam:env:docker:v1", CPU_IMAGE)
+        job = dataflow_job(jobs.stages, jobs.output, args)
+        env = job.proto.environment
+        pool = _pool(job)
+        assert job.proto.name == job_name(pipeline) and job.proto.type_.name == "JOB_TYPE_BATCH"
+        assert pool.machine_type == "n2-standard-8" and pool.autoscaling_settings.max_num_workers == 7
+        assert pool.worker_harness_container_image == CPU_IMAGE
+        assert "workflow.tar.gz" in {p.name for p in pool.packages}  # the --setup_file sdist
+        assert "use_runner_v2" in env.experiments
+        assert env.temp_storage_prefix.startswith("storage.googleapis.com/refinery-test-bucket/tmp")
+        _check_job(job.proto_pipeline, jobs, bound, "beam:env:docker:v1", CPU_IMAGE)
         assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "a dry run must not run units"
-        first_job = first_job or built[0][1]
+        first_job = first_job or job
     # the sdist that workers would pip-install holds every package of this project
     names = _staged_sdist_names(first_job.proto_pipeline)
     for module in ("setup.py", "runners/dataflow.py", "transforms/core/stages.py", "beam_pipelines/cli.py",
@@ -435,17 +437,16 @@ def _staged_sdist_names(proto_pipeline) -> list[str]:
 
 
 def test_dataflow_gpu_dry_run(tmp_path, no_network):
-    """The GPU flags reach the job description of each of generate's wave jobs (any pipeline's are alike)."""
+    """The GPU flags reach the job description of generate's one job (any pipeline's are alike)."""
     [jobs] = generate_pipeline(tmp_path)
     args = pipeline_args("dataflow", 3, [*GCP, "--gpu", "nvidia-l4:2", f"--sdk_container_image={GPU_IMAGE}"])
-    built = list(dataflow_jobs(jobs.stages, jobs.output, args, builder=jobs.builder))
-    assert [run.name for run, _ in built] == ["infer", "infer"]
-    for _, job in built:
-        env, pool = job.proto.environment, _pool(job)
-        assert list(env.service_options) == ["worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"]
-        assert "no_use_multiple_sdk_containers" in env.experiments
-        assert "use_multiple_sdk_containers" not in env.experiments
-        assert pool.machine_type == "g2-standard-24" and pool.worker_harness_container_image == GPU_IMAGE
+    job = dataflow_job(jobs.stages, jobs.output, args)
+    assert step_names(job.proto_pipeline) == ["Infer", "Merge outputs"]
+    env, pool = job.proto.environment, _pool(job)
+    assert list(env.service_options) == ["worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"]
+    assert "no_use_multiple_sdk_containers" in env.experiments
+    assert "use_multiple_sdk_containers" not in env.experiments
+    assert pool.machine_type == "g2-standard-24" and pool.worker_harness_container_image == GPU_IMAGE
     assert no_network == []
 
 

@@ -101,21 +101,31 @@ class Stage:
     - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx``, return stats.
     - ``needed(units, receipts)``: which units later stages need, given the completed
       receipts so far; returns (units, final). Default: all units, final. A stage with a
-      budget (prep's ``--max-tokens``) asks for waves of units until the budget is met.
-    - ``side_inputs(pipeline)``: Beam side inputs; their values arrive as ``ctx.side``.
-    - ``local = True``: run in the driver, without Beam (small reduce/manifest stages).
-    - ``light = True``: mostly I/O, or a build every worker would repeat: on the local
-      multi-process runner its Beam job runs in the driver's process instead of starting a
-      pool of worker processes (seconds of start-up for a second of work); on every other
-      runner it is a Beam job like any other.
+      budget (prep's ``--max-tokens``) asks for waves of units until the budget is met
+      (each wave is a Beam job that ends at that stage).
+    - ``side_inputs(start)``: Beam side inputs, built from ``start``, a PCollection of one
+      element that exists once every unit upstream completed; their values arrive as
+      ``ctx.side``.
+    - ``step_transform(run, units, verify_checksums, after)``: the stage's own PTransform
+      (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one
+      ParDo each (inference: RunInference); None (the default): ``pipeline.RunStage``.
+    - ``title``: the step's name in the command's Beam pipeline (``Tokenize units``).
+    - ``light = True``: mostly I/O, or one unit: on the local multi-process runner a job
+      of only light steps runs in the driver's process instead of starting a pool of
+      worker processes (seconds of start-up for a second of work).
     - ``final_outputs = True``: the stage writes user-facing files under fixed names that
       another plan's run would overwrite; receipts of other plans of it are discarded.
     """
 
     name: str = ""
-    local: bool = False
+    title: str = ""
     light: bool = False
     final_outputs: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("title") and cls.name:
+            cls.title = cls.name.capitalize()
 
     def config(self) -> dict:
         return {}
@@ -135,8 +145,11 @@ class Stage:
     def needed(self, units: list[Unit], receipts: dict[str, dict]) -> tuple[list[Unit], bool]:
         return units, True
 
-    def side_inputs(self, pipeline) -> dict:
+    def side_inputs(self, start) -> dict:
         return {}
+
+    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after):
+        return None
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
         """A short progress postfix from the summed stats of finished units."""
@@ -438,10 +451,7 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         "schema": RECEIPT_SCHEMA, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit.id,
         "started_at": _now(), "host": socket.gethostname(), "pid": os.getpid(),
     }
-    repair = (done.receipt or {}).get("repair")
-    if done.damaged:
-        repair = short_hash({"after": repair, "damage": done.reason})
-    if repair:
+    if repair := next_repair(done):
         receipt["repair"] = repair
     if run.upstream_repairs:
         receipt["upstream_repairs"] = run.upstream_repairs
@@ -458,72 +468,6 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     io.atomic_write_json(run.receipt_path(unit.id), receipt)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
-
-
-# ---------------------------------------------------------------------------------------
-# Beam wiring
-# ---------------------------------------------------------------------------------------
-
-def count_receipt(stage: str, receipt: dict) -> None:
-    """Beam counters of one unit's receipt, namespace ``refinery``: ``<stage>_units_<status>``
-    (``skipped`` for a unit found done), and for a unit run now ``<stage>_<stat>`` for each
-    integer stat (``tokenize_tokens``, ``scan_verified_hits``, ...). The runner reports
-    them back (:func:`run_stage_pipeline`; Flink's and Dataflow's UIs show them)."""
-    from apache_beam.metrics import Metrics
-
-    if receipt.get("skipped"):
-        Metrics.counter("refinery", f"{stage}_units_skipped").inc()
-        return
-    Metrics.counter("refinery", f"{stage}_units_{receipt['status']}").inc()
-    for key, v in (receipt.get("stats") or {}).items():
-        if isinstance(v, int) and not isinstance(v, bool):
-            Metrics.counter("refinery", f"{stage}_{key}").inc(v)
-
-
-def _run_unit_fn():
-    import apache_beam as beam
-
-    class RunUnitFn(beam.DoFn):
-        """(unit_id, payload) -> receipt dict. Side inputs arrive as keyword arguments."""
-
-        def __init__(self, run: StageRun, verify_checksums: bool):
-            self.run = run
-            self.verify_checksums = verify_checksums
-
-        def process(self, element, **side):
-            unit_id, payload = element
-            receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
-            count_receipt(self.run.name, receipt)
-            yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
-
-    return RunUnitFn
-
-
-def run_stage_transform(run: StageRun, verify_checksums: bool = False):
-    """PTransform: PBegin -> PCollection[dict] (unit, status, stats) for the pending units.
-
-    ``Create(pending units) | Reshuffle | ParDo(execute_unit)``. The units are planned in the
-    driver; the worker re-checks each one with :func:`check_receipt` before doing it.
-    """
-    import apache_beam as beam
-
-    RunUnitFn = _run_unit_fn()
-
-    class RunStage(beam.PTransform):
-        def __init__(self, units: list[Unit]):
-            super().__init__(label=f"Run_{run.name}")
-            self.units = units
-
-        def expand(self, pbegin):
-            side = run.stage.side_inputs(pbegin.pipeline)
-            return (
-                pbegin
-                | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
-                | "Spread" >> beam.Reshuffle()
-                | "RunUnits" >> beam.ParDo(RunUnitFn(run, verify_checksums), **side)
-            )
-
-    return RunStage
 
 
 # ---------------------------------------------------------------------------------------
@@ -574,25 +518,28 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
 
 
 class Progress:
-    """Progress fed from receipts (the source of truth), polled in a background thread: a
-    tqdm bar on a terminal; otherwise (a log file, CI) a plain line at most every
-    :attr:`LOG_EVERY_S` seconds and one at the end, never a redrawn bar. :func:`halt_progress`
-    (an interruption) stops every bar at once, without a last poll."""
+    """Progress of a job's steps, fed from receipts (the source of truth), polled in a
+    background thread: the step in progress is the first whose units have not all
+    completed. A tqdm bar per step on a terminal; otherwise (a log file, CI) a plain line
+    at most every :attr:`LOG_EVERY_S` seconds, one when a step ends and one at the end,
+    never a redrawn bar. :func:`halt_progress` (an interruption) stops every bar at once,
+    without a last poll."""
 
     LOG_EVERY_S = 30.0
     _active: set[Progress] = set()
 
-    def __init__(self, run: StageRun, total: int, interval: float, enabled: bool):
-        self.run, self.total, self.interval, self.enabled = run, total, interval, enabled
+    def __init__(self, steps: list[tuple[StageRun, int]], interval: float, enabled: bool):
+        self.steps, self.interval, self.enabled = [s for s in steps if s[1]] or steps[:1], interval, enabled
         self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
         self._stop = threading.Event()
         self._halted = False
         self._thread = None
-        self._start = time.time()
+        self._current = 0
+        self._start = self._step_start = time.time()
         self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
     def __enter__(self):
-        if self.enabled:
+        if self.enabled and self.steps:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
             Progress._active.add(self)
@@ -606,11 +553,11 @@ class Progress:
         if self._thread:
             self._thread.join(timeout=timeout)
 
-    def _poll(self) -> tuple[int, str]:
-        """(units done, a postfix such as ``docs=... tokens=... failed=1``)."""
+    def _poll(self, run: StageRun, total: int) -> tuple[int, str]:
+        """(units done, a postfix such as ``docs=... tokens=... failed=1``) of one step."""
         done = failed = 0
         stats: dict[str, float] = {}
-        for r in self.run.read_receipts(self._seen):
+        for r in run.read_receipts(self._seen):
             if r.get("status") == "completed":
                 done += 1
                 if r.get("finished_at", "") >= self._started_iso:
@@ -619,39 +566,72 @@ class Progress:
                             stats[k] = stats.get(k, 0) + v
             else:
                 failed += 1
-        post = self.run.stage.describe_progress(stats, time.time() - self._start)
-        return min(done, self.total), (post + (f" failed={failed}" if failed else "")).strip()
+        post = run.stage.describe_progress(stats, time.time() - self._step_start)
+        return min(done, total), (post + (f" failed={failed}" if failed else "")).strip()
+
+    def _update(self, show, final: bool) -> None:
+        """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
+        move on to the next step when its units have all completed."""
+        while True:
+            run, total = self.steps[self._current]
+            done, post = self._poll(run, total)
+            ended = done >= total
+            show(self._current, done, post, ended or final)
+            if not ended or self._current == len(self.steps) - 1:
+                return
+            self._current += 1
+            self._step_start = time.time()
 
     def _loop(self) -> None:
         if not sys.stderr.isatty():
             return self._loop_plain()
         from tqdm import tqdm
 
-        with tqdm(total=self.total, desc=self.run.name, unit="unit", file=sys.stderr,
-                  dynamic_ncols=True) as bar:
+        bars: dict[int, tqdm] = {}
+
+        def show(i, done, post, ended):
+            if i not in bars:
+                run, total = self.steps[i]
+                bars[i] = tqdm(total=total, desc=run.name, unit="unit", file=sys.stderr, dynamic_ncols=True)
+            bars[i].n = done
+            bars[i].set_postfix_str(post, refresh=False)
+            bars[i].refresh()
+            if ended:
+                bars[i].close()
+
+        try:
             while True:
                 stopping = self._stop.wait(self.interval)
                 if self._halted:
                     break
                 with contextlib.suppress(Exception):
-                    bar.n, post = self._poll()
-                    bar.set_postfix_str(post, refresh=False)
-                    bar.refresh()
+                    self._update(show, stopping)
                 if stopping:
                     break
+        finally:
+            for bar in bars.values():
+                bar.close()
 
     def _loop_plain(self) -> None:
         last = time.time()
+        printed: set[int] = set()
+
+        def show(i, done, post, ended):
+            nonlocal last
+            if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
+                run, total = self.steps[i]
+                print(f"{run.name}: {done}/{total} units, {time.time() - self._step_start:.0f}s"
+                      + (f", {post}" if post else ""), file=sys.stderr, flush=True)
+                last = time.time()
+                if ended:
+                    printed.add(i)
+
         while True:
             stopping = self._stop.wait(self.interval)
             if self._halted:
                 break
-            if stopping or time.time() - last >= self.LOG_EVERY_S:
-                with contextlib.suppress(Exception):
-                    done, post = self._poll()
-                    print(f"{self.run.name}: {done}/{self.total} units, {time.time() - self._start:.0f}s"
-                          + (f", {post}" if post else ""), file=sys.stderr, flush=True)
-                last = time.time()
+            with contextlib.suppress(Exception):
+                self._update(show, stopping)
             if stopping:
                 break
 
@@ -667,63 +647,6 @@ def halt_progress(timeout: float = 1.0) -> None:
     go on ticking while the run stops)."""
     for progress in list(Progress._active):
         progress.halt(timeout)
-
-
-def build_stage_pipeline(run: StageRun, units: list[Unit], beam_args: list[str],
-                         verify_checksums: bool = False):
-    """The Beam pipeline that runs ``units`` of ``run``, built but not run.
-
-    Tests translate it (``pipeline.to_runner_api()``) or hand it to Dataflow's ``--dry_run``
-    (see ``refinery.runners.translate``); :func:`run_stage_pipeline` runs it.
-    """
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
-    _ = pipeline | run_stage_transform(run, verify_checksums)(units)
-    return pipeline
-
-
-def run_stage_pipeline(pipeline) -> dict[str, int]:
-    """Run a pipeline from :func:`build_stage_pipeline`, wait for it (raises if it fails) and
-    return its ``refinery`` counters (:func:`count_receipt`) as the runner reports them.
-
-    Subprocess servers the run starts (Flink's job server) are shared while it runs and
-    stopped at the end, as ``with pipeline`` would; the counters are read before that,
-    while the job service still answers.
-    """
-    from apache_beam.utils.subprocess_server import SubprocessServer
-
-    with SubprocessServer.cache_subprocesses():
-        result = pipeline.run()
-        result.wait_until_finish()
-        return refinery_counters(result)
-
-
-def refinery_counters(result) -> dict[str, int]:
-    """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
-    summed over steps (committed values where the runner has them, else attempted); {}
-    when the runner reports no metrics."""
-    from apache_beam.metrics.metric import MetricsFilter
-
-    try:
-        counters = result.metrics().query(MetricsFilter().with_namespace("refinery"))["counters"]
-    except Exception as e:  # noqa: BLE001 - metrics are a report; the run's outputs are in its receipts
-        log.info("no metrics from the runner (%s: %s)", type(e).__name__, e)
-        return {}
-    out: dict[str, int] = {}
-    for c in counters:
-        v = c.committed if c.committed is not None else c.attempted
-        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(v or 0)
-    return dict(sorted(out.items()))
-
-
-def _run_beam_stage(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
-    if run.stage.light or len(units) == 1:  # nothing to share between worker processes
-        from refinery.runners.local import in_process
-
-        beam_args = in_process(beam_args)
-    return run_stage_pipeline(build_stage_pipeline(run, units, beam_args, verify_checksums))
 
 
 def _discard_other_plans(run: StageRun) -> None:
@@ -800,32 +723,103 @@ def explain_plan_changes(output: str, previous: dict, entries: list[dict]) -> li
     return lines
 
 
+def next_repair(done: Completion) -> str | None:
+    """The ``repair`` token a unit gets when it is run now, given its :func:`check_receipt`:
+    a unit redone over damaged files gets a new one (derived from the previous one and the
+    damage, so two runs repairing the same damage agree); otherwise it keeps the previous
+    receipt's token. The planner uses it to know, before anything runs, what the later
+    stages' receipts will record as ``upstream_repairs``."""
+    repair = (done.receipt or {}).get("repair")
+    if done.damaged:
+        repair = short_hash({"after": repair, "damage": done.reason})
+    return repair
+
+
+@dataclass
+class _Planned:
+    run: StageRun
+    plan: list[Unit]
+    receipts: dict[str, dict]  # unit id -> receipt of the units done
+    pending: list[Unit]  # of the units the stage needs now
+    final: bool  # False: needed() will ask for more units once these are done
+
+
+def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool) -> list[_Planned]:
+    """Each stage's done and pending units, in order. A stage's receipts are judged against
+    the repair tokens its upstream units will have once the pending ones ran
+    (:func:`next_repair`): a unit built before an upstream repair made in this run is pending."""
+    planned: list[_Planned] = []
+    repairs: dict[str, str] = {}
+    for run, plan in zip(runs, plans):
+        run.upstream_repairs = dict(repairs)
+        checks = run.check_all([u.id for u in plan], verify_checksums)
+        receipts = {u.id: checks[u.id].receipt for u in plan if checks[u.id].done}
+        needed, final = run.stage.needed(plan, receipts)
+        pending = [u for u in needed if u.id not in receipts]
+        repairs.update(repairs_of(run.name, receipts))
+        for u in pending:
+            if token := next_repair(checks[u.id]):
+                repairs[f"{run.name}/{u.id}"] = token
+        planned.append(_Planned(run, plan, receipts, pending, final))
+    return planned
+
+
+def _span_seconds(receipts: list[dict]) -> float:
+    """Wall time from the first unit's start to the last one's end (0 if none ran)."""
+    try:
+        starts = [_dt.datetime.fromisoformat(r["started_at"]) for r in receipts]
+        ends = [_dt.datetime.fromisoformat(r["finished_at"]) for r in receipts]
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return (max(ends) - min(starts)).total_seconds() if starts else 0.0
+
+
+def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
+    """A step runner for ``run_stages`` without Beam: each step's units in this process, in
+    order; a step with a unit not completed blocks the steps after it (as in the pipeline)."""
+    for step in steps:
+        receipts = [execute_unit(step.run, u, verify_checksums) for u in step.units]
+        if any(r["status"] != "completed" for r in receipts):
+            break
+    return {}
+
+
 def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
                run_info: dict | None = None,
                on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
-               runner: Callable[[StageRun, list[Unit], list[str], bool], dict | None] | None = None) -> JobResult:
+               runner: Callable[[list, list[str], bool], dict | None] | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
+
+    The driver plans: it checks every stage's receipts and keeps the pending units of
+    each stage up to the last one with pending units (a stage after it is done, so what
+    precedes it is not needed again). ``runner(steps, beam_args, verify_checksums)`` then
+    runs those steps (``pipeline.Step``: stage + units) as ONE Beam job, each step after
+    the one before (default: ``pipeline.run_on_beam``; :func:`run_in_driver` runs them here,
+    without Beam) and may return the runner's counters, kept per stage in
+    ``JobResult.metrics``. A stage with a budget (``needed`` not final) ends a job; the
+    next job, planned again, goes on from there.
 
     ``force`` deletes ``OUTPUT/.refinery`` first (a fresh run). ``on_plan`` is called with
     the bound stages and their plans before anything runs (prep uses it to clear a stale
-    manifest). ``runner(run, pending units, beam_args, verify_checksums)`` runs a stage's
-    units (default: one Beam job) and may return the runner's counters, kept in
-    ``JobResult.metrics``. Raises :class:`StageFailed` when a stage ends with units not
-    completed, :class:`JobFailed` when its Beam job failed; the receipts of everything that
+    manifest). Raises :class:`StageFailed` naming the first stage with units not
+    completed, :class:`JobFailed` when the Beam job failed; the receipts of everything that
     finished are kept for the next run.
     """
-    runner = runner or _run_beam_stage
+    from refinery.transforms.core.pipeline import Step
+
+    if runner is None:
+        from refinery.transforms.core.pipeline import run_on_beam as runner
     if force:
         io.remove_tree(io.join(output, META_DIR), root=output)
     for path in io.remove_dead_temp_files(output):
         log.info("removed %s: a temp file left by an interrupted write", path)
     runs = bind_stages(stages, output)
     plans = [r.stage.plan() for r in runs]
-    ids = [[u.id for u in plan] for plan in plans]
-    for name, unit_ids in zip((r.name for r in runs), ids):
+    for r, plan in zip(runs, plans):
+        unit_ids = [u.id for u in plan]
         if len(set(unit_ids)) != len(unit_ids):
-            raise ValueError(f"stage {name}: duplicate unit ids in plan")
+            raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = io.join(output, META_DIR, "run.json")
     entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
                 "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity())}
@@ -845,72 +839,58 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     if on_plan:
         on_plan(runs, plans)
 
-    # Backward demand: a stage runs only if it, or a later stage, has pending units. Each
-    # stage's receipts are checked once here; after a wave only the units it ran are. A
-    # stage is checked again when an earlier stage repaired a damaged unit in this run.
-    done: list[dict[str, dict]] = []
-    for run, plan in zip(runs, plans):
-        run.upstream_repairs = _repairs_before(runs, done)
-        done.append(run.completed_receipts(plan, verify_checksums))
-    last = max((i for i, (d, p) in enumerate(zip(done, plans)) if len(d) < len(p)), default=-1)
     ran: dict[str, int] = {}
     seconds: dict[str, float] = {}
     metrics: dict[str, dict[str, int]] = {}
-    for i, (run, plan) in enumerate(zip(runs, plans)):
-        repairs = _repairs_before(runs, done[:i])
-        if repairs != run.upstream_repairs:
-            log.info("stage %s: checked again, as the repairs of earlier units changed in this run", run.name)
-            run.upstream_repairs = repairs
-            done[i] = run.completed_receipts(plan, verify_checksums)
-            if len(done[i]) < len(plan):
-                last = max(last, i)
-        if i > last:
-            continue
-        receipts = done[i]
-        t0 = time.perf_counter()
-        if run.stage.final_outputs:
-            _discard_other_plans(run)
-        ran[run.name] = 0
-        while True:
-            needed, final = run.stage.needed(plan, receipts)
-            pending = [u for u in needed if u.id not in receipts]
-            if not pending:
-                if final:
-                    break
-                raise RuntimeError(f"stage {run.name}: needed() asked for more units but none is pending")
-            log.info("stage %s [%s]: %d of %d units pending", run.name, run.stage_hash, len(pending), len(plan))
-            with Progress(run, len(needed), interval=10.0 if io.is_remote(output) else 1.0, enabled=progress):
-                if run.stage.local:
-                    for unit in pending:
-                        execute_unit(run, unit, verify_checksums)
-                else:
-                    try:
-                        counters = runner(run, pending, beam_args, verify_checksums)
-                    except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
-                        log.info("stage %s: the Beam job failed", run.name, exc_info=True)
-                        raise JobFailed(run.name, e) from e
-                    stage_counters = metrics.setdefault(run.name, {})
-                    for k, v in (counters or {}).items():
-                        stage_counters[k] = stage_counters.get(k, 0) + v
-                    log.info("stage %s: runner counters %s", run.name, json.dumps(counters or {}, sort_keys=True))
-            ran[run.name] += len(pending)
-            checks = run.check_all([u.id for u in pending], verify_checksums)
+    discarded: set[str] = set()
+    while True:
+        planned = _plan_runs(runs, plans, verify_checksums)
+        last = max((i for i, p in enumerate(planned) if len(p.receipts) < len(p.plan)), default=-1)
+        job: list[_Planned] = []
+        for p in planned[:last + 1]:
+            job.append(p)
+            if not p.final:
+                if not p.pending:
+                    raise RuntimeError(f"stage {p.run.name}: needed() asked for more units but none is pending")
+                break
+        for p in job:
+            ran.setdefault(p.run.name, 0)
+            if p.run.stage.final_outputs and p.run.name not in discarded:
+                _discard_other_plans(p.run)
+                discarded.add(p.run.name)
+            if p.pending:
+                log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
+                         len(p.pending), len(p.plan))
+        steps = [Step(p.run, p.pending) for p in job if p.pending]
+        if not steps:
+            break
+        with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if io.is_remote(output) else 1.0,
+                      enabled=progress):
+            try:
+                counters = runner(steps, beam_args, verify_checksums) or {}
+            except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
+                log.info("the Beam job failed", exc_info=True)
+                unfinished = next((s.run.name for s in steps
+                                   if not all(c.done for c in s.run.check_all([u.id for u in s.units]).values())),
+                                  steps[-1].run.name)
+                raise JobFailed(unfinished, e) from e
+        for s in steps:
+            mine = {k: v for k, v in counters.items() if k.startswith(s.run.name + "_")}
+            log.info("stage %s: runner counters %s", s.run.name, json.dumps(mine, sort_keys=True))
+            if mine:
+                stage_counters = metrics.setdefault(s.run.name, {})
+                for k, v in mine.items():
+                    stage_counters[k] = stage_counters.get(k, 0) + v
+        for s in steps:
+            ran[s.run.name] += len(s.units)
+            checks = s.run.check_all([u.id for u in s.units], verify_checksums)
             failures = {u: c.reason for u, c in checks.items() if not c.done}
             if failures:
-                raise StageFailed(run.name, failures)
-            receipts = done[i] = {**receipts, **{u: c.receipt for u, c in checks.items()}}
-            if final:
-                break
-        seconds[run.name] = time.perf_counter() - t0
+                raise StageFailed(s.run.name, failures)
+            seconds[s.run.name] = seconds.get(s.run.name, 0.0) + _span_seconds([c.receipt for c in checks.values()])
+        if job[-1].final:
+            break
     return JobResult(runs, ran, [r.name for r in runs if r.name not in ran], seconds, metrics)
-
-
-def _repairs_before(runs: list[StageRun], done: list[dict[str, dict]]) -> dict[str, str]:
-    """:func:`repairs_of` the done units of the first ``len(done)`` stages."""
-    out: dict[str, str] = {}
-    for run, receipts in zip(runs, done):
-        out.update(repairs_of(run.name, receipts))
-    return out
 
 
 def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
@@ -933,4 +913,3 @@ def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
                      "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed)})
     return rows
 
-# STAGES-API-READY

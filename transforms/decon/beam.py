@@ -236,4 +236,26 @@ class FindOverlaps(beam.PTransform):
                                        index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
 
 
-__all__ = ["BuildNgramIndex", "FindOverlaps", "Overlap"]
+__all__ = ["BuildNgramIndex", "DeconPipeline", "FindOverlaps", "Overlap"]
+
+
+class DeconPipeline(beam.PTransform):
+    """``refinery decon``'s whole flow for ``settings`` (a
+    :class:`~refinery.transforms.decon.stages.DeconSettings`) into ``output``, as one composite
+    for a user's pipeline. Input: the pipeline (PBegin). Output: the merge step's ``{unit,
+    status, stats}`` (one dict, once the stats files and reports are written).
+
+    Its steps are the command's (``Index eval sets``, ``Scan training data``, ``Reduce
+    partitions``, ``Merge reports``), with the same receipts: it writes the bytes
+    ``refinery decon`` writes for the same inputs and settings, skips every unit whose
+    receipt verifies, and the command resumes from it (and it from the command)."""
+
+    def __init__(self, settings, output: str):
+        super().__init__()
+        self.settings, self.output = settings, output.rstrip("/")
+
+    def expand(self, pbegin):
+        from refinery.transforms.core.pipeline import RunStages
+        from refinery.transforms.decon.stages import build_stages
+
+        return pbegin | "Stages" >> RunStages(build_stages(self.settings, self.output), self.output)

@@ -183,7 +183,8 @@ def load_partition_file(path: str) -> ng.Partition:
 
 class IndexStage(Stage):
     name = "index"
-    local = True  # one process builds the whole eval index; a Beam job would only add its start-up
+    title = "Index eval sets"
+    light = True  # one unit: one process builds the whole eval index
 
     def __init__(self, settings: DeconSettings, eval_files: list[io.InputFile]):
         self.s = settings
@@ -253,6 +254,7 @@ def _peak_rss_mb() -> float:
 
 class ScanStage(Stage):
     name = "scan"
+    title = "Scan training data"
 
     def __init__(self, settings: DeconSettings, train_files: list[io.InputFile], index_stage: IndexStage,
                  output: str):
@@ -278,13 +280,11 @@ class ScanStage(Stage):
         # index is the first stage: its bound hash does not depend on anything upstream
         return io.join(bind_stages([self.index_stage], self.output)[0].parts_dir, MEMBERSHIP_FILE)
 
-    def side_inputs(self, pipeline) -> dict:
+    def side_inputs(self, start) -> dict:
         import apache_beam as beam
 
-        membership = (pipeline
-                      | "MembershipPath" >> beam.Create([self.membership_path()])
-                      | "ReadMembership" >> beam.Map(io.read_bytes))
-        return {"membership": beam.pvalue.AsSingleton(membership)}
+        membership = start | "ReadMembership" >> beam.Map(lambda _, path: io.read_bytes(path), self.membership_path())
+        return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
         mb = stats.get("text_bytes", 0) / 1e6
@@ -390,6 +390,7 @@ def load_same_text(path: str) -> ng.SameText:
 
 class ReduceStage(Stage):
     name = "reduce"
+    title = "Reduce partitions"
 
     def __init__(self, settings: DeconSettings, scan_stage: ScanStage):
         self.s = settings
@@ -402,15 +403,13 @@ class ReduceStage(Stage):
     def plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def side_inputs(self, pipeline) -> dict:
+    def side_inputs(self, start) -> dict:
         import apache_beam as beam
 
         scan = self.scan_stage
         scan_run = bind_stages([scan.index_stage, scan], scan.output)[1]
-        frames = (pipeline
-                  | "ScanUnits" >> beam.Create([None])
-                  | "ScanFrames" >> beam.Map(lambda _: scan_frames(scan_run)))
-        return {"frames": beam.pvalue.AsSingleton(frames)}
+        frames = start | "ScanFrames" >> beam.Map(lambda _: scan_frames(scan_run))
+        return {"frames": beam.pvalue.AsSingleton(frames, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         p = unit.payload["p"]
@@ -452,7 +451,8 @@ def _jsonl(rows: list[dict]) -> bytes:
 
 class MergeStage(Stage):
     name = "merge"
-    local = True
+    title = "Merge reports"
+    light = True
     final_outputs = True
 
     def __init__(self, settings: DeconSettings, reduce_stage: ReduceStage):

@@ -140,7 +140,8 @@ class SlicesStage(Stage):
     """One local unit: every shard under the data root -> ``docids_{train,val,test}.jsonl``."""
 
     name = "slices"
-    local = True
+    title = "Slice shards"
+    light = True
     final_outputs = True
 
     def __init__(self, data_root: str):

@@ -31,8 +31,10 @@ from typing import Callable, Iterator
 
 from refinery.transforms.core import io, rows
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
-from refinery.transforms.core.stages import (Stage, StageRun, Unit, UnitContext, count_receipt, execute_unit,
-                                             short_hash)
+import apache_beam as beam
+
+from refinery.transforms.core.pipeline import count_receipt, summary
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
 
 log = logging.getLogger("refinery")
 
@@ -351,6 +353,11 @@ class InferStage(Stage):
     def plan(self) -> list[Unit]:
         return self.source.plan()
 
+    def step_transform(self, run: StageRun, units: list[Unit], verify_checksums: bool, after):
+        if after is not None:
+            raise ValueError("the infer stage runs first in its pipeline: it waits for no upstream")
+        return InferWaves(run, units, verify_checksums)
+
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return self.task.progress(stats, seconds)
 
@@ -404,7 +411,8 @@ class MergeStage(Stage):
     """Local, one unit: the infer parts in plan order -> the task's final files."""
 
     name = "merge"
-    local = True
+    title = "Merge outputs"
+    light = True
     final_outputs = True
 
     def __init__(self, infer: InferStage):
@@ -438,128 +446,120 @@ def build_stages(task: Task, source: DocumentSource, wave_units: int = 8) -> lis
 
 
 # ---------------------------------------------------------------------------------------
-# Beam wiring: one job per wave of infer units
+# Beam wiring: the infer step, waves of units through RunInference, in the command's job
 # ---------------------------------------------------------------------------------------
-
-def _wave_transforms():
-    import apache_beam as beam
-
-    class ExpandUnitFn(beam.DoFn):
-        """(unit_id, payload) -> main: ((unit_id, i), example) per readable document;
-        tagged ``info``: (unit_id, {docs: [{id, error, meta}], error})."""
-
-        def __init__(self, run: StageRun):
-            self.run = run
-
-        def process(self, element):
-            unit_id, payload = element
-            try:
-                docs, examples, metas = self.run.stage.prepare(payload)
-            except Exception as e:  # noqa: BLE001 - becomes the unit's failed receipt
-                yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": [], "error": f"{type(e).__name__}: {e}"}))
-                return
-            rows = [{"id": d.id, "error": d.error, "meta": m} for d, m in zip(docs, metas)]
-            yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": rows, "error": None, "payload": payload}))
-            # shortest prompts first: BatchElements then groups documents of similar length
-            order = sorted((i for i, ex in enumerate(examples) if ex is not None),
-                           key=lambda i: len(examples[i]["tokens"]))
-            for i in order:
-                yield (unit_id, i), examples[i]
-
-    class WriteUnitFn(beam.DoFn):
-        """(unit_id, {info: [...], results: [(i, inference)]}) -> receipt summary dict."""
-
-        def __init__(self, run: StageRun, verify_checksums: bool):
-            self.run = run
-            self.verify_checksums = verify_checksums
-
-        def process(self, element):
-            unit_id, grouped = element
-            info = list(grouped["info"])[0]
-            results = {i: inf for i, inf in grouped["results"]}
-            side = {"docs": info["docs"], "error": info["error"], "results": results}
-            receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
-            count_receipt(self.run.name, receipt)
-            yield {k: receipt.get(k) for k in ("unit", "status", "stats")}
-
-    return ExpandUnitFn, WriteUnitFn
-
 
 def _to_unit(element):
     (unit_id, i), prediction = element
     return unit_id, (i, prediction.inference)
 
 
-def wave_model_identifier(task: Task, beam_args: list[str]) -> str:
-    """RunInference's shared-model tag for one wave. Beam's shared-model server records the
+def model_identifier(task: Task, options) -> str:
+    """RunInference's shared-model tag for one job. Beam's shared-model server records the
     tag's address in a file under the temp folder. The DirectRunner's multi-process workers
-    exit with their job, so the next wave's workers found that file pointing at a dead server
-    and retried for ~2.5 s per tag before starting their own: a new tag per wave there (they
+    exit with their job, so a later job's workers found that file pointing at a dead server
+    and retried for ~2.5 s per tag before starting their own: a new tag per job there (they
     load the model afresh anyway). In-process runners keep one tag per driver, so the loaded
-    model is reused by every wave."""
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+    model is reused by every job of the driver. Every wave of one job shares the tag."""
+    from apache_beam.options.pipeline_options import DirectOptions
 
     ident = task.model_identifier()
-    if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing":
+    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
         import uuid
 
         ident += "-" + uuid.uuid4().hex[:8]
     return ident
 
 
-def build_wave_pipeline(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool = False):
-    """The Beam job of one wave, built but not run: the given infer units through
-    RunInference, their parts + receipts written when it runs (:func:`run_wave`).
-    ``refinery.runners.translate`` translates it or hands it to Dataflow's ``--dry_run``."""
-    import apache_beam as beam
-    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    ExpandUnitFn, WriteUnitFn = _wave_transforms()
-    task: Task = run.stage.task
-    handler = KeyedModelHandler(task.handler())
-    p = beam.Pipeline(options=PipelineOptions(beam_args))
-    expanded = (p
-                | "Units" >> beam.Create([(u.id, u.payload) for u in units], reshuffle=False)
-                | "Spread" >> beam.Reshuffle()
-                | "Expand" >> beam.ParDo(ExpandUnitFn(run)).with_outputs("info", main="examples"))
-    results = (expanded.examples
-               | "Infer" >> RunInference(handler, model_identifier=wave_model_identifier(task, beam_args))
-               | "ByUnit" >> beam.Map(_to_unit))
-    _ = ({"info": expanded.info, "results": results}
-         | "Group" >> beam.CoGroupByKey()
-         | "Write" >> beam.ParDo(WriteUnitFn(run, verify_checksums)))
-    return p
-
-
-def run_wave(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
-    """One Beam job: the given infer units through RunInference, parts + receipts written;
-    returns the job's ``refinery`` counters."""
-    from refinery.transforms.core.stages import run_stage_pipeline
-
-    return run_stage_pipeline(build_wave_pipeline(run, units, beam_args, verify_checksums))
-
-
-def waves(run: StageRun, units: list[Unit]) -> list[list[Unit]]:
-    """``units`` cut into waves of the stage's ``wave_units`` (one Beam job each), in order."""
-    size = getattr(run.stage, "wave_units", len(units)) or len(units)
+def waves(units: list[Unit], size: int) -> list[list[Unit]]:
+    """``units`` cut into waves of ``size`` units (all of them when ``size`` is 0), in order."""
+    size = size or len(units) or 1
     return [units[k:k + size] for k in range(0, len(units), size)]
 
 
-def wave_pipelines(run: StageRun, units: list[Unit], beam_args: list[str],
-                   verify_checksums: bool = False) -> Iterator[object]:
-    """The built (not run) Beam job of each wave, in order: what :func:`infer_runner` runs."""
-    for wave in waves(run, units):
-        yield build_wave_pipeline(run, wave, beam_args, verify_checksums)
+class ExpandUnitFn(beam.DoFn):
+    """(unit_id, payload) -> main: ((unit_id, i), example) per readable document;
+    tagged ``info``: (unit_id, {docs: [{id, error, meta}], error, payload}).
+    ``after`` (a side input: the results of the wave before) only makes it wait."""
+
+    def __init__(self, run: StageRun):
+        self.run = run
+
+    def process(self, element, after=()):
+        unit_id, payload = element
+        try:
+            docs, examples, metas = self.run.stage.prepare(payload)
+        except Exception as e:  # noqa: BLE001 - becomes the unit's failed receipt
+            yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": [], "error": f"{type(e).__name__}: {e}"}))
+            return
+        rows = [{"id": d.id, "error": d.error, "meta": m} for d, m in zip(docs, metas)]
+        yield beam.pvalue.TaggedOutput("info", (unit_id, {"docs": rows, "error": None, "payload": payload}))
+        # shortest prompts first: BatchElements then groups documents of similar length
+        order = sorted((i for i, ex in enumerate(examples) if ex is not None),
+                       key=lambda i: len(examples[i]["tokens"]))
+        for i in order:
+            yield (unit_id, i), examples[i]
 
 
-def infer_runner(run: StageRun, units: list[Unit], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
-    """``run_stages`` runner for the infer stage: waves of ``wave_units`` units, one job
-    each; returns the ``refinery`` counters summed over the waves."""
-    todo = waves(run, units)
-    counters: dict[str, int] = {}
-    for k, wave in enumerate(todo, 1):
-        log.info("stage %s: wave %d/%d (%d units)", run.name, k, len(todo), len(wave))
-        for name, v in (run_wave(run, wave, beam_args, verify_checksums) or {}).items():
-            counters[name] = counters.get(name, 0) + v
-    return counters
+class WriteUnitFn(beam.DoFn):
+    """(unit_id, {info: [...], results: [(i, inference)]}) -> ``{unit, status, stats}``:
+    :func:`execute_unit` with the documents and RunInference's results as ``ctx.side``."""
+
+    def __init__(self, run: StageRun, verify_checksums: bool):
+        self.run = run
+        self.verify_checksums = verify_checksums
+
+    def process(self, element):
+        unit_id, grouped = element
+        info = list(grouped["info"])[0]
+        results = {i: inf for i, inf in grouped["results"]}
+        side = {"docs": info["docs"], "error": info["error"], "results": results}
+        receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
+        count_receipt(self.run.name, receipt)
+        yield summary(receipt)
+
+
+class InferWave(beam.PTransform):
+    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of one wave of infer units.
+
+    ``Create(units) | Expand | RunInference | CoGroupByKey(unit) | Write``: the units'
+    parts and receipts are written when the whole wave's inference is done, so a wave
+    is what a kill can lose. ``after``: the results of the wave before, which this wave
+    waits for (a side input), so that waves run one after another."""
+
+    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool, after, tag: str):
+        super().__init__()
+        self.run, self.units, self.verify_checksums, self.after, self.tag = run, units, verify_checksums, after, tag
+
+    def expand(self, pbegin):
+        from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+
+        wait = {} if self.after is None else {"after": beam.pvalue.AsList(self.after)}
+        expanded = (pbegin
+                    | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+                    | "Spread" >> beam.Reshuffle()
+                    | "Expand" >> beam.ParDo(ExpandUnitFn(self.run), **wait).with_outputs("info", main="examples"))
+        results = (expanded.examples
+                   | "Infer" >> RunInference(KeyedModelHandler(self.run.stage.task.handler()),
+                                             model_identifier=self.tag)
+                   | "ByUnit" >> beam.Map(_to_unit))
+        return ({"info": expanded.info, "results": results}
+                | "Group" >> beam.CoGroupByKey()
+                | "Write" >> beam.ParDo(WriteUnitFn(self.run, self.verify_checksums)))
+
+
+class InferWaves(beam.PTransform):
+    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of every infer unit given,
+    in waves of the stage's ``wave_units`` (:class:`InferWave`), each after the one before."""
+
+    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False):
+        super().__init__()
+        self.run, self.units, self.verify_checksums = run, units, verify_checksums
+
+    def expand(self, pbegin):
+        tag = model_identifier(self.run.stage.task, pbegin.pipeline.options)
+        after, outs = None, []
+        for k, wave in enumerate(waves(self.units, self.run.stage.wave_units), 1):
+            after = pbegin | f"Wave {k}" >> InferWave(self.run, wave, self.verify_checksums, after, tag)
+            outs.append(after)
+        return outs | "AllWaves" >> beam.Flatten()

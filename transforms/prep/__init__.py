@@ -4,6 +4,8 @@ Public, composable PTransforms (see :mod:`refinery.transforms.prep.beam`)::
 
     from refinery.transforms.prep import Normalize, Tokenize, AssignShard, WriteTokenShards
 
+and ``PrepPipeline(config)``, the whole ``refinery prep`` flow as one composite.
+
 and the element types they pass (:mod:`refinery.transforms.prep.documents`). The CLI's
 resumable stages (:mod:`refinery.transforms.prep.stages`) call the same per-element code.
 Importing this package does not import Beam until a transform is used.
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 from refinery.transforms.prep.documents import Document, Rejected, SourceRow, TokenizedDocument
 
-_TRANSFORMS = ("AssignShard", "Normalize", "ReadRows", "RejectedRowError", "Tokenize", "WriteTokenShards")
+_TRANSFORMS = ("AssignShard", "Normalize", "PrepPipeline", "ReadRows", "RejectedRowError", "Tokenize",
+               "WriteTokenShards")
 
 __all__ = ["Document", "Rejected", "SourceRow", "TokenizedDocument", *_TRANSFORMS]
 

@@ -462,5 +462,26 @@ class WriteTokenShards(beam.PTransform):
                                               self.output, self.dataset, self.num_shards, self.version))
 
 
-__all__ = ["AssignShard", "Document", "Normalize", "ReadRows", "Rejected", "RejectedRowError", "SourceRow",
-           "TokenizedDocument", "Tokenize", "WriteTokenShards"]
+class PrepPipeline(beam.PTransform):
+    """``refinery prep``'s whole flow for ``config`` (a :class:`~refinery.transforms.prep.stages.PrepConfig`),
+    as one composite for a user's pipeline. Input: the pipeline (PBegin). Output: the
+    manifest step's ``{unit, status, stats}`` (one dict, once the manifest is written).
+
+    Its steps are the command's (``Tokenize units``, [``Merge spills``], ``Pack shards``,
+    ``Write manifest``), with the same receipts: it writes the bytes ``refinery prep`` writes
+    for the same inputs and settings, skips every unit whose receipt verifies, and the
+    command resumes from it (and it from the command)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def expand(self, pbegin):
+        from refinery.transforms.core.pipeline import RunStages
+        from refinery.transforms.prep.stages import build_stages
+
+        return pbegin | "Stages" >> RunStages(build_stages(self.config), self.config.output)
+
+
+__all__ = ["AssignShard", "Document", "Normalize", "PrepPipeline", "ReadRows", "Rejected", "RejectedRowError",
+           "SourceRow", "TokenizedDocument", "Tokenize", "WriteTokenShards"]

@@ -144,6 +144,7 @@ class TokenizeStage(Stage):
     """
 
     name = "tokenize"
+    title = "Tokenize units"
 
     def __init__(self, cfg: PrepConfig):
         self.cfg = cfg
@@ -322,6 +323,7 @@ class MergeStage(Stage):
     """
 
     name = "merge"
+    title = "Merge spills"
     light = True
 
     def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage):
@@ -351,12 +353,11 @@ class MergeStage(Stage):
         tk = bind_stages([self.tokenize], self.cfg.output)[0]
         return [(u.id, before) for u, _, before in _tokenize_inputs(tk, self.cfg.max_tokens)]
 
-    def side_inputs(self, pipeline) -> dict:
+    def side_inputs(self, start) -> dict:
         import apache_beam as beam
 
-        included = (pipeline | "Once" >> beam.Create([None])
-                    | "Included" >> beam.Map(lambda _, stage: stage.included(), self))  # when the job runs
-        return {"included": beam.pvalue.AsSingleton(included)}
+        included = start | "Included" >> beam.Map(lambda _, stage: stage.included(), self)  # once tokenize is done
+        return {"included": beam.pvalue.AsSingleton(included, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         import tempfile
@@ -389,6 +390,7 @@ class PackStage(Stage):
     """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx``."""
 
     name = "pack"
+    title = "Pack shards"
     final_outputs = True
     light = True  # reads spills, writes shards: on the local runner, no worker pool to start
 
@@ -416,12 +418,11 @@ class PackStage(Stage):
         return [(spill_files(runs[0].parts_dir, u.id), None if budget is None else budget - before)
                 for u, _, before in _tokenize_inputs(runs[0], budget)]
 
-    def side_inputs(self, pipeline) -> dict:
+    def side_inputs(self, start) -> dict:
         import apache_beam as beam
 
-        sources = (pipeline | "Once" >> beam.Create([None])
-                   | "Spills" >> beam.Map(lambda _, stage: stage.spill_sources(), self))  # when the job runs
-        return {"spills": beam.pvalue.AsSingleton(sources)}
+        sources = start | "Spills" >> beam.Map(lambda _, stage: stage.spill_sources(), self)  # once upstream is done
+        return {"spills": beam.pvalue.AsSingleton(sources, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
@@ -460,10 +461,11 @@ class PackStage(Stage):
 
 
 class ManifestStage(Stage):
-    """One unit, in the driver: receipts -> ``rejects/rejects.jsonl`` then ``manifest.json`` (last)."""
+    """One unit: receipts -> ``rejects/rejects.jsonl`` then ``manifest.json`` (last)."""
 
     name = "manifest"
-    local = True
+    title = "Write manifest"
+    light = True
     final_outputs = True
 
     def __init__(self, cfg: PrepConfig, run_hash: str):

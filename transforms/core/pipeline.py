@@ -1,0 +1,211 @@
+"""One Beam pipeline per command: every stage's pending units, as named steps of one graph.
+
+:func:`refinery.transforms.core.stages.run_stages` plans (which units of which stage are
+pending, by their receipts) and hands the steps to :func:`build_pipeline`, which makes one
+Beam pipeline of them::
+
+    Tokenize:  Create(units) | Reshuffle | ParDo(RunUnitFn)  ----------> results
+    Pack:      Create(units) | Reshuffle | ParDo(RunUnitFn, upstream=AsList(results))
+    ...
+
+Each step is a :class:`RunStage` (or a stage's own transform, see ``Stage.step_transform``)
+whose output is one small dict per unit, ``{unit, status, stats}``. A step waits for the
+step before it through a side input of those results: Beam computes a side input before
+the step that reads it runs, on every runner (the local one, Flink, Dataflow), so one job
+runs the stages in order and no barrier needs a second job. A step whose upstream has a
+unit that did not complete runs none of its units (``status: blocked``, no receipt): they
+stay pending, and the command lists the failures and exits 1 as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from refinery.transforms.core.stages import StageRun, Unit, execute_unit
+
+BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage's part of a command's pipeline: the stage, bound, and its units to run."""
+
+    run: StageRun
+    units: list[Unit]
+
+
+def count_receipt(stage: str, receipt: dict) -> None:
+    """Beam counters of one unit's receipt, namespace ``refinery``: ``<stage>_units_<status>``
+    (``skipped`` for a unit found done, ``blocked`` for one whose upstream failed), and for a
+    unit run now ``<stage>_<stat>`` for each integer stat (``tokenize_tokens``,
+    ``scan_verified_hits``, ...). The runner reports them back (:func:`run_pipeline`; Flink's
+    and Dataflow's UIs show them)."""
+    if receipt.get("skipped"):
+        Metrics.counter("refinery", f"{stage}_units_skipped").inc()
+        return
+    Metrics.counter("refinery", f"{stage}_units_{receipt['status']}").inc()
+    for key, v in (receipt.get("stats") or {}).items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            Metrics.counter("refinery", f"{stage}_{key}").inc(v)
+
+
+def summary(receipt: dict) -> dict:
+    """What a step outputs per unit: ``{unit, status, stats}`` (small: a side input downstream)."""
+    return {k: receipt.get(k) for k in ("unit", "status", "stats")}
+
+
+def upstream_completed(results) -> bool:
+    """Whether every unit of the upstream step completed (or was found done)."""
+    return all(r.get("status") == "completed" for r in results)
+
+
+def _start_after(_, upstream):
+    if upstream_completed(upstream):
+        yield None
+
+
+class RunUnitFn(beam.DoFn):
+    """(unit_id, payload) -> ``{unit, status, stats}``: :func:`execute_unit`, which skips a
+    unit whose receipt verifies and writes the receipt last. ``upstream`` (the results of the
+    step before, a side input): when a unit there did not complete, nothing runs here."""
+
+    def __init__(self, run: StageRun, verify_checksums: bool = False):
+        self.run = run
+        self.verify_checksums = verify_checksums
+
+    def process(self, element, upstream=(), **side):
+        unit_id, payload = element
+        if not upstream_completed(upstream):
+            receipt = {"unit": unit_id, "status": BLOCKED, "stats": {}}
+        else:
+            receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
+        count_receipt(self.run.name, receipt)
+        yield summary(receipt)
+
+
+class RunStage(beam.PTransform):
+    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` for each of ``units`` of ``run``.
+
+    ``Create(units) | Reshuffle | ParDo(RunUnitFn)``. ``after``: the results of the step
+    before (a PCollection of those dicts), or None for the first step; this step's units
+    and its stage's side inputs (``Stage.side_inputs``) wait for all of them.
+    """
+
+    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False,
+                 after: beam.PCollection | None = None, unit_fn: type[RunUnitFn] = RunUnitFn):
+        super().__init__()
+        self.run, self.units, self.verify_checksums = run, units, verify_checksums
+        self.after, self.unit_fn = after, unit_fn
+
+    def expand(self, pbegin):
+        start = pbegin | "Start" >> beam.Create([None])
+        gate = {}
+        if self.after is not None:
+            start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
+            gate = {"upstream": beam.pvalue.AsList(self.after)}
+        side = self.run.stage.side_inputs(start)
+        return (pbegin
+                | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+                | "Spread" >> beam.Reshuffle()
+                | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side))
+
+
+def apply_steps(pbegin, steps: list[Step], verify_checksums: bool = False, unit_fn: type[RunUnitFn] = RunUnitFn):
+    """Apply ``steps`` to ``pbegin`` in order, each after the one before, each named by its
+    stage's ``title``; returns the last step's results (None when there is no step)."""
+    after = None
+    for step in steps:
+        stage = step.run.stage
+        transform = stage.step_transform(step.run, step.units, verify_checksums, after) \
+            or RunStage(step.run, step.units, verify_checksums, after, unit_fn)
+        after = pbegin | stage.title >> transform
+    return after
+
+
+def build_pipeline(steps: list[Step], beam_args: list[str], verify_checksums: bool = False,
+                   unit_fn: type[RunUnitFn] = RunUnitFn) -> beam.Pipeline:
+    """The Beam pipeline of ``steps`` (in order, each after the one before), built, not run.
+
+    Each step is a top-level transform named by its stage's ``title``, so that Flink's and
+    Dataflow's UIs show the command's real shape. Tests translate it
+    (``pipeline.to_runner_api()``) or hand it to Dataflow's ``--dry_run``
+    (``refinery.runners.translate``); :func:`run_pipeline` runs it.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+    apply_steps(pipeline, steps, verify_checksums, unit_fn)
+    return pipeline
+
+
+class RunStages(beam.PTransform):
+    """PBegin -> PCollection[dict]: a command's whole flow as one composite, for a user's own
+    pipeline: every unit of every stage of ``stages`` (bound to ``output``), each stage after
+    the one before; ``{unit, status, stats}`` of the last stage's units.
+
+    A unit whose receipt verifies is skipped, as in the command, so a user's pipeline and
+    the command write the same bytes and each resumes the other. (The command also plans:
+    it runs only the pending units, records ``run.json`` and judges repairs.)
+    """
+
+    def __init__(self, stages: list, output: str, verify_checksums: bool = False):
+        super().__init__()
+        from refinery.transforms.core.stages import bind_stages
+
+        self.steps = [Step(run, units) for run in bind_stages(stages, output.rstrip("/"))
+                      if (units := run.stage.plan())]
+        self.verify_checksums = verify_checksums
+
+    def expand(self, pbegin):
+        return apply_steps(pbegin, self.steps, self.verify_checksums)
+
+
+def run_pipeline(pipeline) -> dict[str, int]:
+    """Run a pipeline from :func:`build_pipeline`, wait for it (raises if it fails) and
+    return its ``refinery`` counters (:func:`count_receipt`) as the runner reports them.
+
+    Subprocess servers the run starts (Flink's job server) are shared while it runs and
+    stopped at the end, as ``with pipeline`` would; the counters are read before that,
+    while the job service still answers.
+    """
+    from apache_beam.utils.subprocess_server import SubprocessServer
+
+    with SubprocessServer.cache_subprocesses():
+        result = pipeline.run()
+        result.wait_until_finish()
+        return refinery_counters(result)
+
+
+def refinery_counters(result) -> dict[str, int]:
+    """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
+    summed over steps (committed values where the runner has them, else attempted); {}
+    when the runner reports no metrics."""
+    import logging
+
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("refinery"))["counters"]
+    except Exception as e:  # noqa: BLE001 - metrics are a report; the run's outputs are in its receipts
+        logging.getLogger("refinery").info("no metrics from the runner (%s: %s)", type(e).__name__, e)
+        return {}
+    out: dict[str, int] = {}
+    for c in counters:
+        v = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(v or 0)
+    return dict(sorted(out.items()))
+
+
+def run_on_beam(steps: list[Step], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
+    """The default step runner of ``run_stages``: ``steps`` as one Beam job; its counters.
+
+    On the local multi-process runner, a job of only light steps (I/O, or one unit each)
+    runs in the driver's process: there is nothing to share between worker processes, and
+    starting them would cost more than the work."""
+    if all(step.run.stage.light or len(step.units) <= 1 for step in steps):
+        from refinery.runners.local import in_process
+
+        beam_args = in_process(beam_args)
+    return run_pipeline(build_pipeline(steps, beam_args, verify_checksums))
