@@ -106,10 +106,10 @@ class RunStage(beam.PTransform):
             start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
             gate = {"upstream": beam.pvalue.AsList(self.after)}
         side = self.run.stage.side_inputs(start)
-        return (pbegin
-                | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
-                | "Spread" >> beam.Reshuffle()
-                | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side))
+        units = pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+        if len(self.units) > 1:  # one unit has nothing to spread over workers
+            units = units | "Spread" >> beam.Reshuffle()
+        return units | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side)
 
 
 def apply_steps(pbegin, steps: list[Step], verify_checksums: bool = False, unit_fn: type[RunUnitFn] = RunUnitFn):

@@ -392,6 +392,12 @@ class ReduceStage(Stage):
     name = "reduce"
     title = "Reduce partitions"
 
+    @property
+    def light(self) -> bool:
+        """Its work grows with the scan's hits: after a scan of one slice of training data,
+        not worth starting a pool of worker processes for."""
+        return len(self.scan_stage.plan()) <= 1
+
     def __init__(self, settings: DeconSettings, scan_stage: ScanStage):
         self.s = settings
         self.scan_stage = scan_stage
