@@ -439,7 +439,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
             for u in units:
                 c = run.check(u.id, verify)
                 done += c.done
-                failed += (not c.done) and c.reason.startswith("failed")
+                failed += c.failed
                 repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
         print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
     if is_dataflow(beam_args):

@@ -134,7 +134,7 @@ def run(args, beam_args: list[str]) -> int:
         if pending_hf and not args.eval:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
-        stages = build_stages(settings, output, skipped)
+        stages = build_stages(settings, skipped)
         check_field("decon", "--eval-text-field", settings.eval_text_field, [f.path for f in stages[0].eval_files])
         check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
     except UsageError as e:

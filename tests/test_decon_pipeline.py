@@ -254,10 +254,10 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
-    first = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    first = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert first.ran["scan"] > 5 and first.ran["reduce"] == 4 and first.ran["merge"] == 1
     stats_before = open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read()
-    again = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    again = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce", "merge"}
     # lose one scan part: that unit (only) runs again; the reduce and merge are still done
     # (unit outputs are pure functions of their inputs, so the part comes back identical)
@@ -265,19 +265,19 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
     part = os.path.join(scan_run.parts_dir, "hits", "f00000-s0000.bin")
     part_bytes = open(part, "rb").read()
     os.remove(part)
-    third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    third = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert third.ran == {"index": 0, "scan": 1}
     assert open(part, "rb").read() == part_bytes
     # lose a final output too: the merge runs again (the reduce units' own parts are there)
     os.remove(part)
     os.remove(os.path.join(out, "stats/overlap_stats.jsonl"))
-    third = run_stages(build_stages(s, out), out, DIRECT, progress=False)
+    third = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert third.ran == {"index": 0, "scan": 1, "reduce": 0, "merge": 1}
     assert open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read() == stats_before
     # a reduce-only setting: index and scan are kept
     s2 = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
                        max_train_count=0)
-    fourth = run_stages(build_stages(s2, out), out, DIRECT, progress=False)
+    fourth = run_stages(build_stages(s2), out, DIRECT, progress=False)
     assert fourth.ran == {"index": 0, "scan": 0, "reduce": 4, "merge": 1}
     assert all(not r["instance_ids"] for r in read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl")))
     assert os.path.exists(os.path.join(out, ".SUCCESS"))
@@ -305,7 +305,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
-    runs = run_stages(build_stages(s, out), out, DIRECT, progress=False).runs
+    runs = run_stages(build_stages(s), out, DIRECT, progress=False).runs
     clean = tree_digest(Path(out))
     scan_run, reduce_run, merge_run = runs[1:]
 
@@ -317,9 +317,9 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     for p in os.listdir(reduce_run.receipts_dir):  # the reduce has not run yet
         os.remove(os.path.join(reduce_run.receipts_dir, p))
     with pytest.raises(StageFailed) as e:
-        run_stages(build_stages(s, out), out, DIRECT, progress=False)
+        run_stages(build_stages(s), out, DIRECT, progress=False)
     assert e.value.stage == "reduce" and f"{hits} frame at bytes {offset}-{offset + length}: damaged" in str(e.value)
-    again = run_stages(build_stages(s, out), out, DIRECT, progress=False, verify_checksums=True)
+    again = run_stages(build_stages(s), out, DIRECT, progress=False, verify_checksums=True)
     assert again.ran == {"index": 0, "scan": 1, "reduce": 4, "merge": 1}
     assert tree_digest(Path(out)) == clean
 
@@ -328,10 +328,10 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     _flip(member, os.path.getsize(member) // 2)
     os.remove(merge_run.receipt_path("merge"))  # the merge has not run yet
     with pytest.raises(StageFailed) as e:
-        run_stages(build_stages(s, out), out, DIRECT, progress=False)
+        run_stages(build_stages(s), out, DIRECT, progress=False)
     assert e.value.stage == "merge" and f"{member}: damaged gzip member" in str(e.value)
     assert read_details(out)  # the earlier, whole file: never replaced by a copy of the damage
-    again = run_stages(build_stages(s, out), out, DIRECT, progress=False, verify_checksums=True)
+    again = run_stages(build_stages(s), out, DIRECT, progress=False, verify_checksums=True)
     assert again.ran == {"index": 0, "scan": 0, "reduce": 1, "merge": 1}
     assert tree_digest(Path(out)) == clean
 

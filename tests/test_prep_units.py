@@ -335,6 +335,9 @@ def test_failed_unit_is_recorded_and_retried(tmp_path):
         stages.run_stages([stage], str(tmp_path), [], progress=False, runner=stages.run_in_driver)
     receipt = json.loads((tmp_path / ".refinery/echo").glob("*/receipts/u1.json").__next__().read_text())
     assert receipt["status"] == "failed" and receipt["error"]["type"] == "ValueError"
+    [run] = stages.bind_stages([stage], str(tmp_path))
+    assert run.check("u1").failed and not run.check("u0").failed and not run.check("u9").failed
+    assert [(r["done"], r["failed"], r["pending"]) for r in stages.stage_status(str(tmp_path))] == [(1, 1, 0)]
     stage.fail_on.clear()
     stage.calls.clear()
     stages.run_stages([stage], str(tmp_path), [], progress=False, runner=stages.run_in_driver)

@@ -198,7 +198,7 @@ def decon_pipeline(root: Path) -> list[Jobs]:
     settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
                              partitions=4)
     output = str(root / "out")
-    return [Jobs(build_stages(settings, output), output,
+    return [Jobs(build_stages(settings), output,
                  ["Index eval sets", "Scan training data", "Reduce partitions", "Merge reports"])]
 
 

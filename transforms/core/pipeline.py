@@ -105,7 +105,7 @@ class RunStage(beam.PTransform):
         if self.after is not None:
             start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
             gate = {"upstream": beam.pvalue.AsList(self.after)}
-        side = self.run.stage.side_inputs(start)
+        side = self.run.stage.side_inputs(self.run, start)
         units = pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
         if len(self.units) > 1:  # one unit has nothing to spread over workers
             units = units | "Spread" >> beam.Reshuffle()

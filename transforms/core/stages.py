@@ -103,8 +103,9 @@ class Stage:
       receipts so far; returns (units, final). Default: all units, final. A stage with a
       budget (prep's ``--max-tokens``) asks for waves of units until the budget is met
       (each wave is a Beam job that ends at that stage).
-    - ``side_inputs(start)``: Beam side inputs, built from ``start``, a PCollection of one
-      element that exists once every unit upstream completed; their values arrive as
+    - ``side_inputs(run, start)``: Beam side inputs of the stage bound as ``run`` (its
+      upstream stages are ``run.upstream[name]``), built from ``start``, a PCollection of
+      one element that exists once every unit upstream completed; their values arrive as
       ``ctx.side``.
     - ``step_transform(run, units, verify_checksums, after)``: the stage's own PTransform
       (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one
@@ -145,7 +146,7 @@ class Stage:
     def needed(self, units: list[Unit], receipts: dict[str, dict]) -> tuple[list[Unit], bool]:
         return units, True
 
-    def side_inputs(self, start) -> dict:
+    def side_inputs(self, run: "StageRun", start) -> dict:
         return {}
 
     def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after):
@@ -172,6 +173,7 @@ class Completion:
     reason: str
     receipt: dict | None = None
     damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
+    failed: bool = False   # the unit ran in this plan and failed: the next run retries it
 
 
 def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
@@ -201,7 +203,8 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         return Completion(False, "receipt from another plan", receipt)
     if receipt.get("status") != "completed":
         err = receipt.get("error") or {}
-        return Completion(False, f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip(), receipt)
+        return Completion(False, f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip(), receipt,
+                          failed=receipt.get("status") == "failed")
     files = receipt.get("files")
     if not isinstance(files, list):
         return Completion(False, "receipt lists no files", receipt)
@@ -905,10 +908,8 @@ def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
     for st, _, checks in check_recorded_run(output, info, verify_checksums):
         done = failed = 0
         for c in checks:
-            if c.done:
-                done += 1
-            elif c.receipt is not None and c.receipt.get("status") == "failed":
-                failed += 1
+            done += c.done
+            failed += c.failed
         rows.append({"stage": st["name"], "stage_hash": st["stage_hash"], "units": st["units"],
                      "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed)})
     return rows

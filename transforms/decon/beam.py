@@ -258,4 +258,4 @@ class DeconPipeline(beam.PTransform):
         from refinery.transforms.core.pipeline import RunStages
         from refinery.transforms.decon.stages import build_stages
 
-        return pbegin | "Stages" >> RunStages(build_stages(self.settings, self.output), self.output)
+        return pbegin | "Stages" >> RunStages(build_stages(self.settings), self.output)

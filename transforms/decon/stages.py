@@ -44,7 +44,7 @@ from isal import isal_zlib
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 
@@ -256,12 +256,10 @@ class ScanStage(Stage):
     name = "scan"
     title = "Scan training data"
 
-    def __init__(self, settings: DeconSettings, train_files: list[io.InputFile], index_stage: IndexStage,
-                 output: str):
+    def __init__(self, settings: DeconSettings, train_files: list[io.InputFile], index_stage: IndexStage):
         self.s = settings
         self.train_files = train_files
         self.index_stage = index_stage
-        self.output = output
 
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "text_field": self.s.train_text_field, "id_field": self.s.id_field,
@@ -276,14 +274,15 @@ class ScanStage(Stage):
     def plan(self) -> list[Unit]:
         return plan_train_units(self.train_files, self.s.slice_bytes)
 
-    def membership_path(self) -> str:
-        # index is the first stage: its bound hash does not depend on anything upstream
-        return io.join(bind_stages([self.index_stage], self.output)[0].parts_dir, MEMBERSHIP_FILE)
+    @staticmethod
+    def membership_path(run: StageRun) -> str:
+        """The index's membership file, upstream of the scan bound as ``run``."""
+        return io.join(run.upstream["index"].parts_dir, MEMBERSHIP_FILE)
 
-    def side_inputs(self, start) -> dict:
+    def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
-        membership = start | "ReadMembership" >> beam.Map(lambda _, path: io.read_bytes(path), self.membership_path())
+        membership = start | "ReadMembership" >> beam.Map(lambda _, path: io.read_bytes(path), self.membership_path(run))
         return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -295,7 +294,7 @@ class ScanStage(Stage):
         c0 = time.thread_time()
         data = ctx.side.get("membership")
         if data is None:  # run without Beam (tests, local stage runners)
-            data = io.read_bytes(self.membership_path())
+            data = io.read_bytes(self.membership_path(ctx.run))
         membership = membership_from_bytes(data)
         index_parts = ctx.upstream("index").parts_dir
         partitions = int(membership.meta.get("partitions", self.s.partitions))
@@ -409,12 +408,10 @@ class ReduceStage(Stage):
     def plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def side_inputs(self, start) -> dict:
+    def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
-        scan = self.scan_stage
-        scan_run = bind_stages([scan.index_stage, scan], scan.output)[1]
-        frames = start | "ScanFrames" >> beam.Map(lambda _: scan_frames(scan_run))
+        frames = start | "ScanFrames" >> beam.Map(lambda _, scan_run: scan_frames(scan_run), run.upstream["scan"])
         return {"frames": beam.pvalue.AsSingleton(frames, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -555,10 +552,10 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[i
     return sorted(out.values(), key=lambda f: f.path)
 
 
-def build_stages(settings: DeconSettings, output: str, skipped: list[str] | None = None) -> list[Stage]:
+def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> list[Stage]:
     eval_files = expand_as_given(settings.eval_paths, skipped)
     train_files = expand_as_given(settings.train_paths, skipped)
     index = IndexStage(settings, eval_files)
-    scan = ScanStage(settings, train_files, index, output)
+    scan = ScanStage(settings, train_files, index)
     reduce = ReduceStage(settings, scan)
     return [index, scan, reduce, MergeStage(settings, reduce)]

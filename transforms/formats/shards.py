@@ -547,12 +547,26 @@ def shard_files(root: str) -> list[str]:
 # Manifest
 # ---------------------------------------------------------------------------------------
 
-def shard_entry(shard: int, npy: dict, idx: dict, num_tokens: int, num_documents: int) -> dict:
-    """A manifest's entry for one shard, from the receipt file records (path, bytes, sha256)
-    of its ``.npy`` and ``.idx``."""
+def entry_from_receipt(shard: int, receipt: dict) -> dict:
+    """A manifest's entry for one shard, from the receipt of the unit that wrote it: its
+    file records (path, bytes, sha256) of the ``.npy`` and ``.idx`` and its stats (tokens,
+    docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts."""
+    by_ext = {f["path"].rsplit(".", 1)[1]: f for f in receipt["files"]}
+    npy, idx, stats = by_ext["npy"], by_ext["idx"], receipt["stats"]
     return {"shard": shard, "path": npy["path"], "index_path": idx["path"],
-            "num_tokens": int(num_tokens), "num_documents": int(num_documents),
+            "num_tokens": int(stats["tokens"]), "num_documents": int(stats["docs"]),
             "sha256": npy["sha256"], "checksum": npy["sha256"], "index_sha256": idx["sha256"]}
+
+
+def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int) -> dict:
+    """The manifest's ``rows``: ``read = accepted + empty + rejected + over_budget``, where
+    ``accepted`` counts the documents the shards hold (``written``) and ``over_budget`` the
+    accepted ones that ``--max-tokens`` left out."""
+    if read != accepted + empty + rejected:
+        raise ValueError(f"row counts do not add up: read {read} != accepted {accepted} + empty {empty} "
+                         f"+ rejected {rejected}")
+    return {"read": read, "accepted": written, "empty": empty, "rejected": rejected,
+            "over_budget": accepted - written}
 
 
 def build_manifest(*, dataset: str, entries: list[dict], rows: dict, num_shards: int, created_at: str,

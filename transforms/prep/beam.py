@@ -46,7 +46,7 @@ from apache_beam.metrics import Metrics
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows
-from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit, short_hash
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep.documents import (Document, Rejected, SourceRow, TokenizedDocument, normalize_row,
@@ -294,9 +294,9 @@ class ShardSinkStage(Stage):
 
 
 def sink_run(output: str, dataset: str, num_shards: int, version: str) -> StageRun:
+    """The sink's receipts, hashed as every stage's (:func:`compute_stage_hash`)."""
     stage = ShardSinkStage(dataset, num_shards, version)
-    return StageRun(stage, output.rstrip("/"), short_hash({"stage": stage.name, "config": stage.config(),
-                                                            "identity": stage.identity()}))
+    return StageRun(stage, output.rstrip("/"), compute_stage_hash(stage, None))
 
 
 class _SortedShard:
@@ -342,6 +342,21 @@ class _SortedShard:
         self._f.close()
 
 
+class _ShardWrite(ShardSinkStage):
+    """One shard's unit of the sink: writes a sorted shard's ``.npy`` and ``.idx``."""
+
+    def __init__(self, dataset: str, num_shards: int, version: str, data: _SortedShard, content: str):
+        super().__init__(dataset, num_shards, version)
+        self.data, self.content = data, content
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        shard = unit.payload["shard"]
+        npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
+        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+                                     self.data.lengths, self.data.chunks())
+        return {"shard": shard, **written, "content_sha256": self.content}
+
+
 class _WriteShardFn(beam.DoFn):
     """``(shard, documents)`` -> the shard's manifest entry (a dict). Skips the write when the
     shard's receipt verifies and records the same content."""
@@ -357,15 +372,8 @@ class _WriteShardFn(beam.DoFn):
         data = _SortedShard(docs)
         try:
             content = data.digest()
-            npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
-
-            class _Write(ShardSinkStage):
-                def run_unit(self, unit, ctx):
-                    written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
-                                                 data.lengths, data.chunks())
-                    return {"shard": shard, **written, "content_sha256": content}
-
-            writer = StageRun(_Write(self.dataset, self.num_shards, self.version), run.output, run.stage_hash)
+            writer = StageRun(_ShardWrite(self.dataset, self.num_shards, self.version, data, content),
+                              run.output, run.stage_hash)
             receipt = execute_unit(writer, Unit(f"{shard:04d}", {"shard": shard}),
                                    stale=lambda r: r.get("stats", {}).get("content_sha256") != content)
         finally:
@@ -374,11 +382,7 @@ class _WriteShardFn(beam.DoFn):
             err = receipt.get("error") or {}
             raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
         (self.skipped if receipt.get("skipped") else self.written).inc()
-        by_ext = {f["path"].rsplit(".", 1)[1]: f for f in receipt["files"]}
-        # returned, not yielded: Beam warns about a process() that has both (its check
-        # also counts the return of the nested _Write)
-        return [shards.shard_entry(shard, by_ext["npy"], by_ext["idx"], receipt["stats"]["tokens"],
-                                   receipt["stats"]["docs"])]
+        yield shards.entry_from_receipt(shard, receipt)
 
 
 def _write_rejects(rejected: list[Rejected], output: str) -> dict:
@@ -403,9 +407,9 @@ def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, da
                     version: str) -> str:
     entries = sorted(entries, key=lambda e: e["shard"])
     accepted = sum(e["num_documents"] for e in entries)
-    rows = {} if counts is None else {
-        "read": accepted + counts["empty"] + counts["rejected"], "accepted": accepted,
-        "empty": counts["empty"], "rejected": counts["rejected"], "over_budget": 0}
+    rows = {} if counts is None else shards.row_accounting(
+        read=accepted + counts["empty"] + counts["rejected"], accepted=accepted, empty=counts["empty"],
+        rejected=counts["rejected"], written=accepted)
     run = sink_run(output, dataset, num_shards, version)
     manifest = shards.build_manifest(
         dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version,

@@ -28,7 +28,7 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, bind_stages, short_hash
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep import spill
@@ -347,16 +347,16 @@ class MergeStage(Stage):
                         for p in u.payload["pieces"])
         return [Unit(f"g{k:05d}", {"units": ids}) for k, ids in enumerate(groups) if ids]
 
-    def included(self) -> list[tuple[str, int]]:
-        """(tokenize unit id, tokens before it) of the units the output includes, from their
-        receipts: read once per job and handed to every unit (a side input)."""
-        tk = bind_stages([self.tokenize], self.cfg.output)[0]
-        return [(u.id, before) for u, _, before in _tokenize_inputs(tk, self.cfg.max_tokens)]
+    def included(self, run: StageRun) -> list[tuple[str, int]]:
+        """(tokenize unit id, tokens before it) of the units the output includes, from the
+        receipts of ``run``'s upstream tokenize: read once per job and handed to every unit
+        (a side input)."""
+        return [(u.id, before) for u, _, before in _tokenize_inputs(run.upstream["tokenize"], self.cfg.max_tokens)]
 
-    def side_inputs(self, start) -> dict:
+    def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
-        included = start | "Included" >> beam.Map(lambda _, stage: stage.included(), self)  # once tokenize is done
+        included = start | "Included" >> beam.Map(lambda _, r: r.stage.included(r), run)  # once tokenize is done
         return {"included": beam.pvalue.AsSingleton(included, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -364,7 +364,7 @@ class MergeStage(Stage):
 
         tk = ctx.upstream("tokenize")
         mine = set(unit.payload["units"])
-        included = ctx.side.get("included") or self.included()
+        included = ctx.side.get("included") or self.included(ctx.run)
         chosen = [(uid, before) for uid, before in included if uid in mine]
         with tempfile.TemporaryFile(prefix="refinery-merge-") as local:
             writer = spill.SpillWriter(local)
@@ -406,22 +406,22 @@ class PackStage(Stage):
     def plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
 
-    def spill_sources(self) -> list[tuple[dict[str, str], int | None]]:
+    def spill_sources(self, run: StageRun) -> list[tuple[dict[str, str], int | None]]:
         """(spill files, token budget left for its documents) of every spill pack reads, in
         input order: the merge stage's groups when there is one, else every included
-        tokenize unit. Worked out once per job (reading M receipts) and handed to every pack
-        unit as a side input: no pack unit reads the tokenize receipts."""
-        runs = bind_stages([self.tokenize, *([self.merge] if self.merge else [])], self.cfg.output)
+        tokenize unit (``run``'s upstream). Worked out once per job (reading M receipts) and
+        handed to every pack unit as a side input: no pack unit reads the tokenize receipts."""
         if self.merge:
-            return [(spill_files(runs[1].parts_dir, u.id), self.cfg.max_tokens) for u in self.merge.plan()]
-        budget = self.cfg.max_tokens
-        return [(spill_files(runs[0].parts_dir, u.id), None if budget is None else budget - before)
-                for u, _, before in _tokenize_inputs(runs[0], budget)]
+            merge = run.upstream["merge"]
+            return [(spill_files(merge.parts_dir, u.id), self.cfg.max_tokens) for u in self.merge.plan()]
+        tokenize, budget = run.upstream["tokenize"], self.cfg.max_tokens
+        return [(spill_files(tokenize.parts_dir, u.id), None if budget is None else budget - before)
+                for u, _, before in _tokenize_inputs(tokenize, budget)]
 
-    def side_inputs(self, start) -> dict:
+    def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
-        sources = start | "Spills" >> beam.Map(lambda _, stage: stage.spill_sources(), self)  # once upstream is done
+        sources = start | "Spills" >> beam.Map(lambda _, r: r.stage.spill_sources(r), run)  # once upstream is done
         return {"spills": beam.pvalue.AsSingleton(sources, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -436,7 +436,7 @@ class PackStage(Stage):
             with io.open_read(files["docs"]) as f:
                 return spill.within_budget(spill.read_shard_rows(f, starts, shard), budget_left)
 
-        sources = ctx.side.get("spills") or self.spill_sources()
+        sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
         if io.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
             from concurrent.futures import ThreadPoolExecutor
 
@@ -481,14 +481,12 @@ class ManifestStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
-        rows = {"read": 0, "accepted": 0, "empty": 0, "rejected": 0, "over_budget": 0}
+        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0}
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
                 s = receipt["stats"]
-                rows["read"] += s["rows_read"]
-                rows["empty"] += s["empty"]
-                rows["rejected"] += s["rejected"]
-                rows["accepted"] += s["accepted"]
+                for k in counts:
+                    counts[k] += s[k]
                 if s["rejected"]:
                     with io.open_read(io.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
                         while block := f.read(1 << 20):
@@ -498,12 +496,10 @@ class ManifestStage(Stage):
             c = pk.check(u.id)
             if not c.done:
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
-            by_ext = {f["path"].rsplit(".", 1)[1]: f for f in c.receipt["files"]}
-            entries.append(shards.shard_entry(u.payload["shard"], by_ext["npy"], by_ext["idx"],
-                                              c.receipt["stats"]["tokens"], c.receipt["stats"]["docs"]))
+            entries.append(shards.entry_from_receipt(u.payload["shard"], c.receipt))
         written = sum(s["num_documents"] for s in entries)
-        rows["over_budget"] = rows["accepted"] - written
-        rows["accepted"] = written
+        rows = shards.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
+                                     rejected=counts["rejected"], written=written)
         manifest = shards.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
             created_at=shards.keep_created_at(io.join(ctx.run.dir, "created_at")),
