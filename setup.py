@@ -50,5 +50,5 @@ setup(
             "triton>=3.0; platform_system == 'Linux'",
         ],
     },
-    entry_points={"console_scripts": ["refinery=refinery.beam_pipelines.cli:main"]},
+    entry_points={"console_scripts": ["refinery=refinery.beam_pipelines.cli:entry"]},
 )

@@ -98,6 +98,20 @@ def configure_logging(verbose: bool) -> None:
         root.addFilter(_BeamNoise())
 
 
+_exit_code: int | None = None  # set by entry(): the console script's status, for a quick end
+
+
+def entry() -> None:
+    """The ``refinery`` console script: :func:`main`, then the process ends with its exit code
+    without the interpreter's teardown (:mod:`refinery.beam_pipelines.quick_exit`, ~0.4 s)."""
+    global _exit_code
+    from refinery.beam_pipelines.quick_exit import exit_quickly
+
+    exit_quickly(lambda: _exit_code)  # registered before the commands import Beam: runs after their handlers
+    _exit_code = main()
+    sys.exit(_exit_code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGINT/SIGTERM at any point (start-up included) stop it with exit 130
     and the command that resumes it."""
@@ -156,4 +170,4 @@ def _usage_lines(command: str, lines: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -128,7 +128,7 @@ def option_problems(args: list[str]) -> list[str]:
     job = value(args, "--job_name")
     if job and not JOB_NAME.fullmatch(job):
         problems.append(f"--job_name {job}: lowercase letters, digits and hyphens, starting with a letter "
-                        "(or leave it unset: each stage's job is named uniquely)")
+                        "(or leave it unset: Beam names each job uniquely)")
     return problems
 
 

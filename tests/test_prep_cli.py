@@ -27,10 +27,11 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     corpus = tmp_path / "c"
     texts = gsm8k_texts(400)
     for k in range(20):  # 20 small units so the signal lands mid-stage
-        write_jsonl(corpus / f"f{k:02d}.jsonl", [{"text": t * 3} for t in texts[k * 20:(k + 1) * 20]])
+        write_jsonl(corpus / f"f{k:02d}.jsonl", [{"text": t * 60} for t in texts[k * 20:(k + 1) * 20]])  # ~0.1 s a unit
     out, log = tmp_path / "out", tmp_path / "units.log"
     env = {**os.environ, "REFINERY_UNIT_LOG": str(log)}
-    proc = subprocess.Popen(_prep_cmd(corpus, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    one_unit_per_file = ("--unit-mb", "0")  # else the 20 small files are one unit
+    proc = subprocess.Popen(_prep_cmd(corpus, out, *one_unit_per_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     deadline = time.time() + 120
     while time.time() < deadline and (not log.exists() or log.read_text().count('"event": "start"') < 2):
@@ -43,9 +44,9 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     assert "Resume with:" in err and "refinery prep --input" in err and "Traceback" not in err
     # no half-written file under a final name
     assert not (out / "manifest.json").exists() or json.loads((out / "manifest.json").read_text())
-    subprocess.run(_prep_cmd(corpus, out), check=True, capture_output=True)
+    subprocess.run(_prep_cmd(corpus, out, *one_unit_per_file), check=True, capture_output=True)
     ref = tmp_path / "ref"
-    subprocess.run(_prep_cmd(corpus, ref), check=True, capture_output=True)
+    subprocess.run(_prep_cmd(corpus, ref, *one_unit_per_file), check=True, capture_output=True)
     assert tree_digest(out) == tree_digest(ref)
     assert not list(out.rglob(".*.tmp-*"))
 
@@ -93,7 +94,7 @@ def test_hf_dataset_resolves_to_pinned_parquet_files():
 
 def test_runner_options():
     assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                                         "--direct_num_workers=3"]
+                                         "--direct_num_workers=3", "--beam_plugins=refinery.runners.worker_exit"]
     assert "--direct_running_mode=in_memory" in pipeline_args("local", 1)
     portable = pipeline_args("portable", None, ["--environment_type=DOCKER"])
     assert portable == ["--environment_type=DOCKER", "--runner=PortableRunner", "--job_endpoint=embed"]

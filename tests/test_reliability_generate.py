@@ -4,7 +4,7 @@ The run is the real command with a tiny random gpt-oss checkpoint, sampling at t
 0.8 with a fixed seed (each document draws from its own RNG seeded by (seed, doc id), so
 the bytes must not depend on which documents share a batch or a wave). 21 documents (one
 of them a malformed row, which must come out as an ``error`` row), 3 per infer unit, 2 units
-per wave: 8 infer units in 4 Beam jobs, then the local merge.
+per wave: 8 infer units in 4 waves chained inside one Beam job, then its merge step.
 
 Kills are aimed with the unit log (``$REFINERY_UNIT_LOG``). An infer unit logs its start and
 end only after RunInference produced its results (the unit's write step), so a kill "after

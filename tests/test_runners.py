@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
 from conftest import gsm8k_texts, write_jsonl
 
 from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
@@ -38,16 +41,76 @@ GPU_IMAGE = "registry.example/refinery-gpu:1"
 
 def test_local_and_direct_args():
     assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                                         "--direct_num_workers=3"]
+                                         "--direct_num_workers=3", "--beam_plugins=refinery.runners.worker_exit"]
     assert pipeline_args("local", 1) == ["--runner=DirectRunner", "--direct_running_mode=in_memory",
                                          "--direct_num_workers=1"]
     assert pipeline_args("direct", 2) == ["--runner=DirectRunner", "--direct_running_mode=in_memory",
                                           "--direct_num_workers=2"]
     # the user's flags win, in either spelling
     assert pipeline_args("local", 3, ["--direct_num_workers", "5"]) == [
-        "--direct_num_workers", "5", "--runner=DirectRunner", "--direct_running_mode=multi_processing"]
+        "--direct_num_workers", "5", "--runner=DirectRunner", "--direct_running_mode=multi_processing",
+        "--beam_plugins=refinery.runners.worker_exit"]
     assert set(RUNNERS) == {"local", "direct", "portable", "flink", "dataflow"}
     assert pipeline_args("SparkRunner", 4, ["--x=1"]) == ["--x=1", "--runner=SparkRunner"]
+
+
+def test_local_jobs_run_on_the_fn_api_runner_not_prism():
+    """The DirectRunner's flags run on LocalRunner (Beam's FnApiRunner, no detour through
+    Prism); other runners' flags are untouched; a light job runs in the driver's process."""
+    from refinery.runners.local import LOCAL_RUNNER, in_process, runnable
+
+    local = pipeline_args("local", 2)
+    assert runnable(local) == [a for a in local if not a.startswith("--runner")] + [f"--runner={LOCAL_RUNNER}"]
+    assert runnable(["--runner=FlinkRunner", "--x=1"]) == ["--runner=FlinkRunner", "--x=1"]
+    assert "--direct_running_mode=in_memory" in in_process(local) and "--direct_num_workers=1" in in_process(local)
+    assert in_process(["--runner=FlinkRunner"]) == ["--runner=FlinkRunner"]
+
+    # the options reach the worker processes (the DirectRunner passes them the same way),
+    # and with them the plugin that ends a worker quickly
+    def seen_in_worker(_):  # nested: pickled by value, the workers cannot import this test module
+        import json
+        import os
+        import sys
+
+        from refinery.runners.worker_exit import in_worker
+
+        options = json.loads(os.environ["PIPELINE_OPTIONS"])  # {"beam:option:NAME:v1": value}
+        return options.get("beam:option:job_name:v1"), in_worker(), "refinery.runners.worker_exit" in sys.modules
+
+    options = PipelineOptions(runnable(pipeline_args("local", 2, ["--job_name=from-the-driver"])))
+    with beam.Pipeline(options=options) as p:
+        seen = p | beam.Create([1, 2]) | beam.Reshuffle() | beam.Map(seen_in_worker)
+        assert_that(seen, equal_to([("from-the-driver", True, True)] * 2))
+
+
+@pytest.mark.parametrize("status,rc", [("3", 3), ("None", 7)])
+def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
+    """exit_quickly: the process ends with status() (or as Python would, when None), after
+    the other atexit handlers and with its output flushed."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\n"
+            "from refinery.beam_pipelines.quick_exit import exit_quickly\n"
+            f"exit_quickly(lambda: {status})\n"
+            "atexit.register(lambda: print('later handler ran', end=''))\n"
+            "print('unflushed', end='')\n"
+            "sys.exit(7)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == rc and done.stdout == "unflushedlater handler ran"
+    # the console script imports it first: Beam imported then would start threads that do
+    # not block SIGINT/SIGTERM, and a stop signal landing in one of them would be lost
+    light = "import sys, refinery.beam_pipelines.cli, refinery.beam_pipelines.quick_exit; assert 'apache_beam' not in sys.modules"
+    subprocess.run([sys.executable, "-c", light], check=True, timeout=60)
+
+
+def test_the_worker_plugin_does_nothing_outside_beams_worker():
+    """Imported by any other process, the plugin leaves its exit alone (status 5 stays 5)."""
+    import subprocess
+    import sys
+
+    code = "import sys\nimport refinery.runners.worker_exit as w\nassert not w.in_worker()\nsys.exit(5)\n"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 5
 
 
 def test_portable_args():

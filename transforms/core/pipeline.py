@@ -204,8 +204,8 @@ def run_on_beam(steps: list[Step], beam_args: list[str], verify_checksums: bool 
     On the local multi-process runner, a job of only light steps (I/O, or one unit each)
     runs in the driver's process: there is nothing to share between worker processes, and
     starting them would cost more than the work."""
-    if all(step.run.stage.light or len(step.units) <= 1 for step in steps):
-        from refinery.runners.local import in_process
+    from refinery.runners.local import in_process, runnable
 
+    if all(step.run.stage.light or len(step.units) <= 1 for step in steps):
         beam_args = in_process(beam_args)
-    return run_pipeline(build_pipeline(steps, beam_args, verify_checksums))
+    return run_pipeline(build_pipeline(steps, runnable(beam_args), verify_checksums))
