@@ -15,7 +15,6 @@ inside ``io.offline``: it lists and reads nothing remote.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import logging
 import sys
@@ -158,7 +157,12 @@ def _main(argv: list[str] | None) -> int:
                 print(f"refinery {command}: note: {missing}", file=sys.stderr)
     if problems:
         return _usage_lines(command, problems)
-    with io.offline("a dry run reads nothing remote") if dry_run else contextlib.nullcontext():
+    if dry_run:
+        with io.offline("a dry run reads nothing remote"):
+            return mod.run(args, beam_args)
+    from refinery.runners import warm_workers
+
+    with warm_workers.pool(beam_args, getattr(mod, "WORKER_IMPORTS", ())):  # warms up while the driver plans
         return mod.run(args, beam_args)
 
 

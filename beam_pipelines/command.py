@@ -70,15 +70,19 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+WORKER_COMMANDS = (b"sdk_worker_main", b"refinery.runners.warm_workers")  # Beam's workers; the warm pool's
+
+
 def _stop_beam_workers() -> None:
     """SIGKILL the Beam SDK worker processes below this one (they block SIGINT, see
-    :func:`interruptible`): a unit they were running leaves only temp files, which the next
-    run removes."""
+    :func:`interruptible`), the warm pool's included: a unit they were running leaves only
+    temp files, which the next run removes."""
     for pid in _descendants(os.getpid()):
         with contextlib.suppress(OSError):
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"sdk_worker_main" in f.read():
-                    os.kill(pid, signal.SIGKILL)
+                cmdline = f.read()
+            if any(c in cmdline for c in WORKER_COMMANDS):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _say(message: str) -> None:

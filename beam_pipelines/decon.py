@@ -24,6 +24,8 @@ import json
 import sys
 
 HELP = "train/test n-gram overlap with provenance"
+# what the local runner's warm worker process imports ahead (runners.warm_workers)
+WORKER_IMPORTS = ("refinery.transforms.decon.stages",)
 
 EPILOG = """\
 examples:

@@ -11,6 +11,8 @@ import argparse
 import os
 
 HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
+# what the local runner's warm worker process imports ahead (runners.warm_workers)
+WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
 
 EPILOG = """\
 examples:

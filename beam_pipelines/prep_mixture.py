@@ -22,6 +22,8 @@ import time
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
 HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
+# what the local runner's warm worker process imports ahead (runners.warm_workers)
+WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
 
 EPILOG = """\
 examples:

@@ -4,6 +4,8 @@ One module per target, each documenting its flags and defaults:
 
 - :mod:`.local`: ``local`` (default): DirectRunner, multi-processing, one worker per core
   (``--workers``); with one worker it runs in-process. ``direct``: DirectRunner in-process.
+  Their jobs run on :mod:`.local_runner` (Beam's FnApiRunner), with workers forked from a
+  warm process (:mod:`.warm_workers`) that end at once when done (:mod:`.worker_exit`).
 - :mod:`.portable`: ``portable``: PortableRunner, by default with the embedded job service
   and a LOOPBACK environment (the job API that Flink's job server speaks).
 - :mod:`.flink`: ``flink``: FlinkRunner (``--flink_master``, parallelism, environment).

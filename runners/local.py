@@ -7,16 +7,15 @@
   threads). The fastest way to run small jobs and tests.
 
 Beam flags: ``--runner=DirectRunner``, ``--direct_running_mode``, ``--direct_num_workers``; a
-job runs them on :class:`LocalRunner` (Beam's FnApiRunner, without the DirectRunner's detour
-through Prism).
+job runs them on :class:`refinery.runners.local_runner.LocalRunner` (Beam's FnApiRunner,
+without the DirectRunner's detour through Prism). This module imports no Beam: what the
+local runner's worker processes run first (:mod:`.warm_workers`) imports it.
 Environment variables of the driver (``STORAGE_EMULATOR_HOST``, ``REFINERY_VOCAB_FILE``,
 credentials) reach the worker processes, which inherit the environment.
 """
 from __future__ import annotations
 
 import os
-
-from apache_beam.runners.runner import PipelineRunner
 
 from .args import with_defaults
 
@@ -42,29 +41,7 @@ def direct_args(workers: int | None, args: list[str]) -> list[str]:
 WORKER_PLUGIN = "refinery.runners.worker_exit"
 
 
-class LocalRunner(PipelineRunner):
-    """Beam's FnApiRunner, set up as the DirectRunner sets it up for a batch pipeline it
-    runs itself (the pipeline options reach every worker process).
-
-    The DirectRunner first offers a pipeline to Prism, a runner in a separate binary that
-    it downloads from the internet at first use and starts as a subprocess: on a machine
-    without internet that try costs about 0.25 s per job, and with it the job runs on
-    another engine than here. Refinery's pipelines are batch pipelines, which is what the
-    FnApiRunner runs; ``--runner local`` and ``--runner direct`` use it directly, with the
-    DirectRunner's flags (``--direct_running_mode``, ``--direct_num_workers``).
-    """
-
-    def run_pipeline(self, pipeline, options):
-        from apache_beam.portability.api import beam_provision_api_pb2
-        from apache_beam.runners.portability.fn_api_runner import fn_runner
-        from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-        info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-        return fn_runner.FnApiRunner(provision_info=info).run_pipeline(pipeline, options)
-
-
-LOCAL_RUNNER = f"{LocalRunner.__module__}.{LocalRunner.__qualname__}"
+LOCAL_RUNNER = "refinery.runners.local_runner.LocalRunner"  # Beam's FnApiRunner, as a job runs (see there)
 
 
 def is_direct(args: list[str]) -> bool:
@@ -75,8 +52,9 @@ def is_direct(args: list[str]) -> bool:
 
 
 def runnable(args: list[str]) -> list[str]:
-    """``args`` as a job runs them: the DirectRunner's become :class:`LocalRunner`'s (same
-    flags); any other runner's unchanged."""
+    """``args`` as a job runs them: the DirectRunner's become
+    :class:`~refinery.runners.local_runner.LocalRunner`'s (same flags); any other runner's
+    unchanged."""
     if not is_direct(args):
         return args
     return [a for a in args if not a.startswith("--runner")] + [f"--runner={LOCAL_RUNNER}"]

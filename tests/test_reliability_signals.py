@@ -37,7 +37,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("sig, group, when", [
     (signal.SIGINT, True, ("pack", 1, 0.01)),        # Ctrl-C while shards are being written
-    (signal.SIGTERM, False, (None, 0, 2.5)),         # SIGTERM to the driver while Beam starts its workers
+    (signal.SIGTERM, False, ("tokenize", 1, 0.0)),   # SIGTERM to the driver alone while its workers run units
 ])
 def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference, sig, group, when):
     corpus, want = reference

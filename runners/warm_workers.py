@@ -1,0 +1,232 @@
+"""Warm workers: SDK worker processes of the local runner forked from a process that has
+already imported Beam and refinery, instead of new Pythons that import them.
+
+A worker of Beam's multi-process runner is a new Python process: before it runs anything
+it imports Beam (about 1.2 s of CPU here), then refinery's modules and the tokenizer. A job
+waits for that, after the driver has paid the same imports itself. A command that will run
+on the local runner with several workers opens a pool (:func:`pool`) as it starts: a warm
+process (``python -m refinery.runners.warm_workers serve``) imports all of that while the
+driver imports and plans, on another core. When the job asks for a worker, the runner starts
+the pool's small attach command (:meth:`Pool.worker_command`), which hands the worker's
+environment (Beam's control address, pipeline options, worker id) to the warm process; it
+forks, and the child runs Beam's ``sdk_worker_main`` at once. The attach command waits and
+exits with the worker's status, so the runner sees an ordinary worker process.
+
+The warm process forks only from its one thread, before anything in it has started a
+thread or a gRPC channel. It ends when the driver closes the pool or dies (its stdin is a
+pipe from the driver); its children end when it does (``PR_SET_PDEATHSIG``). When the pool
+cannot be reached, the attach command becomes an ordinary worker (``exec`` of Beam's
+``sdk_worker_main``): the job runs either way. ``REFINERY_WARM_WORKERS=0`` turns the pool off.
+
+This module imports no Beam unless it serves: the attach command must start in milliseconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Iterator
+
+MODULE = "refinery.runners.warm_workers"
+WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+# What every warm process imports: Beam's worker and the per-unit machinery of every step.
+BASE_PRELOAD = (WORKER_MAIN, "refinery.transforms.core.pipeline")
+_PR_SET_PDEATHSIG = 1
+
+_active: "Pool | None" = None
+
+
+class Pool:
+    """A warm process and the socket its workers are asked for through (see the module)."""
+
+    def __init__(self, preload: tuple[str, ...] = ()):
+        self.dir = tempfile.mkdtemp(prefix="refinery-workers-")
+        self.socket = os.path.join(self.dir, "pool.sock")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "serve", self.socket, *BASE_PRELOAD, *preload],
+            stdin=subprocess.PIPE)
+
+    def worker_command(self) -> str:
+        """The shell command Beam runs for each worker (the attach command)."""
+        return f"{_quote(sys.executable)} -m {MODULE} attach {_quote(self.socket)}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # the warm process's lifeline: it exits at EOF
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def active() -> Pool | None:
+    """The pool open in this process (the local runner's jobs fork their workers from it)."""
+    return _active
+
+
+def wanted(beam_args: list[str]) -> bool:
+    """Whether ``beam_args`` run jobs on the local runner with several worker processes (and
+    ``REFINERY_WARM_WORKERS`` is not ``0``)."""
+    from .args import value
+    from .local import is_direct
+
+    return (os.environ.get("REFINERY_WARM_WORKERS", "1") != "0" and is_direct(beam_args)
+            and value(beam_args, "--direct_running_mode") == "multi_processing")
+
+
+@contextlib.contextmanager
+def pool(beam_args: list[str], preload: tuple[str, ...] = ()) -> Iterator[Pool | None]:
+    """A pool for the jobs run inside the block when :func:`wanted`, else None. ``preload``:
+    more modules the warm process imports (``module``, or ``module:function`` to call one
+    too). It imports them before the command has set up its environment: a module whose
+    import reads an environment variable the command sets does not belong here."""
+    global _active
+    if not wanted(beam_args) or _active is not None:
+        yield None
+        return
+    try:
+        _active = Pool(preload)
+    except OSError as e:  # no pool: Beam starts its workers as usual
+        import logging
+
+        logging.getLogger("refinery").info("no warm workers (%s: %s)", type(e).__name__, e)
+        yield None
+        return
+    try:
+        yield _active
+    finally:
+        p, _active = _active, None
+        p.close()
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# ---------------------------------------------------------------------------------------
+# The warm process
+# ---------------------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """This process gets SIGKILL when its parent ends (Linux; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def serve(socket_path: str, preload: list[str]) -> None:
+    """Listen at ``socket_path`` (at once: attach commands wait in its backlog), import
+    ``preload``, then fork a worker for each connection until stdin ends; then end."""
+    _die_with_parent()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)
+    server.listen(256)
+    for spec in preload:
+        module, _, func = spec.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+            if func:
+                getattr(loaded, func)()
+        except Exception:  # noqa: BLE001 - a worker imports what it needs itself
+            traceback.print_exc()
+    while True:
+        ready, _, _ = select.select([server, sys.stdin.fileno()], [], [], 1.0)
+        _reap()
+        if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 1 << 16):
+            _reap(wait_s=2.0)  # workers send their status just before they end
+            os._exit(0)  # the driver closed the pool, or died: nothing to tear down (see quick_exit)
+        if server in ready:
+            conn, _ = server.accept()
+            if os.fork() == 0:
+                server.close()
+                _run_worker(conn)  # never returns
+            conn.close()
+
+
+def _reap(wait_s: float = 0.0) -> None:
+    """Collect the workers that ended, and wait up to ``wait_s`` for the others (their peak
+    RSS then counts in this process's ``RUSAGE_CHILDREN``, and in the driver's once it
+    collects this one)."""
+    deadline = time.monotonic() + wait_s
+    with contextlib.suppress(ChildProcessError):  # no child left
+        while True:
+            if not os.waitpid(-1, os.WNOHANG)[0]:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
+
+
+def _run_worker(conn: socket.socket) -> None:
+    """In a forked child: take the worker's environment from ``conn``, run Beam's SDK worker,
+    send its exit status back and end (no interpreter teardown: see ``quick_exit``)."""
+    status = 1
+    try:
+        _die_with_parent()
+        env = json.loads(_read_line(conn))
+        os.environ.clear()
+        os.environ.update(env)
+        importlib.import_module(WORKER_MAIN).main([])
+        status = 0
+    except BaseException:  # noqa: BLE001 - reported through the status, like a worker process's
+        traceback.print_exc()
+    finally:
+        import logging
+
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(OSError):
+            conn.sendall(f"{status}\n".encode())
+        os._exit(status)
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# ---------------------------------------------------------------------------------------
+# The attach command
+# ---------------------------------------------------------------------------------------
+
+def attach(socket_path: str) -> int:
+    """Have the warm process at ``socket_path`` fork a worker with this process's environment;
+    wait for it and return its status. Without a pool there: become an ordinary worker."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_path)
+    except OSError:
+        os.execv(sys.executable, [sys.executable, "-m", WORKER_MAIN])
+    conn.sendall(json.dumps(dict(os.environ)).encode() + b"\n")
+    reply = _read_line(conn).strip()
+    return int(reply) if reply.isdigit() else 1  # no status: the worker was killed
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "attach":
+        sys.exit(attach(sys.argv[2]))
+    else:
+        sys.exit(f"usage: python -m {MODULE} serve SOCKET [MODULE[:FUNC] ...] | attach SOCKET")
