@@ -38,11 +38,10 @@ from typing import Iterator
 
 import msgpack
 import zstandard
-from isal import igzip
-
-from isal import isal_zlib
+from isal import igzip, isal_zlib
 
 from refinery.transforms.core import io
+from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.decon import ngrams as ng
@@ -147,7 +146,7 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text_field: str, id_fie
                 ns: tuple[int, ...], partitions: int) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
-    with ng.gc_paused():
+    with gc_paused():
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field,
                                       ng.get_tokenizer(tokenizer))
         index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
@@ -171,7 +170,7 @@ def membership_from_bytes(data: bytes) -> ng.Membership:
 
 @lru_cache(maxsize=256)
 def load_partition_file(path: str) -> ng.Partition:
-    with ng.gc_paused():
+    with gc_paused():
         part = ng.load_partition(io.read_bytes(path))
         gc.freeze()
     return part
@@ -314,7 +313,7 @@ class ScanStage(Stage):
         held: list[ng.HitGroups] = []
         frames: list[list[int]] = []
         size = 0
-        with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, ng.gc_paused():
+        with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, gc_paused():
             def flush() -> None:
                 nonlocal size
                 if held:
@@ -377,7 +376,7 @@ def scan_frames(scan_run: StageRun) -> dict:
 
 @lru_cache(maxsize=2)
 def load_eval_rows(path: str) -> list[ng.EvalRow]:
-    with ng.gc_paused():
+    with gc_paused():
         return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(path))]
 
 
@@ -431,7 +430,7 @@ class ReduceStage(Stage):
                 data = decompress_frame(frame, f"{hits} frame at bytes {offset}-{offset + length}")
                 yield i, path, base, msgpack.unpackb(data, **unpack)
 
-        with ctx.open_write(ctx.part_path(details_file(p))) as raw, ng.gc_paused():
+        with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
                 def write(lines: str) -> None:
                     gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
@@ -491,7 +490,7 @@ class MergeStage(Stage):
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
                    for u in plan)
-        with ng.gc_paused():
+        with gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
         same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),

@@ -17,8 +17,6 @@ document's position recorded in the spill.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import logging
 import re
@@ -27,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refinery.transforms.core import io
+from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.formats import shards
@@ -118,21 +117,6 @@ def count_rows_before(path: str, offsets: list[int], chunk: int = 1 << 24) -> li
     return out
 
 
-@contextlib.contextmanager
-def no_cyclic_gc():
-    """Automatic cyclic garbage collection off for a block. The tokenize loop makes only
-    acyclic objects (rows, strings, token arrays: reference counting frees them), yet the
-    many it keeps in a spill run trigger full collections, each walking the whole heap of
-    Beam's worker (about 2 s of a 200 MB prep, most of it in the first units)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 class TokenizeStage(Stage):
     """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``.
 
@@ -219,7 +203,7 @@ class TokenizeStage(Stage):
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
-                ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, no_cyclic_gc():
+                ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
             writer = spill.SpillWriter(tokens_out)
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)

@@ -1,0 +1,60 @@
+"""Names and ids: an eval file's dataset name, a row's id."""
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+
+import msgpack
+
+_DATA_FILE_RE = re.compile(r"\.(jsonl|json|parquet)(\.gz|\.zst)?$")
+_HEX_SUFFIX_RE = re.compile(r"-[0-9a-f]{6}$")
+
+
+def eval_dataset_name(path: str) -> str:
+    """``decontamination/gsm8k-dolma-3fa9c1/test.jsonl`` -> ``gsm8k``.
+
+    Basename; for a data file (``.jsonl``/``.json``/``.parquet``, optionally ``.gz``/``.zst``)
+    its parent folder's name instead; strip ``-`` + 6 lowercase hex chars; strip ``-dolma``.
+    """
+    parts = [p for p in path.rstrip("/").split("/") if p]
+    name = parts[-1] if parts else path
+    if _DATA_FILE_RE.search(name) and len(parts) >= 2:
+        name = parts[-2]
+    name = _HEX_SUFFIX_RE.sub("", name)
+    if name.endswith("-dolma"):
+        name = name[: -len("-dolma")]
+    return name
+
+
+_NESTED = (dict, list, tuple)
+
+
+def sort_keys_recursive(obj):
+    if isinstance(obj, dict):
+        return {k: sort_keys_recursive(v) if isinstance(v, _NESTED) else v for k, v in sorted(obj.items())}
+    if isinstance(obj, (list, tuple)):
+        return [sort_keys_recursive(v) for v in obj]
+    return obj
+
+
+_ID_PACKERS = threading.local()  # one msgpack Packer per thread: packb builds a new one per call
+
+
+def record_hash_id(record: dict) -> str:
+    """blake2b-64 (decimal) of the msgpack of the recursively key-sorted record. Values msgpack
+    cannot encode (a parquet timestamp or decimal) are hashed as their ``str()``."""
+    packer = getattr(_ID_PACKERS, "packer", None)
+    if packer is None:
+        packer = _ID_PACKERS.packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass", default=str)
+    packed = packer.pack(sort_keys_recursive(record))
+    return str(int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big"))
+
+
+def record_id(record: dict, id_field: str = "id") -> str:
+    """``str(record[id_field])`` when present and not None, else :func:`record_hash_id` of
+    the whole record as read (every field, ``"id": null`` included)."""
+    value = record.get(id_field)
+    if value is not None:
+        return str(value)
+    return record_hash_id(record)

@@ -1,0 +1,206 @@
+"""The eval side: eval rows, the n-gram index, its hash partitions and their serialization."""
+from __future__ import annotations
+
+import gzip
+import io as _pyio
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Callable, Iterable, Iterator
+
+import msgpack
+
+from refinery.transforms.core.gc_pause import gc_paused
+
+from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
+from .ids import eval_dataset_name, record_id
+from .membership import Membership
+from .tokenizers import Tokenizer, effective_lengths, get_tokenizer
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    eval_idx: int          # global index over all eval files (sorted paths, then rows)
+    eval_dataset: str
+    eval_path: str
+    eval_row: int          # 0-based row within eval_path
+    instance_id: str
+    text: str
+    num_tokens: int
+    empty: bool            # only empty tokens: contributes no n-gram
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
+                   text_field: str, id_field: str, tokenizer: Tokenizer
+                   ) -> tuple[list[EvalRow], dict[str, dict]]:
+    """Eval rows of ``files`` (in the given order) + per-dataset counts of bad rows."""
+    rows: list[EvalRow] = []
+    bad: dict[str, dict] = {}
+    for path in files:
+        ds = eval_dataset_name(path if "/" in path else os.path.abspath(path))
+        bad.setdefault(ds, {"bad_rows": 0})
+        for row, record, error in read_rows(path):
+            text = record.get(text_field) if record is not None else None
+            if record is None or not isinstance(text, str):
+                bad[ds]["bad_rows"] += 1
+                continue
+            tokens = tokenizer.tokenize(text)
+            rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text,
+                                len(tokens), not any(tokens)))
+    return rows, bad
+
+
+def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
+                ) -> dict[tuple[int, str], tuple[int, list[list]]]:
+    """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
+    all eval rows, in row order. Hashes come from the vectorized twin (equal to
+    :func:`ngram_hash`)."""
+    index: dict[tuple[int, str], tuple[int, list]] = {}
+    ns = list(ns)
+    chunk = 4096
+    with gc_paused():
+        for c in range(0, len(rows), chunk):
+            part = rows[c:c + chunk]
+            batch = tokenize_batch([tokenizer.prepare(r.text) for r in part], tokenizer.byte_table)
+            prefix = batch_prefix(batch)
+            window_hashes: dict[int, list[int]] = {}
+            for k, r in enumerate(part):
+                if r.empty:
+                    continue
+                tokens, spans = tokenizer.tokenize_with_offsets(r.text)
+                first = int(batch.row_first[k])
+                for length in effective_lengths(ns, len(tokens)):
+                    if length not in window_hashes:
+                        window_hashes[length] = batch_all_window_hashes(batch, prefix, length).tolist()
+                    wh = window_hashes[length]
+                    blank = " " * (length - 1)  # the n-gram of empty tokens only: skipped
+                    seen: dict[str, list] = {}
+                    for i, gram in enumerate([" ".join(tokens[i:i + length])
+                                              for i in range(len(tokens) - length + 1)]):
+                        offs = seen.get(gram)
+                        if offs is None:
+                            if gram == blank:
+                                continue
+                            offs = seen[gram] = []
+                            key = (length, gram)
+                            entry = index.get(key)
+                            if entry is None:
+                                entry = index[key] = (wh[first + i], [])
+                            entry[1].append([r.eval_idx, offs])
+                        offs.append([spans[i][0], spans[i + length - 1][1]])
+    return index
+
+
+def partition_records(index: dict, partitions: int) -> dict[int, list[list]]:
+    """Partition -> detail records ``[n, ngram, hash, [[eval_idx, [[s, e], ...]], ...]]``,
+    ordered by hash (ties in index order: deterministic)."""
+    out: dict[int, list[list]] = defaultdict(list)
+    with gc_paused():
+        for (length, gram), (h, evals) in index.items():
+            out[h % partitions].append([length, gram, h, evals])
+        for recs in out.values():
+            recs.sort(key=itemgetter(2))
+    return out
+
+
+@dataclass
+class NgramIndex:
+    """THE test-side index, hash-partitioned: eval rows, the membership set the scan probes,
+    and per hash partition the detail records that verify a hit and give its eval offsets.
+
+    Built by :meth:`build` for both ``refinery decon`` (its ``index`` stage writes one file
+    per part) and ``BuildNgramIndex`` (one element, a Beam side input).
+    """
+
+    rows: list[EvalRow]
+    bad: dict[str, dict]               # eval dataset -> {"bad_rows": count}
+    ns: list[int]
+    tokenizer: str
+    num_partitions: int
+    membership: Membership
+    records: dict[int, list[list]]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
+    num_ngrams: int = 0
+
+    @classmethod
+    def build(cls, rows: list[EvalRow], bad: dict[str, dict], ns: Iterable[int], tokenizer: str,
+              num_partitions: int) -> "NgramIndex":
+        ns = sorted(set(int(n) for n in ns))
+        index = build_index(rows, ns, get_tokenizer(tokenizer))
+        membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
+                                {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
+        return cls(rows, bad, ns, tokenizer, num_partitions, membership,
+                   dict(partition_records(index, num_partitions)), len(index))
+
+    def lookup(self, p: int) -> Partition:
+        """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
+        cache = self.__dict__.setdefault("_parts", {})
+        part = cache.get(p)
+        if part is None:
+            part = cache[p] = Partition(self.records.get(p, []))
+        return part
+
+    def to_bytes(self) -> bytes:
+        with gc_paused():
+            return msgpack.packb({
+                "rows": [list(r.__dict__.values()) for r in self.rows], "bad": self.bad, "ns": self.ns,
+                "tokenizer": self.tokenizer, "partitions": self.num_partitions,
+                "membership": self.membership.to_bytes(), "records": self.records, "num_ngrams": self.num_ngrams,
+            }, use_bin_type=True, unicode_errors="surrogatepass")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "NgramIndex":
+        with gc_paused():
+            d = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        return cls([EvalRow(*r) for r in d["rows"]], d["bad"], d["ns"], d["tokenizer"], d["partitions"],
+                   Membership.from_bytes(d["membership"]), {int(k): v for k, v in d["records"].items()},
+                   d["num_ngrams"])
+
+
+JSON_ERRORS = "backslashreplace"  # a lone surrogate in a JSON string becomes its \\uXXXX escape
+
+
+def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
+    buf = _pyio.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
+        for rec in records:
+            gz.write(json.dumps(rec, ensure_ascii=False).encode("utf-8", JSON_ERRORS) + b"\n")
+    return buf.getvalue()
+
+
+def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
+    for line in gzip.decompress(data).splitlines():
+        if line:
+            yield json.loads(line)
+
+
+class Partition:
+    """One hash partition of the test index: its records ``[n, ngram, hash, [[eval_idx,
+    [[start, end], ...]], ...]]`` ordered by hash, and (built on first use) the lookup the
+    scan verifies hash hits against: ``(n, UTF-8 n-gram) -> record index``."""
+
+    def __init__(self, records: list[list]):
+        self.records = records
+        self._find: dict[tuple[int, bytes], int] | None = None
+
+    @property
+    def find(self) -> dict[tuple[int, bytes], int]:
+        if self._find is None:
+            self._find = {(r[0], r[1].encode("utf-8", "surrogatepass")): i for i, r in enumerate(self.records)}
+        return self._find
+
+
+def dumps_partition(records: list[list]) -> bytes:
+    """Partition detail records (:func:`partition_records`) -> msgpack bytes."""
+    with gc_paused():
+        return msgpack.packb(records, use_bin_type=True, unicode_errors="surrogatepass")
+
+
+def load_partition(data: bytes) -> Partition:
+    """Partition file bytes -> :class:`Partition`."""
+    with gc_paused():
+        return Partition(msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False))

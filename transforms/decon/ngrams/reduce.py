@@ -1,0 +1,435 @@
+"""Reduce: one hash partition's hits joined with its eval records (detail records, training
+document counts), and the whole run's stats and HELM metrics."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from .ids import record_id
+from .index import EvalRow
+from .scan import ScanHits
+from .tokenizers import Tokenizer
+
+
+def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:
+    """HELM metrics of one instance at configured n.
+
+    The instance's n-grams are its windows of ``L = min(n, len(tokens))`` tokens (all-empty
+    windows skipped); a window overlaps if its n-gram is in ``overlap_counts`` (n-gram ->
+    number of training documents containing it, after any frequency filter).
+
+    - ``binary``: 1 if any window overlaps.
+    - ``jaccard``: overlapping windows / all windows.
+    - ``token``: tokens covered by an overlapping window / all tokens.
+    - ``jaccard_weighted``: sum over overlapping windows of 1/count, / all windows.
+    - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
+      windows covering it, / all tokens.
+
+    ``overlap_counts`` is keyed by :func:`overlap_key` (the n-gram itself unless it is very long).
+    """
+    if not overlap_counts:
+        return {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+    length = min(n, len(tokens))
+    grams = [" ".join(tokens[i:i + length]) for i in range(len(tokens) - length + 1)]
+    total = len(grams) - grams.count(" " * (length - 1))  # the all-empty window is not an n-gram
+    cover = [0.0] * len(tokens)
+    covered = [False] * len(tokens)
+    hits = 0
+    wsum = 0.0
+    for i, gram in enumerate(grams):
+        c = overlap_counts.get(overlap_key(gram))
+        if not c:
+            continue
+        hits += 1
+        w = 1.0 / c
+        wsum += w
+        for k in range(i, i + length):
+            covered[k] = True
+            if w > cover[k]:
+                cover[k] = w
+    nt = len(tokens) or 1
+    return {
+        "binary": 1 if hits else 0,
+        "jaccard": hits / total if total else 0.0,
+        "token": sum(covered) / nt if total else 0.0,
+        "jaccard_weighted": wsum / total if total else 0.0,
+        "token_weighted": sum(cover) / nt if total else 0.0,
+    }
+
+
+# -- the scan's output, grouped by hash partition ---------------------------------------
+
+SNIPPET_CONTEXT = 50  # characters of training text kept on each side of a hit's first occurrence
+SNIPPET_MAX_CHARS = 1000  # a snippet is cut there (a huge token): ``train_snippet_truncated`` says so
+NGRAM_MAX_CHARS = 1000  # a detail record's n-gram is cut there: ``ngram_truncated`` says so
+
+
+def _i64(data: bytes) -> list[int]:
+    return np.frombuffer(data, dtype="<i8").tolist()
+
+
+def _b64(values: np.ndarray) -> bytes:
+    return np.ascontiguousarray(values, dtype="<i8").tobytes()
+
+
+@dataclass
+class HitGroups:
+    """One entry per (training row, n-gram) of a batch's hits, in their order, as columns:
+    ``partition``, ``row`` (the row number the reader gave), ``doc_id``, ``record`` (index in
+    the partition's records), ``occurrences`` (count) with their ``start``/``end`` code-point
+    offsets, and a ``snippet`` of the training text (:data:`SNIPPET_CONTEXT` characters
+    either side of the first occurrence, at most :data:`SNIPPET_MAX_CHARS`) with its
+    ``snippet_start``."""
+
+    partition: np.ndarray
+    row: np.ndarray
+    doc_id: list[str]
+    record: np.ndarray
+    occurrences: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    snippet_start: np.ndarray
+    snippet: list[str]
+
+
+def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
+    """The :class:`HitGroups` of a batch's hits."""
+    g = hits.group_starts()
+    first = g[:-1]
+    grow = hits.row[first].tolist()
+    lo = np.maximum(hits.start[first] - SNIPPET_CONTEXT, 0)
+    rows = hits.rows
+    doc_ids: dict[int, str] = {}
+    for r in grow:
+        if r not in doc_ids:
+            doc_ids[r] = record_id(rows[r][1], id_field)
+    texts = [text for _, _, text in rows]
+    hi = np.minimum(hits.end[first] + SNIPPET_CONTEXT, lo + SNIPPET_MAX_CHARS).tolist()
+    return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
+                     [doc_ids[r] for r in grow], hits.record[first], np.diff(g), hits.start, hits.end, lo,
+                     [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
+
+
+def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
+    """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
+    block holds the partition's groups in scan order, the :class:`HitGroups` columns but
+    ``partition``, integer columns as little-endian int64 bytes."""
+    part = np.concatenate([x.partition for x in groups])
+    occ = np.concatenate([x.occurrences for x in groups])
+    start, end = np.concatenate([x.start for x in groups]), np.concatenate([x.end for x in groups])
+    row, record = np.concatenate([x.row for x in groups]), np.concatenate([x.record for x in groups])
+    snip_start = np.concatenate([x.snippet_start for x in groups])
+    doc_ids = [d for x in groups for d in x.doc_id]
+    snippets = [s for x in groups for s in x.snippet]
+    order = np.argsort(part, kind="stable")
+    first_occ = np.cumsum(occ) - occ
+    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    for sel in np.split(order, cuts):
+        counts = occ[sel]
+        at = np.repeat(first_occ[sel] - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        picked = sel.tolist()
+        yield int(part[sel[0]]), {
+            "row": _b64(row[sel]), "doc_id": [doc_ids[k] for k in picked], "record": _b64(record[sel]),
+            "occurrences": _b64(counts), "start": _b64(start[at]), "end": _b64(end[at]),
+            "snippet_start": _b64(snip_start[sel]), "snippet": [snippets[k] for k in picked],
+        }
+
+
+# -- reduce: one eval partition ---------------------------------------------------------
+
+def _pairs(offsets: list) -> str:
+    """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
+    if len(offsets) == 1:
+        (s, e), = offsets
+        return f"[[{s}, {e}]]"
+    return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
+
+
+def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
+    """The configured n whose effective length for a row of ``num_tokens`` tokens is ``length``."""
+    return [n for n in ns if min(n, num_tokens) == length]
+
+
+@dataclass(frozen=True)
+class SameText:
+    """Eval rows with exactly the same text (their n-grams and offsets are the same):
+    ``others[i]``: the later rows of the text whose first row (eval order) is ``i``;
+    ``first[j]``: that first row, for each later row ``j``. Rows with a text of their own are
+    in neither."""
+
+    others: dict[int, list[int]]
+    first: dict[int, int]
+
+
+def same_text(eval_rows: list[EvalRow]) -> SameText:
+    """The :class:`SameText` of ``eval_rows`` (empty rows included: they have no records)."""
+    seen: dict[str, int] = {}
+    others: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    for r in eval_rows:
+        i = seen.setdefault(r.text, r.eval_idx)
+        if i != r.eval_idx:
+            others.setdefault(i, []).append(r.eval_idx)
+            first[r.eval_idx] = i
+    return SameText(others, first)
+
+
+def overlap_key(gram: str) -> str:
+    """An n-gram's key in the results' ``overlaps``: the n-gram itself, or, past
+    :data:`NGRAM_MAX_CHARS`, its first characters and a blake2b digest of it (bounded, and
+    never equal to a shorter n-gram)."""
+    if len(gram) <= NGRAM_MAX_CHARS:
+        return gram
+    digest = hashlib.blake2b(gram.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{gram[:NGRAM_MAX_CHARS]} {digest}"
+
+
+DEFAULT_MAX_NGRAM_DETAILS = 100_000  # detail records written per n-gram (--max-ngram-details)
+PREFIX_CACHE_EVALS = 1024  # records with at most this many eval rows keep their detail-line heads
+WRITE_LINES = 1024         # detail lines built at once for a record with many eval rows
+WRITE_CHARS = 1 << 20      # detail text held before it is handed to ``write``
+
+
+def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
+                     blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
+                     write: Callable[[str], None], max_ngram_details: int | None = None,
+                     same: SameText | None = None) -> dict:
+    """Join one eval partition's records with the scan's hit blocks of that partition.
+
+    ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
+    (the row base makes a byte slice's rows file-global); it is called twice when
+    ``max_train_count`` is set (document counts first). ``write`` receives the detail records
+    as JSON lines each ending in a newline, a few at a time (at most about
+    :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; lone
+    surrogates are left for :data:`JSON_ERRORS`).
+
+    Eval rows with the same text (``same``, default :func:`same_text`) get one detail record
+    per (training row, n-gram): the first row's, with ``same_text`` (how many others). At most
+    ``max_ngram_details`` detail records are written per n-gram (scan order, then eval
+    order); the stats still count every one. N-grams and snippets are cut at
+    :data:`NGRAM_MAX_CHARS` / :data:`SNIPPET_MAX_CHARS`, marked ``ngram_truncated`` /
+    ``train_snippet_truncated``.
+
+    Returns the partition's share of the results (msgpack-able): ``details`` (written),
+    ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written,
+    all] per n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n ->
+    {:func:`overlap_key`: training documents}), ``by_path`` ([train_path, eval_dataset, n,
+    eval_idx list, train rows]), ``spans`` (eval_idx -> eval offsets of its overlapping
+    n-grams at the largest n) and ``samples`` (eval_idx -> its first two training rows at the
+    largest n, each ``[unit, row, train_path, [[ngram hash, offsets, snippet_start,
+    snippet], ...]]``; only for the first row of a shared text).
+    """
+    ns = sorted(set(ns))
+    same = same_text(eval_rows) if same is None else same
+    at_nmax = [min(ns[-1], r.num_tokens) for r in eval_rows]  # each eval row's n-gram length at the largest n
+    ignored = None
+    if max_train_count is not None:
+        seen = np.zeros(len(records), dtype=np.int64)
+        for _, _, _, block in blocks():
+            seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
+        ignored = (seen > max_train_count).tolist()
+    counts = [0] * len(records)   # training documents holding each n-gram
+    written = [0] * len(records)  # detail records written of each n-gram
+    quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
+    heads: dict[int, str] = {}
+    kept: dict[int, list] = {}                # record -> its [eval_idx, offsets], one per distinct text
+    middles: dict[int, str] = {}              # record -> its detail lines' n-gram part
+    prefixes: dict[int, list[str]] = {}       # record -> its detail lines up to the training part (few eval rows)
+    sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of, still sampling
+    samples: dict[int, dict[tuple[int, int], list]] = {}
+    hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
+    out: list[str] = []
+    held = 0
+
+    def head(eval_idx: int) -> str:
+        h = heads.get(eval_idx)
+        if h is None:
+            er = eval_rows[eval_idx]
+            h = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
+                                   f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
+                                   f'"instance_id": {quote(er.instance_id)}')
+            if eval_idx in same.others:
+                h = heads[eval_idx] = f'{h}, "same_text": {len(same.others[eval_idx])}'
+        return h
+
+    def lines_of(rec: int, evals: list) -> list[str]:
+        middle = middles[rec]
+        return [f'{head(eval_idx)}, {middle}{_pairs(eval_offsets)}, ' for eval_idx, eval_offsets in evals]
+
+    for unit, path, base, block in blocks():
+        path_json = quote(path)
+        recs, occ = _i64(block["record"]), _i64(block["occurrences"])
+        starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
+        rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
+        o = 0
+        rows_of_rec = hit_rows[path]
+        for k, rec in enumerate(recs):
+            a, o = o, o + occ[k]
+            if ignored is not None and ignored[rec]:
+                continue
+            counts[rec] += 1
+            row = base + rows[k]
+            rows_of_rec[rec].append(row)
+            evals = kept.get(rec)
+            if evals is None:
+                n, gram, _, evals = records[rec]
+                if same.first:
+                    evals = [e for e in evals if e[0] not in same.first]
+                kept[rec] = evals
+                cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
+                middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
+                if len(evals) <= PREFIX_CACHE_EVALS:
+                    prefixes[rec] = lines_of(rec, evals)
+                sampled[rec] = [eval_idx for eval_idx, _ in evals if n == at_nmax[eval_idx]]
+            offs = list(zip(starts[a:o], ends[a:o]))
+            room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
+            if room > 0:
+                written[rec] += room
+                cut = (', "train_snippet_truncated": true'
+                       if offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS else "")
+                tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
+                        f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
+                        f'"train_snippet": {quote(snippets[k])}{cut}}}\n')
+                cached = prefixes.get(rec)
+                for c in range(0, room, WRITE_LINES):
+                    lines = cached[c:room] if cached is not None else lines_of(rec, evals[c:min(room, c + WRITE_LINES)])
+                    out.append(tail.join(lines) + tail)
+                    held += len(out[-1])
+                    if held >= WRITE_CHARS:
+                        write("".join(out))
+                        out.clear()
+                        held = 0
+            if sampled[rec]:
+                key = (unit, row)
+                hit = [records[rec][2], offs, snip[k], snippets[k]]
+                for eval_idx in sampled[rec]:
+                    rows_of = samples.setdefault(eval_idx, {})
+                    if key in rows_of or len(rows_of) < 2:
+                        rows_of.setdefault(key, [unit, row, path, []])[3].append(hit)
+                # rows come in scan order: an eval row with two rows takes no later one from this record
+                sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[eval_idx]) < 2]
+        if out:
+            write("".join(out))
+            out.clear()
+            held = 0
+    overlaps: dict[int, dict[int, dict[str, int]]] = {}
+    spans: dict[int, list] = {}
+    capped = []
+    for rec in kept:
+        n, gram, _, evals = records[rec]
+        key = overlap_key(gram)
+        for eval_idx, eval_offsets in evals:
+            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = counts[rec]
+            if n == at_nmax[eval_idx]:
+                spans.setdefault(eval_idx, []).extend(eval_offsets)
+        if counts[rec] * len(kept[rec]) > written[rec]:
+            capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(kept[rec])])
+    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
+    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}  # record -> (eval_dataset, n) -> eval rows
+    for path, rows_of_rec in hit_rows.items():
+        for rec, rows in rows_of_rec.items():
+            keys = keys_of.get(rec)
+            if keys is None:
+                keys = keys_of[rec] = {}
+                n_rec = records[rec][0]
+                for eval_idx, _ in records[rec][3]:
+                    er = eval_rows[eval_idx]
+                    for n in configured_ns(ns, er.num_tokens, n_rec):
+                        keys.setdefault((er.eval_dataset, n), []).append(eval_idx)
+            for (ds, n), ids in keys.items():
+                path_ids[(path, ds, n)].update(ids)
+                path_rows[(path, ds, n)].update(rows)
+    return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
+            "overlaps": overlaps, "spans": spans,
+            "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
+            "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
+
+
+# -- merge: all partitions --------------------------------------------------------------
+
+@dataclass
+class ReduceResult:
+    overlap_stats: list[dict]
+    by_train_path: list[dict]
+    metrics: list[dict]
+    summary: list[dict]
+    ignored_ngrams: int
+    overlaps: dict[int, dict[int, dict[str, int]]]   # eval_idx -> n -> {ngram: training documents}
+    spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
+    samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
+    capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
+
+
+def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
+                     eval_bad_rows: dict[str, dict] | None = None) -> ReduceResult:
+    """The stats, HELM metrics and report inputs of a run from its partitions' results
+    (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
+    instance are the union of its partitions' (metrics need all of them)."""
+    ns = sorted(set(ns))
+    overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
+    spans: dict[int, list] = defaultdict(list)
+    samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
+    by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
+    ignored = 0
+    capped: list = []
+    for part in parts:
+        ignored += part["ignored"]
+        capped += part.get("capped", [])
+        for eval_idx, per_n in part["overlaps"].items():
+            for n, grams in per_n.items():
+                overlaps[eval_idx].setdefault(n, {}).update(grams)
+        for eval_idx, offsets in part["spans"].items():
+            spans[eval_idx].extend(offsets)
+        for eval_idx, rows in part["samples"].items():
+            for unit, row, path, hits in rows:
+                samples[eval_idx].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
+        for path, ds, n, ids, rows in part["by_path"]:
+            got = by_path.setdefault((path, ds, n), (set(), set()))
+            got[0].update(ids)
+            got[1].update(rows)
+    datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
+    all_ids: dict[str, set] = defaultdict(set)
+    empty_ids: dict[str, set] = defaultdict(set)
+    hit_ids: dict[tuple[str, int], set] = defaultdict(set)
+    for r in eval_rows:
+        all_ids[r.eval_dataset].add(r.instance_id)
+        if r.empty:
+            empty_ids[r.eval_dataset].add(r.instance_id)
+        for length in overlaps.get(r.eval_idx, {}):
+            for n in configured_ns(ns, r.num_tokens, length):
+                hit_ids[(r.eval_dataset, n)].add(r.instance_id)
+    stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
+              "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
+    paths = []
+    for (path, ds, n), (ids, rows) in sorted(by_path.items()):
+        instance_ids = sorted({eval_rows[i].instance_id for i in ids})
+        paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
+                      "instance_ids": instance_ids, "num_train_rows": len(rows)})
+    metrics = []
+    for r in eval_rows:
+        tokens = tokenizer.tokenize(r.text) if r.eval_idx in overlaps else None
+        for n in ns:
+            if tokens is None:
+                m = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+            else:
+                m = instance_metrics(tokens, n, overlaps[r.eval_idx].get(min(n, r.num_tokens), {}))
+            metrics.append({"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
+                            "instance_id": r.instance_id, "n": n, **m})
+    summary = []
+    for ds in datasets:
+        summary.append({
+            "eval_dataset": ds,
+            "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
+            "num_instances": len(all_ids[ds]),
+            "num_empty_instances": len(empty_ids[ds]),
+            "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
+        })
+    return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
+                        {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])))
