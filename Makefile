@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # the demo's output lives in this checkout (out/ is git-ignored), not in a folder every checkout shares
 DEMO_OUT ?= $(CURDIR)/out/demo
-.PHONY: demo test venv install install-test flink-cache flink-demo clean
+.PHONY: demo test lint venv install install-test flink-cache flink-demo clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,11 @@ flink-cache: install
 	elif ! command -v mvn >/dev/null; then echo "Flink tests skipped: no Maven (mvn fetches Beam's Flink job server)"; \
 	else $(BIN)/python -m refinery.runners.flink_local fetch || echo "WARNING: Flink could not be fetched; its tests skip"; fi
 
-test: install-test flink-cache
+# ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear
+lint: install-test
+	$(BIN)/ruff check .
+
+test: install-test flink-cache lint
 	$(BIN)/python -m pytest -q -rs tests
 
 # a local Flink session cluster from the PyPI wheels, the demo on it, its web UI's address; then stopped

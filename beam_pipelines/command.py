@@ -363,8 +363,8 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
     the verdict failed."""
-    from refinery.transforms.core.io import InputError, PathError
     from refinery.runners import job_service
+    from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
@@ -445,7 +445,8 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 done += c.done
                 failed += c.failed
                 repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
-        print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {len(units) - done - failed:>7}")
+        pending = len(units) - done - failed
+        print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {pending:>7}")
     if is_dataflow(beam_args):
         from refinery.runners.translate import dataflow_job, step_names
 

@@ -108,9 +108,17 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, bad_reject_rate, check_field, check_output,
-                                                 reject_rate_failure, run_pipeline, usage_error,
-                                                 warn_if_mostly_rejected)
+    from refinery.beam_pipelines.command import (
+        Pipeline,
+        UsageError,
+        bad_reject_rate,
+        check_field,
+        check_output,
+        reject_rate_failure,
+        run_pipeline,
+        usage_error,
+        warn_if_mostly_rejected,
+    )
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 

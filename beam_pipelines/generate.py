@@ -126,8 +126,16 @@ def inference_pipeline(command: str, output: str, stages, header: str, summary, 
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import UsageError, bad_reject_rate, check_field, check_output, \
-        reject_rate_failure, run_pipeline, usage_error, warn_if_mostly_rejected
+    from refinery.beam_pipelines.command import (
+        UsageError,
+        bad_reject_rate,
+        check_field,
+        check_output,
+        reject_rate_failure,
+        run_pipeline,
+        usage_error,
+        warn_if_mostly_rejected,
+    )
     from refinery.transforms.core import io
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import GenerateTask, build_stages

@@ -1,4 +1,5 @@
-"""hydra: quality grading of a tokenized corpus (the HYDRA method: an oracle's grades distilled into small heads), step by step.
+"""hydra: quality grading of a tokenized corpus (the HYDRA method: an oracle's grades distilled
+into small heads), step by step.
 
 A large gpt-oss (the oracle) grades a sample of documents on five 0-4 dimensions; small
 heads over a frozen smaller gpt-oss learn those grades; the heads then grade any corpus.
@@ -45,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     s = sub.add_parser("slices", help="doc-id slices train/val/test (80/10/10 by md5) of prep shards",
                        description="Write OUTPUT/docids_{train,val,test}.jsonl for every document of the "
-                                   ".npy/.idx shards under --data-root. Idempotent: unchanged shards -> nothing redone.")
+                                   ".npy/.idx shards under --data-root. Idempotent: unchanged shards -> "
+                                   "nothing redone.")
     s.add_argument("--data-root", required=True, metavar="DIR", help="prep output folder(s) root")
     s.add_argument("--output", required=True, metavar="DIR")
     s.add_argument("--force", action="store_true", help="rebuild even if the slices are up to date")
@@ -65,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--labels", nargs="+", required=True, metavar="FILE", help="validation labels.jsonl file(s)")
     c.add_argument("--output", required=True, metavar="DIR")
     c.add_argument("--target-keep", type=float, default=0.5, help="fraction kept (aggregate >= tau_keep; default 0.5)")
-    c.add_argument("--target-drop", type=float, default=0.2, help="fraction dropped (aggregate < tau_drop; default 0.2)")
+    c.add_argument("--target-drop", type=float, default=0.2,
+                   help="fraction dropped (aggregate < tau_drop; default 0.2)")
 
     t = sub.add_parser("train", help="train the probe or the judge head over the frozen backbone")
     t.add_argument("head", choices=["probe", "judge"])
@@ -94,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _slices(args) -> int:
     from refinery.transforms.core import io
-    from refinery.transforms.hydra.slices import SlicesStage
     from refinery.transforms.core.stages import StageFailed, run_stages
+    from refinery.transforms.hydra.slices import SlicesStage
 
     output = args.output.rstrip("/")
     try:

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--all", action="store_true", help="inspect every shard")
     parser.add_argument("-v", "--verbose", action="store_true", help="list each issue's positions")
     parser.add_argument("--stats", action="store_true", help="document lengths and token distribution")
-    parser.add_argument("--histogram", metavar="PNG", help="write a PNG histogram of document lengths (implies --stats)")
+    parser.add_argument("--histogram", metavar="PNG",
+                        help="write a PNG histogram of document lengths (implies --stats)")
     parser.add_argument("--sample", type=int, default=0, metavar="N",
                         help="print N consecutive tokens from a random place in each shard (decoded)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
@@ -58,8 +59,12 @@ def _decode(tokens) -> str | None:
 def run(args, beam_args: list[str]) -> int:
     import numpy as np
 
-    from refinery.transforms.formats.inspect import (inspect_shard, shards_from_manifest, shards_in_dir,
-                                                    write_length_histogram)
+    from refinery.transforms.formats.inspect import (
+        inspect_shard,
+        shards_from_manifest,
+        shards_in_dir,
+        write_length_histogram,
+    )
 
     stats = args.stats or bool(args.histogram)
     if args.histogram:  # checked before any shard is scanned

@@ -78,9 +78,17 @@ def dataset_name(args) -> str:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import (Pipeline, UsageError, bad_reject_rate, check_field, check_output,
-                                                 reject_rate_failure, run_pipeline, usage_error,
-                                                 warn_if_mostly_rejected)
+    from refinery.beam_pipelines.command import (
+        Pipeline,
+        UsageError,
+        bad_reject_rate,
+        check_field,
+        check_output,
+        reject_rate_failure,
+        run_pipeline,
+        usage_error,
+        warn_if_mostly_rejected,
+    )
     from refinery.transforms.core import io
     from refinery.transforms.formats.shards import check_name
     from refinery.transforms.formats.tokenizer import check_vocab

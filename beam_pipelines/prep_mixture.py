@@ -117,8 +117,8 @@ def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None 
 def receipt_status(cfg) -> tuple[str, str]:
     """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
     pack and manifest, verifies) | partial | pending."""
-    from refinery.transforms.prep.stages import build_stages
     from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.prep.stages import build_stages
 
     runs = bind_stages(build_stages(cfg), cfg.output)
     parts, any_done, final_pending = [], False, False
@@ -145,9 +145,9 @@ def _fail(msg: str) -> int:
 
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.command import UsageError, bad_reject_rate, check_output, usage_error
-    from refinery.transforms.prep.stages import parse_token_count
-    from refinery.transforms.loader import mixture as mx
     from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
+    from refinery.transforms.loader import mixture as mx
+    from refinery.transforms.prep.stages import parse_token_count
 
     if args.vocab_size != VOCAB_SIZE or args.eos_token_id != EOS_TOKEN_ID:
         return _fail(f"o200k_harmony has vocab size {VOCAB_SIZE} and EOS {EOS_TOKEN_ID}; "
@@ -225,10 +225,10 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines import command
-    from refinery.transforms.prep.stages import clear_stale_manifest
     from refinery.transforms.core import io
-    from refinery.transforms.loader import mixture as mx
     from refinery.transforms.core.stages import run_stages
+    from refinery.transforms.loader import mixture as mx
+    from refinery.transforms.prep.stages import clear_stale_manifest
 
     failed: dict[str, str] = {}
     t0 = time.time()

@@ -182,7 +182,7 @@ def main() -> None:
     for files in args.layouts:
         corpus = write_layout(work / f"corpus-{files}", texts, int(files))
         rounds = []
-        for r in range(args.repeat):
+        for _ in range(args.repeat):
             raw = raw_tps()  # this machine's speed drifts: each ratio uses the raw figure taken just before
             s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1)
             ceiling = raw_scaling(cores)

@@ -14,8 +14,9 @@ One module per target, each documenting its flags and defaults:
 
 Any other name is passed to Beam as ``--runner=NAME``. Flags the user gave win over every
 default here. :func:`prepare_run` completes them for a real run (not a dry run): for Flink,
-the cluster's version and a job server jar, or one line saying what is missing. :mod:`.translate` builds a stage's Beam pipeline without running it (runner
-API proto, Dataflow ``--dry_run`` job description).
+the cluster's version and a job server jar, or one line saying what is missing.
+:mod:`.translate` builds a command's Beam pipeline without running it (runner API proto,
+Dataflow ``--dry_run`` job description).
 """
 from __future__ import annotations
 

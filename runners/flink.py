@@ -141,7 +141,7 @@ def resolve_flink(args: list[str]) -> list[str]:
     with the one-line cause: the cluster's version as ``--flink_version``, a job server jar
     as ``--flink_job_server_jar``; see the module docstring. Contacts the cluster's REST API
     (and Maven Central when no jar is at hand), nothing else."""
-    from .flink_local import find_job_server_jar, cached_flink_minors
+    from .flink_local import cached_flink_minors, find_job_server_jar
 
     master = value(args, "--flink_master") or "[auto]"
     given = value(args, "--flink_version")

@@ -166,8 +166,8 @@ SHADE_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 def _published_jar(minor: str, beam: str, dest: Path) -> str | None:
     """Copy the published job server jar to ``dest``; None if done, else why not."""
-    r = _run([_mvn(), "-q", "-B", "dependency:copy", f"-Dartifact={BEAM_GROUP}:beam-runners-flink-{minor}-job-server:{beam}",
-              f"-DoutputDirectory={dest.parent}"])
+    artifact = f"{BEAM_GROUP}:beam-runners-flink-{minor}-job-server:{beam}"
+    r = _run([_mvn(), "-q", "-B", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={dest.parent}"])
     return None if r.returncode == 0 and dest.exists() else "not served"
 
 
@@ -240,7 +240,8 @@ def fetch_flink(version: str = DEFAULT_FLINK, cache: Path | None = None, log=pri
         libs = _pip_download([f"apache-flink-libraries=={version}"], tmp)
         staging = tmp / "home"
         _unpack(wheel, staging, ("pyflink/",))
-        _unpack(libs, staging, ("pyflink/", f"apache-flink-libraries-{version}/deps/", f"apache_flink_libraries-{version}/deps/"))
+        _unpack(libs, staging, ("pyflink/", f"apache-flink-libraries-{version}/deps/",
+                                f"apache_flink_libraries-{version}/deps/"))
         if not (staging / "bin" / "jobmanager.sh").exists() or not (staging / "lib").is_dir():
             raise FetchError(f"Flink {version}: the PyPI packages hold no bin/jobmanager.sh or lib/")
         for script in (staging / "bin").iterdir():

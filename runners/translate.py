@@ -18,10 +18,10 @@ that it can be checked before anything runs:
 """
 from __future__ import annotations
 
+from refinery.transforms.core.stages import Stage, bind_stages
+
 from .args import has
 from .dataflow import check_options
-
-from refinery.transforms.core.stages import Stage, bind_stages
 
 
 def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):

@@ -5,8 +5,15 @@ Import only after ``pytest.importorskip("torch")``.
 """
 from __future__ import annotations
 
-from refinery.kernels.tiny import (TINY, hf_tensors, random_weights, tiny_config, write_harmony_checkpoint,  # noqa: F401
-                                   write_hf, write_original)
+from refinery.kernels.tiny import (  # noqa: F401
+    TINY,
+    hf_tensors,
+    random_weights,
+    tiny_config,
+    write_harmony_checkpoint,
+    write_hf,
+    write_original,
+)
 
 
 def interpreted_triton_kernels() -> dict:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import gsm8k_texts, tree_digest, write_jsonl
+
 from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards
 from refinery.transforms.prep.documents import normalize_text
@@ -198,7 +198,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
             self._p.communicate()
-            raise AssertionError(f"run {self._p.args} did not finish within {timeout}s")
+            raise AssertionError(f"run {self._p.args} did not finish within {timeout}s") from None
         return self._p.returncode
 
     def stderr(self) -> str:
@@ -285,9 +285,8 @@ def forks(tmp_path_factory) -> ForkServer:
 
 def _serve_forks(preload: list[str]) -> None:
     """The fork server's loop (see :class:`ForkServer`)."""
-    import traceback
-
     import importlib
+    import traceback
 
     from refinery.beam_pipelines import cli
     from refinery.transforms.formats.tokenizer import get_encoding

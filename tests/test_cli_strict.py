@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import gsm8k_texts, run_prep, write_jsonl
+
 from refinery.beam_pipelines.cli import main
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
@@ -122,8 +122,8 @@ def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_pa
 def test_generate_fails_when_every_document_is_unreadable(tmp_path, capsys, ckpt):
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "x", "text": 3}, {"id": "y", "text": None}])
     assert main(["generate", "--checkpoint", ckpt, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "g"),
-                 "--text-field", "text", "--id-field", "id", "--max-tokens", "2", "--device", "cpu", "--dtype", "float32",
-                 "--runner", "direct", "--no-progress"]) == 1
+                 "--text-field", "text", "--id-field", "id", "--max-tokens", "2", "--device", "cpu",
+                 "--dtype", "float32", "--runner", "direct", "--no-progress"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "refinery generate: no documents accepted of 2 read (2 rejected; reasons in the error field of ")
 

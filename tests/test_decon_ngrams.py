@@ -13,8 +13,8 @@ from collections import defaultdict
 import msgpack
 import numpy as np
 import pytest
-
 from conftest import GSM8K_TEST, gsm8k_rows
+
 from refinery.transforms.decon import ngrams as ng
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
@@ -306,7 +306,7 @@ def test_scan_offsets_and_short_eval_rows():
     assert got[(1, 4, "i̇stanbul grand bazaar opens")] == [[3, 30]]
     assert got[(3, 1, "word")] == [[0, 4]]
     assert (2, 1, "word") not in got  # "sword"/"words" are other tokens
-    for (row, n, gram), offsets in got.items():
+    for (row, _n, gram), offsets in got.items():
         for s, t in offsets:
             assert " ".join(helm(train[row][s:t])) == gram
 

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from conftest import GSM8K_TEST, gsm8k_rows
 
 from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
-from conftest import GSM8K_TEST, gsm8k_rows
+from refinery.transforms.core.stages import run_stages
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.stages import DeconSettings, build_stages
-from refinery.transforms.core.stages import run_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -300,6 +300,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     from pathlib import Path
 
     from conftest import tree_digest
+
     from refinery.transforms.core.stages import StageFailed
 
     ev, tr = make_matrix_inputs(tmp_path)

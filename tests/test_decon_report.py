@@ -7,8 +7,15 @@ import os
 import re
 
 from conftest import gsm8k_rows, write_jsonl
-from test_decon_pipeline import (helm, make_matrix_inputs, read_details, read_instances, read_jsonl, run_cli,
-                                 training_texts)
+from test_decon_pipeline import (
+    helm,
+    make_matrix_inputs,
+    read_details,
+    read_instances,
+    read_jsonl,
+    run_cli,
+    training_texts,
+)
 from test_decon_report_html import marks, parse
 
 from refinery.transforms.decon import ngrams as ng

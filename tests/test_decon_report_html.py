@@ -9,8 +9,15 @@ from html.parser import HTMLParser
 import pytest
 
 from refinery.transforms.decon import report_html as rh
-from refinery.transforms.decon.report_html import (ContaminationReport, DatasetReport, Example, NResult, Span,
-                                                   TrainHit, render_html)
+from refinery.transforms.decon.report_html import (
+    ContaminationReport,
+    DatasetReport,
+    Example,
+    NResult,
+    Span,
+    TrainHit,
+    render_html,
+)
 
 HOSTILE = '<script>alert(1)</script></div></mark>"&'
 VOID = {"meta", "link", "br", "hr", "img", "input", "col", "source", "wbr"}

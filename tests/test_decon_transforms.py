@@ -10,8 +10,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
 from conftest import GSM8K_TEST, gsm8k_rows, write_jsonl
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import BuildNgramIndex, FindOverlaps, Overlap
@@ -147,7 +147,8 @@ def test_through_portable_runner(tmp_path):
         train_rows[i] = {**train_rows[i], "text": train_rows[i]["text"] + "\n" + eval_rows[i // 10]["text"]}
     results = {}
     for name, args in (("direct", ["--runner=DirectRunner"]),
-                       ("portable", ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"])):
+                       ("portable",
+                        ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"])):
         path = tmp_path / f"{name}.jsonl"
         with beam.Pipeline(options=PipelineOptions(args)) as p:
             index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex([8])

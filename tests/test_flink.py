@@ -33,12 +33,19 @@ from pathlib import Path
 
 import pytest
 from conftest import GSM8K_TEST, gsm8k_texts, write_jsonl
-from reliability_helpers import (child_env, final_digest, read_unit_log, recomputed_units, refinery_cmd, spawn,
-                                 temp_files, wait_group_gone)
+from reliability_helpers import (
+    child_env,
+    final_digest,
+    read_unit_log,
+    recomputed_units,
+    refinery_cmd,
+    spawn,
+    temp_files,
+    wait_group_gone,
+)
 
-from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
+from refinery.runners import RunnerOptionsError, flink_local, pipeline_args, prepare_run
 from refinery.runners import flink as flink_mod
-from refinery.runners import flink_local
 
 REQUIRED = os.environ.get("REFINERY_REQUIRE_FLINK") == "1"
 
@@ -259,7 +266,8 @@ def test_embedded_flink_prep_decon_generate_equal_local(flink_jar, corpus, tmp_p
     assert final_digest(flink) == final_digest(local) and (flink / "manifest.json").exists()
     assert len(list(flink.glob("shard_*/*.npy"))) == 3
 
-    train = write_jsonl(tmp_path / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
+    train = write_jsonl(tmp_path / "train" / "t.jsonl",
+                        [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
     flink, local = both("decon", "--eval", GSM8K_TEST, "--eval-text-field", "question", "--train", train.parent,
                         "--ngrams", "8", "13")
     assert final_digest(flink) == final_digest(local)
@@ -310,7 +318,8 @@ def _finished_jobs_since(cluster, t0: float) -> list[dict]:
 def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
     on = ["--runner", "flink", "--workers", "2", "--no-progress", "-v", *cluster.beam_args()]
     t0 = time.time()
-    r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0", *on))
+    r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0",
+                   *on))
     assert r.stderr.count("Really starting service") == 1  # one job server
     ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep-local", "--num-shards", "3", "--unit-mb", "0",
                "--runner", "direct", "--no-progress"))
@@ -324,7 +333,8 @@ def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
     assert counters["tokenize"]["tokenize_tokens"] == manifest["total_tokens"] > 0
     assert counters["tokenize"]["tokenize_accepted"] == manifest["total_documents"]
 
-    train = write_jsonl(tmp_path / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
+    train = write_jsonl(tmp_path / "train" / "t.jsonl",
+                        [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
     decon = ["decon", "--eval", GSM8K_TEST, "--eval-text-field", "question", "--train", train.parent, "--ngrams", "8"]
     r = ok(run_cli(*decon, "--output", tmp_path / "decon", *on))
     ok(run_cli(*decon, "--output", tmp_path / "decon-local", "--runner", "direct", "--no-progress"))

@@ -123,6 +123,7 @@ def _grade_equals_heads_on_backbone(rows, ckpt, data, heads, calibration, max_ct
             assert abs(float(p @ weights) - r["probe_aggregated"]) < 1e-5
             want = p
             if r["judged"]:
-                want = judge(judge_preprocess(hidden[jmeta["layer"]].float()).unsqueeze(0))[0].clamp(0, 4).double().numpy()
+                features = judge_preprocess(hidden[jmeta["layer"]].float()).unsqueeze(0)
+                want = judge(features)[0].clamp(0, 4).double().numpy()
             assert np.allclose([r["scores"][d] for d in DIMENSIONS], want, atol=1e-5), r["doc_id"]
             assert abs(float(want @ weights) - r["aggregated"]) < 1e-5

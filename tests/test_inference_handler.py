@@ -15,8 +15,15 @@ from apache_beam.testing.util import assert_that  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 
 from refinery.kernels.model import BatchedGenerator  # noqa: E402
-from refinery.transforms.inference.handler import (EngineSettings, GenerationParams, GptOssEngine, doc_seed,  # noqa: E402
-                                           example_length, prompt_tokens, sample_rows)
+from refinery.transforms.inference.handler import (  # noqa: E402
+    EngineSettings,
+    GenerationParams,
+    GptOssEngine,
+    doc_seed,
+    example_length,
+    prompt_tokens,
+    sample_rows,
+)
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

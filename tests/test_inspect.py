@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from conftest import run_prep
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.inspect import ShardRef, inspect_shard

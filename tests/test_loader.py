@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from refinery.transforms.formats import shards
-from refinery.transforms.loader.deterministic import (LoaderConfig, LoaderStateError, build_loader, epoch_quotas, permute,
-                                        swrr_step)
+from refinery.transforms.loader.deterministic import (
+    LoaderConfig,
+    LoaderStateError,
+    build_loader,
+    epoch_quotas,
+    permute,
+    swrr_step,
+)
 from refinery.transforms.loader.mixture import largest_remainder
 
 SEQ = 8  # each sequence reads SEQ + 1 = 9 tokens

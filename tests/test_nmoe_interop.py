@@ -18,7 +18,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import run_prep
 
 # what nmoe.data.sinks.ManifestInfo.from_dict reads (a KeyError there otherwise)

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_prep, write_jsonl
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io
 
@@ -139,8 +139,8 @@ def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp
     assert main(["decon", "--eval", str(tmp_path / "eval.jsonl"), "--train", str(small_corpus),
                  "--output", str(out)]) == 2
     assert f"--output {out} is inside the input {small_corpus}" in _one_line(capsys) and not out.exists()
-    for command in (["prep", "--input", "gs://my-bucket/corpus"], ["decon", "--eval", "gs://my-bucket/e.jsonl", "--train",
-                                                           "gs://my-bucket/corpus"]):
+    for command in (["prep", "--input", "gs://my-bucket/corpus"],
+                    ["decon", "--eval", "gs://my-bucket/e.jsonl", "--train", "gs://my-bucket/corpus"]):
         assert main([*command, "--output", "gs://my-bucket/corpus/out"]) == 2  # refused before any request
         assert "--output gs://my-bucket/corpus/out is inside the input gs://my-bucket/corpus" in _one_line(capsys)
     # a glob that cannot descend into the output is fine

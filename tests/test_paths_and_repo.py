@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_prep
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io
 from refinery.transforms.core.stages import RECEIPT_SCHEMA, check_receipt

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import gsm8k_texts, tree_digest, write_jsonl
+
 from refinery.runners import pipeline_args
 from refinery.transforms.core.hf import resolve_hf_parquet
 
@@ -31,8 +31,8 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     out, log = tmp_path / "out", tmp_path / "units.log"
     env = {**os.environ, "REFINERY_UNIT_LOG": str(log)}
     one_unit_per_file = ("--unit-mb", "0")  # else the 20 small files are one unit
-    proc = subprocess.Popen(_prep_cmd(corpus, out, *one_unit_per_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen(_prep_cmd(corpus, out, *one_unit_per_file), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     while time.time() < deadline and (not log.exists() or log.read_text().count('"event": "start"') < 2):
         time.sleep(0.01)

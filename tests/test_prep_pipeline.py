@@ -7,14 +7,13 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
-from conftest import run_prep, tree_digest, write_jsonl, gsm8k_texts
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards
-from refinery.transforms.prep.documents import normalize_text
-from refinery.transforms.prep.documents import shard_of
 from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.prep.documents import normalize_text, shard_of
 
 EOS = 199999
 
@@ -62,7 +61,8 @@ def _make_corpus(root):
     write_jsonl(c / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts[:50])],
                 raw_lines={5: '{"id": "broken", "text": ', 9: "[1]"})
     write_jsonl(c / "b.jsonl.gz", [{"text": t + "\r\nwith CRLF\x00"} for t in texts[50:90]] + [{"text": " \t "}])
-    write_jsonl(c / "c.jsonl.zst", [{"id": i, "text": t} for i, t in enumerate(texts[90:120])] + [{"id": "s", "text": 5}])
+    write_jsonl(c / "c.jsonl.zst",
+                [{"id": i, "text": t} for i, t in enumerate(texts[90:120])] + [{"id": "s", "text": 5}])
     (c / "d.json").write_text(json.dumps([{"id": f"d{i}", "text": t} for i, t in enumerate(texts[120:140])]
                                          + [{"id": "special", "text": "x <|endoftext|> y <|return|>"}]))
     pq.write_table(pa.table({"id": [f"p{i}" for i in range(60)], "text": texts[140:200]}), c / "e.parquet",
@@ -107,7 +107,7 @@ def test_formats_and_manifest(prepared):
     # nothing else under OUTPUT ends in .npy/.idx (hidden folders included)
     stray = [p for p in out.rglob("*") if p.suffix in (".npy", ".idx") and not p.parent.name.startswith("shard_")]
     assert stray == []
-    rejects = [json.loads(l) for l in (out / "rejects/rejects.jsonl").read_text().splitlines()]
+    rejects = [json.loads(line) for line in (out / "rejects/rejects.jsonl").read_text().splitlines()]
     assert sorted((os.path.basename(r["path"]), r["row"]) for r in rejects) == [
         ("a.jsonl", 5), ("a.jsonl", 9), ("c.jsonl.zst", 30)]
     assert all(r["reason"] for r in rejects)
@@ -218,7 +218,8 @@ def test_max_tokens_keeps_input_order_prefix(tmp_path):
     root = tmp_path / "c"
     texts = gsm8k_texts(120)
     for k in range(6):  # 6 files of 20 docs: 6 tokenize units
-        write_jsonl(root / f"f{k}.jsonl", [{"id": f"{k}-{i}", "text": t} for i, t in enumerate(texts[k * 20:(k + 1) * 20])])
+        rows = [{"id": f"{k}-{i}", "text": t} for i, t in enumerate(texts[k * 20:(k + 1) * 20])]
+        write_jsonl(root / f"f{k}.jsonl", rows)
     enc = get_encoding()
     lengths = [len(enc.encode_ordinary(normalize_text(t))) + 1 for t in texts]
     budget = sum(lengths[:33]) + 5  # inside the second file

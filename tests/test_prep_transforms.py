@@ -10,18 +10,27 @@ import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
-
-TestPipeline.__test__ = False  # a Beam class, not a pytest test class
 from apache_beam.testing.util import assert_that, equal_to
-
 from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
-from refinery.transforms.prep import (AssignShard, Document, Normalize, ReadRows, Rejected,
-                                      SourceRow, Tokenize, TokenizedDocument, WriteTokenShards)
+from refinery.transforms.prep import (
+    AssignShard,
+    Document,
+    Normalize,
+    ReadRows,
+    Rejected,
+    SourceRow,
+    Tokenize,
+    TokenizedDocument,
+    WriteTokenShards,
+)
 from refinery.transforms.prep.documents import EMPTY, content_id, shard_of
+
+TestPipeline.__test__ = False  # a Beam class, not a pytest test class
 
 
 def test_normalize_tokenize_assign_shard_on_plain_dicts():

@@ -9,17 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms.prep.documents import encode_document, extract_text
-from refinery.transforms.prep.stages import included_units, parse_token_count
-from refinery.transforms.core import io, rows
-from refinery.transforms.formats import shards
-from refinery.transforms.prep import spill
-from refinery.transforms.core import stages
-from refinery.transforms.formats import tokenizer
-from refinery.transforms.prep.documents import normalize_text
-from refinery.transforms.prep.documents import doc_id_for, shard_of
+from refinery.transforms.core import io, rows, stages
 from refinery.transforms.core.stages import Stage, StageRun, Unit, check_receipt, execute_unit
-
+from refinery.transforms.formats import shards, tokenizer
+from refinery.transforms.prep import spill
+from refinery.transforms.prep.documents import doc_id_for, encode_document, extract_text, normalize_text, shard_of
+from refinery.transforms.prep.stages import included_units, parse_token_count
 
 # --- tokenizer -------------------------------------------------------------------------
 
@@ -193,7 +188,8 @@ def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tm
     assert [f.relpath for f in files] == ["D.Jsonl.GZ", "a.jsonl", "c.JSONL"]
     assert skipped == [str(d / "b.jsonl.bz2"), str(d / "readme.txt")]
     assert io.skipped_note(skipped) == f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt"
-    assert io.skipped_note([f"f{i}.txt" for i in range(7)]).endswith(": f0.txt, f1.txt, f2.txt, f3.txt, f4.txt and 2 more")
+    note = io.skipped_note([f"f{i}.txt" for i in range(7)])
+    assert note.endswith(": f0.txt, f1.txt, f2.txt, f3.txt, f4.txt and 2 more")
     glob_skipped: list[str] = []
     assert [f.relpath for f in io.expand_inputs([str(d / "*")], skipped=glob_skipped)] == [f.relpath for f in files]
     assert glob_skipped == skipped
@@ -321,7 +317,8 @@ def test_check_receipt_cases(tmp_path):
     assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h2").reason == "receipt from another plan"
     out.write_bytes(b"value 9")  # same size, other bytes
     assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").done
-    assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1", verify_checksums=True).reason.startswith("checksum")
+    checked = check_receipt(str(tmp_path), run.receipt_path("u1"), "h1", verify_checksums=True)
+    assert checked.reason.startswith("checksum")
     out.write_bytes(b"v")
     assert "size mismatch" in check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason
     receipt_path = tmp_path / run.receipt_path("u1")
@@ -365,7 +362,8 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
         u1.write_bytes(b"value 9")  # same size, other bytes
         first.calls.clear()
         later.calls.clear()
-        result = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver, verify_checksums=True)
+        result = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver,
+                                   verify_checksums=True)
         assert result.ran == {"echo": 1, "later": 2} and first.calls == ["u1"] and later.calls == ["u0", "u1"]
         tokens.append(json.loads(open(runs[0].receipt_path("u1")).read())["repair"])
         assert json.loads(open(runs[1].receipt_path("u0")).read())["upstream_repairs"] == {"echo/u1": tokens[-1]}
@@ -380,7 +378,8 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
         f"{later_receipt}: built before a repair of echo/u1 (damaged files rebuilt since)"]
     assert [s["pending"] for s in stages.stage_status(out)] == [0, 1]
     later.calls.clear()
-    assert stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver).ran == {"echo": 0, "later": 1}
+    again = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
+    assert again.ran == {"echo": 0, "later": 1}
     assert later.calls == ["u0"]
 
 

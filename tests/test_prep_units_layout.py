@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+
 from refinery.transforms.core import io
 from refinery.transforms.prep import stages as prep_stages
 from refinery.transforms.prep.stages import PrepConfig, TokenizeStage, count_rows_before

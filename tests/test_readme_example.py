@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from conftest import gsm8k_rows
+
 from refinery.beam_pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,12 +6,12 @@ import json
 import logging
 
 import pytest
-
 from conftest import run_prep, write_jsonl
-from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
+from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
+
 from refinery.transforms.core import io
 from refinery.transforms.core.stages import StageFailed, run_stages
-from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
+from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
 
 
 def _hashes(out):
@@ -57,7 +57,8 @@ def test_input_edited_during_a_run_fails_its_unit_then_replans(tmp_path, monkeyp
 
     def edit_after_planning(runs, plans):
         clear_stale_manifest(runs, plans)
-        victim.write_bytes(victim.read_bytes() + json.dumps({"id": "late", "text": "written during the run"}).encode() + b"\n")
+        late = json.dumps({"id": "late", "text": "written during the run"}).encode() + b"\n"
+        victim.write_bytes(victim.read_bytes() + late)
 
     cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="ch", num_shards=2, unit_bytes=0)
     with pytest.raises(StageFailed) as e:

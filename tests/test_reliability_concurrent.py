@@ -9,13 +9,23 @@ import signal
 import time
 
 import pytest
-
 import reliability_helpers
 from conftest import run_prep
+from reliability_helpers import (
+    child_env,
+    expected_texts,
+    final_digest,
+    make_corpus,
+    read_unit_log,
+    refinery_cmd,
+    shard_texts,
+    spawn,
+    temp_files,
+    write_figures,
+)
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io
-from reliability_helpers import (child_env, final_digest, make_corpus, read_unit_log, refinery_cmd, shard_texts,
-                                 expected_texts, spawn, temp_files, write_figures)
 
 forks = reliability_helpers.forks
 
@@ -63,4 +73,5 @@ def test_second_run_while_first_is_paused_mid_unit(tmp_path, forks, pause_at):
     assert shard_texts(out) == expected_texts(corpus)
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
     write_figures(f"concurrent_{stage}", {"units_started": sum(e["event"] == "start" for e in events),
-                                          "manifest_docs": json.loads((out / "manifest.json").read_text())["total_documents"]})
+                                          "manifest_docs":
+                                              json.loads((out / "manifest.json").read_text())["total_documents"]})

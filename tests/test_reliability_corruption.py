@@ -12,11 +12,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import run_prep
+from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io
-from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
 
 SHARDS = 6
 
@@ -81,12 +81,14 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
                    ("tokenize", "00001")))
     # every shard may have been packed from the damaged spill: all are rebuilt after its repair
     built_from_spill = [("pack", f"{s:04d}") for s in range(SHARDS)] + [("manifest", "manifest")]
-    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{io.temp_name('x').split(io.TMP_MARKER)[1].split('-')[0]}-{_dead_pid()}-{'0123abcd' * 4}"
+    host = io.temp_name("x").split(io.TMP_MARKER)[1].split("-")[0]
+    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{host}-{_dead_pid()}-{'0123abcd' * 4}"
     stray.write_bytes(b"\x93NUMPY half a shard")
     damage.append(("stray temp file of a dead writer", f"{stray}: stray temporary file", None))
     rejects = out / "rejects" / "rejects.jsonl"
     rejects.write_bytes(rejects.read_bytes() + b"{}\n")
-    damage.append(("appended line in rejects.jsonl", "size mismatch for rejects/rejects.jsonl", ("manifest", "manifest")))
+    damage.append(("appended line in rejects.jsonl", "size mismatch for rejects/rejects.jsonl",
+                   ("manifest", "manifest")))
 
     capsys.readouterr()
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 1
@@ -173,7 +175,8 @@ def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
 
     path = tmp_path / "r.json"
     for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):
-        path.write_text(json.dumps({"schema": RECEIPT_SCHEMA, "stage_hash": "h", "status": "completed", "files": files}))
+        path.write_text(json.dumps({"schema": RECEIPT_SCHEMA, "stage_hash": "h", "status": "completed",
+                                    "files": files}))
         c = check_receipt(str(tmp_path), str(path), "h")
         assert not c.done and "malformed file entry" in c.reason
 

@@ -23,12 +23,26 @@ import os
 import random
 import time
 
-from conftest import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
-from refinery.beam_pipelines.cli import main
 import reliability_helpers
-from reliability_helpers import (child_env, completed, current_receipts, expected_texts, final_digest,
-                                 make_corpus, read_unit_log, recomputed_units, refinery_cmd, run_attempt,
-                                 shard_texts, spawn, temp_files, write_figures)
+from conftest import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
+from reliability_helpers import (
+    child_env,
+    completed,
+    current_receipts,
+    expected_texts,
+    final_digest,
+    make_corpus,
+    read_unit_log,
+    recomputed_units,
+    refinery_cmd,
+    run_attempt,
+    shard_texts,
+    spawn,
+    temp_files,
+    write_figures,
+)
+
+from refinery.beam_pipelines.cli import main
 
 SEED = 5
 NUM_SHARDS = 4
@@ -167,7 +181,8 @@ def _decon_inputs(root):
     """200 GSM8K test questions as eval data; 3 training files of GSM8K train text, every
     20th document carrying an eval question (planted overlap)."""
     test = gsm8k_rows("test")[:200]
-    write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"t{i}", "text": r["question"]} for i, r in enumerate(test)])
+    write_jsonl(root / "eval" / "gsm8k" / "test.jsonl",
+                [{"id": f"t{i}", "text": r["question"]} for i, r in enumerate(test)])
     texts = gsm8k_texts(600)
     for f in range(3):
         rows = []
@@ -209,7 +224,8 @@ def test_decon_kill9_loop_and_rerun_skips(tmp_path, forks):
         cycle += 1
 
     # a rerun of the finished job: no unit starts, no final file is rewritten
-    stat = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file() and "run.json" not in p.name}
+    stat = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*")
+            if p.is_file() and "run.json" not in p.name}
     before = len(read_unit_log(log))
     a = run_attempt(lambda: forks.start(argv, child_env(log)), log)
     assert a.returncode == 0, a.stderr[-2000:]

@@ -30,9 +30,21 @@ pytest.importorskip("torch", reason="the inference extra (torch) is not installe
 
 from conftest import gsm8k_texts, write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
-from reliability_helpers import (ForkServer, child_env, completed, current_receipts, final_digest,  # noqa: E402
-                                 read_unit_log, recomputed_units, refinery_cmd, run_attempt, spawn, temp_files,
-                                 kill_cycle, write_figures)
+from reliability_helpers import (  # noqa: E402
+    ForkServer,
+    child_env,
+    completed,
+    current_receipts,
+    final_digest,
+    kill_cycle,
+    read_unit_log,
+    recomputed_units,
+    refinery_cmd,
+    run_attempt,
+    spawn,
+    temp_files,
+    write_figures,
+)
 
 SEED = 5
 MIN_KILLS_DIRECT = 6

@@ -36,8 +36,18 @@ pytest.importorskip("torch", reason="the inference extra (torch) is not installe
 
 from conftest import gsm8k_texts, run_prep, write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
-from reliability_helpers import (ForkServer, child_env, completed, current_receipts, final_digest,  # noqa: E402
-                                 read_unit_log, run_attempt, temp_files, write_figures, kill_cycle)
+from reliability_helpers import (  # noqa: E402
+    ForkServer,
+    child_env,
+    completed,
+    current_receipts,
+    final_digest,
+    kill_cycle,
+    read_unit_log,
+    run_attempt,
+    temp_files,
+    write_figures,
+)
 
 from refinery.beam_pipelines import hydra  # noqa: E402
 from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402

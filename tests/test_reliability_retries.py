@@ -14,13 +14,12 @@ import os
 import shutil
 
 import pytest
-
 from conftest import run_prep
-from refinery.transforms.prep.stages import PrepConfig, build_stages
-from refinery.transforms.core import io
-from refinery.transforms.core import stages
-from refinery.transforms.core.stages import StageFailed, run_stages
 from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
+
+from refinery.transforms.core import io, stages
+from refinery.transforms.core.stages import StageFailed, run_stages
+from refinery.transforms.prep.stages import PrepConfig, build_stages
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,24 @@ import sys
 import time
 
 import pytest
-
 import reliability_helpers
 from conftest import run_prep
+from reliability_helpers import (
+    child_env,
+    completed,
+    current_receipts,
+    final_digest,
+    make_corpus,
+    read_unit_log,
+    recomputed_units,
+    refinery_cmd,
+    run_attempt,
+    spawn,
+    temp_files,
+    write_figures,
+)
+
 from refinery.transforms.core import io
-from reliability_helpers import (child_env, completed, current_receipts, final_digest, make_corpus,
-                                 read_unit_log, recomputed_units, refinery_cmd, run_attempt, spawn, temp_files,
-                                 write_figures)
 
 forks = reliability_helpers.forks
 STOP_LIMIT_S = 10.0  # the CLI watchdog kills the workers and exits 5 s after the signal at the latest

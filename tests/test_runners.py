@@ -100,7 +100,8 @@ def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
     assert done.returncode == rc and done.stdout == "unflushedlater handler ran"
     # the console script imports it first: Beam imported then would start threads that do
     # not block SIGINT/SIGTERM, and a stop signal landing in one of them would be lost
-    light = "import sys, refinery.beam_pipelines.cli, refinery.beam_pipelines.quick_exit; assert 'apache_beam' not in sys.modules"
+    light = ("import sys, refinery.beam_pipelines.cli, refinery.beam_pipelines.quick_exit; "
+             "assert 'apache_beam' not in sys.modules")
     subprocess.run([sys.executable, "-c", light], check=True, timeout=60)
 
 
@@ -213,8 +214,8 @@ PREP_STEPS = ["Tokenize units", "Pack shards", "Write manifest"]
 
 
 def prep_pipeline(root: Path) -> list[Jobs]:
-    from refinery.transforms.prep.stages import PrepConfig, build_stages
     from refinery.transforms.core import io
+    from refinery.transforms.prep.stages import PrepConfig, build_stages
 
     write_jsonl(root / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
     write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
@@ -256,8 +257,10 @@ valid_path = "corpus/a_valid.jsonl"
 def decon_pipeline(root: Path) -> list[Jobs]:
     from refinery.transforms.decon.stages import DeconSettings, build_stages
 
-    write_jsonl(root / "eval" / "gsm8k" / "test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
-    write_jsonl(root / "train" / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(5, offset=2))])
+    write_jsonl(root / "eval" / "gsm8k" / "test.jsonl",
+                [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(3))])
+    write_jsonl(root / "train" / "t.jsonl",
+                [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(5, offset=2))])
     settings = DeconSettings(eval_paths=[str(root / "eval")], train_paths=[str(root / "train")], ns=[5, 8],
                              partitions=4)
     output = str(root / "out")
@@ -283,8 +286,8 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     assert not rest
     engine, options = generate.engine_settings(args), generate.handler_options(args)
     if command == "generate":
-        from refinery.transforms.inference.stages import GenerateTask
         from refinery.transforms.inference.handler import GenerationParams
+        from refinery.transforms.inference.stages import GenerateTask
 
         task = GenerateTask(engine, GenerationParams(max_tokens=args.max_tokens), args.template, options)
     elif command == "oracle-label":

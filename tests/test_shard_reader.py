@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_prep
+
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.shards import (IndexReader, IndexWriter, ShardReader, find_shards,
-                                              regenerate_index)
+from refinery.transforms.formats.shards import IndexReader, IndexWriter, ShardReader, find_shards, regenerate_index
 
 EOS = 199999
 

@@ -103,7 +103,8 @@ def local_revision(folder: str) -> str:
         dirnames.sort()
         for name in sorted(filenames):
             st = os.stat(os.path.join(dirpath, name))
-            h.update(f"{os.path.relpath(os.path.join(dirpath, name), folder)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            rel = os.path.relpath(os.path.join(dirpath, name), folder)
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 

@@ -203,8 +203,8 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         return Completion(False, "receipt from another plan", receipt)
     if receipt.get("status") != "completed":
         err = receipt.get("error") or {}
-        return Completion(False, f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip(), receipt,
-                          failed=receipt.get("status") == "failed")
+        reason = f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip()
+        return Completion(False, reason, receipt, failed=receipt.get("status") == "failed")
     files = receipt.get("files")
     if not isinstance(files, list):
         return Completion(False, "receipt lists no files", receipt)
@@ -689,7 +689,8 @@ def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
     if added:
         parts.append(f"{len(added)} added: " + ", ".join(added[:limit]) + (" ..." if len(added) > limit else ""))
     if removed:
-        parts.append(f"{len(removed)} removed: " + ", ".join(removed[:limit]) + (" ..." if len(removed) > limit else ""))
+        parts.append(f"{len(removed)} removed: " + ", ".join(removed[:limit])
+                     + (" ..." if len(removed) > limit else ""))
     return "; ".join(parts) or "their order changed"
 
 

@@ -234,8 +234,9 @@ def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
         if io.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
             k = -(-f.size // slice_bytes)
             for si in range(k):
+                lo, hi = si * slice_bytes, min(f.size, (si + 1) * slice_bytes)
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
-                                                         "lo": si * slice_bytes, "hi": min(f.size, (si + 1) * slice_bytes)}))
+                                                         "lo": lo, "hi": hi}))
         elif io.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
             groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
@@ -281,7 +282,8 @@ class ScanStage(Stage):
     def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
-        membership = start | "ReadMembership" >> beam.Map(lambda _, path: io.read_bytes(path), self.membership_path(run))
+        path = self.membership_path(run)
+        membership = start | "ReadMembership" >> beam.Map(lambda _, p: io.read_bytes(p), path)
         return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -451,7 +453,7 @@ def _jsonl(rows: list[dict]) -> bytes:
     return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", ng.JSON_ERRORS) + b"\n" for r in rows)
 
 
-class MergeStage(Stage):
+class MergeReportsStage(Stage):
     name = "merge"
     title = "Merge reports"
     light = True
@@ -557,4 +559,4 @@ def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> l
     index = IndexStage(settings, eval_files)
     scan = ScanStage(settings, train_files, index)
     reduce = ReduceStage(settings, scan)
-    return [index, scan, reduce, MergeStage(settings, reduce)]
+    return [index, scan, reduce, MergeReportsStage(settings, reduce)]

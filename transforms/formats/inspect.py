@@ -20,8 +20,14 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.formats import shards
+from refinery.transforms.formats.shards import (
+    SCAN_CHUNK_TOKENS,
+    IndexReader,
+    eos_document_lengths,
+    find_shards,
+    index_path_for,
+)
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
-from refinery.transforms.formats.shards import SCAN_CHUNK_TOKENS, IndexReader, eos_document_lengths, find_shards, index_path_for
 
 
 @dataclass

@@ -58,7 +58,8 @@ def check_name(name: str, what: str = "dataset") -> str:
     """``name`` if it is a safe dataset/source name (letters, digits, ``_ . -``, starting with a
     letter or digit: it cannot name a folder or escape the output); else ValueError."""
     if not isinstance(name, str) or not NAME_RULE.match(name):
-        raise ValueError(f"{what} name {name!r}: use letters, digits, '_', '.' and '-', starting with a letter or digit")
+        raise ValueError(f"{what} name {name!r}: use letters, digits, '_', '.' and '-', "
+                         "starting with a letter or digit")
     return name
 
 

@@ -19,10 +19,10 @@ import threading
 from typing import Iterator, Sequence
 
 from refinery.transforms.core import io
-from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
 from refinery.transforms.hydra.calibrate import decide, load_calibration
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
+from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
 
 
 class HydraGrader:

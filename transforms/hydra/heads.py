@@ -174,9 +174,9 @@ def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) ->
 
 
 def load_head(path: str) -> tuple[nn.Module, dict]:
-    from refinery.transforms.core import io
-
     import io as pyio
+
+    from refinery.transforms.core import io
     try:
         blob = torch.load(pyio.BytesIO(io.read_bytes(path)), map_location="cpu", weights_only=True)
     except FileNotFoundError:

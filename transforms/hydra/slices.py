@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from refinery.transforms.core import io
+from refinery.transforms.core.stages import Stage, Unit, UnitContext
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
-from refinery.transforms.core.stages import Stage, Unit, UnitContext
 
 SPLITS = ("train", "val", "test")
 DOCID_RE = re.compile(r"^(?P<source>.*?)//(?P<relpath>.+)#s=(?P<start>\d+):e=(?P<end>\d+)$")

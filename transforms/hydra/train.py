@@ -16,8 +16,15 @@ import torch
 
 from refinery.transforms.core import io
 from refinery.transforms.hydra.calibrate import read_labels
-from refinery.transforms.hydra.heads import (TrainConfig, judge_preprocess, probe_features, save_head, train_config_dict, train_judge,
-                          train_probe)
+from refinery.transforms.hydra.heads import (
+    TrainConfig,
+    judge_preprocess,
+    probe_features,
+    save_head,
+    train_config_dict,
+    train_judge,
+    train_probe,
+)
 from refinery.transforms.hydra.slices import read_doc_tokens
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
 

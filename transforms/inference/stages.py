@@ -29,12 +29,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from refinery.transforms.core import io, rows
-from refinery.transforms.inference.handler import EngineSettings, GenerationParams, cached_engine, decode, doc_seed, run_generation
 import apache_beam as beam
 
+from refinery.transforms.core import io, rows
 from refinery.transforms.core.pipeline import count_receipt, summary
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+from refinery.transforms.inference.handler import (
+    EngineSettings,
+    GenerationParams,
+    cached_engine,
+    decode,
+    doc_seed,
+    run_generation,
+)
 
 log = logging.getLogger("refinery")
 
@@ -407,7 +414,7 @@ class InferStage(Stage):
         return stats
 
 
-class MergeStage(Stage):
+class MergeOutputsStage(Stage):
     """Local, one unit: the infer parts in plan order -> the task's final files."""
 
     name = "merge"
@@ -442,7 +449,7 @@ class MergeStage(Stage):
 
 def build_stages(task: Task, source: DocumentSource, wave_units: int = 8) -> list[Stage]:
     infer = InferStage(task, source, wave_units)
-    return [infer, MergeStage(infer)]
+    return [infer, MergeOutputsStage(infer)]
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,9 +37,16 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.formats import shards
-from refinery.transforms.loader.mixture import (WEIGHT_SCALE, fixed_point_weights, largest_remainder, load_mixture_file, select_mixture,
-                      source_fractions, split_dir)
 from refinery.transforms.formats.shards import find_shards
+from refinery.transforms.loader.mixture import (
+    WEIGHT_SCALE,
+    fixed_point_weights,
+    largest_remainder,
+    load_mixture_file,
+    select_mixture,
+    source_fractions,
+    split_dir,
+)
 
 STATE_VERSION = 1
 
@@ -321,7 +328,8 @@ def _get(cfg, name: str, default=None):
     return getattr(cfg, name, default)
 
 
-def build_loader(cfg, rank: int = 0, world_size: int = 1, split: str = "train") -> tuple[DeterministicLoader, LoaderPlan]:
+def build_loader(cfg, rank: int = 0, world_size: int = 1,
+                 split: str = "train") -> tuple[DeterministicLoader, LoaderPlan]:
     """(loader, plan) for ``split`` of the mixture ``cfg`` names (a :class:`LoaderConfig`, a dict
     or any object with ``mixture_config``, ``data_root``, ``stage``, ``mixture``, ``seq_len``,
     ``batch_size``, ``seed``, ``shuffle``)."""

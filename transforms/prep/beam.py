@@ -49,8 +49,15 @@ from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
-from refinery.transforms.prep.documents import (Document, Rejected, SourceRow, TokenizedDocument, normalize_row,
-                                                shard_of, tokenize_document)
+from refinery.transforms.prep.documents import (
+    Document,
+    Rejected,
+    SourceRow,
+    TokenizedDocument,
+    normalize_row,
+    shard_of,
+    tokenize_document,
+)
 
 NAMESPACE = "refinery_prep"
 REJECTED = "rejected"

@@ -6,7 +6,7 @@ spill, in unit order. Memory is bounded: tokens are buffered per shard up to ``r
 and then flushed as a *run* (shards in ascending order, documents of a shard in input
 order), so a unit of any size holds at most one run in memory.
 
-Two files per unit (neither ends in ``.npy``: only shards may):
+Three files per unit (none ends in ``.npy``: only shards may):
 
 - ``<unit>.spill``: raw little-endian uint32 tokens, runs back to back, no header.
 - ``<unit>.spilldocs``: an NPY-format structured array, one row per accepted document,

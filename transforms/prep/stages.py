@@ -296,7 +296,7 @@ MERGE_GROUP_UNITS = 4096
 PACK_READ_THREADS = 32        # a pack unit's table reads in flight at once on an object store
 
 
-class MergeStage(Stage):
+class MergeSpillsStage(Stage):
     """Unit: a run of consecutive tokenize units -> one spill for the group, grouped by shard.
 
     Present only when tokenize units x shards exceeds :data:`MERGE_ABOVE`. A merge unit reads
@@ -378,7 +378,7 @@ class PackStage(Stage):
     final_outputs = True
     light = True  # reads spills, writes shards: on the local runner, no worker pool to start
 
-    def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage, merge: MergeStage | None = None):
+    def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage, merge: MergeSpillsStage | None = None):
         self.cfg = cfg
         self.tokenize = tokenize
         self.merge = merge
@@ -428,7 +428,8 @@ class PackStage(Stage):
                 tables = list(pool.map(shard_rows, sources))
         else:
             tables = [shard_rows(src) for src in sources]
-        pieces = [(files["tokens"], rows) for (files, _), rows in zip(sources, tables) if rows is not None and len(rows)]
+        pieces = [(files["tokens"], rows) for (files, _), rows in zip(sources, tables)
+                  if rows is not None and len(rows)]
         lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
 
         def chunks():
@@ -437,7 +438,8 @@ class PackStage(Stage):
                     yield from spill.iter_token_chunks(f, spill.contiguous_ranges(rows))
 
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
-        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths, chunks())
+        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths,
+                                     chunks())
         return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -505,7 +507,7 @@ def build_stages(cfg: PrepConfig) -> list[Stage]:
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
                            "tokenizer": tokenizer_identity(), "source": cfg.source})
     tokenize = TokenizeStage(cfg)
-    merge = MergeStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
+    merge = MergeSpillsStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
     return [tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge), ManifestStage(cfg, run_hash)]
 
 

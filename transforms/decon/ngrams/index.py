@@ -44,7 +44,7 @@ def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[i
     for path in files:
         ds = eval_dataset_name(path if "/" in path else os.path.abspath(path))
         bad.setdefault(ds, {"bad_rows": 0})
-        for row, record, error in read_rows(path):
+        for row, record, _error in read_rows(path):
             text = record.get(text_field) if record is not None else None
             if record is None or not isinstance(text, str):
                 bad[ds]["bad_rows"] += 1

@@ -83,7 +83,7 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
 
     pending: list[tuple[int, dict, str]] = []
     size = 0
-    for row, record, error in rows:
+    for row, record, _error in rows:
         stats.rows += 1
         text = record.get(text_field) if record is not None else None
         if not isinstance(text, str):
