@@ -8,7 +8,7 @@ PipelineOptions (``--project``, ``--temp_location``, ``--flink_master``, ...), a
 to Beam; anything else exits 2 naming the flag and the nearest one.
 
 Before any command runs, where it reads and writes is checked without the network
-(``command.location_problems``: Dataflow's options, local paths under Dataflow, bucket
+(``checks.location_problems``: Dataflow's options, local paths under Dataflow, bucket
 names; then credentials for ``gs://``), each problem one line, exit 2. A ``--dry-run`` runs
 inside ``io.offline``: it lists and reads nothing remote.
 """
@@ -114,13 +114,14 @@ def entry() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGINT/SIGTERM at any point (start-up included) stop it with exit 130
     and the command that resumes it."""
-    from refinery.beam_pipelines.command import interruptible
+    from refinery.beam_pipelines.interrupt import interruptible
 
     return interruptible(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_beam_args, gs_paths, location_problems
+    from refinery.beam_pipelines.beam_flags import check_beam_args
+    from refinery.beam_pipelines.checks import UsageError, gs_paths, location_problems
     from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
     from refinery.transforms.core import io
     from refinery.transforms.core.gcs import credentials_problem

@@ -49,7 +49,8 @@ def _count_or_none(value: str) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
-    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
+    from refinery.beam_pipelines.checks import add_reject_rate_arg
+    from refinery.beam_pipelines.command import add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -108,17 +109,15 @@ def settings_from_args(args):
 
 def run(args, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.command import (
-        Pipeline,
+    from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
         check_field,
         check_output,
         reject_rate_failure,
-        run_pipeline,
-        usage_error,
         warn_if_mostly_rejected,
     )
+    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import io
     from refinery.transforms.decon.stages import build_stages
 

@@ -69,7 +69,7 @@ def engine_settings(args):
     """EngineSettings from the engine flags; ValueError (one line) for a checkpoint folder that is not there."""
     import os
 
-    from refinery.beam_pipelines.command import missing_extra
+    from refinery.beam_pipelines.checks import missing_extra
     from refinery.transforms.inference.handler import EngineSettings
 
     if "://" not in args.checkpoint and not os.path.isdir(args.checkpoint):
@@ -101,7 +101,8 @@ def document_source(args):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
+    from refinery.beam_pipelines.checks import add_reject_rate_arg
+    from refinery.beam_pipelines.command import add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -126,16 +127,15 @@ def inference_pipeline(command: str, output: str, stages, header: str, summary, 
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import (
+    from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
         check_field,
         check_output,
         reject_rate_failure,
-        run_pipeline,
-        usage_error,
         warn_if_mostly_rejected,
     )
+    from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.transforms.core import io
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import GenerateTask, build_stages

@@ -95,24 +95,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(g)
 
 
-def _slices(args) -> int:
+def _slices(args, beam_args: list[str]) -> int:
+    """Through the command runner, like every step: failed units exit 1 with the resume command."""
+    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
+    from refinery.runners import pipeline_args
     from refinery.transforms.core import io
-    from refinery.transforms.core.stages import StageFailed, run_stages
     from refinery.transforms.hydra.slices import SlicesStage
 
     output = args.output.rstrip("/")
     try:
         stage = SlicesStage(args.data_root)
-        result = run_stages([stage], output, [], force=args.force, progress=False,
-                            run_info={"command": "hydra slices", "argv": sys.argv[1:]})
-    except (io.InputError, ValueError, StageFailed) as e:
-        print(f"refinery hydra slices: {e}", file=sys.stderr)
-        return 2
-    counts = result.runs[0].check("slices").receipt["stats"]
-    state = "built" if result.ran else "up to date"
-    print(f"slices {state}: train {counts['train']:,}, val {counts['val']:,}, test {counts['test']:,} "
-          f"({len(stage.shards)} shards) -> {output}/docids_{{train,val,test}}.jsonl", file=sys.stderr)
-    return 0
+    except (io.InputError, ValueError) as e:
+        return usage_error(f"refinery hydra slices: {e}")
+
+    def summary(result, seconds: float) -> str:
+        counts = result.runs[0].check("slices").receipt["stats"]
+        state = "built" if result.ran.get("slices") else "up to date"
+        return (f"slices {state}: train {counts['train']:,}, val {counts['val']:,}, test {counts['test']:,} "
+                f"({len(stage.shards)} shards) -> {output}/docids_{{train,val,test}}.jsonl")
+
+    p = Pipeline("hydra slices", output, [stage], summary=summary)
+    return run_pipeline(p, args, beam_args or pipeline_args("direct", 1))  # one light unit: in this process
 
 
 def _oracle(args, beam_args) -> int:
@@ -206,7 +209,8 @@ def _grade(args, beam_args) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import UsageError, check_output, usage_error
+    from refinery.beam_pipelines.checks import UsageError, check_output
+    from refinery.beam_pipelines.command import usage_error
 
     step = args.hydra_command
     try:
@@ -214,7 +218,7 @@ def run(args, beam_args: list[str]) -> int:
     except UsageError as e:
         return usage_error(str(e))
     if step == "slices":
-        return _slices(args)
+        return _slices(args, beam_args)
     if step == "oracle-label":
         return _oracle(args, beam_args)
     if step == "calibrate":

@@ -68,7 +68,7 @@ def run(args, beam_args: list[str]) -> int:
 
     stats = args.stats or bool(args.histogram)
     if args.histogram:  # checked before any shard is scanned
-        from refinery.beam_pipelines.command import missing_extra
+        from refinery.beam_pipelines.checks import missing_extra
 
         if (missing := missing_extra("matplotlib", "plots")) is not None:
             print(f"refinery inspect: --histogram needs matplotlib; {missing}", file=sys.stderr)

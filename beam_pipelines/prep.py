@@ -27,7 +27,8 @@ Killing the job and running the same command again finishes it: finished units a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
+    from refinery.beam_pipelines.checks import add_reject_rate_arg
+    from refinery.beam_pipelines.command import add_runner_args
     from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
@@ -78,17 +79,15 @@ def dataset_name(args) -> str:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import (
-        Pipeline,
+    from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
         check_field,
         check_output,
         reject_rate_failure,
-        run_pipeline,
-        usage_error,
         warn_if_mostly_rejected,
     )
+    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import io
     from refinery.transforms.formats.shards import check_name
     from refinery.transforms.formats.tokenizer import check_vocab

@@ -38,7 +38,8 @@ or an interruption; --force re-does every source/split from scratch.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_reject_rate_arg, add_runner_args
+    from refinery.beam_pipelines.checks import add_reject_rate_arg
+    from refinery.beam_pipelines.command import add_runner_args
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -144,7 +145,8 @@ def _fail(msg: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import UsageError, bad_reject_rate, check_output, usage_error
+    from refinery.beam_pipelines.checks import UsageError, bad_reject_rate, check_output
+    from refinery.beam_pipelines.command import usage_error
     from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.prep.stages import parse_token_count
@@ -224,7 +226,8 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 
 
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
-    from refinery.beam_pipelines import command
+    from refinery.beam_pipelines.checks import reject_rate_failure
+    from refinery.beam_pipelines.interrupt import interrupted, resume_hint
     from refinery.transforms.core import io
     from refinery.transforms.core.stages import run_stages
     from refinery.transforms.loader import mixture as mx
@@ -253,12 +256,12 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
                   f"rejected {rows['rejected']:,}"
                   + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
                   + (f"  (reasons in {rejects})" if rows["rejected"] else ""), file=sys.stderr)
-            failure = command.reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"],
+            failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"],
                                                   args.max_reject_rate, f"reasons in {rejects}")
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - reported by name; the run goes on if asked to
-            if command._INTERRUPTED:  # Beam wrapped the interruption
+            if interrupted():  # Beam wrapped the interruption
                 raise
             failure = f"{type(e).__name__}: {e}"
         if failure:
@@ -269,14 +272,14 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
                 print(f"refinery prep-mixture: stopped at {plan.label}" +
                       (f"; not run: {', '.join(rest)}" if rest else "") +
                       f" (--continue-on-error runs the others). Finished units are kept; resume with:\n"
-                      f"  {command.resume_hint()}", file=sys.stderr)
+                      f"  {resume_hint()}", file=sys.stderr)
                 return 1
     done = len(plans) - len(failed)
     print(f"prep-mixture: {done}/{len(plans)} source/split(s) done in {time.time() - t0:.1f}s", file=sys.stderr)
     if failed:
         print("refinery prep-mixture: failed source/split(s):\n" +
               "\n".join(f"  {k}: {v.splitlines()[0]}" for k, v in failed.items()) +
-              f"\nFinished work is kept; fix the cause and run the same command again:\n  {command.resume_hint()}",
+              f"\nFinished work is kept; fix the cause and run the same command again:\n  {resume_hint()}",
               file=sys.stderr)
         return 1
     return 0

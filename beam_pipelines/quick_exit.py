@@ -13,7 +13,7 @@ process ends as Python would end it.
 
 This module imports nothing heavy: the console script imports it before a command starts,
 and a library imported then (Beam, gRPC) could start threads that do not block the stop
-signals (see ``command.interruptible``).
+signals (see ``interrupt.interruptible``).
 """
 from __future__ import annotations
 

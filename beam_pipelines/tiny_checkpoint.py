@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.command import missing_extra
+    from refinery.beam_pipelines.checks import missing_extra
 
     if (missing := missing_extra("torch", "inference")) is not None:
         print(f"refinery tiny-checkpoint: needs torch; {missing}", file=sys.stderr)

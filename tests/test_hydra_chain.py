@@ -35,7 +35,7 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
     assert sum(len(v) for v in split.values()) == 70 and all(split.values())
     first = {s: (slices / f"docids_{s}.jsonl").read_bytes() for s in split}
     assert hydra.main(["slices", "--data-root", str(data), "--output", str(slices)]) == 0
-    assert "up to date" in capsys.readouterr().err
+    assert "up to date" in capsys.readouterr().out
     assert first == {s: (slices / f"docids_{s}.jsonl").read_bytes() for s in split}
     doc = split["train"][0]["doc_id"]
     assert doc.startswith("small//shard_000") and len(read_doc_tokens(str(data), doc)) > 10
@@ -127,3 +127,24 @@ def _grade_equals_heads_on_backbone(rows, ckpt, data, heads, calibration, max_ct
                 want = judge(features)[0].clamp(0, 4).double().numpy()
             assert np.allclose([r["scores"][d] for d in DIMENSIONS], want, atol=1e-5), r["doc_id"]
             assert abs(float(want @ weights) - r["aggregated"]) < 1e-5
+
+
+def test_slices_go_through_the_command_runner(tmp_path, small_corpus, capsys, monkeypatch):
+    """A failed slices unit exits 1 with the command that resumes it, like every other step;
+    the rerun finishes the job."""
+    from refinery.transforms.hydra.slices import SlicesStage
+
+    data, out = tmp_path / "prep", tmp_path / "slices"
+    assert run_prep(small_corpus, data, "--num-shards", "2") == 0
+    real = SlicesStage.run_unit
+
+    def broken(self, unit, ctx):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(SlicesStage, "run_unit", broken)
+    assert hydra.main(["slices", "--data-root", str(data), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "slices: failed: OSError disk full" in err and "run the same command again" in err
+    monkeypatch.setattr(SlicesStage, "run_unit", real)
+    assert hydra.main(["slices", "--data-root", str(data), "--output", str(out)]) == 0
+    assert "slices built: train" in capsys.readouterr().out and (out / "docids_train.jsonl").exists()

@@ -195,7 +195,7 @@ def test_bad_prep_mixture_data_root_is_one_line(tmp_path, capsys):
 
 
 def test_check_output_writes_nothing_on_a_dry_run(tmp_path, monkeypatch):
-    from refinery.beam_pipelines.command import UsageError, check_output
+    from refinery.beam_pipelines.checks import UsageError, check_output
 
     made = []
     monkeypatch.setattr(io.tempfile, "mkdtemp", lambda **k: made.append(k) or str(tmp_path / "probe"))

@@ -97,7 +97,7 @@ class _Terminal(io_module.StringIO):
 def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tmp_path, monkeypatch):
     """First signal: the bar stops drawing and "stopping… (Ctrl-C again to quit now)" is
     printed, at once; a second signal exits saying so, not "Beam did not stop within 5s"."""
-    from refinery.beam_pipelines import command
+    from refinery.beam_pipelines import interrupt
     from refinery.transforms.core.stages import Progress, Stage, bind_stages
 
     class One(Stage):
@@ -109,15 +109,15 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
     [run] = bind_stages([One()], str(tmp_path))
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
-    monkeypatch.setattr(command, "_stop_beam_workers", lambda: None)
+    monkeypatch.setattr(interrupt, "_stop_beam_workers", lambda: None)
     exits: list[str] = []
-    monkeypatch.setattr(command, "_hard_exit", lambda signum, why: exits.append(why))
-    command._INTERRUPTED.clear()
+    monkeypatch.setattr(interrupt, "_hard_exit", lambda signum, why: exits.append(why))
+    interrupt._INTERRUPTED.clear()
     try:
         with Progress([(run, 3)], interval=0.05, enabled=True) as progress:
             time.sleep(0.3)  # the bar redraws every 50 ms
             t0 = time.monotonic()
-            command._on_stop_signal(signal.SIGINT)
+            interrupt._on_stop_signal(signal.SIGINT)
             acked = time.monotonic()
             assert not progress._thread.is_alive()  # stopped drawing
             drawn = len(term.times)
@@ -125,14 +125,14 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
             assert len(term.times) == drawn
         assert acked - t0 < 1.0
         assert term.getvalue().rstrip().endswith("stopping\u2026 (Ctrl-C again to quit now)")
-        assert exits == [] and len(command._WATCHDOG) == 1  # the 5 s watchdog is armed, not fired
-        command._on_stop_signal(signal.SIGINT)
+        assert exits == [] and len(interrupt._WATCHDOG) == 1  # the 5 s watchdog is armed, not fired
+        interrupt._on_stop_signal(signal.SIGINT)
         assert exits == ["Ctrl-C again"]
     finally:
-        for timer in command._WATCHDOG:
+        for timer in interrupt._WATCHDOG:
             timer.cancel()
-        command._WATCHDOG.clear()
-        command._INTERRUPTED.clear()
+        interrupt._WATCHDOG.clear()
+        interrupt._INTERRUPTED.clear()
         logging.disable(logging.NOTSET)
 
 
@@ -140,9 +140,9 @@ def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(monkeypatch, cap
     """A signal taken while ``interruptible`` cleans up (the run had just returned) raised
     KeyboardInterrupt out of it, a traceback; now it is the same exit 130 as any other once
     acknowledged (one that comes after the clean-up stopped listening is ignored: exit 0)."""
-    from refinery.beam_pipelines import command
+    from refinery.beam_pipelines import interrupt
 
-    monkeypatch.setattr(command, "_stop_beam_workers", lambda: None)
+    monkeypatch.setattr(interrupt, "_stop_beam_workers", lambda: None)
     leaked = 0
     for delay in (0.0, 0.0005, 0.001, 0.002) * 15:  # the signal is taken during run() or after it
         def run(delay=delay):
@@ -153,7 +153,7 @@ def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(monkeypatch, cap
             return 0
 
         try:
-            code = command.interruptible(run)
+            code = interrupt.interruptible(run)
         except KeyboardInterrupt:
             leaked += 1
             continue

@@ -1,0 +1,155 @@
+"""Checks made before a command runs anything: where it reads and writes (without the
+network), its input fields, its optional dependencies, and its reject rate afterwards. Each
+problem is one line naming the flag, the file or the row."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class UsageError(ValueError):
+    """A bad command line or input; the CLI prints it as one line and exits 2."""
+
+
+# ---------------------------------------------------------------------------------------
+# Optional dependencies (setup.py's extras)
+# ---------------------------------------------------------------------------------------
+
+def missing_extra(module: str, extra: str) -> str | None:
+    """None when ``module`` can be imported; else what to install. refinery is installed from
+    a clone (it is not on PyPI), so the hint names the extra of this checkout's setup.py."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return f"{module} is not installed: pip install -e '.[{extra}]' (in the refinery checkout)"
+
+
+# ---------------------------------------------------------------------------------------
+# Where a run reads and writes: checked up front, without the network
+# ---------------------------------------------------------------------------------------
+
+# the data paths a pipeline's workers read or write (the flags' dest names)
+WORKER_PATHS = ("input", "eval", "train", "input_docids", "data_root", "output")
+
+
+def gs_paths(args, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(flag, path) for every ``gs://`` path among the arguments ``parser`` parsed (flag ""
+    for a positional argument)."""
+    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    found = []
+    for dest, v in sorted(vars(args).items()):
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, str) and item.startswith("gs://"):
+                found.append((flags.get(dest, ""), item))
+    return found
+
+
+def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str]) -> list[str]:
+    """One line per problem with where the run reads and writes: for Dataflow, its options
+    (``runners.dataflow.option_problems``) and every local data path (its workers cannot
+    see this machine's files); the bucket name of every ``gs://`` path. Reads nothing remote."""
+    from refinery.runners.dataflow import is_dataflow, option_problems
+    from refinery.transforms.core import io
+    from refinery.transforms.core.gcs import bucket_problem
+
+    problems = []
+    if is_dataflow(beam_args):
+        problems += option_problems(beam_args)
+        for dest in WORKER_PATHS:
+            v = getattr(args, dest, None)
+            for path in v if isinstance(v, list) else [v]:
+                if isinstance(path, str) and not io.is_remote(path):
+                    problems.append(f"--{dest.replace('_', '-')} {path}: a local path, which Dataflow's workers "
+                                    "cannot see; give a gs://BUCKET/PATH (or run with --runner local)")
+    for flag, path in gs_paths(args, parser):
+        if (bad := bucket_problem(path)) is not None:
+            problems.append(f"{flag} {bad}".strip())
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# Input sanity: a wrong field name is an error before anything runs, not an empty result
+# ---------------------------------------------------------------------------------------
+
+def check_field(command: str, flag: str, field: str, paths: list[str], files: int = 8, rows: int = 100) -> None:
+    """:class:`UsageError` when none of the first ``rows`` readable rows of an input file has
+    ``field`` (the first ``files`` files are looked at), naming the file and the fields its
+    rows do have. A file whose first rows are all unreadable is left to the run (its rows
+    are rejected with reasons)."""
+    from refinery.transforms.core.rows import iter_rows
+
+    for path in paths[:files]:
+        fields: dict[str, None] = {}
+        good, found = 0, False
+        for _, record, error in iter_rows(path):
+            if error is not None:
+                continue
+            if field in record:
+                found = True
+                break
+            fields.update(dict.fromkeys(record))
+            good += 1
+            if good >= rows:
+                break
+        if good and not found:
+            raise UsageError(f"refinery {command}: {flag} {field!r}: no row of {path} has it (first {good} "
+                             f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
+
+
+def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
+    """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
+    anything is written: it is not a file nor under one, a folder can be made there (probed,
+    except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
+    would list it (a run reading its own outputs back as input). Every command that takes
+    ``--output`` calls it (``flag``: how the message names the output)."""
+    from refinery.transforms.core import io
+
+    problem = io.output_folder_problem(output, probe=not dry_run)
+    if problem:
+        raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
+    for arg in inputs:
+        if io.listing_reaches(arg, output):
+            raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
+                             f"read the run's own outputs back; give an output folder outside it")
+
+
+def add_reject_rate_arg(g, rows: str = "the rows read") -> None:
+    """``--max-reject-rate R`` on the argument group ``g``; ``rows``: which rows it counts."""
+    g.add_argument("--max-reject-rate", type=float, default=None, metavar="R",
+                   help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected; the outputs are "
+                        f"still written (default: exit 1 only when no row was accepted). A run that read no "
+                        f"row at all always exits 1")
+
+
+def bad_reject_rate(args) -> str | None:
+    """What is wrong with ``--max-reject-rate`` (for a usage error), or None."""
+    rate = args.max_reject_rate
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        return f"--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not {rate:g}"
+    return None
+
+
+def reject_rate_failure(what: str, read: int, rejected: int, accepted: int, max_rate: float | None,
+                        reasons: str) -> str | None:
+    """Why a run fails its ``--max-reject-rate`` (one line, naming ``what`` was read, with
+    ``reasons``: where the reasons are), or None. ``max_rate`` None: fail only when nothing
+    was accepted. Reading nothing at all always fails."""
+    if read == 0:
+        return f"no {what} read (empty input files?)"
+    if max_rate is None:
+        if accepted == 0:
+            return (f"no {what} accepted of {read:,} read ({rejected:,} rejected; {reasons}); "
+                    f"--max-reject-rate 1 lets such a run pass")
+        return None
+    if rejected > max_rate * read:
+        return (f"{rejected:,} of {read:,} {what} ({100 * rejected / read:.0f}%) rejected, more than "
+                f"--max-reject-rate {max_rate:g}; {reasons}")
+    return None
+
+
+def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:
+    """A loud line on stderr when more than half of the rows read were rejected."""
+    if read and rejected * 2 > read:
+        print(f"WARNING refinery {command}: {rejected:,} of {read:,} rows ({100 * rejected / read:.0f}%) were "
+              f"rejected; the reasons are in {where}. Check --text-field and the input files.", file=sys.stderr)
