@@ -103,8 +103,10 @@ def job_environment(job):
     from apache_beam.options.pipeline_options import GoogleCloudOptions
     from apache_beam.runners.dataflow.internal import apiclient
 
+    from refinery.transforms.core.beam_private import fnapi_environment_major_version
+
     staging = job.options.view_as(GoogleCloudOptions).staging_location.rstrip("/")
     return apiclient.Environment(
         packages=staged_artifacts(job.proto_pipeline), options=job.options,
-        environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,  # what the client sends
+        environment_version=fnapi_environment_major_version(),  # what the client sends
         proto_pipeline_staged_url=f"{staging}/pipeline.pb", proto_pipeline=job.proto_pipeline).proto

@@ -312,11 +312,10 @@ def secure_model_sharing(secret: bytes) -> str:
     and its address and lock files go to :func:`sharing_folder` instead of ``/tmp`` under a
     predictable name. Every worker process of the run calls it with the same secret (it
     travels inside the pickled handler). Returns the folder."""
-    from apache_beam.utils import multi_process_shared
+    from refinery.transforms.core.beam_private import secure_shared_models
 
     folder = sharing_folder(secret)
-    multi_process_shared.AUTH_KEY = secret
-    multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"] = folder
+    secure_shared_models(secret, folder)
     return folder
 
 
