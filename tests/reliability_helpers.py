@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import gsm8k_texts, tree_digest, write_jsonl
+from helpers import gsm8k_texts, tree_digest, write_jsonl
 
 from refinery.transforms.core import io, rows
 from refinery.transforms.formats import shards

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import gsm8k_texts, run_prep, write_jsonl
+from helpers import gsm8k_texts, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 

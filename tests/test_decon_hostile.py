@@ -176,7 +176,7 @@ def test_merged_snippet_tells_where_the_training_text_goes_on():
 def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     import gzip
 
-    from conftest import write_jsonl
+    from helpers import write_jsonl
     from test_decon_pipeline import run_cli
 
     from refinery.beam_pipelines import decon

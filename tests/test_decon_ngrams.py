@@ -13,7 +13,7 @@ from collections import defaultdict
 import msgpack
 import numpy as np
 import pytest
-from conftest import GSM8K_TEST, gsm8k_rows
+from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import GSM8K_TEST, gsm8k_rows
+from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
@@ -299,7 +299,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     --verify-checksums rebuilds the damaged unit and what follows, back to the clean bytes."""
     from pathlib import Path
 
-    from conftest import tree_digest
+    from helpers import tree_digest
 
     from refinery.transforms.core.stages import StageFailed
 

@@ -6,7 +6,7 @@ import json
 import os
 import re
 
-from conftest import gsm8k_rows, write_jsonl
+from helpers import gsm8k_rows, write_jsonl
 from test_decon_pipeline import (
     helm,
     make_matrix_inputs,

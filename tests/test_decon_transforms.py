@@ -10,7 +10,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import GSM8K_TEST, gsm8k_rows, write_jsonl
+from helpers import GSM8K_TEST, gsm8k_rows, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core.rows import iter_rows

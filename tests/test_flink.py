@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GSM8K_TEST, gsm8k_texts, write_jsonl
+from helpers import GSM8K_TEST, gsm8k_texts, write_jsonl
 from reliability_helpers import (
     child_env,
     final_digest,

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 
-from conftest import write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+from helpers import write_jsonl  # noqa: E402
 
 from refinery.beam_pipelines import generate  # noqa: E402
 from refinery.transforms.core.stages import bind_stages, run_stages  # noqa: E402

@@ -5,7 +5,7 @@ import json
 
 import datasets
 import pytest
-from conftest import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
+from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 
-from conftest import run_prep  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+from helpers import run_prep  # noqa: E402
 
 from refinery.beam_pipelines import hydra  # noqa: E402
 from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import run_prep
+from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards

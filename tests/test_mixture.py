@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import gsm8k_texts, write_jsonl
+from helpers import gsm8k_texts, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.beam_pipelines.prep_mixture import hf_split_files

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import run_prep
+from helpers import run_prep
 
 # what nmoe.data.sinks.ManifestInfo.from_dict reads (a KeyError there otherwise)
 NMOE_MANIFEST_KEYS = ("dataset", "version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "created_at",

@@ -13,7 +13,7 @@ import json
 
 import apache_beam as beam
 import pytest
-from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.runners.translate import runner_api, step_names
 

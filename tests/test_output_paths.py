@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_prep, write_jsonl
+from helpers import run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io

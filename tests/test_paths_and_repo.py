@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_prep
+from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io

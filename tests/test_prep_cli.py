@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import gsm8k_texts, tree_digest, write_jsonl
+from helpers import gsm8k_texts, tree_digest, write_jsonl
 
 from refinery.runners import pipeline_args
 from refinery.transforms.core.hf import resolve_hf_parquet

@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io, rows

@@ -11,7 +11,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.transforms.core import io
 from refinery.transforms.core.rows import iter_rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import gsm8k_texts, run_prep, tree_digest, write_jsonl
+from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.transforms.core import io
 from refinery.transforms.prep import stages as prep_stages

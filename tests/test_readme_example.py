@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from conftest import gsm8k_rows
+from helpers import gsm8k_rows
 
 from refinery.beam_pipelines.cli import main
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import gsm8k_rows, gsm8k_texts, run_prep
+from helpers import gsm8k_rows, gsm8k_texts, run_prep
 from reliability_helpers import refinery_cmd, shard_texts, write_figures
 from test_rows_bounded import write_huge_line_zst
 

@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from conftest import run_prep, write_jsonl
+from helpers import run_prep, write_jsonl
 from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
 
 from refinery.transforms.core import io

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_prep
+from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
 
 from refinery.beam_pipelines.cli import main

@@ -24,7 +24,7 @@ import random
 import time
 
 import reliability_helpers
-from conftest import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
+from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 from reliability_helpers import (
     child_env,
     completed,

@@ -34,8 +34,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 
-from conftest import gsm8k_texts, run_prep, write_jsonl  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
+from helpers import gsm8k_texts, run_prep, write_jsonl  # noqa: E402
 from reliability_helpers import (  # noqa: E402
     ForkServer,
     child_env,

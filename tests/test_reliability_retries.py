@@ -14,7 +14,7 @@ import os
 import shutil
 
 import pytest
-from conftest import run_prep
+from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
 
 from refinery.transforms.core import io, stages

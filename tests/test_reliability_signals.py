@@ -15,7 +15,7 @@ import time
 
 import pytest
 import reliability_helpers
-from conftest import run_prep
+from helpers import run_prep
 from reliability_helpers import (
     child_env,
     completed,

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from helpers import write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import gcs

@@ -242,7 +242,7 @@ def test_decompression_is_bounded_per_read(tmp_path):
 
 
 def test_prep_max_row_bytes_flag(tmp_path, capsys):
-    from conftest import run_prep
+    from helpers import run_prep
 
     from refinery.beam_pipelines.cli import main
 

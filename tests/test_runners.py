@@ -24,7 +24,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import gsm8k_texts, write_jsonl
+from helpers import gsm8k_texts, write_jsonl
 
 from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
 from refinery.runners.dataflow import GPU_MACHINES, parse_gpu

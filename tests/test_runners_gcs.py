@@ -18,7 +18,7 @@ import re
 
 import fsspec
 import pytest
-from conftest import gsm8k_texts, write_jsonl
+from helpers import gsm8k_texts, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io

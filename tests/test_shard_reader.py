@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_prep
+from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
