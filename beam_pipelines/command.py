@@ -132,7 +132,8 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     and, for a remote output, that it did not read the receipts."""
     from refinery.runners.dataflow import is_dataflow
     from refinery.transforms.core import io
-    from refinery.transforms.core.stages import bind_stages, repairs_of
+    from refinery.transforms.core.receipts import repairs_of
+    from refinery.transforms.core.stages import bind_stages
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)

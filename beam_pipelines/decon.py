@@ -132,7 +132,7 @@ def run(args, beam_args: list[str]) -> int:
         pending_hf = []
         for spec in args.eval_hf:
             from refinery.transforms.core.hf import materialize_split
-            from refinery.transforms.core.stages import META_DIR
+            from refinery.transforms.core.receipts import META_DIR
 
             path = materialize_split(spec, io.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
                                      write=not args.dry_run)

@@ -15,7 +15,7 @@ from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import io
-from refinery.transforms.core.stages import RECEIPT_SCHEMA, check_receipt
+from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
 from refinery.transforms.formats import shards, tokenizer
 from refinery.transforms.hydra.slices import parse_doc_id, read_doc_tokens
 

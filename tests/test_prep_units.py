@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms.core import io, rows, stages
-from refinery.transforms.core.stages import Stage, StageRun, Unit, check_receipt, execute_unit
+from refinery.transforms.core import io, receipts, rows, stages
+from refinery.transforms.core.receipts import check_receipt
+from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit
 from refinery.transforms.formats import shards, tokenizer
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import doc_id_for, encode_document, extract_text, normalize_text, shard_of
@@ -367,14 +368,14 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
         assert result.ran == {"echo": 1, "later": 2} and first.calls == ["u1"] and later.calls == ["u0", "u1"]
         tokens.append(json.loads(open(runs[0].receipt_path("u1")).read())["repair"])
         assert json.loads(open(runs[1].receipt_path("u0")).read())["upstream_repairs"] == {"echo/u1": tokens[-1]}
-        assert stages.verify_receipts(out, checksums=True) == []
+        assert receipts.verify_receipts(out, checksums=True) == []
     assert tokens[0] != tokens[1]
 
     later_receipt = runs[1].receipt_path("u0")
     stale = json.loads(open(later_receipt).read())
     stale.pop("upstream_repairs")  # as if built before the repair
     open(later_receipt, "w").write(json.dumps(stale))
-    assert stages.verify_receipts(out) == [
+    assert receipts.verify_receipts(out) == [
         f"{later_receipt}: built before a repair of echo/u1 (damaged files rebuilt since)"]
     assert [s["pending"] for s in stages.stage_status(out)] == [0, 1]
     later.calls.clear()

@@ -171,7 +171,7 @@ def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatc
 
 
 def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
-    from refinery.transforms.core.stages import RECEIPT_SCHEMA, check_receipt
+    from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
 
     path = tmp_path / "r.json"
     for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):

@@ -98,7 +98,8 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
     """First signal: the bar stops drawing and "stopping… (Ctrl-C again to quit now)" is
     printed, at once; a second signal exits saying so, not "Beam did not stop within 5s"."""
     from refinery.beam_pipelines import interrupt
-    from refinery.transforms.core.stages import Progress, Stage, bind_stages
+    from refinery.transforms.core.progress import Progress
+    from refinery.transforms.core.stages import Stage, bind_stages
 
     class One(Stage):
         name = "one"

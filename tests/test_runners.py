@@ -519,7 +519,8 @@ def test_dataflow_gpu_dry_run(tmp_path, no_network):
 def test_progress_reads_each_completed_receipt_once(tmp_path):
     """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
     from refinery.transforms.core import io
-    from refinery.transforms.core.stages import RECEIPT_SCHEMA, Stage, bind_stages
+    from refinery.transforms.core.receipts import RECEIPT_SCHEMA
+    from refinery.transforms.core.stages import Stage, bind_stages
 
     class One(Stage):
         name = "one"

@@ -17,7 +17,8 @@ Stage hash = sha256 of (stage name, config, input fingerprints, identity such as
 tokenizer, upstream stage hash). Hashes chain: changing stage k re-runs k and what follows
 and keeps what precedes. Outputs of different plans never mix: parts live under the hash.
 
-"Done" is decided by ONE function, :func:`check_receipt`, used both by the planner (which
+"Done" is decided by ONE function, :func:`~refinery.transforms.core.receipts.check_receipt`
+(in :mod:`.receipts`, with the receipt schema below), used both by the planner (which
 units are pending) and by the worker right before it runs a unit: the receipt says
 completed, its stage hash matches, every listed file exists with the recorded size
 (and sha256 with ``verify_checksums``), and no unit of an earlier stage was repaired
@@ -35,7 +36,8 @@ Stages run backward-demand-driven: if every unit of the last stages is done, ear
 stages are not run at all, even if their intermediate parts were deleted.
 
 Each run first removes temp files left under OUTPUT by dead writers (``io.remove_dead_temp_files``)
-and, when a stage's hash differs from the previous run's, logs why (:func:`explain_plan_changes`).
+and, when a stage's hash differs from the previous run's, logs why (:mod:`.plan_changes`).
+While a job runs, :mod:`.progress` draws its steps from their receipts.
 ``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
 trail the fault-injection tests use (see RELIABILITY.md).
 
@@ -55,20 +57,26 @@ import json
 import logging
 import os
 import socket
-import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from refinery.transforms.core import io
+from refinery.transforms.core.plan_changes import explain_plan_changes, fingerprints_path
+from refinery.transforms.core.progress import Progress
+from refinery.transforms.core.receipts import (
+    META_DIR,
+    RECEIPT_SCHEMA,
+    Completion,
+    check_receipt,
+    check_recorded_run,
+    repairs_of,
+)
 
 log = logging.getLogger("refinery")
 
-RECEIPT_SCHEMA = "refinery.receipt/1"
 RUN_SCHEMA = "refinery.run/1"
-META_DIR = ".refinery"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -165,106 +173,6 @@ def compute_stage_hash(stage: Stage, upstream_hash: str | None) -> str:
         "identity": stage.identity(),
         "upstream": upstream_hash,
     })
-
-
-@dataclass(frozen=True)
-class Completion:
-    done: bool
-    reason: str
-    receipt: dict | None = None
-    damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
-    failed: bool = False   # the unit ran in this plan and failed: the next run retries it
-
-
-def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
-    """``{"stage/unit": repair token}`` of the units (done receipts by unit id) that were
-    rebuilt over damaged files: what a later stage's receipts record as ``upstream_repairs``."""
-    return {f"{stage}/{u}": r["repair"] for u, r in sorted(receipts.items()) if r.get("repair")}
-
-
-def check_receipt(output: str, receipt_path: str, stage_hash: str,
-                  verify_checksums: bool = False, upstream_repairs: dict[str, str] | None = None) -> Completion:
-    """THE completion check. Used by the planner and by the worker; nothing else decides.
-
-    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units now; a receipt
-    that recorded others was built before an upstream repair and is pending (None: not judged).
-    """
-    try:
-        raw = io.read_bytes(receipt_path)
-    except FileNotFoundError:
-        return Completion(False, "no receipt")
-    try:
-        receipt = json.loads(raw)
-        if not isinstance(receipt, dict):
-            raise ValueError("not an object")
-    except ValueError as e:
-        return Completion(False, f"unreadable receipt ({e})", damaged=True)
-    if receipt.get("schema") != RECEIPT_SCHEMA or receipt.get("stage_hash") != stage_hash:
-        return Completion(False, "receipt from another plan", receipt)
-    if receipt.get("status") != "completed":
-        err = receipt.get("error") or {}
-        reason = f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip()
-        return Completion(False, reason, receipt, failed=receipt.get("status") == "failed")
-    files = receipt.get("files")
-    if not isinstance(files, list):
-        return Completion(False, "receipt lists no files", receipt)
-    for entry in files:
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
-            return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt, damaged=True)
-        try:
-            path = io.join(output, io.safe_relpath(entry["path"]))
-        except ValueError as e:
-            return Completion(False, f"receipt lists a file outside the output: {e}", receipt, damaged=True)
-        size = io.file_size(path)
-        if size is None:
-            return Completion(False, f"missing output {entry['path']}", receipt)
-        if size != entry["bytes"]:
-            return Completion(False, f"size mismatch for {entry['path']}: {size} != {entry['bytes']}", receipt,
-                              damaged=True)
-        if verify_checksums and io.sha256_file(path) != entry["sha256"]:
-            return Completion(False, f"checksum mismatch for {entry['path']}", receipt, damaged=True)
-    built_after = receipt.get("upstream_repairs") or {}
-    if upstream_repairs is not None and built_after != upstream_repairs:
-        changed = sorted(k for k in {**built_after, **upstream_repairs}
-                         if built_after.get(k) != upstream_repairs.get(k))
-        return Completion(False, f"built before a repair of {', '.join(changed[:3])}"
-                                 f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt)
-    return Completion(True, "completed", receipt)
-
-
-def check_recorded_run(output: str, info: dict,
-                       checksums: bool = False) -> Iterator[tuple[dict, list[str], list[Completion]]]:
-    """(stage entry of run.json, its receipt paths, :func:`check_receipt` of each) per stage of
-    a recorded run, in order, each judged against the repairs of the earlier stages' done units."""
-    repairs: dict[str, str] = {}
-    for st in info.get("stages", []):
-        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
-        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
-        checks = [check_receipt(output, path, st["stage_hash"], checksums, dict(repairs)) for path in paths]
-        repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks if c.done}))
-        yield st, paths, checks
-
-
-def verify_receipts(output: str, checksums: bool = False) -> list[str]:
-    """Problems with the receipts of the run recorded in ``OUTPUT/.refinery/run.json``
-    ([] if none, or if there is no run record): each receipt present under a stage's
-    current hash must pass :func:`check_receipt` (a truncated receipt, one from another
-    plan, a failed unit, a missing or changed file, one built before an upstream repair
-    are each named), and the receipt count of a stage may not exceed its planned units."""
-    problems: list[str] = []
-    try:
-        info = io.read_json(io.join(output, META_DIR, "run.json"))
-    except FileNotFoundError:
-        return problems
-    except ValueError as e:
-        return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
-    for st, paths, checks in check_recorded_run(output, info, checksums):
-        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
-        problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
-        if len(paths) > st.get("units", len(paths)):
-            problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")
-    return problems
 
 
 UNIT_LOG_ENV = "REFINERY_UNIT_LOG"
@@ -520,138 +428,6 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
     return runs
 
 
-class Progress:
-    """Progress of a job's steps, fed from receipts (the source of truth), polled in a
-    background thread: the step in progress is the first whose units have not all
-    completed. A tqdm bar per step on a terminal; otherwise (a log file, CI) a plain line
-    at most every :attr:`LOG_EVERY_S` seconds, one when a step ends and one at the end,
-    never a redrawn bar. :func:`halt_progress` (an interruption) stops every bar at once,
-    without a last poll."""
-
-    LOG_EVERY_S = 30.0
-    _active: set[Progress] = set()
-
-    def __init__(self, steps: list[tuple[StageRun, int]], interval: float, enabled: bool):
-        self.steps, self.interval, self.enabled = [s for s in steps if s[1]] or steps[:1], interval, enabled
-        self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
-        self._stop = threading.Event()
-        self._halted = False
-        self._thread = None
-        self._current = 0
-        self._start = self._step_start = time.time()
-        self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
-
-    def __enter__(self):
-        if self.enabled and self.steps:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-            Progress._active.add(self)
-        return self
-
-    def halt(self, timeout: float) -> None:
-        """Stop drawing now: no last poll, no final line; waits up to ``timeout`` s for the
-        drawing thread to finish its current line."""
-        self._halted = True
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=timeout)
-
-    def _poll(self, run: StageRun, total: int) -> tuple[int, str]:
-        """(units done, a postfix such as ``docs=... tokens=... failed=1``) of one step."""
-        done = failed = 0
-        stats: dict[str, float] = {}
-        for r in run.read_receipts(self._seen):
-            if r.get("status") == "completed":
-                done += 1
-                if r.get("finished_at", "") >= self._started_iso:
-                    for k, v in (r.get("stats") or {}).items():
-                        if isinstance(v, (int, float)):
-                            stats[k] = stats.get(k, 0) + v
-            else:
-                failed += 1
-        post = run.stage.describe_progress(stats, time.time() - self._step_start)
-        return min(done, total), (post + (f" failed={failed}" if failed else "")).strip()
-
-    def _update(self, show, final: bool) -> None:
-        """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
-        move on to the next step when its units have all completed."""
-        while True:
-            run, total = self.steps[self._current]
-            done, post = self._poll(run, total)
-            ended = done >= total
-            show(self._current, done, post, ended or final)
-            if not ended or self._current == len(self.steps) - 1:
-                return
-            self._current += 1
-            self._step_start = time.time()
-
-    def _loop(self) -> None:
-        if not sys.stderr.isatty():
-            return self._loop_plain()
-        from tqdm import tqdm
-
-        bars: dict[int, tqdm] = {}
-
-        def show(i, done, post, ended):
-            if i not in bars:
-                run, total = self.steps[i]
-                bars[i] = tqdm(total=total, desc=run.name, unit="unit", file=sys.stderr, dynamic_ncols=True)
-            bars[i].n = done
-            bars[i].set_postfix_str(post, refresh=False)
-            bars[i].refresh()
-            if ended:
-                bars[i].close()
-
-        try:
-            while True:
-                stopping = self._stop.wait(self.interval)
-                if self._halted:
-                    break
-                with contextlib.suppress(Exception):
-                    self._update(show, stopping)
-                if stopping:
-                    break
-        finally:
-            for bar in bars.values():
-                bar.close()
-
-    def _loop_plain(self) -> None:
-        last = time.time()
-        printed: set[int] = set()
-
-        def show(i, done, post, ended):
-            nonlocal last
-            if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
-                run, total = self.steps[i]
-                print(f"{run.name}: {done}/{total} units, {time.time() - self._step_start:.0f}s"
-                      + (f", {post}" if post else ""), file=sys.stderr, flush=True)
-                last = time.time()
-                if ended:
-                    printed.add(i)
-
-        while True:
-            stopping = self._stop.wait(self.interval)
-            if self._halted:
-                break
-            with contextlib.suppress(Exception):
-                self._update(show, stopping)
-            if stopping:
-                break
-
-    def __exit__(self, *exc):
-        Progress._active.discard(self)
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-
-def halt_progress(timeout: float = 1.0) -> None:
-    """Stop every progress display of this process at once (SIGINT/SIGTERM: the bar must not
-    go on ticking while the run stops)."""
-    for progress in list(Progress._active):
-        progress.halt(timeout)
-
-
 def _discard_other_plans(run: StageRun) -> None:
     """Remove receipts of other plans of a stage that writes fixed, user-facing names."""
     stage_root = io.join(run.output, META_DIR, run.name)
@@ -660,71 +436,6 @@ def _discard_other_plans(run: StageRun) -> None:
             log.info("discarding receipts of plan %s of stage %s (its outputs are being replaced)",
                      io.basename(path), run.name)
             io.remove_tree(path, root=run.output)
-
-
-def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
-    """Where the input fingerprints of one plan of a stage are kept (to explain a later change)."""
-    return io.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
-
-
-def _fingerprint_key(fp) -> str:
-    return fp.get("path", json.dumps(fp, sort_keys=True)) if isinstance(fp, dict) else json.dumps(fp, sort_keys=True)
-
-
-def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
-    """'1 changed: a.jsonl (size 10 -> 12); 1 added: b.jsonl' between two fingerprint lists."""
-    before = {_fingerprint_key(f): f for f in old}
-    after = {_fingerprint_key(f): f for f in new}
-    changed = [k for k in after if k in before and after[k] != before[k]]
-    added = [k for k in after if k not in before]
-    removed = [k for k in before if k not in after]
-    parts = []
-    if changed:
-        def what(k):
-            o, n = before[k], after[k]
-            keys = [x for x in sorted(set(o) | set(n)) if o.get(x) != n.get(x)] if isinstance(o, dict) else []
-            return f"{k} ({', '.join(f'{x} {o.get(x)} -> {n.get(x)}' for x in keys)})"
-        parts.append(f"{len(changed)} changed: " + "; ".join(what(k) for k in changed[:limit])
-                     + (" ..." if len(changed) > limit else ""))
-    if added:
-        parts.append(f"{len(added)} added: " + ", ".join(added[:limit]) + (" ..." if len(added) > limit else ""))
-    if removed:
-        parts.append(f"{len(removed)} removed: " + ", ".join(removed[:limit])
-                     + (" ..." if len(removed) > limit else ""))
-    return "; ".join(parts) or "their order changed"
-
-
-def explain_plan_changes(output: str, previous: dict, entries: list[dict]) -> list[str]:
-    """Why each stage's plan differs from the previous run recorded in run.json (one line per
-    stage whose hash changed): its config, its inputs (naming the files), its identity (e.g.
-    the tokenizer), or only an earlier stage. Stages with the same hash are not mentioned."""
-    old = {st.get("name"): st for st in previous.get("stages", []) if isinstance(st, dict)}
-    lines = []
-    changed_before: str | None = None
-    for new in entries:
-        prev = old.get(new["name"])
-        if prev is None or prev.get("stage_hash") == new["stage_hash"]:
-            continue
-        reasons = []
-        if prev.get("config") != new["config"]:
-            oc, nc = prev.get("config") or {}, new["config"]
-            keys = [k for k in sorted(set(oc) | set(nc)) if oc.get(k) != nc.get(k)]
-            reasons.append("config changed: " + ", ".join(f"{k} {oc.get(k)!r} -> {nc.get(k)!r}" for k in keys))
-        if "inputs_hash" in prev and prev["inputs_hash"] != new["inputs_hash"]:
-            try:
-                old_fps = io.read_json(fingerprints_path(output, new["name"], prev["stage_hash"]))
-                new_fps = io.read_json(fingerprints_path(output, new["name"], new["stage_hash"]))
-                reasons.append("inputs changed: " + diff_fingerprints(old_fps, new_fps))
-            except (FileNotFoundError, ValueError):
-                reasons.append("inputs changed (size, mtime or generation of an input file)")
-        if "identity_hash" in prev and prev["identity_hash"] != new["identity_hash"]:
-            reasons.append("identity changed (e.g. the tokenizer or model)")
-        if not reasons:
-            reasons.append(f"stage {changed_before} before it changed" if changed_before else "its plan changed")
-        lines.append(f"stage {new['name']}: plan {prev.get('stage_hash')} -> {new['stage_hash']} because "
-                     f"{'; '.join(reasons)}; its earlier outputs are not reused")
-        changed_before = changed_before or new["name"]
-    return lines
 
 
 def next_repair(done: Completion) -> str | None:

@@ -500,7 +500,7 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""
-    from refinery.transforms.core.stages import META_DIR, verify_receipts
+    from refinery.transforms.core.receipts import META_DIR, verify_receipts
 
     run_json = io.join(root, META_DIR, "run.json")
     try:

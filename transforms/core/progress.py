@@ -1,0 +1,144 @@
+"""Progress of a running job, drawn from its units' receipts (see :class:`Progress`)."""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from refinery.transforms.core.stages import StageRun
+
+
+class Progress:
+    """Progress of a job's steps, fed from receipts (the source of truth), polled in a
+    background thread: the step in progress is the first whose units have not all
+    completed. A tqdm bar per step on a terminal; otherwise (a log file, CI) a plain line
+    at most every :attr:`LOG_EVERY_S` seconds, one when a step ends and one at the end,
+    never a redrawn bar. :func:`halt_progress` (an interruption) stops every bar at once,
+    without a last poll."""
+
+    LOG_EVERY_S = 30.0
+    _active: set[Progress] = set()
+
+    def __init__(self, steps: list[tuple[StageRun, int]], interval: float, enabled: bool):
+        self.steps, self.interval, self.enabled = [s for s in steps if s[1]] or steps[:1], interval, enabled
+        self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
+        self._stop = threading.Event()
+        self._halted = False
+        self._thread = None
+        self._current = 0
+        self._start = self._step_start = time.time()
+        self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+    def __enter__(self):
+        if self.enabled and self.steps:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+            Progress._active.add(self)
+        return self
+
+    def halt(self, timeout: float) -> None:
+        """Stop drawing now: no last poll, no final line; waits up to ``timeout`` s for the
+        drawing thread to finish its current line."""
+        self._halted = True
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=timeout)
+
+    def _poll(self, run: StageRun, total: int) -> tuple[int, str]:
+        """(units done, a postfix such as ``docs=... tokens=... failed=1``) of one step."""
+        done = failed = 0
+        stats: dict[str, float] = {}
+        for r in run.read_receipts(self._seen):
+            if r.get("status") == "completed":
+                done += 1
+                if r.get("finished_at", "") >= self._started_iso:
+                    for k, v in (r.get("stats") or {}).items():
+                        if isinstance(v, (int, float)):
+                            stats[k] = stats.get(k, 0) + v
+            else:
+                failed += 1
+        post = run.stage.describe_progress(stats, time.time() - self._step_start)
+        return min(done, total), (post + (f" failed={failed}" if failed else "")).strip()
+
+    def _update(self, show, final: bool) -> None:
+        """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
+        move on to the next step when its units have all completed."""
+        while True:
+            run, total = self.steps[self._current]
+            done, post = self._poll(run, total)
+            ended = done >= total
+            show(self._current, done, post, ended or final)
+            if not ended or self._current == len(self.steps) - 1:
+                return
+            self._current += 1
+            self._step_start = time.time()
+
+    def _loop(self) -> None:
+        if not sys.stderr.isatty():
+            return self._loop_plain()
+        from tqdm import tqdm
+
+        bars: dict[int, tqdm] = {}
+
+        def show(i, done, post, ended):
+            if i not in bars:
+                run, total = self.steps[i]
+                bars[i] = tqdm(total=total, desc=run.name, unit="unit", file=sys.stderr, dynamic_ncols=True)
+            bars[i].n = done
+            bars[i].set_postfix_str(post, refresh=False)
+            bars[i].refresh()
+            if ended:
+                bars[i].close()
+
+        try:
+            while True:
+                stopping = self._stop.wait(self.interval)
+                if self._halted:
+                    break
+                with contextlib.suppress(Exception):
+                    self._update(show, stopping)
+                if stopping:
+                    break
+        finally:
+            for bar in bars.values():
+                bar.close()
+
+    def _loop_plain(self) -> None:
+        last = time.time()
+        printed: set[int] = set()
+
+        def show(i, done, post, ended):
+            nonlocal last
+            if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
+                run, total = self.steps[i]
+                print(f"{run.name}: {done}/{total} units, {time.time() - self._step_start:.0f}s"
+                      + (f", {post}" if post else ""), file=sys.stderr, flush=True)
+                last = time.time()
+                if ended:
+                    printed.add(i)
+
+        while True:
+            stopping = self._stop.wait(self.interval)
+            if self._halted:
+                break
+            with contextlib.suppress(Exception):
+                self._update(show, stopping)
+            if stopping:
+                break
+
+    def __exit__(self, *exc):
+        Progress._active.discard(self)
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+
+def halt_progress(timeout: float = 1.0) -> None:
+    """Stop every progress display of this process at once (SIGINT/SIGTERM: the bar must not
+    go on ticking while the run stops)."""
+    for progress in list(Progress._active):
+        progress.halt(timeout)

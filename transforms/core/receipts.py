@@ -1,0 +1,119 @@
+"""Receipts: the one record of a finished unit, and THE check of whether a unit is done.
+
+A unit's receipt (``OUTPUT/.refinery/<stage>/<stage_hash>/receipts/<unit>.json``) is written
+last, after the unit's files: ``{schema, stage, stage_hash, unit, status: completed|failed,
+files: [{path, bytes, sha256}], stats, ...}``. :func:`check_receipt` judges one, for the
+planner, the worker, ``refinery status`` and ``refinery verify`` alike.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterator
+
+from refinery.transforms.core import io
+
+RECEIPT_SCHEMA = "refinery.receipt/1"
+
+
+META_DIR = ".refinery"
+
+
+@dataclass(frozen=True)
+class Completion:
+    done: bool
+    reason: str
+    receipt: dict | None = None
+    damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
+    failed: bool = False   # the unit ran in this plan and failed: the next run retries it
+
+
+def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
+    """``{"stage/unit": repair token}`` of the units (done receipts by unit id) that were
+    rebuilt over damaged files: what a later stage's receipts record as ``upstream_repairs``."""
+    return {f"{stage}/{u}": r["repair"] for u, r in sorted(receipts.items()) if r.get("repair")}
+
+
+def check_receipt(output: str, receipt_path: str, stage_hash: str,
+                  verify_checksums: bool = False, upstream_repairs: dict[str, str] | None = None) -> Completion:
+    """THE completion check. Used by the planner and by the worker; nothing else decides.
+
+    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units now; a receipt
+    that recorded others was built before an upstream repair and is pending (None: not judged).
+    """
+    try:
+        raw = io.read_bytes(receipt_path)
+    except FileNotFoundError:
+        return Completion(False, "no receipt")
+    try:
+        receipt = json.loads(raw)
+        if not isinstance(receipt, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        return Completion(False, f"unreadable receipt ({e})", damaged=True)
+    if receipt.get("schema") != RECEIPT_SCHEMA or receipt.get("stage_hash") != stage_hash:
+        return Completion(False, "receipt from another plan", receipt)
+    if receipt.get("status") != "completed":
+        err = receipt.get("error") or {}
+        reason = f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip()
+        return Completion(False, reason, receipt, failed=receipt.get("status") == "failed")
+    files = receipt.get("files")
+    if not isinstance(files, list):
+        return Completion(False, "receipt lists no files", receipt)
+    for entry in files:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+            return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt, damaged=True)
+        try:
+            path = io.join(output, io.safe_relpath(entry["path"]))
+        except ValueError as e:
+            return Completion(False, f"receipt lists a file outside the output: {e}", receipt, damaged=True)
+        size = io.file_size(path)
+        if size is None:
+            return Completion(False, f"missing output {entry['path']}", receipt)
+        if size != entry["bytes"]:
+            return Completion(False, f"size mismatch for {entry['path']}: {size} != {entry['bytes']}", receipt,
+                              damaged=True)
+        if verify_checksums and io.sha256_file(path) != entry["sha256"]:
+            return Completion(False, f"checksum mismatch for {entry['path']}", receipt, damaged=True)
+    built_after = receipt.get("upstream_repairs") or {}
+    if upstream_repairs is not None and built_after != upstream_repairs:
+        changed = sorted(k for k in {**built_after, **upstream_repairs}
+                         if built_after.get(k) != upstream_repairs.get(k))
+        return Completion(False, f"built before a repair of {', '.join(changed[:3])}"
+                                 f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt)
+    return Completion(True, "completed", receipt)
+
+
+def check_recorded_run(output: str, info: dict,
+                       checksums: bool = False) -> Iterator[tuple[dict, list[str], list[Completion]]]:
+    """(stage entry of run.json, its receipt paths, :func:`check_receipt` of each) per stage of
+    a recorded run, in order, each judged against the repairs of the earlier stages' done units."""
+    repairs: dict[str, str] = {}
+    for st in info.get("stages", []):
+        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
+        checks = [check_receipt(output, path, st["stage_hash"], checksums, dict(repairs)) for path in paths]
+        repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks if c.done}))
+        yield st, paths, checks
+
+
+def verify_receipts(output: str, checksums: bool = False) -> list[str]:
+    """Problems with the receipts of the run recorded in ``OUTPUT/.refinery/run.json``
+    ([] if none, or if there is no run record): each receipt present under a stage's
+    current hash must pass :func:`check_receipt` (a truncated receipt, one from another
+    plan, a failed unit, a missing or changed file, one built before an upstream repair
+    are each named), and the receipt count of a stage may not exceed its planned units."""
+    problems: list[str] = []
+    try:
+        info = io.read_json(io.join(output, META_DIR, "run.json"))
+    except FileNotFoundError:
+        return problems
+    except ValueError as e:
+        return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
+    for st, paths, checks in check_recorded_run(output, info, checksums):
+        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
+        if len(paths) > st.get("units", len(paths)):
+            problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")
+    return problems
