@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import apache_beam as beam
-import msgpack
 from apache_beam.metrics import Metrics
 
+from refinery.transforms.core.coders import TupleCoder
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.prep.documents import SourceRow
 
@@ -59,18 +59,8 @@ class Overlap(NamedTuple):
     train_row: int = -1
 
 
-class OverlapCoder(beam.coders.Coder):
-    def encode(self, value: Overlap) -> bytes:
-        return msgpack.packb(tuple(value), use_bin_type=True, unicode_errors="surrogatepass")
-
-    def decode(self, encoded: bytes) -> Overlap:
-        return Overlap(*msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass", use_list=False))
-
-    def is_deterministic(self) -> bool:
-        return True
-
-    def to_type_hint(self):
-        return Overlap
+class OverlapCoder(TupleCoder):
+    cls = Overlap
 
 
 class NgramIndexCoder(beam.coders.Coder):

@@ -42,6 +42,7 @@ from isal import igzip, isal_zlib
 
 from refinery.transforms.core import io
 from refinery.transforms.core.gc_pause import gc_paused
+from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.decon import ngrams as ng
@@ -449,10 +450,6 @@ class ReduceStage(Stage):
 # merge: the stats files and reports
 # ---------------------------------------------------------------------------------------
 
-def _jsonl(rows: list[dict]) -> bytes:
-    return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8", ng.JSON_ERRORS) + b"\n" for r in rows)
-
-
 class MergeReportsStage(Stage):
     name = "merge"
     title = "Merge reports"
@@ -497,10 +494,10 @@ class MergeReportsStage(Stage):
         same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                         ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
-        ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), _jsonl(result.overlap_stats))
-        ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), _jsonl(result.by_train_path))
-        ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), _jsonl(result.metrics))
-        ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), _jsonl(result.summary))
+        ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
+        ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
+        ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
+        ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,
                                          max_ngram_details=self.s.max_ngram_details).encode())

@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 import apache_beam as beam
 
 from refinery.transforms.core import io, rows
+from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import count_receipt, summary
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
 from refinery.transforms.inference.handler import (
@@ -330,10 +331,6 @@ class GenerateTask(Task):
 # Stages
 # ---------------------------------------------------------------------------------------
 
-def _jsonl(rows: list[dict]) -> bytes:
-    return b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows)
-
-
 def part_file(unit_id: str) -> str:
     return f"{unit_id}.jsonl"
 
@@ -409,7 +406,7 @@ class InferStage(Stage):
             stats["generated_tokens"] += int(results[i].get("generated_tokens", 0))
             stats["prompt_tokens"] += int(results[i].get("prompt_tokens", 0))
             rows.append(row)
-        ctx.write_bytes(ctx.part_path(part_file(unit.id)), _jsonl(rows))
+        ctx.write_bytes(ctx.part_path(part_file(unit.id)), jsonl(rows))
         stats["seconds"] = time.perf_counter() - t0
         return stats
 

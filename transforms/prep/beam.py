@@ -34,7 +34,6 @@ Beam metrics (namespace ``refinery_prep``): ``rows``, ``documents``, ``empty``, 
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 from array import array
 from typing import Iterable, Tuple
@@ -45,6 +44,8 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from refinery.transforms.core import io
+from refinery.transforms.core.coders import TupleCoder
+from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.formats import shards
@@ -67,31 +68,15 @@ REJECTED = "rejected"
 # Coders: deterministic, compact (msgpack of the tuple's fields; tokens as little-endian bytes)
 # ---------------------------------------------------------------------------------------
 
-class _TupleCoder(beam.coders.Coder):
-    cls: type = tuple
-
-    def encode(self, value) -> bytes:
-        return msgpack.packb(tuple(value), use_bin_type=True, unicode_errors="surrogatepass")
-
-    def decode(self, encoded: bytes):
-        return self.cls(*msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass"))
-
-    def is_deterministic(self) -> bool:
-        return True
-
-    def to_type_hint(self):
-        return self.cls
-
-
-class DocumentCoder(_TupleCoder):
+class DocumentCoder(TupleCoder):
     cls = Document
 
 
-class RejectedCoder(_TupleCoder):
+class RejectedCoder(TupleCoder):
     cls = Rejected
 
 
-class TokenizedDocumentCoder(_TupleCoder):
+class TokenizedDocumentCoder(TupleCoder):
     cls = TokenizedDocument
 
     def encode(self, value: TokenizedDocument) -> bytes:
@@ -396,7 +381,7 @@ def _write_rejects(rejected: list[Rejected], output: str) -> dict:
     """Write ``rejects/rejects.jsonl`` (sorted by path, row) unless it already holds those bytes;
     returns the counts {"rejected", "empty"}."""
     bad = sorted((r for r in rejected if not r.empty), key=lambda r: (r.path, r.row, r.reason))
-    data = b"".join((json.dumps(r.to_json(), ensure_ascii=False, sort_keys=True) + "\n").encode() for r in bad)
+    data = jsonl((r.to_json() for r in bad), sort_keys=True)
     _write_if_changed(io.join(output, "rejects", "rejects.jsonl"), data)
     return {"rejected": len(bad), "empty": len(rejected) - len(bad)}
 

@@ -17,7 +17,6 @@ document's position recorded in the spill.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import numpy as np
 
 from refinery.transforms.core import io
 from refinery.transforms.core.gc_pause import gc_paused
+from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.formats import shards
@@ -218,7 +218,7 @@ class TokenizeStage(Stage):
                             empty += 1
                         else:
                             rejected += 1
-                            rejects_out.write((io_json(doc.to_json()) + "\n").encode())
+                            rejects_out.write(json_line(doc.to_json(), sort_keys=True))
                         continue
                     tokens = encode_document(enc, doc.text)
                     writer.add(shard_of(doc.doc_id, num_shards), tokens)
@@ -253,10 +253,6 @@ def check_unchanged(payload: dict) -> None:
     if now != planned:
         raise io.InputError(f"{payload['path']}: changed since this job was planned (now {now}, planned "
                             f"{planned}); run the same command again to plan with the new version")
-
-
-def io_json(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, sort_keys=True)
 
 
 def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, dict, int]]:

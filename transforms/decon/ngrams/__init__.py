@@ -53,10 +53,11 @@ then ``ng.scan_rows(...)``.
 """
 from __future__ import annotations
 
+from refinery.transforms.core.jsonl import JSON_ERRORS
+
 from .hashes import batch_window_hashes, ngram_hash, partition_of, token_hash, tokenize_batch
 from .ids import eval_dataset_name, record_hash_id, record_id
 from .index import (
-    JSON_ERRORS,
     EvalRow,
     NgramIndex,
     Partition,

@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator
 import msgpack
 
 from refinery.transforms.core.gc_pause import gc_paused
+from refinery.transforms.core.jsonl import json_line
 
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, record_id
@@ -161,14 +162,13 @@ class NgramIndex:
                    d["num_ngrams"])
 
 
-JSON_ERRORS = "backslashreplace"  # a lone surrogate in a JSON string becomes its \\uXXXX escape
 
 
 def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
     buf = _pyio.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
         for rec in records:
-            gz.write(json.dumps(rec, ensure_ascii=False).encode("utf-8", JSON_ERRORS) + b"\n")
+            gz.write(json_line(rec))
     return buf.getvalue()
 
 
