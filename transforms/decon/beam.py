@@ -90,25 +90,21 @@ def _provenance(element, default_dataset: str | None) -> tuple[str, str, int, di
     return default_dataset or "eval", "", -1, None
 
 
-def build_index(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str, text_field: str,
-                id_field: str, partitions: int) -> ng.NgramIndex:
+def index_of_elements(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str, text_field: str,
+                      id_field: str, partitions: int) -> ng.NgramIndex:
     """The index of eval rows given in any order: rows are ordered by (dataset, path, row,
     instance id, text) first, so the index does not depend on how Beam delivered them."""
-    tok = ng.get_tokenizer(tokenizer)
-    keyed, bad = [], {}
-    for element in elements:
-        ds, path, row, record = _provenance(element, eval_dataset)
-        bad.setdefault(ds, {"bad_rows": 0})
+    records = [_provenance(element, eval_dataset) for element in elements]
+
+    def order(r: tuple) -> tuple:
+        ds, path, row, record = r
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
-            bad[ds]["bad_rows"] += 1
-            continue
-        keyed.append((ds, path, row, ng.record_id(record, id_field), text))
-    keyed.sort()
-    rows = []
-    for ds, path, row, instance_id, text in keyed:
-        tokens = tok.tokenize(text)
-        rows.append(ng.EvalRow(len(rows), ds, path, row, instance_id, text, len(tokens), not any(tokens)))
+            return (ds, path, row, "", "")  # a bad row: counted, never indexed, wherever it sorts
+        return ds, path, row, ng.record_id(record, id_field), text
+
+    records.sort(key=order)
+    rows, bad = ng.eval_rows_of(records, text_field, id_field, ng.get_tokenizer(tokenizer))
     return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions)
 
 
@@ -138,7 +134,7 @@ class BuildNgramIndex(beam.PTransform):
 
     def expand(self, rows):
         def build(elements: list) -> ng.NgramIndex:
-            index = build_index(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text_field,
+            index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text_field,
                                 self.id_field, self.partitions)
             Metrics.counter(NAMESPACE, "eval_rows").inc(len(index.rows))
             Metrics.counter(NAMESPACE, "eval_bad_rows").inc(sum(b["bad_rows"] for b in index.bad.values()))

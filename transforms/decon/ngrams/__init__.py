@@ -30,7 +30,7 @@ the order the pipeline uses them:
   load time (at most 8 bytes more per n-gram) that rejects most misses with one gather.
   Hash hits are then verified against the exact n-gram text in the hash partition's detail
   records, so there are no false positives.
-- :mod:`.index`: eval rows (:func:`make_eval_rows`), :func:`build_index` and
+- :mod:`.index`: eval rows (:func:`eval_rows_of`, :func:`make_eval_rows`), :func:`build_index` and
   :class:`NgramIndex` (membership + records by hash partition), and their serialization.
 - :mod:`.scan`: :func:`scan_rows`, the training-side join (batching, probing, verification,
   offsets), giving :class:`ScanHits`.
@@ -64,6 +64,7 @@ from .index import (
     build_index,
     dumps_jsonl_gz,
     dumps_partition,
+    eval_rows_of,
     load_partition,
     loads_jsonl_gz,
     make_eval_rows,
@@ -104,8 +105,9 @@ __all__ = [
     "SNIPPET_MAX_CHARS", "TOKENIZERS", "WRITE_CHARS", "EvalRow", "HitGroups", "Membership", "NgramIndex", "Partition",
     "SameText", "ScanHits", "ScanStats", "Tokenizer", "batch_window_hashes", "build_index", "capped_warning",
     "configured_ns", "contamination_report", "default_tokenize", "dumps_jsonl_gz", "dumps_partition",
-    "effective_lengths", "eval_dataset_name", "eval_ngrams", "get_tokenizer", "hit_blocks", "hit_groups",
-    "instance_metrics", "load_partition", "loads_jsonl_gz", "make_eval_rows", "merge_partitions", "merged_snippet",
-    "ngram_hash", "overlap_instances", "partition_of", "partition_records", "record_hash_id", "record_id",
-    "reduce_partition", "reference_overlap", "render_report", "same_text", "scan_rows", "token_hash", "tokenize_batch",
+    "effective_lengths", "eval_dataset_name", "eval_ngrams", "eval_rows_of", "get_tokenizer", "hit_blocks",
+    "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "make_eval_rows", "merge_partitions",
+    "merged_snippet", "ngram_hash", "overlap_instances", "partition_of", "partition_records", "record_hash_id",
+    "record_id", "reduce_partition", "reference_overlap", "render_report", "same_text", "scan_rows", "token_hash",
+    "tokenize_batch",
 ]

@@ -36,24 +36,32 @@ class EvalRow:
         return self.__dict__.copy()
 
 
+def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str, id_field: str,
+                 tokenizer: Tokenizer, bad: dict[str, dict] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
+    """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
+    bad rows (a record that could not be read, None, or whose text is not a string); ``bad``:
+    counts to add to (datasets already named, with 0)."""
+    rows: list[EvalRow] = []
+    bad = {} if bad is None else bad
+    for ds, path, row, record in records:
+        bad.setdefault(ds, {"bad_rows": 0})
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            bad[ds]["bad_rows"] += 1
+            continue
+        tokens = tokenizer.tokenize(text)
+        rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, len(tokens), not any(tokens)))
+    return rows, bad
+
+
 def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
                    text_field: str, id_field: str, tokenizer: Tokenizer
                    ) -> tuple[list[EvalRow], dict[str, dict]]:
-    """Eval rows of ``files`` (in the given order) + per-dataset counts of bad rows."""
-    rows: list[EvalRow] = []
-    bad: dict[str, dict] = {}
-    for path in files:
-        ds = eval_dataset_name(path if "/" in path else os.path.abspath(path))
-        bad.setdefault(ds, {"bad_rows": 0})
-        for row, record, _error in read_rows(path):
-            text = record.get(text_field) if record is not None else None
-            if record is None or not isinstance(text, str):
-                bad[ds]["bad_rows"] += 1
-                continue
-            tokens = tokenizer.tokenize(text)
-            rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text,
-                                len(tokens), not any(tokens)))
-    return rows, bad
+    """Eval rows of ``files`` (in the given order, each file's rows in order) + per-dataset
+    counts of bad rows (:func:`eval_rows_of`)."""
+    datasets = [(path, eval_dataset_name(path if "/" in path else os.path.abspath(path))) for path in files]
+    records = ((ds, path, row, record) for path, ds in datasets for row, record, _error in read_rows(path))
+    return eval_rows_of(records, text_field, id_field, tokenizer, {ds: {"bad_rows": 0} for _, ds in datasets})
 
 
 def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
