@@ -41,7 +41,8 @@ def main() -> int:
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from refinery.transforms.inference.handler import EngineSettings, GenerationParams, GptOssEngine, GptOssModelHandler
+    from refinery.transforms.inference.handler import EngineSettings, GenerationParams, GptOssEngine
+    from refinery.transforms.inference.model_handler import GptOssModelHandler
 
     ckpt = args.checkpoint
     label = "given checkpoint"

@@ -107,7 +107,7 @@ def test_engine_stop_and_context_limits(engine):
 
 
 def test_handler_in_keyed_runinference_pipeline(engine, settings):
-    from refinery.transforms.inference.handler import GptOssModelHandler
+    from refinery.transforms.inference.model_handler import GptOssModelHandler
 
     params = GenerationParams(max_tokens=5, temperature=0.7, seed=3)
     docs = {f"doc{i}": p for i, p in enumerate(_prompts(5))}

@@ -18,7 +18,8 @@ pytest.importorskip("torch", reason="the inference extra (torch) is not installe
 PROBE = r'''
 import multiprocessing.managers as mm, os, pickle, stat, sys
 from apache_beam.utils import multi_process_shared as mps
-from refinery.transforms.inference.handler import EngineSettings, GptOssModelHandler
+from refinery.transforms.inference.handler import EngineSettings
+from refinery.transforms.inference.model_handler import GptOssModelHandler
 
 class Counter:
     def __init__(self): self.n = 0
@@ -42,7 +43,8 @@ if __name__ == "__main__":
 
 
 def test_shared_model_server_takes_only_the_runs_key(tmp_path):
-    from refinery.transforms.inference.handler import EngineSettings, GptOssModelHandler
+    from refinery.transforms.inference.handler import EngineSettings
+    from refinery.transforms.inference.model_handler import GptOssModelHandler
 
     handler = GptOssModelHandler(EngineSettings(str(tmp_path)))
     other = GptOssModelHandler(EngineSettings(str(tmp_path)))  # a later wave of the same run: the same key

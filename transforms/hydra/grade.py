@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, TypedDict
 
 from refinery.transforms.core import io
 from refinery.transforms.hydra.calibrate import decide, load_calibration
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
+from refinery.transforms.inference.model_handler import GptOssModelHandler
 from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
 
 
@@ -49,7 +50,7 @@ class HydraGrader:
         self.max_ctx = max_ctx
         self._lock = threading.Lock()
 
-    def grade(self, prompts: Sequence[Sequence[int]]) -> list[dict]:
+    def grade(self, prompts: Sequence[Sequence[int]]) -> list[Grade]:
         import torch
 
         from refinery.transforms.hydra.heads import judge_preprocess, probe_features
@@ -75,33 +76,32 @@ class HydraGrader:
         return out
 
 
-def _build_handler_class():
-    from refinery.transforms.inference.handler import GptOssModelHandler
+class Grade(TypedDict):
+    """What HYDRA made of one document (a ``PredictionResult``'s ``inference``)."""
 
-    class HydraGradeHandler(GptOssModelHandler):
-        """RunInference handler for HYDRA grading. Input: ``{"tokens": [...]}`` examples.
-        Output: ``PredictionResult(example, {scores, aggregated, probe_scores,
-        probe_aggregated, judged, decision, prompt_tokens, generated_tokens})``."""
-
-        def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int, **kwargs):
-            super().__init__(settings, **kwargs)
-            self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
-
-        def load_model(self):
-            return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
-
-        def infer(self, batch, model) -> list[dict]:
-            return model.grade([list(e["tokens"]) for e in batch])
-
-    HydraGradeHandler.__qualname__ = "HydraGradeHandler"
-    return HydraGradeHandler
+    scores: list[float]  # the five 0-4 scores: the judge's, or the probe's for a document it dropped
+    aggregated: float
+    probe_scores: list[float]
+    probe_aggregated: float
+    judged: bool
+    decision: str  # keep | band | drop
+    prompt_tokens: int
+    generated_tokens: int
 
 
-def __getattr__(name: str):
-    if name == "HydraGradeHandler":
-        cls = globals()[name] = _build_handler_class()
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class HydraGradeHandler(GptOssModelHandler):
+    """RunInference handler for HYDRA grading. Input: ``{"tokens": [...]}`` examples.
+    Output: ``PredictionResult(example, inference)``, inference a :class:`Grade`."""
+
+    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
+
+    def load_model(self) -> HydraGrader:
+        return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
+
+    def infer(self, batch, model: HydraGrader) -> list[Grade]:
+        return model.grade([list(e["tokens"]) for e in batch])
 
 
 class GradeTask(Task):
@@ -134,7 +134,6 @@ class GradeTask(Task):
         return {"tokens": tokens[: self.max_ctx]}, {}
 
     def handler(self):
-        from refinery.transforms.hydra.grade import HydraGradeHandler
         from refinery.transforms.inference.handler import BatchingOptions
 
         return HydraGradeHandler(self.engine, self.heads_dir, self.calibration, self.max_ctx,

@@ -5,7 +5,8 @@
 
 The handler is :mod:`refinery.transforms.inference.handler`; generate's stages (infer ->
 merge) are :mod:`refinery.transforms.inference.stages`. Importing this package imports
-neither torch nor Beam's ML package.
+neither torch nor Beam's ML package: ``GptOssModelHandler`` (in :mod:`.model_handler`) is
+imported on first access.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ __all__ = ["EngineSettings", "GenerationParams", "GptOssModelHandler", "doc_seed
 
 
 def __getattr__(name: str):
-    if name == "GptOssModelHandler":  # built on first access (it subclasses Beam's ModelHandler)
-        from refinery.transforms.inference import handler
+    if name == "GptOssModelHandler":  # its module imports Beam's ML package, and torch
+        from refinery.transforms.inference.model_handler import GptOssModelHandler
 
-        return handler.GptOssModelHandler
+        return GptOssModelHandler
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,8 +15,9 @@ The engine (:class:`GptOssEngine`) runs one continuous batch per ``run_inference
 ``torch.Generator`` seeded with the document's seed, so a document's output does not depend
 on which other documents share its batch.
 
-Importing this module does not import torch or Beam's ML package (which imports torch):
-``GptOssModelHandler`` is built on first access.
+The ModelHandler itself, :class:`~refinery.transforms.inference.model_handler.GptOssModelHandler`,
+is in :mod:`.model_handler`: importing this module imports neither torch nor Beam's ML
+package (which imports torch), so a driver can read settings without them.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TypedDict
 
 METRICS_NAMESPACE = "refinery_inference"
 
@@ -237,8 +238,19 @@ def cached_engine(settings: EngineSettings) -> GptOssEngine:
         return engine
 
 
-def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> list[dict]:
-    """Inference dicts for a batch of examples (the body of the handler's ``run_inference``)."""
+class Generation(TypedDict):
+    """What the engine made of one example (a ``PredictionResult``'s ``inference``)."""
+
+    tokens: list[int]  # generated token ids, the stop token included when one ended it
+    text: str  # the tokens decoded (without the stop token)
+    final: str | None  # the harmony final channel's text, when the output has one
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    generated_tokens: int
+
+
+def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> list[Generation]:
+    """The generations of a batch of examples (the body of the handler's ``run_inference``)."""
     from refinery.kernels.harmony import parse_final
 
     prompts = [prompt_tokens(e) for e in batch]
@@ -317,100 +329,3 @@ def secure_model_sharing(secret: bytes) -> str:
     folder = sharing_folder(secret)
     secure_shared_models(secret, folder)
     return folder
-
-
-# ---------------------------------------------------------------------------------------
-# The ModelHandler (built on first access: Beam's ML package imports torch)
-# ---------------------------------------------------------------------------------------
-
-def _build_handler_class():
-    from apache_beam.metrics import Metrics
-    from apache_beam.ml.inference.base import ModelHandler, PredictionResult
-
-    class GptOssModelHandler(ModelHandler):
-        """RunInference handler for the gpt-oss engine.
-
-        Input: examples (token list, ``{"tokens"}`` or ``{"messages"}``, optional ``"seed"``).
-        Output: ``PredictionResult(example, inference)``, inference a dict ``{tokens, text,
-        final, finish_reason, prompt_tokens, generated_tokens}``.
-
-        ``share_across_processes`` (default True): the engine is loaded once per machine (one
-        per accelerator) and served to every worker process; ``model_copies`` engines are
-        loaded when given. The serving is private to the run (:func:`secure_model_sharing`:
-        the driver's random key, carried by the pickled handler; a 0700 folder). Batches are formed by
-        prompt length (see :class:`BatchingOptions`); the engine's continuous batching runs
-        inside each batch.
-        """
-
-        def __init__(self, settings: EngineSettings, params: GenerationParams = GenerationParams(),
-                     *, share_across_processes: bool = True, model_copies: int | None = None,
-                     batching: BatchingOptions | None = None):
-            super().__init__(model_copies=model_copies)
-            self.settings = settings
-            self.params = params
-            self._share_across_processes = bool(share_across_processes or model_copies)
-            self._model_copies = model_copies
-            self._sharing_secret = sharing_secret()  # pickled with the handler: known to this run's workers only
-            self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
-            self._counters = None
-
-        def load_model(self):
-            return GptOssEngine(self.settings)
-
-        def share_model_across_processes(self) -> bool:
-            """Called by RunInference in each worker before it shares the model: secure it first."""
-            if self._share_across_processes:
-                secure_model_sharing(self._sharing_secret)
-            return self._share_across_processes
-
-        def batch_elements_kwargs(self) -> Mapping[str, Any]:
-            return self.batching.kwargs()
-
-        def get_num_bytes(self, batch: Sequence[Any]) -> int:
-            return sum(4 * example_length(e) for e in batch)
-
-        def get_metrics_namespace(self) -> str:
-            return METRICS_NAMESPACE
-
-        def _metrics(self):
-            if self._counters is None:
-                ns = METRICS_NAMESPACE
-                self._counters = {
-                    "prompts": Metrics.counter(ns, "prompts"),
-                    "prompt_tokens": Metrics.counter(ns, "prompt_tokens"),
-                    "generated_tokens": Metrics.counter(ns, "generated_tokens"),
-                    "tokens_per_second": Metrics.distribution(ns, "generated_tokens_per_second"),
-                    "batch_size": Metrics.distribution(ns, "batch_size"),
-                }
-            return self._counters
-
-        def infer(self, batch: Sequence[Any], model) -> list[dict]:
-            return run_generation(model, batch, self.params)
-
-        def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable:
-            t0 = time.perf_counter()
-            results = self.infer(batch, model)
-            seconds = max(time.perf_counter() - t0, 1e-9)
-            m = self._metrics()
-            generated = sum(int(r.get("generated_tokens", 0)) for r in results)
-            m["prompts"].inc(len(batch))
-            m["prompt_tokens"].inc(sum(int(r.get("prompt_tokens", 0)) for r in results))
-            m["generated_tokens"].inc(generated)
-            m["tokens_per_second"].update(int(generated / seconds))
-            m["batch_size"].update(len(batch))
-            return [PredictionResult(e, r, self.settings.checkpoint) for e, r in zip(batch, results)]
-
-        def __getstate__(self):
-            state = dict(self.__dict__)
-            state["_counters"] = None
-            return state
-
-    GptOssModelHandler.__qualname__ = "GptOssModelHandler"
-    return GptOssModelHandler
-
-
-def __getattr__(name: str):
-    if name == "GptOssModelHandler":
-        cls = globals()[name] = _build_handler_class()
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

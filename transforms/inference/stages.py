@@ -301,7 +301,8 @@ class GenerateTask(Task):
         return example, {"prompt": self.template["user"].replace("{text}", text), "truncated_tokens": cut}
 
     def handler(self):
-        from refinery.transforms.inference.handler import BatchingOptions, GptOssModelHandler
+        from refinery.transforms.inference.handler import BatchingOptions
+        from refinery.transforms.inference.model_handler import GptOssModelHandler
 
         batching = BatchingOptions(self.engine.max_seq_len, self.options.batch_tokens or self.engine.max_batch * 512)
         return GptOssModelHandler(self.engine, self.params, share_across_processes=self.options.share_across_processes,
