@@ -79,6 +79,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
     the verdict failed."""
     from refinery.runners import job_service
+    from refinery.runners.local import run_job
     from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
 
@@ -96,7 +97,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
                                 verify_checksums=getattr(args, "verify_checksums", False),
                                 force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
                                 run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
-                                on_plan=p.on_plan, runner=p.runner)
+                                on_plan=p.on_plan, runner=p.runner or run_job)
     except StageFailed as e:
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)

@@ -228,6 +228,7 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines.checks import reject_rate_failure
     from refinery.beam_pipelines.interrupt import interrupted, resume_hint
+    from refinery.runners.local import run_job
     from refinery.transforms.core import io
     from refinery.transforms.core.stages import run_stages
     from refinery.transforms.loader import mixture as mx
@@ -246,7 +247,7 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
             result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,
                                 force=args.force, progress=not args.no_progress,
                                 run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
-                                          "split": plan.split}, on_plan=clear_stale_manifest)
+                                          "split": plan.split}, on_plan=clear_stale_manifest, runner=run_job)
             m = io.read_json(io.join(cfg.output, "manifest.json"))
             rows, rejects = m["rows"], io.join(cfg.output, "rejects/rejects.jsonl")
             ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (already done)"

@@ -60,6 +60,19 @@ def runnable(args: list[str]) -> list[str]:
     return [a for a in args if not a.startswith("--runner")] + [f"--runner={LOCAL_RUNNER}"]
 
 
+def run_job(steps: list, beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
+    """Run a command's ``steps`` as one Beam job (the step runner the commands give
+    ``run_stages``); its counters. On the local runner, a job of only light steps runs in the
+    driver's process (:func:`in_process`: there is nothing to share between worker
+    processes, and starting them would cost more than the work), and every job on
+    :class:`~refinery.runners.local_runner.LocalRunner` (:func:`runnable`)."""
+    from refinery.transforms.core.pipeline import light_job, run_on_beam
+
+    if light_job(steps):
+        beam_args = in_process(beam_args)
+    return run_on_beam(steps, runnable(beam_args), verify_checksums)
+
+
 def in_process(args: list[str]) -> list[str]:
     """``args`` for the same job run in this process, when they ask for the local
     multi-process DirectRunner (a job of light steps: I/O-bound work, or one unit, where

@@ -198,14 +198,14 @@ def refinery_counters(result) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def light_job(steps: list[Step]) -> bool:
+    """Whether every step is light (I/O, or one unit): a local runner gains nothing from
+    worker processes for such a job (see ``runners.local.run_job``)."""
+    return all(step.run.stage.light or len(step.units) <= 1 for step in steps)
+
+
 def run_on_beam(steps: list[Step], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
-    """The default step runner of ``run_stages``: ``steps`` as one Beam job; its counters.
-
-    On the local multi-process runner, a job of only light steps (I/O, or one unit each)
-    runs in the driver's process: there is nothing to share between worker processes, and
-    starting them would cost more than the work."""
-    from refinery.runners.local import in_process, runnable
-
-    if all(step.run.stage.light or len(step.units) <= 1 for step in steps):
-        beam_args = in_process(beam_args)
-    return run_pipeline(build_pipeline(steps, runnable(beam_args), verify_checksums))
+    """The default step runner of ``run_stages``: ``steps`` as one Beam job with ``beam_args``
+    as given; its counters. The commands run jobs through ``runners.local.run_job``, which
+    first fits the arguments of the local runner to the job."""
+    return run_pipeline(build_pipeline(steps, beam_args, verify_checksums))
