@@ -95,14 +95,7 @@ class Progress:
                 bars[i].close()
 
         try:
-            while True:
-                stopping = self._stop.wait(self.interval)
-                if self._halted:
-                    break
-                with contextlib.suppress(Exception):
-                    self._update(show, stopping)
-                if stopping:
-                    break
+            self._poll_until_stopped(show)
         finally:
             for bar in bars.values():
                 bar.close()
@@ -121,6 +114,11 @@ class Progress:
                 if ended:
                     printed.add(i)
 
+        self._poll_until_stopped(show)
+
+    def _poll_until_stopped(self, show) -> None:
+        """:meth:`_update` every :attr:`interval` s until the job ends (one last poll then)
+        or :meth:`halt` (none); a failed poll is skipped, never the job's failure."""
         while True:
             stopping = self._stop.wait(self.interval)
             if self._halted:
