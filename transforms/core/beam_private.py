@@ -1,8 +1,11 @@
-"""The only places refinery reaches into Beam's private parts, each behind one function.
+"""Where refinery reads or rewrites Beam's private names, each behind one function.
 
 Beam gives no public way to do these two things, so this module does them through Beam's
 internals, and ``tests/test_beam_private.py`` pins the Beam versions they were checked
 against (:data:`CHECKED_BEAM`): a Beam upgrade fails that test first, naming what moved.
+(The local runner, ``runners/local_runner.py`` and ``runners/warm_workers.py``, also builds
+on Beam's FnApiRunner and SDK worker, through their public names; ``test_runners`` and
+``test_warm_workers`` run them.)
 
 - :func:`secure_shared_models`: Beam's shared-model server
   (``apache_beam.utils.multi_process_shared``, used by RunInference to share one model
