@@ -44,8 +44,9 @@ from pathlib import Path
 import torch
 
 from refinery.kernels import launches, ops
+from refinery.kernels.batching import BatchedGenerator, sample
 from refinery.kernels.config import ModelConfig
-from refinery.kernels.model import BatchedGenerator, Rotary, Transformer, sample
+from refinery.kernels.model import Rotary, Transformer
 
 SHAPES = {
     "20b": dict(num_hidden_layers=24, num_experts=32),

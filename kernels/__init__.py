@@ -4,7 +4,7 @@ through ``ops``; launch counting in ``launches``; see docs/ENGINE.md for the dec
 
 Importing this package does not import torch; the names below load on first use.
 
-* :class:`Transformer` and :class:`BatchedGenerator` (``refinery.kernels.model``)
+* :class:`Transformer` (``refinery.kernels.model``) and :class:`BatchedGenerator` (``refinery.kernels.batching``)
 * :class:`ModelConfig` (``refinery.kernels.config``, torch-free)
 * harmony prompt rendering and parsing (``refinery.kernels.harmony``)
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 _LAZY = {
     "Transformer": "model",
-    "BatchedGenerator": "model",
+    "BatchedGenerator": "batching",
     "ModelConfig": "config",
     "load_config": "config",
     "register_kernel": "ops",

@@ -10,7 +10,8 @@ pytest.importorskip("safetensors", reason="the inference extra (safetensors) is 
 
 from engine_fixtures import random_weights, tiny_config, write_hf, write_original  # noqa: E402
 
-from refinery.kernels.model import BatchedGenerator, Transformer  # noqa: E402
+from refinery.kernels.batching import BatchedGenerator  # noqa: E402
+from refinery.kernels.model import Transformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

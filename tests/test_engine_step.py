@@ -13,9 +13,10 @@ pytest.importorskip("safetensors", reason="the inference extra (safetensors) is 
 from engine_fixtures import random_weights, tiny_config, write_original  # noqa: E402
 
 from refinery.kernels import sampling  # noqa: E402
+from refinery.kernels.batching import BatchedGenerator, sample  # noqa: E402
 from refinery.kernels.decode_graph import bucket_for, bucket_sizes  # noqa: E402
 from refinery.kernels.kv_cache import PagedKVCache  # noqa: E402
-from refinery.kernels.model import BatchedGenerator, Transformer, sample  # noqa: E402
+from refinery.kernels.model import Transformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

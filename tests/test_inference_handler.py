@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from apache_beam.testing.util import assert_that  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 
-from refinery.kernels.model import BatchedGenerator  # noqa: E402
+from refinery.kernels.batching import BatchedGenerator  # noqa: E402
 from refinery.transforms.inference.handler import (  # noqa: E402
     EngineSettings,
     GenerationParams,

@@ -16,7 +16,8 @@ from engine_fixtures import interpreted_triton_kernels, random_weights, tiny_con
 KERNELS = interpreted_triton_kernels()  # TRITON_INTERPRET=1: the kernels run on CPU tensors
 
 from refinery.kernels import launches, ops  # noqa: E402
-from refinery.kernels.model import BatchedGenerator, Transformer, sample  # noqa: E402
+from refinery.kernels.batching import BatchedGenerator, sample  # noqa: E402
+from refinery.kernels.model import Transformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ class GptOssEngine:
                 raise
 
     def _reset(self) -> None:
-        from refinery.kernels.model import BatchedGenerator
+        from refinery.kernels.batching import BatchedGenerator
 
         s = self.settings
         self.generator = BatchedGenerator(self.model, max_seq_len=s.max_seq_len, max_batch=s.max_batch,
