@@ -24,18 +24,22 @@ import sys
 from typing import Callable
 
 
+def end_now(code: int) -> None:
+    """End this process at once with ``code``, its logs and standard streams flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def exit_quickly(status: Callable[[], int | None]) -> None:
     """At the normal end of this process, end it at once with ``status()`` (unless None)."""
     def _end() -> None:
         code = status()
-        if code is None:
-            return
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        if code is not None:
+            end_now(code)
 
     atexit.register(_end)

@@ -28,6 +28,7 @@ import importlib
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -59,7 +60,7 @@ class Pool:
 
     def worker_command(self) -> str:
         """The shell command Beam runs for each worker (the attach command)."""
-        return f"{_quote(sys.executable)} -m {MODULE} attach {_quote(self.socket)}"
+        return f"{shlex.quote(sys.executable)} -m {MODULE} attach {shlex.quote(self.socket)}"
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -90,9 +91,9 @@ def wanted(beam_args: list[str]) -> bool:
 @contextlib.contextmanager
 def pool(beam_args: list[str], preload: tuple[str, ...] = ()) -> Iterator[Pool | None]:
     """A pool for the jobs run inside the block when :func:`wanted`, else None. ``preload``:
-    more modules the warm process imports (``module``, or ``module:function`` to call one
-    too). It imports them before the command has set up its environment: a module whose
-    import reads an environment variable the command sets does not belong here."""
+    more modules the warm process imports. It imports them before the command has set up
+    its environment: a module whose import reads an environment variable the command sets
+    does not belong here."""
     global _active
     if not wanted(beam_args) or _active is not None:
         yield None
@@ -112,12 +113,6 @@ def pool(beam_args: list[str], preload: tuple[str, ...] = ()) -> Iterator[Pool |
         p.close()
 
 
-def _quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
-
-
 # ---------------------------------------------------------------------------------------
 # The warm process
 # ---------------------------------------------------------------------------------------
@@ -135,12 +130,9 @@ def serve(socket_path: str, preload: list[str]) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
     server.listen(256)
-    for spec in preload:
-        module, _, func = spec.partition(":")
+    for module in preload:
         try:
-            loaded = importlib.import_module(module)
-            if func:
-                getattr(loaded, func)()
+            importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a worker imports what it needs itself
             traceback.print_exc()
     while True:
@@ -184,16 +176,11 @@ def _run_worker(conn: socket.socket) -> None:
     except BaseException:  # noqa: BLE001 - reported through the status, like a worker process's
         traceback.print_exc()
     finally:
-        import logging
+        from refinery.beam_pipelines.quick_exit import end_now
 
-        with contextlib.suppress(Exception):
-            logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
         with contextlib.suppress(OSError):
             conn.sendall(f"{status}\n".encode())
-        os._exit(status)
+        end_now(status)
 
 
 def _read_line(conn: socket.socket) -> bytes:
@@ -229,4 +216,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "attach":
         sys.exit(attach(sys.argv[2]))
     else:
-        sys.exit(f"usage: python -m {MODULE} serve SOCKET [MODULE[:FUNC] ...] | attach SOCKET")
+        sys.exit(f"usage: python -m {MODULE} serve SOCKET [MODULE ...] | attach SOCKET")
