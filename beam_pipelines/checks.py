@@ -50,7 +50,7 @@ def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str
     (``runners.dataflow.option_problems``) and every local data path (its workers cannot
     see this machine's files); the bucket name of every ``gs://`` path. Reads nothing remote."""
     from refinery.runners.dataflow import is_dataflow, option_problems
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.gcs import bucket_problem
 
     problems = []
@@ -59,7 +59,7 @@ def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str
         for dest in WORKER_PATHS:
             v = getattr(args, dest, None)
             for path in v if isinstance(v, list) else [v]:
-                if isinstance(path, str) and not io.is_remote(path):
+                if isinstance(path, str) and not storage.is_remote(path):
                     problems.append(f"--{dest.replace('_', '-')} {path}: a local path, which Dataflow's workers "
                                     "cannot see; give a gs://BUCKET/PATH (or run with --runner local)")
     for flag, path in gs_paths(args, parser):
@@ -103,13 +103,13 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
     except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
     would list it (a run reading its own outputs back as input). Every command that takes
     ``--output`` calls it (``flag``: how the message names the output)."""
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
 
-    problem = io.output_folder_problem(output, probe=not dry_run)
+    problem = storage.output_folder_problem(output, probe=not dry_run)
     if problem:
         raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
     for arg in inputs:
-        if io.listing_reaches(arg, output):
+        if storage.listing_reaches(arg, output):
             raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
                              f"read the run's own outputs back; give an output folder outside it")
 

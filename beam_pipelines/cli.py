@@ -10,7 +10,7 @@ to Beam; anything else exits 2 naming the flag and the nearest one.
 Before any command runs, where it reads and writes is checked without the network
 (``checks.location_problems``: Dataflow's options, local paths under Dataflow, bucket
 names; then credentials for ``gs://``), each problem one line, exit 2. A ``--dry-run`` runs
-inside ``io.offline``: it lists and reads nothing remote.
+inside ``storage.offline``: it lists and reads nothing remote.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _main(argv: list[str] | None) -> int:
     from refinery.beam_pipelines.beam_flags import check_beam_args
     from refinery.beam_pipelines.checks import UsageError, gs_paths, location_problems
     from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.gcs import credentials_problem
 
     parser, subparsers = build_parser()
@@ -159,7 +159,7 @@ def _main(argv: list[str] | None) -> int:
     if problems:
         return _usage_lines(command, problems)
     if dry_run:
-        with io.offline("a dry run reads nothing remote"):
+        with storage.offline("a dry run reads nothing remote"):
             return mod.run(args, beam_args)
     from refinery.runners import warm_workers
 

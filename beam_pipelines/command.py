@@ -80,8 +80,8 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     the verdict failed."""
     from refinery.runners import job_service
     from refinery.runners.local import run_job
-    from refinery.transforms.core.io import InputError, PathError
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
+    from refinery.transforms.core.storage import InputError, PathError
 
     if getattr(args, "dry_run", False):
         try:
@@ -129,22 +129,22 @@ def beam_runner_name(beam_args: list[str]) -> str:
 def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     """Print the plan (per stage: units done, failed, pending, by the one completion check)
     and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing.
-    Inside ``io.offline`` (the CLI's dry runs) it says which remote inputs it did not list
+    Inside ``storage.offline`` (the CLI's dry runs) it says which remote inputs it did not list
     and, for a remote output, that it did not read the receipts."""
     from refinery.runners.dataflow import is_dataflow
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.receipts import repairs_of
     from refinery.transforms.core.stages import bind_stages
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)
-    offline = io.offline_state()
+    offline = storage.offline_state()
     print(f"refinery {p.command} --dry-run: plan for {p.output} (nothing is run or written)")
     if p.header:
         print(p.header)
     if offline and offline.unlisted:
         print(f"  not listed ({offline.reason}), so not counted below: {', '.join(offline.unlisted)}")
-    unread = bool(offline) and io.is_remote(p.output) and not force
+    unread = bool(offline) and storage.is_remote(p.output) and not force
     if unread:
         print(f"  receipts under {p.output} not read ({offline.reason}): done/failed/pending unknown")
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")

@@ -118,7 +118,7 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.decon.stages import build_stages
 
     output = args.output.rstrip("/")
@@ -134,9 +134,9 @@ def run(args, beam_args: list[str]) -> int:
             from refinery.transforms.core.hf import materialize_split
             from refinery.transforms.core.receipts import META_DIR
 
-            path = materialize_split(spec, io.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
+            path = materialize_split(spec, storage.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
                                      write=not args.dry_run)
-            if io.exists(path):
+            if storage.exists(path):
                 args.eval = [*args.eval, path]
             else:
                 pending_hf.append(spec)
@@ -148,7 +148,7 @@ def run(args, beam_args: list[str]) -> int:
         check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
     except UsageError as e:
         return usage_error(str(e))
-    except (io.InputError, ValueError) as e:
+    except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery decon: {e}")
     if pending_hf:
         print(f"  (--dry-run: {', '.join(pending_hf)} would be loaded first; not counted below)")
@@ -156,13 +156,13 @@ def run(args, beam_args: list[str]) -> int:
     def on_plan(runs, plans) -> None:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
-            io.remove(io.join(output, ".SUCCESS"), root=output)
+            storage.remove(storage.join(output, ".SUCCESS"), root=output)
 
     bad_rows = "unreadable or without text"
 
     def row_counts(result) -> dict[str, tuple[int, int]]:
         """(rows read, rows unreadable or without text) of each side."""
-        summary_lines = io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines()
+        summary_lines = storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines()
         evals = [json.loads(line) for line in summary_lines]
         scan = result.runs[-1].check("merge").receipt["stats"]["scan"]
         return {"eval": (sum(e["num_rows"] + e["num_bad_rows"] for e in evals), sum(e["num_bad_rows"] for e in evals)),
@@ -180,15 +180,15 @@ def run(args, beam_args: list[str]) -> int:
         lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
         for side, (read, bad) in row_counts(result).items():
             lines.append(f"  {side} rows: read {read:,} = used {read - bad:,} + {bad_rows} {bad:,}")
-        for line in io.read_bytes(io.join(output, "stats", "overlap_stats.jsonl")).splitlines():
+        for line in storage.read_bytes(storage.join(output, "stats", "overlap_stats.jsonl")).splitlines():
             s = json.loads(line)
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
-        lines.append(f"  report: {io.join(output, 'stats', 'report.html')} (and report.md)")
+        lines.append(f"  report: {storage.join(output, 'stats', 'report.html')} (and report.md)")
         for receipt in result.runs[-1].completed_receipts().values():
             if receipt["stats"].get("capped_warning"):
                 print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
-        for line in io.read_bytes(io.join(output, "stats", "eval_summary.jsonl")).splitlines():
+        for line in storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
                                     f"the eval rows of {e['eval_dataset']} ({bad_rows})")
@@ -197,7 +197,7 @@ def run(args, beam_args: list[str]) -> int:
     index, scan = stages[0], stages[1]
     header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
               f"n = {' '.join(map(str, settings.ns))} -> {output}"
-              + (f"\n  {io.skipped_note(skipped)}" if skipped else ""))
+              + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("decon", output, stages, header, summary, verdict=verdict, on_plan=on_plan),
                         args, beam_args)
 

@@ -136,7 +136,7 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import run_pipeline, usage_error
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import GenerateTask, build_stages
 
@@ -156,26 +156,27 @@ def run(args, beam_args: list[str]) -> int:
         units = len(stages[0].plan())
     except UsageError as e:
         return usage_error(str(e))
-    except (io.InputError, ValueError) as e:
+    except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery generate: {e}")
 
     def verdict(result) -> str | None:
         stats = result.runs[-1].check("merge").receipt["stats"]
         read, errors = stats["documents"], stats["errors"]
         return reject_rate_failure("documents", read, errors, read - errors, args.max_reject_rate,
-                                   f"reasons in the error field of {io.join(output, GenerateTask.OUTPUT)}")
+                                   f"reasons in the error field of {storage.join(output, GenerateTask.OUTPUT)}")
 
     def summary(result, seconds: float) -> str:
         stats = result.runs[-1].check("merge").receipt["stats"]
         warn_if_mostly_rejected("generate", stats["errors"], stats["documents"],
-                                f"the error field of {io.join(output, GenerateTask.OUTPUT)}")
+                                f"the error field of {storage.join(output, GenerateTask.OUTPUT)}")
         ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
         return (f"generate done in {seconds:.1f}s; units run: {ran}\n"
                 f"  {stats['documents']:,} documents ({stats['errors']:,} unreadable), "
-                f"{stats['generated_tokens']:,} tokens generated\n  output: {io.join(output, GenerateTask.OUTPUT)}")
+                f"{stats['generated_tokens']:,} tokens generated\n"
+                f"  output: {storage.join(output, GenerateTask.OUTPUT)}")
 
     header = (f"generate: {len(source.files)} input file(s), {units} unit(s) -> {output}"
-              + (f"\n  {io.skipped_note(source.skipped)}" if source.skipped else ""))
+              + (f"\n  {storage.skipped_note(source.skipped)}" if source.skipped else ""))
     return run_pipeline(inference_pipeline("generate", output, stages, header, summary, verdict), args, beam_args)
 
 

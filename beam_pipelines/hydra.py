@@ -99,13 +99,13 @@ def _slices(args, beam_args: list[str]) -> int:
     """Through the command runner, like every step: failed units exit 1 with the resume command."""
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.runners import pipeline_args
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.hydra.slices import SlicesStage
 
     output = args.output.rstrip("/")
     try:
         stage = SlicesStage(args.data_root)
-    except (io.InputError, ValueError) as e:
+    except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery hydra slices: {e}")
 
     def summary(result, seconds: float) -> str:
@@ -121,7 +121,7 @@ def _slices(args, beam_args: list[str]) -> int:
 def _oracle(args, beam_args) -> int:
     from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.hydra.oracle import OracleTask
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import build_stages
@@ -132,14 +132,14 @@ def _oracle(args, beam_args) -> int:
         task = OracleTask(engine_settings(args), params, handler_options(args))
         stages = build_stages(task, document_source(args), args.wave_units)
         stages[0].plan()
-    except (io.InputError, ValueError) as e:
+    except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery hydra oracle-label: {e}")
 
     def summary(result, seconds: float) -> str:
         s = result.runs[-1].check("merge").receipt["stats"]
         return (f"oracle-label: {s['documents']:,} documents, parsed {s['parsed']:,}, failed {s['failed']:,}, "
                 f"unreadable {s['unreadable']:,}; parse rate {100 * s['parse_rate']:.1f}%\n"
-                f"  labels: {io.join(output, 'labels.jsonl')}  failures: {io.join(output, 'failures.jsonl')}")
+                f"  labels: {storage.join(output, 'labels.jsonl')}  failures: {storage.join(output, 'failures.jsonl')}")
 
     return run_pipeline(inference_pipeline("hydra oracle-label", output, stages, "", summary), args, beam_args)
 
@@ -188,7 +188,7 @@ def _train(args) -> int:
 def _grade(args, beam_args) -> int:
     from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.hydra.grade import GradeTask
     from refinery.transforms.inference.stages import build_stages
 
@@ -197,13 +197,13 @@ def _grade(args, beam_args) -> int:
         task = GradeTask(engine_settings(args), args.heads_dir, args.calibration, args.max_ctx, handler_options(args))
         stages = build_stages(task, document_source(args), args.wave_units)
         stages[0].plan()
-    except (io.InputError, ValueError, FileNotFoundError) as e:
+    except (storage.InputError, ValueError, FileNotFoundError) as e:
         return usage_error(f"refinery hydra grade: {e}")
 
     def summary(result, seconds: float) -> str:
         s = result.runs[-1].check("merge").receipt["stats"]
         return (f"grade: {s['documents']:,} documents: keep {s['keep']:,}, band {s['band']:,}, drop {s['drop']:,}, "
-                f"errors {s['errors']:,} (judged {s['judged']:,})\n  {io.join(output, 'quality_scores.jsonl')}")
+                f"errors {s['errors']:,} (judged {s['judged']:,})\n  {storage.join(output, 'quality_scores.jsonl')}")
 
     return run_pipeline(inference_pipeline("hydra grade", output, stages, "", summary), args, beam_args)
 

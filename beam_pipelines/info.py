@@ -15,11 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.verify import manifest_path
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
 
     path = manifest_path(args.manifest)
     try:
-        m = io.read_json(path)
+        m = storage.read_json(path)
     except FileNotFoundError:
         print(f"refinery info: {path}: not found (give a prep output folder or its manifest.json)", file=sys.stderr)
         return 2

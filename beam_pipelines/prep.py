@@ -88,7 +88,7 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import check_name
     from refinery.transforms.formats.tokenizer import check_vocab
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
@@ -112,14 +112,14 @@ def run(args, beam_args: list[str]) -> int:
         if args.hf_dataset:
             from refinery.transforms.core.hf import resolve_hf_parquet
             hf = resolve_hf_parquet(args.hf_dataset, args.hf_subset, args.hf_split, args.hf_revision)
-            inputs = io.expand_inputs(list(hf.files))
+            inputs = storage.expand_inputs(list(hf.files))
             source = hf.describe()
         else:
-            inputs = io.expand_inputs(args.input, skipped=skipped)
+            inputs = storage.expand_inputs(args.input, skipped=skipped)
         check_field("prep", "--text-field", args.text_field, [f.path for f in inputs])
     except UsageError as e:
         return usage_error(str(e))
-    except (io.InputError, ValueError) as e:
+    except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery prep: {e}")
     try:
         dataset = check_name(dataset_name(args))
@@ -131,16 +131,16 @@ def run(args, beam_args: list[str]) -> int:
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
                      unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes)
 
-    rejects_path = io.join(cfg.output, "rejects/rejects.jsonl")
+    rejects_path = storage.join(cfg.output, "rejects/rejects.jsonl")
 
     def verdict(result) -> str | None:
-        rows = io.read_json(io.join(cfg.output, "manifest.json"))["rows"]
+        rows = storage.read_json(storage.join(cfg.output, "manifest.json"))["rows"]
         return reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
                                    f"reasons in {rejects_path}")
 
     def summary(result, seconds: float) -> str:
-        manifest_path = io.join(cfg.output, "manifest.json")
-        m = io.read_json(manifest_path)
+        manifest_path = storage.join(cfg.output, "manifest.json")
+        m = storage.read_json(manifest_path)
         ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
             or "nothing (all units already done)"
         rows = m["rows"]
@@ -155,6 +155,6 @@ def run(args, beam_args: list[str]) -> int:
 
     header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
               + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
-              + (f"\n  {io.skipped_note(skipped)}" if skipped else ""))
+              + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
                                  on_plan=clear_stale_manifest), args, beam_args)

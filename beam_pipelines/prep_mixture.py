@@ -88,13 +88,13 @@ def hf_split_files(source, split: str, fs=None, api=None):
 def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
     """(input files, source description for the plan hash) of one source/split; the files of
     its folders skipped for their extension are appended to ``skipped``."""
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
 
     s = plan.source
     if s.is_hf:
         hf, spec = hf_split_files(s, plan.split, fs, api)
-        return io.expand_inputs(list(hf.files)), {**hf.describe(), "hf_split": spec}
-    return io.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
+        return storage.expand_inputs(list(hf.files)), {**hf.describe(), "hf_split": spec}
+    return storage.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
 
 
 def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
@@ -200,10 +200,10 @@ def run(args, beam_args: list[str]) -> int:
 
 
 def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.loader import mixture as mx
 
-    offline = io.offline_state()  # the CLI's dry run: nothing remote is listed or read
+    offline = storage.offline_state()  # the CLI's dry run: nothing remote is listed or read
     print(f"{'source/split':28} {'weight':>8} {'budget':>9} {'shards':>6}  {'status':8} detail")
     for plan in plans:
         try:
@@ -211,11 +211,11 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
             skipped: list[str] = []
             inputs, desc = resolve_inputs(plan, skipped=skipped)
             if offline and len(offline.unlisted) > unlisted:
-                raise io.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
+                raise storage.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
             cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
             status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
             detail = (f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
-                      + (f"; {io.skipped_note(skipped)}" if skipped else ""))
+                      + (f"; {storage.skipped_note(skipped)}" if skipped else ""))
         except Exception as e:  # noqa: BLE001 - a dry run reports, it does not stop
             status, detail = "unresolved", f"{plan.source.describe_split(plan.split)}: {type(e).__name__}: {e}"
         print(f"{plan.label:28} {weight_of[plan.source.id] / mx.WEIGHT_SCALE:>8.4f} "
@@ -229,7 +229,7 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines.checks import reject_rate_failure
     from refinery.beam_pipelines.interrupt import interrupted, resume_hint
     from refinery.runners.local import run_job
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.stages import run_stages
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.prep.stages import clear_stale_manifest
@@ -243,13 +243,13 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
             skipped: list[str] = []
             cfg, stages = split_stages(plan, args.num_shards, workers, skipped)
             if skipped:
-                print(f"  {plan.label}: {io.skipped_note(skipped)}", file=sys.stderr)
+                print(f"  {plan.label}: {storage.skipped_note(skipped)}", file=sys.stderr)
             result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,
                                 force=args.force, progress=not args.no_progress,
                                 run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
                                           "split": plan.split}, on_plan=clear_stale_manifest, runner=run_job)
-            m = io.read_json(io.join(cfg.output, "manifest.json"))
-            rows, rejects = m["rows"], io.join(cfg.output, "rejects/rejects.jsonl")
+            m = storage.read_json(storage.join(cfg.output, "manifest.json"))
+            rows, rejects = m["rows"], storage.join(cfg.output, "rejects/rejects.jsonl")
             ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (already done)"
             print(f"  {plan.label}: {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in "
                   f"{m['num_shards']} shards; units run: {ran}\n"

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import index_path_for, regenerate_index
 
     try:
@@ -45,7 +45,7 @@ def run(args, beam_args: list[str]) -> int:
         print(f"refinery regenerate-index: {e}", file=sys.stderr)
         return 1
     num_docs = (len(data) - 32) // 16
-    existing = io.read_bytes(out) if io.exists(out) else None
+    existing = storage.read_bytes(out) if storage.exists(out) else None
     if existing == data:
         print(f"OK   {out}: already identical to the regenerated index ({num_docs:,} documents)")
         return 0
@@ -53,6 +53,6 @@ def run(args, beam_args: list[str]) -> int:
         print(f"refinery regenerate-index: {out} exists and differs from the index rebuilt from {args.shard} "
               f"({len(existing)} vs {len(data)} bytes); pass --force to overwrite it", file=sys.stderr)
         return 1
-    io.atomic_write_bytes(out, data)
+    storage.atomic_write_bytes(out, data)
     print(f"wrote {out}: {num_docs:,} documents, {len(data):,} bytes")
     return 0

@@ -19,12 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.stages import stage_status
 
     output = args.output.rstrip("/")
-    if io.basename(output) == "manifest.json" and not io.isdir(output):
-        output = io.dirname(output)
+    if storage.basename(output) == "manifest.json" and not storage.isdir(output):
+        output = storage.dirname(output)
     try:
         rows = stage_status(output, args.checksums)
     except FileNotFoundError as e:

@@ -21,19 +21,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_path(path: str) -> str:
     """A manifest path from a manifest or a prep output folder (whichever the user gave)."""
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import MANIFEST
 
     path = path.rstrip("/")
-    return path if io.basename(path) == MANIFEST or not io.isdir(path) else io.join(path, MANIFEST)
+    return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import verify_manifest
 
     path = manifest_path(args.manifest)
-    if not io.exists(path):
+    if not storage.exists(path):
         print(f"refinery verify: {path}: not found (give a prep output folder or its manifest.json)",
               file=sys.stderr)
         return 2
@@ -43,7 +43,7 @@ def run(args, beam_args: list[str]) -> int:
     if problems:
         print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 1
-    m = io.read_json(path)
+    m = storage.read_json(path)
     print(f"OK   {path}: {m['num_shards']} shards, {m['total_documents']:,} documents, "
           f"{m['total_tokens']:,} tokens" + (" (checksums verified)" if args.checksums else ""))
     return 0

@@ -124,7 +124,7 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tup
 
 WORKER_SCRIPT = r"""
 import json, sys, time
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.stages import load_partition_file, membership_from_bytes, partition_file
@@ -136,7 +136,7 @@ def vm_hwm_mb():  # ru_maxrss survives exec: it would report the parent
 
 membership_path, index_parts, train_file = sys.argv[1:4]
 base = vm_hwm_mb()
-m = membership_from_bytes(io.read_bytes(membership_path))
+m = membership_from_bytes(storage.read_bytes(membership_path))
 loaded = vm_hwm_mb()
 stats = ng.ScanStats()
 t0 = time.process_time()

@@ -87,7 +87,7 @@ def run_prep(corpus: Path, out: Path, workers: int | None) -> tuple[float, float
 def simulate_scale(units: int, num_shards: int) -> None:
     """Tiny tokenize units on memory://: files pack opens without and with the merge stage."""
     from refinery.beam_pipelines.cli import main
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.prep import stages
 
     work = Path(tempfile.mkdtemp(prefix="refinery-scale-"))
@@ -96,7 +96,7 @@ def simulate_scale(units: int, num_shards: int) -> None:
         (work / "in").mkdir(exist_ok=True)
         (work / "in" / f"f{k:05d}.jsonl").write_text(json.dumps({"id": f"d{k}", "text": t}) + "\n")
     opened = {"n": 0, "on": False}
-    real_open, real_pack = io.open_read, stages.PackStage.run_unit
+    real_open, real_pack = storage.open_read, stages.PackStage.run_unit
 
     def counting_open(path, *a, **k):
         opened["n"] += opened["on"]
@@ -109,7 +109,7 @@ def simulate_scale(units: int, num_shards: int) -> None:
         finally:
             opened["on"] = False
 
-    io.open_read, stages.PackStage.run_unit = counting_open, counting_pack
+    storage.open_read, stages.PackStage.run_unit = counting_open, counting_pack
     results = {}
     for label, limit in (("without merge", 1 << 60), ("with merge", 1)):
         stages.MERGE_ABOVE = limit

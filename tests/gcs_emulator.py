@@ -6,7 +6,7 @@ Use it from a test module (``tests/`` is on ``sys.path`` for test modules, as fo
     pytest_plugins = ["gcs_emulator"]   # registers the gcs_bucket fixture
 
     def test_x(gcs_bucket):             # gcs_bucket == "gs://refinery-test-<pid>-<n>", empty
-        io.atomic_write_bytes(f"{gcs_bucket}/a/b.txt", b"hi")
+        storage.atomic_write_bytes(f"{gcs_bucket}/a/b.txt", b"hi")
 
 ``from gcs_emulator import gcs_bucket`` works too (pyflakes then reports the fixture
 argument as a redefinition). Outside pytest, :func:`start_emulator` gives an endpoint.

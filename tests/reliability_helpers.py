@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from helpers import gsm8k_texts, tree_digest, write_jsonl
 
-from refinery.transforms.core import io, rows
+from refinery.transforms.core import rows, storage
 from refinery.transforms.formats import shards
 from refinery.transforms.prep.documents import normalize_text
 
@@ -45,7 +45,7 @@ def make_corpus(root: Path, files: int, docs_per_file: int, offset: int = 0) -> 
 def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.Counter:
     """Normalized text of every accepted row of the inputs (a multiset)."""
     out: collections.Counter = collections.Counter()
-    for f in io.expand_inputs([str(corpus_root)]):
+    for f in storage.expand_inputs([str(corpus_root)]):
         for _, rec, err in rows.iter_rows(f.path):
             if err is None and isinstance(rec.get(text_field), str):
                 text = normalize_text(rec[text_field])
@@ -76,7 +76,7 @@ final_digest = tree_digest  # what the user gets: every file outside .refinery
 
 
 def temp_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if io.is_temp_name(p.name))
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if storage.is_temp_name(p.name))
 
 
 def current_receipts(out: Path) -> dict[str, bytes]:

@@ -109,12 +109,12 @@ def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(small_corpus, t
 
 def test_prep_pipeline_in_a_users_pipeline_writes_what_the_command_writes(small_corpus, tmp_path, monkeypatch,
                                                                           capsys):
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.prep import PrepPipeline
     from refinery.transforms.prep.stages import PrepConfig
 
     out = tmp_path / "mine"
-    cfg = PrepConfig(inputs=io.expand_inputs([str(small_corpus)]), output=str(out), dataset="small", num_shards=3,
+    cfg = PrepConfig(inputs=storage.expand_inputs([str(small_corpus)]), output=str(out), dataset="small", num_shards=3,
                      unit_bytes=0)
     with beam.Pipeline(options=beam.options.pipeline_options.PipelineOptions(DIRECT)) as p:
         done = p | PrepPipeline(cfg)

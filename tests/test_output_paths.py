@@ -11,7 +11,7 @@ import pytest
 from helpers import run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 
 def _one_line(capsys) -> str:
@@ -42,13 +42,13 @@ def test_removal_refuses_a_path_reached_through_a_link_out_of_the_root(tmp_path,
     (out / ".refinery").mkdir(parents=True)
     (out / "shard_9999").symlink_to(victim)
     (out / ".refinery" / "pack").symlink_to(victim)
-    with pytest.raises(io.PathError, match=f"{out / 'shard_9999'} is a symbolic link to {victim}, outside {out}"):
-        io.remove(str(out / "shard_9999" / "a-v1-shard-000000.npy"), root=str(out))
-    with pytest.raises(io.PathError, match=f"{out / '.refinery' / 'pack'} is a symbolic link"):
-        io.remove_tree(str(out / ".refinery" / "pack" / "sub"), root=str(out))
+    with pytest.raises(storage.PathError, match=f"{out / 'shard_9999'} is a symbolic link to {victim}, outside {out}"):
+        storage.remove(str(out / "shard_9999" / "a-v1-shard-000000.npy"), root=str(out))
+    with pytest.raises(storage.PathError, match=f"{out / '.refinery' / 'pack'} is a symbolic link"):
+        storage.remove_tree(str(out / ".refinery" / "pack" / "sub"), root=str(out))
     assert _untouched(victim)
-    with pytest.raises(io.PathError, match="not inside"):
-        io.remove(str(victim / "sub" / "keep.txt"), root=str(out))
+    with pytest.raises(storage.PathError, match="not inside"):
+        storage.remove(str(victim / "sub" / "keep.txt"), root=str(out))
 
 
 def test_removal_removes_a_link_itself_and_follows_links_that_stay_inside(tmp_path, victim):
@@ -56,14 +56,14 @@ def test_removal_removes_a_link_itself_and_follows_links_that_stay_inside(tmp_pa
     (out / "real" / "x").mkdir(parents=True)
     (out / "real" / "x" / "f").write_text("x")
     (out / "inner").symlink_to(out / "real")  # stays inside OUTPUT: fine to go through
-    io.remove_tree(str(out / "inner" / "x"), root=str(out))
+    storage.remove_tree(str(out / "inner" / "x"), root=str(out))
     assert not (out / "real" / "x").exists()
     (out / ".refinery").symlink_to(victim)  # --force removing OUTPUT/.refinery: the link, not its target
-    io.remove_tree(str(out / ".refinery"), root=str(out))
+    storage.remove_tree(str(out / ".refinery"), root=str(out))
     assert not os.path.lexists(out / ".refinery") and _untouched(victim)
     (out / "tree").mkdir()
     (out / "tree" / "link").symlink_to(victim)  # a link inside a removed tree is removed as a link
-    io.remove_tree(str(out / "tree"), root=str(out))
+    storage.remove_tree(str(out / "tree"), root=str(out))
     assert not (out / "tree").exists() and _untouched(victim)
 
 
@@ -73,10 +73,10 @@ def test_remove_tree_raises_what_it_cannot_remove(tmp_path, monkeypatch):
     def refuse(path, *a, **k):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(io.shutil, "rmtree", refuse)
+    monkeypatch.setattr(storage.outputs.shutil, "rmtree", refuse)
     with pytest.raises(PermissionError):
-        io.remove_tree(str(tmp_path / "t"), root=str(tmp_path))
-    io.remove_tree(str(tmp_path / "missing"), root=str(tmp_path))  # nothing there: nothing to say
+        storage.remove_tree(str(tmp_path / "t"), root=str(tmp_path))
+    storage.remove_tree(str(tmp_path / "missing"), root=str(tmp_path))  # nothing there: nothing to say
 
 
 def test_prep_cleanup_never_follows_links_out_of_the_output(tmp_path, small_corpus, victim, capsys):
@@ -118,13 +118,13 @@ def test_prep_cleanup_never_follows_links_out_of_the_output(tmp_path, small_corp
 ])
 def test_listing_reaches(tmp_path, monkeypatch, arg, folder, reaches):
     monkeypatch.chdir(tmp_path)
-    assert io.listing_reaches(arg, folder) is reaches
+    assert storage.listing_reaches(arg, folder) is reaches
 
 
 def test_listing_reaches_through_links(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "d")
-    assert io.listing_reaches(str(tmp_path / "alias"), str(tmp_path / "d" / "out"))
+    assert storage.listing_reaches(str(tmp_path / "alias"), str(tmp_path / "d" / "out"))
 
 
 def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path, small_corpus, capsys,
@@ -198,7 +198,7 @@ def test_check_output_writes_nothing_on_a_dry_run(tmp_path, monkeypatch):
     from refinery.beam_pipelines.checks import UsageError, check_output
 
     made = []
-    monkeypatch.setattr(io.tempfile, "mkdtemp", lambda **k: made.append(k) or str(tmp_path / "probe"))
+    monkeypatch.setattr(storage.outputs.tempfile, "mkdtemp", lambda **k: made.append(k) or str(tmp_path / "probe"))
     check_output("prep", str(tmp_path / "new" / "out"), dry_run=True)
     assert made == []
     with pytest.raises(UsageError, match="is inside the input"):

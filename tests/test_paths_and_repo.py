@@ -14,7 +14,7 @@ import pytest
 from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
 from refinery.transforms.formats import shards, tokenizer
 from refinery.transforms.hydra.slices import parse_doc_id, read_doc_tokens
@@ -114,8 +114,8 @@ def test_remote_shards_are_read_by_range(tmp_path, small_corpus, monkeypatch):
     try:
         npy = f"{out}/shard_0000/r-v1-shard-000000.npy"
         ranges = []
-        real = io.read_range
-        monkeypatch.setattr(io, "read_range", lambda p, a, b: ranges.append((a, b)) or real(p, a, b))
+        real = storage.read_range
+        monkeypatch.setattr(storage, "read_range", lambda p, a, b: ranges.append((a, b)) or real(p, a, b))
         reader = shards.ShardReader(npy)
         local = np.load(__import__("io").BytesIO(fsspec.filesystem("memory").cat_file("/ranges/prep/shard_0000/"
                                                                                          "r-v1-shard-000000.npy")))
@@ -139,7 +139,7 @@ def test_remote_shards_are_read_by_range(tmp_path, small_corpus, monkeypatch):
 # --- noise --------------------------------------------------------------------------------
 
 def test_gcsfs_bucket_type_warning_is_said_once(caplog):
-    io._quiet_gcsfs()
+    storage.paths._quiet_gcsfs()
     logger = logging.getLogger("gcsfs")
     with caplog.at_level(logging.WARNING, logger="gcsfs"):
         for _ in range(20):

@@ -10,7 +10,7 @@ import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io, rows
+from refinery.transforms.core import rows, storage
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding
 from refinery.transforms.prep.documents import normalize_text, shard_of
@@ -31,7 +31,7 @@ def load_docs(out) -> dict[int, list[np.ndarray]]:
 def expected_docs(corpus_root, text_field="text", id_field="id"):
     """(doc_id, normalized text) of every accepted row, straight from the inputs, in input order."""
     out = []
-    for f in io.expand_inputs([str(corpus_root)]):
+    for f in storage.expand_inputs([str(corpus_root)]):
         for row, rec, err in rows.iter_rows(f.path):
             if err or not isinstance(rec.get(text_field), str):
                 continue
@@ -103,7 +103,7 @@ def test_formats_and_manifest(prepared):
         magic, version, ndocs, reserved = struct.unpack_from("<8sQQQ", raw)
         assert (magic, version, ndocs, reserved) == (b"NMOEIDX\x00", 1, s["num_documents"], 0)
         assert shards.idx_bytes(shards.eos_document_lengths(arr, EOS)[0]) == raw  # regenerable byte for byte
-        assert io.sha256_file(str(npy)) == s["sha256"] and io.sha256_file(str(idx)) == s["index_sha256"]
+        assert storage.sha256_file(str(npy)) == s["sha256"] and storage.sha256_file(str(idx)) == s["index_sha256"]
     # nothing else under OUTPUT ends in .npy/.idx (hidden folders included)
     stray = [p for p in out.rglob("*") if p.suffix in (".npy", ".idx") and not p.parent.name.startswith("shard_")]
     assert stray == []
@@ -172,7 +172,7 @@ def test_determinism_across_workers_and_repair(small_corpus, tmp_path):
     assert tree_digest(one) == reference
 
     # intermediate parts deleted after a finished run: nothing needs them, nothing reruns
-    io.remove_tree(str(one / ".refinery" / "tokenize"))
+    storage.remove_tree(str(one / ".refinery" / "tokenize"))
     npy_mtime = next(one.glob("shard_0000/*.npy")).stat().st_mtime_ns
     assert run_prep([small_corpus], one, "--num-shards", 4, "--dataset", "s") == 0
     assert next(one.glob("shard_0000/*.npy")).stat().st_mtime_ns == npy_mtime

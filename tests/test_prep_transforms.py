@@ -13,7 +13,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
@@ -61,7 +61,7 @@ def test_without_with_rejected_a_bad_row_fails_the_pipeline_naming_it():
 def _source_rows(root: Path) -> list[SourceRow]:
     """What `refinery prep` reads: every file (sorted), every row, with relpath provenance."""
     out = []
-    for f in io.expand_inputs([str(root)]):
+    for f in storage.expand_inputs([str(root)]):
         for row, record, error in iter_rows(f.path):
             assert error is None
             out.append(SourceRow(f.path, row, record, f.relpath))

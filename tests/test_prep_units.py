@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io as pyio
+import io
 import json
 
 import numpy as np
 import pytest
 
-from refinery.transforms.core import io, receipts, rows, stages
+from refinery.transforms.core import receipts, rows, stages, storage
 from refinery.transforms.core.receipts import check_receipt
 from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit
 from refinery.transforms.formats import shards, tokenizer
@@ -163,13 +163,14 @@ def test_truncated_gzip_is_reported_not_dropped(tmp_path):
 
 
 def test_expand_inputs(corpus):
-    files = io.expand_inputs([str(corpus)])
+    files = storage.expand_inputs([str(corpus)])
     assert [f.relpath for f in files] == ["a.jsonl", "d.json", "e.parquet", "sub/b.jsonl.gz", "sub/c.jsonl.zst"]
-    assert [f.relpath for f in io.expand_inputs([str(corpus / "sub" / "*.jsonl.*")])] == ["b.jsonl.gz", "c.jsonl.zst"]
-    with pytest.raises(io.InputError, match="no such file"):
-        io.expand_inputs([str(corpus / "missing")])
-    with pytest.raises(io.InputError, match="not a supported data file"):
-        io.expand_inputs([str(corpus / "notes.txt")])
+    found = storage.expand_inputs([str(corpus / "sub" / "*.jsonl.*")])
+    assert [f.relpath for f in found] == ["b.jsonl.gz", "c.jsonl.zst"]
+    with pytest.raises(storage.InputError, match="no such file"):
+        storage.expand_inputs([str(corpus / "missing")])
+    with pytest.raises(storage.InputError, match="not a supported data file"):
+        storage.expand_inputs([str(corpus / "notes.txt")])
 
 
 def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tmp_path):
@@ -185,14 +186,16 @@ def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tm
     (d / ".hidden.txt").write_text("x")  # hidden names stay unmentioned
     (d / "_SUCCESS").write_text("")
     skipped: list[str] = []
-    files = io.expand_inputs([str(d)], skipped=skipped)
+    files = storage.expand_inputs([str(d)], skipped=skipped)
     assert [f.relpath for f in files] == ["D.Jsonl.GZ", "a.jsonl", "c.JSONL"]
     assert skipped == [str(d / "b.jsonl.bz2"), str(d / "readme.txt")]
-    assert io.skipped_note(skipped) == f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt"
-    note = io.skipped_note([f"f{i}.txt" for i in range(7)])
+    assert storage.skipped_note(skipped) == \
+        f"skipped 2 file(s) with unsupported extensions: {d}/b.jsonl.bz2, {d}/readme.txt"
+    note = storage.skipped_note([f"f{i}.txt" for i in range(7)])
     assert note.endswith(": f0.txt, f1.txt, f2.txt, f3.txt, f4.txt and 2 more")
     glob_skipped: list[str] = []
-    assert [f.relpath for f in io.expand_inputs([str(d / "*")], skipped=glob_skipped)] == [f.relpath for f in files]
+    globbed = storage.expand_inputs([str(d / "*")], skipped=glob_skipped)
+    assert [f.relpath for f in globbed] == [f.relpath for f in files]
     assert glob_skipped == skipped
     assert [record["text"] for f in files for _, record, _ in rows.iter_rows(f.path)] == ["d", "a", "c"]
 
@@ -200,11 +203,11 @@ def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tm
 def test_atomic_open_leaves_nothing_on_error(tmp_path):
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError):
-        with io.atomic_open(str(target)) as f:
+        with storage.atomic_open(str(target)) as f:
             f.write(b"partial")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
-    n, sha = io.atomic_write_bytes(str(target), b"whole")
+    n, sha = storage.atomic_write_bytes(str(target), b"whole")
     assert target.read_bytes() == b"whole" and n == 5 and sha == hashlib.sha256(b"whole").hexdigest()
 
 
@@ -214,13 +217,13 @@ def test_spill_round_trip_bounded_runs():
     rng = np.random.default_rng(0)
     docs = [(int(rng.integers(0, 4)), rng.integers(0, 1000, size=int(rng.integers(1, 50))).astype(np.uint32))
             for _ in range(200)]
-    buf = pyio.BytesIO()
+    buf = io.BytesIO()
     w = spill.SpillWriter(buf, run_tokens=300)  # many runs
     for s, t in docs:
         w.add(s, t)
     table, starts = spill.by_shard(w.close(), 4)
     assert int(table["cum_end"].max()) == sum(len(t) for _, t in docs)
-    docs_buf = pyio.BytesIO()
+    docs_buf = io.BytesIO()
     spill.write_array(docs_buf, table)
     for shard in range(4):
         docs_buf.seek(0)
@@ -232,14 +235,14 @@ def test_spill_round_trip_bounded_runs():
 
 def test_npy_header_matches_numpy_save():
     arr = np.arange(12345, dtype=np.uint32)
-    ref = pyio.BytesIO()
+    ref = io.BytesIO()
     np.save(ref, arr)
     assert shards.npy_header(len(arr)) + arr.tobytes() == ref.getvalue()
 
 
 def test_idx_write_read_and_regenerate():
     lengths = np.array([3, 1, 5], dtype=np.uint64)
-    buf = pyio.BytesIO()
+    buf = io.BytesIO()
     shards.write_idx(buf, lengths)
     data = buf.getvalue()
     assert data[:8] == b"NMOEIDX\x00" and len(data) == 32 + 16 * 3

@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.prep import stages as prep_stages
 from refinery.transforms.prep.stages import PrepConfig, TokenizeStage, count_rows_before
 
@@ -38,7 +38,7 @@ def test_units_group_small_files_and_split_big_ones(tmp_path):
     texts = gsm8k_texts(600)
     small = [write_jsonl(tmp_path / "in" / f"s{k:03d}.jsonl", [{"text": t}]) for k, t in enumerate(texts[:40])]
     big = write_jsonl(tmp_path / "in" / "zz-big.jsonl", [{"text": t} for t in texts[40:]])
-    inputs = io.expand_inputs([str(tmp_path / "in")])
+    inputs = storage.expand_inputs([str(tmp_path / "in")])
     unit = 64 << 10
     plan = TokenizeStage(PrepConfig(inputs, str(tmp_path / "o"), "d", unit_bytes=unit)).plan()
     grouped = [u for u in plan if len(u.payload["pieces"]) > 1]
@@ -86,7 +86,7 @@ def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path, monkeypatch):
     for k, t in enumerate(texts):
         write_jsonl(root / f"f{k:04d}.jsonl", [{"id": f"d{k}", "text": t}])
     opened: dict[str, int] = {}
-    real_open = io.open_read
+    real_open = storage.open_read
     real_run = prep_stages.PackStage.run_unit
     current = {"stage": None}
 
@@ -102,7 +102,7 @@ def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path, monkeypatch):
         finally:
             current["stage"] = None
 
-    monkeypatch.setattr(io, "open_read", counting_open)
+    monkeypatch.setattr(storage, "open_read", counting_open)
     monkeypatch.setattr(prep_stages.PackStage, "run_unit", counting_pack)
     digests, pack_opens = {}, {}
     try:

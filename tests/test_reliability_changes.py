@@ -9,7 +9,7 @@ import pytest
 from helpers import run_prep, write_jsonl
 from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.stages import StageFailed, run_stages
 from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
 
@@ -60,7 +60,8 @@ def test_input_edited_during_a_run_fails_its_unit_then_replans(tmp_path, monkeyp
         late = json.dumps({"id": "late", "text": "written during the run"}).encode() + b"\n"
         victim.write_bytes(victim.read_bytes() + late)
 
-    cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="ch", num_shards=2, unit_bytes=0)
+    cfg = PrepConfig(inputs=storage.expand_inputs([str(corpus)]), output=str(out), dataset="ch", num_shards=2,
+                     unit_bytes=0)
     with pytest.raises(StageFailed) as e:
         run_stages(build_stages(cfg), str(out), ["--runner=DirectRunner"], progress=False, on_plan=edit_after_planning)
     assert "changed since this job was planned" in str(e.value) and "00002" in str(e.value)

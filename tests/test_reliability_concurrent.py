@@ -25,7 +25,7 @@ from reliability_helpers import (
 )
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 forks = reliability_helpers.forks
 
@@ -63,7 +63,7 @@ def test_second_run_while_first_is_paused_mid_unit(tmp_path, forks, pause_at):
         b = forks.start(_argv(corpus, out), child_env(log))
         assert b.wait(120) == 0, b.stderr()[-3000:]
         # complete for B; A's temp files (A is alive) are still there and must be left alone
-        assert {p: h for p, h in final_digest(out).items() if io.TMP_MARKER not in p} == want
+        assert {p: h for p, h in final_digest(out).items() if storage.TMP_MARKER not in p} == want
     finally:
         os.killpg(a.pid, signal.SIGCONT)
     assert a.wait(120) == 0, a.stderr()[-3000:]

@@ -16,7 +16,7 @@ from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 SHARDS = 6
 
@@ -81,8 +81,8 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
                    ("tokenize", "00001")))
     # every shard may have been packed from the damaged spill: all are rebuilt after its repair
     built_from_spill = [("pack", f"{s:04d}") for s in range(SHARDS)] + [("manifest", "manifest")]
-    host = io.temp_name("x").split(io.TMP_MARKER)[1].split("-")[0]
-    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{io.TMP_MARKER}{host}-{_dead_pid()}-{'0123abcd' * 4}"
+    host = storage.temp_name("x").split(storage.TMP_MARKER)[1].split("-")[0]
+    stray = out / "shard_0005" / f".c-v1-shard-000005.npy{storage.TMP_MARKER}{host}-{_dead_pid()}-{'0123abcd' * 4}"
     stray.write_bytes(b"\x93NUMPY half a shard")
     damage.append(("stray temp file of a dead writer", f"{stray}: stray temporary file", None))
     rejects = out / "rejects" / "rejects.jsonl"
@@ -119,7 +119,7 @@ def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(fi
 
     corpus, _, want = finished
     out = tmp_path / "out"
-    cfg = PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="c", num_shards=SHARDS,
+    cfg = PrepConfig(inputs=storage.expand_inputs([str(corpus)]), output=str(out), dataset="c", num_shards=SHARDS,
                      unit_bytes=0)
     run_stages(build_stages(cfg)[:1], str(out), ["--runner=DirectRunner"], progress=False)  # killed after tokenize
     _flip(_paths(out)["part"]("00001.spill"), 100)
@@ -182,27 +182,27 @@ def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
 
 
 def test_which_temp_files_are_dead(tmp_path):
-    host = io.temp_name("x").split(io.TMP_MARKER)[1].split("-")[0]
+    host = storage.temp_name("x").split(storage.TMP_MARKER)[1].split("-")[0]
     hexes = "0123456789abcdef" * 2
-    live = tmp_path / f".a{io.TMP_MARKER}{host}-{os.getpid()}-{hexes}"
-    dead = tmp_path / f".b{io.TMP_MARKER}{host}-{_dead_pid()}-{hexes}"
-    other_host = tmp_path / f".c{io.TMP_MARKER}otherhost-{_dead_pid()}-{hexes}"
+    live = tmp_path / f".a{storage.TMP_MARKER}{host}-{os.getpid()}-{hexes}"
+    dead = tmp_path / f".b{storage.TMP_MARKER}{host}-{_dead_pid()}-{hexes}"
+    other_host = tmp_path / f".c{storage.TMP_MARKER}otherhost-{_dead_pid()}-{hexes}"
     # a user's files that merely contain ".tmp-", however old: never ours, never removed or reported
     (tmp_path / "notes").mkdir()
-    user_files = [tmp_path / "notes" / "draft.tmp-2024.txt", tmp_path / f".d{io.TMP_MARKER}0123abcd",
-                  tmp_path / f".e{io.TMP_MARKER}{host}-{_dead_pid()}-00ff"]
+    user_files = [tmp_path / "notes" / "draft.tmp-2024.txt", tmp_path / f".d{storage.TMP_MARKER}0123abcd",
+                  tmp_path / f".e{storage.TMP_MARKER}{host}-{_dead_pid()}-00ff"]
     zombie_pid = os.fork()  # a killed Beam worker whose parent is gone: a zombie until reaped
     if zombie_pid == 0:
         os._exit(0)
     try:
         time.sleep(0.2)
-        zombie = tmp_path / f".f{io.TMP_MARKER}{host}-{zombie_pid}-{hexes}"
+        zombie = tmp_path / f".f{storage.TMP_MARKER}{host}-{zombie_pid}-{hexes}"
         for p in (live, dead, other_host, zombie, *user_files):
             p.write_bytes(b"x")
         for p in user_files:
             os.utime(p, (1, 1))
-        assert io.find_temp_files(str(tmp_path)) == sorted(str(p) for p in (live, dead, other_host, zombie))
-        assert io.remove_dead_temp_files(str(tmp_path)) == sorted([str(dead), str(zombie)])
+        assert storage.find_temp_files(str(tmp_path)) == sorted(str(p) for p in (live, dead, other_host, zombie))
+        assert storage.remove_dead_temp_files(str(tmp_path)) == sorted([str(dead), str(zombie)])
     finally:
         os.waitpid(zombie_pid, 0)
     assert sorted(str(p) for p in tmp_path.rglob("*") if p.is_file()) == sorted(

@@ -242,11 +242,11 @@ def _download(gs_path: str, local):
     """A fresh local copy of everything under ``gs_path``."""
     import shutil
 
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
 
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    fs, root = io.filesystem(gs_path)
+    fs, root = storage.filesystem(gs_path)
     fs.invalidate_cache()
     for obj in fs.find(root):
         target = local / obj[len(root):].lstrip("/")

@@ -17,7 +17,7 @@ import pytest
 from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
 
-from refinery.transforms.core import io, stages
+from refinery.transforms.core import stages, storage
 from refinery.transforms.core.stages import StageFailed, run_stages
 from refinery.transforms.prep.stages import PrepConfig, build_stages
 
@@ -32,7 +32,8 @@ def reference(tmp_path_factory):
 
 
 def _config(corpus, out) -> PrepConfig:
-    return PrepConfig(inputs=io.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3, unit_bytes=0)
+    return PrepConfig(inputs=storage.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3,
+                      unit_bytes=0)
 
 
 def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):

@@ -6,7 +6,7 @@ outputs do not depend on the runner) finishes with outputs byte-identical to an
 uninterrupted run, redoing no finished unit."""
 from __future__ import annotations
 
-import io as io_module
+import io
 import logging
 import os
 import signal
@@ -31,7 +31,7 @@ from reliability_helpers import (
     write_figures,
 )
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 forks = reliability_helpers.forks
 STOP_LIMIT_S = 10.0  # the CLI watchdog kills the workers and exits 5 s after the signal at the latest
@@ -66,7 +66,7 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
     assert a.stop_seconds < STOP_LIMIT_S
     # nothing half-written under a final name: each final file present is the finished one
     # (temp files of the interrupted writes may remain: hidden names, removed by the next run)
-    partial = {p: h for p, h in final_digest(out).items() if want.get(p) != h and io.TMP_MARKER not in p}
+    partial = {p: h for p, h in final_digest(out).items() if want.get(p) != h and storage.TMP_MARKER not in p}
     assert partial == {}
 
     before = completed(current_receipts(out))
@@ -79,7 +79,7 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
                                                            "units_kept": len(before)})
 
 
-class _Terminal(io_module.StringIO):
+class _Terminal(io.StringIO):
     """A stderr that says it is a terminal (so Progress draws a tqdm bar), with write times."""
 
     def __init__(self):

@@ -5,7 +5,7 @@ in ``test_reliability_badinput.py``."""
 from __future__ import annotations
 
 import gzip
-import io as stdio
+import io
 import json
 import random
 import subprocess
@@ -115,7 +115,7 @@ def test_json_array_elements_match_the_standard_parser(piece, monkeypatch):
     for _ in range(200):
         array = [_random_value(rnd) for _ in range(rnd.randint(0, 5))]
         data = json.dumps(array, indent=rnd.choice([None, 1]), ensure_ascii=rnd.random() < 0.5).encode()
-        assert [json.loads(e) for e in rows.json_array_elements(stdio.BytesIO(data), 1 << 20)] == array, data
+        assert [json.loads(e) for e in rows.json_array_elements(io.BytesIO(data), 1 << 20)] == array, data
 
 
 @pytest.mark.parametrize("name", ["b.json", "b.json.gz", "b.json.zst"])

@@ -214,12 +214,12 @@ PREP_STEPS = ["Tokenize units", "Pack shards", "Write manifest"]
 
 
 def prep_pipeline(root: Path) -> list[Jobs]:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.prep.stages import PrepConfig, build_stages
 
     write_jsonl(root / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
     write_jsonl(root / "in" / "b.jsonl", [{"text": t} for t in gsm8k_texts(4, offset=6)])
-    cfg = PrepConfig(inputs=io.expand_inputs([str(root / "in")]), output=str(root / "out"), dataset="t",
+    cfg = PrepConfig(inputs=storage.expand_inputs([str(root / "in")]), output=str(root / "out"), dataset="t",
                      num_shards=2)
     return [Jobs(build_stages(cfg), cfg.output, PREP_STEPS)]
 
@@ -518,7 +518,7 @@ def test_dataflow_gpu_dry_run(tmp_path, no_network):
 
 def test_progress_reads_each_completed_receipt_once(tmp_path):
     """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.core.receipts import RECEIPT_SCHEMA
     from refinery.transforms.core.stages import Stage, bind_stages
 
@@ -531,7 +531,7 @@ def test_progress_reads_each_completed_receipt_once(tmp_path):
     [run] = bind_stages([One()], str(tmp_path))
 
     def receipt(unit, status, n):
-        io.atomic_write_json(run.receipt_path(unit), {"schema": RECEIPT_SCHEMA, "stage_hash": run.stage_hash,
+        storage.atomic_write_json(run.receipt_path(unit), {"schema": RECEIPT_SCHEMA, "stage_hash": run.stage_hash,
                                                       "unit": unit, "status": status, "stats": {"n": n}})
 
     receipt("a", "completed", 1)

@@ -21,7 +21,7 @@ import pytest
 from helpers import gsm8k_texts, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.stages import stage_status
 
 pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
@@ -35,7 +35,7 @@ def _fresh_fs():
 def _upload_tree(local_root, remote_root: str) -> None:
     for path in sorted(local_root.rglob("*")):
         if path.is_file():
-            io.atomic_write_bytes(f"{remote_root}/{path.relative_to(local_root).as_posix()}", path.read_bytes())
+            storage.atomic_write_bytes(f"{remote_root}/{path.relative_to(local_root).as_posix()}", path.read_bytes())
 
 
 def _units_run(captured) -> str:
@@ -54,35 +54,36 @@ def _receipts(output: str) -> dict[str, bytes]:
 
 def test_io_on_gcs_atomic_and_fresh(gcs_bucket):
     d = f"{gcs_bucket}/dir"
-    assert io.listdir(d) == [] and io.file_size(f"{d}/a.json") is None
-    assert io.atomic_write_json(f"{d}/a.json", {"a": 1})[0] == len(b'{\n "a": 1\n}\n')
-    assert io.listdir(d) == [f"{d}/a.json"]  # listing of d now seen by this process
+    assert storage.listdir(d) == [] and storage.file_size(f"{d}/a.json") is None
+    assert storage.atomic_write_json(f"{d}/a.json", {"a": 1})[0] == len(b'{\n "a": 1\n}\n')
+    assert storage.listdir(d) == [f"{d}/a.json"]  # listing of d now seen by this process
     other = _fresh_fs()
     other.pipe_file(f"{d[5:]}/b.json", b"{}")  # another process writes ...
-    assert io.exists(f"{d}/b.json") and io.file_size(f"{d}/b.json") == 2 and io.read_json(f"{d}/b.json") == {}
-    assert io.listdir(d) == [f"{d}/a.json", f"{d}/b.json"]
+    assert storage.exists(f"{d}/b.json") and storage.file_size(f"{d}/b.json") == 2
+    assert storage.read_json(f"{d}/b.json") == {}
+    assert storage.listdir(d) == [f"{d}/a.json", f"{d}/b.json"]
     other.rm_file(f"{d[5:]}/a.json")  # ... and deletes
-    assert not io.exists(f"{d}/a.json") and io.file_size(f"{d}/a.json") is None
+    assert not storage.exists(f"{d}/a.json") and storage.file_size(f"{d}/a.json") is None
     with pytest.raises(FileNotFoundError):
-        io.read_bytes(f"{d}/a.json")
+        storage.read_bytes(f"{d}/a.json")
     # a writer that fails leaves nothing under the final name (and an old object intact)
     with pytest.raises(RuntimeError, match="boom"):
-        with io.atomic_open(f"{d}/b.json") as f:
+        with storage.atomic_open(f"{d}/b.json") as f:
             f.write(b"partial")
             raise RuntimeError("boom")
     with pytest.raises(RuntimeError, match="boom"):
-        with io.atomic_open(f"{d}/c.bin") as f:
+        with storage.atomic_open(f"{d}/c.bin") as f:
             f.write(b"partial")
             raise RuntimeError("boom")
-    assert io.read_bytes(f"{d}/b.json") == b"{}" and not io.exists(f"{d}/c.bin")
+    assert storage.read_bytes(f"{d}/b.json") == b"{}" and not storage.exists(f"{d}/c.bin")
     # a large object goes up as one resumable upload and is whole, with the recorded hash
     big = bytes(range(256)) * (6 * 4096 + 7)  # > 5 MiB: gcsfs's multi-request path
-    with io.atomic_open(f"{d}/big.bin") as f:
+    with storage.atomic_open(f"{d}/big.bin") as f:
         f.write(big)
     assert (f.bytes_written, f.sha256) == (len(big), hashlib.sha256(big).hexdigest())
-    assert io.sha256_file(f"{d}/big.bin") == hashlib.sha256(big).hexdigest()
+    assert storage.sha256_file(f"{d}/big.bin") == hashlib.sha256(big).hexdigest()
     # inputs on gs:// carry the object generation as their version
-    [inp] = io.expand_inputs([f"{d}/b.json"])
+    [inp] = storage.expand_inputs([f"{d}/b.json"])
     assert inp.size == 2 and inp.version == str(other.info(f"{d[5:]}/b.json")["generation"])
 
 
@@ -100,14 +101,14 @@ def test_prep_on_gcs_matches_local_and_resumes(gcs_bucket, tmp_path, capsys):
     assert main(["prep", "--input", str(corpus), "--output", str(tmp_path / "local"), *common,
                  "--runner", "direct"]) == 0
     capsys.readouterr()
-    remote = json.loads(io.read_bytes(f"{out}/manifest.json"))
+    remote = json.loads(storage.read_bytes(f"{out}/manifest.json"))
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     assert remote["rows"] == local["rows"] == {"read": 51, "accepted": 50, "empty": 0, "rejected": 1, "over_budget": 0}
     assert [(s["path"], s["sha256"], s["index_sha256"]) for s in remote["shards"]] == \
            [(s["path"], s["sha256"], s["index_sha256"]) for s in local["shards"]]
     for s in remote["shards"]:
-        assert io.read_bytes(f"{out}/{s['path']}") == (tmp_path / "local" / s["path"]).read_bytes()
-    assert b"missing text field" in io.read_bytes(f"{out}/rejects/rejects.jsonl")
+        assert storage.read_bytes(f"{out}/{s['path']}") == (tmp_path / "local" / s["path"]).read_bytes()
+    assert b"missing text field" in storage.read_bytes(f"{out}/rejects/rejects.jsonl")
     assert main(["verify", f"{out}/manifest.json", "--checksums"]) == 0
     assert "OK" in capsys.readouterr().out
     assert [(r["stage"], r["done"], r["pending"]) for r in stage_status(out)] == \
@@ -130,10 +131,10 @@ def test_prep_on_gcs_matches_local_and_resumes(gcs_bucket, tmp_path, capsys):
     assert main([*gs_args, "--runner", "direct"]) == 0
     ran = _units_run(capsys.readouterr())
     assert re.fullmatch(r"tokenize 0 \([\d.]+s\), pack 1 \([\d.]+s\)", ran), ran
-    assert io.read_bytes(f"{out}/{shard}") == (tmp_path / "local" / shard).read_bytes()
+    assert storage.read_bytes(f"{out}/{shard}") == (tmp_path / "local" / shard).read_bytes()
     assert main(["verify", f"{out}/manifest.json", "--checksums"]) == 0
     # a broken shard is named by verify, on GCS too
-    io.atomic_write_bytes(f"{out}/{shard}", b"truncated")
+    storage.atomic_write_bytes(f"{out}/{shard}", b"truncated")
     assert main(["verify", f"{out}/manifest.json"]) == 1
     assert shard in capsys.readouterr().out
 
@@ -154,11 +155,11 @@ def test_decon_on_gcs_portable_matches_local_and_resumes(gcs_bucket, tmp_path, c
     assert main(["decon", "--eval", str(data / "eval"), "--train", str(data / "train"),
                  "--output", str(tmp_path / "local"), *method, "--runner", "direct"]) == 0
     capsys.readouterr()
-    stats = [json.loads(line) for line in io.read_bytes(f"{out}/stats/overlap_stats.jsonl").splitlines()]
+    stats = [json.loads(line) for line in storage.read_bytes(f"{out}/stats/overlap_stats.jsonl").splitlines()]
     local = [json.loads(line) for line in (tmp_path / "local/stats/overlap_stats.jsonl").read_text().splitlines()]
     assert stats == local
     assert sorted(r["n"] for r in stats) == [5, 13] and all(len(r["instance_ids"]) == 2 for r in stats)
-    assert io.exists(f"{out}/.SUCCESS")
+    assert storage.exists(f"{out}/.SUCCESS")
 
     receipts = _receipts(out)
     assert main([*gs_args, "--runner", "direct"]) == 0

@@ -20,10 +20,10 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 
-class HubError(io.InputError):
+class HubError(storage.InputError):
     """The Hugging Face hub could not answer (offline, unreachable, unknown dataset)."""
 
 
@@ -130,8 +130,8 @@ def materialize_split(spec: str, folder: str, revision: str | None = None, api=N
         sha = _hub_call(f"resolving {name}", lambda: api.dataset_info(name, revision=revision).sha)
     short = _safe(os.path.basename(name.rstrip("/")))
     key = f"{_safe(name)}-{_safe(subset or 'default')}-{_safe(split)}-{sha[:12]}"
-    target = io.join(folder, key, short, f"{_safe(split)}.parquet")
-    if io.exists(target) or not write:
+    target = storage.join(folder, key, short, f"{_safe(split)}.parquet")
+    if storage.exists(target) or not write:
         return target
     import datasets
 
@@ -141,5 +141,5 @@ def materialize_split(spec: str, folder: str, revision: str | None = None, api=N
         local_file = os.path.join(tmp, "split.parquet")
         ds.to_parquet(local_file)
         with open(local_file, "rb") as f:
-            io.atomic_write_bytes(target, f.read())
+            storage.atomic_write_bytes(target, f.read())
     return target

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import META_DIR
 
 
 def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
     """Where the input fingerprints of one plan of a stage are kept (to explain a later change)."""
-    return io.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
+    return storage.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
 
 
 def _fingerprint_key(fp) -> str:
@@ -58,8 +58,8 @@ def explain_plan_changes(output: str, previous: dict, entries: list[dict]) -> li
             reasons.append("config changed: " + ", ".join(f"{k} {oc.get(k)!r} -> {nc.get(k)!r}" for k in keys))
         if "inputs_hash" in prev and prev["inputs_hash"] != new["inputs_hash"]:
             try:
-                old_fps = io.read_json(fingerprints_path(output, new["name"], prev["stage_hash"]))
-                new_fps = io.read_json(fingerprints_path(output, new["name"], new["stage_hash"]))
+                old_fps = storage.read_json(fingerprints_path(output, new["name"], prev["stage_hash"]))
+                new_fps = storage.read_json(fingerprints_path(output, new["name"], new["stage_hash"]))
                 reasons.append("inputs changed: " + diff_fingerprints(old_fps, new_fps))
             except (FileNotFoundError, ValueError):
                 reasons.append("inputs changed (size, mtime or generation of an input file)")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterator
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 RECEIPT_SCHEMA = "refinery.receipt/1"
 
@@ -42,7 +42,7 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     that recorded others was built before an upstream repair and is pending (None: not judged).
     """
     try:
-        raw = io.read_bytes(receipt_path)
+        raw = storage.read_bytes(receipt_path)
     except FileNotFoundError:
         return Completion(False, "no receipt")
     try:
@@ -65,16 +65,16 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
                 and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
             return Completion(False, f"malformed file entry in receipt: {entry!r:.200}", receipt, damaged=True)
         try:
-            path = io.join(output, io.safe_relpath(entry["path"]))
+            path = storage.join(output, storage.safe_relpath(entry["path"]))
         except ValueError as e:
             return Completion(False, f"receipt lists a file outside the output: {e}", receipt, damaged=True)
-        size = io.file_size(path)
+        size = storage.file_size(path)
         if size is None:
             return Completion(False, f"missing output {entry['path']}", receipt)
         if size != entry["bytes"]:
             return Completion(False, f"size mismatch for {entry['path']}: {size} != {entry['bytes']}", receipt,
                               damaged=True)
-        if verify_checksums and io.sha256_file(path) != entry["sha256"]:
+        if verify_checksums and storage.sha256_file(path) != entry["sha256"]:
             return Completion(False, f"checksum mismatch for {entry['path']}", receipt, damaged=True)
     built_after = receipt.get("upstream_repairs") or {}
     if upstream_repairs is not None and built_after != upstream_repairs:
@@ -91,8 +91,9 @@ def check_recorded_run(output: str, info: dict,
     a recorded run, in order, each judged against the repairs of the earlier stages' done units."""
     repairs: dict[str, str] = {}
     for st in info.get("stages", []):
-        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
-        paths = [p for p in io.listdir(receipts_dir) if p.endswith(".json") and not io.is_temp_name(io.basename(p))]
+        receipts_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        paths = [p for p in storage.listdir(receipts_dir)
+                 if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))]
         checks = [check_receipt(output, path, st["stage_hash"], checksums, dict(repairs)) for path in paths]
         repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks if c.done}))
         yield st, paths, checks
@@ -106,13 +107,13 @@ def verify_receipts(output: str, checksums: bool = False) -> list[str]:
     are each named), and the receipt count of a stage may not exceed its planned units."""
     problems: list[str] = []
     try:
-        info = io.read_json(io.join(output, META_DIR, "run.json"))
+        info = storage.read_json(storage.join(output, META_DIR, "run.json"))
     except FileNotFoundError:
         return problems
     except ValueError as e:
-        return problems + [f"{io.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
+        return problems + [f"{storage.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
     for st, paths, checks in check_recorded_run(output, info, checksums):
-        receipts_dir = io.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
+        receipts_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
         problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
         if len(paths) > st.get("units", len(paths)):
             problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")

@@ -10,7 +10,7 @@ Formats: ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` are read line by line (an u
 a range of row groups and only some columns; ``.arrow`` (Arrow IPC, as Hugging Face
 ``datasets``' ``save_to_disk`` writes it) one record batch at a time.
 
-Bounds (hostile or huge input): decompression is bounded per read (:func:`io.open_read`);
+Bounds (hostile or huge input): decompression is bounded per read (:func:`storage.open_read`);
 no row larger than ``max_row_bytes`` (default :data:`DEFAULT_MAX_ROW_BYTES`, prep's
 ``--max-row-bytes``) is kept. A longer JSONL line or ``.json`` array element is read to
 its end in pieces of :data:`READ_BYTES` without being held, and a parquet/arrow row whose
@@ -48,7 +48,7 @@ from typing import IO, Iterator
 
 import orjson
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 
 Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
 
@@ -59,7 +59,7 @@ PARQUET_BATCH_ROWS = 128  # rows decoded at a time
 # Errors that say a file could not be *accessed*, not that its content is bad.
 ACCESS_ERRORS = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
 # Errors that say a compressed or structured file's content is damaged.
-CONTENT_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, io.zstd.ZstdError)
+CONTENT_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, storage.paths.zstd.ZstdError)
 
 
 class Unusable(Exception):
@@ -180,7 +180,7 @@ def too_large(max_row_bytes: int) -> str:
 def _open_lines(path: str, compression: str | None = None) -> BufferedIOBase:
     """``path`` opened for reading lines: a reader whose ``readline(limit)`` honours the
     limit (fsspec's remote files take no limit, so they get a buffer of their own)."""
-    f = io.open_read(path, compression)
+    f = storage.open_read(path, compression)
     return f if isinstance(f, BufferedIOBase) else BufferedReader(f, READ_BYTES)
 
 
@@ -328,7 +328,7 @@ def json_array_elements(f: IO[bytes], max_row_bytes: int) -> Iterator[bytes | No
 def _iter_json_array(path: str, max_row_bytes: int) -> Iterator[Row]:
     row = 0
     try:
-        with io.open_read(path, compression="infer") as f:
+        with storage.open_read(path, compression="infer") as f:
             for element in json_array_elements(f, max_row_bytes):
                 yield (row, None, too_large(max_row_bytes)) if element is None else (row, *parse_json_element(element))
                 row += 1
@@ -342,7 +342,7 @@ def parquet_row_groups(path: str) -> list[int]:
     """Number of rows in each row group of a parquet file."""
     import pyarrow.parquet as pq
 
-    with io.open_read(path) as f:
+    with storage.open_read(path) as f:
         meta = pq.ParquetFile(f).metadata
         return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
@@ -365,7 +365,7 @@ def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[s
 
     row = 0
     try:
-        with io.open_read(path) as f:
+        with storage.open_read(path) as f:
             pf = pq.ParquetFile(f)
             meta = pf.metadata
             lo, hi = row_groups if row_groups else (0, meta.num_row_groups)
@@ -391,7 +391,7 @@ def _iter_arrow(path: str, max_row_bytes: int) -> Iterator[Row]:
 
     row = 0
     try:
-        with io.open_read(path) as f:
+        with storage.open_read(path) as f:
             try:
                 reader = ipc.open_stream(f)
             except pa.ArrowInvalid:
@@ -418,11 +418,11 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     byte range (rows numbered from 0 within the range); ``max_row_bytes``: a larger row is
     a bad row (:func:`too_large`), read past without being held whole.
     """
-    if io.has_suffix(path, ".parquet"):
+    if storage.has_suffix(path, ".parquet"):
         yield from _iter_parquet(path, row_groups, columns, max_row_bytes)
-    elif io.has_suffix(path, ".arrow"):
+    elif storage.has_suffix(path, ".arrow"):
         yield from _iter_arrow(path, max_row_bytes)
-    elif io.has_suffix(path, ".json", ".json.gz", ".json.zst"):
+    elif storage.has_suffix(path, ".json", ".json.gz", ".json.zst"):
         yield from _iter_json_array(path, max_row_bytes)
     elif byte_range is not None:
         yield from _iter_jsonl_range(path, *byte_range, max_row_bytes)

@@ -35,7 +35,7 @@ and invalidates nothing.
 Stages run backward-demand-driven: if every unit of the last stages is done, earlier
 stages are not run at all, even if their intermediate parts were deleted.
 
-Each run first removes temp files left under OUTPUT by dead writers (``io.remove_dead_temp_files``)
+Each run first removes temp files left under OUTPUT by dead writers (``storage.remove_dead_temp_files``)
 and, when a stage's hash differs from the previous run's, logs why (:mod:`.plan_changes`).
 While a job runs, :mod:`.progress` draws its steps from their receipts.
 ``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
@@ -62,7 +62,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.plan_changes import explain_plan_changes, fingerprints_path
 from refinery.transforms.core.progress import Progress
 from refinery.transforms.core.receipts import (
@@ -217,18 +217,18 @@ class StageRun:
 
     @property
     def dir(self) -> str:
-        return io.join(self.output, META_DIR, self.stage.name, self.stage_hash)
+        return storage.join(self.output, META_DIR, self.stage.name, self.stage_hash)
 
     @property
     def receipts_dir(self) -> str:
-        return io.join(self.dir, "receipts")
+        return storage.join(self.dir, "receipts")
 
     @property
     def parts_dir(self) -> str:
-        return io.join(self.dir, "parts")
+        return storage.join(self.dir, "parts")
 
     def receipt_path(self, unit_id: str) -> str:
-        return io.join(self.receipts_dir, f"{unit_id}.json")
+        return storage.join(self.receipts_dir, f"{unit_id}.json")
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
@@ -237,7 +237,7 @@ class StageRun:
     def check_all(self, unit_ids: list[str], verify_checksums: bool = False) -> dict[str, Completion]:
         """:meth:`check` of many units. On an object store every check is a few requests of
         tens of milliseconds each, so they are made CHECK_THREADS at a time."""
-        if not io.is_remote(self.output) or len(unit_ids) < 2:
+        if not storage.is_remote(self.output) or len(unit_ids) < 2:
             return {u: self.check(u, verify_checksums) for u in unit_ids}
         from concurrent.futures import ThreadPoolExecutor
 
@@ -261,13 +261,13 @@ class StageRun:
         ones added, so a progress poll on GCS reads only the receipts that appeared since
         the last poll (one listing + one GET per new receipt, not one GET per unit).
         """
-        for path in io.listdir(self.receipts_dir):
-            if path.endswith(".json") and not io.is_temp_name(io.basename(path)):
+        for path in storage.listdir(self.receipts_dir):
+            if path.endswith(".json") and not storage.is_temp_name(storage.basename(path)):
                 if cache is not None and path in cache:
                     yield cache[path]
                     continue
                 with contextlib.suppress(ValueError, OSError):
-                    r = io.read_json(path)
+                    r = storage.read_json(path)
                     if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
                         if cache is not None and r.get("status") == "completed":
                             cache[path] = r
@@ -286,10 +286,10 @@ class UnitContext:
         self.files: list[dict] = []
 
     def part_path(self, name: str) -> str:
-        return io.join(self.parts_dir, name)
+        return storage.join(self.parts_dir, name)
 
     def output_path(self, relpath: str) -> str:
-        return io.join(self.output, relpath)
+        return storage.join(self.output, relpath)
 
     def _relpath(self, path: str) -> str:
         """``path`` relative to OUTPUT, normalized; ValueError if it is not inside OUTPUT
@@ -298,14 +298,14 @@ class UnitContext:
         if not path.startswith(root):
             raise ValueError(f"{path} is outside the output directory {self.output}")
         try:
-            return io.safe_relpath(path[len(root):])
+            return storage.safe_relpath(path[len(root):])
         except ValueError:
             raise ValueError(f"{path} is outside the output directory {self.output}") from None
 
     @contextlib.contextmanager
-    def open_write(self, path: str) -> Iterator[io.HashingWriter]:
+    def open_write(self, path: str) -> Iterator[storage.HashingWriter]:
         rel = self._relpath(path)
-        with io.atomic_open(path) as f:
+        with storage.atomic_open(path) as f:
             yield f
         self.files.append({"path": rel, "bytes": f.bytes_written, "sha256": f.sha256})
 
@@ -376,7 +376,7 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         })
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = _now()
-    io.atomic_write_json(run.receipt_path(unit.id), receipt)
+    storage.atomic_write_json(run.receipt_path(unit.id), receipt)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
 
@@ -430,12 +430,12 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
 
 def _discard_other_plans(run: StageRun) -> None:
     """Remove receipts of other plans of a stage that writes fixed, user-facing names."""
-    stage_root = io.join(run.output, META_DIR, run.name)
-    for path in io.listdir(stage_root):
-        if io.basename(path) != run.stage_hash:
+    stage_root = storage.join(run.output, META_DIR, run.name)
+    for path in storage.listdir(stage_root):
+        if storage.basename(path) != run.stage_hash:
             log.info("discarding receipts of plan %s of stage %s (its outputs are being replaced)",
-                     io.basename(path), run.name)
-            io.remove_tree(path, root=run.output)
+                     storage.basename(path), run.name)
+            storage.remove_tree(path, root=run.output)
 
 
 def next_repair(done: Completion) -> str | None:
@@ -526,8 +526,8 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     if runner is None:
         from refinery.transforms.core.pipeline import run_on_beam as runner
     if force:
-        io.remove_tree(io.join(output, META_DIR), root=output)
-    for path in io.remove_dead_temp_files(output):
+        storage.remove_tree(storage.join(output, META_DIR), root=output)
+    for path in storage.remove_dead_temp_files(output):
         log.info("removed %s: a temp file left by an interrupted write", path)
     runs = bind_stages(stages, output)
     plans = [r.stage.plan() for r in runs]
@@ -535,22 +535,22 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         unit_ids = [u.id for u in plan]
         if len(set(unit_ids)) != len(unit_ids):
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
-    run_json = io.join(output, META_DIR, "run.json")
+    run_json = storage.join(output, META_DIR, "run.json")
     entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
                 "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity())}
                for r, p in zip(runs, plans)]
     for r in runs:  # the fingerprints of each plan, so that a later run can say which input changed
         inputs_json = fingerprints_path(output, r.name, r.stage_hash)
-        if r.stage.fingerprints() and not io.exists(inputs_json):
-            io.atomic_write_json(inputs_json, r.stage.fingerprints())
+        if r.stage.fingerprints() and not storage.exists(inputs_json):
+            storage.atomic_write_json(inputs_json, r.stage.fingerprints())
     try:
-        previous = io.read_json(run_json)
+        previous = storage.read_json(run_json)
     except (FileNotFoundError, ValueError):
         previous = None
     if isinstance(previous, dict):
         for line in explain_plan_changes(output, previous, entries):
             log.warning("%s", line)
-    io.atomic_write_json(run_json, {"schema": RUN_SCHEMA, **(run_info or {}), "stages": entries})
+    storage.atomic_write_json(run_json, {"schema": RUN_SCHEMA, **(run_info or {}), "stages": entries})
     if on_plan:
         on_plan(runs, plans)
 
@@ -579,7 +579,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         steps = [Step(p.run, p.pending) for p in job if p.pending]
         if not steps:
             break
-        with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if io.is_remote(output) else 1.0,
+        with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:
                 counters = runner(steps, beam_args, verify_checksums) or {}
@@ -611,9 +611,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
 def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
     """Per stage of the run recorded in OUTPUT: units done/failed/pending, each receipt judged
     by :func:`check_receipt` (a receipt whose files are missing or truncated is pending)."""
-    run_json = io.join(output, META_DIR, "run.json")
+    run_json = storage.join(output, META_DIR, "run.json")
     try:
-        info = io.read_json(run_json)
+        info = storage.read_json(run_json)
     except FileNotFoundError:
         raise FileNotFoundError(f"{output}: no refinery run here ({run_json} not found)") from None
     rows = []

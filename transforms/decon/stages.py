@@ -40,7 +40,7 @@ import msgpack
 import zstandard
 from isal import igzip, isal_zlib
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
@@ -172,7 +172,7 @@ def membership_from_bytes(data: bytes) -> ng.Membership:
 @lru_cache(maxsize=256)
 def load_partition_file(path: str) -> ng.Partition:
     with gc_paused():
-        part = ng.load_partition(io.read_bytes(path))
+        part = ng.load_partition(storage.read_bytes(path))
         gc.freeze()
     return part
 
@@ -186,7 +186,7 @@ class IndexStage(Stage):
     title = "Index eval sets"
     light = True  # one unit: one process builds the whole eval index
 
-    def __init__(self, settings: DeconSettings, eval_files: list[io.InputFile]):
+    def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
         self.s = settings
         self.eval_files = eval_files
 
@@ -229,16 +229,16 @@ class IndexStage(Stage):
 # scan
 # ---------------------------------------------------------------------------------------
 
-def plan_train_units(files: list[io.InputFile], slice_bytes: int) -> list[Unit]:
+def plan_train_units(files: list[storage.InputFile], slice_bytes: int) -> list[Unit]:
     units = []
     for fi, f in enumerate(files):
-        if io.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
+        if storage.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
             k = -(-f.size // slice_bytes)
             for si in range(k):
                 lo, hi = si * slice_bytes, min(f.size, (si + 1) * slice_bytes)
                 units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
                                                          "lo": lo, "hi": hi}))
-        elif io.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
+        elif storage.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
             groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
             for si, g in enumerate(range(0, len(groups), per)):
@@ -257,7 +257,7 @@ class ScanStage(Stage):
     name = "scan"
     title = "Scan training data"
 
-    def __init__(self, settings: DeconSettings, train_files: list[io.InputFile], index_stage: IndexStage):
+    def __init__(self, settings: DeconSettings, train_files: list[storage.InputFile], index_stage: IndexStage):
         self.s = settings
         self.train_files = train_files
         self.index_stage = index_stage
@@ -278,13 +278,13 @@ class ScanStage(Stage):
     @staticmethod
     def membership_path(run: StageRun) -> str:
         """The index's membership file, upstream of the scan bound as ``run``."""
-        return io.join(run.upstream["index"].parts_dir, MEMBERSHIP_FILE)
+        return storage.join(run.upstream["index"].parts_dir, MEMBERSHIP_FILE)
 
     def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
         path = self.membership_path(run)
-        membership = start | "ReadMembership" >> beam.Map(lambda _, p: io.read_bytes(p), path)
+        membership = start | "ReadMembership" >> beam.Map(lambda _, p: storage.read_bytes(p), path)
         return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -296,13 +296,13 @@ class ScanStage(Stage):
         c0 = time.thread_time()
         data = ctx.side.get("membership")
         if data is None:  # run without Beam (tests, local stage runners)
-            data = io.read_bytes(self.membership_path(ctx.run))
+            data = storage.read_bytes(self.membership_path(ctx.run))
         membership = membership_from_bytes(data)
         index_parts = ctx.upstream("index").parts_dir
         partitions = int(membership.meta.get("partitions", self.s.partitions))
 
         def lookup(p: int) -> ng.Partition:
-            return load_partition_file(io.join(index_parts, partition_file(p)))
+            return load_partition_file(storage.join(index_parts, partition_file(p)))
 
         pl = unit.payload
         if pl["kind"] == "bytes":
@@ -380,7 +380,7 @@ def scan_frames(scan_run: StageRun) -> dict:
 @lru_cache(maxsize=2)
 def load_eval_rows(path: str) -> list[ng.EvalRow]:
     with gc_paused():
-        return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(io.read_bytes(path))]
+        return [ng.EvalRow(**r) for r in ng.loads_jsonl_gz(storage.read_bytes(path))]
 
 
 @lru_cache(maxsize=2)
@@ -420,16 +420,16 @@ class ReduceStage(Stage):
         p = unit.payload["p"]
         index_run, scan_run = ctx.upstream("index"), ctx.upstream("scan")
         table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
-        records = load_partition_file(io.join(index_run.parts_dir, partition_file(p))).records
-        eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
-        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        records = load_partition_file(storage.join(index_run.parts_dir, partition_file(p))).records
+        eval_rows = load_eval_rows(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
 
         def blocks() -> Iterator[tuple[int, str, int, dict]]:
             for i, offset, length in table["frames"].get(p, []):
                 unit_id, path, base = table["units"][i]
-                hits = io.join(scan_run.parts_dir, hits_file(unit_id))
-                frame = io.read_range(hits, offset, offset + length)
+                hits = storage.join(scan_run.parts_dir, hits_file(unit_id))
+                frame = storage.read_range(hits, offset, offset + length)
                 data = decompress_frame(frame, f"{hits} frame at bytes {offset}-{offset + length}")
                 yield i, path, base, msgpack.unpackb(data, **unpack)
 
@@ -467,15 +467,15 @@ class MergeReportsStage(Stage):
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        io.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
+        storage.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
         index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
         plan = reduce_run.stage.plan()
         missing = [u.id for u in plan if not reduce_run.check(u.id).done]
         if missing:
             raise RuntimeError(f"reduce units not completed: {missing[:5]}")
         tok = ng.get_tokenizer(self.s.tokenizer)
-        eval_rows = load_eval_rows(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
-        bad = json.loads(io.read_bytes(io.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
+        eval_rows = load_eval_rows(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        bad = json.loads(storage.read_bytes(storage.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
         scan_totals: dict[str, float] = {}
         for r in scan_run.completed_receipts().values():
             for k, v in r["stats"].items():
@@ -483,15 +483,16 @@ class MergeReportsStage(Stage):
                     scan_totals[k] = scan_totals.get(k, 0) + v
         with ctx.open_write(ctx.output_path("stats/overlap_details.jsonl.gz")) as out:
             for u in plan:  # gzip members, each checked, concatenated in partition order
-                path = io.join(reduce_run.parts_dir, details_file(u.payload["p"]))
-                with io.open_read(path) as member:
+                path = storage.join(reduce_run.parts_dir, details_file(u.payload["p"]))
+                with storage.open_read(path) as member:
                     copy_gzip_member(member, out, path)
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
-        results = (msgpack.unpackb(io.read_bytes(io.join(reduce_run.parts_dir, results_file(u.payload["p"]))), **unpack)
+        results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
+                                   **unpack)
                    for u in plan)
         with gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
-        same = load_same_text(io.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                         ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
@@ -523,30 +524,30 @@ class MergeReportsStage(Stage):
 
     def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
         scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, fingerprint_text(f.size, f.version, io.is_remote(f.path)))
+        return tuple((side, f.path, fingerprint_text(f.size, f.version, storage.is_remote(f.path)))
                      for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
                      for f in files)
 
 
-def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[io.InputFile]:
-    """:func:`io.expand_inputs`, but each file's path spelled from the argument the user gave
+def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:
+    """:func:`storage.expand_inputs`, but each file's path spelled from the argument the user gave
     (a relative folder stays relative), so that output paths are as given. Files skipped
     for their extension are appended to ``skipped``."""
     import glob as globlib
 
-    out: dict[str, io.InputFile] = {}
+    out: dict[str, storage.InputFile] = {}
     for arg in args:
-        for f in io.expand_inputs([arg], skipped=skipped):
+        for f in storage.expand_inputs([arg], skipped=skipped):
             if globlib.has_magic(arg):
                 head = arg[: min(arg.index(c) for c in "*?[" if c in arg)]
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
                 path = f"{root}/{f.relpath}" if root else f.relpath
-            elif f.relpath == io.basename(f.path) and io.basename(arg.rstrip("/")) == f.relpath \
-                    and not (io.is_remote(arg) or __import__("os").path.isdir(arg)):
+            elif f.relpath == storage.basename(f.path) and storage.basename(arg.rstrip("/")) == f.relpath \
+                    and not (storage.is_remote(arg) or __import__("os").path.isdir(arg)):
                 path = arg
             else:
                 path = f"{arg.rstrip('/')}/{f.relpath}"
-            out.setdefault(path, io.InputFile(path, f.relpath, f.size, f.version))
+            out.setdefault(path, storage.InputFile(path, f.relpath, f.size, f.version))
     return sorted(out.values(), key=lambda f: f.path)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.shards import (
     SCAN_CHUNK_TOKENS,
@@ -60,9 +60,9 @@ class ShardRef:
 
 def shards_from_manifest(manifest_path: str) -> tuple[list[ShardRef], int, int | None]:
     """(shards, eos_token_id, vocab_size) of a manifest.json."""
-    m = io.read_json(manifest_path)
-    root = io.dirname(manifest_path)
-    refs = [ShardRef(io.join(root, s["path"]), io.join(root, s["index_path"]), s.get("num_tokens"),
+    m = storage.read_json(manifest_path)
+    root = storage.dirname(manifest_path)
+    refs = [ShardRef(storage.join(root, s["path"]), storage.join(root, s["index_path"]), s.get("num_tokens"),
                      s.get("num_documents")) for s in m.get("shards", [])]
     return refs, int(m.get("eos_token_id", EOS_TOKEN_ID)), m.get("vocab_size")
 
@@ -182,7 +182,7 @@ def write_length_histogram(lengths: np.ndarray, path: str, title: str = "documen
     """A PNG histogram of document lengths in tokens (log-spaced bins), written atomically."""
     import matplotlib
     matplotlib.use("Agg")
-    import io as pyio
+    import io
 
     import matplotlib.pyplot as plt
 
@@ -200,7 +200,7 @@ def write_length_histogram(lengths: np.ndarray, path: str, title: str = "documen
     ax.set_ylabel("documents")
     ax.set_title(f"{title} ({len(lengths):,} documents)")
     fig.tight_layout()
-    buf = pyio.BytesIO()
+    buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    io.atomic_write_bytes(path, buf.getvalue())
+    storage.atomic_write_bytes(path, buf.getvalue())

@@ -34,7 +34,7 @@ from typing import IO, Callable, ContextManager, Iterable
 
 import numpy as np
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
 FORMAT_VERSION = "v1"
@@ -131,7 +131,7 @@ def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path
     of the documents in order, EOS included) and then its ``.idx`` from ``lengths``.
 
     ``open_write(path)`` is an atomic writer (``UnitContext.open_write`` or
-    ``io.atomic_open``). Raises ValueError if the chunks do not hold ``sum(lengths)`` tokens
+    ``storage.atomic_open``). Raises ValueError if the chunks do not hold ``sum(lengths)`` tokens
     (nothing is then left under either name). Returns ``{"tokens", "docs"}``.
     """
     lengths = np.asarray(lengths, dtype=np.uint64)
@@ -191,7 +191,7 @@ class IndexWriter:
     def close(self) -> None:
         if self.closed:
             return
-        with io.atomic_open(self.path) as out:
+        with storage.atomic_open(self.path) as out:
             write_idx(out, np.frombuffer(self._lengths, dtype=np.uint64))
         self.closed = True
 
@@ -224,7 +224,7 @@ def parse_idx_header(header: bytes, size: int) -> int:
 
 def read_idx(path_or_bytes) -> np.ndarray:
     """(num_docs, 2) uint64 array of [start, end) per document; raises ValueError if malformed."""
-    data = io.read_bytes(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
+    data = storage.read_bytes(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
     num_docs = parse_idx_header(data[:IDX_HEADER.size], len(data))
     return np.frombuffer(data, dtype="<u8", offset=IDX_HEADER.size).reshape(num_docs, 2)
 
@@ -239,7 +239,7 @@ class IndexReader:
     def __init__(self, path: str):
         self.path = path
         try:
-            if io.is_remote(path):
+            if storage.is_remote(path):
                 self.bounds = read_idx(path)
             else:
                 size = os.path.getsize(path)
@@ -276,7 +276,7 @@ def _read_npy_header(f: IO[bytes]) -> tuple[tuple, np.dtype, int]:
 
 def npy_token_count(path: str) -> int:
     """Tokens in a shard, from its NPY header only (one small read, local or remote)."""
-    with io.open_read(path) as f:
+    with storage.open_read(path) as f:
         shape, dtype, _ = _read_npy_header(f)
     if dtype != TOKEN_DTYPE or len(shape) != 1:
         raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 tokens")
@@ -290,7 +290,7 @@ class RemoteTokens:
 
     def __init__(self, path: str):
         self.path = path
-        with io.open_read(path) as f:
+        with storage.open_read(path) as f:
             shape, self.dtype, self.offset = _read_npy_header(f)
         self.ndim = len(shape)
         self.shape = tuple(shape)
@@ -310,7 +310,7 @@ class RemoteTokens:
         start, stop, _ = key.indices(self._len)
         if stop <= start:
             return np.zeros(0, dtype=self.dtype)
-        data = io.read_range(self.path, self.offset + start * self.dtype.itemsize,
+        data = storage.read_range(self.path, self.offset + start * self.dtype.itemsize,
                              self.offset + stop * self.dtype.itemsize)
         return np.frombuffer(data, dtype=self.dtype)
 
@@ -322,7 +322,7 @@ class RemoteTokens:
 def open_tokens(path: str):
     """A shard's tokens as a 1-D uint32 array-like: a memory map (local) or
     :class:`RemoteTokens` (remote: the header is read now, tokens on slicing)."""
-    if not io.is_remote(path):
+    if not storage.is_remote(path):
         return np.load(path, mmap_mode="r", allow_pickle=False)
     return RemoteTokens(path)
 
@@ -417,7 +417,7 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
                 expected_tokens: int | None = None, expected_docs: int | None = None) -> list[str]:
     """Problems with one shard pair ([] if none): header, dtype, idx/npy consistency, EOS placement."""
     problems = []
-    name = io.basename(npy_path)
+    name = storage.basename(npy_path)
     try:
         tokens = open_tokens(npy_path)
     except FileNotFoundError:
@@ -444,7 +444,7 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
         else:
             lengths, trailing = eos_document_lengths(tokens, eos_token_id)
             if trailing or len(lengths) != len(ends) or np.any(np.cumsum(lengths, dtype=np.uint64) != ends):
-                problems.append(f"{npy_path}: EOS positions do not match {io.basename(idx_path)} "
+                problems.append(f"{npy_path}: EOS positions do not match {storage.basename(idx_path)} "
                                 f"({len(lengths)} EOS, {len(ends)} documents; a double EOS or EOS inside a document)")
     elif n:
         problems.append(f"{idx_path}: no documents but {name} holds {n} tokens")
@@ -454,19 +454,19 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
 def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     """Every problem with a manifest and its shards ([] if none). Paths are named in each line."""
     try:
-        manifest = io.read_json(manifest_path)
+        manifest = storage.read_json(manifest_path)
     except FileNotFoundError:
         return [f"{manifest_path}: missing"]
     except ValueError as e:
         return [f"{manifest_path}: not valid JSON ({e})"]
-    root = io.dirname(manifest_path)
+    root = storage.dirname(manifest_path)
     eos = int(manifest.get("eos_token_id", EOS_TOKEN_ID))
     problems: list[str] = []
     total_tokens = total_docs = 0
     for entry in manifest.get("shards", []):
         try:
-            npy = io.join(root, io.safe_relpath(entry["path"]))
-            idx = io.join(root, io.safe_relpath(entry["index_path"]))
+            npy = storage.join(root, storage.safe_relpath(entry["path"]))
+            idx = storage.join(root, storage.safe_relpath(entry["index_path"]))
         except ValueError as e:
             problems.append(f"{manifest_path}: {e}")
             continue
@@ -475,7 +475,7 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
         total_docs += entry["num_documents"]
         if checksums:
             for path, key in ((npy, "sha256"), (idx, "index_sha256")):
-                if io.exists(path) and io.sha256_file(path) != entry[key]:
+                if storage.exists(path) and storage.sha256_file(path) != entry[key]:
                     problems.append(f"{path}: sha256 does not match the manifest")
         if "checksum" in entry and entry["checksum"] != entry.get("sha256"):
             problems.append(f"{manifest_path}: shard {entry['path']}: checksum and sha256 differ")
@@ -486,11 +486,11 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
     rows = manifest.get("rows", {})
     if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget")):
         problems.append(f"{manifest_path}: row accounting does not add up: {rows}")
-    listed = {io.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path")}
+    listed = {storage.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path")}
     for stray in shard_files(root):
         if stray not in listed:
             problems.append(f"{stray}: shard file not listed in the manifest")
-    for tmp in io.find_temp_files(root):
+    for tmp in storage.find_temp_files(root):
         problems.append(f"{tmp}: stray temporary file (an interrupted write)")
     problems += verify_run_record(root, manifest, checksums)
     return problems
@@ -502,9 +502,9 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
     manifest must describe that plan (else the last run did not finish)."""
     from refinery.transforms.core.receipts import META_DIR, verify_receipts
 
-    run_json = io.join(root, META_DIR, "run.json")
+    run_json = storage.join(root, META_DIR, "run.json")
     try:
-        info = io.read_json(run_json)
+        info = storage.read_json(run_json)
     except FileNotFoundError:
         return []
     except ValueError as e:
@@ -512,7 +512,7 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
     problems = verify_receipts(root, checksums)
     last = (info.get("stages") or [{}])[-1]
     if "plan_hash" in manifest and last.get("name") == "manifest" and last.get("stage_hash") != manifest["plan_hash"]:
-        problems.append(f"{io.join(root, MANIFEST)}: describes plan {manifest['plan_hash']}, but the last run "
+        problems.append(f"{storage.join(root, MANIFEST)}: describes plan {manifest['plan_hash']}, but the last run "
                         f"({run_json}) planned {last.get('stage_hash')}: that run has not finished")
     return problems
 
@@ -523,8 +523,8 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
 
 def find_shards(root: str) -> list[str]:
     """Every ``**/*.npy`` under ``root``, hidden files and folders (``.refinery``) skipped, sorted."""
-    if io.is_remote(root):
-        fs, p = io.filesystem(root)
+    if storage.is_remote(root):
+        fs, p = storage.filesystem(root)
         prefix = root.split("://", 1)[0] + "://"
         found = [prefix + f for f in fs.glob(p.rstrip("/") + "/**/*.npy")]
         return sorted(f for f in found if not any(part.startswith(".") for part in f[len(root):].split("/")))
@@ -538,9 +538,9 @@ def find_shards(root: str) -> list[str]:
 def shard_files(root: str) -> list[str]:
     """Every ``.npy``/``.idx`` directly under the ``shard_*`` folders of an output root."""
     out = []
-    for d in io.listdir(root):
-        if io.basename(d).startswith("shard_"):
-            out += [p for p in io.listdir(d) if p.endswith((".npy", ".idx"))]
+    for d in storage.listdir(root):
+        if storage.basename(d).startswith("shard_"):
+            out += [p for p in storage.listdir(d) if p.endswith((".npy", ".idx"))]
     return out
 
 
@@ -595,12 +595,12 @@ def keep_created_at(path: str) -> str:
     """The UTC time recorded in the file ``path``, or now (then recorded there): a plan's
     manifest keeps the ``created_at`` of its first run, so rewriting it gives the same bytes."""
     try:
-        return io.read_bytes(path).decode().strip()
+        return storage.read_bytes(path).decode().strip()
     except FileNotFoundError:
         import datetime as dt
 
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        io.atomic_write_bytes(path, now.encode())
+        storage.atomic_write_bytes(path, now.encode())
         return now
 
 

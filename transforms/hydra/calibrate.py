@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.hydra.oracle import DIMENSIONS
 
 
@@ -30,7 +30,7 @@ def read_labels(paths: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """(doc ids, scores [n, 5]) from label JSONL files; a bad row raises naming file and line."""
     ids, rows = [], []
     for path in paths:
-        with io.open_read(path, compression="infer") as f:
+        with storage.open_read(path, compression="infer") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -113,9 +113,9 @@ def decide(aggregated: float, tau_drop: float, tau_keep: float) -> str:
 
 
 def load_calibration(path_or_dir: str) -> dict:
-    path = path_or_dir if path_or_dir.endswith(".json") else io.join(path_or_dir, "calibration_summary.json")
+    path = path_or_dir if path_or_dir.endswith(".json") else storage.join(path_or_dir, "calibration_summary.json")
     try:
-        cal = io.read_json(path)
+        cal = storage.read_json(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no calibration summary (run `refinery hydra calibrate`)") from None
     for key in ("weights", "tau_drop", "tau_keep"):
@@ -129,7 +129,7 @@ def weights_vector(cal: dict) -> np.ndarray:
 
 
 def write_calibration(out_dir: str, summary: dict) -> str:
-    path = io.join(out_dir, "calibration_summary.json")
-    io.atomic_write_json(path, summary)
+    path = storage.join(out_dir, "calibration_summary.json")
+    storage.atomic_write_json(path, summary)
     return path
 

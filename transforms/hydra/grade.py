@@ -18,7 +18,7 @@ import json
 import threading
 from typing import Iterator, Sequence, TypedDict
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.hydra.calibrate import decide, load_calibration
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
@@ -36,8 +36,8 @@ class HydraGrader:
         from refinery.transforms.hydra.heads import load_head
 
         self.engine = engine or GptOssEngine(settings)
-        self.probe, self.probe_meta = load_head(io.join(heads_dir, "hydra_probe.pt"))
-        self.judge, self.judge_meta = load_head(io.join(heads_dir, "hydra_judge.pt"))
+        self.probe, self.probe_meta = load_head(storage.join(heads_dir, "hydra_probe.pt"))
+        self.judge, self.judge_meta = load_head(storage.join(heads_dir, "hydra_judge.pt"))
         depth = self.engine.info()["num_hidden_layers"]
         validate_layers([self.probe_meta["layer"], self.judge_meta["layer"]], depth)
         hidden = self.engine.info()["hidden_size"]
@@ -115,7 +115,7 @@ class GradeTask(Task):
         self.max_ctx = max_ctx
         self.options = handler_options or HandlerOptions()
         for kind in ("probe", "judge"):
-            if not io.exists(io.join(self.heads_dir, f"hydra_{kind}.pt")):
+            if not storage.exists(storage.join(self.heads_dir, f"hydra_{kind}.pt")):
                 raise FileNotFoundError(f"{self.heads_dir}: no hydra_{kind}.pt (run `refinery hydra train {kind}`)")
 
     def config(self) -> dict:
@@ -123,7 +123,7 @@ class GradeTask(Task):
                 "dtype": self.engine.dtype, "max_ctx": self.max_ctx}
 
     def identity(self) -> dict:
-        heads = [{"file": f"hydra_{k}.pt", "sha256": io.sha256_file(io.join(self.heads_dir, f"hydra_{k}.pt"))}
+        heads = [{"file": f"hydra_{k}.pt", "sha256": storage.sha256_file(storage.join(self.heads_dir, f"hydra_{k}.pt"))}
                  for k in ("probe", "judge")]
         return {"checkpoint": checkpoint_fingerprint(self.engine.checkpoint), "heads": heads}
 

@@ -161,24 +161,24 @@ def train_judge(states: Sequence[torch.Tensor], targets: torch.Tensor, cfg: Trai
 
 
 def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) -> None:
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     from refinery.transforms.hydra.oracle import DIMENSIONS
 
     blob = {"kind": kind, "layer": int(layer), "hidden_size": head.hidden_size,
             "mid_dim": getattr(head, "mid_dim", None), "heads": getattr(head, "heads", None),
             "state_dict": head.state_dict(), "dimensions": list(DIMENSIONS), "train": train}
-    import io as pyio
-    buf = pyio.BytesIO()
+    import io
+    buf = io.BytesIO()
     torch.save(blob, buf)
-    io.atomic_write_bytes(path, buf.getvalue())
+    storage.atomic_write_bytes(path, buf.getvalue())
 
 
 def load_head(path: str) -> tuple[nn.Module, dict]:
-    import io as pyio
+    import io
 
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
     try:
-        blob = torch.load(pyio.BytesIO(io.read_bytes(path)), map_location="cpu", weights_only=True)
+        blob = torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no HYDRA head (run `refinery hydra train`)") from None
     if blob.get("kind") == "probe":

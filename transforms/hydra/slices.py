@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.stages import Stage, Unit, UnitContext
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
@@ -44,7 +44,7 @@ def parse_doc_id(doc_id: str) -> DocAddress:
     if not m:
         raise ValueError(f"not a doc id of the form {{source}}//{{relpath}}#s={{start}}:e={{end}}: {doc_id!r}")
     try:  # a relpath must stay under the data root: relative, no '..' escape, a .npy shard
-        relpath = io.safe_relpath(m["relpath"])
+        relpath = storage.safe_relpath(m["relpath"])
     except ValueError as e:
         raise ValueError(f"doc id {doc_id!r}: {e}") from None
     if not relpath.endswith(".npy"):
@@ -66,7 +66,7 @@ def find_shards(data_root: str) -> list[tuple[str, str]]:
     root = data_root.rstrip("/")
     out = []
     for path in shards.find_shards(root):
-        if io.exists(shards.index_path_for(path)):
+        if storage.exists(shards.index_path_for(path)):
             relpath = path[len(root) + 1:]
             out.append((source_of(root, relpath), relpath))
     return sorted(out, key=lambda x: x[1])
@@ -75,20 +75,20 @@ def find_shards(data_root: str) -> list[tuple[str, str]]:
 def source_of(root: str, relpath: str) -> str:
     parts = relpath.split("/")[:-1]
     for depth in range(len(parts), -1, -1):
-        manifest = io.join(root, *parts[:depth], "manifest.json")
-        if io.exists(manifest):
+        manifest = storage.join(root, *parts[:depth], "manifest.json")
+        if storage.exists(manifest):
             try:
-                name = io.read_json(manifest).get("dataset")
+                name = storage.read_json(manifest).get("dataset")
             except (ValueError, OSError):
                 name = None
             if name:
                 return str(name)
-    return parts[0] if parts else io.basename(root)
+    return parts[0] if parts else storage.basename(root)
 
 
 def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
     """Doc ids of one shard, in document order (from its ``.idx``)."""
-    idx_path = io.join(data_root, relpath[: -len(".npy")] + ".idx")
+    idx_path = storage.join(data_root, relpath[: -len(".npy")] + ".idx")
     try:
         bounds = shards.read_idx(idx_path)
     except ValueError as e:
@@ -104,7 +104,7 @@ def read_doc_tokens(data_root: str, doc_id: str, strip_eos: int | None = EOS_TOK
     """The tokens of a doc-id addressed document (its trailing EOS removed). Only that
     document's tokens are read (a memory map locally, one ranged read on an object store)."""
     a = parse_doc_id(doc_id)
-    path = io.join(data_root, a.relpath)
+    path = storage.join(data_root, a.relpath)
     try:
         tokens = _SHARDS.get(path)
     except FileNotFoundError:
@@ -121,7 +121,7 @@ def read_docid_file(path: str) -> Iterator[tuple[int, str]]:
     """(line number, doc id) of a doc-id JSONL (``{"doc_id": ...}`` rows) or plain-text file.
     A doc id is not checked here: one that does not address a shard under the data root
     becomes an error row naming it when its tokens are read (:func:`read_doc_tokens`)."""
-    with io.open_read(path, compression="infer") as f:
+    with storage.open_read(path, compression="infer") as f:
         for n, line in enumerate(f, 1):
             text = line.decode("utf-8").strip()
             if not text:
@@ -148,7 +148,7 @@ class SlicesStage(Stage):
         self.data_root = data_root.rstrip("/")
         self.shards = find_shards(self.data_root)
         if not self.shards:
-            raise io.InputError(f"{data_root}: no .npy/.idx shards found")
+            raise storage.InputError(f"{data_root}: no .npy/.idx shards found")
 
     def config(self) -> dict:
         return {"format": 1, "rule": "md5[:8] % 100: <80 train, <90 val, else test"}
@@ -156,8 +156,8 @@ class SlicesStage(Stage):
     def fingerprints(self) -> list:
         out = []
         for _, rel in self.shards:
-            path = io.join(self.data_root, rel[: -len(".npy")] + ".idx")
-            out.append({"path": rel, "idx_bytes": io.file_size(path), "idx_sha256": io.sha256_file(path)})
+            path = storage.join(self.data_root, rel[: -len(".npy")] + ".idx")
+            out.append({"path": rel, "idx_bytes": storage.file_size(path), "idx_sha256": storage.sha256_file(path)})
         return out
 
     def plan(self) -> list[Unit]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.hydra.calibrate import read_labels
 from refinery.transforms.hydra.heads import (
     TrainConfig,
@@ -80,7 +80,7 @@ def run_head_job(job: HeadJob, engine_settings: EngineSettings, progress: bool =
                "first_loss": losses[0], "last_loss": losses[-1], "train_seconds": time.time() - t0,
                "config": train_config_dict(job.train), "mid_dim": job.mid_dim if job.kind == "judge" else None,
                "checkpoint": engine_settings.checkpoint, "max_ctx": job.max_ctx}
-    save_head(io.join(job.out_dir, f"hydra_{job.kind}.pt"), head, job.kind, job.layer, summary)
-    io.atomic_write_bytes(io.join(job.out_dir, f"train_{job.kind}.json"),
+    save_head(storage.join(job.out_dir, f"hydra_{job.kind}.pt"), head, job.kind, job.layer, summary)
+    storage.atomic_write_bytes(storage.join(job.out_dir, f"train_{job.kind}.json"),
                           json.dumps({**summary, "losses": losses}, indent=1).encode())
     return summary

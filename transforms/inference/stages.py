@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import apache_beam as beam
 
-from refinery.transforms.core import io, rows
+from refinery.transforms.core import rows, storage
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import count_receipt, summary
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
@@ -96,8 +96,8 @@ class DocumentSource:
             raise ValueError("docs per unit must be at least 1")
         # doc-id files may have any name (docids_val.jsonl, val_shard_00, ...)
         self.skipped: list[str] = []  # files of the input folders skipped for their extension
-        self.files = (io.expand_inputs(self.paths, skipped=self.skipped) if self.paths
-                      else io.expand_inputs(self.docid_files, suffixes=("",)))
+        self.files = (storage.expand_inputs(self.paths, skipped=self.skipped) if self.paths
+                      else storage.expand_inputs(self.docid_files, suffixes=("",)))
         self._plan: list[Unit] | None = None
 
     def config(self) -> dict:
@@ -107,7 +107,7 @@ class DocumentSource:
     def fingerprints(self) -> list:
         fps = [f.fingerprint() for f in self.files]
         if self.data_root:
-            fps += [f.fingerprint() for f in io.expand_inputs([self.data_root], suffixes=(".npy",))]
+            fps += [f.fingerprint() for f in storage.expand_inputs([self.data_root], suffixes=(".npy",))]
         return fps
 
     def _count(self, path: str) -> int:
@@ -181,7 +181,7 @@ def load_template(name_or_path: str) -> dict:
     if name_or_path in TEMPLATES:
         return dict(TEMPLATES[name_or_path])
     try:
-        text = io.read_bytes(name_or_path).decode("utf-8")
+        text = storage.read_bytes(name_or_path).decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"template {name_or_path!r}: not a built-in ({', '.join(TEMPLATES)}) "
                          f"and no such file") from None
@@ -266,7 +266,7 @@ class Task:
 
 
 def checkpoint_fingerprint(checkpoint: str) -> list:
-    files = io.expand_inputs([checkpoint], suffixes=(".safetensors", ".json"))
+    files = storage.expand_inputs([checkpoint], suffixes=(".safetensors", ".json"))
     return [{"path": f.relpath, "size": f.size, "version": f.version} for f in files]
 
 
@@ -438,7 +438,7 @@ class MergeOutputsStage(Stage):
 
         def rows() -> Iterator[dict]:
             for u in plan:
-                with io.open_read(io.join(infer_run.parts_dir, part_file(u.id))) as f:
+                with storage.open_read(storage.join(infer_run.parts_dir, part_file(u.id))) as f:
                     for line in f:
                         yield json.loads(line)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.shards import find_shards
 from refinery.transforms.loader.mixture import (
@@ -164,12 +164,12 @@ def permute(j: int, n: int, key: int, rounds: int = 4) -> int:
 
 def _manifest_checksums(split_root: str) -> dict[str, str]:
     """npy path -> sha256, from the split's manifest.json if there is one."""
-    path = io.join(split_root, "manifest.json")
+    path = storage.join(split_root, "manifest.json")
     try:
-        m = io.read_json(path)
+        m = storage.read_json(path)
     except (FileNotFoundError, ValueError):
         return {}
-    return {io.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
+    return {storage.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
 
 
 def build_plan(data_root: str, source_ids: list[str], weights: list[int], split: str, seq_len: int,
@@ -187,7 +187,7 @@ def build_plan(data_root: str, source_ids: list[str], weights: list[int], split:
             raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r} under {root} "
                                     f"(run `refinery prep-mixture` first)")
         sums = _manifest_checksums(root)
-        files = tuple({"path": p[len(data_root.rstrip('/')) + 1:], "bytes": io.file_size(p), "sha256": sums.get(p)}
+        files = tuple({"path": p[len(data_root.rstrip('/')) + 1:], "bytes": storage.file_size(p), "sha256": sums.get(p)}
                       for p in paths)
         sources.append(SourceShards(sid, w, tuple(paths), tuple(shards.npy_token_count(p) for p in paths), files))
     available = [s.total_tokens // (seq_len + 1) for s in sources]

@@ -248,10 +248,10 @@ def parse_mixture_file(data: dict, path: str) -> MixtureFile:
 
 def load_mixture_file(path: str) -> MixtureFile:
     """Read and parse a mixture TOML (local or gs://)."""
-    from refinery.transforms.core import io
+    from refinery.transforms.core import storage
 
     try:
-        data = tomllib.loads(io.read_bytes(path).decode("utf-8"))
+        data = tomllib.loads(storage.read_bytes(path).decode("utf-8"))
     except FileNotFoundError:
         raise MixtureError(f"{path}: not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

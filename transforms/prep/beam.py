@@ -43,7 +43,7 @@ import msgpack
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.coders import TupleCoder
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows
@@ -105,7 +105,7 @@ class RejectedRowError(ValueError):
 
 
 class _ReadFileFn(beam.DoFn):
-    def process(self, f: io.InputFile):
+    def process(self, f: storage.InputFile):
         for row, record, error in iter_rows(f.path):
             if error is None:
                 yield SourceRow(f.path, row, record, f.relpath)
@@ -133,7 +133,7 @@ class ReadRows(beam.PTransform):
         return ReadRows(self.paths, with_rejected=True)
 
     def expand(self, pbegin):
-        files = io.expand_inputs(self.paths)
+        files = storage.expand_inputs(self.paths)
         out = (pbegin
                | "Files" >> beam.Create(files, reshuffle=False)
                | "Spread" >> beam.Reshuffle()
@@ -382,17 +382,17 @@ def _write_rejects(rejected: list[Rejected], output: str) -> dict:
     returns the counts {"rejected", "empty"}."""
     bad = sorted((r for r in rejected if not r.empty), key=lambda r: (r.path, r.row, r.reason))
     data = jsonl((r.to_json() for r in bad), sort_keys=True)
-    _write_if_changed(io.join(output, "rejects", "rejects.jsonl"), data)
+    _write_if_changed(storage.join(output, "rejects", "rejects.jsonl"), data)
     return {"rejected": len(bad), "empty": len(rejected) - len(bad)}
 
 
 def _write_if_changed(path: str, data: bytes) -> None:
     try:
-        if io.read_bytes(path) == data:
+        if storage.read_bytes(path) == data:
             return
     except FileNotFoundError:
         pass
-    io.atomic_write_bytes(path, data)
+    storage.atomic_write_bytes(path, data)
 
 
 def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, dataset: str, num_shards: int,
@@ -405,9 +405,9 @@ def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, da
     run = sink_run(output, dataset, num_shards, version)
     manifest = shards.build_manifest(
         dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version,
-        created_at=shards.keep_created_at(io.join(run.dir, "created_at")),
+        created_at=shards.keep_created_at(storage.join(run.dir, "created_at")),
         extra={"plan_hash": run.stage_hash, "source": {"writer": "refinery.transforms.prep.WriteTokenShards"}})
-    path = io.join(output.rstrip("/"), shards.MANIFEST)
+    path = storage.join(output.rstrip("/"), shards.MANIFEST)
     _write_if_changed(path, shards.manifest_json(manifest))
     return path
 

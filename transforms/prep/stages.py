@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refinery.transforms.core import io
+from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
@@ -40,7 +40,7 @@ UNIT_BYTES = 16 << 20  # default input bytes per tokenize unit: small files are 
 
 @dataclass
 class PrepConfig:
-    inputs: list[io.InputFile]
+    inputs: list[storage.InputFile]
     output: str
     dataset: str
     num_shards: int = 8
@@ -146,10 +146,10 @@ class TokenizeStage(Stage):
     def identity(self) -> dict:
         return tokenizer_identity()
 
-    def _pieces(self, i: int, f: io.InputFile) -> list[tuple[str, dict]] | None:
+    def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, dict]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
         base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
-        if io.has_suffix(f.path, ".parquet"):
+        if storage.has_suffix(f.path, ".parquet"):
             try:
                 groups = parquet_row_groups(f.path) if f.size else []
             except Exception as e:  # noqa: BLE001 - a corrupt file: one unit rejects it with the reason
@@ -160,7 +160,8 @@ class TokenizeStage(Stage):
             if len(groups) > step:
                 return [(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]})
                         for g in range(0, len(groups), step)]
-        elif io.has_suffix(f.path, ".jsonl") and not io.is_remote(f.path) and 0 < 2 * self.cfg.unit_bytes < f.size:
+        elif (storage.has_suffix(f.path, ".jsonl") and not storage.is_remote(f.path)
+              and 0 < 2 * self.cfg.unit_bytes < f.size):
             step = self.cfg.unit_bytes
             los = list(range(0, f.size, step))
             bases = count_rows_before(f.path, los)
@@ -207,7 +208,7 @@ class TokenizeStage(Stage):
             writer = spill.SpillWriter(tokens_out)
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
-                columns = [text_field, id_field] if io.has_suffix(path, ".parquet") else None
+                columns = [text_field, id_field] if storage.has_suffix(path, ".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
                 for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
@@ -242,16 +243,16 @@ class TokenizeStage(Stage):
 
 
 def check_unchanged(payload: dict) -> None:
-    """Raise :class:`io.InputError` if the unit's input file is gone or changed (size, mtime
+    """Raise :class:`storage.InputError` if the unit's input file is gone or changed (size, mtime
     or generation) since the job was planned: its stage hash names the planned version."""
     planned = payload.get("fingerprint")
     if planned is None:
         return
-    now = io.expand_inputs([payload["path"]])[0].fingerprint()
-    if io.is_remote(payload["path"]):  # object listings and single-object info may spell the version differently
+    now = storage.expand_inputs([payload["path"]])[0].fingerprint()
+    if storage.is_remote(payload["path"]):  # object listings and single-object info may spell the version differently
         now, planned = now["size"], planned["size"]
     if now != planned:
-        raise io.InputError(f"{payload['path']}: changed since this job was planned (now {now}, planned "
+        raise storage.InputError(f"{payload['path']}: changed since this job was planned (now {now}, planned "
                             f"{planned}); run the same command again to plan with the new version")
 
 
@@ -279,7 +280,7 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
 
 def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
     """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts."""
-    return {k: io.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
+    return {k: storage.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
             (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"))}
 
 
@@ -350,9 +351,9 @@ class MergeSpillsStage(Stage):
             writer = spill.SpillWriter(local)
             for uid, before in chosen:  # units in input order; each spill read once, front to back
                 files = spill_files(tk.parts_dir, uid)
-                with io.open_read(files["docs"]) as f:
+                with storage.open_read(files["docs"]) as f:
                     table = spill.read_table(f)
-                with io.open_read(files["tokens"]) as f:
+                with storage.open_read(files["tokens"]) as f:
                     for doc_shard, tokens, cum_end in spill.iter_documents(f, table):
                         writer.add(doc_shard, tokens, before + cum_end)
             table, starts = spill.by_shard(writer.close(), self.cfg.num_shards)
@@ -409,15 +410,15 @@ class PackStage(Stage):
 
         def shard_rows(source: tuple[dict[str, str], int | None]) -> np.ndarray | None:
             files, budget_left = source
-            with io.open_read(files["shards"]) as f:
+            with storage.open_read(files["shards"]) as f:
                 starts = np.load(f, allow_pickle=False)
             if starts[shard] == starts[shard + 1]:
                 return None  # no document of this shard: the table and tokens need no read
-            with io.open_read(files["docs"]) as f:
+            with storage.open_read(files["docs"]) as f:
                 return spill.within_budget(spill.read_shard_rows(f, starts, shard), budget_left)
 
         sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
-        if io.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
+        if storage.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(PACK_READ_THREADS) as pool:
@@ -430,7 +431,7 @@ class PackStage(Stage):
 
         def chunks():
             for spill_path, rows in pieces:
-                with io.open_read(spill_path) as f:
+                with storage.open_read(spill_path) as f:
                     yield from spill.iter_token_chunks(f, spill.contiguous_ranges(rows))
 
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
@@ -470,7 +471,7 @@ class ManifestStage(Stage):
                 for k in counts:
                     counts[k] += s[k]
                 if s["rejected"]:
-                    with io.open_read(io.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
+                    with storage.open_read(storage.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
                         while block := f.read(1 << 20):
                             out.write(block)
         entries = []
@@ -484,7 +485,7 @@ class ManifestStage(Stage):
                                      rejected=counts["rejected"], written=written)
         manifest = shards.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
-            created_at=shards.keep_created_at(io.join(ctx.run.dir, "created_at")),
+            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")),
             extra={"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
                    "source": cfg.source or {"inputs": len(cfg.inputs)}})
         listed = {s[k] for s in entries for k in ("path", "index_path")}
@@ -492,7 +493,7 @@ class ManifestStage(Stage):
         for stale in shards.shard_files(cfg.output):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
-                io.remove(stale, root=cfg.output)
+                storage.remove(stale, root=cfg.output)
         ctx.write_bytes(ctx.output_path(shards.MANIFEST), shards.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
@@ -512,11 +513,11 @@ def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
     manifest_run = runs[-1]
     if manifest_run.check("manifest").done:
         return
-    path = io.join(manifest_run.output, "manifest.json")
+    path = storage.join(manifest_run.output, "manifest.json")
     try:
-        if io.read_json(path).get("plan_hash") != manifest_run.stage_hash:
+        if storage.read_json(path).get("plan_hash") != manifest_run.stage_hash:
             log.warning("removing %s: it describes a different plan; a new one is written at the end", path)
-            io.remove(path, root=manifest_run.output)
+            storage.remove(path, root=manifest_run.output)
     except (FileNotFoundError, ValueError):
-        if io.exists(path):
-            io.remove(path, root=manifest_run.output)
+        if storage.exists(path):
+            storage.remove(path, root=manifest_run.output)

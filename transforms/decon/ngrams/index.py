@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import gzip
-import io as _pyio
+import io
 import json
 import os
 from collections import defaultdict
@@ -173,7 +173,7 @@ class NgramIndex:
 
 
 def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
-    buf = _pyio.BytesIO()
+    buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
         for rec in records:
             gz.write(json_line(rec))

@@ -1,0 +1,61 @@
+"""Storage: local or ``gs://`` paths, output folders, atomic writes, input listing.
+
+One module per concern; this package is their API (``storage.join``, ``storage.atomic_write_json``,
+``storage.expand_inputs``, ...). Reading rows out of data files is :mod:`refinery.transforms.core.rows`.
+
+- :mod:`.paths`: reach and read a file whatever its scheme; :func:`offline` for dry runs.
+- :mod:`.outputs`: whether a path can be an output folder; removal that stays inside it.
+- :mod:`.atomic`: writes whose final name holds all or nothing; temp files of dead writers.
+- :mod:`.inputs`: the data files named by files, folders and globs.
+"""
+from .atomic import (  # noqa: F401
+    TEMP_NAME,
+    TMP_MARKER,
+    HashingWriter,
+    atomic_open,
+    atomic_write_bytes,
+    atomic_write_json,
+    find_temp_files,
+    is_temp_name,
+    remove_dead_temp_files,
+    sha256_file,
+    temp_name,
+    temp_writer_dead,
+)
+from .inputs import (  # noqa: F401
+    DATA_SUFFIXES,
+    InputFile,
+    expand_inputs,
+    has_data_suffix,
+    listing_reaches,
+    saved_dataset_files,
+    skipped_note,
+)
+from .outputs import (  # noqa: F401
+    PathError,
+    output_folder_problem,
+    remove,
+    remove_tree,
+)
+from .paths import (  # noqa: F401
+    InputError,
+    Offline,
+    RemoteNotRead,
+    basename,
+    dirname,
+    exists,
+    file_size,
+    filesystem,
+    has_suffix,
+    is_remote,
+    isdir,
+    join,
+    listdir,
+    offline,
+    offline_state,
+    open_read,
+    read_bytes,
+    read_json,
+    read_range,
+    safe_relpath,
+)

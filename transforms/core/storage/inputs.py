@@ -1,0 +1,181 @@
+"""Input listing: the data files a user's arguments (files, folders, globs) name."""
+from __future__ import annotations
+
+import fnmatch
+import glob as globlib
+import os
+import posixpath
+from dataclasses import dataclass
+
+from .paths import (
+    InputError,
+    _local,
+    basename,
+    exists,
+    filesystem,
+    has_suffix,
+    is_remote,
+    join,
+    offline_state,
+    read_json,
+    safe_relpath,
+)
+
+DATA_SUFFIXES = (
+    ".jsonl", ".jsonl.gz", ".jsonl.zst",
+    ".json", ".json.gz", ".json.zst",
+    ".parquet",
+    ".arrow",  # Arrow IPC, as Hugging Face datasets' save_to_disk writes it
+)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input data file. ``relpath`` is relative to the root the user named."""
+
+    path: str
+    relpath: str
+    size: int
+    version: str  # mtime (local) or object generation (GCS): changes when the file does
+
+    def fingerprint(self) -> dict:
+        return {"path": self.path, "size": self.size, "version": self.version}
+
+
+def has_data_suffix(path: str, suffixes=DATA_SUFFIXES) -> bool:
+    return has_suffix(path, *suffixes)
+
+
+def _parts(path: str) -> tuple[str, list[str]]:
+    """(scheme, path components): local paths resolved (links, ``..``), remote ones normalized."""
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return ("gs" if scheme == "gcs" else scheme), [p for p in posixpath.normpath("/" + rest).split("/") if p]
+    return "", [p for p in os.path.realpath(_local(path)).split(os.sep) if p]
+
+
+def listing_reaches(arg: str, folder: str) -> bool:
+    """Whether listing the input ``arg`` (a file, folder or glob, as :func:`expand_inputs` takes
+    it) could take in files under ``folder``: ``folder`` is ``arg`` or inside it, or lies
+    where the glob's pattern could descend (``d/*.jsonl`` reaches ``d`` but not ``d/out``;
+    ``d/**`` reaches everything under ``d``)."""
+    if not globlib.has_magic(arg):
+        scheme, a = _parts(arg)
+        other, f = _parts(folder)
+        return scheme == other and f[:len(a)] == a
+    prefix, _, rest = arg.partition("://") if is_remote(arg) else ("", "", _local(arg))
+    pieces = rest.split("/")
+    first = next(i for i, piece in enumerate(pieces) if globlib.has_magic(piece))
+    fixed = "/".join(pieces[:first]) or ("/" if rest.startswith("/") else ".")
+    scheme, a = _parts(f"{prefix}://{fixed}" if prefix else fixed)
+    pattern = [piece for piece in pieces[first:] if piece]
+    other, f = _parts(folder)
+    if scheme != other or f[:len(a)] != a:
+        return False
+    below = f[len(a):]  # the folder's names under the glob's fixed part, matched name by name
+    if "**" in pattern:  # any depth past it
+        matched = pattern[:pattern.index("**")]
+    elif len(below) < len(pattern):  # a file below the folder is deep enough for the pattern
+        matched = pattern[:len(below)]
+    else:
+        return False
+    return all(fnmatch.fnmatchcase(name, pat) for name, pat in zip(below, matched))
+
+
+def skipped_note(skipped: list[str], shown: int = 5) -> str:
+    """One line naming the files :func:`expand_inputs` skipped for their extension."""
+    skipped = list(dict.fromkeys(skipped))
+    names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+    return f"skipped {len(skipped)} file(s) with unsupported extensions: {names}"
+
+
+def _version(info: dict) -> str:
+    for key in ("generation", "mtime", "LastModified", "updated", "last_modified"):
+        if info.get(key) not in (None, ""):
+            return str(info[key])
+    return ""
+
+
+def _is_hidden(relpath: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relpath.split("/"))
+
+
+def saved_dataset_files(folder: str) -> list[str] | None:
+    """The ``.arrow`` files of a Hugging Face ``datasets`` folder written by ``save_to_disk``
+    (the ``_data_files`` of its ``state.json``), or None if ``folder`` is not one. A saved
+    ``DatasetDict`` (``dataset_dict.json``) raises :class:`InputError` naming its splits: give
+    one split's folder."""
+    folder = folder.rstrip("/")
+    try:
+        splits = read_json(join(folder, "dataset_dict.json")).get("splits", [])
+    except (FileNotFoundError, ValueError):
+        splits = None
+    if splits is not None:
+        example = join(folder, splits[0]) if splits else join(folder, "SPLIT")
+        raise InputError(f"{folder}: a datasets DatasetDict saved with save_to_disk (splits: "
+                         f"{', '.join(splits) or 'none'}); give one split's folder, e.g. {example}")
+    if not exists(join(folder, "dataset_info.json")):
+        return None
+    try:
+        state = read_json(join(folder, "state.json"))
+        files = [join(folder, safe_relpath(f["filename"])) for f in state["_data_files"]]
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{folder}: a datasets save_to_disk folder without a usable state.json ({e})") from None
+    return files
+
+
+def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] | None = None) -> list[InputFile]:
+    """Files named by the user's arguments: files, folders (recursive) or globs.
+
+    Folders and globs keep only files with a data suffix (in any case: ``a.JSONL``) and skip
+    hidden names (``.x``, ``_SUCCESS``); the other files they hold are appended to
+    ``skipped`` (for :func:`skipped_note`). A folder written by ``datasets``' ``save_to_disk``
+    gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results
+    are sorted by path and unique. Raises :class:`InputError` naming any argument that
+    matches nothing. Inside :func:`offline`, remote arguments are not listed but kept in its
+    ``unlisted``.
+    """
+    skipped = [] if skipped is None else skipped
+    found: dict[str, InputFile] = {}
+    for arg in paths:
+        if (state := offline_state()) is not None and is_remote(arg):
+            state.unlisted.append(arg)
+            continue
+        fs, p = filesystem(arg)
+        proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
+        matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)
+        if globlib.has_magic(p):
+            root = p[: min(p.index(c) for c in "*?[" if c in p)].rsplit("/", 1)[0]
+            for q, info in sorted(fs.glob(p, detail=True).items()):
+                if info.get("type") == "directory":
+                    continue
+                rel = q[len(root):].lstrip("/")
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
+                    matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
+        elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
+            for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
+                matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
+        elif fs.isdir(p):
+            for q, info in sorted(fs.find(p, detail=True).items()):
+                rel = q[len(p.rstrip("/")):].lstrip("/")
+                if _is_hidden(rel):
+                    continue
+                if has_data_suffix(q, suffixes):
+                    matches.append((proto + q, rel, info))
+                else:
+                    skipped.append(proto + q)
+        elif fs.exists(p):
+            if not has_data_suffix(p, suffixes):
+                raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")
+            matches.append((proto + p if proto else _local(arg), basename(p), fs.info(p)))
+        else:
+            raise InputError(f"{arg}: no such file, folder or glob match")
+        if not matches:
+            raise InputError(f"{arg}: contains no data files ({', '.join(suffixes)})")
+        for full, rel, info in matches:
+            found.setdefault(full, InputFile(full, rel, int(info.get("size") or 0), _version(info)))
+    return sorted(found.values(), key=lambda f: f.path)
