@@ -56,15 +56,6 @@ SHAPES = {
                  intermediate_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
                  sliding_window=8),
 }
-TORCH_KERNELS = {
-    "rmsnorm": ops.rmsnorm_torch,
-    "add_rmsnorm": ops.add_rmsnorm_torch,
-    "rope_qkv": ops.rope_qkv_torch,
-    "route": ops.route_torch,
-    "moe": ops.moe_torch,
-    "attention": ops.attention_torch,
-    "paged_attention": ops.paged_attention_torch,
-}
 GB = 1e9
 H100_PEAK_TBPS = 3.35  # H100 SXM HBM3
 BATCH128_GOAL, VLLM_BATCH128 = 10_000, 19_000  # decode tok/s at batch 128 (20b, one H100)
@@ -168,7 +159,7 @@ def random_model(config: ModelConfig, device: torch.device | str, dtype: torch.d
     weights, unit norm gains, zero sinks."""
     device = torch.device(device)
     with torch.device("meta"):
-        model = Transformer(config)
+        model = Transformer(config, ops.kernels_for(device))
     g = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, meta in model.state_dict().items():
@@ -325,10 +316,10 @@ def roofline(config: ModelConfig, batch1: RunResult, bandwidth: float, peak: flo
 
 
 def count_decode_launches(
-    model: Transformer, batch: int, prompt_len: int, prefill_chunk: int, kernels: dict
+    model: Transformer, batch: int, prompt_len: int, prefill_chunk: int, kernels: ops.Kernels
 ) -> dict[str, object]:
     """Launches of one decode step of ``batch`` sequences at ``prompt_len`` context, run with
-    ``kernels`` in the registry (the prefill before it uses the registry as it is): in all,
+    ``kernels`` (the prefill before it uses the model's own set): in all,
     per layer, outside the layers, by name."""
     gen = BatchedGenerator(model, max_seq_len=prompt_len + 2, max_batch=batch, prefill_chunk=prefill_chunk)
     g = torch.Generator().manual_seed(batch)
@@ -340,7 +331,7 @@ def count_decode_launches(
         first.update(zip(ids, sample(logits, 0.0)))
     for sid, token in first.items():
         gen.update(sid, token)
-    with ops.use_kernels(model.device.type, **kernels):
+    with model.using_kernels(kernels):
         _, counter, per_layer = launches.per_layer(model, gen.step)
     _sync(model.device)
     return {
@@ -434,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         device, dtype = torch.device("cuda"), torch.bfloat16
     config = model_config(args.model)
     max_seq = args.prompt_len + args.new_tokens
-    kernels_path = "torch" if device.type == "cpu" else (
-        "triton" if ops.kernel("moe", device) is not ops.moe_torch else "torch")
+    kernels_path = ops.kernels_for(device).name
     print(f"model {args.model}: {config.num_hidden_layers} layers, {config.num_experts} experts, "
           f"{weight_bytes(config)['total'] / GB:.2f} GB of weights; device {device} "
           f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}); kernels: {kernels_path}")
@@ -462,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(_fmt(r), flush=True)
     baseline: list[RunResult] = []
-    with ops.use_kernels(device.type, **TORCH_KERNELS):
+    with model.using_kernels(ops.TORCH):
         for batch in args.baseline_batches:
             r = run_batch(model, batch, args.prompt_len, args.baseline_tokens, args.prefill_chunk, "torch", args.seed)
             baseline.append(r)
@@ -511,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
 
         triton_kernels = interpreted_triton_kernels()
     elif kernels_path == "triton":
-        triton_kernels = {}
-    for path, kernels in (("triton", triton_kernels), ("torch", TORCH_KERNELS)):
+        triton_kernels = model.kernels
+    for path, kernels in (("triton", triton_kernels), ("torch", ops.TORCH)):
         if kernels is None:
             continue
         for batch in args.batches:

@@ -1,6 +1,6 @@
 """refinery.kernels: the gpt-oss MXFP4 inference engine (torch; Triton kernels for CUDA in
-``triton_moe``, ``triton_attention``, ``triton_norm`` and ``triton_rope``, picked per device
-through ``ops``; launch counting in ``launches``; see docs/ENGINE.md for the decode step).
+``triton_moe``, ``triton_attention``, ``triton_norm`` and ``triton_rope``, chosen once per
+model through ``ops``; launch counting in ``launches``; see docs/ENGINE.md for the decode step).
 
 Importing this package does not import torch; the names below load on first use.
 
@@ -18,9 +18,8 @@ _LAZY = {
     "BatchedGenerator": "batching",
     "ModelConfig": "config",
     "load_config": "config",
-    "register_kernel": "ops",
-    "kernel": "ops",
-    "use_kernels": "ops",
+    "Kernels": "ops",
+    "kernels_for": "ops",
     "triton_kernels": "ops",
 }
 

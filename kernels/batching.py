@@ -12,7 +12,6 @@ from typing import Sequence
 
 import torch
 
-from . import ops
 from .decode_graph import DecodeGraphs, bucket_for
 from .kv_cache import BatchView, PagedKVCache
 from .model import StepContext, Transformer
@@ -68,7 +67,7 @@ class BatchedGenerator:
         self.device = self.model.device
         self.max_seq_len, self.max_batch = max_seq_len, max_batch
         self.prefill_chunk = max(1, prefill_chunk)
-        if cuda_graph and self.device.type == "cuda" and not ops.triton_on_cuda():
+        if cuda_graph and self.device.type == "cuda" and self.model.kernels.name != "triton":
             raise ValueError("cuda_graph needs the Triton kernels on CUDA (the torch ones sync with the host)")
         self.cuda_graph = cuda_graph
         self.cache = PagedKVCache(

@@ -12,12 +12,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .ops import Kernels
 
 KERNEL_MODULES = ("triton_moe", "triton_attention", "triton_norm", "triton_rope")
 
 
-def interpreted_triton_kernels() -> dict[str, Callable]:
+def interpreted_triton_kernels() -> Kernels:
     """``ops.triton_kernels()`` running in Triton's interpreter (sets ``TRITON_INTERPRET=1``
     for this process)."""
     os.environ["TRITON_INTERPRET"] = "1"

@@ -1,9 +1,11 @@
 """gpt-oss in one file: the forward pass and checkpoint loading (the continuous-batching
 scheduler that drives it is :mod:`.batching`).
 
-Expert weights stay MXFP4 (uint8 blocks + scales) in memory and are decoded inside the MoE
-kernel. The heavy pieces (MoE, attention, KV writes, MXFP4 decode) go through
-``ops.kernel(name, device)``, so GPU kernels can replace the torch reference versions.
+Each block is ``x = x + attention(norm(x))`` then ``x = x + moe(norm(x))``. Expert weights
+stay MXFP4 (uint8 blocks + scales) in memory and are decoded inside the MoE kernel. The
+kernels are chosen once, when the model is built: ``ops.kernels_for(device)`` gives the
+Triton set on CUDA and the torch reference set elsewhere (:mod:`.ops`); every module calls
+its model's set by name (``self.kernels.moe(...)``).
 
     model = Transformer.from_checkpoint(path, device="cpu", dtype=torch.float32)
     logits = model(torch.tensor(tokens))                # [T, vocab], one sequence, no cache
@@ -11,10 +13,11 @@ kernel. The heavy pieces (MoE, attention, KV writes, MXFP4 decode) go through
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -33,17 +36,52 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, kernels: ops.Kernels) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.kernels = eps, kernels
         self.scale = nn.Parameter(torch.ones(dim, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.kernel("rmsnorm", x.device)(x, self.scale, self.eps)
+        return self.kernels.rmsnorm(x, self.scale, self.eps)
 
     def add_forward(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x + delta, self(x + delta))`` in one kernel where the device has one."""
-        return ops.kernel("add_rmsnorm", x.device)(x, delta, self.scale, self.eps)
+        """``(x + delta, self(x + delta))`` in one kernel."""
+        return self.kernels.add_rmsnorm(x, delta, self.scale, self.eps)
+
+
+class Residual:
+    """The residual stream between blocks, ``x``, with the last block's output not yet added.
+
+    ``stream.add(delta)`` is ``x = x + delta``; the add is done by the norm that reads the
+    stream next (``stream.normed(norm)``, one ``add_rmsnorm`` launch for both), or by
+    :meth:`value`. So a block reads as ``stream.add(f(stream.normed(norm)))``.
+    """
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.delta = x, None
+
+    def add(self, delta: torch.Tensor) -> None:
+        if self.delta is not None:
+            self.x = self.x + self.delta
+        self.delta = delta
+
+    def normed(self, norm: RMSNorm) -> torch.Tensor:
+        """``norm(x)``, first adding the pending output into ``x``."""
+        if self.delta is None:
+            return norm(self.x)
+        self.x, t = norm.add_forward(self.x, self.delta)
+        self.delta = None
+        return t
+
+    def value(self) -> torch.Tensor:
+        """The stream itself (``x`` plus any pending output), leaving the stream as it is."""
+        return self.x if self.delta is None else self.x + self.delta
+
+    def rows(self, rows: torch.Tensor) -> "Residual":
+        """The stream at some token rows only."""
+        out = Residual(self.x[rows])
+        out.delta = None if self.delta is None else self.delta[rows]
+        return out
 
 
 def yarn_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -88,9 +126,11 @@ class StepContext:
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    """Grouped-query attention with per-head sinks, RoPE, and a sliding window on every other layer."""
+
+    def __init__(self, config: ModelConfig, layer: int, kernels: ops.Kernels) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer, self.kernels = layer, kernels
         self.n_heads, self.n_kv, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -98,7 +138,7 @@ class AttentionBlock(nn.Module):
         )
         self.window = config.sliding_window if config.is_sliding(layer) else None
         self.sm_scale = 1.0 / math.sqrt(config.head_dim)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         qkv_dim = (self.n_heads + 2 * self.n_kv) * self.head_dim
         self.qkv = nn.Linear(config.hidden_size, qkv_dim, bias=True)
         self.sinks = nn.Parameter(torch.zeros(self.n_heads, dtype=torch.float32))
@@ -106,36 +146,25 @@ class AttentionBlock(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        step: StepContext | None = None,
-    ) -> torch.Tensor:
-        return x + self.delta(self.norm(x), positions, rope, step)
-
-    def delta(
-        self,
         t: torch.Tensor,
         positions: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         step: StepContext | None = None,
     ) -> torch.Tensor:
-        """What the block adds to the residual stream, from its normed input ``t [N, H]``."""
+        """What the block adds to the residual stream, from its normed input ``t [N, H]``: one
+        sequence from position 0 (``step`` None), or a packed batch through the paged cache."""
         n, d = t.shape[0], self.head_dim
         qkv = self.qkv(t)
-        rope_qkv = ops.kernel("rope_qkv", t.device)
         if step is None:
             k = torch.empty((n, self.n_kv, d), dtype=qkv.dtype, device=qkv.device)
             v = torch.empty_like(k)
-            q = rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k, v, None)
-            attend = ops.kernel("attention", t.device)
-            o = attend(q, k, v, self.sinks, positions, positions, self.window, self.sm_scale)
+            q = self.kernels.rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k, v, None)
+            o = self.kernels.attention(q, k, v, self.sinks, positions, positions, self.window, self.sm_scale)
         else:
             k_pool, v_pool, _ = step.cache.pools(self.layer)
             view = step.views[step.cache.kind(self.layer)]
-            q = rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k_pool, v_pool, view.slots)
-            paged = ops.kernel("paged_attention", t.device)
-            o = paged(
+            q = self.kernels.rope_qkv(qkv, *rope, self.n_heads, self.n_kv, k_pool, v_pool, view.slots)
+            o = self.kernels.paged_attention(
                 q, k_pool, v_pool, self.sinks, view.block_table, view.query_start, view.seq_lens,
                 self.window, self.sm_scale,
             )
@@ -145,12 +174,13 @@ class AttentionBlock(nn.Module):
 class MLPBlock(nn.Module):
     """Top-k routed MoE; expert weights are MXFP4 buffers, decoded inside the ``moe`` kernel."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernels: ops.Kernels) -> None:
         super().__init__()
+        self.kernels = kernels
         e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
         self.experts_per_token = config.experts_per_token
         self.swiglu_limit, self.swiglu_alpha = config.swiglu_limit, config.swiglu_alpha
-        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.norm = RMSNorm(h, config.rms_norm_eps, kernels)
         self.gate = nn.Linear(h, e, bias=True)
         self.register_buffer("mlp1_blocks", torch.zeros(e, 2 * i, h // 32, 16, dtype=torch.uint8))
         self.register_buffer("mlp1_scales", torch.zeros(e, 2 * i, h // 32, dtype=torch.uint8))
@@ -159,14 +189,10 @@ class MLPBlock(nn.Module):
         self.register_buffer("mlp2_scales", torch.zeros(e, h, i // 32, dtype=torch.uint8))
         self.mlp2_bias = nn.Parameter(torch.zeros(e, h))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.delta(self.norm(x))
-
-    def delta(self, t: torch.Tensor) -> torch.Tensor:
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
         """What the block adds to the residual stream, from its normed input ``t [N, H]``."""
-        indices, weights = ops.kernel("route", t.device)(self.gate(t), self.experts_per_token)
-        moe = ops.kernel("moe", t.device)
-        return moe(
+        indices, weights = self.kernels.route(self.gate(t), self.experts_per_token)
+        return self.kernels.moe(
             t, indices, weights,
             self.mlp1_blocks, self.mlp1_scales, self.mlp1_bias,
             self.mlp2_blocks, self.mlp2_scales, self.mlp2_bias,
@@ -175,28 +201,21 @@ class MLPBlock(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, kernels: ops.Kernels) -> None:
         super().__init__()
-        self.attn = AttentionBlock(config, layer)
-        self.mlp = MLPBlock(config)
+        self.attn = AttentionBlock(config, layer, kernels)
+        self.mlp = MLPBlock(config, kernels)
 
     def forward(
         self,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
+        stream: Residual,
         positions: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         step: StepContext | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream before this block is ``x + delta`` (``delta`` None: just ``x``);
-        returns ``(x', delta')`` whose sum is the stream after it. Each residual add is done by
-        the norm kernel that follows it (``add_rmsnorm``), so one launch does both."""
-        if delta is None:
-            t = self.attn.norm(x)
-        else:
-            x, t = self.attn.norm.add_forward(x, delta)
-        x, t = self.mlp.norm.add_forward(x, self.attn.delta(t, positions, rope, step))
-        return x, self.mlp.delta(t)
+    ) -> None:
+        """``x = x + attn(norm(x))``, then ``x = x + mlp(norm(x))``, on the residual stream."""
+        stream.add(self.attn(stream.normed(self.attn.norm), positions, rope, step))
+        stream.add(self.mlp(stream.normed(self.mlp.norm)))
 
 
 # ---- the model ---------------------------------------------------------------------------
@@ -206,12 +225,12 @@ _FP32_SUFFIXES = ("norm.scale", "attn.sinks")
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernels: ops.Kernels = ops.TORCH) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.kernels = config, kernels
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.block = nn.ModuleList(TransformerBlock(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.block = nn.ModuleList(TransformerBlock(config, i, kernels) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.unembedding = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = Rotary(config)
 
@@ -223,19 +242,38 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embedding.weight.dtype
 
+    def set_kernels(self, kernels: ops.Kernels) -> ops.Kernels:
+        """Compute with ``kernels`` from now on; returns the set used until now."""
+        previous = self.kernels
+        for module in self.modules():
+            if hasattr(module, "kernels"):
+                module.kernels = kernels
+        return previous
+
+    @contextlib.contextmanager
+    def using_kernels(self, kernels: ops.Kernels) -> Iterator["Transformer"]:
+        """Compute with ``kernels`` inside the block (a comparison with the reference, a spy)."""
+        previous = self.set_kernels(kernels)
+        try:
+            yield self
+        finally:
+            self.set_kernels(previous)
+
     @classmethod
     def from_checkpoint(
         cls,
         path: str | os.PathLike,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
+        kernels: ops.Kernels | None = None,
     ) -> "Transformer":
-        """Load either checkpoint layout. ``dtype`` is the compute dtype (experts stay MXFP4)."""
+        """Load either checkpoint layout. ``dtype`` is the compute dtype (experts stay MXFP4);
+        ``kernels`` defaults to ``ops.kernels_for(device)``."""
         device = torch.device(device)
         _, folder, _ = checkpoint_files(path)
         config = read_config(folder)
         with torch.device("meta"):
-            model = cls(config)
+            model = cls(config, kernels or ops.kernels_for(device))
         expected = model.state_dict()
         state: dict[str, torch.Tensor] = {}
         for name, tensor in iter_checkpoint(folder, device="cpu"):
@@ -264,18 +302,16 @@ class Transformer(nn.Module):
         step: StepContext | None,
         last_layer: int,
         keep: set[int],
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
-        """(x, delta, hidden): the residual stream after ``last_layer`` blocks is ``x + delta``
-        (``delta`` None after no block); ``hidden`` holds the streams asked for in ``keep``."""
-        x = self.embedding(tokens)
-        delta = None
+    ) -> tuple[Residual, dict[int, torch.Tensor]]:
+        """(the residual stream after ``last_layer`` blocks, the streams asked for in ``keep``)."""
+        stream = Residual(self.embedding(tokens))
         rope = self.rotary.cos_sin(positions)
-        hidden = {0: x} if 0 in keep else {}
+        hidden = {0: stream.value()} if 0 in keep else {}
         for i, block in enumerate(self.block[:last_layer]):
-            x, delta = block(x, delta, positions, rope, step)
+            block(stream, positions, rope, step)
             if i + 1 in keep:
-                hidden[i + 1] = x + delta
-        return x, delta, hidden
+                hidden[i + 1] = stream.value()
+        return stream, hidden
 
     @torch.inference_mode()
     def forward(
@@ -297,10 +333,10 @@ class Transformer(nn.Module):
             keep = {int(i) + (n + 1 if int(i) < 0 else 0) for i in return_hidden}  # -1 -> n
             if any(not 0 <= i <= n for i in keep):
                 raise ValueError(f"hidden state indices run from 0 to {n} (or -{n + 1} to -1)")
-            _, _, hidden = self._run(tokens, positions, None, max(keep, default=0), keep)
+            _, hidden = self._run(tokens, positions, None, max(keep, default=0), keep)
             return hidden
-        x, delta, _ = self._run(tokens, positions, None, self.config.num_hidden_layers, set())
-        return self.unembedding(self._final_norm(x, delta))
+        stream, _ = self._run(tokens, positions, None, self.config.num_hidden_layers, set())
+        return self.unembedding(stream.normed(self.norm))
 
     def hidden_states(self, tokens: torch.Tensor, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """Shorthand for ``model(tokens, return_hidden=layers)``."""
@@ -315,8 +351,5 @@ class Transformer(nn.Module):
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         """A packed multi-sequence step through the paged cache; logits of ``logit_rows`` only."""
-        x, delta, _ = self._run(tokens, positions, step, self.config.num_hidden_layers, set())
-        return self.unembedding(self._final_norm(x[logit_rows], delta[logit_rows] if delta is not None else None))
-
-    def _final_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        return self.norm(x) if delta is None else self.norm.add_forward(x, delta)[1]
+        stream, _ = self._run(tokens, positions, step, self.config.num_hidden_layers, set())
+        return self.unembedding(stream.rows(logit_rows).normed(self.norm))

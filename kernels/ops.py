@@ -1,16 +1,14 @@
-"""Swappable compute kernels and their plain-torch reference versions.
+"""The model's compute kernels: plain-torch reference versions and the choice of a set.
 
-The model never calls a heavy kernel directly: it asks :func:`kernel` for one by name and by
-the device type of its input. The torch functions below are registered for every device;
-GPU kernels (Triton) register for ``"cuda"`` with :func:`register_kernel` and take over
-without any change to the model, the cache or the generator.
+A :class:`Kernels` is the set a :class:`~.model.Transformer` computes with, one field per
+kernel; the model takes it once, when it is built (``Transformer(config, kernels)``,
+``from_checkpoint(..., kernels=)``; :func:`kernels_for` picks by device), and calls
+``self.kernels.moe(...)`` and so on. :data:`TORCH` is the reference set (any device, any
+dtype); :func:`triton_kernels` the Triton set (CUDA, or CPU tensors under
+``TRITON_INTERPRET=1``), whose kernels fall back to the torch ones for float64 inputs::
 
-On a CUDA machine the Triton kernels (``triton_moe``, ``triton_attention``) are registered
-for ``"cuda"`` when this module loads (unless ``REFINERY_KERNELS=torch``); float64 inputs,
-which they do not compute in, still take the torch path. :func:`triton_kernels` returns them
-for any device, e.g. to run them under ``TRITON_INTERPRET=1`` on CPU tensors::
-
-    with use_kernels("cpu", **triton_kernels()):
+    model = Transformer.from_checkpoint(path, device="cuda")          # Triton unless REFINERY_KERNELS=torch
+    with model.using_kernels(ops.TORCH):                               # the reference, for a comparison
         logits = model(tokens)
 
 Kernels and their contracts:
@@ -24,23 +22,21 @@ add (in ``x``'s dtype) fused with the norm that follows it.
 ``rope_qkv(qkv [N, (Hq + 2 Hkv) * D], cos [N, D/2], sin [N, D/2], n_heads, n_kv, k_dst [S, Hkv, D]
 or a paged pool, v_dst, slots [N] long or None) -> q [N, Hq, D]``: half-split RoPE on the query and
 key heads of the qkv projection; rotated keys and the values are stored into ``k_dst``/``v_dst``
-at flat row ``slots[n]`` (row ``n`` when ``slots`` is None), the rotated queries returned.
+at flat row ``slots[n]`` (row ``n`` when ``slots`` is None; a paged pool
+``[num_blocks, block_size, Hkv, D]`` has flat slot ``block * block_size + offset``), the rotated
+queries returned.
 
 ``route(router_logits [N, E], k) -> (expert_indices [N, k] long, expert_weights [N, k])``: the
 top-k logits, highest first, and a softmax over those k values only (in the logits' dtype).
 
-``dequant_mxfp4(blocks [..., G, 16] u8, scales [..., G] u8, dtype) -> [..., G*32]``
-
 ``moe(x [N, H], expert_indices [N, k] long, expert_weights [N, k], mlp1_blocks [E, 2I, H/32, 16],
 mlp1_scales, mlp1_bias [E, 2I], mlp2_blocks [E, H, I/32, 16], mlp2_scales, mlp2_bias [E, H],
-swiglu_limit, swiglu_alpha) -> [N, H]``: the routed experts, weights still in MXFP4.
+swiglu_limit, swiglu_alpha) -> [N, H]``: the routed experts, weights still in MXFP4 (the torch
+version decodes one expert at a time with :func:`~.mxfp4.dequantize`).
 
 ``attention(q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, D], sinks [Hq], q_pos [n], k_pos [m],
 window, sm_scale) -> [n, Hq, D]``: one sequence, dense keys, explicit absolute positions
 (ascending: the Triton kernel bounds each query block's key loop with them).
-
-``write_kv(k_pool, v_pool, k [N, Hkv, D], v, slots [N])``: store keys/values in a paged pool
-``[num_blocks, block_size, Hkv, D]`` at flat slot ``block * block_size + offset``.
 
 ``paged_attention(q [N, Hq, D], k_pool, v_pool, sinks, block_table [B, max_blocks] (-1 = none),
 query_start [B+1], seq_lens [B], window, sm_scale) -> [N, Hq, D]``: a packed batch, sequence
@@ -49,48 +45,14 @@ query_start [B+1], seq_lens [B], window, sm_scale) -> [N, Hq, D]``: a packed bat
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-from typing import Callable, Iterator
+from dataclasses import dataclass, fields
+from typing import Callable
 
 import torch
 
 from . import mxfp4
-
-_ANY = "*"
-_KERNELS: dict[tuple[str, str], Callable] = {}
-
-
-def register_kernel(name: str, fn: Callable, device_type: str = _ANY) -> None:
-    """Make ``fn`` the ``name`` kernel for tensors on ``device_type`` (``"*"``: any device)."""
-    _KERNELS[(name, device_type)] = fn
-
-
-def kernel(name: str, device: torch.device | str = "cpu") -> Callable:
-    """The kernel registered for ``name`` on ``device``'s type, else the generic one."""
-    device_type = torch.device(device).type
-    fn = _KERNELS.get((name, device_type)) or _KERNELS.get((name, _ANY))
-    if fn is None:
-        raise KeyError(f"no kernel registered for {name!r}")
-    return fn
-
-
-@contextlib.contextmanager
-def use_kernels(device_type: str = _ANY, **overrides: Callable) -> Iterator[None]:
-    """Temporarily replace kernels, e.g. ``with use_kernels(moe=my_moe): ...``."""
-    saved = {name: _KERNELS.get((name, device_type)) for name in overrides}
-    try:
-        for name, fn in overrides.items():
-            _KERNELS[(name, device_type)] = fn
-        yield
-    finally:
-        for name, fn in saved.items():
-            if fn is None:
-                _KERNELS.pop((name, device_type), None)
-            else:
-                _KERNELS[(name, device_type)] = fn
-
 
 # ---- reference kernels (torch) -----------------------------------------------------------
 
@@ -107,7 +69,7 @@ def add_rmsnorm_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x + delta, rmsnorm(x + delta))``."""
     r = x + delta
-    return r, kernel("rmsnorm", x.device)(r, scale, eps)
+    return r, rmsnorm_torch(r, scale, eps)
 
 
 def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,9 +100,8 @@ def rope_qkv_torch(
         k_dst.view(-1, n_kv, d)[:n] = k
         v_dst.view(-1, n_kv, d)[:n] = v
     else:
-        kernel("write_kv", qkv.device)(k_dst, v_dst, k, v, slots)
+        write_kv_torch(k_dst, v_dst, k, v, slots)
     return q
-
 
 
 def swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -173,7 +134,6 @@ def moe_torch(
 ) -> torch.Tensor:
     """Routed experts, one expert at a time: each expert's weights are dequantized only while
     its tokens are multiplied, so at most one expert is ever materialised."""
-    dequant = kernel("dequant_mxfp4", x.device)
     out = torch.zeros_like(x)
     flat_experts = expert_indices.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
@@ -187,11 +147,11 @@ def moe_torch(
         tokens = token_of[start : start + count]
         weights = weight_of[start : start + count]
         start += count
-        w1 = dequant(mlp1_blocks[e], mlp1_scales[e], x.dtype)  # [2I, H]
+        w1 = mxfp4.dequantize(mlp1_blocks[e], mlp1_scales[e], x.dtype)  # [2I, H]
         h = torch.nn.functional.linear(x[tokens], w1, mlp1_bias[e])
         del w1
         a = swiglu(h, swiglu_limit, swiglu_alpha)
-        w2 = dequant(mlp2_blocks[e], mlp2_scales[e], x.dtype)  # [H, I]
+        w2 = mxfp4.dequantize(mlp2_blocks[e], mlp2_scales[e], x.dtype)  # [H, I]
         y = torch.nn.functional.linear(a, w2, mlp2_bias[e])
         del w2
         out.index_put_((tokens,), y * weights.unsqueeze(-1).to(y.dtype), accumulate=True)
@@ -254,7 +214,6 @@ def paged_attention_torch(
     sm_scale: float,
 ) -> torch.Tensor:
     """Gather each sequence's live keys from its blocks, then run :func:`attention_torch`."""
-    attend = kernel("attention", q.device)
     block_size = k_pool.shape[1]
     flat_k = k_pool.view(-1, *k_pool.shape[2:])
     flat_v = v_pool.view(-1, *v_pool.shape[2:])
@@ -272,21 +231,42 @@ def paged_attention_torch(
             raise RuntimeError("paged attention reached a freed or unallocated KV block")
         slots = blocks * block_size + k_pos % block_size
         q_pos = torch.arange(first_q, total, device=q.device)
-        out[q0:q1] = attend(q[q0:q1], flat_k[slots], flat_v[slots], sinks, q_pos, k_pos, window, sm_scale)
+        out[q0:q1] = attention_torch(q[q0:q1], flat_k[slots], flat_v[slots], sinks, q_pos, k_pos, window, sm_scale)
     return out
 
 
-# ---- Triton kernels ----------------------------------------------------------------------
+# ---- the sets ---------------------------------------------------------------------------
 
-_TORCH_FALLBACK = {
-    "rmsnorm": rmsnorm_torch,
-    "add_rmsnorm": add_rmsnorm_torch,
-    "rope_qkv": rope_qkv_torch,
-    "route": route_torch,
-    "moe": moe_torch,
-    "attention": attention_torch,
-    "paged_attention": paged_attention_torch,
-}
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels a model computes with (contracts above); ``name`` says which set."""
+
+    name: str
+    rmsnorm: Callable
+    add_rmsnorm: Callable
+    rope_qkv: Callable
+    route: Callable
+    moe: Callable
+    attention: Callable
+    paged_attention: Callable
+
+    def replace(self, name: str | None = None, **kernels: Callable) -> "Kernels":
+        """This set with some kernels replaced (a spy, an experiment)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Kernels(**{**values, **kernels, "name": name or f"{self.name}+{','.join(sorted(kernels))}"})
+
+
+TORCH = Kernels(
+    name="torch",
+    rmsnorm=rmsnorm_torch,
+    add_rmsnorm=add_rmsnorm_torch,
+    rope_qkv=rope_qkv_torch,
+    route=route_torch,
+    moe=moe_torch,
+    attention=attention_torch,
+    paged_attention=paged_attention_torch,
+)
 
 
 def _with_fallback(fast: Callable, reference: Callable, supported: tuple[torch.dtype, ...]) -> Callable:
@@ -301,44 +281,28 @@ def _with_fallback(fast: Callable, reference: Callable, supported: tuple[torch.d
     return run
 
 
-def triton_kernels() -> dict[str, Callable]:
-    """The Triton implementations by kernel name (imports triton; float64 falls back to torch).
-
-    Set ``TRITON_INTERPRET=1`` before the first call to run them on CPU tensors.
-    """
+def triton_kernels() -> Kernels:
+    """The Triton set (imports triton); float64 inputs, which they do not compute in, take the
+    torch kernels. Set ``TRITON_INTERPRET=1`` before the first call to run them on CPU tensors
+    (:func:`~.interpret.interpreted_triton_kernels` does that)."""
     from . import triton_attention, triton_moe, triton_norm, triton_rope
 
-    fast = {
-        "rmsnorm": (triton_norm.rmsnorm_triton, triton_moe.SUPPORTED_DTYPES),
-        "add_rmsnorm": (triton_norm.add_rmsnorm_triton, triton_moe.SUPPORTED_DTYPES),
-        "rope_qkv": (triton_rope.rope_qkv_triton, triton_moe.SUPPORTED_DTYPES),
-        "route": (triton_moe.route_triton, triton_moe.SUPPORTED_DTYPES),
-        "moe": (triton_moe.moe_triton, triton_moe.SUPPORTED_DTYPES),
-        "attention": (triton_attention.attention_triton, triton_attention.SUPPORTED_DTYPES),
-        "paged_attention": (triton_attention.paged_attention_triton, triton_attention.SUPPORTED_DTYPES),
-    }
-    return {name: _with_fallback(fn, _TORCH_FALLBACK[name], dtypes) for name, (fn, dtypes) in fast.items()}
-
-
-def register_triton_kernels(device_type: str = "cuda") -> None:
-    """Make the Triton kernels the ones for ``device_type``."""
-    for name, fn in triton_kernels().items():
-        register_kernel(name, fn, device_type)
-
-
-register_kernel("dequant_mxfp4", mxfp4.dequantize)
-register_kernel("rmsnorm", rmsnorm_torch)
-register_kernel("add_rmsnorm", add_rmsnorm_torch)
-register_kernel("rope_qkv", rope_qkv_torch)
-register_kernel("route", route_torch)
-register_kernel("moe", moe_torch)
-register_kernel("attention", attention_torch)
-register_kernel("write_kv", write_kv_torch)
-register_kernel("paged_attention", paged_attention_torch)
+    moe_dtypes, attention_dtypes = triton_moe.SUPPORTED_DTYPES, triton_attention.SUPPORTED_DTYPES
+    return Kernels(
+        name="triton",
+        rmsnorm=_with_fallback(triton_norm.rmsnorm_triton, rmsnorm_torch, moe_dtypes),
+        add_rmsnorm=_with_fallback(triton_norm.add_rmsnorm_triton, add_rmsnorm_torch, moe_dtypes),
+        rope_qkv=_with_fallback(triton_rope.rope_qkv_triton, rope_qkv_torch, moe_dtypes),
+        route=_with_fallback(triton_moe.route_triton, route_torch, moe_dtypes),
+        moe=_with_fallback(triton_moe.moe_triton, moe_torch, moe_dtypes),
+        attention=_with_fallback(triton_attention.attention_triton, attention_torch, attention_dtypes),
+        paged_attention=_with_fallback(triton_attention.paged_attention_triton, paged_attention_torch,
+                                       attention_dtypes),
+    )
 
 
 def triton_on_cuda() -> bool:
-    """Whether the Triton kernels serve CUDA tensors: a CUDA device, triton installed and no
+    """Whether CUDA tensors get the Triton set: a CUDA device, triton installed and no
     ``REFINERY_KERNELS=torch``."""
     return (
         torch.cuda.is_available()
@@ -347,5 +311,6 @@ def triton_on_cuda() -> bool:
     )
 
 
-if triton_on_cuda():
-    register_triton_kernels("cuda")
+def kernels_for(device: torch.device | str) -> Kernels:
+    """The set for a model on ``device``: Triton on CUDA (see :func:`triton_on_cuda`), else :data:`TORCH`."""
+    return triton_kernels() if torch.device(device).type == "cuda" and triton_on_cuda() else TORCH

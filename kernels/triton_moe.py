@@ -1,6 +1,6 @@
 """gpt-oss's routed experts in Triton, weights kept in MXFP4 end to end.
 
-Plain functions the registry (``ops``) can hand out:
+Plain functions that ``ops.triton_kernels`` puts in the Triton kernel set:
 
 1. :func:`route_triton` — per token, the top-k router logits (sorted, highest first) and a
    softmax over those k values only (one program per token).

@@ -16,7 +16,7 @@ from refinery.kernels.tiny import (  # noqa: F401
 )
 
 
-def interpreted_triton_kernels() -> dict:
+def interpreted_triton_kernels():
     """``ops.triton_kernels()`` running in Triton's interpreter on CPU tensors (sets
     ``TRITON_INTERPRET=1`` for this process; see ``refinery.kernels.interpret``)."""
     from refinery.kernels.interpret import interpreted_triton_kernels as interpreted

@@ -99,17 +99,13 @@ def test_moe_kernel_matches_dense_spec():
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_kernels_are_swappable():
+def test_kernel_sets_take_replacements():
     calls = []
 
-    def spy_dequant(blocks, scales, dtype=torch.float32):
-        calls.append(tuple(blocks.shape))
-        return mxfp4.dequantize(blocks, scales, dtype)
+    def spy_moe(*args):
+        calls.append(tuple(args[0].shape))
+        return ops.moe_torch(*args)
 
-    blocks = torch.zeros(2, 3, 16, dtype=torch.uint8)
-    scales = torch.full((2, 3), 127, dtype=torch.uint8)
-    with ops.use_kernels(dequant_mxfp4=spy_dequant):
-        assert ops.kernel("dequant_mxfp4", "cpu") is spy_dequant
-        ops.kernel("dequant_mxfp4", "cpu")(blocks, scales)
-    assert calls == [(2, 3, 16)]
-    assert ops.kernel("dequant_mxfp4", "cpu") is mxfp4.dequantize
+    spied = ops.TORCH.replace(moe=spy_moe)
+    assert spied.moe is spy_moe and spied.attention is ops.attention_torch and spied.name == "torch+moe"
+    assert ops.TORCH.moe is ops.moe_torch  # the reference set is left as it is

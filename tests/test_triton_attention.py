@@ -54,9 +54,9 @@ def test_prefill_queries_after_cached_keys_gqa4_and_bf16():
     q_pos, k_pos = torch.arange(30, 39), torch.arange(39)
     for window in (None, 8):
         ref = ops.attention_torch(q, k, v, sinks, q_pos, k_pos, window, SCALE)
-        got = KERNELS["attention"](q, k, v, sinks, q_pos, k_pos, window, SCALE)
+        got = KERNELS.attention(q, k, v, sinks, q_pos, k_pos, window, SCALE)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-        got16 = KERNELS["attention"](q.bfloat16(), k.bfloat16(), v.bfloat16(), sinks, q_pos, k_pos, window, SCALE)
+        got16 = KERNELS.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), sinks, q_pos, k_pos, window, SCALE)
         assert got16.dtype == torch.bfloat16
         assert (got16.float() - ref).abs().max() < 3e-2
 
@@ -196,5 +196,5 @@ def test_paged_through_the_real_cache_with_sliding_blocks_freed():
         k_pool, v_pool, window = cache.pools(layer)
         view = views[cache.kind(layer)]
         args = (q, k_pool, v_pool, sinks, view.block_table, view.query_start, view.seq_lens, window, SCALE)
-        torch.testing.assert_close(KERNELS["paged_attention"](*args), ops.paged_attention_torch(*args),
+        torch.testing.assert_close(KERNELS.paged_attention(*args), ops.paged_attention_torch(*args),
                                    rtol=1e-5, atol=1e-5)

@@ -31,8 +31,11 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _counting(kernels: dict) -> tuple[dict, dict]:
-    calls = {name: 0 for name in kernels}
+NAMES = ("rmsnorm", "add_rmsnorm", "rope_qkv", "route", "moe", "attention", "paged_attention")
+
+
+def _counting(kernels: ops.Kernels) -> tuple[ops.Kernels, dict]:
+    calls = {name: 0 for name in NAMES}
 
     def wrap(name, fn):
         def run(*args, **kwargs):
@@ -40,7 +43,7 @@ def _counting(kernels: dict) -> tuple[dict, dict]:
             return fn(*args, **kwargs)
         return run
 
-    return {name: wrap(name, fn) for name, fn in kernels.items()}, calls
+    return kernels.replace(**{name: wrap(name, getattr(kernels, name)) for name in NAMES}), calls
 
 
 def test_forward_and_hidden_states_match_torch(model):
@@ -48,7 +51,7 @@ def test_forward_and_hidden_states_match_torch(model):
     ref = model(tokens)
     ref_hidden = model.hidden_states(tokens, [1, -1])
     kernels, calls = _counting(KERNELS)
-    with ops.use_kernels("cpu", **kernels):
+    with model.using_kernels(kernels):
         got = model(tokens)
         got_hidden = model.hidden_states(tokens, [1, -1])
     layers = model.config.num_hidden_layers
@@ -59,7 +62,7 @@ def test_forward_and_hidden_states_match_torch(model):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     for key in (1, layers):
         torch.testing.assert_close(got_hidden[key], ref_hidden[key], rtol=1e-4, atol=1e-4)
-    assert ops.kernel("moe", "cpu") is ops.moe_torch  # restored on exit
+    assert model.kernels is ops.TORCH and model.block[0].mlp.kernels is ops.TORCH  # restored on exit
 
 
 def test_generation_matches_torch(model):
@@ -71,7 +74,7 @@ def test_generation_matches_torch(model):
 
     ref = run()
     kernels, calls = _counting(KERNELS)
-    with ops.use_kernels("cpu", **kernels):
+    with model.using_kernels(kernels):
         got = run()
     assert calls["paged_attention"] > 0 and calls["attention"] == 0
     assert calls["rope_qkv"] == calls["paged_attention"] and calls["add_rmsnorm"] > 0
@@ -89,7 +92,7 @@ def test_fixed_shape_decode_with_triton_matches_torch(model):
         return gen.generate_batch(prompts, max_tokens=6)
 
     ref = run(False)
-    with ops.use_kernels("cpu", **KERNELS):
+    with model.using_kernels(KERNELS):
         assert run(True) == ref
 
 
@@ -97,7 +100,7 @@ def test_launches_per_decode_step(model):
     # Triton path, decode of 3 sequences: at most 12 launches per layer (13 where flash-decoding
     # splits the keys), one host-to-device copy and one block-table scatter per step
     gen = BatchedGenerator(model, max_seq_len=64, max_batch=3, block_size=4, prefill_chunk=64)
-    with ops.use_kernels("cpu", **KERNELS):
+    with model.using_kernels(KERNELS):
         for n in (5, 9, 12):
             gen.add(_tokens(n, seed=n), max_tokens=8)
         logits, ids = gen.step()  # prefill
@@ -110,7 +113,9 @@ def test_launches_per_decode_step(model):
     assert count.triton >= 9 * model.config.num_hidden_layers
 
 
-def test_cuda_registration_rule(monkeypatch):
+def test_kernels_chosen_once_per_device(monkeypatch, model):
+    assert model.kernels is ops.TORCH  # a CPU model
+    assert ops.kernels_for("cpu") is ops.TORCH
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("REFINERY_KERNELS", raising=False)
     assert ops.triton_on_cuda()
@@ -119,9 +124,10 @@ def test_cuda_registration_rule(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("REFINERY_KERNELS")
     assert not ops.triton_on_cuda()
-    # what registration does: CUDA tensors get the Triton kernels, CPU ones keep torch
-    triton_kernels = ops.triton_kernels()
-    with ops.use_kernels("cuda", **triton_kernels):
-        for name in ("rmsnorm", "add_rmsnorm", "rope_qkv", "route", "moe", "attention", "paged_attention"):
-            assert ops.kernel(name, "cuda").__name__.endswith("_triton")
-            assert ops.kernel(name, "cpu").__name__.endswith("_torch")
+    assert ops.kernels_for("cuda") is ops.TORCH  # no CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    chosen = ops.kernels_for("cuda")  # a CUDA model gets the Triton set, a CPU one keeps torch
+    assert chosen.name == "triton" and ops.kernels_for("cpu") is ops.TORCH
+    for name in NAMES:
+        assert getattr(chosen, name).__name__.endswith("_triton")
+        assert getattr(ops.TORCH, name).__name__.endswith("_torch")

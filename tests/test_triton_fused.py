@@ -45,14 +45,14 @@ def test_rmsnorm_and_add_rmsnorm_float32(n, h):
 def test_rmsnorm_bfloat16_and_registry():
     x, d = _randn(6, 96, seed=4, dtype=torch.bfloat16), _randn(6, 96, seed=5, dtype=torch.bfloat16)
     scale = _randn(96, seed=6)
-    _close_bf16(KERNELS["rmsnorm"](x, scale, 1e-5), ops.rmsnorm_torch(x, scale, 1e-5))
-    r, y = KERNELS["add_rmsnorm"](x, d, scale, 1e-5)
+    _close_bf16(KERNELS.rmsnorm(x, scale, 1e-5), ops.rmsnorm_torch(x, scale, 1e-5))
+    r, y = KERNELS.add_rmsnorm(x, d, scale, 1e-5)
     r0, y0 = ops.add_rmsnorm_torch(x, d, scale, 1e-5)
     _close_bf16(r, r0)
     assert (y.float() - y0.float()).abs().max() <= 3 * BF16_STEP * y0.float().abs().max()
     # float64 takes the torch path through the registry wrapper
     x64 = x.double()
-    assert torch.equal(KERNELS["rmsnorm"](x64, scale, 1e-5), ops.rmsnorm_torch(x64, scale, 1e-5))
+    assert torch.equal(KERNELS.rmsnorm(x64, scale, 1e-5), ops.rmsnorm_torch(x64, scale, 1e-5))
     # rows of a wider tensor (a strided view) and a 3-d input
     wide = _randn(4, 200, seed=7)
     view = wide[:, 10:106]
@@ -89,7 +89,7 @@ def test_rope_qkv_dense_and_bfloat16():
     heads, kv, d, n = 4, 2, 16, 11
     qkv, cos, sin = _rope_inputs(n, heads, kv, d, seed=30, dtype=torch.bfloat16)
     k, v, k0, v0 = (torch.empty(n, kv, d, dtype=torch.bfloat16) for _ in range(4))
-    q = KERNELS["rope_qkv"](qkv, cos, sin, heads, kv, k, v, None)
+    q = KERNELS.rope_qkv(qkv, cos, sin, heads, kv, k, v, None)
     q0 = ops.rope_qkv_torch(qkv, cos, sin, heads, kv, k0, v0, None)
     _close_bf16(q, q0)
     _close_bf16(k, k0)

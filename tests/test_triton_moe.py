@@ -115,18 +115,18 @@ def test_moe_bfloat16_and_registry_wrapper():
     experts = {name: (t.to(torch.bfloat16) if t.is_floating_point() else t)
                for name, t in _experts(e, h, i, seed=9).items()}
     x = torch.randn(n, h, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
-    idx, w = KERNELS["route"](_routing(n, e, k, seed=9).to(torch.bfloat16), k)
+    idx, w = KERNELS.route(_routing(n, e, k, seed=9).to(torch.bfloat16), k)
     assert w.dtype == torch.bfloat16
     ref = _moe(ops.moe_torch, x.float(), idx, w.float(),
                {n_: (t.float() if t.is_floating_point() else t) for n_, t in experts.items()})
-    got = _moe(KERNELS["moe"], x, idx, w, experts)
+    got = _moe(KERNELS.moe, x, idx, w, experts)
     assert got.dtype == torch.bfloat16
     rel = (got.float() - ref).abs().max() / ref.abs().max()
     assert rel < 2e-2, rel
     # float64 is not a Triton dtype: the registry wrapper takes the torch path
     x64 = x.double()
     e64 = {n_: (t.double() if t.is_floating_point() else t) for n_, t in experts.items()}
-    torch.testing.assert_close(_moe(KERNELS["moe"], x64, idx, w.double(), e64),
+    torch.testing.assert_close(_moe(KERNELS.moe, x64, idx, w.double(), e64),
                                _moe(ops.moe_torch, x64, idx, w.double(), e64))
     with pytest.raises(TypeError):
         _moe(triton_moe.moe_triton, x64, idx, w.double(), e64)
