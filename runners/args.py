@@ -3,6 +3,16 @@
 Every runner module adds its defaults with :func:`with_defaults`: a flag the user gave, in
 either spelling, always wins. :func:`take` removes one of our own flags (not Beam's) from
 the list and returns its value.
+
+Why a list and not Beam's option classes: a list of flags is what ``PipelineOptions(flags)``
+takes, and the user's flags reach Beam exactly as given, including flags of runners or IOs
+no option class here knows. And the runners must know which flags the user *gave*: a view
+(``PipelineOptions(args).view_as(FlinkRunnerOptions)``) fills Beam's defaults in
+(``flink_version`` reads as the newest published Flink when none was given), so it cannot
+tell a choice from a default. Where Beam's objects need the options (the Flink job server,
+Dataflow's job description) they are built from this list with ``PipelineOptions`` and
+read through ``view_as``. Reading a flag here imports no Beam: the local runner's driver
+plans while a warm process imports it (:mod:`.warm_workers`).
 """
 from __future__ import annotations
 

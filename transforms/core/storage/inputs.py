@@ -144,30 +144,27 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] |
         fs, p = filesystem(arg)
         proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
         matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)
+
+        def listed(q: str, rel: str, info: dict) -> None:
+            """A file a folder or glob listed: kept, skipped for its suffix, or hidden."""
+            if _is_hidden(rel):
+                return
+            if has_data_suffix(q, suffixes):
+                matches.append((proto + q, rel, info))
+            else:
+                skipped.append(proto + q)
+
         if globlib.has_magic(p):
             root = p[: min(p.index(c) for c in "*?[" if c in p)].rsplit("/", 1)[0]
             for q, info in sorted(fs.glob(p, detail=True).items()):
-                if info.get("type") == "directory":
-                    continue
-                rel = q[len(root):].lstrip("/")
-                if _is_hidden(rel):
-                    continue
-                if has_data_suffix(q, suffixes):
-                    matches.append((proto + q, rel, info))
-                else:
-                    skipped.append(proto + q)
+                if info.get("type") != "directory":
+                    listed(q, q[len(root):].lstrip("/"), info)
         elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
             for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
                 matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
         elif fs.isdir(p):
             for q, info in sorted(fs.find(p, detail=True).items()):
-                rel = q[len(p.rstrip("/")):].lstrip("/")
-                if _is_hidden(rel):
-                    continue
-                if has_data_suffix(q, suffixes):
-                    matches.append((proto + q, rel, info))
-                else:
-                    skipped.append(proto + q)
+                listed(q, q[len(p.rstrip("/")):].lstrip("/"), info)
         elif fs.exists(p):
             if not has_data_suffix(p, suffixes):
                 raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")
