@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "arrow row) as 'row too large', reading past it without holding it in memory "
                           f"(default: {DEFAULT_MAX_ROW_BYTES} = {DEFAULT_MAX_ROW_BYTES >> 20} MiB)")
     add_reject_rate_arg(src)
+    src.add_argument("--exclude-overlaps", nargs="+", default=[], metavar="DECON_OUTPUT",
+                     help="leave out the training rows that these finished refinery decon outputs found "
+                          "overlapping an eval set (their stats/contaminated_train_docs.jsonl); rows are matched "
+                          "by file and row number, and a file changed since decon scanned it is refused")
+    src.add_argument("--exclude-n", type=int, metavar="N",
+                     help="with --exclude-overlaps: leave out rows that overlap at this n (one the decon runs "
+                          "computed; default: each run's largest n)")
     out = parser.add_argument_group("output")
     out.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     out.add_argument("--dataset", help="dataset name used in shard file names (default: from the input)")
@@ -117,6 +124,13 @@ def run(args, beam_args: list[str]) -> int:
         else:
             inputs = storage.expand_inputs(args.input, skipped=skipped)
         check_field("prep", "--text-field", args.text_field, [f.path for f in inputs])
+        exclude = None
+        if args.exclude_overlaps:
+            from refinery.transforms.prep.exclusion import load_exclusion
+            exclude = load_exclusion(args.exclude_overlaps, args.exclude_n)
+            exclude.check_inputs(inputs)
+        elif args.exclude_n is not None:
+            raise UsageError("refinery prep: --exclude-n needs --exclude-overlaps DECON_OUTPUT")
     except UsageError as e:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:
@@ -129,7 +143,7 @@ def run(args, beam_args: list[str]) -> int:
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
                      num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
-                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes)
+                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes, exclude=exclude)
 
     rejects_path = storage.join(cfg.output, "rejects/rejects.jsonl")
 
@@ -150,11 +164,14 @@ def run(args, beam_args: list[str]) -> int:
                 f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
                 f"rejected {rows['rejected']:,}"
                 + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
+                + (f" + excluded {rows['excluded']:,}" if "excluded" in rows else "")
                 + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
                 + f"\n  manifest: {manifest_path}")
 
     header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
               + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
+              + "".join(f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
+                        for s in (exclude.sources if exclude else []))
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
                                  on_plan=clear_stale_manifest), args, beam_args)

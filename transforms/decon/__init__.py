@@ -2,17 +2,18 @@
 
 Public, composable PTransforms (see :mod:`refinery.transforms.decon.beam`)::
 
-    from refinery.transforms.decon import BuildNgramIndex, FindOverlaps
+    from refinery.transforms.decon import BuildNgramIndex, DropOverlaps, FindOverlaps
 
+(``DropOverlaps`` leaves out the training rows ``FindOverlaps`` found),
 and ``DeconPipeline(settings, output)``, the whole ``refinery decon`` flow as one composite.
 
 The logic is in :mod:`refinery.transforms.decon.ngrams`; the CLI's resumable stages
-(index -> scan -> reduce) are in :mod:`refinery.transforms.decon.stages`. Importing this
+(index -> scan -> reduce -> merge) are in :mod:`refinery.transforms.decon.stages`. Importing this
 package does not import Beam until a transform is used.
 """
 from __future__ import annotations
 
-_TRANSFORMS = ("BuildNgramIndex", "DeconPipeline", "FindOverlaps", "Overlap")
+_TRANSFORMS = ("BuildNgramIndex", "DeconPipeline", "DropOverlaps", "FindOverlaps", "Overlap")
 
 __all__ = list(_TRANSFORMS)
 

@@ -10,7 +10,14 @@ transform                   input element                               output e
 ==========================  ==========================================  ===============================
 ``BuildNgramIndex(ns)``     eval row: ``dict`` or ``SourceRow``          one :class:`~.ngrams.NgramIndex`
 ``FindOverlaps(index)``     training row: ``dict`` or ``SourceRow``      :class:`Overlap`
+``DropOverlaps(overlaps)``  training row: ``dict`` or ``SourceRow``      the same rows, overlapping ones
+                                                                        left out
 ==========================  ==========================================  ===============================
+
+A decontaminated corpus inside one pipeline::
+
+    overlaps = train_rows | FindOverlaps(index)
+    clean = train_rows | DropOverlaps(overlaps, ngrams=[13])
 
 The method is HELM's (what ``refinery decon`` computes, through the same code in
 :mod:`refinery.transforms.decon.ngrams`): an eval instance overlaps at n when it shares an
@@ -222,7 +229,55 @@ class FindOverlaps(beam.PTransform):
                                        index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
 
 
-__all__ = ["BuildNgramIndex", "DeconPipeline", "FindOverlaps", "Overlap"]
+def overlap_row_key(overlap: Overlap) -> tuple[str, object]:
+    """The training row an :class:`Overlap` names: ``("row", (path, row))`` when it came as a
+    :class:`SourceRow`, else ``("id", train_doc_id)``."""
+    if overlap.train_row >= 0:
+        return ("row", (overlap.train_path, overlap.train_row))
+    return ("id", overlap.train_doc_id)
+
+
+def row_key(element, id_field: str = "id") -> tuple[str, object]:
+    """The key of a training row, as :func:`overlap_row_key` spells it for the overlaps it has."""
+    if isinstance(element, SourceRow):
+        return ("row", (element.path, element.row))
+    return ("id", ng.record_id(element, id_field) if isinstance(element, dict) else "")
+
+
+class DropOverlaps(beam.PTransform):
+    """Training rows -> the same rows, less those with an overlap (a decontaminated corpus).
+
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.prep.documents.SourceRow`,
+    the rows given to ``FindOverlaps``. Output: the same elements, unchanged, except the rows
+    that ``overlaps`` (``FindOverlaps``' output, a side input) names at one of ``ngrams``
+    (default: any n). A SourceRow is matched by (path, row); a dict by
+    ``str(row[id_field])``, else a hash of the whole row (as ``FindOverlaps`` ids it).
+    Beam metric ``refinery_decon/train_rows_dropped``.
+    """
+
+    def __init__(self, overlaps, ngrams: list[int] | int | None = None, id_field: str = "id"):
+        super().__init__()
+        self.overlaps, self.id_field = overlaps, id_field
+        self.ngrams = None if ngrams is None else {int(n) for n in ([ngrams] if isinstance(ngrams, int) else ngrams)}
+
+    def expand(self, rows):
+        ngrams, id_field = self.ngrams, self.id_field
+        keys = (self.overlaps
+                | "AtN" >> beam.Filter(lambda o: ngrams is None or o.n in ngrams)
+                | "RowKeys" >> beam.Map(lambda o: (overlap_row_key(o), True))
+                | "OncePerRow" >> beam.CombinePerKey(any))
+        dropped = Metrics.counter(NAMESPACE, "train_rows_dropped")
+
+        def keep(element, drop: dict) -> bool:
+            if row_key(element, id_field) in drop:
+                dropped.inc()
+                return False
+            return True
+
+        return rows | "Drop" >> beam.Filter(keep, drop=beam.pvalue.AsDict(keys))
+
+
+__all__ = ["BuildNgramIndex", "DeconPipeline", "DropOverlaps", "FindOverlaps", "Overlap"]
 
 
 class DeconPipeline(beam.PTransform):

@@ -21,14 +21,16 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
   concatenated in partition order into
   ``stats/overlap_details.jsonl.gz``, then ``stats/overlap_instances.jsonl.gz``,
   ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
-  ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``, ``stats/report.md``,
-  ``stats/report.html``, and ``.SUCCESS`` last.
+  ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``,
+  ``stats/contaminated_train_docs.jsonl`` (the drop list), ``stats/train_files.jsonl``,
+  ``stats/report.md``, ``stats/report.html``, and ``.SUCCESS`` last.
 """
 from __future__ import annotations
 
 import gc
 import hashlib
 import json
+import os
 import resource
 import threading
 import time
@@ -47,6 +49,7 @@ from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
+from refinery.transforms.prep.exclusion import CONTAMINATED_DOCS, TRAIN_FILES  # the drop list's format
 
 FORMAT_VERSION = 3  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets
 MEMBERSHIP_FILE = "membership.bin"
@@ -405,7 +408,7 @@ class ReduceStage(Stage):
 
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
-                "max_ngram_details": self.s.max_ngram_details}
+                "max_ngram_details": self.s.max_ngram_details, "train_rows": 1}  # 1: results list the rows hit
 
     def plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -499,6 +502,8 @@ class MergeReportsStage(Stage):
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
+        ctx.write_bytes(ctx.output_path(CONTAMINATED_DOCS), jsonl(result.contaminated))
+        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files()))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,
                                          max_ngram_details=self.s.max_ngram_details).encode())
@@ -512,6 +517,13 @@ class MergeReportsStage(Stage):
                 "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
+
+    def train_files(self) -> list[dict]:
+        """``stats/train_files.jsonl``: every training file scanned, as given and resolved (a local
+        path made absolute, links followed), with the size and version it was scanned at:
+        what ``prep --exclude-overlaps`` matches its inputs against."""
+        return [{"train_path": f.path, "resolved": storage.resolved(f.path), "size": f.size, "version": f.version}
+                for f in self.reduce_stage.scan_stage.train_files]
 
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
@@ -543,7 +555,7 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
                 path = f"{root}/{f.relpath}" if root else f.relpath
             elif f.relpath == storage.basename(f.path) and storage.basename(arg.rstrip("/")) == f.relpath \
-                    and not (storage.is_remote(arg) or __import__("os").path.isdir(arg)):
+                    and not (storage.is_remote(arg) or os.path.isdir(arg)):
                 path = arg
             else:
                 path = f"{arg.rstrip('/')}/{f.relpath}"

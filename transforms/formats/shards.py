@@ -484,7 +484,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
                         f"{manifest.get('total_documents')} docs) differ from the shards' sum "
                         f"({total_tokens}, {total_docs})")
     rows = manifest.get("rows", {})
-    if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget")):
+    if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget",
+                                                                  "excluded")):
         problems.append(f"{manifest_path}: row accounting does not add up: {rows}")
     listed = {storage.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path")}
     for stray in shard_files(root):
@@ -559,15 +560,17 @@ def entry_from_receipt(shard: int, receipt: dict) -> dict:
             "sha256": npy["sha256"], "checksum": npy["sha256"], "index_sha256": idx["sha256"]}
 
 
-def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int) -> dict:
-    """The manifest's ``rows``: ``read = accepted + empty + rejected + over_budget``, where
-    ``accepted`` counts the documents the shards hold (``written``) and ``over_budget`` the
-    accepted ones that ``--max-tokens`` left out."""
-    if read != accepted + empty + rejected:
+def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int,
+                   excluded: int | None = None) -> dict:
+    """The manifest's ``rows``: ``read = accepted + empty + rejected + over_budget (+ excluded)``,
+    where ``accepted`` counts the documents the shards hold (``written``), ``over_budget`` the
+    accepted ones that ``--max-tokens`` left out and ``excluded`` (present when prep excluded
+    overlaps) the rows a decon drop list left out."""
+    if read != accepted + empty + rejected + (excluded or 0):
         raise ValueError(f"row counts do not add up: read {read} != accepted {accepted} + empty {empty} "
-                         f"+ rejected {rejected}")
+                         f"+ rejected {rejected}" + (f" + excluded {excluded}" if excluded is not None else ""))
     return {"read": read, "accepted": written, "empty": empty, "rejected": rejected,
-            "over_budget": accepted - written}
+            "over_budget": accepted - written, **({"excluded": excluded} if excluded is not None else {})}
 
 
 def build_manifest(*, dataset: str, entries: list[dict], rows: dict, num_shards: int, created_at: str,

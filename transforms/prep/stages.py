@@ -32,6 +32,7 @@ from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
+from refinery.transforms.prep.exclusion import Exclusion
 
 log = logging.getLogger("refinery")
 
@@ -52,6 +53,7 @@ class PrepConfig:
     wave_units: int = 4
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row is rejected as too large, never held whole
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
+    exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,7 +140,8 @@ class TokenizeStage(Stage):
         return {"text_field": self.cfg.text_field, "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
                 "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source,
-                "max_row_bytes": self.cfg.max_row_bytes}
+                "max_row_bytes": self.cfg.max_row_bytes,
+                **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {})}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.cfg.inputs]
@@ -198,7 +201,7 @@ class TokenizeStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         enc = get_encoding()
-        rows_read = accepted = empty = rejected = tokens_total = chars = 0
+        rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
         num_shards, text_field, id_field = cfg.num_shards, cfg.text_field, cfg.id_field
         pieces = unit.payload["pieces"]
         for p in pieces:
@@ -211,8 +214,12 @@ class TokenizeStage(Stage):
                 columns = [text_field, id_field] if storage.has_suffix(path, ".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
+                drop = cfg.exclude.rows_of(path) if cfg.exclude else ()
                 for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
                     rows_read += 1
+                    if drop and row_base + row in drop:
+                        excluded += 1
+                        continue
                     doc = normalize_row(record, error, text_field, id_field, path, row_base + row, relpath)
                     if type(doc) is Rejected:
                         if doc.empty:
@@ -230,7 +237,7 @@ class TokenizeStage(Stage):
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
-                 "tokens": tokens_total, "chars": chars}
+                 "tokens": tokens_total, "chars": chars, **({"excluded": excluded} if cfg.exclude else {})}
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:
@@ -464,12 +471,12 @@ class ManifestStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
-        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0}
+        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0}
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
                 s = receipt["stats"]
                 for k in counts:
-                    counts[k] += s[k]
+                    counts[k] += s.get(k, 0)
                 if s["rejected"]:
                     with storage.open_read(storage.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
                         while block := f.read(1 << 20):
@@ -482,12 +489,15 @@ class ManifestStage(Stage):
             entries.append(shards.entry_from_receipt(u.payload["shard"], c.receipt))
         written = sum(s["num_documents"] for s in entries)
         rows = shards.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
-                                     rejected=counts["rejected"], written=written)
+                                     rejected=counts["rejected"], written=written,
+                                     excluded=counts["excluded"] if cfg.exclude else None)
+        extra = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
+                 "source": cfg.source or {"inputs": len(cfg.inputs)}}
+        if cfg.exclude:
+            extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
         manifest = shards.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
-            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")),
-            extra={"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
-                   "source": cfg.source or {"inputs": len(cfg.inputs)}})
+            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")), extra=extra)
         listed = {s[k] for s in entries for k in ("path", "index_path")}
         root = cfg.output.rstrip("/") + "/"
         for stale in shards.shard_files(cfg.output):
@@ -502,7 +512,8 @@ def build_stages(cfg: PrepConfig) -> list[Stage]:
     """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, "text_field": cfg.text_field,
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
-                           "tokenizer": tokenizer_identity(), "source": cfg.source})
+                           "tokenizer": tokenizer_identity(), "source": cfg.source,
+                           **({"exclude": cfg.exclude.identity()} if cfg.exclude else {})})
     tokenize = TokenizeStage(cfg)
     merge = MergeSpillsStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
     return [tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge), ManifestStage(cfg, run_hash)]

@@ -57,5 +57,6 @@ from .paths import (  # noqa: F401
     read_bytes,
     read_json,
     read_range,
+    resolved,
     safe_relpath,
 )

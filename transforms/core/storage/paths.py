@@ -111,6 +111,12 @@ def filesystem(path: str):
     return fsspec.core.url_to_fs(path)
 
 
+def resolved(path: str) -> str:
+    """A path as it names a file from anywhere: a local one absolute with links followed, a
+    remote one as it is."""
+    return path if is_remote(path) else os.path.realpath(_local(path))
+
+
 def join(base: str, *parts: str) -> str:
     if is_remote(base):
         return posixpath.join(base, *parts)

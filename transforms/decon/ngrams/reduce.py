@@ -219,10 +219,12 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written,
     all] per n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n ->
     {:func:`overlap_key`: training documents}), ``by_path`` ([train_path, eval_dataset, n,
-    eval_idx list, train rows]), ``spans`` (eval_idx -> eval offsets of its overlapping
-    n-grams at the largest n) and ``samples`` (eval_idx -> its first two training rows at the
-    largest n, each ``[unit, row, train_path, [[ngram hash, offsets, snippet_start,
-    snippet], ...]]``; only for the first row of a shared text).
+    eval_idx list, train rows]), ``train_rows`` ([train_path, train_row, train doc id,
+    [[eval_dataset, n, eval_idx list], ...]] per training row with an overlap), ``spans``
+    (eval_idx -> eval offsets of its overlapping n-grams at the largest n) and ``samples``
+    (eval_idx -> its first two training rows at the largest n, each ``[unit, row, train_path,
+    [[ngram hash, offsets, snippet_start, snippet], ...]]``; only for the first row of a
+    shared text).
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
@@ -243,6 +245,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of, still sampling
     samples: dict[int, dict[tuple[int, int], list]] = {}
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
+    row_ids: dict[tuple[str, int], str] = {}  # (path, row) -> training doc id, for every row with a hit
     out: list[str] = []
     held = 0
 
@@ -275,6 +278,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             counts[rec] += 1
             row = base + rows[k]
             rows_of_rec[rec].append(row)
+            row_ids[(path, row)] = doc_ids[k]
             evals = kept.get(rec)
             if evals is None:
                 n, gram, _, evals = records[rec]
@@ -331,6 +335,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(kept[rec])])
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    train_rows: dict[tuple[str, int], dict[tuple[str, int], set]] = defaultdict(
+        lambda: defaultdict(set))  # (path, row) -> (eval dataset, n) -> eval rows
     keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}  # record -> (eval_dataset, n) -> eval rows
     for path, rows_of_rec in hit_rows.items():
         for rec, rows in rows_of_rec.items():
@@ -345,9 +351,14 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             for (ds, n), ids in keys.items():
                 path_ids[(path, ds, n)].update(ids)
                 path_rows[(path, ds, n)].update(rows)
+                for row in rows:
+                    train_rows[(path, row)][(ds, n)].update(ids)
     return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
+            "train_rows": [[path, row, row_ids[(path, row)],
+                            [[ds, n, sorted(ids)] for (ds, n), ids in sorted(hit.items())]]
+                           for (path, row), hit in sorted(train_rows.items())],
             "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
 
 
@@ -364,6 +375,7 @@ class ReduceResult:
     spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
     samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
     capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
+    contaminated: list[dict] = field(default_factory=list)  # per training row with an overlap (the drop list)
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
@@ -376,6 +388,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     spans: dict[int, list] = defaultdict(list)
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
+    train_rows: dict[tuple[str, int], tuple[str, dict[tuple[str, int], set]]] = {}
     ignored = 0
     capped: list = []
     for part in parts:
@@ -393,6 +406,10 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             got = by_path.setdefault((path, ds, n), (set(), set()))
             got[0].update(ids)
             got[1].update(rows)
+        for path, row, doc_id, hits in part.get("train_rows", ()):
+            per = train_rows.setdefault((path, row), (doc_id, defaultdict(set)))[1]
+            for ds, n, ids in hits:
+                per[(ds, n)].update(ids)
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
@@ -430,6 +447,19 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
+    contaminated = [contaminated_doc(path, row, doc_id, per, eval_rows) for (path, row), (doc_id, per)
+                    in sorted(train_rows.items())]
     return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
                         {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
-                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])))
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), contaminated)
+
+
+def contaminated_doc(path: str, row: int, doc_id: str, hits: dict[tuple[str, int], set],
+                     eval_rows: list[EvalRow]) -> dict:
+    """One line of ``stats/contaminated_train_docs.jsonl``: a training row, the n at which it
+    overlaps an eval set, and per (eval dataset, n) the instances it overlaps."""
+    return {"train_path": path, "train_row": row, "train_doc_id": doc_id,
+            "ns": sorted({n for _, n in hits}),
+            "overlaps": [{"eval_dataset": ds, "n": n,
+                          "instance_ids": sorted({eval_rows[i].instance_id for i in ids})}
+                         for (ds, n), ids in sorted(hits.items())]}

@@ -1,0 +1,186 @@
+"""Closing the loop: decon's drop list, prep --exclude-overlaps, and DropOverlaps.
+
+A corpus of GSM8K train problems with GSM8K test questions planted in some documents: decon
+lists every planted row, prep with ``--exclude-overlaps`` leaves them out, decon of the
+shards' own text finds nothing at that n, and every other document's tokens are the bytes a
+plain prep of the same rows writes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from helpers import gsm8k_rows, run_prep, write_jsonl
+
+from refinery.beam_pipelines.cli import main
+from refinery.transforms.core.rows import iter_rows
+from refinery.transforms.decon import BuildNgramIndex, DropOverlaps, FindOverlaps
+from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.prep.documents import SourceRow
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = (3, 40, 77, 150, 151, 260, 333, 420, 555, 598)  # corpus rows that get a test question
+
+
+def _corpus(tmp_path: Path) -> tuple[Path, Path, set[tuple[str, int]]]:
+    """(corpus folder, eval file, planted (file, row)); two files, the first split in units."""
+    train, test = gsm8k_rows("train")[:600], gsm8k_rows("test")[:120]
+    docs = [{"id": f"doc-{i}", "text": r["question"] + "\n\n" + r["answer"]} for i, r in enumerate(train)]
+    for k, i in enumerate(PLANTED):  # the question inside other text, at the start, middle or end
+        q = test[k]["question"]
+        docs[i]["text"] = (q + "\n" + docs[i]["text"], docs[i]["text"] + " " + q + " More.", q)[k % 3]
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", docs[:400])
+    write_jsonl(corpus / "b.jsonl", docs[400:])
+    evals = write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl",
+                        [{"id": f"test-{i}", "text": r["question"]} for i, r in enumerate(test)])
+    planted = {(str(corpus / ("a.jsonl" if i < 400 else "b.jsonl")), i if i < 400 else i - 400) for i in PLANTED}
+    return corpus, evals, planted
+
+
+def _decon(train, evals, out, *extra) -> int:
+    return main(["decon", "--eval", str(evals), "--train", str(train), "--output", str(out), "--ngrams", "8", "13",
+                 "--runner", "direct", "--no-progress", "--slice-mb", "0.05", *map(str, extra)])
+
+
+def _drop_list(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "stats/contaminated_train_docs.jsonl").read_text().splitlines()]
+
+
+def _shard_texts(output: Path) -> list[str]:
+    """Every document of a prep output, decoded (EOS removed), shard by shard."""
+    enc, texts = get_encoding(), []
+    manifest = json.loads((output / "manifest.json").read_text())
+    for s in manifest["shards"]:
+        tokens = np.load(output / s["path"])
+        ends = np.flatnonzero(tokens == manifest["eos_token_id"])
+        start = 0
+        for end in ends.tolist():
+            texts.append(enc.decode(tokens[start:end].tolist()))
+            start = end + 1
+    return texts
+
+
+def test_planted_leaks_are_listed_dropped_and_gone(tmp_path, capsys):
+    corpus, evals, planted = _corpus(tmp_path)
+    assert _decon(corpus, evals, tmp_path / "decon") == 0
+    listed = _drop_list(tmp_path / "decon")
+    at13 = {(str(Path(d["train_path"])), d["train_row"]) for d in listed if 13 in d["ns"]}
+    assert planted <= at13  # every planted leak found at n = 13, with its provenance
+    by_row = {(d["train_path"], d["train_row"]): d for d in listed}
+    for k, i in enumerate(PLANTED):
+        d = by_row[(str(corpus / ("a.jsonl" if i < 400 else "b.jsonl")), i % 400 if i < 400 else i - 400)]
+        assert d["train_doc_id"] == f"doc-{i}"
+        assert {"eval_dataset": "gsm8k", "n": 13, "instance_ids": [f"test-{k}"]} in d["overlaps"]
+
+    capsys.readouterr()
+    assert run_prep([corpus], tmp_path / "clean", "--num-shards", 3, "--unit-mb", 0.02,
+                    "--exclude-overlaps", tmp_path / "decon") == 0
+    said = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "clean" / "manifest.json").read_text())
+    rows = manifest["rows"]
+    assert rows["excluded"] == len(at13) and rows["read"] == 600
+    assert rows["read"] == rows["accepted"] + rows["empty"] + rows["rejected"] + rows["over_budget"] + rows["excluded"]
+    assert manifest["excluded_overlaps"]["documents"] == len(at13)
+    (run,) = manifest["excluded_overlaps"]["decon_runs"]
+    assert run["n"] == 13 and run["listed"] == len(at13) and run["path"] == str((tmp_path / "decon").resolve())
+    assert re.search(rf"excluded {len(at13)}\b", said)
+    assert main(["verify", str(tmp_path / "clean"), "--checksums"]) == 0
+
+    # no leak is left: decon of the shards' own text finds nothing at 13
+    texts = _shard_texts(tmp_path / "clean")
+    assert len(texts) == 600 - len(at13)
+    write_jsonl(tmp_path / "shard_text" / "docs.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)])
+    assert _decon(tmp_path / "shard_text", evals, tmp_path / "decon2") == 0
+    assert not [d for d in _drop_list(tmp_path / "decon2") if 13 in d["ns"]]
+
+    # every other document is byte-identical to a plain prep of the same rows
+    kept = tmp_path / "kept"
+    for name in ("a.jsonl", "b.jsonl"):
+        lines = (corpus / name).read_text().splitlines(keepends=True)
+        drop = {row for path, row in at13 if path == str(corpus / name)}
+        (kept / name).parent.mkdir(exist_ok=True)
+        (kept / name).write_text("".join(line for i, line in enumerate(lines) if i not in drop))
+    assert run_prep([kept], tmp_path / "plain", "--num-shards", 3) == 0
+    plain = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    for got, want in zip(manifest["shards"], plain["shards"], strict=True):
+        assert (got["sha256"], got["index_sha256"]) == (want["sha256"], want["index_sha256"])
+    print(f"planted {len(PLANTED)}, found {len(planted & at13)}, dropped {rows['excluded']}, left 0")
+
+
+def test_the_exclusion_resumes_and_a_new_decon_output_replans(tmp_path, capsys):
+    corpus, evals, _ = _corpus(tmp_path)
+    assert _decon(corpus, evals, tmp_path / "decon") == 0
+    args = ("--num-shards", 2, "--exclude-overlaps", tmp_path / "decon")
+    assert run_prep([corpus], tmp_path / "clean", *args) == 0
+    capsys.readouterr()
+    assert run_prep([corpus], tmp_path / "clean", *args) == 0
+    assert "nothing (all units already done)" in capsys.readouterr().out
+    assert run_prep([corpus], tmp_path / "clean", *args, "--exclude-n", 8) == 0  # another n: re-planned
+    out = capsys.readouterr().out
+    assert "tokenize 1 " in out, out
+    at8 = sum(1 for d in _drop_list(tmp_path / "decon") if 8 in d["ns"])
+    assert json.loads((tmp_path / "clean" / "manifest.json").read_text())["rows"]["excluded"] == at8
+
+
+def test_unusable_drop_lists_are_refused_with_one_line(tmp_path, capsys):
+    corpus, evals, _ = _corpus(tmp_path)
+    assert _decon(corpus, evals, tmp_path / "decon") == 0
+    capsys.readouterr()
+
+    def refused(*extra) -> str:
+        assert run_prep([corpus], tmp_path / "out", *extra) == 2
+        return capsys.readouterr().err
+
+    assert "not a finished decon output (no .SUCCESS)" in refused("--exclude-overlaps", tmp_path / "nowhere")
+    assert "the decon run" in refused("--exclude-overlaps", tmp_path / "decon", "--exclude-n", 5)
+    assert "--exclude-n needs --exclude-overlaps" in refused("--exclude-n", 13)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / ".SUCCESS").write_text("")
+    assert "run the same decon command again" in refused("--exclude-overlaps", old)
+    with (corpus / "b.jsonl").open("a") as f:  # changed since decon scanned it: row numbers may lie
+        f.write(json.dumps({"id": "late", "text": "a new row"}) + "\n")
+    err = refused("--exclude-overlaps", tmp_path / "decon")
+    assert "b.jsonl: changed since the decon run" in err and "run decon again" in err
+
+
+def test_drop_overlaps_in_a_pipeline_matches_the_drop_list(tmp_path):
+    corpus, evals, planted = _corpus(tmp_path)
+    path = str(corpus / "a.jsonl")
+    rows = [SourceRow(path, row, record) for row, record, _ in iter_rows(path)]
+    eval_rows = [json.loads(line) for line in evals.read_text().splitlines()]
+    leaked = {row for p, row in planted if p == path}
+    with TestPipeline() as p:
+        train = p | "Train" >> beam.Create(rows)
+        index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex(ngrams=[13], eval_dataset="gsm8k")
+        kept = train | DropOverlaps(train | FindOverlaps(index))
+        assert_that(kept | beam.Map(lambda r: r.row), equal_to([r.row for r in rows if r.row not in leaked]))
+        # plain dicts are matched by id
+        dicts = p | "Dicts" >> beam.Create([r.record for r in rows])
+        kept_dicts = dicts | "DropDicts" >> DropOverlaps(dicts | "FindDicts" >> FindOverlaps(index), ngrams=13)
+        assert_that(kept_dicts | beam.Map(lambda r: r["id"]),
+                    equal_to([r.record["id"] for r in rows if r.row not in leaked]), label="ByIds")
+
+
+def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    commands = [shlex.split(line)[1:] for line in readme.splitlines()
+                if line.startswith("refinery ") and "-loop" in line]
+    assert [c[0] for c in commands] == ["decon", "prep"]
+    monkeypatch.chdir(ROOT)  # the bundled inputs, named as the README names them
+    for command in commands:
+        command = [str(tmp_path / a) if a.startswith("out/") else a for a in command]
+        assert main([*command, "--runner", "direct", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    shown = re.search(r"rows: read .*excluded \d+", readme).group(0)
+    assert shown in said  # the README's figure is what the commands print
+    manifest = json.loads((tmp_path / "out/clean-loop/manifest.json").read_text())
+    at13 = [d for d in _drop_list(tmp_path / "out/decon-loop") if 13 in d["ns"]]
+    assert manifest["rows"]["excluded"] == len(at13) > 0
