@@ -10,10 +10,11 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from .droplist import RowHits, contaminated_docs
 from .ids import record_id
 from .index import EvalRow
 from .scan import ScanHits
-from .tokenizers import Tokenizer
+from .tokenizers import Tokenizer, configured_ns
 
 
 def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:
@@ -150,11 +151,6 @@ def _pairs(offsets: list) -> str:
     return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
 
 
-def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
-    """The configured n whose effective length for a row of ``num_tokens`` tokens is ``length``."""
-    return [n for n in ns if min(n, num_tokens) == length]
-
-
 @dataclass(frozen=True)
 class SameText:
     """Eval rows with exactly the same text (their n-grams and offsets are the same):
@@ -219,8 +215,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written,
     all] per n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n ->
     {:func:`overlap_key`: training documents}), ``by_path`` ([train_path, eval_dataset, n,
-    eval_idx list, train rows]), ``train_rows`` ([train_path, train_row, train doc id,
-    [[eval_dataset, n, eval_idx list], ...]] per training row with an overlap), ``spans``
+    eval_idx list, train rows]), ``train_rows`` (the training rows with an overlap and what
+    they overlap: :meth:`.droplist.RowHits.result`), ``spans``
     (eval_idx -> eval offsets of its overlapping n-grams at the largest n) and ``samples``
     (eval_idx -> its first two training rows at the largest n, each ``[unit, row, train_path,
     [[ngram hash, offsets, snippet_start, snippet], ...]]``; only for the first row of a
@@ -245,7 +241,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of, still sampling
     samples: dict[int, dict[tuple[int, int], list]] = {}
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
-    row_ids: dict[tuple[str, int], str] = {}  # (path, row) -> training doc id, for every row with a hit
+    row_hits = RowHits()  # every counted hit's (training row, record): the drop list
+    skip = None if ignored is None else np.asarray(ignored, dtype=bool)
     out: list[str] = []
     held = 0
 
@@ -269,6 +266,9 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
         recs, occ = _i64(block["record"]), _i64(block["occurrences"])
         starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
         rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
+        recs_np = np.frombuffer(block["record"], dtype="<i8")
+        row_hits.add(path, base, np.frombuffer(block["row"], dtype="<i8"), recs_np, doc_ids,
+                     None if skip is None else ~skip[recs_np])
         o = 0
         rows_of_rec = hit_rows[path]
         for k, rec in enumerate(recs):
@@ -278,7 +278,6 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             counts[rec] += 1
             row = base + rows[k]
             rows_of_rec[rec].append(row)
-            row_ids[(path, row)] = doc_ids[k]
             evals = kept.get(rec)
             if evals is None:
                 n, gram, _, evals = records[rec]
@@ -335,8 +334,6 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(kept[rec])])
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
-    train_rows: dict[tuple[str, int], dict[tuple[str, int], set]] = defaultdict(
-        lambda: defaultdict(set))  # (path, row) -> (eval dataset, n) -> eval rows
     keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}  # record -> (eval_dataset, n) -> eval rows
     for path, rows_of_rec in hit_rows.items():
         for rec, rows in rows_of_rec.items():
@@ -351,14 +348,10 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             for (ds, n), ids in keys.items():
                 path_ids[(path, ds, n)].update(ids)
                 path_rows[(path, ds, n)].update(rows)
-                for row in rows:
-                    train_rows[(path, row)][(ds, n)].update(ids)
     return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
-            "train_rows": [[path, row, row_ids[(path, row)],
-                            [[ds, n, sorted(ids)] for (ds, n), ids in sorted(hit.items())]]
-                           for (path, row), hit in sorted(train_rows.items())],
+            "train_rows": row_hits.result(records, eval_rows, ns),
             "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
 
 
@@ -388,7 +381,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     spans: dict[int, list] = defaultdict(list)
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
-    train_rows: dict[tuple[str, int], tuple[str, dict[tuple[str, int], set]]] = {}
+    train_rows: list[dict] = []
     ignored = 0
     capped: list = []
     for part in parts:
@@ -406,10 +399,8 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             got = by_path.setdefault((path, ds, n), (set(), set()))
             got[0].update(ids)
             got[1].update(rows)
-        for path, row, doc_id, hits in part.get("train_rows", ()):
-            per = train_rows.setdefault((path, row), (doc_id, defaultdict(set)))[1]
-            for ds, n, ids in hits:
-                per[(ds, n)].update(ids)
+        if "train_rows" in part:
+            train_rows.append(part["train_rows"])
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
@@ -447,19 +438,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
-    contaminated = [contaminated_doc(path, row, doc_id, per, eval_rows) for (path, row), (doc_id, per)
-                    in sorted(train_rows.items())]
+    contaminated = contaminated_docs(train_rows, eval_rows)
     return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
                         {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
                         sorted(capped, key=lambda c: (-c[3], c[0], c[1])), contaminated)
-
-
-def contaminated_doc(path: str, row: int, doc_id: str, hits: dict[tuple[str, int], set],
-                     eval_rows: list[EvalRow]) -> dict:
-    """One line of ``stats/contaminated_train_docs.jsonl``: a training row, the n at which it
-    overlaps an eval set, and per (eval dataset, n) the instances it overlaps."""
-    return {"train_path": path, "train_row": row, "train_doc_id": doc_id,
-            "ns": sorted({n for _, n in hits}),
-            "overlaps": [{"eval_dataset": ds, "n": n,
-                          "instance_ids": sorted({eval_rows[i].instance_id for i in ids})}
-                         for (ds, n), ids in sorted(hits.items())]}

@@ -156,6 +156,11 @@ def effective_lengths(ns: Iterable[int], num_tokens: int) -> dict[int, list[int]
     return out
 
 
+def configured_ns(ns: list[int], num_tokens: int, length: int) -> list[int]:
+    """The configured n whose effective length for a row of ``num_tokens`` tokens is ``length``."""
+    return [n for n in ns if min(n, num_tokens) == length]
+
+
 def iter_ngrams(tokens: list[str], length: int) -> Iterator[tuple[int, str]]:
     """(token position, n-gram string) for every window of ``length`` tokens, skipping
     windows whose tokens are all empty strings."""

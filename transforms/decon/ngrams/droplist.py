@@ -1,0 +1,148 @@
+"""The drop list: which training rows overlap which eval instances, at which n.
+
+A reduce unit sees its partition's hits as blocks of (training row, n-gram record) pairs;
+:class:`RowHits` keeps them as arrays while the blocks stream by, and :meth:`RowHits.result`
+turns them into the partition's share (msgpack-able: arrays as bytes). The run's merge joins
+the partitions' shares (:func:`contaminated_docs`): one line per training row with an
+overlap, for ``stats/contaminated_train_docs.jsonl``. The work is done on numpy arrays of
+(training row, eval dataset and n, eval row) codes, never per hit in Python: a hit-dense
+corpus has millions of hits.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .index import EvalRow
+from .tokenizers import configured_ns
+
+_EMPTY = {"paths": [], "keys": [], "rows": b"", "docs": [], "codes": b"", "starts": b""}
+
+
+def _distinct(*columns: np.ndarray) -> np.ndarray:
+    """Positions of the first of each run of equal tuples in ``columns`` (already sorted)."""
+    change = np.zeros(len(columns[0]), dtype=bool)
+    change[0] = True
+    for c in columns:
+        change[1:] |= c[1:] != c[:-1]
+    return np.flatnonzero(change)
+
+
+class RowHits:
+    """The (training row, n-gram record) of every counted hit of one reduce unit, in arrays."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, int] = {}
+        self.path: list[np.ndarray] = []
+        self.row: list[np.ndarray] = []
+        self.rec: list[np.ndarray] = []
+        self.doc: list[np.ndarray] = []   # (block, position in block) of each hit: its doc id
+        self.doc_ids: list[list[str]] = []
+
+    def add(self, path: str, base: int, rows: np.ndarray, recs: np.ndarray, doc_ids: list[str],
+            keep: np.ndarray | None = None) -> None:
+        """One block's hits: ``rows`` (numbered from ``base``), ``recs`` and the rows' doc ids;
+        ``keep``: the hits that count (n-grams over ``--max-train-count`` do not)."""
+        at = np.arange(len(recs), dtype=np.int64)
+        if keep is not None:
+            rows, recs, at = rows[keep], recs[keep], at[keep]
+        self.path.append(np.full(len(recs), self.paths.setdefault(path, len(self.paths)), dtype=np.int64))
+        self.row.append(rows.astype(np.int64) + base)
+        self.rec.append(recs.astype(np.int64))
+        self.doc.append(at + (len(self.doc_ids) << 32))
+        self.doc_ids.append(doc_ids)
+
+    def result(self, records: list[list], eval_rows: list[EvalRow], ns: list[int]) -> dict:
+        """The partition's share: its rows with an overlap (path index, row), each row's doc id,
+        and per row the sorted codes ``key * len(eval_rows) + eval row`` (key: an index into
+        ``keys``, the (eval dataset, n) pairs), as arrays of little-endian int64."""
+        if not sum(len(r) for r in self.rec):
+            return dict(_EMPTY)
+        path, row, rec, doc = (np.concatenate(a) for a in (self.path, self.row, self.rec, self.doc))
+        # each distinct record's (key, eval row) codes
+        urec, rec_i = np.unique(rec, return_inverse=True)
+        keys: dict[tuple[str, int], int] = {}
+        lists = []
+        for r in urec.tolist():
+            n_rec, codes = records[r][0], set()
+            for eval_idx, _ in records[r][3]:
+                er = eval_rows[eval_idx]
+                for n in configured_ns(ns, er.num_tokens, n_rec):
+                    codes.add(keys.setdefault((er.eval_dataset, n), len(keys)) * len(eval_rows) + eval_idx)
+            lists.append(sorted(codes))
+        count = np.array([len(c) for c in lists], dtype=np.int64)
+        flat = np.array([c for codes in lists for c in codes], dtype=np.int64)
+        start = np.cumsum(count) - count
+        # distinct (row, record) pairs; each row's first hit gives its doc id
+        rowkey = path * (int(row.max()) + 1) + row
+        order = np.lexsort((rec_i, rowkey))
+        rowkey, rec_i, path, row, doc = (a[order] for a in (rowkey, rec_i, path, row, doc))
+        pairs = _distinct(rowkey, rec_i)
+        firsts = _distinct(rowkey)
+        # every (row, code), distinct and sorted
+        n_codes = count[rec_i[pairs]]
+        hit_row = np.repeat(rowkey[pairs], n_codes)
+        within = np.arange(int(n_codes.sum()), dtype=np.int64) - np.repeat(np.cumsum(n_codes) - n_codes, n_codes)
+        codes = flat[np.repeat(start[rec_i[pairs]], n_codes) + within]
+        order = np.lexsort((codes, hit_row))
+        hit_row, codes = hit_row[order], codes[order]
+        keep = _distinct(hit_row, codes)
+        hit_row, codes = hit_row[keep], codes[keep]
+        starts = np.append(_distinct(hit_row), len(codes))
+        return {"paths": list(self.paths), "keys": [[ds, n] for ds, n in keys],
+                "rows": np.stack([path[firsts], row[firsts]], axis=1).astype("<i8").tobytes(),
+                "docs": [self.doc_ids[d >> 32][d & 0xFFFFFFFF] for d in doc[firsts].tolist()],
+                "codes": codes.astype("<i8").tobytes(), "starts": starts.astype("<i8").tobytes()}
+
+
+def contaminated_docs(parts: Iterable[dict], eval_rows: list[EvalRow]) -> list[dict]:
+    """The drop list from the partitions' shares (:meth:`RowHits.result`): one dict per
+    training row with an overlap, sorted by path and row: ``train_path``, ``train_row``,
+    ``train_doc_id``, ``ns`` (the n it overlaps at) and ``overlaps`` (per eval dataset and n,
+    in that order, the sorted distinct instance ids)."""
+    e = len(eval_rows)
+    ids, id_of = np.unique(np.array([r.instance_id for r in eval_rows] or [""], dtype=object), return_inverse=True)
+    ids = ids.tolist()
+    paths: dict[str, int] = {}
+    keys: dict[tuple[str, int], int] = {}
+    row_chunks, code_chunks, docs = [], [], {}
+    for part in parts:
+        if not part.get("paths"):
+            continue
+        pmap = np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64)
+        kmap = np.array([keys.setdefault((ds, int(n)), len(keys)) for ds, n in part["keys"]], dtype=np.int64)
+        rows = np.frombuffer(part["rows"], dtype="<i8").reshape(-1, 2)
+        codes = np.frombuffer(part["codes"], dtype="<i8")
+        per_row = np.repeat(np.arange(len(rows)), np.diff(np.frombuffer(part["starts"], dtype="<i8")))
+        row_chunks.append(np.stack([pmap[rows[per_row, 0]], rows[per_row, 1]], axis=1))
+        code_chunks.append(np.stack([kmap[codes // e], id_of[codes % e]], axis=1))
+        for (p, r), doc in zip(rows.tolist(), part["docs"]):
+            docs.setdefault((part["paths"][p], r), doc)
+    if not row_chunks:
+        return []
+    names, key_list = list(paths), list(keys)
+    path_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+    key_rank = np.argsort(np.argsort(np.array([f"{ds}\0{n:012d}" for ds, n in key_list], dtype=object)))
+    rows, codes = np.concatenate(row_chunks), np.concatenate(code_chunks)
+    order = np.lexsort((codes[:, 1], key_rank[codes[:, 0]], rows[:, 1], path_rank[rows[:, 0]]))
+    rows, codes = rows[order], codes[order]
+    keep = _distinct(rows[:, 0], rows[:, 1], codes[:, 0], codes[:, 1])
+    rows, codes = rows[keep], codes[keep]
+    groups = _distinct(rows[:, 0], rows[:, 1], codes[:, 0])  # one (row, eval dataset and n) each
+    row_starts = set(_distinct(rows[:, 0], rows[:, 1]).tolist())
+    bounds = np.append(groups, len(codes)).tolist()
+    id_list = codes[:, 1].tolist()
+    out: list[dict] = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        ds, n = key_list[int(codes[a, 0])]
+        if a in row_starts:
+            p, r = names[int(rows[a, 0])], int(rows[a, 1])
+            out.append({"train_path": p, "train_row": r, "train_doc_id": docs[(p, r)], "ns": [], "overlaps": []})
+        doc = out[-1]
+        if n not in doc["ns"]:
+            doc["ns"].append(n)
+        doc["overlaps"].append({"eval_dataset": ds, "n": n, "instance_ids": [ids[i] for i in id_list[a:b]]})
+    for doc in out:
+        doc["ns"].sort()
+    return out
