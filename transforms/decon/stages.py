@@ -502,7 +502,7 @@ class MergeReportsStage(Stage):
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
-        ctx.write_bytes(ctx.output_path(CONTAMINATED_DOCS), jsonl(result.contaminated))
+        ctx.write_bytes(ctx.output_path(CONTAMINATED_DOCS), result.contaminated)
         ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files()))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,

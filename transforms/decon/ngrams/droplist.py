@@ -10,12 +10,21 @@ corpus has millions of hits.
 """
 from __future__ import annotations
 
+import json
 from typing import Iterable
 
 import numpy as np
 
+from refinery.transforms.core.jsonl import JSON_ERRORS
+
 from .index import EvalRow
 from .tokenizers import configured_ns
+
+
+def _quote(s: str) -> str:
+    """A JSON string as ``json.dumps(s, ensure_ascii=False)`` writes it."""
+    return json.dumps(s, ensure_ascii=False)
+
 
 _EMPTY = {"paths": [], "keys": [], "rows": b"", "docs": [], "codes": b"", "starts": b""}
 
@@ -96,14 +105,16 @@ class RowHits:
                 "codes": codes.astype("<i8").tobytes(), "starts": starts.astype("<i8").tobytes()}
 
 
-def contaminated_docs(parts: Iterable[dict], eval_rows: list[EvalRow]) -> list[dict]:
-    """The drop list from the partitions' shares (:meth:`RowHits.result`): one dict per
-    training row with an overlap, sorted by path and row: ``train_path``, ``train_row``,
-    ``train_doc_id``, ``ns`` (the n it overlaps at) and ``overlaps`` (per eval dataset and n,
-    in that order, the sorted distinct instance ids)."""
+def contaminated_jsonl(parts: Iterable[dict], eval_rows: list[EvalRow]) -> bytes:
+    """``stats/contaminated_train_docs.jsonl`` from the partitions' shares
+    (:meth:`RowHits.result`): one JSON line per training row with an overlap, sorted by path
+    and row: ``train_path``, ``train_row``, ``train_doc_id``, ``ns`` (the n it overlaps at)
+    and ``overlaps`` (per eval dataset and n, in that order, the sorted distinct instance
+    ids). The bytes :func:`~refinery.transforms.core.jsonl.jsonl` writes for those dicts,
+    built from pre-quoted strings (a hit-dense run lists millions of ids)."""
     e = len(eval_rows)
     ids, id_of = np.unique(np.array([r.instance_id for r in eval_rows] or [""], dtype=object), return_inverse=True)
-    ids = ids.tolist()
+    quoted = [_quote(i) for i in ids.tolist()]
     paths: dict[str, int] = {}
     keys: dict[tuple[str, int], int] = {}
     row_chunks, code_chunks, docs = [], [], {}
@@ -120,7 +131,7 @@ def contaminated_docs(parts: Iterable[dict], eval_rows: list[EvalRow]) -> list[d
         for (p, r), doc in zip(rows.tolist(), part["docs"]):
             docs.setdefault((part["paths"][p], r), doc)
     if not row_chunks:
-        return []
+        return b""
     names, key_list = list(paths), list(keys)
     path_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
     key_rank = np.argsort(np.argsort(np.array([f"{ds}\0{n:012d}" for ds, n in key_list], dtype=object)))
@@ -129,20 +140,24 @@ def contaminated_docs(parts: Iterable[dict], eval_rows: list[EvalRow]) -> list[d
     rows, codes = rows[order], codes[order]
     keep = _distinct(rows[:, 0], rows[:, 1], codes[:, 0], codes[:, 1])
     rows, codes = rows[keep], codes[keep]
-    groups = _distinct(rows[:, 0], rows[:, 1], codes[:, 0])  # one (row, eval dataset and n) each
-    row_starts = set(_distinct(rows[:, 0], rows[:, 1]).tolist())
-    bounds = np.append(groups, len(codes)).tolist()
-    id_list = codes[:, 1].tolist()
-    out: list[dict] = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        ds, n = key_list[int(codes[a, 0])]
-        if a in row_starts:
-            p, r = names[int(rows[a, 0])], int(rows[a, 1])
-            out.append({"train_path": p, "train_row": r, "train_doc_id": docs[(p, r)], "ns": [], "overlaps": []})
-        doc = out[-1]
-        if n not in doc["ns"]:
-            doc["ns"].append(n)
-        doc["overlaps"].append({"eval_dataset": ds, "n": n, "instance_ids": [ids[i] for i in id_list[a:b]]})
-    for doc in out:
-        doc["ns"].sort()
-    return out
+    row_bounds = np.append(_distinct(rows[:, 0], rows[:, 1]), len(codes)).tolist()
+    group_starts = _distinct(rows[:, 0], rows[:, 1], codes[:, 0]).tolist()  # one per (row, eval dataset and n)
+    heads = [f'{{"eval_dataset": {_quote(ds)}, "n": {n}, "instance_ids": [' for ds, n in key_list]
+    id_list, key_of = codes[:, 1].tolist(), codes[:, 0].tolist()
+    quoted_names = [_quote(p) for p in names]
+    out: list[str] = []
+    g = 0
+    for a, b in zip(row_bounds[:-1], row_bounds[1:]):
+        p, r = int(rows[a, 0]), int(rows[a, 1])
+        groups = []
+        while g < len(group_starts) and group_starts[g] < b:
+            groups.append(group_starts[g])
+            g += 1
+        ends = groups[1:] + [b]
+        ns = sorted({key_list[key_of[s]][1] for s in groups})
+        overlaps = ", ".join(heads[key_of[s]] + ", ".join([quoted[i] for i in id_list[s:t]]) + "]}"
+                             for s, t in zip(groups, ends))
+        out.append(f'{{"train_path": {quoted_names[p]}, "train_row": {r}, '
+                   f'"train_doc_id": {_quote(docs[(names[p], r)])}, "ns": [{", ".join(map(str, ns))}], '
+                   f'"overlaps": [{overlaps}]}}\n')
+    return "".join(out).encode("utf-8", JSON_ERRORS)
