@@ -107,16 +107,17 @@ def text_spec(command: str, field: str | None, template: str | None, field_flag:
     pair of flags (the template as typed: ``\\n``, ``\\t``, ``\\\\`` interpreted), or None
     when neither is given and there is no ``default``; :class:`UsageError` (one line) for
     both, or for a bad template."""
-    from refinery.transforms.core.text import TemplateError, TextSpec, unescape
+    from refinery.transforms.core.text import TextSpec, unescape
 
     if field is not None and template is not None:
         raise UsageError(f"refinery {command}: give {field_flag} or {template_flag}, not both")
-    if template is None:
-        return None if field is None and default is None else TextSpec(field=field or default)
     try:
-        return TextSpec(template=unescape(template))
-    except TemplateError as e:
-        raise UsageError(f"refinery {command}: {template_flag}: {e}") from None
+        if template is not None:
+            return TextSpec(template=unescape(template))
+        return None if field is None and default is None else TextSpec(field=default if field is None else field)
+    except ValueError as e:  # TemplateError included
+        raise UsageError(f"refinery {command}: {template_flag if template is not None else field_flag}: {e}"
+                         ) from None
 
 
 def check_text(command: str, spec, paths: list[str], field_flag: str = "--text-field",

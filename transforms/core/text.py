@@ -39,8 +39,7 @@ from __future__ import annotations
 import dataclasses
 import string
 
-CHAT_MESSAGE = "{role}: {content}"  # documentation: how one message is written
-CHAT_SEPARATOR = "\n\n"
+CHAT_SEPARATOR = "\n\n"  # between messages, each written "{role}: {content}"
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 _TEMPLATE = " (text template)"
 
