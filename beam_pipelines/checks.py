@@ -72,29 +72,61 @@ def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str
 # Input sanity: a wrong field name is an error before anything runs, not an empty result
 # ---------------------------------------------------------------------------------------
 
-def check_field(command: str, flag: str, field: str, paths: list[str], files: int = 8, rows: int = 100) -> None:
+def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: list[str], files: int = 8,
+                rows: int = 100, shown: str | None = None) -> None:
     """:class:`UsageError` when none of the first ``rows`` readable rows of an input file has
     ``field`` (the first ``files`` files are looked at), naming the file and the fields its
     rows do have. A file whose first rows are all unreadable is left to the run (its rows
-    are rejected with reasons)."""
+    are rejected with reasons). A tuple of fields (a text template's, ``shown`` as the
+    template): each must be in some row."""
     from refinery.transforms.core.rows import iter_rows
 
+    wanted = (field,) if isinstance(field, str) else tuple(field)
     for path in paths[:files]:
         fields: dict[str, None] = {}
-        good, found = 0, False
+        good, missing = 0, wanted
         for _, record, error in iter_rows(path):
             if error is not None:
                 continue
-            if field in record:
-                found = True
+            missing = tuple(f for f in missing if f not in record)
+            if not missing:
                 break
             fields.update(dict.fromkeys(record))
             good += 1
             if good >= rows:
                 break
-        if good and not found:
-            raise UsageError(f"refinery {command}: {flag} {field!r}: no row of {path} has it (first {good} "
+        if good and missing:
+            what = f"{field!r}" if isinstance(field, str) else f"{shown!r}: field {missing[0]!r}"
+            raise UsageError(f"refinery {command}: {flag} {what}: no row of {path} has it (first {good} "
                              f"row(s) read); their fields: {', '.join(list(fields)[:20])}")
+
+
+def text_spec(command: str, field: str | None, template: str | None, field_flag: str = "--text-field",
+              template_flag: str = "--text-template", default: str | None = "text"):
+    """The :class:`~refinery.transforms.core.text.TextSpec` of a text field / text template
+    pair of flags (the template as typed: ``\\n``, ``\\t``, ``\\\\`` interpreted), or None
+    when neither is given and there is no ``default``; :class:`UsageError` (one line) for
+    both, or for a bad template."""
+    from refinery.transforms.core.text import TextSpec, unescape
+
+    if field is not None and template is not None:
+        raise UsageError(f"refinery {command}: give {field_flag} or {template_flag}, not both")
+    try:
+        if template is not None:
+            return TextSpec(template=unescape(template))
+        return None if field is None and default is None else TextSpec(field=default if field is None else field)
+    except ValueError as e:  # TemplateError included
+        raise UsageError(f"refinery {command}: {template_flag if template is not None else field_flag}: {e}"
+                         ) from None
+
+
+def check_text(command: str, spec, paths: list[str], field_flag: str = "--text-field",
+               template_flag: str = "--text-template") -> None:
+    """:func:`check_field` for the field, or for each field of the template, of ``spec``."""
+    if spec.template is None:
+        check_field(command, field_flag, spec.field, paths)
+    else:
+        check_field(command, template_flag, spec.fields(), paths, shown=spec.template)
 
 
 def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
@@ -152,4 +184,5 @@ def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) 
     """A loud line on stderr when more than half of the rows read were rejected."""
     if read and rejected * 2 > read:
         print(f"WARNING refinery {command}: {rejected:,} of {read:,} rows ({100 * rejected / read:.0f}%) were "
-              f"rejected; the reasons are in {where}. Check --text-field and the input files.", file=sys.stderr)
+              f"rejected; the reasons are in {where}. Check --text-field (or --text-template) and the input "
+              "files.", file=sys.stderr)

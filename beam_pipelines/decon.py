@@ -32,6 +32,17 @@ examples:
   refinery decon --eval decontamination/ --train corpus/ --output out/decon --ngrams 5 9 13
   refinery decon --eval gsm8k/test.jsonl --eval-text-field question \\
       --train 'gs://my-bucket/crawl/*.jsonl.zst' --output gs://my-bucket/decon --runner dataflow ...
+  refinery decon --eval gsm8k/test.jsonl --eval-text-template '{question}\\n\\n{answer}' \\
+      --train corpus/ --output out/decon
+
+Text: each side's text comes from its own flag (--eval-text-field or --eval-text-template,
+--train-text-field or --train-text-template), else from the shared --text-field or
+--text-template, else from the field "text". A template is Python format syntax over the
+rows' top-level fields ({name}; {{ and }} for literal braces), with \\n, \\t and \\\\ read as
+newline, tab and backslash (as typed in single quotes). A field holding a chat message list
+([{"role": ..., "content": ...}, ...]) is flattened to one "role: content" per message,
+joined by a blank line. Rows without text (a missing field, not a string) are counted as
+bad rows.
 """
 
 
@@ -66,9 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "OUTPUT/.refinery/eval-hf/")
     g.add_argument("--eval-hf-revision", metavar="SHA", help="pin --eval-hf to this commit (default: the current one)")
     g.add_argument("--train", nargs="+", required=True, metavar="PATH", help="training data, same forms")
-    g.add_argument("--text-field", default="text", help="text field on both sides (default: text)")
-    g.add_argument("--eval-text-field", default=None, help="text field of eval rows (default: --text-field)")
-    g.add_argument("--train-text-field", default=None, help="text field of training rows (default: --text-field)")
+    g.add_argument("--text-field", default=None,
+                   help="text field on both sides (default: text); a chat message list is flattened")
+    g.add_argument("--text-template", metavar="TEMPLATE",
+                   help="build the text of both sides from several fields instead, e.g. "
+                        "'{question}\\n\\n{answer}' (\\n, \\t, \\\\ interpreted; see below); not with --text-field")
+    g.add_argument("--eval-text-field", default=None,
+                   help="text field of eval rows (default: --text-field / --text-template)")
+    g.add_argument("--eval-text-template", metavar="TEMPLATE",
+                   help="text template of eval rows (default: --text-field / --text-template)")
+    g.add_argument("--train-text-field", default=None,
+                   help="text field of training rows (default: --text-field / --text-template)")
+    g.add_argument("--train-text-template", metavar="TEMPLATE",
+                   help="text template of training rows (default: --text-field / --text-template)")
     g.add_argument("--id-field", default="id",
                    help="id field (default: id); absent or null -> blake2b hash of the whole record")
     add_reject_rate_arg(g, "the eval rows read, or of the training rows read,")
@@ -93,13 +114,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(parser)
 
 
+def text_specs(args):
+    """(eval, train) :class:`~refinery.transforms.core.text.TextSpec` of the text flags: a
+    side's own flag, else the shared one, else the field ``text``; :class:`UsageError` for a
+    bad template or two flags of one side."""
+    from refinery.beam_pipelines.checks import text_spec
+
+    shared = text_spec("decon", args.text_field, args.text_template)
+    return tuple(text_spec("decon", getattr(args, f"{side}_text_field"), getattr(args, f"{side}_text_template"),
+                           f"--{side}-text-field", f"--{side}-text-template", default=None) or shared
+                 for side in ("eval", "train"))
+
+
 def settings_from_args(args):
     from refinery.transforms.decon.stages import DeconSettings
 
+    eval_text, train_text = text_specs(args)
     return DeconSettings(
         eval_paths=list(args.eval), train_paths=list(args.train), ns=list(args.ngrams),
-        eval_text_field=args.eval_text_field or args.text_field,
-        train_text_field=args.train_text_field or args.text_field,
+        eval_text_field=eval_text.field or "text", eval_text_template=eval_text.template,
+        train_text_field=train_text.field or "text", train_text_template=train_text.template,
         id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
         max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
@@ -112,8 +146,8 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
-        check_field,
         check_output,
+        check_text,
         reject_rate_failure,
         warn_if_mostly_rejected,
     )
@@ -128,6 +162,7 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
     skipped: list[str] = []
     try:
+        text_specs(args)  # a bad template or flag pair: before anything is read or written
         check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
         pending_hf = []
         for spec in args.eval_hf:
@@ -144,8 +179,9 @@ def run(args, beam_args: list[str]) -> int:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
         stages = build_stages(settings, skipped)
-        check_field("decon", "--eval-text-field", settings.eval_text_field, [f.path for f in stages[0].eval_files])
-        check_field("decon", "--train-text-field", settings.train_text_field, [f.path for f in stages[1].train_files])
+        for side, spec, files in (("eval", settings.eval_text, stages[0].eval_files),
+                                  ("train", settings.train_text, stages[1].train_files)):
+            check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
     except UsageError as e:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:

@@ -20,6 +20,14 @@ examples:
   refinery prep --input 'gs://my-bucket/crawl/*.jsonl.zst' --output gs://my-bucket/tokens \\
       --runner dataflow --project my-project --region us-central1 --temp_location gs://my-bucket/tmp
   refinery prep --hf-dataset HuggingFaceFW/fineweb-edu --hf-subset sample-10BT --output out/ --max-tokens 100M
+  refinery prep --input gsm8k/train.jsonl --text-template '{question}\\n\\n{answer}' --output out/gsm8k
+
+Text: --text-field F takes each row's text from field F; --text-template T fills T, Python
+format syntax over the rows' top-level fields ({name}; {{ and }} for literal braces), with
+\\n, \\t and \\\\ in T read as newline, tab and backslash (as typed in single quotes). A row
+missing a field, or whose field is not a string, is rejected with the reason. A field holding
+a chat message list ([{"role": ..., "content": ...}, ...]) is flattened to one "role: content"
+per message, joined by a blank line.
 
 Killing the job and running the same command again finishes it: finished units are kept
 (receipts under OUTPUT/.refinery) and never redone. --force starts from scratch.
@@ -42,7 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--hf-subset", metavar="S", help="dataset subset/config")
     src.add_argument("--hf-split", default="train", metavar="SPLIT", help="split (default: train)")
     src.add_argument("--hf-revision", metavar="REV", help="revision to pin (default: the current commit)")
-    src.add_argument("--text-field", default="text", help="field holding the document text (default: text)")
+    src.add_argument("--text-field", default=None,
+                     help="field holding the document text (default: text); a chat message list is flattened")
+    src.add_argument("--text-template", metavar="TEMPLATE",
+                     help="build the text from several fields instead, e.g. '{question}\\n\\n{answer}' "
+                          "(\\n, \\t, \\\\ interpreted; see below); not with --text-field")
     src.add_argument("--id-field", default="id",
                      help="field holding the document id (default: id; absent -> '{relpath}:{row}')")
     src.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
@@ -89,9 +101,10 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
-        check_field,
         check_output,
+        check_text,
         reject_rate_failure,
+        text_spec,
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
@@ -108,6 +121,10 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error("refinery prep: --max-row-bytes must be at least 1")
     if problem := bad_reject_rate(args):
         return usage_error(f"refinery prep: {problem}")
+    try:
+        text = text_spec("prep", args.text_field, args.text_template)
+    except UsageError as e:
+        return usage_error(str(e))
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
@@ -123,7 +140,7 @@ def run(args, beam_args: list[str]) -> int:
             source = hf.describe()
         else:
             inputs = storage.expand_inputs(args.input, skipped=skipped)
-        check_field("prep", "--text-field", args.text_field, [f.path for f in inputs])
+        check_text("prep", text, [f.path for f in inputs])
         exclude = None
         if args.exclude_overlaps:
             from refinery.transforms.prep.exclusion import load_exclusion
@@ -141,7 +158,8 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error(f"refinery prep: --dataset: {e}")
     workers = args.workers or os.cpu_count() or 1
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
-                     num_shards=args.num_shards, text_field=args.text_field, id_field=args.id_field,
+                     num_shards=args.num_shards, text_field=text.field or "text", text_template=text.template,
+                     id_field=args.id_field,
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
                      unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes, exclude=exclude)
 

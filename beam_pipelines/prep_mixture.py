@@ -101,7 +101,8 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
     from refinery.transforms.prep.stages import PrepConfig
 
     return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
-                      text_field=plan.source.text_field, id_field=plan.source.id_field,
+                      text_field=plan.source.text_field, text_template=plan.source.text_template,
+                      id_field=plan.source.id_field,
                       max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc)
 
 

@@ -39,6 +39,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from refinery.transforms.core.coders import TupleCoder
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.prep.documents import SourceRow
 
@@ -97,21 +98,23 @@ def _provenance(element, default_dataset: str | None) -> tuple[str, str, int, di
     return default_dataset or "eval", "", -1, None
 
 
-def index_of_elements(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str, text_field: str,
-                      id_field: str, partitions: int) -> ng.NgramIndex:
+def index_of_elements(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str,
+                      text_field: str | TextSpec, id_field: str, partitions: int) -> ng.NgramIndex:
     """The index of eval rows given in any order: rows are ordered by (dataset, path, row,
-    instance id, text) first, so the index does not depend on how Beam delivered them."""
+    instance id, text) first, so the index does not depend on how Beam delivered them.
+    ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows)."""
     records = [_provenance(element, eval_dataset) for element in elements]
+    spec = TextSpec.of(text_field)
 
     def order(r: tuple) -> tuple:
         ds, path, row, record = r
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
+        text, _ = spec.extract(record)
+        if text is None:
             return (ds, path, row, "", "")  # a bad row: counted, never indexed, wherever it sorts
         return ds, path, row, ng.record_id(record, id_field), text
 
     records.sort(key=order)
-    rows, bad = ng.eval_rows_of(records, text_field, id_field, ng.get_tokenizer(tokenizer))
+    rows, bad = ng.eval_rows_of(records, spec, id_field, ng.get_tokenizer(tokenizer))
     return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions)
 
 
@@ -123,6 +126,9 @@ class BuildNgramIndex(beam.PTransform):
     one :class:`~refinery.transforms.decon.ngrams.NgramIndex`, to pass to ``FindOverlaps``
     (it is used there as a singleton side input).
 
+    ``text_template``: build the text from several fields instead of ``text_field`` (e.g.
+    ``"{question}\\n\\n{answer}"``; a chat message list is flattened to ``"role: content"``
+    messages joined by blank lines: :mod:`refinery.transforms.core.text`).
     ``eval_dataset``: the name of the eval set (default: from each SourceRow's folder, as
     ``refinery decon`` names it, else ``"eval"``). Instance ids are ``str(row[id_field])``,
     else a hash of the whole row. ``tokenizer``: ``default`` (HELM's), ``no_lowercase`` or
@@ -130,19 +136,22 @@ class BuildNgramIndex(beam.PTransform):
     """
 
     def __init__(self, ngrams: list[int] | int, eval_dataset: str | None = None, tokenizer: str = "default",
-                 text_field: str = "text", id_field: str = "id", partitions: int = 64):
+                 text_field: str | None = None, id_field: str = "id", partitions: int = 64, *,
+                 text_template: str | None = None):
         super().__init__()
+        self.text = TextSpec.from_options(text_field, text_template)  # a bad template raises here
         self.ngrams = sorted({int(n) for n in ([ngrams] if isinstance(ngrams, int) else ngrams)})
         if not self.ngrams or self.ngrams[0] < 1:
             raise ValueError("ngrams must be positive integers")
         ng.get_tokenizer(tokenizer)
         self.eval_dataset, self.tokenizer = eval_dataset, tokenizer
-        self.text_field, self.id_field, self.partitions = text_field, id_field, partitions
+        self.text_field, self.text_template = text_field, text_template
+        self.id_field, self.partitions = id_field, partitions
 
     def expand(self, rows):
         def build(elements: list) -> ng.NgramIndex:
-            index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text_field,
-                                self.id_field, self.partitions)
+            index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text,
+                                      self.id_field, self.partitions)
             Metrics.counter(NAMESPACE, "eval_rows").inc(len(index.rows))
             Metrics.counter(NAMESPACE, "eval_bad_rows").inc(sum(b["bad_rows"] for b in index.bad.values()))
             Metrics.counter(NAMESPACE, "test_ngrams").inc(index.num_ngrams)
@@ -175,8 +184,8 @@ def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int],
 
 
 class _FindOverlapsFn(beam.DoFn):
-    def __init__(self, ngrams: list[int] | None, text_field: str, id_field: str):
-        self.ngrams, self.text_field, self.id_field = ngrams, text_field, id_field
+    def __init__(self, ngrams: list[int] | None, text: TextSpec, id_field: str):
+        self.ngrams, self.text, self.id_field = ngrams, text, id_field
         self.rows = Metrics.counter(NAMESPACE, "train_rows")
         self.bad = Metrics.counter(NAMESPACE, "train_bad_rows")
         self.hit_rows = Metrics.counter(NAMESPACE, "train_rows_with_overlaps")
@@ -192,7 +201,7 @@ class _FindOverlapsFn(beam.DoFn):
             records.append((i, record, None if isinstance(record, dict) else "not a row"))
             where.append((path, row))
         stats = ng.ScanStats()
-        for hits in ng.scan_rows(records, text_field=self.text_field, tokenizer=ng.get_tokenizer(index.tokenizer),
+        for hits in ng.scan_rows(records, text_field=self.text, tokenizer=ng.get_tokenizer(index.tokenizer),
                                  membership=index.membership, lookup=index.lookup, partitions=index.num_partitions,
                                  stats=stats):
             for overlap in overlaps_of_hits(hits, index, ngrams, where, self.id_field):
@@ -212,20 +221,23 @@ class FindOverlaps(beam.PTransform):
     train_path, train_row), one per (instance, n, n-gram, training row).
 
     ``index``: the output of ``BuildNgramIndex``. ``ngrams``: the n to report (default: the
-    index's). Training ids are ``str(row[id_field])``, else a hash of the whole row. Rows are
-    batched within bundles (``BatchElements``), never shuffled.
+    index's). ``text_field`` or ``text_template``: as ``BuildNgramIndex``'s. Training ids are
+    ``str(row[id_field])``, else a hash of the whole row. Rows are batched within bundles
+    (``BatchElements``), never shuffled.
     """
 
-    def __init__(self, index, ngrams: list[int] | None = None, text_field: str = "text", id_field: str = "id"):
+    def __init__(self, index, ngrams: list[int] | None = None, text_field: str | None = None, id_field: str = "id",
+                 *, text_template: str | None = None):
         super().__init__()
         self.index = index
         self.ngrams = sorted({int(n) for n in ngrams}) if ngrams else None
-        self.text_field, self.id_field = text_field, id_field
+        self.text = TextSpec.from_options(text_field, text_template)  # a bad template raises here
+        self.text_field, self.text_template, self.id_field = text_field, text_template, id_field
 
     def expand(self, rows):
         return (rows
                 | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
-                | "Scan" >> beam.ParDo(_FindOverlapsFn(self.ngrams, self.text_field, self.id_field),
+                | "Scan" >> beam.ParDo(_FindOverlapsFn(self.ngrams, self.text, self.id_field),
                                        index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
 
 

@@ -47,6 +47,7 @@ from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.prep.exclusion import CONTAMINATED_DOCS, TRAIN_FILES  # the drop list's format
@@ -124,6 +125,16 @@ class DeconSettings:
     slice_bytes: int = 256 << 20
     batch_bytes: int = 1 << 20
     report_examples: int = 20
+    eval_text_template: str | None = None   # set: eval text is this template (eval_text_field unused)
+    train_text_template: str | None = None  # set: training text is this template (train_text_field unused)
+
+    @property
+    def eval_text(self) -> TextSpec:
+        return TextSpec.from_options(None, self.eval_text_template, self.eval_text_field)
+
+    @property
+    def train_text(self) -> TextSpec:
+        return TextSpec.from_options(None, self.train_text_template, self.train_text_field)
 
     def __post_init__(self):
         self.ns = sorted(set(int(n) for n in self.ns))
@@ -136,6 +147,7 @@ class DeconSettings:
         if self.max_ngram_details is not None and self.max_ngram_details < 1:
             raise ValueError("--max-ngram-details must be >= 1 (or none)")
         ng.get_tokenizer(self.tokenizer)
+        _ = self.eval_text, self.train_text  # a bad template raises ValueError here
 
 
 # ---------------------------------------------------------------------------------------
@@ -146,12 +158,12 @@ _EVAL_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=2)
-def _eval_index(files: tuple[tuple[str, int, str], ...], text_field: str, id_field: str, tokenizer: str,
+def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
                 ns: tuple[int, ...], partitions: int) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
     with gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text_field, id_field,
+        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text, id_field,
                                       ng.get_tokenizer(tokenizer))
         index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
         # millions of long-lived objects: out of every later GC pass, before the GC is back on
@@ -194,7 +206,8 @@ class IndexStage(Stage):
         self.eval_files = eval_files
 
     def config(self) -> dict:
-        return {"format": FORMAT_VERSION, "ns": self.s.ns, "text_field": self.s.eval_text_field,
+        # {"text_field": F} as before templates, so outputs made with a field keep their hashes
+        return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
                 "id_field": self.s.id_field, "partitions": self.s.partitions}
 
     def fingerprints(self) -> list:
@@ -208,7 +221,7 @@ class IndexStage(Stage):
 
     def _index(self) -> ng.NgramIndex:
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
-            return _eval_index(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text_field,
+            return _eval_index(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text,
                                self.s.id_field, self.s.tokenizer, tuple(self.s.ns), self.s.partitions)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -266,7 +279,7 @@ class ScanStage(Stage):
         self.index_stage = index_stage
 
     def config(self) -> dict:
-        return {"format": FORMAT_VERSION, "text_field": self.s.train_text_field, "id_field": self.s.id_field,
+        return {"format": FORMAT_VERSION, **self.s.train_text.identity(), "id_field": self.s.id_field,
                 "slice_bytes": self.s.slice_bytes}
 
     def fingerprints(self) -> list:
@@ -331,7 +344,7 @@ class ScanStage(Stage):
                 held.clear()
 
             chars = 0
-            for hits in ng.scan_rows(rows, text_field=self.s.train_text_field, tokenizer=tok, membership=membership,
+            for hits in ng.scan_rows(rows, text_field=self.s.train_text, tokenizer=tok, membership=membership,
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
                 held.append(ng.hit_groups(hits, self.s.id_field))
                 chars += sum(map(len, held[-1].snippet))
@@ -527,10 +540,11 @@ class MergeReportsStage(Stage):
 
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
+        (eval_what, eval_text), (train_what, train_text) = s.eval_text.describe(), s.train_text.describe()
         return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer),
                 ("max-train-count", "none" if s.max_train_count is None else str(s.max_train_count)),
                 ("max-ngram-details", "none" if s.max_ngram_details is None else str(s.max_ngram_details)),
-                ("eval text field", s.eval_text_field), ("train text field", s.train_text_field),
+                (f"eval {eval_what}", eval_text), (f"train {train_what}", train_text),
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
                 ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
 

@@ -19,7 +19,8 @@ A mixture file (see ``examples/mix.toml``)::
     hf_subset = "sample-10BT"
     hf_split = "train"                  # default "train"
     hf_valid_split = "train[:1%]"       # percent slices select that share of the split's files
-    text_field = "text"                 # default "text"
+    text_field = "text"                 # default "text" (a chat message list is flattened) ...
+    # ... or text_template = "{question}\\n\\n{answer}"  (TOML reads \\n as a newline; see core.text)
     # ... or local / gs:// paths: path = "corpus/" (train), valid_path = "held_out/"
 
 Budgets: the flow's target (dev 100M, research 1B, ablation 6B, or ``[flows.X]``; without
@@ -37,6 +38,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.shards import NAME_RULE
 
 try:
@@ -47,7 +49,7 @@ except ModuleNotFoundError:  # Python 3.10
 FLOW_TARGETS = {"dev": 100_000_000, "research": 1_000_000_000, "ablation": 6_000_000_000}
 WEIGHT_SCALE = 1_000_000  # fixed-point weights: integers summing to this
 SOURCE_KEYS = {"id", "tokens_b", "percent", "hf_dataset", "hf_subset", "hf_split", "hf_valid_split",
-               "hf_revision", "text_field", "id_field", "path", "valid_path"}
+               "hf_revision", "text_field", "text_template", "id_field", "path", "valid_path"}
 _ID = NAME_RULE  # a source id names folders and shards: the dataset-name rule
 _SPLIT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<lo>\d+(?:\.\d+)?%)?:(?P<hi>\d+(?:\.\d+)?%)?\])?$")
 
@@ -109,6 +111,7 @@ class Source:
     hf_revision: str | None = None
     text_field: str = "text"
     id_field: str = "id"
+    text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
     hf_splits: dict = field(default_factory=dict)    # split -> SplitSlice (hf sources)
     path_splits: dict = field(default_factory=dict)  # split -> tuple of paths (path sources)
 
@@ -176,6 +179,16 @@ def _parse_source(raw: dict, where: str, base_dir: str) -> Source:
     has_hf, has_path = raw.get("hf_dataset") is not None, raw.get("path") is not None
     if has_hf == has_path:
         raise MixtureError(f"{where}: give exactly one of hf_dataset or path")
+    template = raw.get("text_template")
+    if template is not None:
+        if "text_field" in raw:
+            raise MixtureError(f"{where}: give text_field or text_template, not both")
+        if not isinstance(template, str):
+            raise MixtureError(f"{where}: text_template must be a string, got {template!r}")
+        try:
+            TextSpec(template=template)
+        except ValueError as e:
+            raise MixtureError(f"{where}: text_template: {e}") from None
     hf_splits, path_splits = {}, {}
     if has_hf:
         hf_splits["train"] = parse_split(str(raw.get("hf_split", "train")), where)
@@ -196,7 +209,7 @@ def _parse_source(raw: dict, where: str, base_dir: str) -> Source:
         percent=_number(raw.get("percent"), where, "percent"),
         hf_dataset=raw.get("hf_dataset"), hf_subset=raw.get("hf_subset"), hf_revision=raw.get("hf_revision"),
         text_field=str(raw.get("text_field", "text")), id_field=str(raw.get("id_field", "id")),
-        hf_splits=hf_splits, path_splits=path_splits)
+        text_template=template, hf_splits=hf_splits, path_splits=path_splits)
 
 
 def parse_mixture_file(data: dict, path: str) -> MixtureFile:

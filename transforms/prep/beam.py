@@ -48,6 +48,7 @@ from refinery.transforms.core.coders import TupleCoder
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep.documents import (
@@ -153,8 +154,8 @@ def _fail_on_reject(r: Rejected) -> None:
 # ---------------------------------------------------------------------------------------
 
 class _NormalizeFn(beam.DoFn):
-    def __init__(self, text_field: str, id_field: str, strict: bool):
-        self.text_field, self.id_field, self.strict = text_field, id_field, strict
+    def __init__(self, text: TextSpec, id_field: str, strict: bool):
+        self.text, self.id_field, self.strict = text, id_field, strict
         self.rows = Metrics.counter(NAMESPACE, "rows")
         self.documents = Metrics.counter(NAMESPACE, "documents")
         self.empty = Metrics.counter(NAMESPACE, "empty")
@@ -163,10 +164,10 @@ class _NormalizeFn(beam.DoFn):
     def process(self, element):
         self.rows.inc()
         if isinstance(element, SourceRow):
-            out = normalize_row(element.record, None, self.text_field, self.id_field, element.path, element.row,
+            out = normalize_row(element.record, None, self.text, self.id_field, element.path, element.row,
                                 element.relpath)
         elif isinstance(element, dict):
-            out = normalize_row(element, None, self.text_field, self.id_field, "", 0, None)
+            out = normalize_row(element, None, self.text, self.id_field, "", 0, None)
         else:
             out = Rejected("", 0, f"not a row: a {type(element).__name__}, expected a dict or SourceRow")
         if type(out) is Document:
@@ -187,7 +188,10 @@ class Normalize(beam.PTransform):
     """Rows -> documents. Input: ``dict`` (a parsed row) or :class:`SourceRow` (a row with its
     file and row number). Output: :class:`Document` ``(doc_id, text, source, row)``.
 
-    The text is ``row[text_field]``, normalized (NFC, newlines, control characters, strip);
+    The text is ``row[text_field]``, or ``text_template`` filled from the row's fields (e.g.
+    ``"{question}\\n\\n{answer}"``; a chat message list is flattened to ``"role: content"``
+    messages joined by blank lines: :mod:`refinery.transforms.core.text`), normalized (NFC,
+    newlines, control characters, strip);
     the id is ``str(row[id_field])``, else ``"{relpath}:{row}"`` for a :class:`SourceRow`,
     else a hash of the row's canonical JSON. ``(source, row)`` is the order key the sink
     sorts by (``("", 0)`` for a plain dict, which then sorts by id).
@@ -196,18 +200,20 @@ class Normalize(beam.PTransform):
     ``Normalize().with_rejected()`` to get ``(documents, rejected)`` instead.
     """
 
-    def __init__(self, text_field: str = "text", id_field: str = "id", *, _with_rejected: bool = False):
+    def __init__(self, text_field: str | None = None, id_field: str = "id", *, text_template: str | None = None,
+                 _with_rejected: bool = False):
         super().__init__()
-        self.text_field, self.id_field = text_field, id_field
+        self.text = TextSpec.from_options(text_field, text_template)  # a bad template raises here
+        self.text_field, self.text_template, self.id_field = text_field, text_template, id_field
         self._with_rejected = _with_rejected
 
     def with_rejected(self) -> "Normalize":
         """This transform returning ``(documents, rejected)``: each :class:`Rejected` has the
         row's path (``""`` for a plain dict), row and reason."""
-        return Normalize(self.text_field, self.id_field, _with_rejected=True)
+        return Normalize(self.text_field, self.id_field, text_template=self.text_template, _with_rejected=True)
 
     def expand(self, rows):
-        fn = _NormalizeFn(self.text_field, self.id_field, strict=not self._with_rejected)
+        fn = _NormalizeFn(self.text, self.id_field, strict=not self._with_rejected)
         out = rows | "Normalize" >> beam.ParDo(fn).with_outputs(REJECTED, main="documents")
         documents = out.documents
         documents.element_type = Document

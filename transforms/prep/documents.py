@@ -20,7 +20,9 @@ Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``
 
 Rules:
 
-- **Text**: ``record[text_field]`` must be a string without unpaired surrogates.
+- **Text** (:func:`extract_text`): ``record[text_field]``, or a text template over several
+  fields, chat message lists flattened (:class:`refinery.transforms.core.text.TextSpec`);
+  it must be a string without unpaired surrogates.
 - **Normalize** (:func:`normalize_text`): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
   Cc characters are dropped except ``\\n`` and ``\\t``; leading/trailing whitespace stripped.
 - **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
@@ -40,6 +42,7 @@ import unicodedata
 from array import array
 from typing import NamedTuple
 
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
 EMPTY = "empty after normalization"
@@ -87,13 +90,12 @@ class Rejected(NamedTuple):
 # Text
 # ---------------------------------------------------------------------------------------
 
-def extract_text(record: dict, text_field: str) -> tuple[str | None, str | None]:
-    """(text, None) or (None, reason) for a parsed record."""
-    if text_field not in record:
-        return None, f"missing text field {text_field!r}"
-    text = record[text_field]
-    if not isinstance(text, str):
-        return None, f"text field {text_field!r} is {type(text).__name__}, not a string"
+def extract_text(record: dict, text_field: str | TextSpec) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason) for a parsed record; ``text_field``: a field name or a
+    :class:`TextSpec` (a template, chat rows: :mod:`refinery.transforms.core.text`)."""
+    text, error = TextSpec.of(text_field).extract(record)
+    if error is not None:
+        return None, error
     if not text.isascii() and _SURROGATE.search(text):
         return None, "text holds unpaired surrogates (not valid Unicode)"
     return text, None
@@ -149,10 +151,11 @@ def shard_of(doc_id: str, num_shards: int) -> int:
 # One row -> one document
 # ---------------------------------------------------------------------------------------
 
-def normalize_row(record: dict | None, error: str | None, text_field: str, id_field: str,
+def normalize_row(record: dict | None, error: str | None, text_field: str | TextSpec, id_field: str,
                   path: str = "", row: int = 0, relpath: str | None = None) -> Document | Rejected:
     """THE normalize step: a read row (``error`` set when it could not be parsed) -> a
-    :class:`Document`, or a :class:`Rejected` (reason :data:`EMPTY` for an empty document)."""
+    :class:`Document`, or a :class:`Rejected` (reason :data:`EMPTY` for an empty document).
+    ``text_field``: a field name or a :class:`TextSpec` (pass a spec in a loop: made once)."""
     if error is None:
         text, error = extract_text(record, text_field)
     if error is not None:

@@ -28,6 +28,7 @@ from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
 from refinery.transforms.prep import spill
@@ -54,6 +55,12 @@ class PrepConfig:
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row is rejected as too large, never held whole
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
+    text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
+
+    @property
+    def text(self) -> TextSpec:
+        """Where each row's text comes from: the template when set, else the text field."""
+        return TextSpec.from_options(None, self.text_template, self.text_field)
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,7 +144,8 @@ class TokenizeStage(Stage):
         self._plan: list[Unit] | None = None
 
     def config(self) -> dict:
-        return {"text_field": self.cfg.text_field, "id_field": self.cfg.id_field,
+        # {"text_field": F} as before templates, so outputs made with a field keep their hashes
+        return {**self.cfg.text.identity(), "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
                 "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source,
                 "max_row_bytes": self.cfg.max_row_bytes,
@@ -202,7 +210,7 @@ class TokenizeStage(Stage):
         cfg = self.cfg
         enc = get_encoding()
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
-        num_shards, text_field, id_field = cfg.num_shards, cfg.text_field, cfg.id_field
+        num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         pieces = unit.payload["pieces"]
         for p in pieces:
             check_unchanged(p)
@@ -211,7 +219,7 @@ class TokenizeStage(Stage):
             writer = spill.SpillWriter(tokens_out)
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
-                columns = [text_field, id_field] if storage.has_suffix(path, ".parquet") else None
+                columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
                 drop = cfg.exclude.rows_of(path) if cfg.exclude else ()
@@ -220,7 +228,7 @@ class TokenizeStage(Stage):
                     if drop and row_base + row in drop:
                         excluded += 1
                         continue
-                    doc = normalize_row(record, error, text_field, id_field, path, row_base + row, relpath)
+                    doc = normalize_row(record, error, text, id_field, path, row_base + row, relpath)
                     if type(doc) is Rejected:
                         if doc.empty:
                             empty += 1
@@ -510,7 +518,7 @@ class ManifestStage(Stage):
 
 def build_stages(cfg: PrepConfig) -> list[Stage]:
     """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
-    run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, "text_field": cfg.text_field,
+    run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, **cfg.text.identity(),
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
                            "tokenizer": tokenizer_identity(), "source": cfg.source,
                            **({"exclude": cfg.exclude.identity()} if cfg.exclude else {})})

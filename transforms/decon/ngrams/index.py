@@ -14,6 +14,7 @@ import msgpack
 
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
+from refinery.transforms.core.text import TextSpec
 
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, record_id
@@ -36,17 +37,19 @@ class EvalRow:
         return self.__dict__.copy()
 
 
-def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str, id_field: str,
+def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str | TextSpec, id_field: str,
                  tokenizer: Tokenizer, bad: dict[str, dict] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
-    bad rows (a record that could not be read, None, or whose text is not a string); ``bad``:
-    counts to add to (datasets already named, with 0)."""
+    bad rows (a record that could not be read, None, or without text: a missing field, not a
+    string); ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows);
+    ``bad``: counts to add to (datasets already named, with 0)."""
     rows: list[EvalRow] = []
     bad = {} if bad is None else bad
+    extract = TextSpec.of(text_field).extract
     for ds, path, row, record in records:
         bad.setdefault(ds, {"bad_rows": 0})
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
+        text, _ = extract(record)
+        if text is None:
             bad[ds]["bad_rows"] += 1
             continue
         tokens = tokenizer.tokenize(text)
@@ -55,7 +58,7 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
 
 
 def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
-                   text_field: str, id_field: str, tokenizer: Tokenizer
+                   text_field: str | TextSpec, id_field: str, tokenizer: Tokenizer
                    ) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``files`` (in the given order, each file's rows in order) + per-dataset
     counts of bad rows (:func:`eval_rows_of`)."""

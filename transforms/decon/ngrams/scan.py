@@ -8,6 +8,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from refinery.transforms.core.text import TextSpec
+
 from .hashes import _U, batch_all_window_hashes, batch_prefix, tokenize_batch, window_hashes_at, window_in_row
 from .index import Partition
 from .membership import Membership
@@ -56,12 +58,14 @@ class ScanHits:
         return np.append(np.flatnonzero(new), k)
 
 
-def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str, tokenizer: Tokenizer,
+def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str | TextSpec, tokenizer: Tokenizer,
               membership: Membership, lookup: Callable[[int], Partition], partitions: int, stats: ScanStats,
               batch_bytes: int = 1 << 20) -> Iterator[ScanHits]:
     """Stream training rows ``(row, record, error)`` in batches; yield the :class:`ScanHits` of
     each batch that has any.
 
+    ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows); a row without
+    text (unreadable, a missing field, not a string) is counted in ``stats.bad_rows``.
     ``lookup(p)`` returns hash partition ``p`` (:func:`load_partition`); a hash hit counts
     only if its exact n-gram is in it (no false positives).
     """
@@ -75,6 +79,7 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
 
     known: dict[int, dict[bytes, int]] = defaultdict(dict)  # verified windows, see _verify
     prepare = tokenizer.prepare
+    extract = TextSpec.of(text_field).extract
 
     def scan(pending: list[tuple[int, dict, str]]) -> ScanHits | None:
         prepared = [prepare(text) for _, _, text in pending]
@@ -85,8 +90,8 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     size = 0
     for row, record, _error in rows:
         stats.rows += 1
-        text = record.get(text_field) if record is not None else None
-        if not isinstance(text, str):
+        text, _ = extract(record)
+        if text is None:
             stats.bad_rows += 1
             continue
         pending.append((row, record, text))
