@@ -1,12 +1,14 @@
-"""prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
+"""prep: corpora -> uint32 (or uint16) token shards (.npy + .idx) with a checksummed manifest.
 
 Stages (each resumable, see ``refinery.transforms.core.stages``)::
 
     tokenize  unit = an input slice (a file, or a range of parquet row groups):
-              read rows -> normalize -> o200k_harmony encode_ordinary + EOS -> shard by
+              read rows -> normalize -> the tokenizer's ordinary encoding + EOS (o200k_harmony
+              encode_ordinary by default; ``PrepConfig.tokenizer``) -> shard by
               md5(doc_id) -> one spill per unit, grouped by shard; rejects with reasons
     pack      unit = an output shard: read the shard's rows from every spill in unit
-              (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx
+              (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx, in the
+              tokenizer's dtype (spills hold uint32)
     manifest  one unit: rows accounting, per-shard sha256 -> manifest.json (last),
               rejects/rejects.jsonl
 
@@ -29,7 +31,7 @@ from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
+from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
 
@@ -52,6 +54,7 @@ class PrepConfig:
     wave_units: int = 4
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row is rejected as too large, never held whole
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
+    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,7 +147,7 @@ class TokenizeStage(Stage):
         return [f.fingerprint() for f in self.cfg.inputs]
 
     def identity(self) -> dict:
-        return tokenizer_identity()
+        return self.cfg.tokenizer.identity()
 
     def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, dict]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
@@ -197,7 +200,7 @@ class TokenizeStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
-        enc = get_encoding()
+        enc = load_tokenizer(cfg.tokenizer)
         rows_read = accepted = empty = rejected = tokens_total = chars = 0
         num_shards, text_field, id_field = cfg.num_shards, cfg.text_field, cfg.id_field
         pieces = unit.payload["pieces"]
@@ -436,7 +439,7 @@ class PackStage(Stage):
 
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
         written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths,
-                                     chunks())
+                                     chunks(), dtype=self.cfg.tokenizer.dtype)
         return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -485,7 +488,7 @@ class ManifestStage(Stage):
                                      rejected=counts["rejected"], written=written)
         manifest = shards.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
-            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")),
+            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
             extra={"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
                    "source": cfg.source or {"inputs": len(cfg.inputs)}})
         listed = {s[k] for s in entries for k in ("path", "index_path")}
@@ -502,7 +505,7 @@ def build_stages(cfg: PrepConfig) -> list[Stage]:
     """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, "text_field": cfg.text_field,
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
-                           "tokenizer": tokenizer_identity(), "source": cfg.source})
+                           "tokenizer": cfg.tokenizer.identity(), "source": cfg.source})
     tokenize = TokenizeStage(cfg)
     merge = MergeSpillsStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
     return [tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge), ManifestStage(cfg, run_hash)]
