@@ -76,7 +76,8 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
                           "offline, the others only from tiktoken's cache) or a Hugging Face tokenizer.json file or "
                           "a folder holding one, local or gs:// (default: o200k_harmony). Shards are uint16 when "
                           "every id fits (vocab <= 65,536), else uint32; the manifest records tokenizer, sha256 of "
-                          "its file, vocab size, EOS id and dtype. Another tokenizer is another plan")
+                          "its file, vocab size, EOS id and dtype. Another tokenizer (name, or file content) re-plans "
+                          "the output; the same one resumes it")
     tok.add_argument("--eos-token", metavar="TOKEN_OR_ID",
                      help="the token that ends every document, as a token of the vocab or its id (default: "
                           "tiktoken's <|endoftext|>; for a tokenizer.json the eos_token of a tokenizer_config.json "

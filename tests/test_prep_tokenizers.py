@@ -228,3 +228,42 @@ def test_prep_mixture_checks_the_tokenizer(trained, tmp_path, capsys):
     assert main(["prep-mixture", "--config", str(cfg), "--data-root", str(tmp_path / "d"), "--tokenizer",
                  str(trained), "--vocab-size", "201088"]) == 2
     assert "vocab size 500" in capsys.readouterr().err
+
+
+def test_loader_reads_uint16_and_refuses_mixed_tokenizers(trained, docs_corpus, tmp_path):
+    from refinery.transforms.loader.deterministic import _SourceStream, build_plan
+
+    inputs, _ = docs_corpus
+    root = tmp_path / "data"
+    assert run_prep([inputs], root / "alpha" / "train", "--num-shards", 2, "--tokenizer", trained) == 0
+    plan = build_plan(str(root), ["alpha"], [1], "train", seq_len=16)
+    docs = [d for s in json.loads((root / "alpha/train/manifest.json").read_text())["shards"]
+            for d in shards.ShardReader(str(root / "alpha/train" / s["path"]))]
+    stream = np.concatenate(docs).astype(np.int64)
+    assert plan.sources[0].total_tokens == len(stream)
+    assert np.array_equal(_SourceStream(plan.sources[0]).read(0, len(stream)), stream)
+    assert run_prep([inputs], root / "beta" / "train", "--num-shards", 2) == 0  # o200k_harmony
+    with pytest.raises(ValueError, match="tokenized differently"):
+        build_plan(str(root), ["alpha", "beta"], [1, 1], "train", seq_len=16)
+
+
+def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
+    import apache_beam as beam
+
+    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.prep import AssignShard, Normalize, SourceRow, Tokenize, WriteTokenShards
+
+    inputs, _ = docs_corpus
+    cli_out, tf_out = tmp_path / "cli", tmp_path / "tf"
+    assert run_prep([inputs], cli_out, "--num-shards", 2, "--dataset", "s", "--tokenizer", trained) == 0
+    path = str(inputs / "a.jsonl")
+    rows = [SourceRow(path, row, record, "a.jsonl") for row, record, _ in iter_rows(path)]
+    with beam.Pipeline(runner="DirectRunner") as p:
+        docs = p | beam.Create(rows) | Normalize()
+        _ = (docs | Tokenize(str(trained)) | AssignShard(2)
+             | WriteTokenShards(str(tf_out), dataset="s", num_shards=2, tokenizer=str(trained)))
+    shard_files = sorted(q.relative_to(tf_out) for q in tf_out.glob("shard_*/*"))
+    assert shard_files and all((tf_out / q).read_bytes() == (cli_out / q).read_bytes() for q in shard_files)
+    m = json.loads((tf_out / "manifest.json").read_text())
+    assert m["dtype"] == "uint16" and m["tokenizer_kind"] == "tokenizers"
+    assert main(["verify", str(tf_out), "--checksums"]) == 0
