@@ -21,6 +21,8 @@ from refinery.transforms.prep.documents import normalize_text
 
 SPECIAL_TEXT = "a literal <|endoftext|> stays text"
 
+pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
+
 
 def _train(texts: list[str], vocab_size: int, special: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -267,3 +269,21 @@ def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
     m = json.loads((tf_out / "manifest.json").read_text())
     assert m["dtype"] == "uint16" and m["tokenizer_kind"] == "tokenizers"
     assert main(["verify", str(tf_out), "--checksums"]) == 0
+
+
+def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
+    """A gs:// folder: tokenizer.json and the EOS of its tokenizer_config.json, read through storage."""
+    from refinery.transforms.core import storage
+
+    folder = f"{gcs_bucket}/models/tok"
+    storage.atomic_write_bytes(f"{folder}/tokenizer.json", (trained / "tokenizer.json").read_bytes())
+    storage.atomic_write_bytes(f"{folder}/tokenizer_config.json", b'{"eos_token": "<|endoftext|>"}')
+    spec = tokenizers.resolve_tokenizer(folder)
+    assert spec.name == f"{folder}/tokenizer.json" and spec.eos_id == 0
+    assert spec.identity() == tokenizers.resolve_tokenizer(str(trained)).identity()  # the file's sha256, not its path
+    inputs, _ = docs_corpus
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert run_prep([inputs], local, "--num-shards", 2, "--dataset", "s", "--tokenizer", trained) == 0
+    assert run_prep([inputs], remote, "--num-shards", 2, "--dataset", "s", "--tokenizer", folder) == 0
+    assert [p.read_bytes() for p in sorted(remote.glob("shard_*/*"))] == \
+        [p.read_bytes() for p in sorted(local.glob("shard_*/*"))]
