@@ -25,6 +25,7 @@ setup(
         "numpy>=1.26",
         "tiktoken>=0.9",
         "bpe-openai>=0.1.4",  # ships o200k_base.tiktoken.gz: the offline vocab
+        "tokenizers>=0.15",  # prep --tokenizer path/to/tokenizer.json (encode_special_tokens needs 0.15)
         "fsspec>=2024.6",
         "gcsfs>=2024.6",
         "datasets>=3.0",

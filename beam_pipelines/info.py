@@ -29,6 +29,7 @@ def run(args, beam_args: list[str]) -> int:
     summary = {k: m.get(k) for k in ("dataset", "version", "tokenizer", "vocab_size", "eos_token_id", "dtype",
                                      "created_at", "num_shards", "total_documents", "total_tokens", "max_tokens",
                                      "plan_hash", "rows")}
+    summary.update({k: m[k] for k in ("tokenizer_kind", "eos_token") if k in m})  # a non-default tokenizer
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -45,8 +46,9 @@ def readable(m: dict) -> list[tuple[str, str]]:
 
     counts = ("vocab_size", "num_shards", "total_documents", "total_tokens")
     lines = [(k, count(m.get(k)) if k in counts else ("-" if m.get(k) is None else str(m.get(k))))
-             for k in ("dataset", "version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "created_at",
-                       *counts[1:])]
+             for k in ("dataset", "version", "tokenizer", "tokenizer_kind", "vocab_size", "eos_token_id", "eos_token",
+                       "dtype", "created_at", *counts[1:])
+             if k in m or k not in ("tokenizer_kind", "eos_token")]
     budget = m.get("max_tokens")
     lines.append(("max_tokens", "no budget" if budget is None else count(budget)))
     lines.append(("plan_hash", count(m.get("plan_hash"))))

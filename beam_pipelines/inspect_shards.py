@@ -48,10 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
 
 
-def _decode(tokens) -> str | None:
+def _decode(tokens, manifest_path: str | None = None) -> str | None:
+    """The text of ``tokens`` by the manifest's tokenizer (o200k_harmony without a manifest),
+    or None when that tokenizer cannot be loaded here."""
     try:
-        from refinery.transforms.formats.tokenizer import get_encoding
-        return get_encoding().decode([int(t) for t in tokens])
+        from refinery.transforms.core import storage
+        from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer, spec_from_manifest
+
+        spec = spec_from_manifest(storage.read_json(manifest_path)) if manifest_path else DEFAULT
+        return None if spec is None else load_tokenizer(spec).decode(tokens)
     except Exception:  # noqa: BLE001 - decoding is a convenience; ids are printed anyway
         return None
 
@@ -123,7 +128,7 @@ def run(args, beam_args: list[str]) -> int:
             all_lengths.append(r.doc_lengths)
         if r.sample is not None:
             start, toks = r.sample
-            text = _decode(toks)
+            text = _decode(toks, args.manifest)
             print(f"     sample at token {start:,}: {[int(t) for t in toks]}")
             if text is not None:
                 print(f"     decoded: {text!r}")

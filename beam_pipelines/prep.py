@@ -1,6 +1,7 @@
-"""prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
+"""prep: corpora -> uint32 (or uint16) token shards (.npy + .idx) with a checksummed manifest.
 
-``refinery prep --input PATH... --output DIR`` normalizes, tokenizes (o200k_harmony) and packs
+``refinery prep --input PATH... --output DIR`` normalizes, tokenizes (``--tokenizer``, default
+o200k_harmony) and packs
 a corpus into ``DIR/shard_NNNN/{dataset}-v1-shard-NNNNNN.{npy,idx}`` and ``DIR/manifest.json``.
 Stages (``refinery.transforms.prep.stages``): tokenize -> pack -> manifest; killing the job
 and running the same command again finishes it.
@@ -21,6 +22,8 @@ examples:
       --runner dataflow --project my-project --region us-central1 --temp_location gs://my-bucket/tmp
   refinery prep --hf-dataset HuggingFaceFW/fineweb-edu --hf-subset sample-10BT --output out/ --max-tokens 100M
   refinery prep --input gsm8k/train.jsonl --text-template '{question}\\n\\n{answer}' --output out/gsm8k
+  refinery prep --input corpus/ --output out-cl100k/ --tokenizer cl100k_base
+  refinery prep --input corpus/ --output out-llama/ --tokenizer ./llama3/tokenizer.json --eos-token '<|end_of_text|>'
 
 Text: --text-field F takes each row's text from field F; --text-template T fills T, Python
 format syntax over the rows' top-level fields ({name}; {{ and }} for literal braces), with
@@ -78,8 +81,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--unit-mb", type=float, default=16.0, metavar="MB",
                      help="input per tokenize unit: smaller files are grouped, bigger local .jsonl files split by "
                           "byte range, so the cores share any layout (default: 16; 0: one unit per file)")
-    out.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
+    add_tokenizer_args(parser)
     add_runner_args(parser)
+
+
+def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
+    """``--tokenizer``, ``--eos-token``, ``--vocab-file`` (prep and prep-mixture)."""
+    from refinery.transforms.formats.tokenizer import TIKTOKEN_FILES
+
+    tok = parser.add_argument_group("tokenizer")
+    tok.add_argument("--tokenizer", default="o200k_harmony", metavar="NAME_OR_PATH",
+                     help="a tiktoken encoding (" + ", ".join(TIKTOKEN_FILES) + "; o200k_* and cl100k_base work "
+                          "offline, the others only from tiktoken's cache) or a Hugging Face tokenizer.json file or "
+                          "a folder holding one, local or gs:// (default: o200k_harmony). Shards are uint16 when "
+                          "every id fits (vocab <= 65,536), else uint32; the manifest records tokenizer, sha256 of "
+                          "its file, vocab size, EOS id and dtype. Another tokenizer (name, or file content) re-plans "
+                          "the output; the same one resumes it")
+    tok.add_argument("--eos-token", metavar="TOKEN_OR_ID",
+                     help="the token that ends every document, as a token of the vocab or its id (default: "
+                          "tiktoken's <|endoftext|>; for a tokenizer.json the eos_token of a tokenizer_config.json "
+                          "beside it, else the first of </s> <|endoftext|> <|end_of_text|> <|im_end|> <eos> "
+                          "in its vocab)")
+    tok.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use for o200k_harmony/o200k_base "
+                                          "(default: resolved offline)")
+
+
+def resolve_tokenizer_args(args, command: str):
+    """(TokenizerSpec, None) or (None, exit code 2 after one line on stderr) for the
+    ``--tokenizer``/``--eos-token``/``--vocab-file`` of ``args``."""
+    from refinery.beam_pipelines.command import usage_error
+    from refinery.transforms.formats.tokenizer import VocabError
+    from refinery.transforms.formats.tokenizers import TokenizerError, resolve_tokenizer
+
+    if args.vocab_file and args.tokenizer not in ("o200k_harmony", "o200k_base"):
+        return None, usage_error(f"refinery {command}: --vocab-file is the o200k_base vocab; "
+                                 f"it does not apply to --tokenizer {args.tokenizer}")
+    if args.vocab_file:
+        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
+    try:
+        return resolve_tokenizer(args.tokenizer, args.eos_token), None
+    except (TokenizerError, VocabError) as e:
+        return None, usage_error(f"refinery {command}: {e}")
 
 
 def dataset_name(args) -> str:
@@ -110,7 +152,6 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import check_name
-    from refinery.transforms.formats.tokenizer import check_vocab
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 
     if bool(args.input) == bool(args.hf_dataset):
@@ -125,9 +166,9 @@ def run(args, beam_args: list[str]) -> int:
         text = text_spec("prep", args.text_field, args.text_template)
     except UsageError as e:
         return usage_error(str(e))
-    if args.vocab_file:
-        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
-    check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
+    tokenizer, failed = resolve_tokenizer_args(args, "prep")  # fails early, in the driver
+    if tokenizer is None:
+        return failed
     source = {}
     skipped: list[str] = []
     try:
@@ -161,7 +202,8 @@ def run(args, beam_args: list[str]) -> int:
                      num_shards=args.num_shards, text_field=text.field or "text", text_template=text.template,
                      id_field=args.id_field,
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
-                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes, exclude=exclude)
+                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes,
+                     tokenizer=tokenizer, exclude=exclude)
 
     rejects_path = storage.join(cfg.output, "rejects/rejects.jsonl")
 
@@ -188,6 +230,7 @@ def run(args, beam_args: list[str]) -> int:
 
     header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
               + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
+              + ("" if tokenizer.is_default else f"\n  tokenizer: {tokenizer.describe()}")
               + "".join(f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
                         for s in (exclude.sources if exclude else []))
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))

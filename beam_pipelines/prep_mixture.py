@@ -19,8 +19,6 @@ import os
 import sys
 import time
 
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
-
 HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
 WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
@@ -56,11 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--valid-percent", type=float, default=1.0,
                    help="budget of a non-train split, in percent of the source's budget (default: 1)")
     g.add_argument("--num-shards", type=int, default=64, help="shards per source and split (default: 64)")
-    t = parser.add_argument_group("tokenizer (o200k_harmony only; checked, not configurable)")
-    t.add_argument("--tokenizer", default="o200k_harmony", choices=["o200k_harmony"])
-    t.add_argument("--vocab-size", type=int, default=201088)
-    t.add_argument("--eos-token-id", type=int, default=EOS_TOKEN_ID)
-    t.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use (default: resolved offline)")
+    from refinery.beam_pipelines.prep import add_tokenizer_args
+
+    add_tokenizer_args(parser)  # --tokenizer, --eos-token, --vocab-file: as prep's, for every source/split
+    t = parser.add_argument_group("tokenizer checks")
+    t.add_argument("--vocab-size", type=int, metavar="N", help="fail unless the tokenizer's vocab size is N")
+    t.add_argument("--eos-token-id", type=int, metavar="ID", help="fail unless the tokenizer's EOS id is ID")
     r = parser.add_argument_group("run")
     r.add_argument("--continue-on-error", action="store_true",
                    help="a failing source/split does not stop the others (exit 1 at the end, naming it)")
@@ -97,22 +96,24 @@ def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
     return storage.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
 
 
-def prep_config(plan, inputs, source_desc, num_shards: int, workers: int):
+def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokenizer=None):
+    from refinery.transforms.formats.tokenizers import DEFAULT
     from refinery.transforms.prep.stages import PrepConfig
 
     return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
                       text_field=plan.source.text_field, text_template=plan.source.text_template,
                       id_field=plan.source.id_field,
-                      max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc)
+                      max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc,
+                      tokenizer=tokenizer or DEFAULT)
 
 
-def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None = None):
+def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None = None, tokenizer=None):
     """(prep config, prep stages) of one source/split: the resumable run :func:`_run_all` does
     for it (``refinery.runners.translate`` builds its Beam jobs without running them)."""
     from refinery.transforms.prep.stages import build_stages
 
     inputs, desc = resolve_inputs(plan, skipped=skipped)
-    cfg = prep_config(plan, inputs, desc, num_shards, workers)
+    cfg = prep_config(plan, inputs, desc, num_shards, workers, tokenizer)
     return cfg, build_stages(cfg)
 
 
@@ -148,13 +149,18 @@ def _fail(msg: str) -> int:
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import UsageError, bad_reject_rate, check_output
     from refinery.beam_pipelines.command import usage_error
-    from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, VOCAB_SIZE
+    from refinery.beam_pipelines.prep import resolve_tokenizer_args
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.prep.stages import parse_token_count
 
-    if args.vocab_size != VOCAB_SIZE or args.eos_token_id != EOS_TOKEN_ID:
-        return _fail(f"o200k_harmony has vocab size {VOCAB_SIZE} and EOS {EOS_TOKEN_ID}; "
+    tokenizer, failed = resolve_tokenizer_args(args, "prep-mixture")
+    if tokenizer is None:
+        return failed
+    if (args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size
+            or args.eos_token_id is not None and args.eos_token_id != tokenizer.eos_id):
+        return _fail(f"{tokenizer.name} has vocab size {tokenizer.vocab_size} and EOS {tokenizer.eos_id}; "
                      f"got --vocab-size {args.vocab_size} --eos-token-id {args.eos_token_id}")
+    args.tokenizer_spec = tokenizer
     if args.num_shards < 1:
         return _fail("--num-shards must be at least 1")
     if problem := bad_reject_rate(args):
@@ -193,10 +199,6 @@ def run(args, beam_args: list[str]) -> int:
     if args.dry_run:
         return _dry_run(plans, weight_of, args, workers)
 
-    if args.vocab_file:
-        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file
-    from refinery.transforms.formats.tokenizer import check_vocab
-    check_vocab(args.vocab_file)  # fail early, in the driver, if the vocab is unavailable
     return _run_all(plans, args, beam_args, workers)
 
 
@@ -213,7 +215,7 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
             inputs, desc = resolve_inputs(plan, skipped=skipped)
             if offline and len(offline.unlisted) > unlisted:
                 raise storage.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
-            cfg = prep_config(plan, inputs, desc, args.num_shards, workers)
+            cfg = prep_config(plan, inputs, desc, args.num_shards, workers, args.tokenizer_spec)
             status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
             detail = (f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
                       + (f"; {storage.skipped_note(skipped)}" if skipped else ""))
@@ -242,7 +244,7 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
               file=sys.stderr)
         try:
             skipped: list[str] = []
-            cfg, stages = split_stages(plan, args.num_shards, workers, skipped)
+            cfg, stages = split_stages(plan, args.num_shards, workers, skipped, args.tokenizer_spec)
             if skipped:
                 print(f"  {plan.label}: {storage.skipped_note(skipped)}", file=sys.stderr)
             result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,

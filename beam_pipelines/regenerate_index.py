@@ -1,8 +1,10 @@
 """Rebuild a shard's lost ``.idx`` from the EOS positions in its ``.npy``.
 
 ``refinery regenerate-index SHARD.npy --eos-token-id 199999`` writes ``SHARD.idx`` beside the
-shard (or ``--output PATH``). Each document ends at an EOS, so the index is a function of the
-tokens alone and comes out byte-identical to the one prep wrote. If an ``.idx`` is already
+shard (or ``--output PATH``). Without ``--eos-token-id`` the EOS is the ``eos_token_id`` of the
+prep output's ``manifest.json`` (``OUT/shard_NNNN/x.npy`` -> ``OUT/manifest.json``), else
+199999. Each document ends at an EOS, so the index is a function of the tokens alone and
+comes out byte-identical to the one prep wrote. If an ``.idx`` is already
 there it is compared, not overwritten: identical -> exit 0; different -> exit 1 unless
 ``--force``. Tokens after the last EOS (wrong EOS id, truncated shard) are an error.
 """
@@ -25,10 +27,23 @@ examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("shard", metavar="SHARD.npy", help="the shard (.npy, local or gs://)")
-    parser.add_argument("--eos-token-id", type=int, default=EOS_TOKEN_ID,
-                        help=f"EOS token id that ends every document (default: {EOS_TOKEN_ID}, o200k_harmony)")
+    parser.add_argument("--eos-token-id", type=int, default=None,
+                        help="EOS token id that ends every document (default: the eos_token_id of the manifest "
+                             f"of the shard's prep output, else {EOS_TOKEN_ID}, o200k_harmony's)")
     parser.add_argument("--output", metavar="PATH", help="where to write the index (default: SHARD.idx)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing index that differs")
+
+
+def manifest_eos(shard: str) -> int:
+    """The ``eos_token_id`` of the manifest two folders up from a shard, else o200k_harmony's."""
+    from refinery.transforms.core import storage
+    from refinery.transforms.formats.shards import MANIFEST
+
+    try:
+        m = storage.read_json(storage.join(storage.dirname(storage.dirname(shard)), MANIFEST))
+        return int(m.get("eos_token_id", EOS_TOKEN_ID))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return EOS_TOKEN_ID
 
 
 def run(args, beam_args: list[str]) -> int:
@@ -37,7 +52,8 @@ def run(args, beam_args: list[str]) -> int:
 
     try:
         out = args.output or index_path_for(args.shard)
-        data = regenerate_index(args.shard, args.eos_token_id)
+        eos = args.eos_token_id if args.eos_token_id is not None else manifest_eos(args.shard)
+        data = regenerate_index(args.shard, eos)
     except FileNotFoundError:
         print(f"refinery regenerate-index: {args.shard}: not found", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 A shard is a pair of files (documented in ``docs/FORMATS.md``):
 
-- ``.npy``: standard NPY, 1-D ``<u4``; documents back to back, each followed by one EOS.
+- ``.npy``: standard NPY, 1-D ``<u4`` (``<u2`` when the tokenizer's ids fit: the manifest's
+  ``dtype``); documents back to back, each followed by one EOS.
 - ``.idx``: header ``struct('<8sQQQ')`` = (``b"NMOEIDX\\x00"``, version 1, num_docs, 0), then
   ``uint64[num_docs * 2]`` of (start, end) token offsets, end exclusive, EOS included.
 
@@ -42,7 +43,19 @@ MANIFEST = "manifest.json"
 IDX_MAGIC = b"NMOEIDX\x00"
 IDX_VERSION = 1
 IDX_HEADER = struct.Struct("<8sQQQ")
-TOKEN_DTYPE = np.dtype("<u4")
+TOKEN_DTYPE = np.dtype("<u4")  # the default tokenizer's (o200k_harmony)
+TOKEN_DTYPES = {"uint32": TOKEN_DTYPE, "uint16": np.dtype("<u2")}  # the manifest's dtype -> the NPY's
+
+
+def token_dtype(name: str) -> np.dtype:
+    """The NPY dtype of a manifest's ``dtype`` (``uint32`` or ``uint16``); ValueError otherwise."""
+    if name not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {name!r}: expected one of {', '.join(TOKEN_DTYPES)}")
+    return TOKEN_DTYPES[name]
+
+
+def _is_token_array(tokens) -> bool:
+    return tokens.dtype in TOKEN_DTYPES.values() and tokens.ndim == 1
 IDX_CHUNK_DOCS = 1 << 20
 SCAN_CHUNK_TOKENS = 1 << 24
 
@@ -97,11 +110,12 @@ class _Buffer:
         return len(b)
 
 
-def npy_header(num_tokens: int) -> bytes:
-    """The exact header ``numpy.save`` writes for a 1-D uint32 array of that length."""
+def npy_header(num_tokens: int, dtype: str = "uint32") -> bytes:
+    """The exact header ``numpy.save`` writes for a 1-D uint32 (uint16) array of that length."""
     buf = _Buffer()
     np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(TOKEN_DTYPE), "fortran_order": False, "shape": (num_tokens,)})
+        buf, {"descr": np.lib.format.dtype_to_descr(token_dtype(dtype)), "fortran_order": False,
+              "shape": (num_tokens,)})
     return bytes(buf.data)
 
 
@@ -126,9 +140,10 @@ def idx_bytes(lengths: np.ndarray) -> bytes:
 
 
 def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path: str, idx_path: str,
-                lengths: np.ndarray, token_chunks: Iterable[bytes]) -> dict:
+                lengths: np.ndarray, token_chunks: Iterable[bytes], dtype: str = "uint32") -> dict:
     """THE shard writer: ``.npy`` (header, then ``token_chunks``: little-endian uint32 bytes
     of the documents in order, EOS included) and then its ``.idx`` from ``lengths``.
+    ``dtype="uint16"`` writes the tokens as uint16 (ValueError if one does not fit).
 
     ``open_write(path)`` is an atomic writer (``UnitContext.open_write`` or
     ``storage.atomic_open``). Raises ValueError if the chunks do not hold ``sum(lengths)`` tokens
@@ -136,11 +151,18 @@ def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path
     """
     lengths = np.asarray(lengths, dtype=np.uint64)
     num_tokens = int(lengths.sum(dtype=np.uint64))
+    narrow = token_dtype(dtype) != TOKEN_DTYPE
     with open_write(npy_path) as out:
-        out.write(npy_header(num_tokens))
+        out.write(npy_header(num_tokens, dtype))
         written = 0
         for chunk in token_chunks:
-            out.write(chunk)
+            if narrow:
+                wide = np.frombuffer(chunk, dtype="<u4")
+                if len(wide) and int(wide.max()) > 0xFFFF:
+                    raise ValueError(f"{npy_path}: token id {int(wide.max())} does not fit {dtype}")
+                out.write(wide.astype("<u2").tobytes())
+            else:
+                out.write(chunk)
             written += len(chunk)
         if written != 4 * num_tokens:
             raise ValueError(f"{npy_path}: {written // 4} tokens written, the documents hold {num_tokens}")
@@ -278,8 +300,8 @@ def npy_token_count(path: str) -> int:
     """Tokens in a shard, from its NPY header only (one small read, local or remote)."""
     with storage.open_read(path) as f:
         shape, dtype, _ = _read_npy_header(f)
-    if dtype != TOKEN_DTYPE or len(shape) != 1:
-        raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 tokens")
+    if dtype not in TOKEN_DTYPES.values() or len(shape) != 1:
+        raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 or <u2 tokens")
     return int(shape[0])
 
 
@@ -320,7 +342,7 @@ class RemoteTokens:
 
 
 def open_tokens(path: str):
-    """A shard's tokens as a 1-D uint32 array-like: a memory map (local) or
+    """A shard's tokens as a 1-D uint32 (or uint16) array-like: a memory map (local) or
     :class:`RemoteTokens` (remote: the header is read now, tokens on slicing)."""
     if not storage.is_remote(path):
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -347,14 +369,15 @@ class TokenFiles:
 
 
 class ShardReader:
-    """A shard's tokens (memory-mapped when local) and index: ``document(i)`` -> uint32 tokens."""
+    """A shard's tokens (memory-mapped when local) and index: ``document(i)`` -> tokens in the
+    NPY's dtype (uint32, or uint16)."""
 
     def __init__(self, npy_path: str, idx_path: str | None = None):
         self.npy_path = npy_path
         self.idx_path = idx_path or index_path_for(npy_path)
         self.tokens = open_tokens(npy_path)
-        if self.tokens.dtype != TOKEN_DTYPE or self.tokens.ndim != 1:
-            raise ValueError(f"{npy_path}: dtype {self.tokens.dtype} ndim {self.tokens.ndim}, expected 1-D <u4")
+        if not _is_token_array(self.tokens):
+            raise ValueError(f"{npy_path}: dtype {self.tokens.dtype} ndim {self.tokens.ndim}, expected 1-D <u4 or <u2")
         self.index = IndexReader(self.idx_path)
         self.num_docs = self.index.num_docs
         self.num_tokens = int(len(self.tokens))
@@ -413,9 +436,10 @@ def regenerate_index(npy_path: str, eos_token_id: int = EOS_TOKEN_ID) -> bytes:
 # Verifying
 # ---------------------------------------------------------------------------------------
 
-def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
-                expected_tokens: int | None = None, expected_docs: int | None = None) -> list[str]:
-    """Problems with one shard pair ([] if none): header, dtype, idx/npy consistency, EOS placement."""
+def check_shard(npy_path: str, idx_path: str, eos_token_id: int, expected_tokens: int | None = None,
+                expected_docs: int | None = None, expected_dtype: str | None = None) -> list[str]:
+    """Problems with one shard pair ([] if none): header, dtype (the manifest's ``expected_dtype``
+    when given), idx/npy consistency, EOS placement."""
     problems = []
     name = storage.basename(npy_path)
     try:
@@ -424,8 +448,10 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int,
         return [f"{npy_path}: missing"]
     except Exception as e:  # noqa: BLE001 - any parse failure is a problem to report
         return [f"{npy_path}: not a readable .npy ({type(e).__name__}: {e})"]
-    if tokens.dtype != TOKEN_DTYPE or tokens.ndim != 1:
-        return [f"{npy_path}: dtype {tokens.dtype} ndim {tokens.ndim}, expected 1-D <u4"]
+    if not _is_token_array(tokens):
+        return [f"{npy_path}: dtype {tokens.dtype} ndim {tokens.ndim}, expected 1-D <u4 or <u2"]
+    if expected_dtype is not None and tokens.dtype != TOKEN_DTYPES.get(expected_dtype):
+        return [f"{npy_path}: dtype {tokens.dtype}, the manifest says {expected_dtype}"]
     try:
         bounds = np.asarray(IndexReader(idx_path).bounds)
     except FileNotFoundError:
@@ -470,7 +496,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
         except ValueError as e:
             problems.append(f"{manifest_path}: {e}")
             continue
-        problems += check_shard(npy, idx, eos, entry["num_tokens"], entry["num_documents"])
+        problems += check_shard(npy, idx, eos, entry["num_tokens"], entry["num_documents"],
+                                manifest.get("dtype", "uint32"))
         total_tokens += entry["num_tokens"]
         total_docs += entry["num_documents"]
         if checksums:
@@ -574,20 +601,20 @@ def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, writt
 
 
 def build_manifest(*, dataset: str, entries: list[dict], rows: dict, num_shards: int, created_at: str,
-                   version: str = FORMAT_VERSION, extra: dict | None = None) -> dict:
+                   version: str = FORMAT_VERSION, extra: dict | None = None, tokenizer=None) -> dict:
     """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
 
     Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,
     eos_token_id, dtype, created_at, totals, num_shards, shards[] with path, index_path,
     num_tokens, num_documents, checksum) plus ours (vocab_sha256, rows, per-shard sha256 and
-    index_sha256, and ``extra``: the run's plan).
+    index_sha256, and ``extra``: the run's plan). ``tokenizer``: a
+    :class:`~refinery.transforms.formats.tokenizers.TokenizerSpec` (default: o200k_harmony),
+    whose :meth:`manifest_fields` give the tokenizer, vocab, EOS and dtype fields.
     """
-    from refinery.transforms.formats.tokenizer import ENCODING_NAME, VOCAB_SHA256, VOCAB_SIZE
+    from refinery.transforms.formats.tokenizers import DEFAULT
 
     return {
-        "dataset": dataset, "version": version,
-        "tokenizer": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256, "vocab_size": VOCAB_SIZE,
-        "eos_token_id": EOS_TOKEN_ID, "dtype": "uint32", "created_at": created_at,
+        "dataset": dataset, "version": version, **(tokenizer or DEFAULT).manifest_fields(), "created_at": created_at,
         "total_tokens": sum(e["num_tokens"] for e in entries),
         "total_documents": sum(e["num_documents"] for e in entries),
         "num_shards": num_shards, **(extra or {}), "rows": rows, "shards": entries,

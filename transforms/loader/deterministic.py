@@ -162,14 +162,23 @@ def permute(j: int, n: int, key: int, rounds: int = 4) -> int:
             return x
 
 
-def _manifest_checksums(split_root: str) -> dict[str, str]:
-    """npy path -> sha256, from the split's manifest.json if there is one."""
-    path = storage.join(split_root, "manifest.json")
+def _manifest(split_root: str) -> dict:
+    """The split's manifest.json, or {} if there is none (shards copied without it)."""
     try:
-        m = storage.read_json(path)
+        return storage.read_json(storage.join(split_root, "manifest.json"))
     except (FileNotFoundError, ValueError):
         return {}
+
+
+def _manifest_checksums(split_root: str, m: dict | None = None) -> dict[str, str]:
+    """npy path -> sha256, from the split's manifest.json if there is one."""
+    m = _manifest(split_root) if m is None else m
     return {storage.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
+
+
+def _tokenizer_of(m: dict) -> tuple | None:
+    """What a manifest says about its tokenizer (name, vocab sha256, EOS id), None without one."""
+    return (m.get("tokenizer"), m.get("vocab_sha256"), m.get("eos_token_id")) if "tokenizer" in m else None
 
 
 def build_plan(data_root: str, source_ids: list[str], weights: list[int], split: str, seq_len: int,
@@ -178,6 +187,7 @@ def build_plan(data_root: str, source_ids: list[str], weights: list[int], split:
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     sources = []
+    tokenizers: dict[tuple, str] = {}  # tokenizer -> the first source prepared with it
     for sid, w in zip(source_ids, weights):
         if w == 0:
             continue
@@ -186,7 +196,14 @@ def build_plan(data_root: str, source_ids: list[str], weights: list[int], split:
         if not paths:
             raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r} under {root} "
                                     f"(run `refinery prep-mixture` first)")
-        sums = _manifest_checksums(root)
+        manifest = _manifest(root)
+        if (tok := _tokenizer_of(manifest)) is not None:
+            tokenizers.setdefault(tok, sid)
+            if len(tokenizers) > 1:
+                (a, first), (b, _) = list(tokenizers.items())[:2]
+                raise ValueError(f"split {split!r}: sources were tokenized differently: {first!r} with {a[0]} "
+                                 f"(EOS {a[2]}), {sid!r} with {b[0]} (EOS {b[2]}); one stream needs one tokenizer")
+        sums = _manifest_checksums(root, manifest)
         files = tuple({"path": p[len(data_root.rstrip('/')) + 1:], "bytes": storage.file_size(p), "sha256": sums.get(p)}
                       for p in paths)
         sources.append(SourceShards(sid, w, tuple(paths), tuple(shards.npy_token_count(p) for p in paths), files))

@@ -6,6 +6,11 @@
     manifest = (docs | Tokenize() | AssignShard(16)
                 | WriteTokenShards("out/", dataset="web", num_shards=16, rejected=rejected))
 
+``Tokenize(tokenizer)`` and ``WriteTokenShards(..., tokenizer=...)`` take the same tokenizer
+(default ``o200k_harmony``; a tiktoken encoding name, a ``tokenizer.json`` path or folder, or
+a :class:`~refinery.transforms.formats.tokenizers.TokenizerSpec`): the sink writes its dtype
+and EOS into the manifest.
+
 ======================  ===================================  =====================================
 transform               input element                        output element
 ======================  ===================================  =====================================
@@ -50,7 +55,7 @@ from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
+from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer, resolve_tokenizer
 from refinery.transforms.prep.documents import (
     Document,
     Rejected,
@@ -224,13 +229,14 @@ class Normalize(beam.PTransform):
 
 
 class _TokenizeFn(beam.DoFn):
-    def __init__(self):
+    def __init__(self, spec: TokenizerSpec):
+        self.spec = spec
         self.tokens = Metrics.counter(NAMESPACE, "tokens")
         self.documents = Metrics.counter(NAMESPACE, "tokenized")
         self.enc = None
 
     def setup(self):
-        self.enc = get_encoding()
+        self.enc = load_tokenizer(self.spec)  # once per worker process
 
     def process(self, doc: Document):
         out = tokenize_document(self.enc, doc)
@@ -241,12 +247,22 @@ class _TokenizeFn(beam.DoFn):
 
 class Tokenize(beam.PTransform):
     """Documents -> token ids. Input: :class:`Document`. Output: :class:`TokenizedDocument`
-    whose ``tokens`` (``array('I')``) are tiktoken ``o200k_harmony`` ``encode_ordinary`` of
-    the text (special-token text stays ordinary text) plus one EOS (199999). The vocab is
-    resolved offline and checked against its sha256."""
+    whose ``tokens`` (``array('I')``, uint32) are the tokenizer's ordinary encoding of the text
+    (special-token text stays ordinary text) plus one EOS, the tokenizer's.
+
+    ``tokenizer``: ``"o200k_harmony"`` (default: tiktoken ``encode_ordinary`` + 199999, the
+    vocab resolved offline and checked against its sha256), another tiktoken encoding, a
+    ``tokenizer.json`` path or folder (local or ``gs://``; ``encode(text,
+    add_special_tokens=False)``), or a resolved ``TokenizerSpec``. ``eos_token``: a token or an
+    id overriding the EOS. Both are resolved when the transform is built (in the driver); a
+    bad value raises ``TokenizerError``."""
+
+    def __init__(self, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None):
+        super().__init__()
+        self.spec = resolve_tokenizer(tokenizer, eos_token)
 
     def expand(self, docs):
-        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn())
+        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn(self.spec))
         out.element_type = TokenizedDocument
         return out
 
@@ -277,23 +293,24 @@ class ShardSinkStage(Stage):
 
     name = "write_token_shards"
 
-    def __init__(self, dataset: str, num_shards: int, version: str):
-        self.dataset, self.num_shards, self.version = dataset, num_shards, version
+    def __init__(self, dataset: str, num_shards: int, version: str, tokenizer: TokenizerSpec = DEFAULT):
+        self.dataset, self.num_shards, self.version, self.tokenizer = dataset, num_shards, version, tokenizer
 
     def config(self) -> dict:
         return {"dataset": self.dataset, "num_shards": self.num_shards, "version": self.version,
                 "format": shards.FORMAT_VERSION}
 
     def identity(self) -> dict:
-        return tokenizer_identity()
+        return self.tokenizer.identity()
 
     def plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.num_shards)]
 
 
-def sink_run(output: str, dataset: str, num_shards: int, version: str) -> StageRun:
+def sink_run(output: str, dataset: str, num_shards: int, version: str,
+             tokenizer: TokenizerSpec = DEFAULT) -> StageRun:
     """The sink's receipts, hashed as every stage's (:func:`compute_stage_hash`)."""
-    stage = ShardSinkStage(dataset, num_shards, version)
+    stage = ShardSinkStage(dataset, num_shards, version, tokenizer)
     return StageRun(stage, output.rstrip("/"), compute_stage_hash(stage, None))
 
 
@@ -343,15 +360,16 @@ class _SortedShard:
 class _ShardWrite(ShardSinkStage):
     """One shard's unit of the sink: writes a sorted shard's ``.npy`` and ``.idx``."""
 
-    def __init__(self, dataset: str, num_shards: int, version: str, data: _SortedShard, content: str):
-        super().__init__(dataset, num_shards, version)
+    def __init__(self, dataset: str, num_shards: int, version: str, tokenizer: TokenizerSpec, data: _SortedShard,
+                 content: str):
+        super().__init__(dataset, num_shards, version, tokenizer)
         self.data, self.content = data, content
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
         npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
         written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
-                                     self.data.lengths, self.data.chunks())
+                                     self.data.lengths, self.data.chunks(), dtype=self.tokenizer.dtype)
         return {"shard": shard, **written, "content_sha256": self.content}
 
 
@@ -359,18 +377,20 @@ class _WriteShardFn(beam.DoFn):
     """``(shard, documents)`` -> the shard's manifest entry (a dict). Skips the write when the
     shard's receipt verifies and records the same content."""
 
-    def __init__(self, output: str, dataset: str, num_shards: int, version: str):
+    def __init__(self, output: str, dataset: str, num_shards: int, version: str,
+                 tokenizer: TokenizerSpec = DEFAULT):
         self.output, self.dataset, self.num_shards, self.version = output, dataset, num_shards, version
+        self.tokenizer = tokenizer
         self.written = Metrics.counter(NAMESPACE, "shards_written")
         self.skipped = Metrics.counter(NAMESPACE, "shards_skipped")
 
     def process(self, element):
         shard, docs = element
-        run = sink_run(self.output, self.dataset, self.num_shards, self.version)
+        run = sink_run(self.output, self.dataset, self.num_shards, self.version, self.tokenizer)
         data = _SortedShard(docs)
         try:
             content = data.digest()
-            writer = StageRun(_ShardWrite(self.dataset, self.num_shards, self.version, data, content),
+            writer = StageRun(_ShardWrite(self.dataset, self.num_shards, self.version, self.tokenizer, data, content),
                               run.output, run.stage_hash)
             receipt = execute_unit(writer, Unit(f"{shard:04d}", {"shard": shard}),
                                    stale=lambda r: r.get("stats", {}).get("content_sha256") != content)
@@ -402,15 +422,15 @@ def _write_if_changed(path: str, data: bytes) -> None:
 
 
 def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, dataset: str, num_shards: int,
-                    version: str) -> str:
+                    version: str, tokenizer: TokenizerSpec) -> str:
     entries = sorted(entries, key=lambda e: e["shard"])
     accepted = sum(e["num_documents"] for e in entries)
     rows = {} if counts is None else shards.row_accounting(
         read=accepted + counts["empty"] + counts["rejected"], accepted=accepted, empty=counts["empty"],
         rejected=counts["rejected"], written=accepted)
-    run = sink_run(output, dataset, num_shards, version)
+    run = sink_run(output, dataset, num_shards, version, tokenizer)
     manifest = shards.build_manifest(
-        dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version,
+        dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version, tokenizer=tokenizer,
         created_at=shards.keep_created_at(storage.join(run.dir, "created_at")),
         extra={"plan_hash": run.stage_hash, "source": {"writer": "refinery.transforms.prep.WriteTokenShards"}})
     path = storage.join(output.rstrip("/"), shards.MANIFEST)
@@ -434,16 +454,21 @@ class WriteTokenShards(beam.PTransform):
     ``rejected`` (the second output of ``Normalize().with_rejected()``): also write
     ``rejects/rejects.jsonl`` and the row accounting ``read = accepted + empty + rejected``
     into the manifest, as ``refinery prep`` does.
+
+    ``tokenizer`` / ``eos_token``: the ones given to ``Tokenize`` (the same values, or its
+    ``.spec``): the shards' dtype (uint16 when every id fits) and the manifest's tokenizer
+    fields come from it.
     """
 
     def __init__(self, output: str, dataset: str, num_shards: int, version: str = shards.FORMAT_VERSION,
-                 rejected=None):
+                 rejected=None, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None):
         super().__init__()
         if num_shards < 1:
             raise ValueError("num_shards must be at least 1")
         shards.check_name(dataset)
         self.output, self.dataset, self.num_shards, self.version = output.rstrip("/"), dataset, num_shards, version
         self.rejected = rejected
+        self.tokenizer = resolve_tokenizer(tokenizer, eos_token)
 
     def expand(self, shard_docs):
         p = shard_docs.pipeline
@@ -452,7 +477,7 @@ class WriteTokenShards(beam.PTransform):
         entries = ((shard_docs, markers) | "WithMarkers" >> beam.Flatten()
                    | "GroupByShard" >> beam.GroupByKey()
                    | "WriteShard" >> beam.ParDo(_WriteShardFn(self.output, self.dataset, self.num_shards,
-                                                               self.version)))
+                                                               self.version, self.tokenizer)))
         counts = None
         if self.rejected is not None:
             output = self.output
@@ -461,7 +486,8 @@ class WriteTokenShards(beam.PTransform):
                 | "WriteRejects" >> beam.Map(_write_rejects, output))
         return (p | "Once" >> beam.Create([None])
                 | "WriteManifest" >> beam.Map(_write_manifest, beam.pvalue.AsList(entries), counts,
-                                              self.output, self.dataset, self.num_shards, self.version))
+                                              self.output, self.dataset, self.num_shards, self.version,
+                                              self.tokenizer))
 
 
 class PrepPipeline(beam.PTransform):

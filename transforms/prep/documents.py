@@ -14,7 +14,8 @@ Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``
   ``(source, row)`` is its **order key**: inside a shard, documents are ordered by
   ``(source, row, doc_id)``.
 - :class:`TokenizedDocument` ``(doc_id, tokens, source, row)``: ``tokens`` is an
-  ``array('I')`` (uint32) ending in exactly one EOS.
+  ``array('I')`` (uint32; the shards hold uint16 when the tokenizer's ids fit) ending in
+  exactly one EOS.
 - :class:`Rejected` ``(path, row, reason, doc_id)``: a row that produced no document, with
   the reason; :data:`EMPTY` is the reason of a document that normalized to nothing.
 
@@ -28,8 +29,9 @@ Rules:
 - **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
   else ``"{relpath}:{row}"`` when the row's file is known; else :func:`content_id`, a hash
   of the row's canonical JSON.
-- **Tokenize** (:func:`encode_document`): o200k_harmony ``encode_ordinary`` (special-token
-  text stays ordinary text), then one EOS (:data:`EOS_TOKEN_ID`).
+- **Tokenize** (:func:`encode_document`): the tokenizer's ordinary encoding (special-token
+  text stays ordinary text; o200k_harmony ``encode_ordinary`` by default, see
+  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's.
 - **Shard** (:func:`shard_of`): ``int(md5(doc_id).hexdigest()[:16], 16) % num_shards``: it
   depends on nothing but the id, never on workers or input splits.
 """
@@ -43,7 +45,7 @@ from array import array
 from typing import NamedTuple
 
 from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
 
 EMPTY = "empty after normalization"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -167,17 +169,18 @@ def normalize_row(record: dict | None, error: str | None, text_field: str | Text
     return Document(doc_id, text, path, row)
 
 
-def encode_document(enc, text: str) -> array:
-    """Tokens of a normalized document (uint32): ``encode_ordinary`` (special-token text
-    stays ordinary text) followed by exactly one EOS."""
-    out = array("I")
-    # encode_to_numpy with no special token allowed or disallowed is encode_ordinary
-    # (tested token for token), returned as one uint32 buffer instead of a list of ints.
-    out.frombytes(memoryview(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())).cast("B"))
-    out.append(EOS_TOKEN_ID)
+def encode_document(tok: Tokenizer, text: str) -> array:
+    """Tokens of a normalized document (uint32): the tokenizer's ordinary encoding
+    (special-token text stays ordinary text) followed by exactly one EOS, the tokenizer's.
+    ``tok``: a :class:`~refinery.transforms.formats.tokenizers.Tokenizer`, or a tiktoken
+    ``Encoding`` (its ``<|endoftext|>`` is the EOS)."""
+    if not isinstance(tok, Tokenizer):
+        tok = wrap_encoding(tok)
+    out = tok.encode(text)
+    out.append(tok.eos_id)
     return out
 
 
-def tokenize_document(enc, doc: Document) -> TokenizedDocument:
+def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
     """THE tokenize step."""
-    return TokenizedDocument(doc.doc_id, encode_document(enc, doc.text), doc.source, doc.row)
+    return TokenizedDocument(doc.doc_id, encode_document(tok, doc.text), doc.source, doc.row)

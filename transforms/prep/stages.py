@@ -1,12 +1,14 @@
-"""prep: corpora -> uint32 token shards (.npy + .idx) with a checksummed manifest.
+"""prep: corpora -> uint32 (or uint16) token shards (.npy + .idx) with a checksummed manifest.
 
 Stages (each resumable, see ``refinery.transforms.core.stages``)::
 
     tokenize  unit = an input slice (a file, or a range of parquet row groups):
-              read rows -> normalize -> o200k_harmony encode_ordinary + EOS -> shard by
+              read rows -> normalize -> the tokenizer's ordinary encoding + EOS (o200k_harmony
+              encode_ordinary by default; ``PrepConfig.tokenizer``) -> shard by
               md5(doc_id) -> one spill per unit, grouped by shard; rejects with reasons
     pack      unit = an output shard: read the shard's rows from every spill in unit
-              (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx
+              (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx, in the
+              tokenizer's dtype (spills hold uint32)
     manifest  one unit: rows accounting, per-shard sha256 -> manifest.json (last),
               rejects/rejects.jsonl
 
@@ -30,7 +32,7 @@ from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parq
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import get_encoding, tokenizer_identity
+from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
 from refinery.transforms.prep.exclusion import Exclusion
@@ -61,6 +63,7 @@ class PrepConfig:
     def text(self) -> TextSpec:
         """Where each row's text comes from: the template when set, else the text field."""
         return TextSpec.from_options(None, self.text_template, self.text_field)
+    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,7 +158,7 @@ class TokenizeStage(Stage):
         return [f.fingerprint() for f in self.cfg.inputs]
 
     def identity(self) -> dict:
-        return tokenizer_identity()
+        return self.cfg.tokenizer.identity()
 
     def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, dict]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
@@ -208,7 +211,7 @@ class TokenizeStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
-        enc = get_encoding()
+        enc = load_tokenizer(cfg.tokenizer)
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         pieces = unit.payload["pieces"]
@@ -451,7 +454,7 @@ class PackStage(Stage):
 
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
         written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths,
-                                     chunks())
+                                     chunks(), dtype=self.cfg.tokenizer.dtype)
         return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -505,7 +508,8 @@ class ManifestStage(Stage):
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
         manifest = shards.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
-            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")), extra=extra)
+            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
+            extra=extra)
         listed = {s[k] for s in entries for k in ("path", "index_path")}
         root = cfg.output.rstrip("/") + "/"
         for stale in shards.shard_files(cfg.output):
@@ -520,7 +524,7 @@ def build_stages(cfg: PrepConfig) -> list[Stage]:
     """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, **cfg.text.identity(),
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
-                           "tokenizer": tokenizer_identity(), "source": cfg.source,
+                           "tokenizer": cfg.tokenizer.identity(), "source": cfg.source,
                            **({"exclude": cfg.exclude.identity()} if cfg.exclude else {})})
     tokenize = TokenizeStage(cfg)
     merge = MergeSpillsStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None

@@ -1,0 +1,289 @@
+"""prep with another tokenizer: a tokenizer.json (trained here, offline) or a tiktoken encoding.
+
+Tokens, EOS, dtype (uint16 when every id fits), the manifest's tokenizer fields, verify/info
+on the output, re-planning on a changed tokenizer and resuming on the same one, and the
+one-line errors of bad ``--tokenizer``/``--eos-token`` values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import gsm8k_texts, run_prep, write_jsonl
+
+from refinery.beam_pipelines.cli import main
+from refinery.transforms.formats import shards, tokenizer, tokenizers
+from refinery.transforms.prep.documents import normalize_text
+
+SPECIAL_TEXT = "a literal <|endoftext|> stays text"
+
+pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
+
+
+def _train(texts: list[str], vocab_size: int, special: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A folder holding a ~500-token byte-level BPE tokenizer.json (EOS ``<|endoftext|>``)."""
+    folder = tmp_path_factory.mktemp("tok")
+    _train(gsm8k_texts(300), 500, ["<|endoftext|>"]).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture
+def docs_corpus(tmp_path) -> tuple[Path, list[str]]:
+    texts = gsm8k_texts(40) + [SPECIAL_TEXT]
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    return tmp_path / "in", texts
+
+
+def _documents(out: Path) -> tuple[list[tuple[int, ...]], set]:
+    """Every document of an output (EOS included) and the NPY dtypes seen."""
+    m = json.loads((out / "manifest.json").read_text())
+    docs, dtypes = [], set()
+    for s in m["shards"]:
+        reader = shards.ShardReader(str(out / s["path"]))
+        dtypes.add(reader.tokens.dtype)
+        docs += [tuple(int(t) for t in reader.document(i)) for i in range(len(reader))]
+    return docs, dtypes
+
+
+def _stage_hashes(out: Path) -> dict:
+    return {s["name"]: s["stage_hash"] for s in json.loads((out / ".refinery/run.json").read_text())["stages"]}
+
+
+def test_tokenizer_json_tokens_dtype_manifest_verify_info(trained, docs_corpus, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    inputs, texts = docs_corpus
+    out = tmp_path / "out"
+    path = trained / "tokenizer.json"
+    assert run_prep([inputs], out, "--num-shards", 2, "--tokenizer", path) == 0
+    ref = Tokenizer.from_file(str(path))
+    eos = ref.token_to_id("<|endoftext|>")
+    want = Counter(tuple(ref.encode(normalize_text(t), add_special_tokens=False).ids) + (eos,)
+                   for t in texts if t != SPECIAL_TEXT)
+    docs, dtypes = _documents(out)
+    assert dtypes == {np.dtype("<u2")}
+    assert Counter(d for d in docs if eos not in d[:-1]) == Counter(docs)  # an EOS ends each document, only there
+    special = [d for d in docs if d not in want]
+    assert Counter(d for d in docs if d in want) == want and len(special) == 1
+    assert ref.decode(list(special[0][:-1])) == SPECIAL_TEXT  # its <|endoftext|> text is not the EOS token
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["tokenizer"], m["tokenizer_kind"], m["dtype"]) == (str(path), "tokenizers", "uint16")
+    assert m["vocab_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (m["eos_token_id"], m["eos_token"], m["vocab_size"]) == (eos, "<|endoftext|>", ref.get_vocab_size())
+    capsys.readouterr()
+    assert main(["verify", str(out), "--checksums"]) == 0
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "uint16" in text and "tokenizers" in text
+    assert main(["inspect", "--manifest", str(out / "manifest.json"), "--all", "--sample", "5"]) == 0
+    assert "decoded: '" in capsys.readouterr().out  # decoded with the manifest's tokenizer
+    # readers take the dtype from the NPY: the loader's token count, an index rebuilt from the manifest's EOS
+    npy = out / m["shards"][0]["path"]
+    assert shards.npy_token_count(str(npy)) == m["shards"][0]["num_tokens"]
+    idx = npy.with_suffix(".idx")
+    before = idx.read_bytes()
+    idx.unlink()
+    assert main(["regenerate-index", str(npy)]) == 0 and idx.read_bytes() == before
+
+
+def test_same_tokenizer_resumes_changed_one_replans(trained, docs_corpus, tmp_path, capsys):
+    inputs, texts = docs_corpus
+    out = tmp_path / "out"
+    tok_dir = tmp_path / "mine"
+    tok_dir.mkdir()
+    (tok_dir / "tokenizer.json").write_bytes((trained / "tokenizer.json").read_bytes())
+    assert run_prep([inputs], out, "--num-shards", 2, "--tokenizer", tok_dir / "tokenizer.json") == 0
+    first = _stage_hashes(out)
+    capsys.readouterr()
+    # the same file named by its folder: the same identity (its sha256), nothing reruns
+    assert run_prep([inputs], out, "--num-shards", 2, "--tokenizer", tok_dir) == 0
+    assert "nothing (all units already done)" in capsys.readouterr().out
+    assert _stage_hashes(out) == first
+    # another tokenizer.json at the same path: a new plan, tokenize reruns
+    _train(gsm8k_texts(300), 400, ["<|endoftext|>"]).save(str(tok_dir / "tokenizer.json"))
+    assert run_prep([inputs], out, "--num-shards", 2, "--tokenizer", tok_dir) == 0
+    again = _stage_hashes(out)
+    assert all(again[k] != first[k] for k in ("tokenize", "pack", "manifest"))
+    assert "tokenize 1" in capsys.readouterr().out
+    assert main(["verify", str(out), "--checksums"]) == 0
+    # and back to the default: another plan again, uint32 shards
+    assert run_prep([inputs], out, "--num-shards", 2) == 0
+    assert _stage_hashes(out)["tokenize"] not in (first["tokenize"], again["tokenize"])
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["dtype"] == "uint32" and "tokenizer_kind" not in m and _documents(out)[1] == {np.dtype("<u4")}
+
+
+def test_eos_from_config_and_override(trained, docs_corpus, tmp_path):
+    inputs, _ = docs_corpus
+    folder = tmp_path / "tok"
+    _train(gsm8k_texts(300), 500, ["<|endoftext|>", "</s>", "<|im_end|>"]).save(str(folder.mkdir() or
+                                                                                    folder / "tokenizer.json"))
+    spec = tokenizers.resolve_tokenizer(str(folder))
+    assert spec.eos_token == "</s>" and spec.dtype == "uint16"  # the first common EOS in the vocab
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
+    spec = tokenizers.resolve_tokenizer(str(folder))
+    assert spec.eos_token == "<|im_end|>" and spec.eos_id == 2
+    assert tokenizers.resolve_tokenizer(str(folder), "<|endoftext|>").eos_id == 0
+    assert tokenizers.resolve_tokenizer(str(folder), "1").eos_token == "</s>"
+    out = tmp_path / "out"
+    assert run_prep([inputs], out, "--num-shards", 1, "--tokenizer", folder, "--eos-token", "</s>") == 0
+    docs, _ = _documents(out)
+    assert all(d[-1] == 1 and 1 not in d[:-1] for d in docs)
+    assert json.loads((out / "manifest.json").read_text())["eos_token_id"] == 1
+    assert main(["verify", str(out), "--checksums"]) == 0
+
+
+def test_cl100k_base_offline(docs_corpus, tmp_path):
+    import tiktoken
+
+    inputs, texts = docs_corpus
+    out = tmp_path / "out"
+    assert run_prep([inputs], out, "--num-shards", 2, "--tokenizer", "cl100k_base") == 0
+    tokenizer.resolve_tiktoken_files("cl100k_base")  # bpe-openai's copy in tiktoken's cache: no network
+    enc = tiktoken.get_encoding("cl100k_base")
+    want = Counter(tuple(enc.encode_ordinary(normalize_text(t))) + (100257,) for t in texts)
+    docs, dtypes = _documents(out)
+    assert Counter(docs) == want and dtypes == {np.dtype("<u4")}
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["tokenizer"], m["tokenizer_kind"], m["eos_token_id"], m["vocab_size"], m["dtype"]) == \
+        ("cl100k_base", "tiktoken", 100257, 100277, "uint32")
+    assert m["vocab_sha256"] == tokenizer.CL100K.sha256
+    assert main(["verify", str(out), "--checksums"]) == 0
+
+
+def test_default_identity_and_manifest_fields_are_unchanged():
+    spec = tokenizers.resolve_tokenizer()
+    assert spec is tokenizers.DEFAULT and spec.identity() == tokenizer.tokenizer_identity()
+    assert tokenizers.resolve_tokenizer("o200k_harmony", "<|endoftext|>") == spec  # its own EOS: the same plan
+    assert spec.manifest_fields() == {"tokenizer": "o200k_harmony", "vocab_sha256": tokenizer.VOCAB_SHA256,
+                                      "vocab_size": 201088, "eos_token_id": 199999, "dtype": "uint32"}
+    other = tokenizers.resolve_tokenizer("o200k_harmony", "<|return|>")
+    assert other.identity() != spec.identity() and other.eos_id == 200002
+
+
+def test_worker_load_checks_the_planned_sha256(trained, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes((trained / "tokenizer.json").read_bytes())
+    spec = tokenizers.resolve_tokenizer(str(path))
+    assert list(tokenizers.load_tokenizer(spec).encode("hello")) != []
+    path.write_bytes(path.read_bytes().replace(b'"hello"', b'"hellp"') + b" ")
+    tokenizers.load_tokenizer.cache_clear()
+    with pytest.raises(tokenizers.TokenizerError, match="planned with"):
+        tokenizers.load_tokenizer(spec)
+
+
+def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
+    from refinery.transforms.core import storage
+
+    def chunks():
+        yield np.array([1, 70000], dtype="<u4").tobytes()
+
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        shards.write_shard(storage.atomic_open, str(tmp_path / "a.npy"), str(tmp_path / "a.idx"), [2], chunks(),
+                           dtype="uint16")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tokenizer", "nope_base"], "unknown tokenizer 'nope_base'"),
+    (["--tokenizer", "missing/tokenizer.json"], "missing/tokenizer.json: not found"),
+    (["--tokenizer", "some-org/some-model"], "hub names are not resolved"),
+    (["--tokenizer", "BAD_JSON"], "not a tokenizers tokenizer.json"),
+    (["--tokenizer", "NO_EOS"], "no EOS token found"),
+    (["--tokenizer", "TRAINED", "--eos-token", "<|nope|>"], "'<|nope|>': not a token of"),
+    (["--tokenizer", "TRAINED", "--eos-token", "99999"], "--eos-token 99999: no token has that id"),
+    (["--tokenizer", "cl100k_base", "--vocab-file", "x.tiktoken"], "--vocab-file is the o200k_base vocab"),
+])
+def test_bad_values_are_one_line_exit_2(args, says, trained, docs_corpus, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": ')
+    no_eos = tmp_path / "no_eos"
+    _train(gsm8k_texts(50), 300, ["<pad>"]).save(str(no_eos.mkdir() or no_eos / "tokenizer.json"))
+    subst = {"BAD_JSON": str(bad), "NO_EOS": str(no_eos), "TRAINED": str(trained)}
+    args = [subst.get(a, a) for a in args]
+    capsys.readouterr()
+    assert run_prep([docs_corpus[0]], tmp_path / "out", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and err[0].startswith("refinery prep: "), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_prep_mixture_checks_the_tokenizer(trained, tmp_path, capsys):
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text("")
+    assert main(["prep-mixture", "--config", str(cfg), "--data-root", str(tmp_path / "d"), "--tokenizer",
+                 str(trained), "--vocab-size", "201088"]) == 2
+    assert "vocab size 500" in capsys.readouterr().err
+
+
+def test_loader_reads_uint16_and_refuses_mixed_tokenizers(trained, docs_corpus, tmp_path):
+    from refinery.transforms.loader.deterministic import _SourceStream, build_plan
+
+    inputs, _ = docs_corpus
+    root = tmp_path / "data"
+    assert run_prep([inputs], root / "alpha" / "train", "--num-shards", 2, "--tokenizer", trained) == 0
+    plan = build_plan(str(root), ["alpha"], [1], "train", seq_len=16)
+    docs = [d for s in json.loads((root / "alpha/train/manifest.json").read_text())["shards"]
+            for d in shards.ShardReader(str(root / "alpha/train" / s["path"]))]
+    stream = np.concatenate(docs).astype(np.int64)
+    assert plan.sources[0].total_tokens == len(stream)
+    assert np.array_equal(_SourceStream(plan.sources[0]).read(0, len(stream)), stream)
+    assert run_prep([inputs], root / "beta" / "train", "--num-shards", 2) == 0  # o200k_harmony
+    with pytest.raises(ValueError, match="tokenized differently"):
+        build_plan(str(root), ["alpha", "beta"], [1, 1], "train", seq_len=16)
+
+
+def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
+    import apache_beam as beam
+
+    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.prep import AssignShard, Normalize, SourceRow, Tokenize, WriteTokenShards
+
+    inputs, _ = docs_corpus
+    cli_out, tf_out = tmp_path / "cli", tmp_path / "tf"
+    assert run_prep([inputs], cli_out, "--num-shards", 2, "--dataset", "s", "--tokenizer", trained) == 0
+    path = str(inputs / "a.jsonl")
+    rows = [SourceRow(path, row, record, "a.jsonl") for row, record, _ in iter_rows(path)]
+    with beam.Pipeline(runner="DirectRunner") as p:
+        docs = p | beam.Create(rows) | Normalize()
+        _ = (docs | Tokenize(str(trained)) | AssignShard(2)
+             | WriteTokenShards(str(tf_out), dataset="s", num_shards=2, tokenizer=str(trained)))
+    shard_files = sorted(q.relative_to(tf_out) for q in tf_out.glob("shard_*/*"))
+    assert shard_files and all((tf_out / q).read_bytes() == (cli_out / q).read_bytes() for q in shard_files)
+    m = json.loads((tf_out / "manifest.json").read_text())
+    assert m["dtype"] == "uint16" and m["tokenizer_kind"] == "tokenizers"
+    assert main(["verify", str(tf_out), "--checksums"]) == 0
+
+
+def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
+    """A gs:// folder: tokenizer.json and the EOS of its tokenizer_config.json, read through storage."""
+    from refinery.transforms.core import storage
+
+    folder = f"{gcs_bucket}/models/tok"
+    storage.atomic_write_bytes(f"{folder}/tokenizer.json", (trained / "tokenizer.json").read_bytes())
+    storage.atomic_write_bytes(f"{folder}/tokenizer_config.json", b'{"eos_token": "<|endoftext|>"}')
+    spec = tokenizers.resolve_tokenizer(folder)
+    assert spec.name == f"{folder}/tokenizer.json" and spec.eos_id == 0
+    assert spec.identity() == tokenizers.resolve_tokenizer(str(trained)).identity()  # the file's sha256, not its path
+    inputs, _ = docs_corpus
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert run_prep([inputs], local, "--num-shards", 2, "--dataset", "s", "--tokenizer", trained) == 0
+    assert run_prep([inputs], remote, "--num-shards", 2, "--dataset", "s", "--tokenizer", folder) == 0
+    assert [p.read_bytes() for p in sorted(remote.glob("shard_*/*"))] == \
+        [p.read_bytes() for p in sorted(local.glob("shard_*/*"))]
