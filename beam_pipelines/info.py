@@ -29,7 +29,7 @@ def run(args, beam_args: list[str]) -> int:
     summary = {k: m.get(k) for k in ("dataset", "version", "tokenizer", "vocab_size", "eos_token_id", "dtype",
                                      "created_at", "num_shards", "total_documents", "total_tokens", "max_tokens",
                                      "plan_hash", "rows")}
-    summary.update({k: m[k] for k in ("tokenizer_kind", "eos_token") if k in m})  # a non-default tokenizer
+    summary.update({k: m[k] for k in ("tokenizer_kind", "eos_token", "excluded_overlaps") if k in m})
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -59,6 +59,9 @@ def readable(m: dict) -> list[tuple[str, str]]:
         parts += [f"{k.replace('_', ' ')} {count(v)}" for k, v in rows.items()
                   if k not in ("read", "accepted", "empty", "rejected", "over_budget")]
         lines.append(("rows", f"read {count(rows.get('read'))} = " + " + ".join(parts)))
+    for run in (m.get("excluded_overlaps") or {}).get("decon_runs", []):
+        lines.append(("excluded", f"rows overlapping at n={run.get('n')} in decon {run.get('path')} "
+                                  f"({count(run.get('listed'))} listed)"))
     docs = [s["num_documents"] for s in m.get("shards", [])]
     toks = [s["num_tokens"] for s in m.get("shards", [])]
     if docs:

@@ -92,6 +92,9 @@ def test_planted_leaks_are_listed_dropped_and_gone(tmp_path, capsys):
     assert run["n"] == 13 and run["listed"] == len(at13) and run["path"] == str((tmp_path / "decon").resolve())
     assert re.search(rf"excluded {len(at13)}\b", said)
     assert main(["verify", str(tmp_path / "clean"), "--checksums"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "clean")]) == 0
+    assert f"rows overlapping at n=13 in decon {(tmp_path / 'decon').resolve()}" in capsys.readouterr().out
 
     # no leak is left: decon of the shards' own text finds nothing at 13
     texts = _shard_texts(tmp_path / "clean")
