@@ -93,7 +93,9 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--tokenizer", default="o200k_harmony", metavar="NAME_OR_PATH",
                      help="a tiktoken encoding (" + ", ".join(TIKTOKEN_FILES) + "; o200k_* and cl100k_base work "
                           "offline, the others only from tiktoken's cache) or a Hugging Face tokenizer.json file or "
-                          "a folder holding one, local or gs:// (default: o200k_harmony). Shards are uint16 when "
+                          "a folder holding one, local or gs://, or a hub model ORG/MODEL[@REVISION] (its "
+                          "tokenizer.json at that revision's commit; default: the current one) (default: "
+                          "o200k_harmony). Shards are uint16 when "
                           "every id fits (vocab <= 65,536), else uint32; the manifest records tokenizer, sha256 of "
                           "its file, vocab size, EOS id and dtype. Another tokenizer (name, or file content) re-plans "
                           "the output; the same one resumes it")

@@ -203,7 +203,6 @@ def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--tokenizer", "nope_base"], "unknown tokenizer 'nope_base'"),
     (["--tokenizer", "missing/tokenizer.json"], "missing/tokenizer.json: not found"),
-    (["--tokenizer", "some-org/some-model"], "hub names are not resolved"),
     (["--tokenizer", "BAD_JSON"], "not a tokenizers tokenizer.json"),
     (["--tokenizer", "NO_EOS"], "no EOS token found"),
     (["--tokenizer", "TRAINED", "--eos-token", "<|nope|>"], "'<|nope|>': not a token of"),
@@ -287,3 +286,34 @@ def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
     assert run_prep([inputs], remote, "--num-shards", 2, "--dataset", "s", "--tokenizer", folder) == 0
     assert [p.read_bytes() for p in sorted(remote.glob("shard_*/*"))] == \
         [p.read_bytes() for p in sorted(local.glob("shard_*/*"))]
+
+
+def test_a_hub_name_is_its_tokenizer_json_at_a_pinned_commit(monkeypatch, capsys, tmp_path, docs_corpus):
+    from refinery.transforms.formats.tokenizers import hub_tokenizer_path
+
+    class Api:
+        asked: list = []
+
+        def model_info(self, name, revision=None):
+            self.asked.append((name, revision))
+            return type("Info", (), {"sha": "ab" * 20})()
+
+    assert hub_tokenizer_path("org/model", Api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
+    assert hub_tokenizer_path("org/model@v2", Api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
+    assert Api.asked == [("org/model", None), ("org/model", "v2")]
+    assert hub_tokenizer_path(f"org/model@{'cd' * 20}", Api()).startswith(f"hf://org/model@{'cd' * 20}/")
+    assert len(Api.asked) == 2  # a full commit sha is taken as it is
+
+
+def test_a_hub_name_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, capsys):
+    import huggingface_hub
+
+    def offline(self, name, revision=None):
+        raise ConnectionError("Failed to resolve 'huggingface.co'\n(more lines)")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", offline)
+    capsys.readouterr()
+    assert run_prep([docs_corpus[0]], tmp_path / "out", "--tokenizer", "some-org/some-model") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tokenizer some-org/some-model: Hugging Face hub: resolving some-org/some-model: " \
+        "ConnectionError: Failed to resolve 'huggingface.co'" in err[0], err

@@ -217,13 +217,36 @@ def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str |
         return _hf_spec(value, eos_token)
     if os.path.exists(value):
         return _hf_spec(os.path.abspath(value), eos_token)
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value) and not value.endswith(".json"):
-        raise TokenizerError(f"{value}: no such file or folder; Hugging Face hub names are not resolved here: "
-                             "download the model's tokenizer.json and pass its path")
+    if HUB_NAME.fullmatch(value) and not value.endswith(".json"):
+        return _hf_spec(hub_tokenizer_path(value), eos_token)
     if value.endswith(".json") or "/" in value or os.sep in value:
         raise TokenizerError(f"{value}: not found (a tokenizer.json or a folder holding one)")
     raise TokenizerError(f"unknown tokenizer {value!r}: not a tiktoken encoding ({', '.join(tk.TIKTOKEN_FILES)}) "
                          "nor a tokenizer.json file or a folder holding one")
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+
+
+def hub_tokenizer_path(value: str, api=None) -> str:
+    """``hf://ORG/MODEL@SHA/tokenizer.json`` for a hub name ``ORG/MODEL[@REVISION]``: the
+    revision (default: the current commit) resolved to its commit sha once, in the driver, so
+    every worker reads the same file and a rerun names the same plan. Raises
+    :class:`TokenizerError` with one line when the hub cannot be reached (no network)."""
+    from refinery.transforms.core.hf import HubError, _hub_call
+
+    name, _, revision = value.partition("@")
+    if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+        sha = revision
+    else:
+        if api is None:
+            from huggingface_hub import HfApi
+            api = HfApi()
+        try:
+            sha = _hub_call(f"resolving {name}", lambda: api.model_info(name, revision=revision or None).sha)
+        except HubError as e:
+            raise TokenizerError(f"--tokenizer {value}: {e}; or pass a local tokenizer.json") from None
+    return f"hf://{name}@{sha}/tokenizer.json"
 
 
 def _tiktoken_spec(name: str, eos_token) -> TokenizerSpec:
