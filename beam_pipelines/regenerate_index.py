@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def manifest_eos(shard: str) -> int:
     """The ``eos_token_id`` of the manifest two folders up from a shard, else o200k_harmony's."""
     from refinery.transforms.core import storage
-    from refinery.transforms.formats.shards import MANIFEST
+    from refinery.transforms.formats.manifests import MANIFEST
 
     try:
         m = storage.read_json(storage.join(storage.dirname(storage.dirname(shard)), MANIFEST))

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def manifest_path(path: str) -> str:
     """A manifest path from a manifest or a prep output folder (whichever the user gave)."""
     from refinery.transforms.core import storage
-    from refinery.transforms.formats.shards import MANIFEST
+    from refinery.transforms.formats.manifests import MANIFEST
 
     path = path.rstrip("/")
     return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
@@ -30,7 +30,7 @@ def manifest_path(path: str) -> str:
 
 def run(args, beam_args: list[str]) -> int:
     from refinery.transforms.core import storage
-    from refinery.transforms.formats.shards import verify_manifest
+    from refinery.transforms.formats.manifests import verify_manifest
 
     path = manifest_path(args.manifest)
     if not storage.exists(path):

@@ -15,7 +15,7 @@ from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.rows import iter_rows
-from refinery.transforms.formats import shards
+from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
 from refinery.transforms.prep import (
     AssignShard,
@@ -201,13 +201,13 @@ def test_one_row_accounting_and_one_manifest_entry_for_sink_and_command(tmp_path
     """WriteTokenShards and prep's manifest stage build rows and entries with the same two
     functions: the accounting refuses counts that do not add up, and an entry is read
     from a receipt, so the sink's and the command's receipts are interchangeable."""
-    rows = shards.row_accounting(read=10, accepted=7, empty=2, rejected=1, written=5)
+    rows = manifests.row_accounting(read=10, accepted=7, empty=2, rejected=1, written=5)
     assert rows == {"read": 10, "accepted": 5, "empty": 2, "rejected": 1, "over_budget": 2}
     with pytest.raises(ValueError, match="do not add up"):
-        shards.row_accounting(read=10, accepted=7, empty=2, rejected=0, written=7)
+        manifests.row_accounting(read=10, accepted=7, empty=2, rejected=0, written=7)
     receipt = {"files": [{"path": "shard_0003/d-v1-shard-000003.idx", "bytes": 24, "sha256": "i" * 64},
                          {"path": "shard_0003/d-v1-shard-000003.npy", "bytes": 200, "sha256": "n" * 64}],
                "stats": {"tokens": 40, "docs": 2}}
-    assert shards.entry_from_receipt(3, receipt) == {
+    assert manifests.entry_from_receipt(3, receipt) == {
         "shard": 3, "path": "shard_0003/d-v1-shard-000003.npy", "index_path": "shard_0003/d-v1-shard-000003.idx",
         "num_tokens": 40, "num_documents": 2, "sha256": "n" * 64, "checksum": "n" * 64, "index_sha256": "i" * 64}

@@ -54,7 +54,7 @@ from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats import shards
+from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer, resolve_tokenizer
 from refinery.transforms.prep.documents import (
     Document,
@@ -400,7 +400,7 @@ class _WriteShardFn(beam.DoFn):
             err = receipt.get("error") or {}
             raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
         (self.skipped if receipt.get("skipped") else self.written).inc()
-        yield shards.entry_from_receipt(shard, receipt)
+        yield manifests.entry_from_receipt(shard, receipt)
 
 
 def _write_rejects(rejected: list[Rejected], output: str) -> dict:
@@ -425,16 +425,16 @@ def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, da
                     version: str, tokenizer: TokenizerSpec) -> str:
     entries = sorted(entries, key=lambda e: e["shard"])
     accepted = sum(e["num_documents"] for e in entries)
-    rows = {} if counts is None else shards.row_accounting(
+    rows = {} if counts is None else manifests.row_accounting(
         read=accepted + counts["empty"] + counts["rejected"], accepted=accepted, empty=counts["empty"],
         rejected=counts["rejected"], written=accepted)
     run = sink_run(output, dataset, num_shards, version, tokenizer)
-    manifest = shards.build_manifest(
+    manifest = manifests.build_manifest(
         dataset=dataset, entries=entries, rows=rows, num_shards=num_shards, version=version, tokenizer=tokenizer,
-        created_at=shards.keep_created_at(storage.join(run.dir, "created_at")),
+        created_at=manifests.keep_created_at(storage.join(run.dir, "created_at")),
         extra={"plan_hash": run.stage_hash, "source": {"writer": "refinery.transforms.prep.WriteTokenShards"}})
-    path = storage.join(output.rstrip("/"), shards.MANIFEST)
-    _write_if_changed(path, shards.manifest_json(manifest))
+    path = storage.join(output.rstrip("/"), manifests.MANIFEST)
+    _write_if_changed(path, manifests.manifest_json(manifest))
     return path
 
 

@@ -31,7 +31,7 @@ from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats import shards
+from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
@@ -497,18 +497,18 @@ class ManifestStage(Stage):
             c = pk.check(u.id)
             if not c.done:
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
-            entries.append(shards.entry_from_receipt(u.payload["shard"], c.receipt))
+            entries.append(manifests.entry_from_receipt(u.payload["shard"], c.receipt))
         written = sum(s["num_documents"] for s in entries)
-        rows = shards.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
+        rows = manifests.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
                                      rejected=counts["rejected"], written=written,
                                      excluded=counts["excluded"] if cfg.exclude else None)
         extra = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
                  "source": cfg.source or {"inputs": len(cfg.inputs)}}
         if cfg.exclude:
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
-        manifest = shards.build_manifest(
+        manifest = manifests.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
-            created_at=shards.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
+            created_at=manifests.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
             extra=extra)
         listed = {s[k] for s in entries for k in ("path", "index_path")}
         root = cfg.output.rstrip("/") + "/"
@@ -516,7 +516,7 @@ class ManifestStage(Stage):
             if stale.startswith(root) and stale[len(root):] not in listed:
                 log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
                 storage.remove(stale, root=cfg.output)
-        ctx.write_bytes(ctx.output_path(shards.MANIFEST), shards.manifest_json(manifest))
+        ctx.write_bytes(ctx.output_path(manifests.MANIFEST), manifests.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
 
