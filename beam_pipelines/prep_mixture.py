@@ -96,7 +96,7 @@ def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
     return storage.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
 
 
-def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokenizer=None):
+def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokenizer=None, encoder: str = "fast"):
     from refinery.transforms.formats.tokenizers import DEFAULT
     from refinery.transforms.prep.stages import PrepConfig
 
@@ -104,7 +104,7 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokeni
                       text_field=plan.source.text_field, text_template=plan.source.text_template,
                       id_field=plan.source.id_field,
                       max_tokens=plan.budget, wave_units=max(2, 2 * workers), source=source_desc,
-                      tokenizer=tokenizer or DEFAULT)
+                      tokenizer=tokenizer or DEFAULT, encoder=encoder)
 
 
 def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None = None, tokenizer=None):
@@ -215,7 +215,7 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
             inputs, desc = resolve_inputs(plan, skipped=skipped)
             if offline and len(offline.unlisted) > unlisted:
                 raise storage.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
-            cfg = prep_config(plan, inputs, desc, args.num_shards, workers, args.tokenizer_spec)
+            cfg = prep_config(plan, inputs, desc, args.num_shards, workers, args.tokenizer_spec, args.encoder)
             status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
             detail = (f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
                       + (f"; {storage.skipped_note(skipped)}" if skipped else ""))

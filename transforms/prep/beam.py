@@ -229,14 +229,14 @@ class Normalize(beam.PTransform):
 
 
 class _TokenizeFn(beam.DoFn):
-    def __init__(self, spec: TokenizerSpec):
-        self.spec = spec
+    def __init__(self, spec: TokenizerSpec, encoder: str = "fast"):
+        self.spec, self.encoder = spec, encoder
         self.tokens = Metrics.counter(NAMESPACE, "tokens")
         self.documents = Metrics.counter(NAMESPACE, "tokenized")
         self.enc = None
 
     def setup(self):
-        self.enc = load_tokenizer(self.spec)  # once per worker process
+        self.enc = load_tokenizer(self.spec, self.encoder)  # once per worker process
 
     def process(self, doc: Document):
         out = tokenize_document(self.enc, doc)
@@ -255,14 +255,18 @@ class Tokenize(beam.PTransform):
     ``tokenizer.json`` path or folder (local or ``gs://``; ``encode(text,
     add_special_tokens=False)``), or a resolved ``TokenizerSpec``. ``eos_token``: a token or an
     id overriding the EOS. Both are resolved when the transform is built (in the driver); a
-    bad value raises ``TokenizerError``."""
+    bad value raises ``TokenizerError``. ``encoder``: ``"fast"`` (bpe-openai's exact encoder
+    where it knows the encoding, tiktoken for what it refuses) or ``"tiktoken"``: the same
+    tokens either way."""
 
-    def __init__(self, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None):
+    def __init__(self, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None,
+                 encoder: str = "fast"):
         super().__init__()
         self.spec = resolve_tokenizer(tokenizer, eos_token)
+        self.encoder = encoder
 
     def expand(self, docs):
-        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn(self.spec))
+        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn(self.spec, self.encoder))
         out.element_type = TokenizedDocument
         return out
 

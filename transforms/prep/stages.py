@@ -64,6 +64,7 @@ class PrepConfig:
         """Where each row's text comes from: the template when set, else the text field."""
         return TextSpec.from_options(None, self.text_template, self.text_field)
     tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
+    encoder: str = "fast"  # "fast": bpe-openai where it knows the encoding (the same tokens); "tiktoken"
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,7 +212,8 @@ class TokenizeStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
-        enc = load_tokenizer(cfg.tokenizer)
+        enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
+        fallbacks = getattr(enc, "fallbacks", None)
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         pieces = unit.payload["pieces"]
@@ -249,6 +251,8 @@ class TokenizeStage(Stage):
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
                  "tokens": tokens_total, "chars": chars, **({"excluded": excluded} if cfg.exclude else {})}
+        if fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
+            stats["encoder_fallbacks"] = enc.fallbacks - fallbacks
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:
