@@ -1,13 +1,15 @@
 """Benchmark: refinery prep against raw tiktoken ``encode_ordinary`` on the same documents.
 
-Builds a JSONL corpus of about ``--mb`` megabytes of GSM8K text (tests/data/gsm8k) in several
-layouts and, in one run, measures:
+Builds a JSONL corpus of about ``--mb`` megabytes in several layouts: GSM8K text
+(tests/data/gsm8k; short English documents), or with ``--corpus web`` web-like text the bench
+generates itself (long documents of prose, other scripts, code, URLs, tables and numbers), and,
+in one run, measures:
 
 1. raw: ``encode_ordinary`` over every (normalized) document already in memory: the ceiling;
 2. ``refinery prep --workers 1`` end to end (start-up, tokenize, pack, manifest), per layout;
 3. ``refinery prep`` with every core (the default local runner), per layout;
 
-and prints tokens/s, the ratios 1 worker / raw (goal >= 0.7) and all cores / 1 worker
+and prints tokens/s, the ratios 1 worker / raw (goal >= 0.8) and all cores / 1 worker
 (goal >= 1.7), and each run's peak RSS (the driver and its workers). ``--rss`` adds a run on
 a quarter of the corpus, to show that peak RSS does not grow with corpus size. ``--scale``
 simulates a run of thousands of tiny tokenize units on an object store (fsspec memory://)
@@ -20,6 +22,7 @@ the medians are printed with their range. Run it with nothing else on the machin
 
     .venv/bin/python bench/prep.py                   # ~200 MB, layouts: 8 files, 16 files, 1 file, 2000 files
     .venv/bin/python bench/prep.py --mb 40 --layouts 8
+    .venv/bin/python bench/prep.py --corpus web --mb 100 --layouts 8 --encoders fast tiktoken
     .venv/bin/python bench/prep.py --scale --units 3000
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -63,6 +67,72 @@ def corpus_texts(mb: float) -> list[str]:
     return texts
 
 
+SCRIPTS = {  # code point ranges of letters of other scripts, for web-like text
+    "cyrillic": (0x430, 0x44F), "greek": (0x3B1, 0x3C9), "arabic": (0x627, 0x64A),
+    "devanagari": (0x915, 0x939), "hangul": (0xAC00, 0xD7A3), "cjk": (0x4E00, 0x9FFF),
+}
+
+
+def web_texts(mb: float, seed: int = 0) -> list[str]:
+    """Web-like documents, deterministic: 1-30 KB each (log-normal), paragraphs of English
+    prose (GSM8K's words reshuffled, with numbers, dates, URLs), lines in six other scripts
+    (CJK and Hangul without spaces), code blocks, lists and tables."""
+    rnd = random.Random(seed)
+    words = []
+    with gzip.open(GSM8K, "rt", encoding="utf-8") as f:
+        for line in f:
+            words += json.loads(line)["question"].split()
+    idents = ["data", "result", "value", "items", "config", "parse", "load", "count", "node", "path", "x", "i"]
+
+    def sentence() -> str:
+        s = " ".join(rnd.choice(words) for _ in range(rnd.randint(6, 28)))
+        if rnd.random() < 0.2:
+            s += f" ({rnd.randint(1, 31)}/{rnd.randint(1, 12)}/{rnd.randint(1990, 2026)}, ${rnd.randint(1, 10**6):,})"
+        if rnd.random() < 0.1:
+            s += (f" https://www.{rnd.choice(idents)}.org/{rnd.choice(idents)}/{rnd.randint(1, 99999)}"
+                  f"?q={rnd.choice(words)}")
+        return s[0].upper() + s[1:] + rnd.choice(".!?")
+
+    def foreign() -> str:
+        lo, hi = SCRIPTS[rnd.choice(list(SCRIPTS))]
+        spaced = hi < 0x4E00 or lo > 0xD7A3
+        tokens = ["".join(chr(rnd.randint(lo, hi)) for _ in range(rnd.randint(2, 9)))
+                  for _ in range(rnd.randint(5, 40))]
+        return (" " if spaced else "").join(tokens) + ("." if spaced else "。")
+
+    def code() -> str:
+        name, arg = rnd.choice(idents), rnd.choice(idents)
+        body = [f"def {name}_{rnd.randint(0, 99)}({arg}, n={rnd.randint(0, 9)}):"]
+        for _ in range(rnd.randint(2, 12)):
+            a, b = rnd.choice(idents), rnd.choice(idents)
+            body.append(rnd.choice([f"    {a} = {b}[{rnd.randint(0, 9)}] + {rnd.random():.3f}",
+                                    f"    if {a} >= {rnd.randint(0, 999)}:\n        return {b}",
+                                    f"    for {a} in range(len({b})):\n        {b}[{a}] *= 2",
+                                    f"    # {' '.join(rnd.choice(words) for _ in range(6))}"]))
+        body.append(f"    return {arg}")
+        return "```python\n" + "\n".join(body) + "\n```"
+
+    def table() -> str:
+        rows = ["| " + " | ".join(rnd.choice(words) for _ in range(4)) + " |" for _ in range(rnd.randint(2, 8))]
+        return "\n".join([rows[0], "|---|---|---|---|", *rows[1:]])
+
+    texts, size = [], 0
+    while size < mb * 1e6:
+        target = min(30_000, max(1_000, int(rnd.lognormvariate(8.5, 0.8))))
+        parts, n = [" ".join(rnd.choice(words) for _ in range(rnd.randint(3, 10))).title()], 0
+        while n < target:
+            kind = rnd.random()
+            part = (" ".join(sentence() for _ in range(rnd.randint(2, 8))) if kind < 0.6 else
+                    foreign() if kind < 0.75 else code() if kind < 0.87 else table() if kind < 0.94 else
+                    "\n".join(f"- {sentence()}" for _ in range(rnd.randint(2, 6))))
+            parts.append(part)
+            n += len(part)
+        text = "\n\n".join(parts)
+        texts.append(text)
+        size += len(text.encode())
+    return texts
+
+
 def write_layout(path: Path, texts: list[str], files: int) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     per = (len(texts) + files - 1) // files
@@ -73,10 +143,10 @@ def write_layout(path: Path, texts: list[str], files: int) -> Path:
     return path
 
 
-def run_prep(corpus: Path, out: Path, workers: int | None) -> tuple[float, float]:
+def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast") -> tuple[float, float]:
     """(seconds end to end, peak RSS in MiB of the driver and its workers) of one prep run."""
     argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "8", "--no-progress",
-            "--dataset", "bench", *(["--workers", str(workers)] if workers else [])]
+            "--dataset", "bench", "--encoder", encoder, *(["--workers", str(workers)] if workers else [])]
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], check=True, capture_output=True, text=True)
     secs = time.perf_counter() - t0
@@ -128,6 +198,10 @@ def simulate_scale(units: int, num_shards: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=200.0, help="corpus size in MB of text (default 200)")
+    ap.add_argument("--corpus", choices=["gsm8k", "web"], default="gsm8k",
+                    help="GSM8K documents (default), or web-like text generated here")
+    ap.add_argument("--encoders", nargs="+", choices=["fast", "tiktoken"], default=["fast"],
+                    help="prep's --encoder for the 1-worker runs (default: fast; the first also runs all cores)")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="FILES",
                     help="input layouts as a number of files (default: 8 16 1 2000)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds per layout; medians and ranges shown (default 3)")
@@ -147,7 +221,7 @@ def main() -> None:
     if load > 0.5:
         print(f"warning: load average {load:.1f}: the machine is busy, the ratios will be off")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
-    texts = corpus_texts(args.mb)
+    texts = corpus_texts(args.mb) if args.corpus == "gsm8k" else web_texts(args.mb)
     enc = get_encoding()
     normalized = [normalize_text(t) for t in texts]
     sample = normalized[::4]  # raw speed is measured on a quarter, right before each run it is compared with
@@ -177,17 +251,23 @@ def main() -> None:
     raw_tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in normalized)
     sample_tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in sample)
     cores = os.cpu_count() or 1
-    print(f"corpus: {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB, "
+    print(f"corpus ({args.corpus}): {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB, "
           f"{raw_tokens:,} tokens; cores: {cores}; {args.repeat} round(s) per layout, medians shown")
     for files in args.layouts:
         corpus = write_layout(work / f"corpus-{files}", texts, int(files))
         rounds = []
         for _ in range(args.repeat):
             raw = raw_tps()  # this machine's speed drifts: each ratio uses the raw figure taken just before
-            s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1)
+            s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1, args.encoders[0])
+            others = []
+            for encoder in args.encoders[1:]:
+                raw_e = raw_tps()
+                s_e, _ = run_prep(corpus, work / f"out-{files}-{encoder}", 1, encoder)
+                others.append(raw_tokens / s_e / raw_e)
+                shutil.rmtree(work / f"out-{files}-{encoder}")
             ceiling = raw_scaling(cores)
-            sn, rssn = run_prep(corpus, work / f"out-{files}-n", None)
-            rounds.append((raw_tokens / s1 / raw, s1 / sn, raw, s1, sn, max(rss1, rssn), ceiling))
+            sn, rssn = run_prep(corpus, work / f"out-{files}-n", None, args.encoders[0])
+            rounds.append((raw_tokens / s1 / raw, s1 / sn, raw, s1, sn, max(rss1, rssn), ceiling, *others))
             m = json.loads((work / f"out-{files}-1" / "manifest.json").read_text())
             assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
             same = all((work / f"out-{files}-1" / s["path"]).read_bytes()
@@ -195,10 +275,13 @@ def main() -> None:
             assert same, "1 worker and all cores wrote different shards"
             for d in (f"out-{files}-1", f"out-{files}-n"):
                 shutil.rmtree(work / d)
-        med = [statistics.median(x[k] for x in rounds) for k in range(7)]
+        med = [statistics.median(x[k] for x in rounds) for k in range(len(rounds[0]))]
         span = lambda k: f"{min(x[k] for x in rounds):.2f}-{max(x[k] for x in rounds):.2f}"  # noqa: E731
         print(f"{files:>5} file(s): raw {med[2]:11,.0f} tokens/s; 1 worker {raw_tokens / med[3]:11,.0f} tokens/s "
-              f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 0.7); {cores} workers "
+              f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 0.8; --encoder {args.encoders[0]}"
+              + "".join(f"; --encoder {e}: {med[7 + i]:.2f} x raw [{span(7 + i)}]"
+                        for i, e in enumerate(args.encoders[1:]))
+              + f"); {cores} workers "
               f"{raw_tokens / med[4]:11,.0f} tokens/s ({med[4]:5.1f}s) = {med[1]:.2f} x 1 worker [{span(1)}] "
               f"(goal >= 1.7; raw encode in {cores} processes scaled {med[6]:.2f} x [{span(6)}] on this machine "
               f"meanwhile); peak RSS {med[5]:.0f} MiB; shards identical: True")
