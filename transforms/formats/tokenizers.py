@@ -165,7 +165,10 @@ class HfTokenizer(Tokenizer):
 # ordinary tokens are o200k_base's: the same ranks and pattern, other special tokens)
 FAST_ENCODINGS = {"o200k_harmony": "o200k_base", "o200k_base": "o200k_base", "cl100k_base": "cl100k_base"}
 ENCODERS = ("fast", "tiktoken")
-# checked at load: the fast encoder is used only if it gives tiktoken's tokens for these
+# checked at load: the fast encoder is used only if it gives tiktoken's tokens for these (the
+# sha256 of their JSON token lists, as tiktoken 0.14 encodes them; tests compare both encoders)
+_PROBE_SHA256 = {"o200k_base": "34ea12200d289670b619da7f259f72518adbae03b8a88b5db8c75c00da5939ff",
+                 "cl100k_base": "00870a9e60baa71e91bbe076af087e9d5d0b15570f8cc272009c0b064a12a235"}
 _PROBES = ("Hello, world! 123 4567 <|endoftext|> ünïcödé 日本語 \U0001F600\n\n\tdef f(x):\n    return x**2",
            "a" * 3000 + " " * 40 + "0123456789" * 30, "don't I'll we've  \r\n  x")
 
@@ -173,12 +176,23 @@ _PROBES = ("Hello, world! 123 4567 <|endoftext|> ünïcödé 日本語 \U0001F60
 class FastTiktokenTokenizer(TiktokenTokenizer):
     """tiktoken's exact tokens from bpe-openai's Rust BPE (GitHub's ``bpe`` crate): about 1.3x
     tiktoken's speed on one core, and linear on long runs without spaces. A document it
-    cannot take (it raises) is encoded by tiktoken instead, counted in ``fallbacks``."""
+    cannot take (it raises) is encoded by tiktoken instead, counted in ``fallbacks``. tiktoken
+    itself (``enc``) is loaded only when needed: a fallback, or ``decode``."""
 
     def __init__(self, spec: TokenizerSpec, enc, fast):
         super().__init__(spec, enc)
         self.fast = fast
         self.fallbacks = 0
+
+    @property
+    def enc(self):
+        if callable(self._enc):
+            self._enc = self._enc()
+        return self._enc
+
+    @enc.setter
+    def enc(self, value) -> None:
+        self._enc = value
 
     def encode(self, text: str) -> array:
         try:
@@ -188,17 +202,39 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
             return super().encode(text)
 
 
-def _fast_backend(spec: TokenizerSpec, enc):
+@functools.lru_cache(maxsize=1)
+def _bpe_bindings():
+    """bpe-openai's Rust extension module, loaded by itself: importing the ``bpe_openai``
+    package first would build its Python tiktoken shims, parsing three vocab files (about a
+    second per process) that the Rust encoder does not use."""
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    package = importlib.util.find_spec("bpe_openai")
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("bpe-openai is not installed")
+    folder = Path(list(package.submodule_search_locations)[0])
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder / f"_bindings{suffix}"
+        if path.exists():
+            loader = importlib.machinery.ExtensionFileLoader("bpe_openai._bindings", str(path))
+            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+            loader.exec_module(module)
+            return module
+    raise ImportError(f"no bpe_openai._bindings extension in {folder}")
+
+
+def _fast_backend(spec: TokenizerSpec):
     """bpe-openai's encoder for ``spec``'s encoding, if installed, known to it and giving
     tiktoken's tokens on :data:`_PROBES`; else None (tiktoken is used)."""
     name = FAST_ENCODINGS.get(spec.name) if spec.kind == "tiktoken" else None
     if name is None:
         return None
     try:
-        from bpe_openai import _bindings
-
-        fast = _bindings.tokenizer_for_encoding(name)
-        if all(list(fast.encode(p)) == enc.encode_ordinary(p) for p in _PROBES):
+        fast = _bpe_bindings().tokenizer_for_encoding(name)
+        tokens = json.dumps([list(fast.encode(p)) for p in _PROBES]).encode()
+        if hashlib.sha256(tokens).hexdigest() == _PROBE_SHA256[name]:
             return fast
     except Exception:  # noqa: BLE001 - no usable fast encoder: tiktoken alone
         pass
@@ -238,9 +274,13 @@ def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
     if encoder not in ENCODERS:
         raise TokenizerError(f"--encoder {encoder!r}: one of {', '.join(ENCODERS)}")
     if spec.kind == "tiktoken":
-        enc = tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
-        fast = _fast_backend(spec, enc) if encoder == "fast" else None
-        return TiktokenTokenizer(spec, enc) if fast is None else FastTiktokenTokenizer(spec, enc, fast)
+        def tiktoken_encoding():
+            return tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
+
+        fast = _fast_backend(spec) if encoder == "fast" else None
+        if fast is None:
+            return TiktokenTokenizer(spec, tiktoken_encoding())
+        return FastTiktokenTokenizer(spec, tiktoken_encoding, fast)  # tiktoken loaded if ever needed
     try:
         data = storage.read_bytes(spec.name)
     except FileNotFoundError:
