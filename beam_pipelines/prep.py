@@ -160,6 +160,7 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import check_name
+    from refinery.transforms.prep.exclusion import UNREAD, load_exclusion
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 
     if bool(args.input) == bool(args.hf_dataset):
@@ -192,7 +193,6 @@ def run(args, beam_args: list[str]) -> int:
         check_text("prep", text, [f.path for f in inputs])
         exclude = None
         if args.exclude_overlaps:
-            from refinery.transforms.prep.exclusion import load_exclusion
             exclude = load_exclusion(args.exclude_overlaps, args.exclude_n)
             exclude.check_inputs(inputs)
         elif args.exclude_n is not None:
@@ -239,7 +239,9 @@ def run(args, beam_args: list[str]) -> int:
     header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
               + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
               + ("" if tokenizer.is_default else f"\n  tokenizer: {tokenizer.describe()}")
-              + "".join(f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
+              + "".join(f"\n  excluding the training rows that {s.output} found overlapping: its drop list is "
+                        f"{s.sha256}" if s.sha256 == UNREAD else
+                        f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
                         for s in (exclude.sources if exclude else []))
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,

@@ -148,3 +148,12 @@ def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(tmp_path, capsys, 
         assert main([*argv, "--dry-run"]) == 0, (command, capsys.readouterr().err)
         output = argv[argv.index("--output") + 1]
         assert f"--dry-run: plan for {output} " in capsys.readouterr().out, command
+
+
+def test_a_dry_run_describes_prep_excluding_a_remote_decon_output(capfd, no_credentials):
+    """--exclude-overlaps gs://...: the drop list is not read in a dry run; the job is described."""
+    assert main([*GS_PREP, *DATAFLOW, "--exclude-overlaps", "gs://my-bucket/decon", "--dry-run"]) == 0
+    out, err = capfd.readouterr()
+    assert "excluding the training rows that gs://my-bucket/decon found overlapping: its drop list is not read " \
+           "(a dry run reads nothing remote)" in out
+    assert out.count("dataflow job for refinery prep") == 1 and "Traceback" not in err

@@ -24,6 +24,7 @@ from refinery.transforms.core import storage
 CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
 TRAIN_FILES = "stats/train_files.jsonl"
 OVERLAP_STATS = "stats/overlap_stats.jsonl"
+UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,10 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
     scanned: dict[str, tuple[int, str, str]] = {}
     for output in outputs:
         output = output.rstrip("/")
+        if storage.offline_state() is not None and storage.is_remote(output):
+            # a dry run reads nothing remote: the job is described without the drop list's rows
+            sources.append(DropSource(output, -1 if n is None else n, UNREAD, 0))
+            continue
         if not storage.exists(storage.join(output, ".SUCCESS")):
             raise storage.InputError(f"--exclude-overlaps {output}: not a finished decon output (no .SUCCESS); "
                                      "run refinery decon to the end first")
