@@ -118,8 +118,9 @@ def resolve_tokenizer_args(args, command: str):
     """(TokenizerSpec, None) or (None, exit code 2 after one line on stderr) for the
     ``--tokenizer``/``--eos-token``/``--vocab-file`` of ``args``."""
     from refinery.beam_pipelines.command import usage_error
+    from refinery.transforms.core import storage
     from refinery.transforms.formats.tokenizer import VocabError
-    from refinery.transforms.formats.tokenizers import TokenizerError, resolve_tokenizer
+    from refinery.transforms.formats.tokenizers import TokenizerError, TokenizerSpec, resolve_tokenizer
 
     if args.vocab_file and args.tokenizer not in ("o200k_harmony", "o200k_base"):
         return None, usage_error(f"refinery {command}: --vocab-file is the o200k_base vocab; "
@@ -128,7 +129,11 @@ def resolve_tokenizer_args(args, command: str):
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     try:
         return resolve_tokenizer(args.tokenizer, args.eos_token), None
-    except (TokenizerError, VocabError) as e:
+    except storage.RemoteNotRead:  # a dry run: the job is described without reading the file
+        print(f"refinery {command}: --tokenizer {args.tokenizer}: not read (a dry run reads nothing remote); "
+              "the job is described with a placeholder for it")
+        return TokenizerSpec("tokenizers", args.tokenizer, "not read (dry run)", 1 << 32, -1, ""), None
+    except (TokenizerError, VocabError, storage.InputError) as e:
         return None, usage_error(f"refinery {command}: {e}")
 
 

@@ -157,3 +157,11 @@ def test_a_dry_run_describes_prep_excluding_a_remote_decon_output(capfd, no_cred
     assert "excluding the training rows that gs://my-bucket/decon found overlapping: its drop list is not read " \
            "(a dry run reads nothing remote)" in out
     assert out.count("dataflow job for refinery prep") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tokenizer", ["gs://my-bucket/llama3/", "some-org/some-model@v1"])
+def test_a_dry_run_does_not_read_a_remote_tokenizer(capfd, no_credentials, tokenizer):
+    assert main([*GS_PREP, *DATAFLOW, "--tokenizer", tokenizer, "--dry-run"]) == 0
+    out, err = capfd.readouterr()
+    assert f"--tokenizer {tokenizer}: not read (a dry run reads nothing remote)" in out
+    assert out.count("dataflow job for refinery prep") == 1 and "Traceback" not in err

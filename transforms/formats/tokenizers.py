@@ -97,6 +97,8 @@ class TokenizerSpec:
 
     def describe(self) -> str:
         """One line for people: ``cl100k_base (tiktoken, vocab 100,277, EOS 100257 '<|endoftext|>', uint32)``."""
+        if self.eos_id < 0:
+            return f"{self.name} ({self.sha256})"
         return (f"{self.name} ({self.kind}, vocab {self.vocab_size:,}, EOS {self.eos_id} {self.eos_token!r}, "
                 f"{self.dtype})")
 
@@ -329,6 +331,8 @@ def hub_tokenizer_path(value: str, api=None) -> str:
     from refinery.transforms.core.hf import HubError, _hub_call
 
     name, _, revision = value.partition("@")
+    if (state := storage.offline_state()) is not None:
+        raise storage.RemoteNotRead(f"{value}: the hub is not asked ({state.reason})")
     if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
         sha = revision
     else:
