@@ -7,6 +7,7 @@ plain prep of the same rows writes.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shlex
@@ -185,5 +186,20 @@ def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
     shown = re.search(r"rows: read .*excluded \d+", readme).group(0)
     assert shown in said  # the README's figure is what the commands print
     manifest = json.loads((tmp_path / "out/clean-loop/manifest.json").read_text())
-    at13 = [d for d in _drop_list(tmp_path / "out/decon-loop") if 13 in d["ns"]]
+    listed = _drop_list(tmp_path / "out/decon-loop")
+    at13 = [d for d in listed if 13 in d["ns"]]
     assert manifest["rows"]["excluded"] == len(at13) > 0
+    # the drop list says what the detail records say, row by row (228 rows, many instances each at n = 5)
+    details: dict = {}
+    with gzip.open(tmp_path / "out/decon-loop/stats/overlap_details.jsonl.gz", "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            assert "same_text" not in d
+            row = details.setdefault((d["train_path"], d["train_row"]), {"doc": d["train_doc_id"], "hits": set()})
+            row["hits"].add((d["eval_dataset"], d["n"], d["instance_id"]))
+    assert len(listed) == len(details) > 100
+    for d in listed:
+        want = details[(d["train_path"], d["train_row"])]
+        assert d["train_doc_id"] == want["doc"]
+        assert {(o["eval_dataset"], o["n"], i) for o in d["overlaps"] for i in o["instance_ids"]} == want["hits"]
+        assert d["ns"] == sorted({n for _, n, _ in want["hits"]})

@@ -117,19 +117,19 @@ def contaminated_jsonl(parts: Iterable[dict], eval_rows: list[EvalRow]) -> bytes
     quoted = [_quote(i) for i in ids.tolist()]
     paths: dict[str, int] = {}
     keys: dict[tuple[str, int], int] = {}
-    row_chunks, code_chunks, docs = [], [], {}
+    row_chunks, code_chunks, doc_rows, doc_ids = [], [], [], []
     for part in parts:
         if not part.get("paths"):
             continue
         pmap = np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64)
         kmap = np.array([keys.setdefault((ds, int(n)), len(keys)) for ds, n in part["keys"]], dtype=np.int64)
         rows = np.frombuffer(part["rows"], dtype="<i8").reshape(-1, 2)
+        rows = np.stack([pmap[rows[:, 0]], rows[:, 1]], axis=1)
         codes = np.frombuffer(part["codes"], dtype="<i8")
-        per_row = np.repeat(np.arange(len(rows)), np.diff(np.frombuffer(part["starts"], dtype="<i8")))
-        row_chunks.append(np.stack([pmap[rows[per_row, 0]], rows[per_row, 1]], axis=1))
+        row_chunks.append(np.repeat(rows, np.diff(np.frombuffer(part["starts"], dtype="<i8")), axis=0))
         code_chunks.append(np.stack([kmap[codes // e], id_of[codes % e]], axis=1))
-        for (p, r), doc in zip(rows.tolist(), part["docs"]):
-            docs.setdefault((part["paths"][p], r), doc)
+        doc_rows.append(rows)
+        doc_ids += part["docs"]
     if not row_chunks:
         return b""
     names, key_list = list(paths), list(keys)
@@ -140,24 +140,29 @@ def contaminated_jsonl(parts: Iterable[dict], eval_rows: list[EvalRow]) -> bytes
     rows, codes = rows[order], codes[order]
     keep = _distinct(rows[:, 0], rows[:, 1], codes[:, 0], codes[:, 1])
     rows, codes = rows[keep], codes[keep]
-    row_bounds = np.append(_distinct(rows[:, 0], rows[:, 1]), len(codes)).tolist()
-    group_starts = _distinct(rows[:, 0], rows[:, 1], codes[:, 0]).tolist()  # one per (row, eval dataset and n)
+    row_starts = _distinct(rows[:, 0], rows[:, 1])
+    group_starts = _distinct(rows[:, 0], rows[:, 1], codes[:, 0])  # one per (row, eval dataset and n)
+    # each distinct row's doc id: from the first partition that listed it
+    all_rows = np.concatenate(doc_rows)
+    width = int(max(all_rows[:, 1].max(), rows[:, 1].max())) + 1
+    listed, first = np.unique(all_rows[:, 0] * width + all_rows[:, 1], return_index=True)
+    doc_of = first[np.searchsorted(listed, rows[row_starts, 0] * width + rows[row_starts, 1])].tolist()
+    # one string per (row, eval dataset and n) group, then one line per row
     heads = [f'{{"eval_dataset": {_quote(ds)}, "n": {n}, "instance_ids": [' for ds, n in key_list]
-    id_list, key_of = codes[:, 1].tolist(), codes[:, 0].tolist()
+    id_list = codes[:, 1].tolist()
+    group_key = codes[group_starts, 0].tolist()
+    g_bounds = np.append(group_starts, len(codes)).tolist()
+    groups = [heads[k] + ", ".join([quoted[i] for i in id_list[s:t]]) + "]}"
+              for k, s, t in zip(group_key, g_bounds[:-1], g_bounds[1:])]
+    row_groups = np.append(np.searchsorted(group_starts, row_starts), len(group_starts)).tolist()
+    n_of = [n for _, n in key_list]
     quoted_names = [_quote(p) for p in names]
     out: list[str] = []
-    g = 0
-    for a, b in zip(row_bounds[:-1], row_bounds[1:]):
-        p, r = int(rows[a, 0]), int(rows[a, 1])
-        groups = []
-        while g < len(group_starts) and group_starts[g] < b:
-            groups.append(group_starts[g])
-            g += 1
-        ends = groups[1:] + [b]
-        ns = sorted({key_list[key_of[s]][1] for s in groups})
-        overlaps = ", ".join(heads[key_of[s]] + ", ".join([quoted[i] for i in id_list[s:t]]) + "]}"
-                             for s, t in zip(groups, ends))
+    for k, (a, b) in enumerate(zip(row_groups[:-1], row_groups[1:])):
+        s = int(row_starts[k])
+        p, r = int(rows[s, 0]), int(rows[s, 1])
+        ns = sorted({n_of[key] for key in group_key[a:b]})
         out.append(f'{{"train_path": {quoted_names[p]}, "train_row": {r}, '
-                   f'"train_doc_id": {_quote(docs[(names[p], r)])}, "ns": [{", ".join(map(str, ns))}], '
-                   f'"overlaps": [{overlaps}]}}\n')
+                   f'"train_doc_id": {_quote(doc_ids[doc_of[k]])}, "ns": [{", ".join(map(str, ns))}], '
+                   f'"overlaps": [{", ".join(groups[a:b])}]}}\n')
     return "".join(out).encode("utf-8", JSON_ERRORS)
