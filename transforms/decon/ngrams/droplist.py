@@ -18,7 +18,6 @@ import numpy as np
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
 from .index import EvalRow
-from .tokenizers import configured_ns
 
 
 def _quote(s: str) -> str:
@@ -62,10 +61,12 @@ class RowHits:
         self.doc.append(at + (len(self.doc_ids) << 32))
         self.doc_ids.append(doc_ids)
 
-    def result(self, records: list[list], eval_rows: list[EvalRow], ns: list[int]) -> dict:
+    def result(self, keys_of: dict[int, dict[tuple[str, int], list[int]]], num_eval_rows: int) -> dict:
         """The partition's share: its rows with an overlap (path index, row), each row's doc id,
-        and per row the sorted codes ``key * len(eval_rows) + eval row`` (key: an index into
-        ``keys``, the (eval dataset, n) pairs), as arrays of little-endian int64."""
+        and per row the sorted codes ``key * num_eval_rows + eval row`` (key: an index into
+        ``keys``, the (eval dataset, n) pairs), as arrays of little-endian int64. ``keys_of``:
+        each hit record's eval rows by (eval dataset, configured n), as the reduce unit built
+        them for its per-file stats."""
         if not sum(len(r) for r in self.rec):
             return dict(_EMPTY)
         path, row, rec, doc = (np.concatenate(a) for a in (self.path, self.row, self.rec, self.doc))
@@ -74,11 +75,10 @@ class RowHits:
         keys: dict[tuple[str, int], int] = {}
         lists = []
         for r in urec.tolist():
-            n_rec, codes = records[r][0], set()
-            for eval_idx, _ in records[r][3]:
-                er = eval_rows[eval_idx]
-                for n in configured_ns(ns, er.num_tokens, n_rec):
-                    codes.add(keys.setdefault((er.eval_dataset, n), len(keys)) * len(eval_rows) + eval_idx)
+            codes = set()
+            for key, evals in keys_of[r].items():
+                base = keys.setdefault(key, len(keys)) * num_eval_rows
+                codes.update([base + i for i in evals])
             lists.append(sorted(codes))
         count = np.array([len(c) for c in lists], dtype=np.int64)
         flat = np.array([c for codes in lists for c in codes], dtype=np.int64)

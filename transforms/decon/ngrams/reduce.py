@@ -351,7 +351,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
-            "train_rows": row_hits.result(records, eval_rows, ns),
+            "train_rows": row_hits.result(keys_of, len(eval_rows)),
             "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
 
 
