@@ -74,8 +74,9 @@ class Exclusion:
                                 "listed": s.listed} for s in self.sources]}
 
 
-def _jsonl(path: str) -> list[dict]:
-    data = storage.read_bytes(path)
+def _jsonl(path: str, data: bytes | None = None) -> list[dict]:
+    """The JSON lines of ``path`` (its bytes ``data`` when already read)."""
+    data = storage.read_bytes(path) if data is None else data
     out = []
     for i, line in enumerate(data.splitlines(), 1):
         if line.strip():
@@ -120,7 +121,8 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
             by_given[f["train_path"]] = f["resolved"]
             scanned.setdefault(f["resolved"], (int(f["size"]), str(f["version"]), output))
         listed = 0
-        for i, doc in enumerate(_jsonl(docs_path), 1):
+        data = storage.read_bytes(docs_path)  # read once: parsed and hashed
+        for i, doc in enumerate(_jsonl(docs_path, data), 1):
             try:
                 if at not in doc["ns"]:
                     continue
@@ -129,6 +131,6 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
             except (KeyError, TypeError, ValueError) as e:
                 raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
             listed += 1
-        sha = hashlib.sha256(storage.read_bytes(docs_path)).hexdigest()
+        sha = hashlib.sha256(data).hexdigest()
         sources.append(DropSource(storage.resolved(output), at, sha, listed))
     return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned)

@@ -3,7 +3,7 @@
 A reduce unit sees its partition's hits as blocks of (training row, n-gram record) pairs;
 :class:`RowHits` keeps them as arrays while the blocks stream by, and :meth:`RowHits.result`
 turns them into the partition's share (msgpack-able: arrays as bytes). The run's merge joins
-the partitions' shares (:func:`contaminated_docs`): one line per training row with an
+the partitions' shares (:func:`contaminated_jsonl`): one line per training row with an
 overlap, for ``stats/contaminated_train_docs.jsonl``. The work is done on numpy arrays of
 (training row, eval dataset and n, eval row) codes, never per hit in Python: a hit-dense
 corpus has millions of hits.
