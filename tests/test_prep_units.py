@@ -12,9 +12,18 @@ import pytest
 from refinery.transforms.core import receipts, rows, stages, storage
 from refinery.transforms.core.receipts import check_receipt
 from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit
+from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import shards, tokenizer
 from refinery.transforms.prep import spill
-from refinery.transforms.prep.documents import doc_id_for, encode_document, extract_text, normalize_text, shard_of
+from refinery.transforms.prep.documents import (
+    doc_id_for,
+    encode_document,
+    extract_text,
+    normalize_row,
+    normalize_text,
+    row_normalizer,
+    shard_of,
+)
 from refinery.transforms.prep.stages import included_units, parse_token_count
 
 # --- tokenizer -------------------------------------------------------------------------
@@ -95,6 +104,27 @@ def test_doc_id_and_shard():
     assert doc_id_for({"text": "x", "b": 1}, "id", None, None) == "sha256:4fb4086135469d26aae08793e0368464"
     counts = np.bincount([shard_of(f"d{i}", 8) for i in range(8000)], minlength=8)
     assert counts.min() > 850  # spread evenly
+
+
+ROWS = [  # (record, error): what a reader yields, every path of the normalize rule
+    ({"id": "a", "text": "  plain ASCII  \n"}, None), ({"id": 7, "text": "x"}, None), ({"id": None, "text": "y"}, None),
+    ({"text": "no id"}, None), ({"id": "b", "text": "   "}, None), ({"id": "c", "text": ""}, None),
+    ({"id": "d", "text": "ctl\x07 and \r\n ends\r"}, None), ({"id": "e", "text": "tab\there\x7f"}, None),
+    ({"id": "f", "text": "Cafe\u0301 \u00e9t\u00e9 \x85 \u4e2d\u6587"}, None), ({"id": "g", "text": "a\ud800b"}, None),
+    ({"id": "h", "text": 3}, None), ({"id": "i", "body": "x"}, None), ({"id": "j", "text": None}, None),
+    ({"id": "k", "text": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, None),
+    ({"id": "l", "text": [{"role": "user"}]}, None), (None, "malformed JSON: Expecting value at column 1"),
+    ({"id": "m", "text": "q", "answer": "a"}, None), ({"id": 1.5, "text": "\u00a0nbsp\u00a0"}, None),
+]
+
+
+@pytest.mark.parametrize("spec", ["text", TextSpec(template="{text}\n\n{answer}")])
+def test_row_normalizer_is_normalize_row(spec):
+    normalize = row_normalizer(spec, "id")
+    for row, (record, error) in enumerate(ROWS):
+        for relpath in ("sub/a.jsonl", None):
+            assert normalize(record, error, "/in/a.jsonl", row, relpath) \
+                == normalize_row(record, error, spec, "id", "/in/a.jsonl", row, relpath), (record, relpath)
 
 
 def test_extract_text_reasons():
@@ -231,6 +261,28 @@ def test_spill_round_trip_bounded_runs():
         got = b"".join(spill.iter_token_chunks(buf, spill.contiguous_ranges(rows), chunk_tokens=7))
         want = b"".join(t.astype("<u4").tobytes() for s, t in docs if s == shard)
         assert got == want
+
+
+def test_spill_writer_takes_arrays_numpy_and_lists_alike():
+    from array import array
+
+    rng = np.random.default_rng(1)
+    docs = [(int(rng.integers(0, 5)), [int(x) for x in rng.integers(0, 200_000, size=int(rng.integers(1, 30)))])
+            for _ in range(100)]
+    written = []
+    for kind in (lambda t: array("I", t), lambda t: np.array(t, np.uint32), lambda t: np.array(t, np.int64),
+                 lambda t: np.array(t, ">u4"), list):
+        buf = io.BytesIO()
+        w = spill.SpillWriter(buf, run_tokens=200)
+        for s, t in docs:
+            w.add(s, kind(t))
+        table = w.close()
+        written.append((buf.getvalue(), table.tobytes()))
+    assert all(w == written[0] for w in written)
+    tokens = np.frombuffer(written[0][0], "<u4")
+    table = np.frombuffer(written[0][1], spill.DOC_DTYPE)
+    for (s, t), row in zip(docs, table):  # the table in input order, each document where it says
+        assert row["shard"] == s and tokens[row["offset"]:row["offset"] + row["length"]].tolist() == t
 
 
 def test_npy_header_matches_numpy_save():

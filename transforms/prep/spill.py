@@ -18,6 +18,7 @@ Three files per unit (none ends in ``.npy``: only shards may):
 """
 from __future__ import annotations
 
+from array import array
 from typing import IO, Iterator
 
 import numpy as np
@@ -29,14 +30,20 @@ READ_CHUNK_TOKENS = 1 << 22
 
 
 class SpillWriter:
-    """Accumulates documents for one unit; ``close()`` returns the documents table."""
+    """Accumulates documents for one unit; ``close()`` returns the documents table.
+
+    A run is held as one byte buffer per shard (a document's tokens are appended to its
+    shard's buffer as it comes) and two small arrays (shard and length per document, in
+    input order), so a flush writes each shard's bytes once, with no per-document work."""
 
     def __init__(self, tokens_out: IO[bytes], run_tokens: int = 1 << 24):
         self._out = tokens_out
         self._run_tokens = run_tokens
         self._written = 0                      # tokens already flushed
         self._buffered = 0                     # tokens in the current run
-        self._pending: list[tuple[int, np.ndarray]] = []  # (shard, tokens) in input order
+        self._runs: dict[int, bytearray] = {}  # shard -> its tokens in this run, in input order
+        self._shards = array("I")              # per document of the run, in input order
+        self._lengths = array("I")
         self._ends: list[int] = []             # given input positions (a merge), else empty
         self._tables: list[np.ndarray] = []
         self._cum = 0
@@ -47,18 +54,24 @@ class SpillWriter:
         every document must be given one, and those of a shard must come in input order."""
         if cum_end is not None:
             self._ends.append(cum_end)
-        self._pending.append((shard, tokens))
-        self._buffered += len(tokens)
+        run = self._runs.get(shard)
+        if run is None:
+            run = self._runs[shard] = bytearray()
+        run += _le_u32(tokens)
+        n = len(tokens)
+        self._shards.append(shard)
+        self._lengths.append(n)
+        self._buffered += n
         if self._buffered >= self._run_tokens:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._pending:
+        if not self._shards:
             return
-        n = len(self._pending)
+        n = len(self._shards)
         table = np.zeros(n, DOC_DTYPE)
-        table["shard"] = [s for s, _ in self._pending]
-        table["length"] = [len(t) for _, t in self._pending]
+        table["shard"] = np.frombuffer(self._shards, np.uint32)
+        table["length"] = np.frombuffer(self._lengths, np.uint32)
         if self._ends:
             table["cum_end"] = self._ends
             self._ends = []
@@ -69,14 +82,28 @@ class SpillWriter:
         starts = np.zeros(n, np.uint64)
         starts[order] = self._written + np.concatenate(([0], np.cumsum(table["length"][order], dtype=np.uint64)[:-1]))
         table["offset"] = starts
-        self._out.write(b"".join([u32_bytes(self._pending[i][1]) for i in order]))  # one write per run
+        for shard in sorted(self._runs):  # shards in ascending order, each one's documents in input order
+            self._out.write(self._runs[shard])
         self._written += self._buffered
         self._tables.append(table)
-        self._pending, self._buffered = [], 0
+        self._runs, self._shards, self._lengths, self._buffered = {}, array("I"), array("I"), 0
 
     def close(self) -> np.ndarray:
         self._flush()
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
+
+
+def _le_u32(tokens):
+    """``tokens`` as little-endian uint32 bytes: the object itself where its buffer already is."""
+    if isinstance(tokens, array):
+        if np.little_endian and tokens.itemsize == 4 and tokens.typecode in "IL":
+            return tokens
+    elif isinstance(tokens, np.ndarray) and tokens.dtype == _LE_U32 and tokens.flags.c_contiguous:
+        return memoryview(tokens).cast("B")  # (bytearray += ndarray would be numpy's addition)
+    return u32_bytes(tokens)
+
+
+_LE_U32 = np.dtype("<u4")
 
 
 def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,7 @@ from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
 from refinery.transforms.prep import spill
-from refinery.transforms.prep.documents import Rejected, encode_document, normalize_row, shard_of
+from refinery.transforms.prep.documents import Rejected, encode_document, row_normalizer, shard_of
 from refinery.transforms.prep.exclusion import Exclusion
 
 log = logging.getLogger("refinery")
@@ -216,12 +216,14 @@ class TokenizeStage(Stage):
         fallbacks = getattr(enc, "fallbacks", None)
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
+        normalize = row_normalizer(text, id_field)
         pieces = unit.payload["pieces"]
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
             writer = spill.SpillWriter(tokens_out)
+            add = writer.add
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
                 columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
@@ -233,7 +235,7 @@ class TokenizeStage(Stage):
                     if drop and row_base + row in drop:
                         excluded += 1
                         continue
-                    doc = normalize_row(record, error, text, id_field, path, row_base + row, relpath)
+                    doc = normalize(record, error, path, row_base + row, relpath)
                     if type(doc) is Rejected:
                         if doc.empty:
                             empty += 1
@@ -242,7 +244,7 @@ class TokenizeStage(Stage):
                             rejects_out.write(json_line(doc.to_json(), sort_keys=True))
                         continue
                     tokens = encode_document(enc, doc.text)
-                    writer.add(shard_of(doc.doc_id, num_shards), tokens)
+                    add(shard_of(doc.doc_id, num_shards), tokens)
                     accepted += 1
                     tokens_total += len(tokens)
                     chars += len(doc.text)
