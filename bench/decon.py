@@ -17,7 +17,9 @@ loaded; the refinery run's process). Every baseline and refinery run is timed in
 process of its own (one run's heap does not slow the next); Beam's import, once per
 process, is done before timing and printed apart.
 
-    .venv/bin/python bench/decon.py [--copies 12] [--dense-copies 12] [--ngrams 5 9 13] [--scale]
+    .venv/bin/python bench/decon.py [--copies 12] [--dense-copies 12] [--ngrams 5 9 13] [--repeat 3] [--scale]
+
+Each figure is the median of ``--repeat`` rounds, with the range of the ratios.
 
 ``--scale`` also measures the scan alone against a synthetic eval set of about 1M test
 n-grams (throughput should not depend on the number of eval n-grams).
@@ -35,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
+from statistics import median
 
 from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
@@ -114,10 +118,14 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tup
         if dp.endswith("receipts"):
             receipts += [json.load(open(os.path.join(dp, f))) for f in fs if f.endswith(".json")]
     scan = [r for r in receipts if r["stage"] == "scan"]
+    stage_seconds: dict[str, float] = {}  # wall seconds of each stage's units (one worker: they run one at a time)
+    for r in receipts:
+        took = datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])
+        stage_seconds[r["stage"]] = stage_seconds.get(r["stage"], 0.0) + took.total_seconds()
     catalog = [r for r in receipts if r["stage"] == "index" and r["unit"] == "catalog"][0]
     sizes = {name: os.path.getsize(os.path.join(out, "stats", name))
              for name in ("overlap_details.jsonl.gz", "overlap_instances.jsonl.gz", "report.html")}
-    return ids, cpu, {"scan_cpu_seconds": sum(r["stats"]["cpu_seconds"] for r in scan),
+    return ids, cpu, {"scan_cpu_seconds": sum(r["stats"]["cpu_seconds"] for r in scan), "stage_seconds": stage_seconds,
                       "scan_units": len(scan), "catalog": catalog["stats"], "sizes": sizes,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -171,6 +179,12 @@ def synthetic_eval(path: str, target_ngrams: int, ns: list[int], seed: int = 1) 
             f.write(json.dumps({"text": " ".join(rnd.choice(words) for _ in range(60)), "id": f"s{i}"}) + "\n")
 
 
+def span(rounds: list, ratio) -> str:
+    """``[lo-hi]`` of a ratio over the rounds."""
+    values = [ratio(r) for r in rounds]
+    return f"[{min(values):.1f}-{max(values):.1f}]"
+
+
 def sets_line(same: bool, ids: dict, ns: list[int]) -> str:
     return f"identical instance sets: {same}  " + ", ".join(f"n={n}: {len(ids[('gsm8k', n)])}" for n in ns)
 
@@ -181,6 +195,7 @@ def main() -> int:
     ap.add_argument("--dense-copies", type=int, default=12, help="copies of GSM8K train in the dense-hits corpus")
     ap.add_argument("--ngrams", type=int, nargs="+", default=[5, 9, 13])
     ap.add_argument("--scale", action="store_true", help="also scan against ~1M synthetic test n-grams")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of the sparse and dense runs (default 3)")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="decon-bench-")
@@ -198,16 +213,22 @@ def main() -> int:
     # sparse hits: the scan stage against the baseline
     sparse_file = os.path.join(work, "sparse", "docs.jsonl")
     mb = sparse_mb = write_jsonl(sparse_file, sparse_training(a.copies))
-    ref_ids, ref_s = fresh(run_reference, eval_q, sparse_file, a.ngrams)
     out = os.path.join(work, "out-sparse")
-    ids, cpu, info = fresh(run_refinery, eval_q, os.path.dirname(sparse_file), out, a.ngrams)
-    same_all &= ids == ref_ids
-    scan_s = info["scan_cpu_seconds"]
-    print(f"\nsparse hits: {mb:.1f} MB ({a.copies} x GSM8K train, test questions planted); eval: 1,319 questions")
+    rounds = []
+    for _ in range(a.repeat):  # each round: the baseline, then refinery, each in a fresh process
+        ref_ids, ref_s = fresh(run_reference, eval_q, sparse_file, a.ngrams)
+        ids, cpu, info = fresh(run_refinery, eval_q, os.path.dirname(sparse_file), out, a.ngrams)
+        same_all &= ids == ref_ids
+        rounds.append((ref_s, info["scan_cpu_seconds"], cpu))
+    ref_s, scan_s, cpu = (median(r[k] for r in rounds) for k in range(3))
+    print(f"\nsparse hits: {mb:.1f} MB ({a.copies} x GSM8K train, test questions planted); eval: 1,319 questions; "
+          f"{a.repeat} round(s), medians [ranges]")
     print(f"  baseline (dict, pure Python) : {ref_s:7.2f} s  {mb / ref_s:7.1f} MB/s")
-    print(f"  refinery scan stage          : {scan_s:7.2f} s  {mb / scan_s:7.1f} MB/s   ratio {ref_s / scan_s:5.1f}x"
-          f"  ({info['scan_units']} unit(s))")
-    print(f"  refinery end to end          : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio {ref_s / cpu:5.1f}x")
+    print(f"  refinery scan stage          : {scan_s:7.2f} s  {mb / scan_s:7.1f} MB/s   ratio "
+          f"{median(r[0] / r[1] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[1])}  "
+          f"({info['scan_units']} unit(s))")
+    print(f"  refinery end to end          : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio "
+          f"{median(r[0] / r[2] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[2])}")
     print(f"  {sets_line(ids == ref_ids, ids, a.ngrams)}")
     cat = info["catalog"]
     print(f"  side input: {cat['test_ngrams']:,} test n-grams; membership file "
@@ -222,15 +243,25 @@ def main() -> int:
     dense_file = os.path.join(work, "dense", "docs.jsonl")
     train = [r["question"] + "\n" + r["answer"] for r in gsm8k_rows("train")]
     mb = write_jsonl(dense_file, train * a.dense_copies)
-    ref_ids, ref_s = fresh(run_reference, eval_qa, dense_file, a.ngrams)
     out = os.path.join(work, "out-dense")
-    ids, cpu, info = fresh(run_refinery, eval_qa, os.path.dirname(dense_file), out, a.ngrams)
-    same_all &= ids == ref_ids
+    rounds = []
+    for _ in range(a.repeat):
+        ref_ids, ref_s = fresh(run_reference, eval_qa, dense_file, a.ngrams)
+        ids, cpu, info = fresh(run_refinery, eval_qa, os.path.dirname(dense_file), out, a.ngrams)
+        same_all &= ids == ref_ids
+        st = info["stage_seconds"]
+        rounds.append((ref_s, cpu, st["scan"] + st["reduce"] + st["merge"], st["index"]))
+    ref_s, cpu, hit_path, index_s = (median(r[k] for r in rounds) for k in range(4))
     sz = info["sizes"]
-    print(f"\ndense hits: {mb:.1f} MB ({a.dense_copies} x GSM8K train); eval: 1,319 test questions + answers")
+    print(f"\ndense hits: {mb:.1f} MB ({a.dense_copies} x GSM8K train); eval: 1,319 test questions + answers; "
+          f"{a.repeat} round(s), medians [ranges]")
     print(f"  baseline (dict, pure Python) : {ref_s:7.2f} s  {mb / ref_s:7.1f} MB/s")
-    print(f"  refinery end to end          : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio {ref_s / cpu:5.1f}x"
-          f"  (details included; scan stage {info['scan_cpu_seconds']:.2f} s)")
+    print(f"  refinery end to end          : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio "
+          f"{median(r[0] / r[1] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[1])}  "
+          f"(details included; scan stage {info['scan_cpu_seconds']:.2f} s)")
+    print(f"  refinery scan + reduce + details (merge), start-up and index excluded: {hit_path:5.2f} s   ratio "
+          f"{median(r[0] / r[2] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[2])} (goal >= 5); "
+          f"index {index_s:.2f} s; by stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(st.items())))
     print(f"  {sets_line(ids == ref_ids, ids, a.ngrams)}")
     print(f"  details: overlap_details.jsonl.gz {sz['overlap_details.jsonl.gz'] / 1e6:.1f} MB + "
           f"overlap_instances.jsonl.gz {sz['overlap_instances.jsonl.gz'] / 1e6:.2f} MB for {mb:.1f} MB of training "
