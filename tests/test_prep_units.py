@@ -115,6 +115,9 @@ ROWS = [  # (record, error): what a reader yields, every path of the normalize r
     ({"id": "k", "text": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, None),
     ({"id": "l", "text": [{"role": "user"}]}, None), (None, "malformed JSON: Expecting value at column 1"),
     ({"id": "m", "text": "q", "answer": "a"}, None), ({"id": 1.5, "text": "\u00a0nbsp\u00a0"}, None),
+    ({"id": "n", "text": " Cafe\u0301 na\u0308ive \u4e2d\u6587\n\tx "}, None),  # clean, not NFC
+    ({"id": "o", "text": "\u00e9t\u00e9 \ud55c\uad6d\uc5b4"}, None), ({"id": "p", "text": "\u00e9\r\nx\r"}, None),
+    ({"id": "q", "text": "\u00e9\x00\x9f"}, None), ({"id": "r", "text": "\u2003\u00e9\u3000"}, None),
 ]
 
 
@@ -125,6 +128,21 @@ def test_row_normalizer_is_normalize_row(spec):
         for relpath in ("sub/a.jsonl", None):
             assert normalize(record, error, "/in/a.jsonl", row, relpath) \
                 == normalize_row(record, error, spec, "id", "/in/a.jsonl", row, relpath), (record, relpath)
+
+
+def test_row_normalizer_is_normalize_row_on_seeded_fuzz():
+    import random
+
+    rnd = random.Random(7)
+    alphabet = ["a", "Z", " ", "\n", "\t", "\r", "\x00", "\x1f", "\x7f", "\x85", "\x9f", "\u00a0", "\u0301", "e",
+                "\u00e9", "\u1100", "\u1161", "\uac00", "\u4e2d", "\u3000", "\u2028", "\ud800", "\udfff",
+                "\U0001f600", "\u212b", "\ufb01", "\u0958"]
+    normalize = row_normalizer("text", "id")
+    for row in range(3000):
+        text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
+        record = {"id": f"d{row}", "text": text} if row % 5 else {"text": text}
+        assert normalize(record, None, "/in/a.jsonl", row, "a.jsonl") \
+            == normalize_row(record, None, "text", "id", "/in/a.jsonl", row, "a.jsonl"), repr(text)
 
 
 def test_extract_text_reasons():

@@ -111,6 +111,8 @@ def extract_text(record: dict, text_field: str | TextSpec) -> tuple[str | None, 
 _CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in range(0xA0)  # every Cc lies below U+00A0
                                       if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n") + "]")
 _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
+# what makes a non-ASCII text more than an NFC and a strip away from normalized (or a reject)
+_SURROGATE_OR_CC = re.compile(_SURROGATE.pattern[:-1] + _CC_TO_DROP.pattern[1:])
 
 
 def normalize_text(text: str) -> str:
@@ -177,7 +179,8 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
     """:func:`normalize_row` for one text field or template and id field, as a function of
     ``(record, error, path, row, relpath)``, for a loop over many rows: a row whose text is a
     clean ASCII string (nothing to normalize but the ends) takes a short path, the same rule
-    (tests compare it with :func:`normalize_row`); any other row goes through
+    (tests compare it with :func:`normalize_row`), and so does one of other Unicode without
+    surrogates or control characters but ``\\t`` and ``\\n`` (NFC and a strip); any other row goes through
     :func:`normalize_row` itself."""
     spec = TextSpec.of(text_field)
     field = spec.field if spec.template is None else None
@@ -186,12 +189,19 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
                   relpath: str | None) -> Document | Rejected:
         if field is not None and error is None and type(record) is dict:
             text = record.get(field)
-            if type(text) is str and text.isascii() and not text.encode("ascii").translate(None, _ASCII_CLEAN):
-                text = text.strip()
-                if text:
-                    value = record.get(id_field)
-                    doc_id = str(value) if value is not None else doc_id_for(record, id_field, relpath, row)
-                    return Document(doc_id, text, path, row)
+            if type(text) is str:
+                if text.isascii():
+                    clean = not text.encode("ascii").translate(None, _ASCII_CLEAN)
+                else:  # one scan: no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
+                    clean = _SURROGATE_OR_CC.search(text) is None
+                    if clean and not unicodedata.is_normalized("NFC", text):
+                        text = unicodedata.normalize("NFC", text)
+                if clean:
+                    text = text.strip()
+                    if text:
+                        value = record.get(id_field)
+                        doc_id = str(value) if value is not None else doc_id_for(record, id_field, relpath, row)
+                        return Document(doc_id, text, path, row)
         return normalize_row(record, error, spec, id_field, path, row, relpath)
 
     return normalize
