@@ -61,7 +61,7 @@ from refinery.transforms.prep.documents import (
     Rejected,
     SourceRow,
     TokenizedDocument,
-    normalize_row,
+    row_normalizer,
     shard_of,
     tokenize_document,
 )
@@ -166,13 +166,15 @@ class _NormalizeFn(beam.DoFn):
         self.empty = Metrics.counter(NAMESPACE, "empty")
         self.rejected = Metrics.counter(NAMESPACE, REJECTED)
 
+    def setup(self):
+        self.normalize = row_normalizer(self.text, self.id_field)  # normalize_row, with its short paths
+
     def process(self, element):
         self.rows.inc()
         if isinstance(element, SourceRow):
-            out = normalize_row(element.record, None, self.text, self.id_field, element.path, element.row,
-                                element.relpath)
+            out = self.normalize(element.record, None, element.path, element.row, element.relpath)
         elif isinstance(element, dict):
-            out = normalize_row(element, None, self.text, self.id_field, "", 0, None)
+            out = self.normalize(element, None, "", 0, None)
         else:
             out = Rejected("", 0, f"not a row: a {type(element).__name__}, expected a dict or SourceRow")
         if type(out) is Document:
