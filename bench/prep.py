@@ -44,11 +44,14 @@ HERE = Path(__file__).resolve().parent
 GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
 LAYOUTS = {"8": 8, "16": 16, "1": 1, "2000": 2000}  # number of input files
 
+# Peak RSS of a prep run: the process's own high-water mark from /proc (VmHWM: its
+# ru_maxrss would include this bench's RSS, which a child keeps across fork and exec), and
+# the largest of its worker processes (ru_maxrss of its children, forked from it or its pool).
 PEAK_RSS = ("import resource, sys\n"
             "from refinery.beam_pipelines.cli import main\n"
             "rc = main(sys.argv[1:])\n"
-            "r = resource.getrusage\n"
-            "print('PEAK_RSS_KB', max(r(resource.RUSAGE_SELF).ru_maxrss, r(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+            "hwm = [int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')][0]\n"
+            "print('PEAK_RSS_KB', max(hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
             "sys.exit(rc)\n")
 
 
