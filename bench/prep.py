@@ -24,6 +24,10 @@ the medians are printed with their range. Run it with nothing else on the machin
     .venv/bin/python bench/prep.py --mb 40 --layouts 8
     .venv/bin/python bench/prep.py --corpus web --mb 100 --layouts 8 --encoders fast tiktoken
     .venv/bin/python bench/prep.py --scale --units 3000
+    .venv/bin/python bench/prep.py --per-document --mb 40 --layouts 8 --repeat 5
+
+``--per-document`` prints what the tokenize units do besides encoding, per document (read,
+parse, normalize, id, shard, spill), with the units run in the bench's own process.
 """
 from __future__ import annotations
 
@@ -157,6 +161,42 @@ def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast"
     return secs, peak / 1024
 
 
+def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) -> None:
+    """The tokenize units' work besides the encoder, per document: the units run in this
+    process (no job around them), and, in the same round, the encoder alone (``--encoder
+    fast``: encode, uint32, EOS) over the same documents' normalized text, already in memory."""
+    import gc
+
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.stages import UnitContext, bind_stages
+    from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+    from refinery.transforms.prep.documents import encode_document, normalize_text
+    from refinery.transforms.prep.stages import PrepConfig, build_stages
+
+    tok = load_tokenizer(DEFAULT, "fast")
+    normalized = [normalize_text(t) for t in texts]
+    per_doc, units_s, encoder_s = [], [], []
+    for _ in range(rounds):
+        gc.disable()
+        t0 = time.perf_counter()
+        for t in normalized:
+            encode_document(tok, t)
+        encoder_s.append(time.perf_counter() - t0)
+        gc.enable()
+        shutil.rmtree(out, ignore_errors=True)
+        run = bind_stages(build_stages(PrepConfig(storage.expand_inputs([str(corpus)]), str(out), "bench")),
+                          str(out))[0]
+        t0 = time.perf_counter()
+        for unit in run.stage.plan():
+            run.stage.run_unit(unit, UnitContext(run, unit))
+        units_s.append(time.perf_counter() - t0)
+        per_doc.append((units_s[-1] - encoder_s[-1]) / len(texts) * 1e6)
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"per document: tokenize units {statistics.median(units_s):.2f} s, the encoder alone "
+          f"{statistics.median(encoder_s):.2f} s: {statistics.median(per_doc):.2f} us of other work per document "
+          f"[{min(per_doc):.2f}-{max(per_doc):.2f}] ({len(texts):,} documents, {rounds} rounds)")
+
+
 def simulate_scale(units: int, num_shards: int) -> None:
     """Tiny tokenize units on memory://: files pack opens without and with the merge stage."""
     from refinery.beam_pipelines.cli import main
@@ -210,6 +250,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="rounds per layout; medians and ranges shown (default 3)")
     ap.add_argument("--rss", action="store_true", help="also a 1-worker run on a quarter of the corpus")
     ap.add_argument("--scale", action="store_true", help="only the object-store simulation of many units")
+    ap.add_argument("--per-document", action="store_true",
+                    help="only the tokenize units' work besides the encoder, per document (first layout)")
     ap.add_argument("--units", type=int, default=3000, help="tokenize units of the --scale simulation")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
@@ -225,6 +267,10 @@ def main() -> None:
         print(f"warning: load average {load:.1f}: the machine is busy, the ratios will be off")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
     texts = corpus_texts(args.mb) if args.corpus == "gsm8k" else web_texts(args.mb)
+    if args.per_document:
+        per_document_work(write_layout(work / f"corpus-{args.layouts[0]}", texts, int(args.layouts[0])),
+                          work / "out-per-document", texts, args.repeat)
+        return
     enc = get_encoding()
     normalized = [normalize_text(t) for t in texts]
     sample = normalized[::4]  # raw speed is measured on a quarter, right before each run it is compared with
