@@ -451,10 +451,7 @@ class ReduceStage(Stage):
 
         with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
             with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
-                def write(lines: str) -> None:
-                    gz.write(lines.encode("utf-8", ng.JSON_ERRORS))
-
-                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, write,
+                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, gz.write,
                                              self.s.max_ngram_details, same)
             packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)

@@ -10,6 +10,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from refinery.transforms.core.jsonl import JSON_ERRORS
+
 from .droplist import RowHits, contaminated_jsonl
 from .ids import record_id
 from .index import EvalRow
@@ -188,21 +190,21 @@ def overlap_key(gram: str) -> str:
 DEFAULT_MAX_NGRAM_DETAILS = 100_000  # detail records written per n-gram (--max-ngram-details)
 PREFIX_CACHE_EVALS = 1024  # records with at most this many eval rows keep their detail-line heads
 WRITE_LINES = 1024         # detail lines built at once for a record with many eval rows
-WRITE_CHARS = 1 << 20      # detail text held before it is handed to ``write``
+WRITE_CHARS = 1 << 20      # detail text (characters) held before it is handed to ``write``
 
 
 def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
                      blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
-                     write: Callable[[str], None], max_ngram_details: int | None = None,
+                     write: Callable[[bytes], None], max_ngram_details: int | None = None,
                      same: SameText | None = None) -> dict:
     """Join one eval partition's records with the scan's hit blocks of that partition.
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
     (the row base makes a byte slice's rows file-global); it is called twice when
     ``max_train_count`` is set (document counts first). ``write`` receives the detail records
-    as JSON lines each ending in a newline, a few at a time (at most about
-    :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; lone
-    surrogates are left for :data:`JSON_ERRORS`).
+    as UTF-8 bytes of JSON lines each ending in a newline, a few at a time (at most about
+    :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; a lone
+    surrogate written as :data:`JSON_ERRORS` says).
 
     Eval rows with the same text (``same``, default :func:`same_text`) get one detail record
     per (training row, n-gram): the first row's, with ``same_text`` (how many others). At most
@@ -243,7 +245,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
     row_hits = RowHits()  # every counted hit's (training row, record): the drop list
     skip = None if ignored is None else np.asarray(ignored, dtype=bool)
-    out: list[str] = []
+    out: list[bytes] = []
     held = 0
 
     def head(eval_idx: int) -> str:
@@ -301,10 +303,13 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 cached = prefixes.get(rec)
                 for c in range(0, room, WRITE_LINES):
                     lines = cached[c:room] if cached is not None else lines_of(rec, evals[c:min(room, c + WRITE_LINES)])
-                    out.append(tail.join(lines) + tail)
-                    held += len(out[-1])
+                    # encoded here, a few lines at a time: most are ASCII (a copy), where one
+                    # non-ASCII character would make a whole joined chunk a slow encode
+                    text = tail.join(lines) + tail
+                    out.append(text.encode("utf-8", JSON_ERRORS))
+                    held += len(text)
                     if held >= WRITE_CHARS:
-                        write("".join(out))
+                        write(b"".join(out))
                         out.clear()
                         held = 0
             if sampled[rec]:
@@ -317,7 +322,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 # rows come in scan order: an eval row with two rows takes no later one from this record
                 sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[eval_idx]) < 2]
         if out:
-            write("".join(out))
+            write(b"".join(out))
             out.clear()
             held = 0
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
