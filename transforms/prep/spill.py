@@ -70,8 +70,8 @@ class SpillWriter:
             return
         n = len(self._shards)
         table = np.zeros(n, DOC_DTYPE)
-        table["shard"] = np.frombuffer(self._shards, np.uint32)
-        table["length"] = np.frombuffer(self._lengths, np.uint32)
+        table["shard"] = np.frombuffer(self._shards, f"=u{self._shards.itemsize}")  # (4 bytes on every usual C)
+        table["length"] = np.frombuffer(self._lengths, f"=u{self._lengths.itemsize}")
         if self._ends:
             table["cum_end"] = self._ends
             self._ends = []
