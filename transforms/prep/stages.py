@@ -58,13 +58,13 @@ class PrepConfig:
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
+    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
+    encoder: str = "fast"  # "fast": bpe-openai where it knows the encoding (the same tokens); "tiktoken"
 
     @property
     def text(self) -> TextSpec:
         """Where each row's text comes from: the template when set, else the text field."""
         return TextSpec.from_options(None, self.text_template, self.text_field)
-    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
-    encoder: str = "fast"  # "fast": bpe-openai where it knows the encoding (the same tokens); "tiktoken"
 
 
 # ---------------------------------------------------------------------------------------
