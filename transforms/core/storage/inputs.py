@@ -5,6 +5,7 @@ import fnmatch
 import glob as globlib
 import os
 import posixpath
+import stat
 from dataclasses import dataclass
 
 from .paths import (
@@ -96,6 +97,22 @@ def _version(info: dict) -> str:
     return ""
 
 
+def _target_info(path: str, info: dict) -> dict:
+    """``info`` of a local file with its size, mtime and type taken from what it names: a
+    symbolic link's target, never the link itself. THE rule of a file's fingerprint, so that
+    a listing (fsspec's folder listings stat a link without following it) and a later check
+    of the one file agree, and an edit of a link's target changes its fingerprint. A dangling
+    link keeps its own info (reading it fails its unit, naming it)."""
+    if not info.get("islink") or is_remote(path):
+        return info
+    try:
+        st = os.stat(_local(path))
+    except OSError:
+        return info
+    kind = "directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    return {**info, "size": st.st_size, "mtime": st.st_mtime, "type": kind}
+
+
 def _is_hidden(relpath: str) -> bool:
     return any(part.startswith((".", "_")) for part in relpath.split("/"))
 
@@ -146,8 +163,12 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] |
         matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)
 
         def listed(q: str, rel: str, info: dict) -> None:
-            """A file a folder or glob listed: kept, skipped for its suffix, or hidden."""
+            """A file a folder or glob listed: kept, skipped for its suffix (or a link to a
+            folder, which listings do not follow), or hidden."""
             if _is_hidden(rel):
+                return
+            if info.get("type") == "directory":
+                skipped.append(proto + q + "/")
                 return
             if has_data_suffix(q, suffixes):
                 matches.append((proto + q, rel, info))
@@ -158,13 +179,13 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] |
             root = p[: min(p.index(c) for c in "*?[" if c in p)].rsplit("/", 1)[0]
             for q, info in sorted(fs.glob(p, detail=True).items()):
                 if info.get("type") != "directory":
-                    listed(q, q[len(root):].lstrip("/"), info)
+                    listed(q, q[len(root):].lstrip("/"), _target_info(proto + q, info))
         elif fs.isdir(p) and suffixes == DATA_SUFFIXES and (saved := saved_dataset_files(proto + p)) is not None:
             for q in saved:  # a datasets save_to_disk folder: the files its state.json lists
                 matches.append((q, basename(q), filesystem(q)[0].info(filesystem(q)[1])))
         elif fs.isdir(p):
             for q, info in sorted(fs.find(p, detail=True).items()):
-                listed(q, q[len(p.rstrip("/")):].lstrip("/"), info)
+                listed(q, q[len(p.rstrip("/")):].lstrip("/"), _target_info(proto + q, info))
         elif fs.exists(p):
             if not has_data_suffix(p, suffixes):
                 raise InputError(f"{arg}: not a supported data file (expected one of {', '.join(suffixes)})")
@@ -174,5 +195,6 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] |
         if not matches:
             raise InputError(f"{arg}: contains no data files ({', '.join(suffixes)})")
         for full, rel, info in matches:
+            info = _target_info(full, info)
             found.setdefault(full, InputFile(full, rel, int(info.get("size") or 0), _version(info)))
     return sorted(found.values(), key=lambda f: f.path)
