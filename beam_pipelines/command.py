@@ -134,7 +134,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     from refinery.runners.dataflow import is_dataflow
     from refinery.transforms.core import storage
     from refinery.transforms.core.receipts import repairs_of
-    from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.core.stages import bind_stages, demanded
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)
@@ -149,7 +149,9 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"  receipts under {p.output} not read ({offline.reason}): done/failed/pending unknown")
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
     repairs: dict[str, str] = {}  # of the earlier stages' done units: a later unit built before one is pending
-    for run in bind_stages(p.stages, p.output):
+    runs = bind_stages(p.stages, p.output)
+    rows = []
+    for run in runs:
         units = run.stage.plan()
         if unread:
             print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {'?':>7} {'?':>7} {'?':>7}")
@@ -162,8 +164,11 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 done += c.done
                 failed += c.failed
                 repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
-        pending = len(units) - done - failed
-        print(f"  {run.name:10} {run.stage_hash:16} {len(units):>7} {done:>7} {failed:>7} {pending:>7}")
+        rows.append((run, len(units), done, failed, len(units) - done - failed))
+    last = demanded([r.stage.final_outputs for r, *_ in rows], [done < n for _, n, done, _, _ in rows])
+    for i, (run, n, done, failed, pending) in enumerate(rows):
+        idle = "  (not run: the stages after it are complete)" if pending and i > last else ""
+        print(f"  {run.name:10} {run.stage_hash:16} {n:>7} {done:>7} {failed:>7} {pending:>7}{idle}")
     if is_dataflow(beam_args):
         from refinery.runners.translate import dataflow_job, step_names
 

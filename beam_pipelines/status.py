@@ -32,5 +32,7 @@ def run(args, beam_args: list[str]) -> int:
         return 2
     print(f"{'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
     for r in rows:
-        print(f"{r['stage']:10} {r['stage_hash']:16} {r['units']:>7} {r['done']:>7} {r['failed']:>7} {r['pending']:>7}")
+        idle = "  (not needed: the stages after it are complete)" if r["pending"] and not r["needed"] else ""
+        print(f"{r['stage']:10} {r['stage_hash']:16} {r['units']:>7} {r['done']:>7} {r['failed']:>7} "
+              f"{r['pending']:>7}{idle}")
     return 0

@@ -1,8 +1,11 @@
-"""verify: check a prep output (its manifest, every shard and the run's receipts).
+"""verify: check a refinery output: a prep output's manifest and shards, or any run by its receipts.
 
 ``refinery verify OUT/manifest.json`` (or ``refinery verify OUT``) exits 0 when every shard
 listed matches the manifest (sizes, document bounds, EOS placement, totals, row accounting)
 and nothing stray lies beside it; else it prints one ``BAD`` line per problem and exits 1.
+An output without a manifest (``refinery decon``, ``generate``, ``hydra``) is checked by its
+run record: every receipt of the recorded plan verifies, every file a final stage's receipt
+lists is present with its size, no receipt of a final stage is missing, no temp file is left.
 ``--checksums`` also re-hashes every file against its recorded sha256.
 """
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "check a manifest and its shards (exit 1 naming each problem)"
+HELP = "check an output: a manifest and its shards, or a decon/generate/hydra run (exit 1 naming each problem)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", metavar="MANIFEST_OR_DIR",
-                        help="a prep output's manifest.json or its folder (local or gs://)")
+    parser.add_argument("manifest", metavar="OUTPUT",
+                        help="a prep output's folder or its manifest.json, or the output folder of refinery decon, "
+                             "generate or hydra (local or gs://)")
     parser.add_argument("--checksums", action="store_true", help="also re-hash every file (sha256)")
 
 
@@ -28,21 +32,41 @@ def manifest_path(path: str) -> str:
     return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import storage
-    from refinery.transforms.formats.manifests import verify_manifest
-
-    path = manifest_path(args.manifest)
-    if not storage.exists(path):
-        print(f"refinery verify: {path}: not found (give a prep output folder or its manifest.json)",
-              file=sys.stderr)
-        return 2
-    problems = verify_manifest(path, checksums=args.checksums)
+def _report(problems: list[str], notes: list[str]) -> int:
+    for n in notes:
+        print(f"NOTE {n}")
     for p in problems:
         print(f"BAD  {p}")
     if problems:
         print(f"{len(problems)} problem(s) found", file=sys.stderr)
         return 1
+    return 0
+
+
+def run(args, beam_args: list[str]) -> int:
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.receipts import META_DIR, verify_run
+    from refinery.transforms.formats.manifests import verify_manifest
+
+    path = manifest_path(args.manifest)
+    notes: list[str] = []
+    if not storage.exists(path):
+        output = args.manifest.rstrip("/")
+        run_json = storage.join(output, META_DIR, "run.json")
+        if not storage.exists(run_json):
+            print(f"refinery verify: {path}: not found, and no {run_json} (give a prep output folder or its "
+                  "manifest.json, or a decon, generate or hydra output folder)", file=sys.stderr)
+            return 2
+        if failed := _report(verify_run(output, args.checksums, notes), notes):
+            return failed
+        info = storage.read_json(run_json)
+        receipts = sum(int(st.get("units", 0)) for st in info.get("stages", []))
+        print(f"OK   {output}: a refinery {info.get('command', '')} output, {len(info.get('stages', []))} stages, "
+              f"{receipts:,} planned units, every receipt verified"
+              + (" (checksums verified)" if args.checksums else ""))
+        return 0
+    if failed := _report(verify_manifest(path, checksums=args.checksums, notes=notes), notes):
+        return failed
     m = storage.read_json(path)
     print(f"OK   {path}: {m['num_shards']} shards, {m['total_documents']:,} documents, "
           f"{m['total_tokens']:,} tokens" + (" (checksums verified)" if args.checksums else ""))

@@ -259,20 +259,20 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
     stats_before = open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read()
     again = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce", "merge"}
-    # lose one scan part: that unit (only) runs again; the reduce and merge are still done
-    # (unit outputs are pure functions of their inputs, so the part comes back identical)
+    # lose one scan part: the reduce and merge after it are complete, so nothing reads it and
+    # nothing runs (intermediate files may be removed after a finished run)
     scan_run = again.runs[1]
     part = os.path.join(scan_run.parts_dir, "hits", "f00000-s0000.bin")
     part_bytes = open(part, "rb").read()
     os.remove(part)
     third = run_stages(build_stages(s), out, DIRECT, progress=False)
-    assert third.ran == {"index": 0, "scan": 1}
-    assert open(part, "rb").read() == part_bytes
-    # lose a final output too: the merge runs again (the reduce units' own parts are there)
-    os.remove(part)
+    assert third.ran == {} and not os.path.exists(part)
+    # lose a final output too: the merge runs again, and the scan unit before it (unit outputs are
+    # pure functions of their inputs, so the part comes back identical); the reduce's parts are there
     os.remove(os.path.join(out, "stats/overlap_stats.jsonl"))
     third = run_stages(build_stages(s), out, DIRECT, progress=False)
     assert third.ran == {"index": 0, "scan": 1, "reduce": 0, "merge": 1}
+    assert open(part, "rb").read() == part_bytes
     assert open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read() == stats_before
     # a reduce-only setting: index and scan are kept
     s2 = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
@@ -315,8 +315,9 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     length, offset, unit = max(frames)
     hits = os.path.join(scan_run.parts_dir, "hits", f"{unit}.bin")
     _flip(hits, offset + length // 2)
-    for p in os.listdir(reduce_run.receipts_dir):  # the reduce has not run yet
+    for p in os.listdir(reduce_run.receipts_dir):  # the reduce (and so the merge) has not run yet
         os.remove(os.path.join(reduce_run.receipts_dir, p))
+    os.remove(merge_run.receipt_path("merge"))
     with pytest.raises(StageFailed) as e:
         run_stages(build_stages(s), out, DIRECT, progress=False)
     assert e.value.stage == "reduce" and f"{hits} frame at bytes {offset}-{offset + length}: damaged" in str(e.value)

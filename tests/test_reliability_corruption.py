@@ -207,3 +207,43 @@ def test_which_temp_files_are_dead(tmp_path):
         os.waitpid(zombie_pid, 0)
     assert sorted(str(p) for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         str(p) for p in (live, other_host, *user_files))
+
+
+def test_a_deleted_receipt_is_named_and_removed_intermediates_are_not_rebuilt(finished, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A deleted receipt of a final stage: `verify --checksums` names it (exit 1), and the rerun
+    redoes that unit alone. `.refinery/tokenize/` removed after a finished run (the README says
+    it may be): verify notes it (exit 0), a rerun runs nothing, `status` says tokenize is not
+    needed; once a shard is lost, the rerun tokenizes again to rebuild it, byte-identical."""
+    corpus, original, want = finished
+    out = tmp_path / "out"
+    shutil.copytree(original, out)
+    log = tmp_path / "units.log"
+    monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
+
+    def rerun_started() -> list[tuple[str, str]]:
+        log.unlink(missing_ok=True)
+        assert run_prep([corpus], out, "--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0) == 0
+        assert final_digest(out) == want
+        return sorted((e["stage"], e["unit"]) for e in read_unit_log(log) if e["event"] == "start")
+
+    _paths(out)["receipt"]("pack", "0002").unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out), "--checksums"]) == 1
+    assert f"stage pack: 1 of {SHARDS} planned units have no receipt" in capsys.readouterr().out
+    assert rerun_started() == [("pack", "0002")]
+
+    tokenize = _paths(out)["part"]("x").parent.parent.parent
+    shutil.rmtree(tokenize)
+    capsys.readouterr()
+    assert main(["verify", str(out), "--checksums"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE stage tokenize: 4 of 4 planned units have no receipt" in said and "OK" in said
+    assert rerun_started() == []
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 0
+    assert "(not needed: the stages after it are complete)" in capsys.readouterr().out
+
+    _paths(out)["npy"](3).unlink()
+    assert rerun_started() == [("pack", "0003")] + [("tokenize", f"{i:05d}") for i in range(4)]
+    assert main(["verify", str(out), "--checksums"]) == 0

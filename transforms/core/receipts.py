@@ -99,12 +99,16 @@ def check_recorded_run(output: str, info: dict,
         yield st, paths, checks
 
 
-def verify_receipts(output: str, checksums: bool = False) -> list[str]:
+def verify_receipts(output: str, checksums: bool = False, notes: list[str] | None = None) -> list[str]:
     """Problems with the receipts of the run recorded in ``OUTPUT/.refinery/run.json``
     ([] if none, or if there is no run record): each receipt present under a stage's
     current hash must pass :func:`check_receipt` (a truncated receipt, one from another
     plan, a failed unit, a missing or changed file, one built before an upstream repair
-    are each named), and the receipt count of a stage may not exceed its planned units."""
+    are each named), the receipt count of a stage may not exceed its planned units, and a
+    stage of user-facing files (``final`` in run.json; the last stage of an older record)
+    must have one for every planned unit: a deleted receipt is named, not rebuilt in silence
+    by the next run. A stage of intermediate files may lack receipts (its files may be
+    removed once the stages after it are complete): that is appended to ``notes``."""
     problems: list[str] = []
     try:
         info = storage.read_json(storage.join(output, META_DIR, "run.json"))
@@ -112,9 +116,31 @@ def verify_receipts(output: str, checksums: bool = False) -> list[str]:
         return problems
     except ValueError as e:
         return problems + [f"{storage.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
+    stages = info.get("stages", [])
     for st, paths, checks in check_recorded_run(output, info, checksums):
         receipts_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
         problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
-        if len(paths) > st.get("units", len(paths)):
-            problems.append(f"{receipts_dir}: {len(paths)} receipts for {st['units']} planned units")
+        units = st.get("units", len(paths))
+        if len(paths) > units:
+            problems.append(f"{receipts_dir}: {len(paths)} receipts for {units} planned units")
+        elif len(paths) < units:
+            missing = (f"stage {st['name']}: {units - len(paths)} of {units} planned units have no receipt "
+                       f"in {receipts_dir}")
+            if st.get("final", st is stages[-1]):
+                problems.append(f"{missing} (deleted, or the run has not finished); the next run redoes them")
+            elif notes is not None:
+                notes.append(f"{missing}: intermediate files, not needed while the stages after it are complete")
+    return problems
+
+
+def verify_run(output: str, checksums: bool = False, notes: list[str] | None = None) -> list[str]:
+    """Every problem with a refinery output judged by its run record alone (decon, generate,
+    hydra: outputs without a prep manifest): :func:`verify_receipts` (each final file a receipt
+    lists present with its size, and its sha256 with ``checksums``; no receipt of a final
+    stage missing), and no temp file of an interrupted write anywhere under ``output``."""
+    run_json = storage.join(output, META_DIR, "run.json")
+    if not storage.exists(run_json):
+        return [f"{run_json}: not found (not a refinery output, or written before run records)"]
+    problems = verify_receipts(output, checksums, notes)
+    problems += [f"{tmp}: stray temporary file (an interrupted write)" for tmp in storage.find_temp_files(output)]
     return problems

@@ -123,7 +123,9 @@ class Stage:
       of only light steps runs in the driver's process instead of starting a pool of
       worker processes (seconds of start-up for a second of work).
     - ``final_outputs = True``: the stage writes user-facing files under fixed names that
-      another plan's run would overwrite; receipts of other plans of it are discarded.
+      another plan's run would overwrite; receipts of other plans of it are discarded. Its
+      pending units are always run (with what precedes them); a stage of intermediate files
+      runs only for a later stage that runs (:func:`demanded`).
     """
 
     name: str = ""
@@ -450,6 +452,19 @@ def next_repair(done: Completion) -> str | None:
     return repair
 
 
+def demanded(final: list[bool], pending: list[bool]) -> int:
+    """Backward demand: the index of the last stage a run must run (-1: none), given per stage
+    in chain order whether its outputs are user-facing (``final_outputs``; the chain's last
+    stage always counts as such) and whether it has units pending. A stage of intermediate
+    files whose later stages are all complete is not run, even if its own files or receipts
+    are gone: nothing would read them (``.refinery/tokenize/`` may be removed after a finished
+    prep). Every stage up to the returned one runs its pending units."""
+    for i in reversed(range(len(pending))):
+        if pending[i] and (final[i] or i == len(pending) - 1):
+            return i
+    return -1
+
+
 @dataclass
 class _Planned:
     run: StageRun
@@ -537,8 +552,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = storage.join(output, META_DIR, "run.json")
     entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
-                "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity())}
-               for r, p in zip(runs, plans)]
+                "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity()),
+                "final": r.stage.final_outputs or i == len(runs) - 1}
+               for i, (r, p) in enumerate(zip(runs, plans))]
     for r in runs:  # the fingerprints of each plan, so that a later run can say which input changed
         inputs_json = fingerprints_path(output, r.name, r.stage_hash)
         if r.stage.fingerprints() and not storage.exists(inputs_json):
@@ -560,7 +576,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     discarded: set[str] = set()
     while True:
         planned = _plan_runs(runs, plans, verify_checksums)
-        last = max((i for i, p in enumerate(planned) if len(p.receipts) < len(p.plan)), default=-1)
+        last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
         job: list[_Planned] = []
         for p in planned[:last + 1]:
             job.append(p)
@@ -623,6 +639,10 @@ def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
             done += c.done
             failed += c.failed
         rows.append({"stage": st["name"], "stage_hash": st["stage_hash"], "units": st["units"],
-                     "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed)})
+                     "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed),
+                     "final": bool(st.get("final", st is info["stages"][-1]))})
+    last = demanded([r["final"] for r in rows], [r["done"] < r["units"] for r in rows])
+    for i, r in enumerate(rows):
+        r["needed"] = i <= last  # False: a next run would not run it (the stages after it are complete)
     return rows
 

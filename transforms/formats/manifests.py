@@ -80,8 +80,10 @@ def manifest_json(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2) + "\n").encode()
 
 
-def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
-    """Every problem with a manifest and its shards ([] if none). Paths are named in each line."""
+def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str] | None = None) -> list[str]:
+    """Every problem with a manifest and its shards ([] if none). Paths are named in each line;
+    what is worth saying but not a problem (receipts of intermediate files removed) goes to
+    ``notes``."""
     try:
         manifest = storage.read_json(manifest_path)
     except FileNotFoundError:
@@ -123,11 +125,11 @@ def verify_manifest(manifest_path: str, checksums: bool = False) -> list[str]:
             problems.append(f"{stray}: shard file not listed in the manifest")
     for tmp in storage.find_temp_files(root):
         problems.append(f"{tmp}: stray temporary file (an interrupted write)")
-    problems += verify_run_record(root, manifest, checksums)
+    problems += verify_run_record(root, manifest, checksums, notes)
     return problems
 
 
-def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> list[str]:
+def verify_run_record(root: str, manifest: dict, checksums: bool = False, notes: list[str] | None = None) -> list[str]:
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""
@@ -140,7 +142,7 @@ def verify_run_record(root: str, manifest: dict, checksums: bool = False) -> lis
         return []
     except ValueError as e:
         return [f"{run_json}: not valid JSON ({e})"]
-    problems = verify_receipts(root, checksums)
+    problems = verify_receipts(root, checksums, notes)
     last = (info.get("stages") or [{}])[-1]
     if "plan_hash" in manifest and last.get("name") == "manifest" and last.get("stage_hash") != manifest["plan_hash"]:
         problems.append(f"{storage.join(root, MANIFEST)}: describes plan {manifest['plan_hash']}, but the last run "
