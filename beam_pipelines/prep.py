@@ -68,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--exclude-overlaps", nargs="+", default=[], metavar="DECON_OUTPUT",
                      help="leave out the training rows that these finished refinery decon outputs found "
                           "overlapping an eval set (their stats/contaminated_train_docs.jsonl); rows are matched "
-                          "by file and row number, and a file changed since decon scanned it is refused")
+                          "by file and row number; every input must be a file decon scanned, unchanged since "
+                          "(else the run is refused, naming it), and the drop list must be what decon wrote "
+                          "(its sha256 is checked against decon's merge receipt)")
+    src.add_argument("--allow-unscanned-inputs", action="store_true",
+                     help="with --exclude-overlaps: keep input files that decon did not scan (or that changed "
+                          "since, holding no listed row) without an overlap check, with a warning, instead of "
+                          "refusing the run")
     src.add_argument("--exclude-n", type=int, metavar="N",
                      help="with --exclude-overlaps: leave out rows that overlap at this n (one the decon runs "
                           "computed; default: each run's largest n)")
@@ -197,18 +203,20 @@ def run(args, beam_args: list[str]) -> int:
             inputs = storage.expand_inputs(args.input, skipped=skipped)
         check_text("prep", text, [f.path for f in inputs])
         exclude = None
+        unscanned: list[str] = []
         if args.exclude_overlaps:
             exclude = load_exclusion(args.exclude_overlaps, args.exclude_n)
-            exclude.check_inputs(inputs)
-        elif args.exclude_n is not None:
-            raise UsageError("refinery prep: --exclude-n needs --exclude-overlaps DECON_OUTPUT")
+            unscanned = exclude.check_inputs(inputs, allow_unscanned=args.allow_unscanned_inputs)
+        elif args.exclude_n is not None or args.allow_unscanned_inputs:
+            flag = "--exclude-n" if args.exclude_n is not None else "--allow-unscanned-inputs"
+            raise UsageError(f"refinery prep: {flag} needs --exclude-overlaps DECON_OUTPUT")
     except UsageError as e:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery prep: {e}")
     try:
         dataset = check_name(dataset_name(args))
-    except ValueError as e:
+    except ValueError as e:  # only a --dataset given can fail: a derived name is always made valid
         return usage_error(f"refinery prep: --dataset: {e}")
     workers = args.workers or os.cpu_count() or 1
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
@@ -248,6 +256,9 @@ def run(args, beam_args: list[str]) -> int:
                         f"{s.sha256}" if s.sha256 == UNREAD else
                         f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
                         for s in (exclude.sources if exclude else []))
+              + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
+                 f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"
+                 if unscanned else "")
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
                                  on_plan=clear_stale_manifest), args, beam_args)

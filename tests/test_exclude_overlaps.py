@@ -203,3 +203,115 @@ def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
         assert d["train_doc_id"] == want["doc"]
         assert {(o["eval_dataset"], o["n"], i) for o in d["overlaps"] for i in o["instance_ids"]} == want["hits"]
         assert d["ns"] == sorted({n for _, n, _ in want["hits"]})
+
+
+def _planted_corpus(tmp_path: Path) -> tuple[Path, Path]:
+    """:func:`_corpus` plus ``clean.jsonl``, a file without listed rows, scanned by decon."""
+    corpus, evals, _ = _corpus(tmp_path)
+    write_jsonl(corpus / "clean.jsonl", [{"id": f"clean-{i}", "text": t} for i, t in
+                                         enumerate(r["question"] for r in gsm8k_rows("train")[700:720])])
+    assert _decon(corpus, evals, tmp_path / "decon") == 0
+    return corpus, evals
+
+
+def test_inputs_decon_did_not_scan_as_they_are_are_refused_never_used_in_silence(tmp_path, capsys):
+    corpus, evals = _planted_corpus(tmp_path)
+    decon = tmp_path / "decon"
+    capsys.readouterr()
+
+    def refused(inputs, *extra) -> str:
+        assert run_prep(inputs, tmp_path / "out", "--exclude-overlaps", decon, *extra) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        return err
+
+    # a file without listed rows, changed after decon (a test question appended): refused, named
+    question = gsm8k_rows("test")[50]["question"]
+    with (corpus / "clean.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "late", "text": question}) + "\n")
+    err = refused([corpus])
+    assert "1 input file(s) are not what decon scanned" in err and "clean.jsonl: changed since the decon run" in err
+    assert "--allow-unscanned-inputs" in err
+    # accepted only when asked, loudly, and recorded
+    assert run_prep([corpus], tmp_path / "loud", "--exclude-overlaps", decon, "--allow-unscanned-inputs") == 0
+    said = capsys.readouterr()
+    assert "WARNING: 1 input file(s) not scanned by decon are kept WITHOUT an overlap check" in said.err
+    assert "clean.jsonl" in said.err
+    manifest = json.loads((tmp_path / "loud" / "manifest.json").read_text())
+    assert manifest["excluded_overlaps"]["unscanned_inputs"] == 1
+    assert manifest["rows"]["excluded"] == manifest["excluded_overlaps"]["decon_runs"][0]["listed"] > 0
+
+    # a renamed file, or another copy of the corpus: its listed rows would match no input
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (copy / name).write_bytes((corpus / name).read_bytes())
+    err = refused([copy])
+    assert "2 input file(s) are not what decon scanned" in err and "not scanned by the decon run" in err
+    err = refused([copy], "--allow-unscanned-inputs")  # even then: the listed rows would be kept
+    assert "contaminated row(s) in 2 file(s) this prep does not read" in err
+    (corpus / "b.jsonl").rename(corpus / "b2.jsonl")
+    err = refused([corpus / "a.jsonl", corpus / "b2.jsonl"], "--allow-unscanned-inputs")
+    assert "in 1 file(s) this prep does not read" in err and "b.jsonl" in err
+    # prep of a subset: the rows listed in the other file match no input either
+    err = refused([corpus / "a.jsonl"])
+    assert "this prep does not read" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _rewrite_recorded(decon: Path, relpath: str, data: bytes) -> None:
+    """Replace a decon output file and forge its merge receipt to match (a consistent but wrong record)."""
+    import hashlib
+
+    (decon / relpath).write_bytes(data)
+    (receipt,) = (decon / ".refinery" / "merge").glob("*/receipts/merge.json")
+    r = json.loads(receipt.read_text())
+    for f in r["files"]:
+        if f["path"] == relpath:
+            f["bytes"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    receipt.write_text(json.dumps(r))
+
+
+def test_an_edited_drop_list_is_refused_and_verify_names_it(tmp_path, capsys):
+    corpus, _ = _planted_corpus(tmp_path)
+    decon = tmp_path / "decon"
+    docs = decon / "stats" / "contaminated_train_docs.jsonl"
+    original = docs.read_bytes()
+    capsys.readouterr()
+    assert main(["verify", str(decon), "--checksums"]) == 0  # a decon output is accepted by verify
+    assert "a refinery decon output" in capsys.readouterr().out
+
+    lines = original.decode().splitlines(keepends=True)
+    bumped = re.sub(r'"train_row": (\d)', lambda m: f'"train_row": {(int(m[1]) + 1) % 10}', lines[0], count=1)
+    edits = {"a deleted line": "".join(lines[1:]),
+             "a changed row number": "".join([bumped, *lines[1:]])}  # the same size: only the sha256 tells
+    for what, text in edits.items():
+        docs.write_text(text)
+        assert run_prep([corpus], tmp_path / "out", "--exclude-overlaps", decon) == 2, what
+        err = capsys.readouterr().err
+        assert "contaminated_train_docs.jsonl" in err and "edited after decon wrote it" in err, (what, err)
+        assert main(["verify", str(decon), "--checksums"]) == 1, what
+        assert "mismatch for stats/contaminated_train_docs.jsonl" in capsys.readouterr().out  # size or checksum
+    docs.write_bytes(original)
+    files = decon / "stats" / "train_files.jsonl"
+    files.write_text(files.read_text().replace('"size": ', '"size": 1', 1))  # the scanned sizes: trusted no more
+    assert run_prep([corpus], tmp_path / "out", "--exclude-overlaps", decon) == 2
+    err = capsys.readouterr().err
+    assert "train_files.jsonl" in err and "edited after decon wrote it" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_listed_row_no_input_holds_fails_the_run(tmp_path, capsys):
+    """A drop list consistent with its receipt that names a row past its file's end (a decon bug,
+    or a forged record): the rows met and excluded differ from the rows listed, exit 1."""
+    corpus, _ = _planted_corpus(tmp_path)
+    decon = tmp_path / "decon"
+    docs = decon / "stats" / "contaminated_train_docs.jsonl"
+    first = json.loads(docs.read_text().splitlines()[0])
+    extra = {**first, "train_row": 99_999}
+    forged = docs.read_bytes() + (json.dumps(extra) + "\n").encode()
+    _rewrite_recorded(decon, "stats/contaminated_train_docs.jsonl", forged)
+    assert run_prep([corpus], tmp_path / "out", "--exclude-overlaps", decon) == 1
+    out = capsys.readouterr()
+    assert "a listed row matches no row read" in out.out + out.err
+    assert not (tmp_path / "out" / "manifest.json").exists()

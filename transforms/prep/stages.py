@@ -505,6 +505,11 @@ class ManifestStage(Stage):
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
             entries.append(manifests.entry_from_receipt(u.payload["shard"], c.receipt))
         written = sum(s["num_documents"] for s in entries)
+        expected = cfg.exclude.expected if cfg.exclude else None
+        if expected is not None and cfg.max_tokens is None and counts["excluded"] != expected:
+            raise RuntimeError(f"the drop lists name {expected:,} row(s) of these inputs, but {counts['excluded']:,} "
+                               "were met and excluded: a listed row matches no row read (a row number past its "
+                               "file's end?); the drop list and the inputs disagree")
         rows = manifests.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
                                      rejected=counts["rejected"], written=written,
                                      excluded=counts["excluded"] if cfg.exclude else None)
