@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
@@ -110,6 +111,10 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
                           "tiktoken's <|endoftext|>; for a tokenizer.json the eos_token of a tokenizer_config.json "
                           "beside it, else the first of </s> <|endoftext|> <|end_of_text|> <|im_end|> <eos> "
                           "in its vocab)")
+    tok.add_argument("--eos-token-is-ordinary", action="store_true",
+                     help="accept an --eos-token that is an ordinary token (one a document's text can encode to; "
+                          "refused without this): document ends then cannot be told from the tokens, so "
+                          "regenerate-index refuses these shards and the .idx is their only record")
     tok.add_argument("--encoder", choices=["fast", "tiktoken"], default="fast",
                      help="what encodes a tiktoken encoding: fast (default): bpe-openai's Rust BPE for "
                           "o200k_harmony, o200k_base and cl100k_base, exactly tiktoken's tokens (tested token for "
@@ -134,7 +139,12 @@ def resolve_tokenizer_args(args, command: str):
     if args.vocab_file:
         os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
     try:
-        return resolve_tokenizer(args.tokenizer, args.eos_token), None
+        spec = resolve_tokenizer(args.tokenizer, args.eos_token, getattr(args, "eos_token_is_ordinary", False))
+        if spec.eos_ordinary:
+            print(f"refinery {command}: WARNING: the EOS {spec.eos_token!r} (id {spec.eos_id}) is an ordinary token "
+                  "(--eos-token-is-ordinary): documents may hold it, so only the .idx files record where they "
+                  "end (the manifest says eos_token_is_ordinary)", file=sys.stderr)
+        return spec, None
     except storage.RemoteNotRead:  # a dry run: the job is described without reading the file
         print(f"refinery {command}: --tokenizer {args.tokenizer}: not read (a dry run reads nothing remote); "
               "the job is described with a placeholder for it")

@@ -34,15 +34,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing index that differs")
 
 
-def manifest_eos(shard: str) -> int:
-    """The ``eos_token_id`` of the manifest two folders up from a shard, else o200k_harmony's."""
+def shard_manifest(shard: str) -> dict:
+    """The manifest two folders up from a shard ({} if there is none or it is unreadable)."""
     from refinery.transforms.core import storage
     from refinery.transforms.formats.manifests import MANIFEST
 
     try:
         m = storage.read_json(storage.join(storage.dirname(storage.dirname(shard)), MANIFEST))
-        return int(m.get("eos_token_id", EOS_TOKEN_ID))
-    except (OSError, ValueError, TypeError, AttributeError):
+        return m if isinstance(m, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def manifest_eos(shard: str) -> int:
+    """The ``eos_token_id`` of the manifest two folders up from a shard, else o200k_harmony's."""
+    try:
+        return int(shard_manifest(shard).get("eos_token_id", EOS_TOKEN_ID))
+    except (ValueError, TypeError):
         return EOS_TOKEN_ID
 
 
@@ -50,6 +58,11 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import index_path_for, regenerate_index
 
+    if shard_manifest(args.shard).get("eos_token_is_ordinary"):
+        print(f"refinery regenerate-index: {args.shard}: its prep output's EOS is an ordinary token "
+              "(eos_token_is_ordinary in its manifest): documents may hold it, so their ends cannot be rebuilt from "
+              "EOS positions; restore the .idx from a copy or run prep again", file=sys.stderr)
+        return 1
     try:
         out = args.output or index_path_for(args.shard)
         eos = args.eos_token_id if args.eos_token_id is not None else manifest_eos(args.shard)

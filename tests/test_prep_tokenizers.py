@@ -208,6 +208,9 @@ def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
     (["--tokenizer", "TRAINED", "--eos-token", "<|nope|>"], "'<|nope|>': not a token of"),
     (["--tokenizer", "TRAINED", "--eos-token", "99999"], "--eos-token 99999: no token has that id"),
     (["--tokenizer", "cl100k_base", "--vocab-file", "x.tiktoken"], "--vocab-file is the o200k_base vocab"),
+    (["--eos-token", "1"], "'\"' (id 1) is an ordinary token of o200k_harmony"),
+    (["--tokenizer", "cl100k_base", "--eos-token", "the"], "'the' (id 1820) is an ordinary token of cl100k_base"),
+    (["--tokenizer", "TRAINED", "--eos-token", "300"], "is an ordinary token of"),
 ])
 def test_bad_values_are_one_line_exit_2(args, says, trained, docs_corpus, tmp_path, capsys):
     bad = tmp_path / "bad.json"
@@ -317,3 +320,39 @@ def test_a_hub_name_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tokenizer some-org/some-model: Hugging Face hub: resolving some-org/some-model: " \
         "ConnectionError: Failed to resolve 'huggingface.co'" in err[0], err
+
+
+def test_an_ordinary_eos_only_when_asked_recorded_and_regenerate_index_refuses(docs_corpus, tmp_path, capsys):
+    """`--eos-token 1` (`"`, which documents hold) with --eos-token-is-ordinary: a warning, the
+    manifest says so, the .idx files still bound every document (verify passes), and
+    regenerate-index refuses to rebuild an index from EOS positions that documents share."""
+    capsys.readouterr()
+    assert run_prep([docs_corpus[0]], tmp_path / "out", "--eos-token", "1", "--eos-token-is-ordinary",
+                    "--num-shards", 1) == 0
+    assert "WARNING: the EOS '\"' (id 1) is an ordinary token" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["eos_token_is_ordinary"] is True and manifest["eos_token_id"] == 1
+    assert main(["verify", str(tmp_path / "out"), "--checksums"]) == 0
+    npy = tmp_path / "out" / manifest["shards"][0]["path"]
+    capsys.readouterr()
+    assert main(["regenerate-index", str(npy), "--output", str(tmp_path / "x.idx")]) == 1
+    assert "its prep output's EOS is an ordinary token" in capsys.readouterr().err
+    assert not (tmp_path / "x.idx").exists()
+
+
+def test_a_remote_tokenizer_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, capsys):
+    from refinery.transforms.core import storage
+
+    real = storage.exists
+
+    def exists(path):
+        if path.startswith("hf://"):  # what huggingface_hub's filesystem raises without a network
+            raise ConnectionError("[Errno -2] Name or service not known\n(more lines)")
+        return real(path)
+
+    monkeypatch.setattr(storage, "exists", exists)
+    capsys.readouterr()
+    assert run_prep([docs_corpus[0]], tmp_path / "out", "--tokenizer", "hf://org/model/tokenizer.json") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tokenizer hf://org/model/tokenizer.json: cannot be read (ConnectionError: " \
+        "[Errno -2] Name or service not known); no network" in err[0], err

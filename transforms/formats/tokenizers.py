@@ -64,6 +64,7 @@ class TokenizerSpec:
     eos_token: str
     eos_override: bool = False  # the EOS is --eos-token's, not the tokenizer's own
     more_sha256: tuple[str, ...] = ()  # gpt2's second vocab file
+    eos_ordinary: bool = False  # the EOS is an ordinary token (--eos-token-is-ordinary): documents may hold it
 
     @property
     def dtype(self) -> str:
@@ -93,6 +94,8 @@ class TokenizerSpec:
                   "eos_token_id": self.eos_id, "dtype": self.dtype}
         if not self.is_default:
             fields.update({"tokenizer_kind": self.kind, "eos_token": self.eos_token})
+        if self.eos_ordinary:  # document ends cannot be told from the tokens: the .idx is their only record
+            fields["eos_token_is_ordinary"] = True
         return fields
 
     def describe(self) -> str:
@@ -298,22 +301,33 @@ def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
 # Resolving a --tokenizer value (the driver)
 # ---------------------------------------------------------------------------------------
 
-def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str | int | None = None) -> TokenizerSpec:
+def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str | int | None = None,
+                      eos_ordinary: bool = False) -> TokenizerSpec:
     """The :class:`TokenizerSpec` of a ``--tokenizer`` value (default ``o200k_harmony``) and an
-    optional ``--eos-token``; raises :class:`TokenizerError` with one line naming the problem."""
+    optional ``--eos-token``; raises :class:`TokenizerError` with one line naming the problem.
+    An ``--eos-token`` that is an ordinary token (one a document's text can encode to) is
+    refused unless ``eos_ordinary`` (``--eos-token-is-ordinary``): documents holding it could
+    not be told apart by their EOS (``inspect``, ``regenerate-index``)."""
     if isinstance(value, TokenizerSpec):
-        return value if eos_token is None else _with_eos(value, load_tokenizer(value), eos_token)
+        return value if eos_token is None else _with_eos(value, load_tokenizer(value), eos_token, eos_ordinary)
     value = value or tk.ENCODING_NAME
     if value in tk.TIKTOKEN_FILES:
-        return _tiktoken_spec(value, eos_token)
+        return _tiktoken_spec(value, eos_token, eos_ordinary)
     if storage.is_remote(value):
-        if not storage.exists(value):
-            raise TokenizerError(f"{value}: not found (a tokenizer.json or a folder holding one)")
-        return _hf_spec(value, eos_token)
+        try:
+            if not storage.exists(value):
+                raise TokenizerError(f"{value}: not found (a tokenizer.json or a folder holding one)")
+            return _hf_spec(value, eos_token, eos_ordinary)
+        except (TokenizerError, storage.InputError):
+            raise
+        except Exception as e:  # noqa: BLE001 - network/auth errors of any fsspec backend: one line
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise TokenizerError(f"--tokenizer {value}: cannot be read ({type(e).__name__}: {first}); no network or "
+                                 "no access? pass a local tokenizer.json") from None
     if os.path.exists(value):
-        return _hf_spec(os.path.abspath(value), eos_token)
+        return _hf_spec(os.path.abspath(value), eos_token, eos_ordinary)
     if HUB_NAME.fullmatch(value) and not value.endswith(".json"):
-        return _hf_spec(hub_tokenizer_path(value), eos_token)
+        return _hf_spec(hub_tokenizer_path(value), eos_token, eos_ordinary)
     if value.endswith(".json") or "/" in value or os.sep in value:
         raise TokenizerError(f"{value}: not found (a tokenizer.json or a folder holding one)")
     raise TokenizerError(f"unknown tokenizer {value!r}: not a tiktoken encoding ({', '.join(tk.TIKTOKEN_FILES)}) "
@@ -346,7 +360,7 @@ def hub_tokenizer_path(value: str, api=None) -> str:
     return f"hf://{name}@{sha}/tokenizer.json"
 
 
-def _tiktoken_spec(name: str, eos_token) -> TokenizerSpec:
+def _tiktoken_spec(name: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
     try:
         if name == tk.ENCODING_NAME and eos_token is None:
             tk.check_vocab()  # the default: workers build the encoding; the driver only checks they can
@@ -359,7 +373,7 @@ def _tiktoken_spec(name: str, eos_token) -> TokenizerSpec:
                          more_sha256=tuple(f.sha256 for f in files[1:]))
     if name == tk.ENCODING_NAME and spec != DEFAULT:
         raise TokenizerError(f"unexpected {name}: {spec}")
-    return spec if eos_token is None else _with_eos(spec, TiktokenTokenizer(spec, enc), eos_token)
+    return spec if eos_token is None else _with_eos(spec, TiktokenTokenizer(spec, enc), eos_token, eos_ordinary)
 
 
 def _eos_of(value, token_to_id, id_to_token, vocab_size: int, where: str) -> tuple[int, str]:
@@ -377,11 +391,14 @@ def _eos_of(value, token_to_id, id_to_token, vocab_size: int, where: str) -> tup
     return i, str(value)
 
 
-def _with_eos(spec: TokenizerSpec, tok: Tokenizer, eos_token) -> TokenizerSpec:
+def _with_eos(spec: TokenizerSpec, tok: Tokenizer, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
     from dataclasses import replace
 
     if isinstance(tok, TiktokenTokenizer):
         enc = tok.enc
+
+        def is_special(i: int, s: str) -> bool:
+            return s in enc.special_tokens_set
 
         def token_to_id(s: str):
             try:
@@ -396,10 +413,19 @@ def _with_eos(spec: TokenizerSpec, tok: Tokenizer, eos_token) -> TokenizerSpec:
                 return None
     else:
         token_to_id, id_to_token = tok.tok.token_to_id, tok.tok.id_to_token
+        added = tok.tok.get_added_tokens_decoder()
+
+        def is_special(i: int, s: str) -> bool:  # special added tokens are never matched in a document's text
+            return i in added and bool(added[i].special)
     eos_id, eos = _eos_of(eos_token, token_to_id, id_to_token, spec.vocab_size, spec.name)
     if spec.kind == "tiktoken" and eos_id == spec.eos_id:
         return spec  # the tokenizer's own EOS, named explicitly: the same plan
-    return replace(spec, eos_id=eos_id, eos_token=eos, eos_override=True)
+    ordinary = not is_special(eos_id, eos)
+    if ordinary and not eos_ordinary:
+        raise TokenizerError(f"--eos-token {eos_token}: {eos!r} (id {eos_id}) is an ordinary token of {spec.name}: "
+                             "documents can hold it, so their ends could not be told from the tokens (inspect, "
+                             "regenerate-index); give a special token, or pass --eos-token-is-ordinary to accept it")
+    return replace(spec, eos_id=eos_id, eos_token=eos, eos_override=True, eos_ordinary=ordinary)
 
 
 def _hf_file(path: str) -> str:
@@ -424,7 +450,7 @@ def _config_eos(config_path: str) -> str | None:
     return eos if isinstance(eos, str) and eos else None
 
 
-def _hf_spec(path: str, eos_token) -> TokenizerSpec:
+def _hf_spec(path: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
     file = _hf_file(path)
     try:
         data = storage.read_bytes(file)
@@ -435,7 +461,7 @@ def _hf_spec(path: str, eos_token) -> TokenizerSpec:
     vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
     spec = TokenizerSpec("tokenizers", file, hashlib.sha256(data).hexdigest(), vocab_size, -1, "")
     if eos_token is not None:
-        return _with_eos(spec, HfTokenizer(spec, tok), eos_token)
+        return _with_eos(spec, HfTokenizer(spec, tok), eos_token, eos_ordinary)
     config = storage.join(storage.dirname(file), "tokenizer_config.json")
     configured = _config_eos(config)
     if configured is not None:
