@@ -154,7 +154,11 @@ def resolve_tokenizer_args(args, command: str):
 
 
 def dataset_name(args) -> str:
-    """``--dataset``, else a name made from the HF dataset or the first input."""
+    """``--dataset``, else a name made from the HF dataset or the first input: its accents
+    dropped (``données`` -> ``donnees``), any other character that is not an ASCII letter,
+    digit, ``-`` or ``_`` made ``_``, so that the name is always one shard files can carry."""
+    import unicodedata
+
     if args.dataset:
         return args.dataset
     if args.hf_dataset:
@@ -164,7 +168,8 @@ def dataset_name(args) -> str:
         for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet", ".arrow"):
             if base.lower().endswith(suffix):
                 base = base[:-len(suffix)]
-    clean = "".join(c if c.isalnum() or c in "-_" else "_" for c in base).strip("_")
+    plain = "".join(c for c in unicodedata.normalize("NFKD", base) if not unicodedata.combining(c))
+    clean = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "_" for c in plain).strip("_-")
     return clean or "dataset"
 
 

@@ -254,3 +254,18 @@ def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path, capsys):
     assert config.num_hidden_layers == 2 and config.vocab_size == 201088
     model = Transformer.from_checkpoint(str(tmp_path / "tiny"), device="cpu", dtype=torch.float32)
     assert model(torch.tensor([1, 2, 3])).shape == (3, 201088)
+
+
+def test_a_derived_dataset_name_is_made_valid_and_never_blames_an_option_not_given(tmp_path, capsys):
+    """`--input w/données` without --dataset: the shards are named from `donnees`; the user gave
+    no --dataset, so no error may name it."""
+    write_jsonl(tmp_path / "w" / "données.jsonl", [{"id": "a", "text": "bonjour"}])
+    (tmp_path / "w" / "sub").mkdir()
+    write_jsonl(tmp_path / "w" / "sub" / "x.jsonl", [{"id": "b", "text": "salut"}])
+    assert run_prep([tmp_path / "w" / "données.jsonl"], tmp_path / "out1", "--num-shards", 1) == 0
+    assert json.loads((tmp_path / "out1" / "manifest.json").read_text())["dataset"] == "donnees"
+    folder = tmp_path / "数据 (v2)"
+    (tmp_path / "w").rename(folder)
+    assert run_prep([folder], tmp_path / "out2", "--num-shards", 1) == 0
+    assert json.loads((tmp_path / "out2" / "manifest.json").read_text())["dataset"] == "v2"
+    assert "--dataset" not in capsys.readouterr().err
