@@ -51,6 +51,7 @@ WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 # What every warm process imports: Beam's worker and the per-unit machinery of every step.
 BASE_PRELOAD = (WORKER_MAIN, "refinery.transforms.core.pipeline")
 _PR_SET_PDEATHSIG = 1
+SOCKET_PATH_MAX = 103  # bytes of a unix socket's path (Linux allows 107, macOS 103)
 
 _active: "Pool | None" = None
 
@@ -61,6 +62,9 @@ class Pool:
     def __init__(self, preload: tuple[str, ...] = ()):
         self.dir = private_folder()
         self.socket = os.path.join(self.dir, "pool.sock")
+        if len(os.fsencode(self.socket)) > SOCKET_PATH_MAX:
+            os.rmdir(self.dir)
+            raise OSError(f"{self.socket}: too long a path for a unix socket (set TMPDIR to a shorter one)")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", MODULE, "serve", self.socket, *BASE_PRELOAD, *preload],
             stdin=subprocess.PIPE)
