@@ -18,6 +18,12 @@ pipe from the driver); its children end when it does (``PR_SET_PDEATHSIG``). Whe
 cannot be reached, the attach command becomes an ordinary worker (``exec`` of Beam's
 ``sdk_worker_main``): the job runs either way. ``REFINERY_WARM_WORKERS=0`` turns the pool off.
 
+The pool's socket, like the sockets a job's workers reach the driver through
+(:mod:`.local_runner`), lies in a folder of the temp dir that only this user can enter
+(:func:`private_folder`), named for the process that owns it (pid and start time): a run
+killed with SIGKILL cannot remove its folders, and the next run removes those whose owner
+is gone (:func:`remove_dead_folders`).
+
 This module imports no Beam unless it serves: the attach command must start in milliseconds.
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import select
 import shlex
 import shutil
@@ -37,13 +44,14 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Iterator
+from typing import Callable, Iterator
 
 MODULE = "refinery.runners.warm_workers"
 WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 # What every warm process imports: Beam's worker and the per-unit machinery of every step.
 BASE_PRELOAD = (WORKER_MAIN, "refinery.transforms.core.pipeline")
 _PR_SET_PDEATHSIG = 1
+SOCKET_PATH_MAX = 103  # bytes of a unix socket's path (Linux allows 107, macOS 103)
 
 _active: "Pool | None" = None
 
@@ -52,8 +60,11 @@ class Pool:
     """A warm process and the socket its workers are asked for through (see the module)."""
 
     def __init__(self, preload: tuple[str, ...] = ()):
-        self.dir = tempfile.mkdtemp(prefix="refinery-workers-")
+        self.dir = private_folder()
         self.socket = os.path.join(self.dir, "pool.sock")
+        if len(os.fsencode(self.socket)) > SOCKET_PATH_MAX:
+            os.rmdir(self.dir)
+            raise OSError(f"{self.socket}: too long a path for a unix socket (set TMPDIR to a shorter one)")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", MODULE, "serve", self.socket, *BASE_PRELOAD, *preload],
             stdin=subprocess.PIPE)
@@ -95,6 +106,7 @@ def pool(beam_args: list[str], preload: tuple[str, ...] = ()) -> Iterator[Pool |
     its environment: a module whose import reads an environment variable the command sets
     does not belong here."""
     global _active
+    remove_dead_folders()  # every run: what killed runs left, even if this one needs no pool
     if not wanted(beam_args) or _active is not None:
         yield None
         return
@@ -111,6 +123,100 @@ def pool(beam_args: list[str], preload: tuple[str, ...] = ()) -> Iterator[Pool |
     finally:
         p, _active = _active, None
         p.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Folders in the temp dir
+# ---------------------------------------------------------------------------------------
+
+FOLDER_PREFIX = "refinery-workers-"
+# refinery-workers-PID-START-XXXXXXXX: the owner's pid and start time ("0": unknown), mkdtemp's suffix
+FOLDER_NAME = re.compile(r"^refinery-workers-(?P<pid>\d+)-(?P<start>\d+)-[A-Za-z0-9_]+$")
+# refinery-workers-XXXXXXXX: the form before the owner was named (removed by age and use)
+OLD_FOLDER_NAME = re.compile(r"^refinery-workers-[A-Za-z0-9_]{8}$")
+OLD_FOLDER_AGE_S = 600.0
+
+
+def process_started(pid: int) -> str | None:
+    """When process ``pid`` started (Linux: clock ticks since boot, ``/proc/PID/stat``), or
+    ``"0"`` where that cannot be read; None if no such process runs (a zombie is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] in (b"Z", b"X") else fields[19].decode()
+    except FileNotFoundError:
+        if os.path.exists("/proc/self/stat"):
+            return None
+    except (OSError, IndexError):
+        return "0"
+    try:  # no /proc: whether the pid runs
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "0"
+
+
+def private_folder() -> str:
+    """A new folder in the temp dir that only this user can enter (0700), named for this
+    process (see :data:`FOLDER_NAME`); the caller removes it. Folders of dead owners are
+    removed first."""
+    remove_dead_folders()
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{pid}-{process_started(pid) or 0}-")
+
+
+def folder_owner_gone(name: str, started: Callable[[int], str | None]) -> bool:
+    """Whether the folder ``name`` (:data:`FOLDER_NAME`) belongs to a process that is gone:
+    ``started(pid)`` (see :func:`process_started`) says no such process runs, or one that
+    started at another time (the pid was reused). Any other name: False."""
+    m = FOLDER_NAME.match(name)
+    if m is None:
+        return False
+    now = started(int(m["pid"]))
+    return now is None or ("0" not in (now, m["start"]) and now != m["start"])
+
+
+def _bound_unix_sockets() -> str | None:
+    """``/proc/net/unix`` (the unix sockets bound in this network namespace), or None."""
+    try:
+        with open("/proc/net/unix") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _old_folder_unused(path: str, age_s: float) -> bool:
+    """A folder of the old form: unchanged for ``age_s`` and no socket bound in it."""
+    bound = _bound_unix_sockets()
+    with contextlib.suppress(OSError):
+        return bound is not None and time.time() - os.stat(path).st_mtime > age_s and f" {path}/" not in bound
+    return False
+
+
+def remove_dead_folders(root: str | None = None) -> list[str]:
+    """Remove this user's folders of :func:`private_folder` under ``root`` (the temp dir)
+    whose owner is gone (:func:`folder_owner_gone`), and old-form ones unused for
+    :data:`OLD_FOLDER_AGE_S`; returns their paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not (e.is_dir(follow_symlinks=False) and st.st_uid == os.getuid()):
+            continue
+        if folder_owner_gone(e.name, process_started) or (
+                OLD_FOLDER_NAME.match(e.name) and _old_folder_unused(e.path, OLD_FOLDER_AGE_S)):
+            shutil.rmtree(e.path, ignore_errors=True)
+            removed.append(e.path)
+    return removed
 
 
 # ---------------------------------------------------------------------------------------

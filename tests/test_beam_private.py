@@ -11,7 +11,8 @@ def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
     major_minor = ".".join(apache_beam.__version__.split(".")[:2])
     assert major_minor in beam_private.CHECKED_BEAM, (
         f"apache-beam {apache_beam.__version__}: check transforms/core/beam_private.py against it "
-        f"(the shared-model key and folder, the Dataflow environment version), then add it to CHECKED_BEAM")
+        f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address), "
+        f"then add it to CHECKED_BEAM")
 
 
 def test_the_shared_model_server_takes_the_key_and_folder(tmp_path):
@@ -29,3 +30,25 @@ def test_the_shared_model_server_takes_the_key_and_folder(tmp_path):
 
 def test_the_dataflow_environment_version_is_a_version():
     assert beam_private.fnapi_environment_major_version().isdigit()
+
+
+def test_the_fn_api_servers_listen_where_they_are_told(tmp_path):
+    """Beam's FnApiRunner builds its four worker servers through ``worker_handlers.grpc``:
+    inside ``fn_api_servers_at`` each listens at the address given (a unix socket here, or
+    loopback), and its port is the address a worker reaches it at."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    real = worker_handlers.grpc
+    addresses = iter([f"unix:{tmp_path}/{i}.sock" for i in range(3)] + ["127.0.0.1:0"])
+    with beam_private.fn_api_servers_at(lambda: next(addresses)):
+        server = worker_handlers.GrpcServer(worker_handlers.StateServicer(), None,
+                                            worker_handlers.WorkerHandlerManager({}, None))
+    try:
+        assert worker_handlers.grpc is real
+        assert [server.control_port, server.data_port, server.state_port] == [
+            f"unix:{tmp_path}/{i}.sock" for i in range(3)]
+        assert all((tmp_path / f"{i}.sock").is_socket() for i in range(3))
+        host, port = server.logging_port.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+    finally:
+        server.close()
