@@ -332,7 +332,7 @@ class _Echo(Stage):
         self.fail_on = set(fail_on)
         self.calls = []
 
-    def plan(self):
+    def make_plan(self):
         return [Unit("u0", {"v": 0}), Unit("u1", {"v": 1})]
 
     def run_unit(self, unit, ctx):

@@ -64,6 +64,7 @@ from typing import Any, Callable, Iterator
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.plan_changes import explain_plan_changes, fingerprints_path
+from refinery.transforms.core.plans import PlanRef, read_units
 from refinery.transforms.core.progress import Progress
 from refinery.transforms.core.receipts import (
     META_DIR,
@@ -105,7 +106,12 @@ class Stage:
     - ``config()``: JSON-able settings that change the unit outputs (enters the hash).
     - ``fingerprints()``: input fingerprints (path, size, mtime/generation) (enters the hash).
     - ``identity()``: other identities, e.g. the tokenizer's (enters the hash).
-    - ``plan()``: the deterministic list of units.
+    - ``make_plan()``: the deterministic list of units (subclasses implement it; callers use
+      ``plan()``, which makes it once in the driver, and in a worker reads what the driver
+      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.plans`).
+    - ``driver_only``: attributes a worker never needs (input lists, plans): left out when
+      the stage is pickled into a job once its plan is written, so that the job's size does
+      not grow with the corpus.
     - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx``, return stats.
     - ``needed(units, receipts)``: which units later stages need, given the completed
       receipts so far; returns (units, final). Default: all units, final. A stage with a
@@ -132,6 +138,9 @@ class Stage:
     title: str = ""
     light: bool = False
     final_outputs: bool = False
+    driver_only: tuple[str, ...] = ()
+    plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
+    _units: list[Unit] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -147,8 +156,30 @@ class Stage:
     def identity(self) -> dict:
         return {}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         raise NotImplementedError
+
+    def plan(self) -> list[Unit]:
+        """The stage's units: made once (``make_plan``), or in a worker read from ``plan_ref``."""
+        if self._units is None:
+            if self.plan_ref is not None and self._unpickled:
+                self._units = read_units(self.plan_ref)
+            else:
+                self._units = self.make_plan()
+        return self._units
+
+    _unpickled = False
+
+    def __getstate__(self) -> dict:
+        """What a job carries of the stage: without its units and ``driver_only`` attributes once
+        its plan has a place in the output (a worker reads the plan from there)."""
+        state = dict(self.__dict__)
+        if self.plan_ref is not None:
+            state.pop("_units", None)
+            for name in self.driver_only:
+                state.pop(name, None)
+        state["_unpickled"] = True
+        return state
 
     def run_unit(self, unit: Unit, ctx: "UnitContext") -> dict:
         raise NotImplementedError
@@ -418,12 +449,15 @@ class JobResult:
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
+    """Each stage bound to ``output`` and its chained hash, in order; each stage's ``plan_ref``
+    set to where its plan lies in the output (written by :func:`write_plans` before a job)."""
     runs: list[StageRun] = []
     upstream_hash = None
     upstream: dict[str, StageRun] = {}
     for stage in stages:
         h = compute_stage_hash(stage, upstream_hash)
         run = StageRun(stage, output, h, dict(upstream))
+        stage.plan_ref = PlanRef(storage.join(run.dir, "plan"), len(stage.plan()))
         upstream[stage.name] = run
         runs.append(run)
         upstream_hash = h
@@ -502,6 +536,32 @@ def _span_seconds(receipts: list[dict]) -> float:
     except (KeyError, TypeError, ValueError):
         return 0.0
     return (max(ends) - min(starts)).total_seconds() if starts else 0.0
+
+
+def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
+    """Where the units one job runs of ``run`` lie: its plan's parts when they are the whole
+    plan, else ``steps/<hash of their ids>/`` (written by :func:`write_plans`)."""
+    plan = run.stage.plan()
+    if len(units) == len(plan) and all(a.id == b.id for a, b in zip(units, plan)):
+        return run.stage.plan_ref
+    return PlanRef(storage.join(run.dir, "steps", short_hash([u.id for u in units])), len(units))
+
+
+def write_plans(runs: list[StageRun], steps: list) -> list:
+    """Write the plan of every stage of ``runs`` and the units of each step (``pipeline.Step``)
+    into the output, where the job's workers read them; the steps with their ``ref`` set."""
+    from dataclasses import replace
+
+    from refinery.transforms.core.plans import write_units
+
+    for r in runs:
+        write_units(r.stage.plan_ref, r.stage.plan())
+    out = []
+    for s in steps:
+        ref = step_ref(s.run, s.units)
+        write_units(ref, s.units)
+        out.append(replace(s, ref=ref))
+    return out
 
 
 def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
@@ -595,6 +655,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         steps = [Step(p.run, p.pending) for p in job if p.pending]
         if not steps:
             break
+        steps = write_plans([p.run for p in job], steps)
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:

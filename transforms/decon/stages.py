@@ -216,7 +216,7 @@ class IndexStage(Stage):
     def identity(self) -> dict:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("catalog", {})] + [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
     def _index(self) -> ng.NgramIndex:
@@ -288,7 +288,7 @@ class ScanStage(Stage):
     def identity(self) -> dict:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return plan_train_units(self.train_files, self.s.slice_bytes)
 
     @staticmethod
@@ -423,7 +423,7 @@ class ReduceStage(Stage):
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details, "train_rows": 1}  # 1: results list the rows hit
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
     def side_inputs(self, run: StageRun, start) -> dict:
@@ -476,7 +476,7 @@ class MergeReportsStage(Stage):
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
