@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
 
@@ -218,3 +219,41 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     with pytest.raises(SystemExit):
         decon.build_parser().parse_args(["--train", "t", "--output", "o", "--max-ngram-details", "0"])
     assert "expected a positive integer or 'none', got '0'" in capsys.readouterr().err
+
+def stats_files(out) -> dict[str, bytes]:
+    """Every file under ``out/stats`` (gzip members inflated), by name."""
+    import gzip
+
+    return {p.name: gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+            for p in sorted((out / "stats").iterdir())}
+
+
+def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monkeypatch):
+    from helpers import write_jsonl
+    from test_decon_pipeline import run_cli
+
+    from refinery.transforms.decon import stages
+    from refinery.transforms.decon.ngrams import droplist
+
+    question = gsm8k_rows("test")[0]["question"]
+    write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl", [{"id": "q", "text": question}])
+    # one batch of 300 rows, each holding all the question's n-grams: 2.5M snippet characters
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": f"Doc {j}. {question} Answer."} for j in range(300)])
+    argv = ["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--ngrams", "5", "13"]
+    assert run_cli(argv + ["--output", str(tmp_path / "default")]) == 0
+
+    held, hit_blocks = [], ng.hit_blocks
+
+    def counted(groups):
+        held.append(sum(len(s) for g in groups for s in g.snippet))
+        return hit_blocks(groups)
+
+    monkeypatch.setattr(ng, "hit_blocks", counted)
+    monkeypatch.setattr(stages, "HELD_CHARS", 20_000)
+    monkeypatch.setattr(droplist, "PAIRS_AT_ONCE", 3, raising=False)  # the drop list made a line or two at a time
+    assert run_cli(argv + ["--output", str(tmp_path / "small")]) == 0
+    assert len(held) > 50 and sum(held) > 2_000_000
+    assert max(held) <= 20_000 + 20_000 // 4 + ng.SNIPPET_MAX_CHARS  # before: the whole batch's at once
+    # the same hits in more, smaller frames, and the same drop list made in pieces: the same bytes
+    assert stats_files(tmp_path / "small") == stats_files(tmp_path / "default")
+

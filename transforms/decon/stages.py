@@ -103,7 +103,7 @@ def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
         raise ValueError(f"{where}: damaged gzip member ({e}); {REBUILD_HINT}") from None
 
 
-HELD_CHARS = 32 << 20  # snippet characters a scan unit holds before it writes its frames
+HELD_CHARS = 8 << 20  # snippet characters a scan unit holds before it writes its frames
 
 
 def partition_file(p: int) -> str:
@@ -346,11 +346,13 @@ class ScanStage(Stage):
             chars = 0
             for hits in ng.scan_rows(rows, text_field=self.s.train_text, tokenizer=tok, membership=membership,
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
-                held.append(ng.hit_groups(hits, self.s.id_field))
-                chars += sum(map(len, held[-1].snippet))
-                if chars > HELD_CHARS:
-                    flush()
-                    chars = 0
+                # a hit-dense batch has many more snippet characters than text: made a piece at a time
+                for piece in ng.split_hits(hits, HELD_CHARS // 4):
+                    held.append(ng.hit_groups(piece, self.s.id_field))
+                    chars += sum(map(len, held[-1].snippet))
+                    if chars > HELD_CHARS:
+                        flush()
+                        chars = 0
             flush()
         return {**stats.__dict__, "frames": frames, "seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.thread_time() - c0,

@@ -118,6 +118,26 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
                      [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
 
 
+def split_hits(hits: ScanHits, max_chars: int) -> Iterator[ScanHits]:
+    """``hits`` in consecutive pieces of whole (partition, row, record) groups, each piece's
+    snippets (:func:`hit_groups`) at most about ``max_chars`` characters (a group alone may
+    be more): a scan unit makes the snippets of one piece at a time, however many n-grams
+    its batch of training rows holds (each hit n-gram has a snippet of its own)."""
+    g = hits.group_starts()
+    first = g[:-1]
+    lo = np.maximum(hits.start[first] - SNIPPET_CONTEXT, 0)
+    total = np.cumsum(np.minimum(hits.end[first] + SNIPPET_CONTEXT, lo + SNIPPET_MAX_CHARS) - lo)  # at most
+    if not len(total) or total[-1] <= max_chars:
+        yield hits
+        return
+    a = 0
+    while a < len(first):
+        b = max(int(np.searchsorted(total, (total[a - 1] if a else 0) + max_chars, side="right")), a + 1)
+        s, e = g[a], g[b]
+        yield ScanHits(hits.rows, hits.row[s:e], hits.partition[s:e], hits.record[s:e], hits.start[s:e], hits.end[s:e])
+        a = b
+
+
 def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
     """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
     block holds the partition's groups in scan order, the :class:`HitGroups` columns but
