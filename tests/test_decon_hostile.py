@@ -61,6 +61,68 @@ def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind):
         assert large["details"] == 60 * (2000 + 1)      # every eval row's record is written
 
 
+# Every stage of ``refinery decon`` (the command's units, without Beam), each in a process of
+# its own forked from one that has done the imports; prints how much each stage's peak RSS
+# rose above the RSS of that process, and the size of the drop list. Eval rows as in REDUCE.
+STAGES = """
+import json, os, sys
+from refinery.beam_pipelines import decon
+from refinery.transforms.core.stages import bind_stages, execute_unit
+from refinery.transforms.decon.stages import build_stages
+kind, rows_n, n_train, common, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+texts = [common + " and dreams"] * rows_n if kind == "identical" else [f"{common} row{i}" for i in range(rows_n)]
+for name, lines in (("eval/ds/test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(texts)]),
+                    ("train/t.jsonl", [{"text": f"doc {j}: {texts[0]}"} for j in range(n_train)])):
+    os.makedirs(os.path.dirname(f"{root}/{name}"), exist_ok=True)
+    with open(f"{root}/{name}", "w") as f:
+        f.writelines(json.dumps(line) + "\\n" for line in lines)
+args = decon.build_parser().parse_args(["--eval", f"{root}/eval", "--train", f"{root}/train", "--output",
+                                        f"{root}/out", "--ngrams", "13", "--partitions", "4"])
+def kb(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+grew = {}
+for run in bind_stages(build_stages(decon.settings_from_args(args)), args.output):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        try:
+            done = all(execute_unit(run, u)["status"] == "completed" for u in run.stage.plan())
+            os.write(w, json.dumps([done, kb("VmHWM:")]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    done, peak = json.loads(os.read(r, 1024) or "[false, 0]")
+    os.wait()
+    assert done, run.name
+    grew[run.name] = peak - kb("VmRSS:")
+drop_list = f"{root}/out/stats/contaminated_train_docs.jsonl"
+print(json.dumps({"grew_kb": grew, "drop_list_bytes": os.path.getsize(drop_list),
+                  "drop_list_lines": sum(1 for _ in open(drop_list))}))
+"""
+
+
+def stages_in_subprocess(tmp_path, kind: str, n_train: int, rows: int = 2000, common: str = COMMON) -> dict:
+    root = tmp_path / f"{kind}-{rows:06d}-{n_train:06d}"  # one length: the drop lists name it
+    out = subprocess.run([sys.executable, "-c", STAGES, kind, str(rows), str(n_train), common, str(root)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def grew_mb(small: dict, large: dict) -> dict[str, float]:
+    """How much more each stage's peak RSS rose in the large run than in the small one (MB)."""
+    return {stage: (large["grew_kb"][stage] - small["grew_kb"][stage]) / 1024 for stage in small["grew_kb"]}
+
+
+def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path):
+    small, large = stages_in_subprocess(tmp_path, "distinct", 5), stages_in_subprocess(tmp_path, "distinct", 600)
+    # 120x the training rows, each overlapping all 2,000 eval rows: no stage's memory follows
+    # (before: the reduce and the merge held a code per (eval row, training row), +70-180 MB)
+    assert max(grew_mb(small, large).values()) < 40, (small, large)
+    assert large["drop_list_lines"] == 600
+    # every line lists the 2,000 instances: a drop list of 600 x 2,000 ids, made a few lines at a time
+    assert large["drop_list_bytes"] > 600 * 2000 * 6
+
+
 # ---------------------------------------------------------------------------------------
 # Pure pieces: index, scan, reduce and merge of a small run
 # ---------------------------------------------------------------------------------------

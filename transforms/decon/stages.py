@@ -423,7 +423,8 @@ class ReduceStage(Stage):
 
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
-                "max_ngram_details": self.s.max_ngram_details, "train_rows": 1}  # 1: results list the rows hit
+                "max_ngram_details": self.s.max_ngram_details,
+                "train_rows": 2}  # 1: results list the rows hit; 2: with their records
 
     def make_plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -514,7 +515,9 @@ class MergeReportsStage(Stage):
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
-        ctx.write_bytes(ctx.output_path(CONTAMINATED_DOCS), result.contaminated)
+        with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
+            for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
+                out.write(chunk)
         ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files()))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,

@@ -12,7 +12,7 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
-from .droplist import RowHits, contaminated_jsonl
+from .droplist import DropList, RowHits
 from .ids import record_id
 from .index import EvalRow
 from .scan import ScanHits
@@ -393,7 +393,7 @@ class ReduceResult:
     spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
     samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
     capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
-    contaminated: bytes = b""  # the drop list's JSON lines, one per training row with an overlap
+    contaminated: DropList | None = None             # the drop list (its lines: ``contaminated.chunks()``)
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
@@ -463,7 +463,6 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
-    contaminated = contaminated_jsonl(train_rows, eval_rows)
     return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
                         {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
-                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), contaminated)
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), DropList(train_rows, eval_rows))
