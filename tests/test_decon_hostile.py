@@ -113,14 +113,28 @@ def grew_mb(small: dict, large: dict) -> dict[str, float]:
     return {stage: (large["grew_kb"][stage] - small["grew_kb"][stage]) / 1024 for stage in small["grew_kb"]}
 
 
-def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path):
-    small, large = stages_in_subprocess(tmp_path, "distinct", 5), stages_in_subprocess(tmp_path, "distinct", 600)
+@pytest.mark.parametrize("kind", ["identical", "distinct"])
+def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path, kind):
+    small, large = stages_in_subprocess(tmp_path, kind, 5), stages_in_subprocess(tmp_path, kind, 600)
     # 120x the training rows, each overlapping all 2,000 eval rows: no stage's memory follows
-    # (before: the reduce and the merge held a code per (eval row, training row), +70-180 MB)
+    # (before: the reduce and the merge held a code per (eval row, training row), +0.5-0.8 GB)
     assert max(grew_mb(small, large).values()) < 40, (small, large)
     assert large["drop_list_lines"] == 600
-    # every line lists the 2,000 instances: a drop list of 600 x 2,000 ids, made a few lines at a time
-    assert large["drop_list_bytes"] > 600 * 2000 * 6
+    if kind == "identical":
+        # the drop list names the shared text once per training row, not its 2,000 rows
+        assert large["drop_list_bytes"] < 600 * 500
+    else:  # every line lists the 2,000 instances: a drop list of 600 x 2,000 ids, made a few lines at a time
+        assert large["drop_list_bytes"] > 600 * 2000 * 6
+
+
+def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
+    question = gsm8k_rows("test")[0]["question"]  # about 40 13-grams
+    small = stages_in_subprocess(tmp_path, "identical", 20, rows=200, common=question)
+    large = stages_in_subprocess(tmp_path, "identical", 20, rows=5000, common=question)
+    # 25x the rows of one text: the eval rows themselves cost a little; the index, its
+    # partitions, the reduce and the merge hold the text's state once (before: +50-120 MB each)
+    assert max(grew_mb(small, large).values()) < 30, (small, large)
+    assert large["drop_list_bytes"] - small["drop_list_bytes"] == 20  # "rows": 200 -> "rows": 5000, once a line
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,6 +296,7 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
         decon.build_parser().parse_args(["--train", "t", "--output", "o", "--max-ngram-details", "0"])
     assert "expected a positive integer or 'none', got '0'" in capsys.readouterr().err
 
+
 def stats_files(out) -> dict[str, bytes]:
     """Every file under ``out/stats`` (gzip members inflated), by name."""
     import gzip
@@ -319,3 +334,55 @@ def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monk
     # the same hits in more, smaller frames, and the same drop list made in pieces: the same bytes
     assert stats_files(tmp_path / "small") == stats_files(tmp_path / "default")
 
+
+def test_the_drop_list_names_a_shared_text_once_with_its_rows(tmp_path):
+    import glob
+    import gzip
+
+    import msgpack
+    from helpers import write_jsonl
+    from test_decon_pipeline import run_cli
+
+    from refinery.transforms.prep.exclusion import load_exclusion
+
+    shared, own, other = "the cat sat on the mat", "a dog ran far away", "birds sing in the morning"
+    alpha = write_jsonl(tmp_path / "eval" / "alpha" / "test.jsonl",
+                        [{"id": "a0", "text": shared}, {"id": "a1", "text": own}, {"id": "a2", "text": shared},
+                         {"id": "a3", "text": shared}])
+    write_jsonl(tmp_path / "eval" / "beta" / "test.jsonl",
+                [{"id": "b0", "text": shared}, {"id": "b1", "text": other}, {"id": "b2", "text": shared}])
+    train = write_jsonl(tmp_path / "train" / "t.jsonl",
+                        [{"id": "d0", "text": f"x {shared} y"}, {"id": "d1", "text": own},
+                         {"id": "d2", "text": f"{shared} and {other}"}, {"id": "d3", "text": "nothing here at all"}])
+    out = tmp_path / "out"
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(train), "--output", str(out), "--ngrams", "4",
+                    "--partitions", "3"]) == 0
+    lines = [json.loads(line) for line in (out / "stats" / "contaminated_train_docs.jsonl").read_text().splitlines()]
+    # the shared text once per eval dataset, by its first row (alpha's row 0, in both datasets)
+    # and how many rows of that dataset have it; rows with a text of their own by id, as before
+    text = {"eval_path": str(alpha), "eval_row": 0}
+    assert [(d["train_row"], d["train_doc_id"], d["ns"], d["overlaps"]) for d in lines] == [
+        (0, "d0", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
+                        {"eval_dataset": "beta", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 2}]}]),
+        (1, "d1", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": ["a1"]}]),
+        (2, "d2", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
+                        {"eval_dataset": "beta", "n": 4, "instance_ids": ["b1"], "same_text": [{**text, "rows": 2}]}])]
+    # full provenance: the referenced line of overlap_instances.jsonl.gz lists every row of the text
+    with gzip.open(out / "stats" / "overlap_instances.jsonl.gz", "rt") as f:
+        instances = {(i["eval_path"], i["eval_row"]): [i, *i.get("same_text", [])] for i in map(json.loads, f)}
+
+    def rows_of(o: dict, t: dict) -> list[str]:
+        return [i["instance_id"] for i in instances[(t["eval_path"], t["eval_row"])]
+                if i["eval_dataset"] == o["eval_dataset"]]
+
+    expanded = {(d["train_row"], o["eval_dataset"]): sorted(o["instance_ids"] + [i for t in o.get("same_text", [])
+                                                                                for i in rows_of(o, t)])
+                for d in lines for o in d["overlaps"]}
+    assert expanded == {(0, "alpha"): ["a0", "a2", "a3"], (0, "beta"): ["b0", "b2"], (1, "alpha"): ["a1"],
+                        (2, "alpha"): ["a0", "a2", "a3"], (2, "beta"): ["b0", "b1", "b2"]}
+    # prep --exclude-overlaps reads it as before
+    assert load_exclusion([str(out)]).rows == {str(train.resolve()): frozenset({0, 1, 2})}
+    # the index lists the shared text's n-grams once, for its first row
+    listed = {i for p in glob.glob(str(out / ".refinery" / "index" / "*" / "parts" / "partitions" / "*.msgpack"))
+              for record in msgpack.unpackb(open(p, "rb").read()) for i, _ in record[3]}
+    assert listed == {0, 1, 5}  # alpha rows 0 and 1, beta row 1 (eval_idx 5)

@@ -165,7 +165,8 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_fiel
     with gc_paused():
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text, id_field,
                                       ng.get_tokenizer(tokenizer))
-        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
+        # the later rows of a text several rows have are not indexed: they share the first's records
+        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, ng.same_text(rows).first)
         # millions of long-lived objects: out of every later GC pass, before the GC is back on
         # (its first pass would otherwise walk them all)
         gc.freeze()
@@ -424,7 +425,7 @@ class ReduceStage(Stage):
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details,
-                "train_rows": 2}  # 1: results list the rows hit; 2: with their records
+                "train_rows": 2}  # 1: results list the rows hit; 2: with their records, shared texts once
 
     def make_plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -506,9 +507,9 @@ class MergeReportsStage(Stage):
         results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
                                    **unpack)
                    for u in plan)
-        with gc_paused():
-            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        with gc_paused():
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                         ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))

@@ -61,6 +61,7 @@ from .index import (
     EvalRow,
     NgramIndex,
     Partition,
+    SameText,
     build_index,
     dumps_jsonl_gz,
     dumps_partition,
@@ -69,6 +70,7 @@ from .index import (
     loads_jsonl_gz,
     make_eval_rows,
     partition_records,
+    same_text,
 )
 from .membership import Membership
 from .reduce import (
@@ -78,13 +80,11 @@ from .reduce import (
     SNIPPET_MAX_CHARS,
     WRITE_CHARS,
     HitGroups,
-    SameText,
     hit_blocks,
     hit_groups,
     instance_metrics,
     merge_partitions,
     reduce_partition,
-    same_text,
     split_hits,
 )
 from .reference import reference_overlap

@@ -7,7 +7,8 @@ the n-gram records each holds, and once per record, what the record overlaps. Th
 merge joins the partitions' shares (:class:`DropList`): one line per training row with an
 overlap, for ``stats/contaminated_train_docs.jsonl``, made a bounded number of (training
 row, eval instance) pairs at a time (:data:`PAIRS_AT_ONCE`): what one training row overlaps
-is expanded only while its line is made. The work is done on numpy arrays of
+is expanded only while its line is made. Eval rows that share a text are listed once per
+text (:class:`~.index.SameText`), by reference. The work is done on numpy arrays of
 (training row, eval dataset and n, eval instance) codes, never per hit in Python: a
 hit-dense corpus has millions of hits.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
-from .index import EvalRow
+from .index import EvalRow, SameText
 
 PAIRS_AT_ONCE = 1 << 16  # (training row, eval instance) pairs the drop list expands at once
 
@@ -95,8 +96,9 @@ class RowHits:
           row``, record ``j``'s from ``code_starts[j]`` to ``code_starts[j + 1]``.
 
         ``keys_of``: each hit record's eval rows by (eval dataset, configured n), as the
-        reduce unit built them for its per-file stats. Its size is that of the hits and the
-        records, whatever the eval rows a record overlaps."""
+        reduce unit built them for its per-file stats (the first row of a text several rows
+        have, for each dataset of its rows). Its size is that of the hits and the records,
+        whatever the eval rows a record overlaps."""
         if not sum(len(r) for r in self.rec):
             return dict(_EMPTY)
         path, row, rec, doc = (np.concatenate(a) for a in (self.path, self.row, self.rec, self.doc))
@@ -132,25 +134,33 @@ class DropList:
 
     parts: list[dict]
     eval_rows: list[EvalRow]
+    same: SameText
 
     def chunks(self, pairs_at_once: int | None = None) -> Iterator[bytes]:
         """The drop list's bytes, a few lines at a time: one JSON line per training row with an
         overlap, sorted by path and row: ``train_path``, ``train_row``, ``train_doc_id`` (from
         the first partition that lists the row), ``ns`` (the n it overlaps at) and
-        ``overlaps`` (per eval dataset and n, in that order, the sorted distinct instance
-        ids). The bytes
+        ``overlaps`` (per eval dataset and n, in that order: ``instance_ids``, the sorted
+        distinct instance ids of the eval rows whose text no other eval row has, and, only
+        when it overlaps rows whose text other eval rows also have, ``same_text``: one
+        ``{"eval_path", "eval_row", "rows"}`` per such text, in eval order: its first eval row
+        (any dataset; its line in ``overlap_instances.jsonl.gz`` lists every row of that
+        text) and how many rows of this dataset have it). The bytes
         :func:`~refinery.transforms.core.jsonl.jsonl` writes for those dicts, built from
         pre-quoted strings (a hit-dense run lists millions of ids), each chunk from at most
         about ``pairs_at_once`` (default :data:`PAIRS_AT_ONCE`) (training row, instance)
         pairs (more only for one row that has more)."""
         pairs_at_once = PAIRS_AT_ONCE if pairs_at_once is None else pairs_at_once
-        eval_rows = self.eval_rows
+        eval_rows, same = self.eval_rows, self.same
         e = len(eval_rows)
         ids, id_of = np.unique(np.array([r.instance_id for r in eval_rows] or [""], dtype=object),
                                return_inverse=True)
         quoted = [_quote(i) for i in ids.tolist()]
-        member = id_of.reshape(-1).astype(np.int64)  # each eval row's instance id's rank
-        width = len(ids)
+        # each first row's member: its instance id's rank, or past them, its text's (eval order)
+        texts = sorted(same.others)
+        member = id_of.reshape(-1).astype(np.int64)
+        member[np.array(texts, dtype=np.int64)] = len(ids) + np.arange(len(texts), dtype=np.int64)
+        width = len(ids) + len(texts)
         paths: dict[str, int] = {}
         keys: dict[tuple[str, int], int] = {}
         rows_l, rec_starts_l, recs_l, codes_l, code_starts_l = [], [], [], [], []
@@ -191,7 +201,7 @@ class DropList:
         pair_codes = np.append(0, np.cumsum(np.diff(code_starts)[recs]))
         before = np.append(0, np.cumsum((pair_codes[rec_starts[1:]] - pair_codes[rec_starts[:-1]])[order]))
         at = before[row_starts]
-        lines = _Lines(names, key_list, quoted)
+        lines = _Lines(names, key_list, quoted, texts, len(ids), eval_rows, same)
         a = 0
         while a < len(row_starts) - 1:
             b = int(np.searchsorted(at, at[a] + pairs_at_once, side="right")) - 1
@@ -211,11 +221,25 @@ class DropList:
 class _Lines:
     """The drop list's JSON lines, from sorted (row, eval dataset and n, member) codes."""
 
-    def __init__(self, names: list[str], key_list: list[tuple[str, int]], quoted: list[str]):
+    def __init__(self, names: list[str], key_list: list[tuple[str, int]], quoted: list[str], texts: list[int],
+                 num_ids: int, eval_rows: list[EvalRow], same: SameText):
         self.names = [_quote(p) for p in names]
         self.heads = [f'{{"eval_dataset": {_quote(ds)}, "n": {n}, "instance_ids": [' for ds, n in key_list]
+        self.key_ds = [ds for ds, _ in key_list]
         self.n_of = [n for _, n in key_list]
-        self.quoted = quoted
+        self.quoted, self.texts, self.num_ids = quoted, texts, num_ids
+        self.eval_rows, self.same = eval_rows, same
+        self.refs: dict[tuple[int, str], str] = {}
+
+    def ref(self, text: int, ds: str) -> str:
+        """``{"eval_path", "eval_row", "rows"}`` of shared text ``text`` in dataset ``ds``."""
+        got = self.refs.get((text, ds))
+        if got is None:
+            first = self.eval_rows[self.texts[text]]
+            rows = sum(1 for j in self.same.rows_of(first.eval_idx) if self.eval_rows[j].eval_dataset == ds)
+            got = self.refs[(text, ds)] = (f'{{"eval_path": {_quote(first.eval_path)}, "eval_row": {first.eval_row}, '
+                                           f'"rows": {rows}}}')
+        return got
 
     def render(self, rows: np.ndarray, docs: list[str], label: np.ndarray, codes: np.ndarray, width: int) -> bytes:
         """The UTF-8 lines of ``rows`` ((path index, row), each with its doc id), from
@@ -231,12 +255,18 @@ class _Lines:
         row_starts = _distinct(label)
         rows_at = label[row_starts].tolist()  # a row whose records overlap nothing has no line
         group_starts = _distinct(label, key)  # one per (row, eval dataset and n)
+        ids_in = np.add.reduceat((member < self.num_ids).astype(np.int64), group_starts)
         members = member.tolist()
         group_key = key[group_starts].tolist()
         bounds = np.append(group_starts, len(codes)).tolist()
-        quoted, heads = self.quoted, self.heads
-        groups = [heads[k] + ", ".join([quoted[i] for i in members[s:t]]) + "]}"
-                  for k, s, t in zip(group_key, bounds[:-1], bounds[1:])]
+        quoted, heads, num_ids = self.quoted, self.heads, self.num_ids
+        groups = []
+        for k, s, m, t in zip(group_key, bounds[:-1], ids_in.tolist(), bounds[1:]):
+            group = heads[k] + ", ".join([quoted[i] for i in members[s:s + m]]) + "]"
+            if m < t - s:
+                ds = self.key_ds[k]
+                group += ', "same_text": [' + ", ".join([self.ref(i - num_ids, ds) for i in members[s + m:t]]) + "]"
+            groups.append(group + "}")
         row_groups = np.append(np.searchsorted(group_starts, row_starts), len(group_starts)).tolist()
         out: list[str] = []
         for k, a, b in zip(rows_at, row_groups[:-1], row_groups[1:]):
