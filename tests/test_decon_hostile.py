@@ -196,6 +196,15 @@ def test_identical_eval_texts_give_one_record_listing_their_instances():
     assert [h.train_row for h in examples[0].hits] == [0, 1]
 
 
+def test_the_merge_holds_a_training_rows_doc_id_once_whatever_the_partitions_it_hits():
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+    result, _ = run(eval_rows([text]), [f"doc {j}: {text}" for j in range(20)], [3], partitions=8)
+    shares = [s for s in result.contaminated.parts if s["docs"]]
+    assert len(shares) > 4                          # each training row is in most partitions' shares
+    docs = [d for s in shares for d in s["docs"]]
+    assert len({id(d) for d in docs}) == len(set(docs)) == 20  # one string per row (before: one per share)
+
+
 def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so():
     rows = eval_rows([f"alpha beta gamma row{i}" for i in range(6)])
     train = ["alpha beta gamma"] * 4

@@ -394,6 +394,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
     train_rows: list[dict] = []
+    doc_ids: dict[str, str] = {}
     ignored = 0
     capped: list = []
     for part in parts:
@@ -412,7 +413,10 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             got[0].update(ids)
             got[1].update(rows)
         if "train_rows" in part:
-            train_rows.append(part["train_rows"])
+            share = part["train_rows"]
+            # a training row's doc id comes once from every partition it hits: held once
+            share["docs"] = [doc_ids.setdefault(d, d) for d in share["docs"]]
+            train_rows.append(share)
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
