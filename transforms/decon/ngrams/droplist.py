@@ -161,39 +161,40 @@ class DropList:
         member = id_of.reshape(-1).astype(np.int64)
         member[np.array(texts, dtype=np.int64)] = len(ids) + np.arange(len(texts), dtype=np.int64)
         width = len(ids) + len(texts)
+        used = [part for part in self.parts if part.get("paths")]
+        if not used:
+            return
         paths: dict[str, int] = {}
         keys: dict[tuple[str, int], int] = {}
-        rows_l, rec_starts_l, recs_l, codes_l, code_starts_l = [], [], [], [], []
-        docs: list[str] = []
-        n_pairs = n_recs = n_codes = 0
-        for part in self.parts:
-            if not part.get("paths"):
-                continue
-            pmap = np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64)
-            kmap = np.array([keys.setdefault((ds, int(n)), len(keys)) for ds, n in part["keys"]], dtype=np.int64)
-            rows = _i64(part["rows"]).reshape(-1, 2)
-            rows_l.append(np.stack([pmap[rows[:, 0]], rows[:, 1]], axis=1))
-            docs += part["docs"]
-            rec_starts_l.append(_i64(part["rec_starts"])[:-1] + n_pairs)
-            recs_l.append(_i64(part["recs"]) + n_recs)
-            code_starts = _i64(part["code_starts"])
-            code_starts_l.append(code_starts[:-1] + n_codes)
-            codes = _i64(part["codes"])
-            codes_l.append(kmap[codes // e] * width + member[codes % e])
-            n_pairs, n_recs, n_codes = n_pairs + len(recs_l[-1]), n_recs + len(code_starts) - 1, n_codes + len(codes)
-        if not rows_l:
-            return
+        pmaps = [np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64) for part in used]
+        kmaps = [np.array([keys.setdefault((ds, int(n)), len(keys)) for ds, n in part["keys"]], dtype=np.int64)
+                 for part in used]
+        # every partition's arrays in one, copied once from the shares' bytes, then renumbered in place
+        end = [np.zeros(1, dtype=np.int64)]
+        rows = np.concatenate([_i64(part["rows"]).reshape(-1, 2) for part in used])
+        rec_starts = np.concatenate([_i64(part["rec_starts"])[:-1] for part in used] + end)
+        recs = np.concatenate([_i64(part["recs"]) for part in used])
+        code_starts = np.concatenate([_i64(part["code_starts"])[:-1] for part in used] + end)
+        codes = np.concatenate([_i64(part["codes"]) for part in used])
+        r = q = c = k = 0  # rows, (row, record) pairs, records and codes of the partitions before
+        for part, pmap, kmap in zip(used, pmaps, kmaps):
+            n_rows, n_pairs, n_codes = len(part["rows"]) // 16, len(part["recs"]) // 8, len(part["codes"]) // 8
+            n_recs = len(part["code_starts"]) // 8 - 1
+            rows[r:r + n_rows, 0] = pmap[rows[r:r + n_rows, 0]]
+            rec_starts[r:r + n_rows] += q
+            recs[q:q + n_pairs] += c
+            code_starts[c:c + n_recs] += k
+            got = codes[k:k + n_codes]
+            codes[k:k + n_codes] = kmap[got // e] * width + member[got % e]
+            r, q, c, k = r + n_rows, q + n_pairs, c + n_recs, k + n_codes
+        rec_starts[-1], code_starts[-1] = q, k
+        docs = [d for part in used for d in part["docs"]]
         names, key_list = list(paths), list(keys)
         path_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
         key_order = np.argsort(np.array([f"{ds}\0{n:012d}" for ds, n in key_list], dtype=object))
         key_rank = np.argsort(key_order)
         key_list = [key_list[k] for k in key_order.tolist()]  # by rank from here on
-        codes = np.concatenate(codes_l)
         codes = key_rank[codes // width] * width + codes % width
-        code_starts = np.append(np.concatenate(code_starts_l), n_codes)
-        recs = np.concatenate(recs_l)
-        rec_starts = np.append(np.concatenate(rec_starts_l), n_pairs)
-        rows = np.concatenate(rows_l)
         # the partitions' rows by path and row (a stable sort: a row's first is its first partition's)
         order = np.lexsort((rows[:, 1], path_rank[rows[:, 0]]))
         row_starts = np.append(_distinct(path_rank[rows[order, 0]], rows[order, 1]), len(order))
@@ -201,6 +202,7 @@ class DropList:
         pair_codes = np.append(0, np.cumsum(np.diff(code_starts)[recs]))
         before = np.append(0, np.cumsum((pair_codes[rec_starts[1:]] - pair_codes[rec_starts[:-1]])[order]))
         at = before[row_starts]
+        del pair_codes, before
         lines = _Lines(names, key_list, quoted, texts, len(ids), eval_rows, same)
         a = 0
         while a < len(row_starts) - 1:
