@@ -181,13 +181,11 @@ class RunStages(beam.PTransform):
 
     def __init__(self, stages: list, output: str, verify_checksums: bool = False):
         super().__init__()
-        from refinery.transforms.core.plans import write_units
-        from refinery.transforms.core.stages import bind_stages
+        from refinery.transforms.core.stages import bind_stages, write_plans
 
-        self.steps = [Step(run, units, run.stage.plan_ref) for run in bind_stages(stages, output.rstrip("/"))
-                      if (units := run.stage.plan())]
-        for step in self.steps:  # the workers read the units, and each stage's plan, from the output
-            write_units(step.ref, step.units)
+        runs = bind_stages(stages, output.rstrip("/"))
+        # the workers read each stage's plan, the units of its step and its input list from the output
+        self.steps = write_plans(runs, [Step(run, units) for run in runs if (units := run.stage.plan())])
         self.verify_checksums = verify_checksums
 
     def expand(self, pbegin):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import json
 import logging
@@ -231,6 +232,11 @@ def _log_unit_event(event: str, run: "StageRun", unit_id: str) -> None:
 CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 
 
+@functools.lru_cache(maxsize=8)
+def _recorded_fingerprints(path: str) -> list:
+    return storage.read_json(path)
+
+
 @dataclass
 class StageRun:
     """A stage bound to an output directory and its (chained) hash. Picklable.
@@ -262,6 +268,15 @@ class StageRun:
 
     def receipt_path(self, unit_id: str) -> str:
         return storage.join(self.receipts_dir, f"{unit_id}.json")
+
+    def input_fingerprints(self) -> list:
+        """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
+        in a worker (whose job does not carry input lists), those the driver recorded under
+        OUTPUT for this plan (:func:`write_plans`), read once per process."""
+        try:
+            return self.stage.fingerprints()
+        except AttributeError:  # a driver_only input list, left out of the job
+            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash))
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
@@ -548,14 +563,18 @@ def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
 
 
 def write_plans(runs: list[StageRun], steps: list) -> list:
-    """Write the plan of every stage of ``runs`` and the units of each step (``pipeline.Step``)
-    into the output, where the job's workers read them; the steps with their ``ref`` set."""
+    """Write the plan and the input fingerprints of every stage of ``runs``, and the units of
+    each step (``pipeline.Step``), into the output, where the job's workers read them; the
+    steps with their ``ref`` set."""
     from dataclasses import replace
 
     from refinery.transforms.core.plans import write_units
 
     for r in runs:
         write_units(r.stage.plan_ref, r.stage.plan())
+        inputs_json = fingerprints_path(r.output, r.name, r.stage_hash)
+        if r.stage.fingerprints() and not storage.exists(inputs_json):  # what a worker reads for the input list
+            storage.atomic_write_json(inputs_json, r.stage.fingerprints())
     out = []
     for s in steps:
         ref = step_ref(s.run, s.units)

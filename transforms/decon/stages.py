@@ -201,6 +201,7 @@ class IndexStage(Stage):
     name = "index"
     title = "Index eval sets"
     light = True  # one unit: one process builds the whole eval index
+    driver_only = ("eval_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
         self.s = settings
@@ -220,13 +221,14 @@ class IndexStage(Stage):
     def make_plan(self) -> list[Unit]:
         return [Unit("catalog", {})] + [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def _index(self) -> ng.NgramIndex:
+    def _index(self, run: StageRun) -> ng.NgramIndex:
+        files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
-            return _eval_index(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text,
-                               self.s.id_field, self.s.tokenizer, tuple(self.s.ns), self.s.partitions)
+            return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
+                               self.s.partitions)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        index = self._index()
+        index = self._index(ctx.run)
         if unit.id == "catalog":
             membership = index.membership
             ctx.write_bytes(ctx.part_path(MEMBERSHIP_FILE), membership.to_bytes())
@@ -273,6 +275,7 @@ def _peak_rss_mb() -> float:
 class ScanStage(Stage):
     name = "scan"
     title = "Scan training data"
+    driver_only = ("train_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, train_files: list[storage.InputFile], index_stage: IndexStage):
         self.s = settings
@@ -519,12 +522,13 @@ class MergeReportsStage(Stage):
         with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
             for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
                 out.write(chunk)
-        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files()))
+        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,
                                          max_ngram_details=self.s.max_ngram_details).encode())
         report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
-                                          self.report_settings(), self.report_inputs(), scan_totals)
+                                          self.report_settings(), self.report_inputs(index_run, scan_run),
+                                          scan_totals)
         ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
         return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
@@ -534,12 +538,13 @@ class MergeReportsStage(Stage):
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
-    def train_files(self) -> list[dict]:
-        """``stats/train_files.jsonl``: every training file scanned, as given and resolved (a local
-        path made absolute, links followed), with the size and version it was scanned at:
-        what ``prep --exclude-overlaps`` matches its inputs against."""
-        return [{"train_path": f.path, "resolved": storage.resolved(f.path), "size": f.size, "version": f.version}
-                for f in self.reduce_stage.scan_stage.train_files]
+    @staticmethod
+    def train_files(scan_run: StageRun) -> list[dict]:
+        """``stats/train_files.jsonl``: every training file scanned (``scan_run``'s inputs), as
+        given and resolved (a local path made absolute, links followed), with the size and
+        version it was scanned at: what ``prep --exclude-overlaps`` matches its inputs against."""
+        return [{"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
+                 "version": f["version"]} for f in scan_run.input_fingerprints()]
 
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
@@ -551,11 +556,10 @@ class MergeReportsStage(Stage):
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
                 ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
 
-    def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
-        scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, fingerprint_text(f.size, f.version, storage.is_remote(f.path)))
-                     for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
-                     for f in files)
+    @staticmethod
+    def report_inputs(index_run: StageRun, scan_run: StageRun) -> tuple[tuple[str, str, str], ...]:
+        return tuple((side, f["path"], fingerprint_text(f["size"], f["version"], storage.is_remote(f["path"])))
+                     for side, run in (("eval", index_run), ("train", scan_run)) for f in run.input_fingerprints())
 
 
 def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:
