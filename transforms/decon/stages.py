@@ -30,7 +30,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
 import resource
 import threading
 import time
@@ -576,7 +575,7 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
                 path = f"{root}/{f.relpath}" if root else f.relpath
             elif f.relpath == storage.basename(f.path) and storage.basename(arg.rstrip("/")) == f.relpath \
-                    and not (storage.is_remote(arg) or os.path.isdir(arg)):
+                    and not storage.isdir(arg):  # the file itself was named (local or remote)
                 path = arg
             else:
                 path = f"{arg.rstrip('/')}/{f.relpath}"
