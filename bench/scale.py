@@ -20,6 +20,12 @@ nothing else on the machine:
     .venv/bin/python bench/scale.py                 # F = 10,000 and 100,000
     .venv/bin/python bench/scale.py --million       # and 1,000,000
     .venv/bin/python bench/scale.py --files 2000    # a quick look
+    .venv/bin/python bench/scale.py --replan 10000 100000   # a finished run's no-op re-plan
+
+``--replan``: a finished prep (and decon) over F one-line files on an object store in memory
+(fsspec, ``slowstore://``), then the same command again, nothing left to do, with 20 ms per
+request: its seconds and the requests the driver made (goal: <= 30 s and <= 500 requests for
+a finished 100,000-unit run; decon over 100,000 files has 100,000 scan units).
 
 Goals (issue 35): the proto <= 1 MB at 1,000,000 files for prep and decon, and growing by at
 most 1.5x from 10,000 to 100,000; planning 1,000,000 inputs in <= 60 s and <= 2 GB RSS.
@@ -82,6 +88,79 @@ print("RESULT", json.dumps(result))
 '''
 
 
+REPLAN = r'''
+import json, math, sys, threading, time
+import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
+
+class SlowStore(MemoryFileSystem):
+    """An object store in memory that counts requests and spends ``latency`` seconds on each:
+    every outermost call of the API below is one request, a listing one per 1,000 entries."""
+    protocol = "slowstore"
+    latency = 0.0
+    requests = 0
+    _depth = threading.local()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = path[len("slowstore://"):] if path.startswith("slowstore://") else path
+        return MemoryFileSystem._strip_protocol(path)
+
+def _wrap(name):
+    real = getattr(MemoryFileSystem, name)
+    def call(self, *args, **kwargs):
+        depth = getattr(SlowStore._depth, "n", 0)
+        SlowStore._depth.n = depth + 1
+        try:
+            out = real(self, *args, **kwargs)
+        finally:
+            SlowStore._depth.n = depth
+        if depth == 0:
+            n = max(1, math.ceil(len(out) / 1000)) if name in ("find", "glob", "ls") and hasattr(out, "__len__") else 1
+            SlowStore.requests += n
+            time.sleep(SlowStore.latency * n)
+        return out
+    setattr(SlowStore, name, call)
+
+for name in ("info", "ls", "find", "glob", "exists", "isdir", "isfile", "open", "cat_file", "cat", "rm", "rm_file",
+             "pipe_file", "mv", "copy", "makedirs", "mkdir", "size"):
+    _wrap(name)
+fsspec.register_implementation("slowstore", SlowStore, clobber=True)
+
+which, n = sys.argv[1], int(sys.argv[2])
+fs = SlowStore()
+for i in range(n):
+    fs.pipe_file(f"/in/{i // 1000:04d}/f{i:07d}.jsonl",
+                 (json.dumps({"id": f"d{i}", "text": f"document {i} about nothing"}) + "\n").encode())
+evals = "slowstore://eval"  # a folder: decon before 2026-11-26 misnamed a remote file given by itself
+fs.pipe_file("/eval/test.jsonl", (json.dumps({"id": "e0", "text": "document 7 about nothing"}) + "\n").encode())
+from refinery.beam_pipelines.cli import main
+if which == "prep":
+    argv = ["prep", "--input", "slowstore://in", "--output", "slowstore://out", "--num-shards", "64"]
+else:
+    argv = ["decon", "--eval", evals, "--train", "slowstore://in", "--output", "slowstore://out", "--ngrams", "3"]
+argv += ["--runner", "direct", "--no-progress"]
+t0 = time.perf_counter()
+assert main(argv) == 0
+first = time.perf_counter() - t0
+SlowStore.requests, SlowStore.latency = 0, float(sys.argv[3])
+t0 = time.perf_counter()
+assert main(argv) == 0
+print("RESULT", json.dumps({"first_s": first, "replan_s": time.perf_counter() - t0, "requests": SlowStore.requests}))
+'''
+
+
+def replan(which: str, n: int, latency: float = 0.02) -> dict:
+    """A finished run of ``which`` over ``n`` one-line files on an in-memory object store, then
+    the same command again (nothing to do) with ``latency`` seconds per request: its seconds
+    and the requests the driver made."""
+    p = subprocess.run([PYTHON, "-c", REPLAN, which, str(n), str(latency)], capture_output=True, text=True)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if p.returncode or line is None:
+        raise SystemExit(f"re-plan of {which} over {n} files failed:\n{p.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
 def make_inputs(folder: Path, n: int) -> Path:
     """``n`` one-line ``.jsonl`` files under ``folder/n`` (1,000 per subfolder), made once."""
     root = folder / str(n)
@@ -113,7 +192,17 @@ def main() -> None:
     ap.add_argument("--million", action="store_true", help="add 1,000,000 files")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "refinery-bench-scale"),
                     help="where the inputs are made (kept for the next run)")
+    ap.add_argument("--replan", type=int, nargs="*", metavar="F",
+                    help="only measure a finished run's no-op re-plan over F files on an object store with 20 ms per "
+                         "request (default F: 10,000 and 100,000)")
     args = ap.parse_args()
+    if args.replan is not None:
+        for n in args.replan or [10_000, 100_000]:
+            for which in ("prep", "decon"):
+                r = replan(which, n)
+                print(f"F={n:>9,}  {which}: a finished run re-plans in {r['replan_s']:.1f}s with {r['requests']:,} "
+                      f"requests at 20 ms each (the first run took {r['first_s']:.0f}s without latency)", flush=True)
+        return
     counts = args.files + ([1_000_000] if args.million else [])
     rows = []
     for n in counts:

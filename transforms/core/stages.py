@@ -266,6 +266,25 @@ class StageRun:
     def parts_dir(self) -> str:
         return storage.join(self.dir, "parts")
 
+    @property
+    def repairs_dir(self) -> str:
+        """One file per unit whose receipt carries a ``repair`` token, holding the token: the
+        stage's repairs, known from one listing instead of every receipt."""
+        return storage.join(self.dir, "repairs")
+
+    def recorded_repairs(self) -> dict[str, str]:
+        """``{"stage/unit": token}`` of the stage's units rebuilt over damaged files, from
+        ``repairs_dir`` (what :func:`~.receipts.repairs_of` gives from their receipts)."""
+        out = {}
+        for path in storage.listdir(self.repairs_dir):
+            name = storage.basename(path)
+            if not storage.is_temp_name(name):
+                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode()
+        return out
+
+    def record_repair(self, unit_id: str, token: str) -> None:
+        storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
+
     def receipt_path(self, unit_id: str) -> str:
         return storage.join(self.receipts_dir, f"{unit_id}.json")
 
@@ -425,6 +444,8 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = _now()
     storage.atomic_write_json(run.receipt_path(unit.id), receipt)
+    if receipt["status"] == "completed" and repair:
+        run.record_repair(unit.id, repair)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
 
@@ -521,6 +542,7 @@ class _Planned:
     receipts: dict[str, dict]  # unit id -> receipt of the units done
     pending: list[Unit]  # of the units the stage needs now
     final: bool  # False: needed() will ask for more units once these are done
+    stale: list[str] = field(default_factory=list)  # pending units whose receipt predates an upstream repair
 
 
 def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool) -> list[_Planned]:
@@ -535,12 +557,36 @@ def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: 
         receipts = {u.id: checks[u.id].receipt for u in plan if checks[u.id].done}
         needed, final = run.stage.needed(plan, receipts)
         pending = [u for u in needed if u.id not in receipts]
-        repairs.update(repairs_of(run.name, receipts))
+        done_repairs = repairs_of(run.name, receipts)
+        if done_repairs and run.recorded_repairs() != done_repairs:  # a run killed before it recorded one
+            for key, token in done_repairs.items():
+                run.record_repair(key.split("/", 1)[1], token)
+        repairs.update(done_repairs)
         for u in pending:
             if token := next_repair(checks[u.id]):
                 repairs[f"{run.name}/{u.id}"] = token
-        planned.append(_Planned(run, plan, receipts, pending, final))
+        planned.append(_Planned(run, plan, receipts, pending, final, [u.id for u in pending if checks[u.id].stale]))
     return planned
+
+
+def final_stages_done(runs: list[StageRun], plans: list[list[Unit]]) -> bool:
+    """Whether every unit of the stages whose files are user-facing (``final_outputs``, and the
+    last stage) is done by :func:`check_receipt`: then a run has nothing to do, whatever the
+    stages before them hold (backward demand, :func:`demanded`), and their receipts need not
+    be read: a no-op re-plan reads the final stages' receipts and one listing of each earlier
+    stage's recorded repairs (the tokens the final receipts are judged against), not a receipt
+    per unit of the corpus."""
+    repairs: dict[str, str] = {}
+    for i, (run, plan) in enumerate(zip(runs, plans)):
+        if run.stage.final_outputs or i == len(runs) - 1:
+            run.upstream_repairs = dict(repairs)
+            checks = run.check_all([u.id for u in plan])
+            if not all(c.done for c in checks.values()):
+                return False
+            repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items()}))
+        else:
+            repairs.update(run.recorded_repairs())
+    return True
 
 
 def _span_seconds(receipts: list[dict]) -> float:
@@ -654,6 +700,8 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     metrics: dict[str, dict[str, int]] = {}
     discarded: set[str] = set()
     while True:
+        if not verify_checksums and final_stages_done(runs, plans):
+            break  # nothing to do: the earlier stages' receipts are not read
         planned = _plan_runs(runs, plans, verify_checksums)
         last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
         job: list[_Planned] = []
@@ -674,6 +722,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         steps = [Step(p.run, p.pending) for p in job if p.pending]
         if not steps:
             break
+        for p in job:  # receipts built before an upstream repair go first: a later run, even one
+            for unit_id in p.stale:  # killed before these units are redone, sees them pending
+                storage.remove(p.run.receipt_path(unit_id), root=output)
         steps = write_plans([p.run for p in job], steps)
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
