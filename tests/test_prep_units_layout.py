@@ -9,12 +9,12 @@ from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.transforms.core import storage
 from refinery.transforms.prep import stages as prep_stages
-from refinery.transforms.prep.stages import PrepConfig, TokenizeStage, count_rows_before
+from refinery.transforms.prep.stages import PrepConfig, TokenizeStage
 
 
 def _tokenize_units(out) -> list[str]:
     run = json.loads((out / ".refinery" / "run.json").read_text())
-    h = run["stages"][0]["stage_hash"]
+    (h,) = [st["stage_hash"] for st in run["stages"] if st["name"] == "tokenize"]
     return sorted(p.stem for p in (out / ".refinery" / "tokenize" / h / "receipts").glob("*.json"))
 
 
@@ -26,12 +26,25 @@ def test_rows_before_each_range_are_counted_like_the_reader(tmp_path):
     p.write_bytes(b"\n".join(lines))  # no newline at the end
     size = p.stat().st_size
     for step in (1, 3, 7, 16, 50, size):
-        los = list(range(0, size, step))
-        bases = count_rows_before(str(p), los)
+        ranges = prep_stages.byte_ranges(size, step)
+        counts = [prep_stages.range_newlines(str(p), *prep_stages.count_span(ranges, k))
+                  for k in range(len(ranges) - 1)]
         rows = []
-        for lo, base in zip(los, bases):
-            rows += [(base + r, rec, err) for r, rec, err in iter_rows(str(p), byte_range=(lo, min(lo + step, size)))]
+        for (lo, hi), base in zip(ranges, prep_stages.row_bases(counts), strict=True):
+            rows += [(base + r, rec, err) for r, rec, err in iter_rows(str(p), byte_range=(lo, hi))]
         assert rows == list(iter_rows(str(p))), step
+
+
+def test_the_driver_does_not_read_a_big_file_to_number_its_rows(tmp_path, monkeypatch, capsys):
+    """The rows of a big .jsonl's byte ranges are counted by the count stage's units, inside the
+    job: planning reads none of the file, and the run's step names show the stage."""
+    big = write_jsonl(tmp_path / "in" / "big.jsonl", [{"text": t} for t in gsm8k_texts(300)])
+    cfg = PrepConfig(storage.expand_inputs([str(big)]), str(tmp_path / "o"), "d", unit_bytes=16 << 10)
+    monkeypatch.setattr(prep_stages, "range_newlines", lambda *a: pytest.fail("read while planning"))
+    stages = prep_stages.build_stages(cfg)
+    assert [s.name for s in stages] == ["count", "tokenize", "pack", "manifest"]
+    count, tokenize = stages[0].plan(), stages[1].plan()
+    assert len(count) == len(tokenize) - 1 > 3 and not any("row_base" in u.payload["pieces"][0] for u in tokenize)
 
 
 def test_units_group_small_files_and_split_big_ones(tmp_path):

@@ -129,6 +129,8 @@ class Stage:
     - ``light = True``: mostly I/O, or one unit: on the local multi-process runner a job
       of only light steps runs in the driver's process instead of starting a pool of
       worker processes (seconds of start-up for a second of work).
+    - ``chained = False``: the stage's hash does not enter the hashes of the stages after it
+      (its outputs are a pure function of inputs that the next stage's hash covers already).
     - ``final_outputs = True``: the stage writes user-facing files under fixed names that
       another plan's run would overwrite; receipts of other plans of it are discarded. Its
       pending units are always run (with what precedes them); a stage of intermediate files
@@ -140,6 +142,7 @@ class Stage:
     light: bool = False
     final_outputs: bool = False
     driver_only: tuple[str, ...] = ()
+    chained: bool = True  # False: its hash does not enter the stages' after it (see bind_stages)
     plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
     _units: list[Unit] | None = None
 
@@ -496,7 +499,8 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
         stage.plan_ref = PlanRef(storage.join(run.dir, "plan"), len(stage.plan()))
         upstream[stage.name] = run
         runs.append(run)
-        upstream_hash = h
+        if stage.chained:  # an unchained stage's outputs are a function of what the next stage's hash covers
+            upstream_hash = h
     return runs
 
 

@@ -120,23 +120,101 @@ def included_units(units: list[Unit], receipts: dict[str, dict], max_tokens: int
 
 
 
-def count_rows_before(path: str, offsets: list[int], chunk: int = 1 << 24) -> list[int]:
-    """For each byte offset ``lo`` (ascending), how many lines of a local JSONL file start
-    before it: what the rows of the byte range starting at ``lo`` are numbered from."""
-    out, newlines, pos = [], 0, 0
+def range_newlines(path: str, lo: int, hi: int, chunk: int = 1 << 24) -> int:
+    """The newlines in bytes ``[lo, hi)`` of a local file."""
+    count = 0
     with open(path, "rb") as f:
-        for lo in offsets:
-            if lo == 0:
-                out.append(0)
-                continue
-            while pos < lo - 1:  # newlines in [0, lo - 1): each starts a line before lo
-                data = f.read(min(chunk, lo - 1 - pos))
-                if not data:
-                    break
-                newlines += data.count(b"\n")
-                pos += len(data)
-            out.append(1 + newlines)
+        f.seek(lo)
+        left = hi - lo
+        while left > 0 and (data := f.read(min(chunk, left))):
+            count += data.count(b"\n")
+            left -= len(data)
+    return count
+
+
+def byte_ranges(size: int, step: int) -> list[tuple[int, int]]:
+    """The byte ranges a big ``.jsonl`` of ``size`` bytes is split into: ``step`` bytes each."""
+    return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
+
+
+def count_span(ranges: list[tuple[int, int]], k: int) -> tuple[int, int]:
+    """The bytes whose newlines range ``k`` contributes to the row numbers of the ranges after
+    it: ``[lo - 1, next lo - 1)`` (``[0, ...)`` for the first). A range's rows are numbered
+    from :func:`row_bases`: 0 for the first, else 1 + the newlines before its ``lo - 1``, the
+    lines that start before it (a line starts at 0 and after each newline)."""
+    lo, hi = ranges[k]
+    return max(lo - 1, 0), hi - 1
+
+
+def row_bases(newlines: list[int]) -> list[int]:
+    """Each range's first row number, from the newlines each range but the last counted
+    (:func:`count_span`)."""
+    out, seen = [0], 0
+    for n in newlines:
+        seen += n
+        out.append(1 + seen)
     return out
+
+
+def split_by_range(f: storage.InputFile, unit_bytes: int) -> bool:
+    """Whether tokenize splits ``f`` into byte ranges: a local ``.jsonl`` over twice ``unit_bytes``."""
+    return storage.has_suffix(f.path, ".jsonl") and not storage.is_remote(f.path) and 0 < 2 * unit_bytes < f.size
+
+
+class CountRowsStage(Stage):
+    """Unit: a byte range of a big local ``.jsonl`` (all but the last of its file) -> the
+    newlines of its :func:`count_span`, in its receipt's stats (no file).
+
+    The rows of a byte range are numbered from the lines before it, which the driver would
+    otherwise read the whole file to count; these units count them in parallel, inside the
+    job, and tokenize takes the row bases from their receipts (a side input). Present only
+    when some input is split by byte range. The counts are a pure function of the input files,
+    which tokenize's hash covers: this stage does not enter the hashes after it (``chained``),
+    so plans made before it existed keep theirs.
+    """
+
+    name = "count"
+    title = "Count rows"
+    chained = False
+    driver_only = ("files",)
+
+    def __init__(self, cfg: PrepConfig, files: list[tuple[int, storage.InputFile]]):
+        self.cfg = cfg
+        self.files = files  # (input index, file) of the inputs split by byte range
+
+    def config(self) -> dict:
+        return {"unit_bytes": self.cfg.unit_bytes}
+
+    def fingerprints(self) -> list:
+        return [f.fingerprint() for _, f in self.files]
+
+    def make_plan(self) -> list[Unit]:
+        units = []
+        for i, f in self.files:
+            ranges = byte_ranges(f.size, self.cfg.unit_bytes)
+            units += [Unit(f"{i:05d}-r{k:04d}", {"path": f.path, "fingerprint": f.fingerprint(),
+                                                   "span": list(count_span(ranges, k))})
+                      for k in range(len(ranges) - 1)]
+        return units
+
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        check_unchanged(unit.payload)
+        lo, hi = unit.payload["span"]
+        newlines = range_newlines(unit.payload["path"], lo, hi)
+        check_unchanged(unit.payload)
+        return {"newlines": newlines}
+
+    @staticmethod
+    def bases(run: StageRun) -> dict[str, int]:
+        """Tokenize unit id -> the row its byte range starts at, from the receipts of ``run``
+        (this stage, bound): read once per job and handed to every tokenize unit."""
+        receipts = run.completed_receipts()
+        counts: dict[str, list[int]] = {}
+        for u in run.stage.plan():
+            if u.id not in receipts:
+                raise RuntimeError(f"count unit {u.id} is not complete")
+            counts.setdefault(u.id.split("-r")[0], []).append(int(receipts[u.id]["stats"]["newlines"]))
+        return {f"{i}-r{k:04d}": base for i, newlines in counts.items() for k, base in enumerate(row_bases(newlines))}
 
 
 class TokenizeStage(Stage):
@@ -183,13 +261,9 @@ class TokenizeStage(Stage):
             if len(groups) > step:
                 return [(f"{i:05d}-{g:05d}", {**base, "row_groups": [g, min(g + step, len(groups))]})
                         for g in range(0, len(groups), step)]
-        elif (storage.has_suffix(f.path, ".jsonl") and not storage.is_remote(f.path)
-              and 0 < 2 * self.cfg.unit_bytes < f.size):
-            step = self.cfg.unit_bytes
-            los = list(range(0, f.size, step))
-            bases = count_rows_before(f.path, los)
-            return [(f"{i:05d}-r{k:04d}", {**base, "byte_range": [lo, min(lo + step, f.size)], "row_base": rb})
-                    for k, (lo, rb) in enumerate(zip(los, bases))]
+        elif split_by_range(f, self.cfg.unit_bytes):  # rows numbered from the count stage's receipts
+            return [(f"{i:05d}-r{k:04d}", {**base, "byte_range": [lo, hi]})
+                    for k, (lo, hi) in enumerate(byte_ranges(f.size, self.cfg.unit_bytes))]
         return None
 
     def make_plan(self) -> list[Unit]:
@@ -216,6 +290,26 @@ class TokenizeStage(Stage):
     def needed(self, units, receipts):
         return included_units(units, receipts, self.cfg.max_tokens, self.cfg.wave_units)
 
+    def side_inputs(self, run: StageRun, start) -> dict:
+        import apache_beam as beam
+
+        if "count" not in run.upstream:
+            return {}
+        bases = start | "RowBases" >> beam.Map(lambda _, r: CountRowsStage.bases(r), run.upstream["count"])
+        return {"row_bases": beam.pvalue.AsSingleton(bases, default_value=None)}
+
+    @staticmethod
+    def _row_base(unit: Unit, piece: dict, ctx: UnitContext) -> int:
+        """The row a piece's rows are numbered from: 0, or for a byte range the count stage's."""
+        if "byte_range" not in piece or piece["byte_range"][0] == 0:
+            return 0
+        if "row_base" in piece:  # a plan made before the count stage
+            return piece["row_base"]
+        bases = ctx.side.get("row_bases")
+        if bases is None:  # run without Beam
+            bases = CountRowsStage.bases(ctx.upstream("count"))
+        return bases[unit.id]
+
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
@@ -231,7 +325,7 @@ class TokenizeStage(Stage):
             writer = spill.SpillWriter(tokens_out)
             add = writer.add
             for p in pieces:
-                path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
+                path, relpath, row_base = p["path"], p["relpath"], self._row_base(unit, p, ctx)
                 columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
                 row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
                 byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
@@ -538,14 +632,18 @@ class ManifestStage(Stage):
 
 
 def build_stages(cfg: PrepConfig) -> list[Stage]:
-    """tokenize -> [merge, when tokenize units x shards > MERGE_ABOVE] -> pack -> manifest."""
+    """[count, when an input is split by byte range] -> tokenize -> [merge, when tokenize units x
+    shards > MERGE_ABOVE] -> pack -> manifest."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, **cfg.text.identity(),
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
                            "tokenizer": cfg.tokenizer.identity(), "source": cfg.source,
                            **({"exclude": cfg.exclude.identity()} if cfg.exclude else {})})
     tokenize = TokenizeStage(cfg)
+    split = [(i, f) for i, f in enumerate(cfg.inputs) if split_by_range(f, cfg.unit_bytes)]
+    count = [CountRowsStage(cfg, split)] if split else []
     merge = MergeSpillsStage(cfg, tokenize) if len(tokenize.plan()) * cfg.num_shards > MERGE_ABOVE else None
-    return [tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge), ManifestStage(cfg, run_hash)]
+    return [*count, tokenize, *([merge] if merge else []), PackStage(cfg, tokenize, merge),
+            ManifestStage(cfg, run_hash)]
 
 
 def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
