@@ -42,7 +42,9 @@ import json
 import re
 import unicodedata
 from array import array
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
@@ -222,3 +224,51 @@ def encode_document(tok: Tokenizer, text: str) -> array:
 def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
     """THE tokenize step."""
     return TokenizedDocument(doc.doc_id, encode_document(tok, doc.text), doc.source, doc.row)
+
+
+# ---------------------------------------------------------------------------------------
+# Many documents at once: the same tokens, as buffers
+# ---------------------------------------------------------------------------------------
+
+# Documents are encoded in batches of about this many characters (or at most this many
+# documents), one encoder call each: a tokenize unit's, and the Tokenize transform's in a bundle
+BATCH_CHARS = 1 << 20
+BATCH_DOCS = 1 << 14
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, lengths) of normalized documents: every document's tokens followed by one EOS
+    (what :func:`encode_document` gives each), back to back as one uint32 array, and each
+    document's uint32 length, EOS included. The tokenizer encodes them in one batch
+    (``encode_flat``); the EOS is put in by numpy, with no Python object per document."""
+    if not isinstance(tok, Tokenizer):
+        tok = wrap_encoding(tok)
+    flat, offsets = tok.encode_flat(texts)
+    tokens = np.insert(np.asarray(flat, np.uint32), offsets[1:], np.uint32(tok.eos_id))
+    lengths = np.diff(offsets).astype(np.uint32)
+    lengths += 1
+    return tokens, lengths
+
+
+def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                     np.ndarray]:
+    """(order, tokens, lengths): documents encoded grouped by shard, as a unit's spill wants
+    them. ``order``: the stable argsort of ``shards`` (a document's position in ``texts`` for
+    each position in the result: shards ascending, each shard's documents in input order);
+    ``tokens``, ``lengths``: :func:`encode_documents` of the texts in that order, so each
+    shard's tokens are one contiguous slice."""
+    order = np.argsort(shards, kind="stable")
+    tokens, lengths = encode_documents(tok, [texts[i] for i in order.tolist()])
+    return order, tokens, lengths
+
+
+def tokenize_documents(tok: Tokenizer, docs: Sequence[Document]) -> list[TokenizedDocument]:
+    """:func:`tokenize_document` of each document, encoded in one batch (:func:`encode_documents`)."""
+    tokens, lengths = encode_documents(tok, [d.text for d in docs])
+    out, lo = [], 0
+    view = memoryview(tokens).cast("B")  # native uint32, as array('I') holds them
+    for doc, n in zip(docs, lengths.tolist()):
+        a = array("I")
+        a.frombytes(view[4 * lo:4 * (lo + n)])
+        out.append(TokenizedDocument(doc.doc_id, a, doc.source, doc.row))
+        lo += n
+    return out
