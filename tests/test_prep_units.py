@@ -303,6 +303,40 @@ def test_spill_writer_takes_arrays_numpy_and_lists_alike():
         assert row["shard"] == s and tokens[row["offset"]:row["offset"] + row["length"]].tolist() == t
 
 
+def test_spill_writer_batches_write_what_documents_one_by_one_write():
+    from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+    from refinery.transforms.prep.documents import encode_by_shard, encode_document, encode_documents
+
+    tok = load_tokenizer(DEFAULT, "fast")
+    texts = [f"document {i}: " + "word " * (i % 17) + "<|endoftext|>" * (i % 3) for i in range(300)]
+    shards = np.random.default_rng(2).integers(0, 5, size=len(texts)).astype(np.uint32)
+    one, batched = io.BytesIO(), io.BytesIO()
+    w = spill.SpillWriter(one)
+    for s, t in zip(shards.tolist(), texts):
+        w.add(s, encode_document(tok, t))
+    table_one = w.close()
+    w = spill.SpillWriter(batched)
+    for lo in range(0, len(texts), 64):  # batches, as a tokenize unit adds them
+        order, tokens, lengths = encode_by_shard(tok, texts[lo:lo + 64], shards[lo:lo + 64])
+        assert np.array_equal(order, np.argsort(shards[lo:lo + 64], kind="stable"))
+        w.add_batch(shards[lo:lo + 64], order, tokens, lengths)
+    table_batched = w.close()
+    assert batched.getvalue() == one.getvalue() and table_batched.tobytes() == table_one.tobytes()
+    all_tokens, all_lengths = encode_documents(tok, texts)
+    assert int(table_one["cum_end"][-1]) == len(all_tokens) == int(all_lengths.sum())
+
+    for run_tokens in (50, 1000):  # runs flushed between batches: every document where the table says
+        buf = io.BytesIO()
+        w = spill.SpillWriter(buf, run_tokens=run_tokens)
+        for lo in range(0, len(texts), 64):
+            w.add_batch(shards[lo:lo + 64], *encode_by_shard(tok, texts[lo:lo + 64], shards[lo:lo + 64]))
+        table = w.close()
+        got = np.frombuffer(buf.getvalue(), "<u4")
+        assert table["shard"].tolist() == shards.tolist()
+        for t, row in zip(texts, table):
+            assert got[row["offset"]:row["offset"] + row["length"]].tolist() == encode_document(tok, t).tolist()
+
+
 def test_npy_header_matches_numpy_save():
     arr = np.arange(12345, dtype=np.uint32)
     ref = io.BytesIO()
