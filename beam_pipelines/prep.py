@@ -14,7 +14,7 @@ import sys
 
 HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
-WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
+WORKER_IMPORTS = ("refinery.transforms.prep.stages", "refinery.transforms.formats.warm_encoder")
 
 EPILOG = """\
 examples:

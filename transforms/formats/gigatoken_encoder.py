@@ -58,10 +58,11 @@ log = logging.getLogger("refinery")
 
 # gigatoken's name of each encoding's split pattern (its pretokenizer), by the base encoding
 PRETOKENIZERS = {"o200k_base": "o200k", "cl100k_base": "cl100k"}
-# The encode cache's budget, per process. Measured (bench/encoders.py --cache): on 200 MB of web-like
-# text, 64 MiB encodes as fast as the package's default of 512 MiB, and one worker stays near
-# 300 MB RSS over 1 GB of distinct text.
-MAX_CACHE_BYTES = 64 << 20
+# The encode cache's budget, per process. Measured (bench/encoders.py cache, 200 MB, one pass):
+# on web-like text every budget from 64 MiB to 512 MiB encodes alike (RSS +235 to +279 MB); on
+# distinct words (a new piece each) 64 / 128 / 256 / 512 MiB take 6.7 / 5.3 / 4.4 / 4.5 s with
+# RSS +222 / +257 / +328 / +471 MB. Smaller budgets wipe often, and each wipe re-seeds the vocab.
+MAX_CACHE_BYTES = 256 << 20
 
 _U32 = np.dtype(np.uint32)
 _I64 = np.dtype(np.int64)
@@ -152,12 +153,38 @@ def probe_digest(encode_batch) -> str:
     return hashlib.sha256(json.dumps(lists).encode()).hexdigest()
 
 
+# encoders built ahead (:func:`preload`), by (base encoding, cache budget)
+_PRELOADED: dict[tuple[str, int], object] = {}
+
+
+def preload(spec: TokenizerSpec | None = None) -> bool:
+    """Build the encoder of ``spec`` (default: prep's default tokenizer) now, for the processes
+    forked from this one (the warm worker pool) to share; returns whether it was built. Quiet:
+    where it cannot be, a worker builds its own and says why."""
+    from refinery.transforms.formats.tokenizers import DEFAULT
+
+    spec = spec or DEFAULT
+    base = FAST_ENCODINGS.get(spec.name)
+    quiet = log.disabled
+    log.disabled = True
+    try:
+        fast = gigatoken_backend(spec)
+    finally:
+        log.disabled = quiet
+    if fast is not None:
+        _PRELOADED[(base, MAX_CACHE_BYTES)] = fast
+    return fast is not None
+
+
 def gigatoken_backend(spec: TokenizerSpec, max_cache_bytes: int = MAX_CACHE_BYTES):
     """gigatoken's encoder for ``spec``'s encoding with a bounded cache, when installed and
-    giving tiktoken's tokens on the probes; else None, with a warning saying why."""
+    giving tiktoken's tokens on the probes (or built ahead by :func:`preload`); else None, with
+    a warning saying why."""
     base = FAST_ENCODINGS.get(spec.name) if spec.kind == "tiktoken" else None
     if base not in PRETOKENIZERS:
         return None
+    if (base, max_cache_bytes) in _PRELOADED:
+        return _PRELOADED[(base, max_cache_bytes)]
     try:
         import gigatoken
     except ImportError:
