@@ -540,3 +540,23 @@ def test_normalize_text_fast_paths_equal_the_definition():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
         assert normalize_text(text) == reference(text), repr(text)
     assert normalize_text("  plain ascii\n") == "plain ascii"
+
+
+def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop():
+    """row_normalizer's fast path skips the exact scans for a text none of whose UTF-16 units
+    is flagged: every such text must be NFC and free of surrogates and Cc but \\t \\n. Checked
+    for every unflagged BMP character after every starter that begins a canonical composition
+    (and some Hangul), the pairs NFC looks at."""
+    import unicodedata
+
+    from refinery.transforms.prep.documents import _CC_TO_DROP, _SURROGATE, _unit_flags
+
+    flags = _unit_flags()
+    plain = "".join(chr(c) for c in range(0x10000) if flags[c] == 0)
+    assert not _SURROGATE.search(plain) and not _CC_TO_DROP.search(plain)
+    firsts = {int(d.split()[0], 16) for d in map(unicodedata.decomposition, map(chr, range(0x10000)))
+              if d and d[0] != "<" and len(d.split()) == 2}
+    firsts |= {*range(0x1100, 0x1113), *range(0xAC00, 0xD7A4, 27)}  # Hangul leading consonants, syllables
+    for a in sorted(c for c in firsts if flags[c] == 0):
+        assert unicodedata.is_normalized("NFC", chr(a) + chr(a).join(plain)), hex(a)
+    assert flags[0x0301] and flags[0x1161] and flags[0x00C5] == 0 and flags[0x212B] and flags[ord("\r")]

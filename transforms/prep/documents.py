@@ -37,6 +37,7 @@ Rules:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -117,6 +118,39 @@ _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
 _SURROGATE_OR_CC = re.compile(_SURROGATE.pattern[:-1] + _CC_TO_DROP.pattern[1:])
 
 
+_LOOK, _NFC = 1, 2  # bits of _unit_flags
+
+
+@functools.lru_cache(maxsize=1)
+def _unit_flags() -> np.ndarray:
+    """uint8[0x10000], a UTF-16 code unit's flags: ``_LOOK`` for a surrogate (half of an astral
+    character, or a lone one) or a Cc character but ``\t`` ``\n``: the text needs the exact
+    scan; ``_NFC`` for a character that is not NFC by itself (NFC_Quick_Check No), has a
+    combining class other than 0, or may compose with the character before it (the second
+    character of a canonical decomposition pair, a Hangul vowel or trailing consonant: Quick_Check
+    Maybe). A text with none of these flags is NFC (UAX #15's quick check) with nothing to drop.
+    Built from this interpreter's ``unicodedata``, the tables ``is_normalized`` itself uses."""
+    flags = np.zeros(0x10000, np.uint8)
+    flags[0xD800:0xE000] = _LOOK
+    for cp in range(0xA0):
+        if _CC_TO_DROP.match(chr(cp)):
+            flags[cp] |= _LOOK
+    combining, decomposition = unicodedata.combining, unicodedata.decomposition
+    for cp in [*range(0xD800), *range(0xE000, 0x10000)]:
+        c = chr(cp)
+        if combining(c):
+            flags[cp] |= _NFC
+        canonical = decomposition(c)
+        if canonical and canonical[0] != "<":  # (a character without one is NFC by itself)
+            if unicodedata.normalize("NFC", c) != c:
+                flags[cp] |= _NFC
+            parts = canonical.split()
+            if len(parts) == 2 and int(parts[1], 16) < 0x10000:
+                flags[int(parts[1], 16)] |= _NFC
+    flags[0x1160:0x1200] |= _NFC  # Hangul jungseong and jongseong: compose with a syllable before them
+    return flags
+
+
 def normalize_text(text: str) -> str:
     """The normalized form of a document's text ('' means the document is empty)."""
     if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
@@ -194,9 +228,12 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
             if type(text) is str:
                 if text.isascii():
                     clean = not text.encode("ascii").translate(None, _ASCII_CLEAN)
-                else:  # one scan: no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
-                    clean = _SURROGATE_OR_CC.search(text) is None
-                    if clean and not unicodedata.is_normalized("NFC", text):
+                else:  # one table lookup a UTF-16 unit says what needs a closer look (see _unit_flags)
+                    units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), "<u2")
+                    flags = int(np.bitwise_or.reduce(_unit_flags()[units]))
+                    # no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
+                    clean = not flags & _LOOK or _SURROGATE_OR_CC.search(text) is None
+                    if clean and flags and not unicodedata.is_normalized("NFC", text):
                         text = unicodedata.normalize("NFC", text)
                 if clean:
                     text = text.strip()
