@@ -4,8 +4,9 @@
 text (ordinary text to ``encode_ordinary``), combining marks (old and recently assigned),
 control characters (C0, DEL, C1), whitespace of every kind, digits of several scripts,
 astral characters (emoji, CJK extensions, private use, unassigned), contractions in any case,
-long runs of one piece, and any code point but a surrogate. ``big=True`` adds long runs of
-spaces and digits (up to 200,000) and, now and then, a 1 MB token (a run without a split).
+long runs of one piece, runs of spaces and digits (up to 3,000), and any code point but a
+surrogate. ``big=True`` makes one run in a hundred up to 200,000 long and adds, to one string
+in 5,000, a 1 MB token (a million letters without a split).
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def fuzz_text(rnd: random.Random, big: bool = False) -> str:
             parts.append(rnd.choice([" ", "", "\n", "  "]).join(rnd.choice(WORDS) for _ in range(rnd.randrange(1, 30))))
         elif r < 0.93:  # runs of spaces or digits, with something after them
             run = rnd.choice([" ", "\n", " \t", "7", "0123456789", "١"])
-            parts.append(run * rnd.randrange(1, 200_000 if big else 3_000) + rnd.choice(["x", " y", "\n", "1", ""]))
+            longest = 200_000 if big and rnd.random() < 0.01 else 3_000
+            parts.append(run * rnd.randrange(1, longest) + rnd.choice(["x", " y", "\n", "1", ""]))
         else:
             parts.append(rnd.choice(WORDS) + _from(rnd, MARKS) * rnd.randrange(1, 20))
     if big and rnd.random() < 0.0002:  # a 1 MB token: one split piece of a million letters
