@@ -11,9 +11,11 @@ Four subcommands, each on one thread, against tiktoken ``encode_ordinary`` as th
 ``cache``  gigatoken's encode-cache budget: per budget, in a fresh process, CPU seconds of one
            pass over the corpus and the RSS it ends with (``--budgets`` in MiB).
 ``exact``  tokens of every document of the 200 MB GSM8K-derived and web-like corpora and of
-           ``--fuzz`` seeded fuzz strings (tests/encoder_fuzz.py, ``big``: runs of 200,000
-           spaces or digits, 1 MB tokens), through prep's batch path (``encode_flat``), compared
-           with tiktoken's for each ``--encodings``; prints mismatches (must be 0) and fallbacks.
+           twice ``--fuzz`` seeded fuzz strings (tests/encoder_fuzz.py, ``big``: runs of 200,000
+           spaces or digits, 1 MB tokens; once with any code point, once with none unassigned in
+           Unicode 14.0, so that gigatoken itself encodes them), through prep's batch path
+           (``encode_flat``), compared with tiktoken's for each ``--encodings``; prints
+           mismatches (must be 0) and documents sent to tiktoken.
 ``scan``   every code point but surrogates in 20 contexts: where gigatoken's tokens differ
            from tiktoken's, by Unicode 14.0 category (``--assigned-only``: skip those prep sends
            to tiktoken anyway). About 15 minutes for o200k on this machine.
@@ -151,8 +153,11 @@ def exact(args) -> None:
     from refinery.transforms.formats import tokenizer as tk
     from refinery.transforms.formats.tokenizers import load_tokenizer, resolve_tokenizer
 
-    sets = {f"{kind} {args.mb:.0f} MB": corpus(kind, args.mb) for kind in ("gsm8k", "web")}
-    sets[f"fuzz {args.fuzz:,} (seed {args.seed})"] = fuzz_texts(args.seed, args.fuzz, big=True)
+    sets = {f"{kind} {args.mb:.0f} MB": corpus(kind, args.mb) for kind in args.corpora}
+    if args.fuzz:  # any code point (those holding an unassigned one go to tiktoken), then assigned ones only
+        sets[f"fuzz {args.fuzz:,} (seed {args.seed})"] = fuzz_texts(args.seed, args.fuzz, big=True)
+        sets[f"fuzz {args.fuzz:,} assigned (seed {args.seed + 1})"] = fuzz_texts(args.seed + 1, args.fuzz, big=True,
+                                                                                 assigned=True)
     for encoding in args.encodings:
         spec = resolve_tokenizer(encoding)
         fast = load_tokenizer(spec, "fast")
@@ -222,6 +227,7 @@ def main() -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[32, 64, 128, 512], metavar="MIB")
     p = sub.add_parser("exact")
     p.add_argument("--mb", type=float, default=200)
+    p.add_argument("--corpora", nargs="*", choices=["gsm8k", "web"], default=["gsm8k", "web"])
     p.add_argument("--fuzz", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--encodings", nargs="+", default=["o200k_harmony", "o200k_base", "cl100k_base"])

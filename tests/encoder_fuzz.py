@@ -29,17 +29,25 @@ WORDS = ["the", "The", "THE", "Straße", "naïve", "nai\u0308ve", "x²", "ΔT", 
 PIECES = ["a", "ab", "🙂", "日本", "é", "e\u0301", "0", "12", " ", "\n", "\t", " \n", "'s", "ـ", "<|endoftext|>", "ﷺ"]
 
 
-def _from(rnd: random.Random, ranges: list[tuple[int, int]]) -> str:
-    lo, hi = rnd.choice(ranges)
+def _from(rnd: random.Random, ranges: list[tuple[int, int]], assigned: bool = False) -> str:
+    """A code point of one of ``ranges`` but a surrogate; ``assigned``: none unassigned in Unicode 14.0."""
     while True:
+        lo, hi = rnd.choice(ranges)
         cp = rnd.randint(lo, hi)
-        if not 0xD800 <= cp <= 0xDFFF:
+        if not 0xD800 <= cp <= 0xDFFF and not (assigned and _unassigned()[cp]):
             return chr(cp)
 
 
-def random_char(rnd: random.Random) -> str:
+def _unassigned():
+    from refinery.transforms.formats.unassigned import table
+
+    return table()
+
+
+def random_char(rnd: random.Random, assigned: bool = False) -> str:
     """One character: ASCII, whitespace, a digit, a control, a mark, an astral character, or any
-    code point but a surrogate (prep rejects text holding one before it is encoded)."""
+    code point but a surrogate (prep rejects text holding one before it is encoded);
+    ``assigned``: none unassigned in Unicode 14.0 (what gigatoken encodes itself)."""
     kind = rnd.random()
     if kind < 0.30:
         return chr(rnd.randrange(0x20, 0x7F))
@@ -50,19 +58,19 @@ def random_char(rnd: random.Random) -> str:
     if kind < 0.53:
         return _from(rnd, CONTROLS)
     if kind < 0.63:
-        return _from(rnd, MARKS)
+        return _from(rnd, MARKS, assigned)
     if kind < 0.73:
-        return _from(rnd, ASTRAL)
-    return _from(rnd, [(0x80, 0x3000)] * 3 + [(0, 0x10FFFF)])
+        return _from(rnd, ASTRAL, assigned)
+    return _from(rnd, [(0x80, 0x3000)] * 3 + [(0, 0x10FFFF)], assigned)
 
 
-def fuzz_text(rnd: random.Random, big: bool = False) -> str:
-    """One fuzz string (see the module doc)."""
+def fuzz_text(rnd: random.Random, big: bool = False, assigned: bool = False) -> str:
+    """One fuzz string (see the module doc); ``assigned``: no code point unassigned in Unicode 14.0."""
     parts = []
     for _ in range(rnd.randrange(1, 12)):
         r = rnd.random()
         if r < 0.45:
-            parts.append("".join(random_char(rnd) for _ in range(rnd.randrange(1, 80))))
+            parts.append("".join(random_char(rnd, assigned) for _ in range(rnd.randrange(1, 80))))
         elif r < 0.60:
             parts.append(rnd.choice(SPECIALS))
         elif r < 0.72:
@@ -74,7 +82,7 @@ def fuzz_text(rnd: random.Random, big: bool = False) -> str:
             longest = 200_000 if big and rnd.random() < 0.01 else 3_000
             parts.append(run * rnd.randrange(1, longest) + rnd.choice(["x", " y", "\n", "1", ""]))
         else:
-            parts.append(rnd.choice(WORDS) + _from(rnd, MARKS) * rnd.randrange(1, 20))
+            parts.append(rnd.choice(WORDS) + _from(rnd, MARKS, assigned) * rnd.randrange(1, 20))
     if big and rnd.random() < 0.0002:  # a 1 MB token: one split piece of a million letters
         piece = rnd.choice(["a", "ab", "xyzw", None])
         parts.append(piece * (1_000_000 // len(piece)) if piece else
@@ -82,10 +90,10 @@ def fuzz_text(rnd: random.Random, big: bool = False) -> str:
     return "".join(parts)
 
 
-def fuzz_texts(seed: int, n: int, big: bool = False) -> list[str]:
+def fuzz_texts(seed: int, n: int, big: bool = False, assigned: bool = False) -> list[str]:
     """``n`` fuzz strings from ``seed`` (:func:`fuzz_text`)."""
     rnd = random.Random(seed)
-    return [fuzz_text(rnd, big) for _ in range(n)]
+    return [fuzz_text(rnd, big, assigned) for _ in range(n)]
 
 
 def long_texts(seed: int, words: list[str]) -> list[str]:

@@ -77,7 +77,8 @@ def test_gigatoken_gives_tiktokens_tokens(encoding):
     fast = load_tokenizer(resolve_tokenizer(encoding), "fast")
     assert isinstance(fast, GigatokenTokenizer)
     enc = _tiktoken(encoding)
-    texts = _corpus_texts() + fuzz_texts(seed=7, n=3000) + _long_texts(seed=3)
+    texts = _corpus_texts() + fuzz_texts(seed=7, n=1500) + fuzz_texts(seed=17, n=3000, assigned=True) + \
+        _long_texts(seed=3)
     assert any(len(enc.encode_ordinary(t)) > 200_000 for t in texts[-5:])
     before = fast.fallbacks
     for batch in _batches(texts, 500):  # the batch path, as prep's units encode
