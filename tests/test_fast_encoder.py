@@ -37,6 +37,7 @@ gigatoken = pytest.importorskip("gigatoken", reason="gigatoken-cachefix is insta
 from refinery.transforms.formats.gigatoken_encoder import (  # noqa: E402 - after the skip
     GigatokenTokenizer,
     batch_buffers,
+    gigatoken_backend,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,3 +290,26 @@ def test_array_and_buffer_agree():
     assert isinstance(one, array) and one.typecode == "I"
     tokens, offsets = tok.encode_flat(["Hello <|endoftext|> world"])
     assert tokens.tolist() == one.tolist() and offsets.tolist() == [0, len(one)]
+
+
+def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch, caplog):
+    from refinery.transforms.formats import gigatoken_encoder, tokenizers
+
+    spec = resolve_tokenizer("o200k_base")
+    monkeypatch.setattr(gigatoken_encoder, "_PRELOADED", {})
+    monkeypatch.setattr(gigatoken_encoder, "_PROBE_SHA256", {"o200k_base": "0" * 64, "cl100k_base": "0" * 64})
+    with caplog.at_level("WARNING", logger="refinery"):
+        assert gigatoken_backend(spec) is None
+    assert "gigatoken's encoder is not usable for o200k_base" in caplog.text and "probes" in caplog.text
+    tokenizers.load_tokenizer.cache_clear()
+    try:
+        assert type(load_tokenizer(spec, "fast")) is FastTiktokenTokenizer  # bpe-openai's, the next one
+    finally:
+        tokenizers.load_tokenizer.cache_clear()
+
+    monkeypatch.setattr(gigatoken_encoder, "_PROBE_SHA256", tokenizers._PROBE_SHA256)
+    monkeypatch.delattr(gigatoken, "set_max_cache_bytes")  # the official gigatoken: an unbounded cache
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="refinery"):
+        assert gigatoken_backend(spec) is None
+    assert "not bounded" in caplog.text

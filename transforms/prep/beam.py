@@ -34,7 +34,7 @@ normalize to nothing are not errors: they are counted (Beam metric ``empty``) an
 ``rejected`` output, carry the reason :data:`~refinery.transforms.prep.documents.EMPTY`.
 
 Beam metrics (namespace ``refinery_prep``): ``rows``, ``documents``, ``empty``, ``rejected``,
-``tokens``, ``shards_written``, ``shards_skipped``: they show in the Dataflow UI.
+``tokens``, ``encoder_fallbacks``, ``shards_written``, ``shards_skipped``: they show in the Dataflow UI.
 """
 from __future__ import annotations
 
@@ -242,6 +242,7 @@ class _TokenizeFn(beam.DoFn):
         self.spec, self.encoder = spec, encoder
         self.tokens = Metrics.counter(NAMESPACE, "tokens")
         self.documents = Metrics.counter(NAMESPACE, "tokenized")
+        self.fallbacks = Metrics.counter(NAMESPACE, "encoder_fallbacks")  # documents the fast encoder left to tiktoken
         self.enc = None
         self._batch: list = []
         self._chars = 0
@@ -265,7 +266,10 @@ class _TokenizeFn(beam.DoFn):
         batch, self._batch, self._chars = self._batch, [], 0
         if not batch:
             return
+        before = getattr(self.enc, "fallbacks", 0)
         out = tokenize_documents(self.enc, [doc for doc, _, _ in batch])
+        if getattr(self.enc, "fallbacks", 0) != before:
+            self.fallbacks.inc(self.enc.fallbacks - before)
         self.documents.inc(len(out))
         self.tokens.inc(sum(len(t.tokens) for t in out))
         for tokenized, (_, timestamp, window) in zip(out, batch):
