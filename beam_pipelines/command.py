@@ -170,12 +170,31 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
         idle = "  (not run: the stages after it are complete)" if pending and i > last else ""
         print(f"  {run.name:10} {run.stage_hash:16} {n:>7} {done:>7} {failed:>7} {pending:>7}{idle}")
     if is_dataflow(beam_args):
-        from refinery.runners.translate import dataflow_job, step_names
+        from refinery.runners.translate import dataflow_job, job_bytes, step_names
 
         job = dataflow_job(p.stages, p.output, beam_args, verify)
         print(describe_dataflow_job(p.command, job, step_names(job.proto_pipeline)) if job is not None
               else "  no Dataflow job to describe: its stages have no units planned here")
+        if job is not None:
+            proto, request = len(job.proto_pipeline.SerializeToString()), job_bytes(job)
+            print(f"  job size: {proto / 1e6:.2f} MB runner-API proto (the job graph Dataflow builds from it), "
+                  f"{request / 1e6:.2f} MB job request; the units are read from the plan written into the output, "
+                  "not carried in the job")
+            if max(proto, request) > DATAFLOW_GRAPH_LIMIT:
+                print(f"  WARNING: the job is over Dataflow's {DATAFLOW_GRAPH_LIMIT // 10**6} MB limit for a job "
+                      "graph: add --experiments=upload_graph", file=sys.stderr)
+    else:
+        from refinery.runners.translate import command_pipeline, runner_api
+
+        pipeline = command_pipeline(p.stages, p.output, [a for a in beam_args if a.startswith("--runner")], verify)
+        if pipeline is not None:
+            size = len(runner_api(pipeline).SerializeToString())
+            print(f"  job size: {size / 1e6:.2f} MB (its runner-API proto; the units are read from the plan "
+                  "written into the output, not carried in the job)")
     return 0
+
+
+DATAFLOW_GRAPH_LIMIT = 10 * 10**6  # bytes of a job graph Dataflow accepts without --experiments=upload_graph
 
 
 def describe_dataflow_job(command: str, job, steps: list[str]) -> str:

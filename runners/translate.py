@@ -29,7 +29,8 @@ def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], ver
     (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
     from refinery.transforms.core.pipeline import Step, build_pipeline
 
-    steps = [Step(run, units) for run in bind_stages(stages, output) if (units := run.stage.plan())]
+    steps = [Step(run, units, run.stage.plan_ref) for run in bind_stages(stages, output)
+             if (units := run.stage.plan())]  # the job reads its units from the output: not written here
     return build_pipeline(steps, beam_args, verify_checksums) if steps else None
 
 
@@ -68,6 +69,13 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
     job = pipeline.run().job
     job.proto.environment = job_environment(job)
     return job
+
+
+def job_bytes(job) -> int:
+    """The size of a Dataflow job description from :func:`dataflow_job` as the service would
+    receive it (the serialized ``Job`` message, steps included): what Dataflow's 10 MB limit
+    applies to."""
+    return len(type(job.proto).serialize(job.proto))
 
 
 def step_names(proto_pipeline) -> list[str]:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
 
@@ -58,6 +59,82 @@ def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind):
         assert large["details"] == 3 * 60
     else:
         assert large["details"] == 60 * (2000 + 1)      # every eval row's record is written
+
+
+# Every stage of ``refinery decon`` (the command's units, without Beam), each in a process of
+# its own forked from one that has done the imports; prints how much each stage's peak RSS
+# rose above the RSS of that process, and the size of the drop list. Eval rows as in REDUCE.
+STAGES = """
+import json, os, sys
+from refinery.beam_pipelines import decon
+from refinery.transforms.core.stages import bind_stages, execute_unit
+from refinery.transforms.decon.stages import build_stages
+kind, rows_n, n_train, common, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+texts = [common + " and dreams"] * rows_n if kind == "identical" else [f"{common} row{i}" for i in range(rows_n)]
+for name, lines in (("eval/ds/test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(texts)]),
+                    ("train/t.jsonl", [{"text": f"doc {j}: {texts[0]}"} for j in range(n_train)])):
+    os.makedirs(os.path.dirname(f"{root}/{name}"), exist_ok=True)
+    with open(f"{root}/{name}", "w") as f:
+        f.writelines(json.dumps(line) + "\\n" for line in lines)
+args = decon.build_parser().parse_args(["--eval", f"{root}/eval", "--train", f"{root}/train", "--output",
+                                        f"{root}/out", "--ngrams", "13", "--partitions", "4"])
+def kb(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+grew = {}
+for run in bind_stages(build_stages(decon.settings_from_args(args)), args.output):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        try:
+            done = all(execute_unit(run, u)["status"] == "completed" for u in run.stage.plan())
+            os.write(w, json.dumps([done, kb("VmHWM:")]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    done, peak = json.loads(os.read(r, 1024) or "[false, 0]")
+    os.wait()
+    assert done, run.name
+    grew[run.name] = peak - kb("VmRSS:")
+drop_list = f"{root}/out/stats/contaminated_train_docs.jsonl"
+print(json.dumps({"grew_kb": grew, "drop_list_bytes": os.path.getsize(drop_list),
+                  "drop_list_lines": sum(1 for _ in open(drop_list))}))
+"""
+
+
+def stages_in_subprocess(tmp_path, kind: str, n_train: int, rows: int = 2000, common: str = COMMON) -> dict:
+    root = tmp_path / f"{kind}-{rows:06d}-{n_train:06d}"  # one length: the drop lists name it
+    out = subprocess.run([sys.executable, "-c", STAGES, kind, str(rows), str(n_train), common, str(root)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def grew_mb(small: dict, large: dict) -> dict[str, float]:
+    """How much more each stage's peak RSS rose in the large run than in the small one (MB)."""
+    return {stage: (large["grew_kb"][stage] - small["grew_kb"][stage]) / 1024 for stage in small["grew_kb"]}
+
+
+@pytest.mark.parametrize("kind", ["identical", "distinct"])
+def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path, kind):
+    small, large = stages_in_subprocess(tmp_path, kind, 5), stages_in_subprocess(tmp_path, kind, 600)
+    # 120x the training rows, each overlapping all 2,000 eval rows: no stage's memory follows
+    # (before: the reduce and the merge held a code per (eval row, training row), +0.5-0.8 GB)
+    assert max(grew_mb(small, large).values()) < 40, (small, large)
+    assert large["drop_list_lines"] == 600
+    if kind == "identical":
+        # the drop list names the shared text once per training row, not its 2,000 rows
+        assert large["drop_list_bytes"] < 600 * 500
+    else:  # every line lists the 2,000 instances: a drop list of 600 x 2,000 ids, made a few lines at a time
+        assert large["drop_list_bytes"] > 600 * 2000 * 6
+
+
+def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
+    question = gsm8k_rows("test")[0]["question"]  # about 40 13-grams
+    small = stages_in_subprocess(tmp_path, "identical", 20, rows=200, common=question)
+    large = stages_in_subprocess(tmp_path, "identical", 20, rows=5000, common=question)
+    # 25x the rows of one text: the eval rows themselves cost a little; the index, its
+    # partitions, the reduce and the merge hold the text's state once (before: +50-120 MB each)
+    assert max(grew_mb(small, large).values()) < 30, (small, large)
+    assert large["drop_list_bytes"] - small["drop_list_bytes"] == 20  # "rows": 200 -> "rows": 5000, once a line
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,6 +194,15 @@ def test_identical_eval_texts_give_one_record_listing_their_instances():
     examples = report.datasets[0].examples
     assert [(e.instance_id, e.same_text) for e in examples] == [("e0", 2), ("e2", 0)]
     assert [h.train_row for h in examples[0].hits] == [0, 1]
+
+
+def test_the_merge_holds_a_training_rows_doc_id_once_whatever_the_partitions_it_hits():
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+    result, _ = run(eval_rows([text]), [f"doc {j}: {text}" for j in range(20)], [3], partitions=8)
+    shares = [s for s in result.contaminated.parts if s["docs"]]
+    assert len(shares) > 4                          # each training row is in most partitions' shares
+    docs = [d for s in shares for d in s["docs"]]
+    assert len({id(d) for d in docs}) == len(set(docs)) == 20  # one string per row (before: one per share)
 
 
 def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so():
@@ -218,3 +304,94 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     with pytest.raises(SystemExit):
         decon.build_parser().parse_args(["--train", "t", "--output", "o", "--max-ngram-details", "0"])
     assert "expected a positive integer or 'none', got '0'" in capsys.readouterr().err
+
+
+def stats_files(out) -> dict[str, bytes]:
+    """Every file under ``out/stats`` (gzip members inflated), by name."""
+    import gzip
+
+    return {p.name: gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+            for p in sorted((out / "stats").iterdir())}
+
+
+def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monkeypatch):
+    from helpers import write_jsonl
+    from test_decon_pipeline import run_cli
+
+    from refinery.transforms.decon import stages
+    from refinery.transforms.decon.ngrams import droplist
+
+    question = gsm8k_rows("test")[0]["question"]
+    write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl", [{"id": "q", "text": question}])
+    # one batch of 300 rows, each holding all the question's n-grams: 2.5M snippet characters
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": f"Doc {j}. {question} Answer."} for j in range(300)])
+    argv = ["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--ngrams", "5", "13"]
+    assert run_cli(argv + ["--output", str(tmp_path / "default")]) == 0
+
+    held, hit_blocks = [], ng.hit_blocks
+
+    def counted(groups):
+        held.append(sum(len(s) for g in groups for s in g.snippet))
+        return hit_blocks(groups)
+
+    monkeypatch.setattr(ng, "hit_blocks", counted)
+    monkeypatch.setattr(stages, "HELD_CHARS", 20_000)
+    monkeypatch.setattr(droplist, "PAIRS_AT_ONCE", 3, raising=False)  # the drop list made a line or two at a time
+    assert run_cli(argv + ["--output", str(tmp_path / "small")]) == 0
+    assert len(held) > 50 and sum(held) > 2_000_000
+    assert max(held) <= 20_000 + 20_000 // 4 + ng.SNIPPET_MAX_CHARS  # before: the whole batch's at once
+    # the same hits in more, smaller frames, and the same drop list made in pieces: the same bytes
+    assert stats_files(tmp_path / "small") == stats_files(tmp_path / "default")
+
+
+def test_the_drop_list_names_a_shared_text_once_with_its_rows(tmp_path):
+    import glob
+    import gzip
+
+    import msgpack
+    from helpers import write_jsonl
+    from test_decon_pipeline import run_cli
+
+    from refinery.transforms.prep.exclusion import load_exclusion
+
+    shared, own, other = "the cat sat on the mat", "a dog ran far away", "birds sing in the morning"
+    alpha = write_jsonl(tmp_path / "eval" / "alpha" / "test.jsonl",
+                        [{"id": "a0", "text": shared}, {"id": "a1", "text": own}, {"id": "a2", "text": shared},
+                         {"id": "a3", "text": shared}])
+    write_jsonl(tmp_path / "eval" / "beta" / "test.jsonl",
+                [{"id": "b0", "text": shared}, {"id": "b1", "text": other}, {"id": "b2", "text": shared}])
+    train = write_jsonl(tmp_path / "train" / "t.jsonl",
+                        [{"id": "d0", "text": f"x {shared} y"}, {"id": "d1", "text": own},
+                         {"id": "d2", "text": f"{shared} and {other}"}, {"id": "d3", "text": "nothing here at all"}])
+    out = tmp_path / "out"
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(train), "--output", str(out), "--ngrams", "4",
+                    "--partitions", "3"]) == 0
+    lines = [json.loads(line) for line in (out / "stats" / "contaminated_train_docs.jsonl").read_text().splitlines()]
+    # the shared text once per eval dataset, by its first row (alpha's row 0, in both datasets)
+    # and how many rows of that dataset have it; rows with a text of their own by id, as before
+    text = {"eval_path": str(alpha), "eval_row": 0}
+    assert [(d["train_row"], d["train_doc_id"], d["ns"], d["overlaps"]) for d in lines] == [
+        (0, "d0", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
+                        {"eval_dataset": "beta", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 2}]}]),
+        (1, "d1", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": ["a1"]}]),
+        (2, "d2", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
+                        {"eval_dataset": "beta", "n": 4, "instance_ids": ["b1"], "same_text": [{**text, "rows": 2}]}])]
+    # full provenance: the referenced line of overlap_instances.jsonl.gz lists every row of the text
+    with gzip.open(out / "stats" / "overlap_instances.jsonl.gz", "rt") as f:
+        instances = {(i["eval_path"], i["eval_row"]): [i, *i.get("same_text", [])] for i in map(json.loads, f)}
+
+    def rows_of(o: dict, t: dict) -> list[str]:
+        return [i["instance_id"] for i in instances[(t["eval_path"], t["eval_row"])]
+                if i["eval_dataset"] == o["eval_dataset"]]
+
+    expanded = {(d["train_row"], o["eval_dataset"]): sorted(o["instance_ids"] + [i for t in o.get("same_text", [])
+                                                                                for i in rows_of(o, t)])
+                for d in lines for o in d["overlaps"]}
+    assert expanded == {(0, "alpha"): ["a0", "a2", "a3"], (0, "beta"): ["b0", "b2"], (1, "alpha"): ["a1"],
+                        (2, "alpha"): ["a0", "a2", "a3"], (2, "beta"): ["b0", "b1", "b2"]}
+    # prep --exclude-overlaps reads it as before
+    assert load_exclusion([str(out)]).rows == {str(train.resolve()): frozenset({0, 1, 2})}
+    # the index lists the shared text's n-grams once, for its first row
+    listed = {i for p in glob.glob(str(out / ".refinery" / "index" / "*" / "parts" / "partitions" / "*.msgpack"))
+              for record in msgpack.unpackb(open(p, "rb").read()) for i, _ in record[3]}
+    assert listed == {0, 1, 5}  # alpha rows 0 and 1, beta row 1 (eval_idx 5)

@@ -371,3 +371,24 @@ def test_cli_errors_and_entry_point(tmp_path, capsys):
     assert {s["eval_dataset"] for s in stats} == {"arc", "gsm8k", "mmlu"}
     run_info = json.load(open(os.path.join(out, ".refinery/run.json")))
     assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce", "merge"]
+
+
+def test_a_remote_file_named_by_itself_keeps_its_path(tmp_path):
+    """`--eval gs://b/test.jsonl` named its file `gs://b/test.jsonl/test.jsonl`, which does not
+    exist: every eval row was counted unreadable. A file named by itself keeps its path,
+    remote or local; a folder's files are spelled under it."""
+    import fsspec
+
+    from refinery.transforms.decon.stages import expand_as_given
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/evalbucket/test.jsonl", b'{"id": "e0", "text": "a b c d"}\n')
+    fs.pipe_file("/evalbucket/dir/x.jsonl", b'{"id": "e1", "text": "a b c d"}\n')
+    try:
+        assert [f.path for f in expand_as_given(["memory://evalbucket/test.jsonl"])] == ["memory://evalbucket/test.jsonl"]
+        assert [f.path for f in expand_as_given(["memory://evalbucket/dir"])] == ["memory://evalbucket/dir/x.jsonl"]
+        local = tmp_path / "t.jsonl"
+        local.write_text('{"id": "e0", "text": "a b c d"}\n')
+        assert [f.path for f in expand_as_given([str(local)])] == [str(local)]
+    finally:
+        fs.rm("/evalbucket", recursive=True)

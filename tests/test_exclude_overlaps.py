@@ -15,6 +15,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_rows, run_prep, write_jsonl
@@ -315,3 +316,27 @@ def test_a_listed_row_no_input_holds_fails_the_run(tmp_path, capsys):
     out = capsys.readouterr()
     assert "a listed row matches no row read" in out.out + out.err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_job_carries_where_the_drop_lists_are_not_their_rows(tmp_path):
+    """The exclusion a job pickles holds the decon outputs and their sha256, not the rows
+    (which grow with the contamination) nor what decon scanned; a worker reads the rows back,
+    the same ones, and refuses a drop list that changed since the job was planned."""
+    import pickle
+
+    from refinery.transforms.core import storage
+    from refinery.transforms.prep import exclusion
+
+    corpus, _ = _planted_corpus(tmp_path)
+    ex = exclusion.load_exclusion([str(tmp_path / "decon")])
+    ex.check_inputs(storage.expand_inputs([str(corpus)]))
+    worker = pickle.loads(pickle.dumps(ex))
+    assert worker.rows is None and worker.scanned == {} and worker.expected == ex.expected > 0
+    for f in storage.expand_inputs([str(corpus)]):
+        assert worker.rows_of(f.path) == ex.rows_of(f.path)
+    exclusion._source_rows.cache_clear()
+    docs = tmp_path / "decon" / "stats" / "contaminated_train_docs.jsonl"
+    docs.write_text(docs.read_text().replace('"train_row": ', '"train_row": 1', 1))
+    late = pickle.loads(pickle.dumps(ex))
+    with pytest.raises(storage.InputError, match="changed since this job was planned"):
+        late.rows_of(str(corpus / "a.jsonl"))

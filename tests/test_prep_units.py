@@ -366,7 +366,7 @@ class _Echo(Stage):
         self.fail_on = set(fail_on)
         self.calls = []
 
-    def plan(self):
+    def make_plan(self):
         return [Unit("u0", {"v": 0}), Unit("u1", {"v": 1})]
 
     def run_unit(self, unit, ctx):
@@ -560,3 +560,32 @@ def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop():
     for a in sorted(c for c in firsts if flags[c] == 0):
         assert unicodedata.is_normalized("NFC", chr(a) + chr(a).join(plain)), hex(a)
     assert flags[0x0301] and flags[0x1161] and flags[0x00C5] == 0 and flags[0x212B] and flags[ord("\r")]
+
+
+def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_path, monkeypatch):
+    """A no-op re-plan reads the receipts of the stages with user-facing files (here the last)
+    and one listing of each earlier stage's recorded repairs, never a receipt per earlier
+    unit; a repair made outside a planned run is still seen, and its later units redone."""
+    class _Later(_Echo):
+        name = "later"
+
+    first, later = _Echo(), _Later()
+    out = str(tmp_path)
+    runs = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver).runs
+    checked = []
+    real = stages.StageRun.check_all
+    monkeypatch.setattr(stages.StageRun, "check_all",
+                        lambda self, ids, *a, **k: checked.append(self.name) or real(self, ids, *a, **k))
+    again = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
+    assert again.ran == {} and checked == ["later"]
+
+    # a unit of the first stage rebuilt over damage outside a planned run: its token is recorded
+    u1 = tmp_path / json.loads(open(runs[0].receipt_path("u1")).read())["files"][0]["path"]
+    u1.write_bytes(b"value 9")
+    assert execute_unit(runs[0], Unit("u1", {"v": 1}), verify_checksums=True)["repair"]
+    assert list(runs[0].recorded_repairs()) == ["echo/u1"]
+    later.calls.clear()
+    checked.clear()
+    third = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
+    assert third.ran == {"echo": 0, "later": 2} and later.calls == ["u0", "u1"]
+    assert checked[0] == "later" and "echo" in checked  # not all done: the full plan, every stage checked

@@ -104,7 +104,7 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
     class One(Stage):
         name = "one"
 
-        def plan(self):
+        def make_plan(self):
             return []
 
     [run] = bind_stages([One()], str(tmp_path))

@@ -4,9 +4,13 @@
 pending, by their receipts) and hands the steps to :func:`build_pipeline`, which makes one
 Beam pipeline of them::
 
-    Tokenize:  Create(units) | Reshuffle | ParDo(RunUnitFn)  ----------> results
-    Pack:      Create(units) | Reshuffle | ParDo(RunUnitFn, upstream=AsList(results))
+    Tokenize:  ReadUnits | Reshuffle | ParDo(RunUnitFn)  ----------> results
+    Pack:      ReadUnits | Reshuffle | ParDo(RunUnitFn, upstream=AsList(results))
     ...
+
+The units a step runs are not in the job: the driver writes them under OUTPUT
+(:mod:`.plans`) and the job reads them back in its workers (:class:`ReadUnits`: the part
+numbers are all the job holds), so its size does not grow with the corpus.
 
 Each step is a :class:`RunStage` (or a stage's own transform, see ``Stage.step_transform``)
 whose output is one small dict per unit, ``{unit, status, stats}``. A step waits for the
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from refinery.transforms.core.plans import PlanRef, read_part
 from refinery.transforms.core.stages import StageRun, Unit, execute_unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
@@ -30,10 +35,32 @@ BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not comp
 
 @dataclass(frozen=True)
 class Step:
-    """One stage's part of a command's pipeline: the stage, bound, and its units to run."""
+    """One stage's part of a command's pipeline: the stage, bound, and its units to run;
+    ``ref``: where the driver wrote those units (None: they travel in the job itself)."""
 
     run: StageRun
     units: list[Unit]
+    ref: PlanRef | None = None
+
+
+def _part_units(k: int, ref: PlanRef):
+    return [(u.id, u.payload) for u in read_part(ref, k)]
+
+
+class ReadUnits(beam.PTransform):
+    """PBegin -> PCollection[tuple[str, dict]]: ``(unit id, payload)`` of the units of a step,
+    read by the workers from the parts the driver wrote (``ref``): the job holds the part
+    numbers only. Without a ``ref``, the ``units`` themselves (a job that grows with them)."""
+
+    def __init__(self, units: list[Unit], ref: PlanRef | None = None):
+        super().__init__()
+        self.units, self.ref = units, ref
+
+    def expand(self, pbegin):
+        if self.ref is None:
+            return pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+        return (pbegin | "Parts" >> beam.Create(list(range(self.ref.parts)), reshuffle=False)
+                | "ReadParts" >> beam.FlatMap(_part_units, self.ref))
 
 
 def count_receipt(stage: str, receipt: dict) -> None:
@@ -88,16 +115,18 @@ class RunUnitFn(beam.DoFn):
 class RunStage(beam.PTransform):
     """PBegin -> PCollection[dict]: ``{unit, status, stats}`` for each of ``units`` of ``run``.
 
-    ``Create(units) | Reshuffle | ParDo(RunUnitFn)``. ``after``: the results of the step
-    before (a PCollection of those dicts), or None for the first step; this step's units
-    and its stage's side inputs (``Stage.side_inputs``) wait for all of them.
+    ``ReadUnits | Reshuffle | ParDo(RunUnitFn)``. ``ref``: where the driver wrote ``units``
+    (:class:`ReadUnits`). ``after``: the results of the step before (a PCollection of those
+    dicts), or None for the first step; this step's units and its stage's side inputs
+    (``Stage.side_inputs``) wait for all of them.
     """
 
     def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False,
-                 after: beam.PCollection | None = None, unit_fn: type[RunUnitFn] = RunUnitFn):
+                 after: beam.PCollection | None = None, unit_fn: type[RunUnitFn] = RunUnitFn,
+                 ref: PlanRef | None = None):
         super().__init__()
         self.run, self.units, self.verify_checksums = run, units, verify_checksums
-        self.after, self.unit_fn = after, unit_fn
+        self.after, self.unit_fn, self.ref = after, unit_fn, ref
 
     def expand(self, pbegin):
         start = pbegin | "Start" >> beam.Create([None])
@@ -106,7 +135,7 @@ class RunStage(beam.PTransform):
             start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
             gate = {"upstream": beam.pvalue.AsList(self.after)}
         side = self.run.stage.side_inputs(self.run, start)
-        units = pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+        units = pbegin | "Units" >> ReadUnits(self.units, self.ref)
         if len(self.units) > 1:  # one unit has nothing to spread over workers
             units = units | "Spread" >> beam.Reshuffle()
         return units | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side)
@@ -119,7 +148,7 @@ def apply_steps(pbegin, steps: list[Step], verify_checksums: bool = False, unit_
     for step in steps:
         stage = step.run.stage
         transform = stage.step_transform(step.run, step.units, verify_checksums, after) \
-            or RunStage(step.run, step.units, verify_checksums, after, unit_fn)
+            or RunStage(step.run, step.units, verify_checksums, after, unit_fn, step.ref)
         after = pbegin | stage.title >> transform
     return after
 
@@ -152,10 +181,11 @@ class RunStages(beam.PTransform):
 
     def __init__(self, stages: list, output: str, verify_checksums: bool = False):
         super().__init__()
-        from refinery.transforms.core.stages import bind_stages
+        from refinery.transforms.core.stages import bind_stages, write_plans
 
-        self.steps = [Step(run, units) for run in bind_stages(stages, output.rstrip("/"))
-                      if (units := run.stage.plan())]
+        runs = bind_stages(stages, output.rstrip("/"))
+        # the workers read each stage's plan, the units of its step and its input list from the output
+        self.steps = write_plans(runs, [Step(run, units) for run in runs if (units := run.stage.plan())])
         self.verify_checksums = verify_checksums
 
     def expand(self, pbegin):

@@ -26,6 +26,7 @@ class Completion:
     receipt: dict | None = None
     damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
     failed: bool = False   # the unit ran in this plan and failed: the next run retries it
+    stale: bool = False    # complete, but built before a repair of an upstream unit: to be redone
 
 
 def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
@@ -81,7 +82,8 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
         changed = sorted(k for k in {**built_after, **upstream_repairs}
                          if built_after.get(k) != upstream_repairs.get(k))
         return Completion(False, f"built before a repair of {', '.join(changed[:3])}"
-                                 f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt)
+                                 f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt,
+                          stale=True)
     return Completion(True, "completed", receipt)
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import json
 import logging
@@ -64,6 +65,7 @@ from typing import Any, Callable, Iterator
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.plan_changes import explain_plan_changes, fingerprints_path
+from refinery.transforms.core.plans import PlanRef, read_units
 from refinery.transforms.core.progress import Progress
 from refinery.transforms.core.receipts import (
     META_DIR,
@@ -105,7 +107,12 @@ class Stage:
     - ``config()``: JSON-able settings that change the unit outputs (enters the hash).
     - ``fingerprints()``: input fingerprints (path, size, mtime/generation) (enters the hash).
     - ``identity()``: other identities, e.g. the tokenizer's (enters the hash).
-    - ``plan()``: the deterministic list of units.
+    - ``make_plan()``: the deterministic list of units (subclasses implement it; callers use
+      ``plan()``, which makes it once in the driver, and in a worker reads what the driver
+      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.plans`).
+    - ``driver_only``: attributes a worker never needs (input lists, plans): left out when
+      the stage is pickled into a job once its plan is written, so that the job's size does
+      not grow with the corpus.
     - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx``, return stats.
     - ``needed(units, receipts)``: which units later stages need, given the completed
       receipts so far; returns (units, final). Default: all units, final. A stage with a
@@ -132,6 +139,9 @@ class Stage:
     title: str = ""
     light: bool = False
     final_outputs: bool = False
+    driver_only: tuple[str, ...] = ()
+    plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
+    _units: list[Unit] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -147,8 +157,30 @@ class Stage:
     def identity(self) -> dict:
         return {}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         raise NotImplementedError
+
+    def plan(self) -> list[Unit]:
+        """The stage's units: made once (``make_plan``), or in a worker read from ``plan_ref``."""
+        if self._units is None:
+            if self.plan_ref is not None and self._unpickled:
+                self._units = read_units(self.plan_ref)
+            else:
+                self._units = self.make_plan()
+        return self._units
+
+    _unpickled = False
+
+    def __getstate__(self) -> dict:
+        """What a job carries of the stage: without its units and ``driver_only`` attributes once
+        its plan has a place in the output (a worker reads the plan from there)."""
+        state = dict(self.__dict__)
+        if self.plan_ref is not None:
+            state.pop("_units", None)
+            for name in self.driver_only:
+                state.pop(name, None)
+        state["_unpickled"] = True
+        return state
 
     def run_unit(self, unit: Unit, ctx: "UnitContext") -> dict:
         raise NotImplementedError
@@ -200,6 +232,11 @@ def _log_unit_event(event: str, run: "StageRun", unit_id: str) -> None:
 CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 
 
+@functools.lru_cache(maxsize=8)
+def _recorded_fingerprints(path: str) -> list:
+    return storage.read_json(path)
+
+
 @dataclass
 class StageRun:
     """A stage bound to an output directory and its (chained) hash. Picklable.
@@ -229,8 +266,36 @@ class StageRun:
     def parts_dir(self) -> str:
         return storage.join(self.dir, "parts")
 
+    @property
+    def repairs_dir(self) -> str:
+        """One file per unit whose receipt carries a ``repair`` token, holding the token: the
+        stage's repairs, known from one listing instead of every receipt."""
+        return storage.join(self.dir, "repairs")
+
+    def recorded_repairs(self) -> dict[str, str]:
+        """``{"stage/unit": token}`` of the stage's units rebuilt over damaged files, from
+        ``repairs_dir`` (what :func:`~.receipts.repairs_of` gives from their receipts)."""
+        out = {}
+        for path in storage.listdir(self.repairs_dir):
+            name = storage.basename(path)
+            if not storage.is_temp_name(name):
+                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode()
+        return out
+
+    def record_repair(self, unit_id: str, token: str) -> None:
+        storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
+
     def receipt_path(self, unit_id: str) -> str:
         return storage.join(self.receipts_dir, f"{unit_id}.json")
+
+    def input_fingerprints(self) -> list:
+        """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
+        in a worker (whose job does not carry input lists), those the driver recorded under
+        OUTPUT for this plan (:func:`write_plans`), read once per process."""
+        try:
+            return self.stage.fingerprints()
+        except AttributeError:  # a driver_only input list, left out of the job
+            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash))
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
@@ -379,6 +444,8 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = _now()
     storage.atomic_write_json(run.receipt_path(unit.id), receipt)
+    if receipt["status"] == "completed" and repair:
+        run.record_repair(unit.id, repair)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
 
@@ -418,12 +485,15 @@ class JobResult:
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
+    """Each stage bound to ``output`` and its chained hash, in order; each stage's ``plan_ref``
+    set to where its plan lies in the output (written by :func:`write_plans` before a job)."""
     runs: list[StageRun] = []
     upstream_hash = None
     upstream: dict[str, StageRun] = {}
     for stage in stages:
         h = compute_stage_hash(stage, upstream_hash)
         run = StageRun(stage, output, h, dict(upstream))
+        stage.plan_ref = PlanRef(storage.join(run.dir, "plan"), len(stage.plan()))
         upstream[stage.name] = run
         runs.append(run)
         upstream_hash = h
@@ -472,6 +542,7 @@ class _Planned:
     receipts: dict[str, dict]  # unit id -> receipt of the units done
     pending: list[Unit]  # of the units the stage needs now
     final: bool  # False: needed() will ask for more units once these are done
+    stale: list[str] = field(default_factory=list)  # pending units whose receipt predates an upstream repair
 
 
 def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool) -> list[_Planned]:
@@ -486,12 +557,36 @@ def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: 
         receipts = {u.id: checks[u.id].receipt for u in plan if checks[u.id].done}
         needed, final = run.stage.needed(plan, receipts)
         pending = [u for u in needed if u.id not in receipts]
-        repairs.update(repairs_of(run.name, receipts))
+        done_repairs = repairs_of(run.name, receipts)
+        if done_repairs and run.recorded_repairs() != done_repairs:  # a run killed before it recorded one
+            for key, token in done_repairs.items():
+                run.record_repair(key.split("/", 1)[1], token)
+        repairs.update(done_repairs)
         for u in pending:
             if token := next_repair(checks[u.id]):
                 repairs[f"{run.name}/{u.id}"] = token
-        planned.append(_Planned(run, plan, receipts, pending, final))
+        planned.append(_Planned(run, plan, receipts, pending, final, [u.id for u in pending if checks[u.id].stale]))
     return planned
+
+
+def final_stages_done(runs: list[StageRun], plans: list[list[Unit]]) -> bool:
+    """Whether every unit of the stages whose files are user-facing (``final_outputs``, and the
+    last stage) is done by :func:`check_receipt`: then a run has nothing to do, whatever the
+    stages before them hold (backward demand, :func:`demanded`), and their receipts need not
+    be read: a no-op re-plan reads the final stages' receipts and one listing of each earlier
+    stage's recorded repairs (the tokens the final receipts are judged against), not a receipt
+    per unit of the corpus."""
+    repairs: dict[str, str] = {}
+    for i, (run, plan) in enumerate(zip(runs, plans)):
+        if run.stage.final_outputs or i == len(runs) - 1:
+            run.upstream_repairs = dict(repairs)
+            checks = run.check_all([u.id for u in plan])
+            if not all(c.done for c in checks.values()):
+                return False
+            repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items()}))
+        else:
+            repairs.update(run.recorded_repairs())
+    return True
 
 
 def _span_seconds(receipts: list[dict]) -> float:
@@ -502,6 +597,36 @@ def _span_seconds(receipts: list[dict]) -> float:
     except (KeyError, TypeError, ValueError):
         return 0.0
     return (max(ends) - min(starts)).total_seconds() if starts else 0.0
+
+
+def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
+    """Where the units one job runs of ``run`` lie: its plan's parts when they are the whole
+    plan, else ``steps/<hash of their ids>/`` (written by :func:`write_plans`)."""
+    plan = run.stage.plan()
+    if len(units) == len(plan) and all(a.id == b.id for a, b in zip(units, plan)):
+        return run.stage.plan_ref
+    return PlanRef(storage.join(run.dir, "steps", short_hash([u.id for u in units])), len(units))
+
+
+def write_plans(runs: list[StageRun], steps: list) -> list:
+    """Write the plan and the input fingerprints of every stage of ``runs``, and the units of
+    each step (``pipeline.Step``), into the output, where the job's workers read them; the
+    steps with their ``ref`` set."""
+    from dataclasses import replace
+
+    from refinery.transforms.core.plans import write_units
+
+    for r in runs:
+        write_units(r.stage.plan_ref, r.stage.plan())
+        inputs_json = fingerprints_path(r.output, r.name, r.stage_hash)
+        if r.stage.fingerprints() and not storage.exists(inputs_json):  # what a worker reads for the input list
+            storage.atomic_write_json(inputs_json, r.stage.fingerprints())
+    out = []
+    for s in steps:
+        ref = step_ref(s.run, s.units)
+        write_units(ref, s.units)
+        out.append(replace(s, ref=ref))
+    return out
 
 
 def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
@@ -575,6 +700,8 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     metrics: dict[str, dict[str, int]] = {}
     discarded: set[str] = set()
     while True:
+        if not verify_checksums and final_stages_done(runs, plans):
+            break  # nothing to do: the earlier stages' receipts are not read
         planned = _plan_runs(runs, plans, verify_checksums)
         last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
         job: list[_Planned] = []
@@ -595,6 +722,10 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         steps = [Step(p.run, p.pending) for p in job if p.pending]
         if not steps:
             break
+        for p in job:  # receipts built before an upstream repair go first: a later run, even one
+            for unit_id in p.stale:  # killed before these units are redone, sees them pending
+                storage.remove(p.run.receipt_path(unit_id), root=output)
+        steps = write_plans([p.run for p in job], steps)
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:

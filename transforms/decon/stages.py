@@ -30,7 +30,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
 import resource
 import threading
 import time
@@ -103,7 +102,7 @@ def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
         raise ValueError(f"{where}: damaged gzip member ({e}); {REBUILD_HINT}") from None
 
 
-HELD_CHARS = 32 << 20  # snippet characters a scan unit holds before it writes its frames
+HELD_CHARS = 8 << 20  # snippet characters a scan unit holds before it writes its frames
 
 
 def partition_file(p: int) -> str:
@@ -165,7 +164,8 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_fiel
     with gc_paused():
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text, id_field,
                                       ng.get_tokenizer(tokenizer))
-        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions)
+        # the later rows of a text several rows have are not indexed: they share the first's records
+        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, ng.same_text(rows).first)
         # millions of long-lived objects: out of every later GC pass, before the GC is back on
         # (its first pass would otherwise walk them all)
         gc.freeze()
@@ -200,6 +200,7 @@ class IndexStage(Stage):
     name = "index"
     title = "Index eval sets"
     light = True  # one unit: one process builds the whole eval index
+    driver_only = ("eval_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
         self.s = settings
@@ -216,16 +217,17 @@ class IndexStage(Stage):
     def identity(self) -> dict:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("catalog", {})] + [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def _index(self) -> ng.NgramIndex:
+    def _index(self, run: StageRun) -> ng.NgramIndex:
+        files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
-            return _eval_index(tuple((f.path, f.size, f.version) for f in self.eval_files), self.s.eval_text,
-                               self.s.id_field, self.s.tokenizer, tuple(self.s.ns), self.s.partitions)
+            return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
+                               self.s.partitions)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        index = self._index()
+        index = self._index(ctx.run)
         if unit.id == "catalog":
             membership = index.membership
             ctx.write_bytes(ctx.part_path(MEMBERSHIP_FILE), membership.to_bytes())
@@ -272,6 +274,7 @@ def _peak_rss_mb() -> float:
 class ScanStage(Stage):
     name = "scan"
     title = "Scan training data"
+    driver_only = ("train_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, train_files: list[storage.InputFile], index_stage: IndexStage):
         self.s = settings
@@ -288,7 +291,7 @@ class ScanStage(Stage):
     def identity(self) -> dict:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return plan_train_units(self.train_files, self.s.slice_bytes)
 
     @staticmethod
@@ -346,11 +349,13 @@ class ScanStage(Stage):
             chars = 0
             for hits in ng.scan_rows(rows, text_field=self.s.train_text, tokenizer=tok, membership=membership,
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
-                held.append(ng.hit_groups(hits, self.s.id_field))
-                chars += sum(map(len, held[-1].snippet))
-                if chars > HELD_CHARS:
-                    flush()
-                    chars = 0
+                # a hit-dense batch has many more snippet characters than text: made a piece at a time
+                for piece in ng.split_hits(hits, HELD_CHARS // 4):
+                    held.append(ng.hit_groups(piece, self.s.id_field))
+                    chars += sum(map(len, held[-1].snippet))
+                    if chars > HELD_CHARS:
+                        flush()
+                        chars = 0
             flush()
         return {**stats.__dict__, "frames": frames, "seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.thread_time() - c0,
@@ -421,9 +426,10 @@ class ReduceStage(Stage):
 
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
-                "max_ngram_details": self.s.max_ngram_details, "train_rows": 1}  # 1: results list the rows hit
+                "max_ngram_details": self.s.max_ngram_details,
+                "train_rows": 2}  # 1: results list the rows hit; 2: with their records, shared texts once
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
     def side_inputs(self, run: StageRun, start) -> dict:
@@ -476,7 +482,7 @@ class MergeReportsStage(Stage):
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -503,22 +509,25 @@ class MergeReportsStage(Stage):
         results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
                                    **unpack)
                    for u in plan)
-        with gc_paused():
-            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad)
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        with gc_paused():
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                         ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
         ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
-        ctx.write_bytes(ctx.output_path(CONTAMINATED_DOCS), result.contaminated)
-        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files()))
+        with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
+            for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
+                out.write(chunk)
+        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,
                                          max_ngram_details=self.s.max_ngram_details).encode())
         report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
-                                          self.report_settings(), self.report_inputs(), scan_totals)
+                                          self.report_settings(), self.report_inputs(index_run, scan_run),
+                                          scan_totals)
         ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
         return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
@@ -528,12 +537,13 @@ class MergeReportsStage(Stage):
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
-    def train_files(self) -> list[dict]:
-        """``stats/train_files.jsonl``: every training file scanned, as given and resolved (a local
-        path made absolute, links followed), with the size and version it was scanned at:
-        what ``prep --exclude-overlaps`` matches its inputs against."""
-        return [{"train_path": f.path, "resolved": storage.resolved(f.path), "size": f.size, "version": f.version}
-                for f in self.reduce_stage.scan_stage.train_files]
+    @staticmethod
+    def train_files(scan_run: StageRun) -> list[dict]:
+        """``stats/train_files.jsonl``: every training file scanned (``scan_run``'s inputs), as
+        given and resolved (a local path made absolute, links followed), with the size and
+        version it was scanned at: what ``prep --exclude-overlaps`` matches its inputs against."""
+        return [{"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
+                 "version": f["version"]} for f in scan_run.input_fingerprints()]
 
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
@@ -545,11 +555,10 @@ class MergeReportsStage(Stage):
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
                 ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
 
-    def report_inputs(self) -> tuple[tuple[str, str, str], ...]:
-        scan = self.reduce_stage.scan_stage
-        return tuple((side, f.path, fingerprint_text(f.size, f.version, storage.is_remote(f.path)))
-                     for side, files in (("eval", scan.index_stage.eval_files), ("train", scan.train_files))
-                     for f in files)
+    @staticmethod
+    def report_inputs(index_run: StageRun, scan_run: StageRun) -> tuple[tuple[str, str, str], ...]:
+        return tuple((side, f["path"], fingerprint_text(f["size"], f["version"], storage.is_remote(f["path"])))
+                     for side, run in (("eval", index_run), ("train", scan_run)) for f in run.input_fingerprints())
 
 
 def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:
@@ -566,7 +575,7 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
                 root = head.rsplit("/", 1)[0] if "/" in head else ""
                 path = f"{root}/{f.relpath}" if root else f.relpath
             elif f.relpath == storage.basename(f.path) and storage.basename(arg.rstrip("/")) == f.relpath \
-                    and not (storage.is_remote(arg) or os.path.isdir(arg)):
+                    and not storage.isdir(arg):  # the file itself was named (local or remote)
                 path = arg
             else:
                 path = f"{arg.rstrip('/')}/{f.relpath}"

@@ -160,7 +160,7 @@ class SlicesStage(Stage):
             out.append({"path": rel, "idx_bytes": storage.file_size(path), "idx_sha256": storage.sha256_file(path)})
         return out
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("slices", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:

@@ -355,7 +355,7 @@ class InferStage(Stage):
     def identity(self) -> dict:
         return self.task.identity()
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return self.source.plan()
 
     def step_transform(self, run: StageRun, units: list[Unit], verify_checksums: bool, after):
@@ -426,7 +426,7 @@ class MergeOutputsStage(Stage):
     def config(self) -> dict:
         return {"format": FORMAT_VERSION}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:

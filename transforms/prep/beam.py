@@ -339,7 +339,7 @@ class ShardSinkStage(Stage):
     def identity(self) -> dict:
         return self.tokenizer.identity()
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.num_shards)]
 
 

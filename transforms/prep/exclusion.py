@@ -25,6 +25,7 @@ another n, re-plans; the same ones resume.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -47,6 +48,42 @@ class DropSource:
     n: int
     sha256: str   # of its contaminated_train_docs.jsonl
     listed: int   # training rows its drop list holds at n
+    files_sha256: str = ""  # of its train_files.jsonl (which resolves the drop list's paths)
+
+
+def drop_rows(docs_path: str, data: bytes, files: list[dict], n: int) -> dict[str, set[int]]:
+    """The rows a drop list (``data``, the bytes of ``docs_path``) lists at ``n``, by the resolved
+    path of their file (``files``: decon's ``train_files.jsonl`` rows, which resolve the paths
+    as decon named them); :class:`storage.InputError` naming a row that is not an entry."""
+    by_given = {f["train_path"]: f["resolved"] for f in files}
+    rows: dict[str, set[int]] = {}
+    for i, doc in enumerate(_jsonl(docs_path, data), 1):
+        try:
+            if n not in doc["ns"]:
+                continue
+            path = by_given.get(doc["train_path"]) or storage.resolved(doc["train_path"])
+            rows.setdefault(path, set()).add(int(doc["train_row"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
+    return rows
+
+
+def _checked(path: str, sha256: str) -> bytes:
+    """The bytes of ``path``, if they are still those whose sha256 the plan recorded."""
+    data = storage.read_bytes(path)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise storage.InputError(f"{path}: changed since this job was planned (sha256 {sha256[:16]}... then); run "
+                                 "the same command again to plan with it")
+    return data
+
+
+@functools.lru_cache(maxsize=4)
+def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
+    """A decon output's rows to leave out, read in a worker (once per process) from the files
+    the driver checked: the same bytes (sha256), or an error."""
+    docs = storage.join(source.output, CONTAMINATED_DOCS)
+    files = _jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
+    return {p: frozenset(r) for p, r in drop_rows(docs, _checked(docs, source.sha256), files, source.n).items()}
 
 
 @dataclass
@@ -54,7 +91,7 @@ class Exclusion:
     """The training rows to leave out, by resolved file path, and where they come from."""
 
     sources: list[DropSource]
-    rows: dict[str, frozenset[int]] = field(default_factory=dict)
+    rows: dict[str, frozenset[int]] | None = field(default_factory=dict)  # None in a worker: read when asked
     # per decon output (as given): resolved path -> (size, version) of every training file it scanned
     scanned: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
     unscanned: int = 0  # inputs kept without an overlap check (--allow-unscanned-inputs)
@@ -64,8 +101,20 @@ class Exclusion:
         """What enters the tokenize stage's hash: each drop list's content and n (not its path)."""
         return [{"sha256": s.sha256, "n": s.n} for s in self.sources]
 
+    def __getstate__(self) -> dict:
+        """What a job carries: where the drop lists are and their sha256, not their rows nor what
+        decon scanned; a worker reads the rows (:meth:`rows_of`), so the job does not grow with
+        them."""
+        return {**self.__dict__, "rows": None, "scanned": {}}
+
     def rows_of(self, path: str) -> frozenset[int]:
         """The rows of the input file ``path`` to leave out."""
+        if self.rows is None:  # in a worker: from the decon outputs, checked against the plan's sha256
+            rows: dict[str, set[int]] = {}
+            for source in self.sources:
+                for p, r in _source_rows(source).items():
+                    rows.setdefault(p, set()).update(r)
+            self.rows = {p: frozenset(r) for p, r in rows.items()}
         return self.rows.get(storage.resolved(path), frozenset())
 
     def check_inputs(self, inputs: list[storage.InputFile], allow_unscanned: bool = False) -> list[str]:
@@ -208,30 +257,20 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
                                      "run refinery decon to the end first")
         recorded = recorded_sha256(output)
         data = _read_recorded(output, CONTAMINATED_DOCS, recorded)
+        files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
             ns = sorted({int(s["n"]) for s in _jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))})
-            files = _jsonl(TRAIN_FILES, _read_recorded(output, TRAIN_FILES, recorded))
-            mine = scanned.setdefault(output, {})
-            by_given = {}
-            for f in files:
-                by_given[f["train_path"]] = f["resolved"]
-                mine.setdefault(f["resolved"], (int(f["size"]), str(f["version"])))
+            files = _jsonl(TRAIN_FILES, files_data)
+            scanned[output] = {f["resolved"]: (int(f["size"]), str(f["version"])) for f in reversed(files)}
         except (KeyError, TypeError, ValueError) as e:
             raise storage.InputError(f"--exclude-overlaps {output}: unreadable decon stats ({e!r})") from None
         at = ns[-1] if n is None and ns else n
         if at not in ns:
             raise storage.InputError(f"--exclude-n {n}: the decon run {output} computed n = "
                                      f"{', '.join(map(str, ns)) or 'none'}")
-        docs_path = storage.join(output, CONTAMINATED_DOCS)
-        listed = 0
-        for i, doc in enumerate(_jsonl(docs_path, data), 1):
-            try:
-                if at not in doc["ns"]:
-                    continue
-                path = by_given.get(doc["train_path"]) or storage.resolved(doc["train_path"])
-                rows.setdefault(path, set()).add(int(doc["train_row"]))
-            except (KeyError, TypeError, ValueError) as e:
-                raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
-            listed += 1
-        sources.append(DropSource(storage.resolved(output), at, hashlib.sha256(data).hexdigest(), listed))
+        mine = drop_rows(storage.join(output, CONTAMINATED_DOCS), data, files, at)
+        for path, listed_rows in mine.items():
+            rows.setdefault(path, set()).update(listed_rows)
+        sources.append(DropSource(storage.resolved(output), at, hashlib.sha256(data).hexdigest(),
+                                  sum(len(r) for r in mine.values()), hashlib.sha256(files_data).hexdigest()))
     return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned)

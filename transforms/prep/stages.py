@@ -68,11 +68,20 @@ class PrepConfig:
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
     tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
     encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.tokenizers.ENCODERS)
+    num_inputs: int = -1  # len(inputs); kept when a job carries the config without its input list
+
+    def __post_init__(self):
+        self.num_inputs = len(self.inputs)
 
     @property
     def text(self) -> TextSpec:
         """Where each row's text comes from: the template when set, else the text field."""
         return TextSpec.from_options(None, self.text_template, self.text_field)
+
+    def __getstate__(self) -> dict:
+        """What a job carries: the settings, not the input list (the driver's: it made the plan,
+        which the workers read from the output), so that the job does not grow with the corpus."""
+        return {**self.__dict__, "inputs": None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,7 +162,6 @@ class TokenizeStage(Stage):
 
     def __init__(self, cfg: PrepConfig):
         self.cfg = cfg
-        self._plan: list[Unit] | None = None
 
     def config(self) -> dict:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
@@ -192,28 +200,26 @@ class TokenizeStage(Stage):
                     for k, (lo, rb) in enumerate(zip(los, bases))]
         return None
 
-    def plan(self) -> list[Unit]:
-        if self._plan is None:
-            units: list[Unit] = []
-            group: list[dict] = []
-            group_id, group_bytes = "", 0
-            for i, f in enumerate(self.cfg.inputs):
-                pieces = self._pieces(i, f)
-                if pieces is not None or group_bytes >= self.cfg.unit_bytes or len(group) >= 1024:
-                    if group:
-                        units.append(Unit(group_id, {"pieces": group}))
-                    group, group_bytes = [], 0
-                if pieces is not None:
-                    units += [Unit(uid, {"pieces": [piece]}) for uid, piece in pieces]
-                    continue
-                if not group:
-                    group_id = f"{i:05d}"
-                group.append({"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()})
-                group_bytes += f.size
-            if group:
-                units.append(Unit(group_id, {"pieces": group}))
-            self._plan = units
-        return self._plan
+    def make_plan(self) -> list[Unit]:
+        units: list[Unit] = []
+        group: list[dict] = []
+        group_id, group_bytes = "", 0
+        for i, f in enumerate(self.cfg.inputs):
+            pieces = self._pieces(i, f)
+            if pieces is not None or group_bytes >= self.cfg.unit_bytes or len(group) >= 1024:
+                if group:
+                    units.append(Unit(group_id, {"pieces": group}))
+                group, group_bytes = [], 0
+            if pieces is not None:
+                units += [Unit(uid, {"pieces": [piece]}) for uid, piece in pieces]
+                continue
+            if not group:
+                group_id = f"{i:05d}"
+            group.append({"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()})
+            group_bytes += f.size
+        if group:
+            units.append(Unit(group_id, {"pieces": group}))
+        return units
 
     def needed(self, units, receipts):
         return included_units(units, receipts, self.cfg.max_tokens, self.cfg.wave_units)
@@ -362,7 +368,7 @@ class MergeSpillsStage(Stage):
         return {"group_bytes": MERGE_GROUP_BYTES, "group_units": MERGE_GROUP_UNITS, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         sizes = {f.path: f.size for f in self.cfg.inputs}
         groups: list[list[str]] = [[]]
         size = 0
@@ -431,7 +437,7 @@ class PackStage(Stage):
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
 
     def spill_sources(self, run: StageRun) -> list[tuple[dict[str, str], int | None]]:
@@ -505,7 +511,7 @@ class ManifestStage(Stage):
     def config(self) -> dict:
         return {"manifest": 1}
 
-    def plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit]:
         return [Unit("manifest")]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
@@ -537,7 +543,7 @@ class ManifestStage(Stage):
                                      rejected=counts["rejected"], written=written,
                                      excluded=counts["excluded"] if cfg.exclude else None)
         extra = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
-                 "source": cfg.source or {"inputs": len(cfg.inputs)}}
+                 "source": cfg.source or {"inputs": cfg.num_inputs}}
         if cfg.exclude:
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
         manifest = manifests.build_manifest(

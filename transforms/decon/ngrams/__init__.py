@@ -61,6 +61,7 @@ from .index import (
     EvalRow,
     NgramIndex,
     Partition,
+    SameText,
     build_index,
     dumps_jsonl_gz,
     dumps_partition,
@@ -69,6 +70,7 @@ from .index import (
     loads_jsonl_gz,
     make_eval_rows,
     partition_records,
+    same_text,
 )
 from .membership import Membership
 from .reduce import (
@@ -78,13 +80,12 @@ from .reduce import (
     SNIPPET_MAX_CHARS,
     WRITE_CHARS,
     HitGroups,
-    SameText,
     hit_blocks,
     hit_groups,
     instance_metrics,
     merge_partitions,
     reduce_partition,
-    same_text,
+    split_hits,
 )
 from .reference import reference_overlap
 from .report import capped_warning, contamination_report, merged_snippet, overlap_instances, render_report
@@ -108,6 +109,6 @@ __all__ = [
     "effective_lengths", "eval_dataset_name", "eval_ngrams", "eval_rows_of", "get_tokenizer", "hit_blocks",
     "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "make_eval_rows", "merge_partitions",
     "merged_snippet", "ngram_hash", "overlap_instances", "partition_of", "partition_records", "record_hash_id",
-    "record_id", "reduce_partition", "reference_overlap", "render_report", "same_text", "scan_rows", "token_hash",
-    "tokenize_batch",
+    "record_id", "reduce_partition", "reference_overlap", "render_report", "same_text", "scan_rows", "split_hits",
+    "token_hash", "tokenize_batch",
 ]

@@ -6,9 +6,9 @@ import io
 import json
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator
 
 import msgpack
 
@@ -35,6 +35,41 @@ class EvalRow:
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class SameText:
+    """Eval rows with exactly the same text (their n-grams and offsets are the same):
+    ``others[i]``: the later rows of the text whose first row (eval order) is ``i``;
+    ``first[j]``: that first row, for each later row ``j``; ``datasets[i]``: the eval datasets
+    of all the rows of that text, sorted. Rows with a text of their own are in none."""
+
+    others: dict[int, list[int]]
+    first: dict[int, int]
+    datasets: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def first_of(self, eval_idx: int) -> int:
+        """The first row (eval order) of the rows with ``eval_idx``'s text: the row that holds
+        their shared state (records, overlaps, spans, samples)."""
+        return self.first.get(eval_idx, eval_idx)
+
+    def rows_of(self, first: int) -> list[int]:
+        """The rows with the text of ``first`` (a first row), in eval order, ``first`` included."""
+        return [first, *self.others.get(first, ())]
+
+
+def same_text(eval_rows: list[EvalRow]) -> SameText:
+    """The :class:`SameText` of ``eval_rows`` (empty rows included: they have no records)."""
+    seen: dict[str, int] = {}
+    others: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    for r in eval_rows:
+        i = seen.setdefault(r.text, r.eval_idx)
+        if i != r.eval_idx:
+            others.setdefault(i, []).append(r.eval_idx)
+            first[r.eval_idx] = i
+    datasets = {i: tuple(sorted({eval_rows[j].eval_dataset for j in (i, *rest)})) for i, rest in others.items()}
+    return SameText(others, first, datasets)
 
 
 def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str | TextSpec, id_field: str,
@@ -67,14 +102,18 @@ def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[i
     return eval_rows_of(records, text_field, id_field, tokenizer, {ds: {"bad_rows": 0} for _, ds in datasets})
 
 
-def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer
+def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer, skip: Collection[int] = ()
                 ) -> dict[tuple[int, str], tuple[int, list[list]]]:
     """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
-    all eval rows, in row order. Hashes come from the vectorized twin (equal to
-    :func:`ngram_hash`)."""
+    the eval rows, in row order, but those whose ``eval_idx`` is in ``skip`` (``refinery
+    decon`` skips the later rows of a text several rows have: :attr:`SameText.first`;
+    their n-grams and offsets are the first row's). Hashes come from the vectorized twin
+    (equal to :func:`ngram_hash`)."""
     index: dict[tuple[int, str], tuple[int, list]] = {}
     ns = list(ns)
     chunk = 4096
+    if skip:
+        rows = [r for r in rows if r.eval_idx not in skip]
     with gc_paused():
         for c in range(0, len(rows), chunk):
             part = rows[c:c + chunk]
@@ -140,9 +179,10 @@ class NgramIndex:
 
     @classmethod
     def build(cls, rows: list[EvalRow], bad: dict[str, dict], ns: Iterable[int], tokenizer: str,
-              num_partitions: int) -> "NgramIndex":
+              num_partitions: int, skip: Collection[int] = ()) -> "NgramIndex":
+        """The index of ``rows``; the records leave out the rows in ``skip`` (:func:`build_index`)."""
         ns = sorted(set(int(n) for n in ns))
-        index = build_index(rows, ns, get_tokenizer(tokenizer))
+        index = build_index(rows, ns, get_tokenizer(tokenizer), skip)
         membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
                                 {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
         return cls(rows, bad, ns, tokenizer, num_partitions, membership,

@@ -12,9 +12,9 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
-from .droplist import RowHits, contaminated_jsonl
+from .droplist import DropList, RowHits
 from .ids import record_id
-from .index import EvalRow
+from .index import EvalRow, SameText, same_text
 from .scan import ScanHits
 from .tokenizers import Tokenizer, configured_ns
 
@@ -118,6 +118,26 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
                      [texts[r][s:e] for r, s, e in zip(grow, lo.tolist(), hi)])
 
 
+def split_hits(hits: ScanHits, max_chars: int) -> Iterator[ScanHits]:
+    """``hits`` in consecutive pieces of whole (partition, row, record) groups, each piece's
+    snippets (:func:`hit_groups`) at most about ``max_chars`` characters (a group alone may
+    be more): a scan unit makes the snippets of one piece at a time, however many n-grams
+    its batch of training rows holds (each hit n-gram has a snippet of its own)."""
+    g = hits.group_starts()
+    first = g[:-1]
+    lo = np.maximum(hits.start[first] - SNIPPET_CONTEXT, 0)
+    total = np.cumsum(np.minimum(hits.end[first] + SNIPPET_CONTEXT, lo + SNIPPET_MAX_CHARS) - lo)  # at most
+    if not len(total) or total[-1] <= max_chars:
+        yield hits
+        return
+    a = 0
+    while a < len(first):
+        b = max(int(np.searchsorted(total, (total[a - 1] if a else 0) + max_chars, side="right")), a + 1)
+        s, e = g[a], g[b]
+        yield ScanHits(hits.rows, hits.row[s:e], hits.partition[s:e], hits.record[s:e], hits.start[s:e], hits.end[s:e])
+        a = b
+
+
 def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
     """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
     block holds the partition's groups in scan order, the :class:`HitGroups` columns but
@@ -151,30 +171,6 @@ def _pairs(offsets: list) -> str:
         (s, e), = offsets
         return f"[[{s}, {e}]]"
     return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
-
-
-@dataclass(frozen=True)
-class SameText:
-    """Eval rows with exactly the same text (their n-grams and offsets are the same):
-    ``others[i]``: the later rows of the text whose first row (eval order) is ``i``;
-    ``first[j]``: that first row, for each later row ``j``. Rows with a text of their own are
-    in neither."""
-
-    others: dict[int, list[int]]
-    first: dict[int, int]
-
-
-def same_text(eval_rows: list[EvalRow]) -> SameText:
-    """The :class:`SameText` of ``eval_rows`` (empty rows included: they have no records)."""
-    seen: dict[str, int] = {}
-    others: dict[int, list[int]] = {}
-    first: dict[int, int] = {}
-    for r in eval_rows:
-        i = seen.setdefault(r.text, r.eval_idx)
-        if i != r.eval_idx:
-            others.setdefault(i, []).append(r.eval_idx)
-            first[r.eval_idx] = i
-    return SameText(others, first)
 
 
 def overlap_key(gram: str) -> str:
@@ -213,16 +209,18 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     :data:`NGRAM_MAX_CHARS` / :data:`SNIPPET_MAX_CHARS`, marked ``ngram_truncated`` /
     ``train_snippet_truncated``.
 
-    Returns the partition's share of the results (msgpack-able): ``details`` (written),
-    ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written,
-    all] per n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n ->
-    {:func:`overlap_key`: training documents}), ``by_path`` ([train_path, eval_dataset, n,
-    eval_idx list, train rows]), ``train_rows`` (the training rows with an overlap and what
-    they overlap: :meth:`.droplist.RowHits.result`), ``spans``
-    (eval_idx -> eval offsets of its overlapping n-grams at the largest n) and ``samples``
-    (eval_idx -> its first two training rows at the largest n, each ``[unit, row, train_path,
-    [[ngram hash, offsets, snippet_start, snippet], ...]]``; only for the first row of a
-    shared text).
+    Returns the partition's share of the results (msgpack-able), where an eval row stands
+    for every row with its text when it is the first of them (:class:`SameText`; the others
+    share its state, so nothing here grows with the number of rows of one text):
+    ``details`` (written), ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n,
+    n-gram (cut), written, all] per n-gram over ``max_ngram_details``), ``overlaps``
+    (eval_idx -> n -> {:func:`overlap_key`: training documents}; first rows only),
+    ``by_path`` ([train_path, eval_dataset, n, first rows of the texts with rows of that
+    dataset, train rows]), ``train_rows`` (the training rows with an overlap and what they
+    overlap: :meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> eval offsets of its
+    overlapping n-grams at the largest n; first rows only) and ``samples`` (eval_idx -> its
+    first two training rows at the largest n, each ``[unit, row, train_path, [[ngram hash,
+    offsets, snippet_start, snippet], ...]]``; first rows only).
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
@@ -328,28 +326,30 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
     spans: dict[int, list] = {}
     capped = []
-    for rec in kept:
-        n, gram, _, evals = records[rec]
+    for rec, evals in kept.items():  # the first row of each text only: the others share its state
+        n, gram = records[rec][0], records[rec][1]
         key = overlap_key(gram)
         for eval_idx, eval_offsets in evals:
             overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = counts[rec]
             if n == at_nmax[eval_idx]:
                 spans.setdefault(eval_idx, []).extend(eval_offsets)
-        if counts[rec] * len(kept[rec]) > written[rec]:
-            capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(kept[rec])])
+        if counts[rec] * len(evals) > written[rec]:
+            capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(evals)])
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
     path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
-    keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}  # record -> (eval_dataset, n) -> eval rows
+    # record -> (eval_dataset, n) -> the first rows of the texts with rows of that dataset
+    keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}
     for path, rows_of_rec in hit_rows.items():
         for rec, rows in rows_of_rec.items():
             keys = keys_of.get(rec)
             if keys is None:
                 keys = keys_of[rec] = {}
                 n_rec = records[rec][0]
-                for eval_idx, _ in records[rec][3]:
+                for eval_idx, _ in kept[rec]:
                     er = eval_rows[eval_idx]
-                    for n in configured_ns(ns, er.num_tokens, n_rec):
-                        keys.setdefault((er.eval_dataset, n), []).append(eval_idx)
+                    for ds in same.datasets.get(eval_idx, (er.eval_dataset,)):
+                        for n in configured_ns(ns, er.num_tokens, n_rec):
+                            keys.setdefault((ds, n), []).append(eval_idx)
             for (ds, n), ids in keys.items():
                 path_ids[(path, ds, n)].update(ids)
                 path_rows[(path, ds, n)].update(rows)
@@ -362,6 +362,9 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
 
 # -- merge: all partitions --------------------------------------------------------------
 
+NO_OVERLAP = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+
+
 @dataclass
 class ReduceResult:
     overlap_stats: list[dict]
@@ -369,24 +372,29 @@ class ReduceResult:
     metrics: list[dict]
     summary: list[dict]
     ignored_ngrams: int
-    overlaps: dict[int, dict[int, dict[str, int]]]   # eval_idx -> n -> {ngram: training documents}
-    spans: dict[int, list]                           # eval_idx -> eval offsets at the largest n
-    samples: dict[int, list]                         # eval_idx -> first training rows at the largest n
+    overlaps: dict[int, dict[int, dict[str, int]]]   # first row of a text -> n -> {ngram: training documents}
+    spans: dict[int, list]                           # first row of a text -> eval offsets at the largest n
+    samples: dict[int, list]                         # first row of a text -> first training rows at the largest n
     capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
-    contaminated: bytes = b""  # the drop list's JSON lines, one per training row with an overlap
+    contaminated: DropList | None = None             # the drop list (its lines: ``contaminated.chunks()``)
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
-                     eval_bad_rows: dict[str, dict] | None = None) -> ReduceResult:
+                     eval_bad_rows: dict[str, dict] | None = None, same: SameText | None = None) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
-    instance are the union of its partitions' (metrics need all of them)."""
+    instance are the union of its partitions' (metrics need all of them). Rows with the
+    same text (``same``, default :func:`same_text`) share their first row's overlaps, spans,
+    samples and metrics: ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
+    only (:meth:`SameText.first_of`); the stats and metrics list every row."""
     ns = sorted(set(ns))
+    same = same_text(eval_rows) if same is None else same
     overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
     spans: dict[int, list] = defaultdict(list)
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
     train_rows: list[dict] = []
+    doc_ids: dict[str, str] = {}
     ignored = 0
     capped: list = []
     for part in parts:
@@ -405,7 +413,10 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             got[0].update(ids)
             got[1].update(rows)
         if "train_rows" in part:
-            train_rows.append(part["train_rows"])
+            share = part["train_rows"]
+            # a training row's doc id comes once from every partition it hits: held once
+            share["docs"] = [doc_ids.setdefault(d, d) for d in share["docs"]]
+            train_rows.append(share)
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
@@ -414,24 +425,31 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
         all_ids[r.eval_dataset].add(r.instance_id)
         if r.empty:
             empty_ids[r.eval_dataset].add(r.instance_id)
-        for length in overlaps.get(r.eval_idx, {}):
+        for length in overlaps.get(same.first_of(r.eval_idx), {}):
             for n in configured_ns(ns, r.num_tokens, length):
                 hit_ids[(r.eval_dataset, n)].add(r.instance_id)
     stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
               "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
     paths = []
     for (path, ds, n), (ids, rows) in sorted(by_path.items()):
-        instance_ids = sorted({eval_rows[i].instance_id for i in ids})
+        instance_ids = sorted({eval_rows[j].instance_id for i in ids for j in same.rows_of(i)
+                               if eval_rows[j].eval_dataset == ds})
         paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
                       "instance_ids": instance_ids, "num_train_rows": len(rows)})
     metrics = []
+    shared: dict[int, list[dict]] = {}  # first row of a text several rows have -> its metrics per n
     for r in eval_rows:
-        tokens = tokenizer.tokenize(r.text) if r.eval_idx in overlaps else None
-        for n in ns:
-            if tokens is None:
-                m = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+        first = same.first_of(r.eval_idx)
+        per_n = shared.get(first)
+        if per_n is None:
+            if first in overlaps:
+                tokens = tokenizer.tokenize(r.text)
+                per_n = [instance_metrics(tokens, n, overlaps[first].get(min(n, r.num_tokens), {})) for n in ns]
             else:
-                m = instance_metrics(tokens, n, overlaps[r.eval_idx].get(min(n, r.num_tokens), {}))
+                per_n = [NO_OVERLAP] * len(ns)
+            if first in same.others:
+                shared[first] = per_n
+        for n, m in zip(ns, per_n):
             metrics.append({"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
                             "instance_id": r.instance_id, "n": n, **m})
     summary = []
@@ -443,7 +461,6 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
-    contaminated = contaminated_jsonl(train_rows, eval_rows)
     return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
                         {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
-                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), contaminated)
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), DropList(train_rows, eval_rows, same))

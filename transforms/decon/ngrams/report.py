@@ -154,12 +154,12 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
         shown = []
         for r in chosen.values():
             hits = []
-            for _, row, path, row_hits in result.samples.get(same.first.get(r.eval_idx, r.eval_idx), []):
+            for _, row, path, row_hits in result.samples.get(same.first_of(r.eval_idx), []):
                 snippet = merged_snippet(row_hits)
                 hits.append(rh.TrainHit(path, row, snippet.text, tuple(rh.Span(a, b) for a, b in snippet.spans),
                                         len({h[0] for h in row_hits}), snippet.cut_before, snippet.cut_after))
             shown.append(rh.Example(r.instance_id, r.eval_row, r.text,
-                                    tuple(rh.Span(a, b) for a, b in result.spans.get(r.eval_idx, [])),
+                                    tuple(rh.Span(a, b) for a, b in result.spans.get(same.first_of(r.eval_idx), [])),
                                     at_max[r.eval_idx]["token"], tuple(hits), copies[r.text] - 1))
         datasets.append(rh.DatasetReport(ds, tuple(sorted({r.eval_path for r in rows})), s["num_rows"],
                                          s["num_instances"], s["num_empty_instances"], s["num_bad_rows"],
