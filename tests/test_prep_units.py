@@ -589,3 +589,29 @@ def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_p
     third = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
     assert third.ran == {"echo": 0, "later": 2} and later.calls == ["u0", "u1"]
     assert checked[0] == "later" and "echo" in checked  # not all done: the full plan, every stage checked
+
+
+def test_row_normalizer_says_plain_only_of_texts_without_unassigned_code_points():
+    """``normalize.plain`` lets gigatoken's encoder skip its own look for code points unassigned
+    in Unicode 14.0: it must never be True of a document that holds one."""
+    from encoder_fuzz import fuzz_texts
+
+    from refinery.transforms.formats.unassigned import has_unassigned
+    from refinery.transforms.prep.documents import Document, row_normalizer
+
+    normalize = row_normalizer("text", "id")
+    texts = fuzz_texts(seed=21, n=3000) + fuzz_texts(seed=22, n=1000, assigned=True) + [
+        "plain ascii", "naïve café 日本語", "x\u1acfy", "\U000332db", "e\u0301\u1acf", "\ud800 lone"]
+    plain_seen = 0
+    for i, text in enumerate(texts):
+        doc = normalize({"id": str(i), "text": text}, None, "p", i, "r")
+        if type(doc) is Document:
+            assert not (normalize.plain and has_unassigned(doc.text)), repr(text[:80])
+            plain_seen += normalize.plain
+        else:
+            assert not normalize.plain
+    assert plain_seen > 100
+    normalize({"id": "a", "text": "naïve café"}, None, "p", 0, "r")
+    assert normalize.plain
+    normalize({"id": "b", "text": "x\u1acfy"}, None, "p", 1, "r")
+    assert not normalize.plain

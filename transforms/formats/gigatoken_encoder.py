@@ -90,15 +90,16 @@ class GigatokenTokenizer(FastTiktokenTokenizer):
         self.fallbacks += 1
         return TiktokenTokenizer.encode(self, text)
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, offsets) of ``texts``: one uint32 array of every text's ordinary tokens back
         to back, and int64 offsets (``len(texts) + 1``; text ``i``'s tokens are
         ``tokens[offsets[i]:offsets[i + 1]]``). One encoder call for the texts it may take;
-        tiktoken for the others. If the call raises, or its result is not the two buffers
-        expected, the texts are encoded one by one (:meth:`encode`)."""
+        tiktoken for the others (a code point unassigned in Unicode 14.0: looked for unless
+        ``plain[i]`` says there is none). If the call raises, or its result is not the two
+        buffers expected, the texts are encoded one by one (:meth:`encode`)."""
         if not isinstance(texts, list):
             texts = list(texts)
-        odd = {i for i, t in enumerate(texts) if not t.isascii() and has_unassigned(t)}
+        odd = {i for i, t in enumerate(texts) if not (plain is not None and plain[i]) and has_unassigned(t)}
         fast = [t for i, t in enumerate(texts) if i not in odd] if odd else texts
         try:
             tokens, offsets = batch_buffers(self.fast.encode_batch(fast, parallel=False), len(fast))

@@ -134,10 +134,12 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[array]:
         return [self.encode(t) for t in texts]
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, offsets) of ``texts``: one uint32 array of every text's tokens (without EOS)
         back to back, and int64 offsets (``len(texts) + 1``): text ``i``'s tokens are
-        ``tokens[offsets[i]:offsets[i + 1]]``. Here: :meth:`encode` per text, joined."""
+        ``tokens[offsets[i]:offsets[i + 1]]``. ``plain`` (optional, per text): known to hold
+        no code point unassigned in Unicode 14.0; only gigatoken's encoder uses it. Here:
+        :meth:`encode` per text, joined."""
         return join_encoded([self.encode(t) for t in texts])
 
     def decode(self, ids) -> str:
@@ -168,7 +170,7 @@ class TiktokenTokenizer(Tokenizer):
                       .cast("B"))
         return out
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`Tokenizer.encode_flat` with tiktoken's own uint32 buffers, one text at a time
         (tiktoken's batch call would start a thread pool)."""
         enc = self.enc

@@ -118,7 +118,7 @@ _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
 _SURROGATE_OR_CC = re.compile(_SURROGATE.pattern[:-1] + _CC_TO_DROP.pattern[1:])
 
 
-_LOOK, _NFC = 1, 2  # bits of _unit_flags
+_LOOK, _NFC, _UNASSIGNED = 1, 2, 4  # bits of _unit_flags
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,8 +129,13 @@ def _unit_flags() -> np.ndarray:
     combining class other than 0, or may compose with the character before it (the second
     character of a canonical decomposition pair, a Hangul vowel or trailing consonant: Quick_Check
     Maybe). A text with none of these flags is NFC (UAX #15's quick check) with nothing to drop.
-    Built from this interpreter's ``unicodedata``, the tables ``is_normalized`` itself uses."""
+    Built from this interpreter's ``unicodedata``, the tables ``is_normalized`` itself uses.
+    ``_UNASSIGNED``: a code point unassigned in Unicode 14.0 (fixed data,
+    :mod:`~refinery.transforms.formats.unassigned`: such a document goes to tiktoken)."""
+    from refinery.transforms.formats.unassigned import table
+
     flags = np.zeros(0x10000, np.uint8)
+    flags[table()[:0x10000]] |= _UNASSIGNED
     flags[0xD800:0xE000] = _LOOK
     for cp in range(0xA0):
         if _CC_TO_DROP.match(chr(cp)):
@@ -217,32 +222,39 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
     clean ASCII string (nothing to normalize but the ends) takes a short path, the same rule
     (tests compare it with :func:`normalize_row`), and so does one of other Unicode without
     surrogates or control characters but ``\\t`` and ``\\n`` (NFC and a strip); any other row goes through
-    :func:`normalize_row` itself."""
+    :func:`normalize_row` itself. After each call, ``normalize.plain`` is True when the
+    document's text is known to hold no code point unassigned in Unicode 14.0 (ASCII, or no
+    UTF-16 unit flagged so: the same lookup), which an encoder may then skip checking
+    (:func:`encode_documents`); False when not known."""
     spec = TextSpec.of(text_field)
     field = spec.field if spec.template is None else None
 
     def normalize(record: dict | None, error: str | None, path: str, row: int,
                   relpath: str | None) -> Document | Rejected:
+        normalize.plain = False
         if field is not None and error is None and type(record) is dict:
             text = record.get(field)
             if type(text) is str:
                 if text.isascii():
-                    clean = not text.encode("ascii").translate(None, _ASCII_CLEAN)
+                    clean = plain = not text.encode("ascii").translate(None, _ASCII_CLEAN)
                 else:  # one table lookup a UTF-16 unit says what needs a closer look (see _unit_flags)
                     units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), "<u2")
                     flags = int(np.bitwise_or.reduce(_unit_flags()[units]))
+                    plain = not flags & (_LOOK | _UNASSIGNED)
                     # no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
-                    clean = not flags & _LOOK or _SURROGATE_OR_CC.search(text) is None
-                    if clean and flags and not unicodedata.is_normalized("NFC", text):
+                    clean = plain or _SURROGATE_OR_CC.search(text) is None
+                    if clean and flags & (_LOOK | _NFC) and not unicodedata.is_normalized("NFC", text):
                         text = unicodedata.normalize("NFC", text)
                 if clean:
                     text = text.strip()
                     if text:
                         value = record.get(id_field)
                         doc_id = str(value) if value is not None else doc_id_for(record, id_field, relpath, row)
+                        normalize.plain = plain
                         return Document(doc_id, text, path, row)
         return normalize_row(record, error, spec, id_field, path, row, relpath)
 
+    normalize.plain = False
     return normalize
 
 
@@ -272,29 +284,34 @@ def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
 BATCH_CHARS = 1 << 20
 BATCH_DOCS = 1 << 14
 
-def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(tok: Tokenizer, texts: Sequence[str],
+                     plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, lengths) of normalized documents: every document's tokens followed by one EOS
     (what :func:`encode_document` gives each), back to back as one uint32 array, and each
     document's uint32 length, EOS included. The tokenizer encodes them in one batch
-    (``encode_flat``); the EOS is put in by numpy, with no Python object per document."""
+    (``encode_flat``); the EOS is put in by numpy, with no Python object per document.
+    ``plain``: per text, True when it is known to hold no code point unassigned in Unicode
+    14.0 (``row_normalizer``'s ``plain``), so the encoder need not look."""
     if not isinstance(tok, Tokenizer):
         tok = wrap_encoding(tok)
-    flat, offsets = tok.encode_flat(texts)
+    flat, offsets = tok.encode_flat(texts, plain)
     tokens = np.insert(np.asarray(flat, np.uint32), offsets[1:], np.uint32(tok.eos_id))
     lengths = np.diff(offsets).astype(np.uint32)
     lengths += 1
     return tokens, lengths
 
 
-def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                     np.ndarray]:
+def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray,
+                    plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, tokens, lengths): documents encoded grouped by shard, as a unit's spill wants
     them. ``order``: the stable argsort of ``shards`` (a document's position in ``texts`` for
     each position in the result: shards ascending, each shard's documents in input order);
     ``tokens``, ``lengths``: :func:`encode_documents` of the texts in that order, so each
-    shard's tokens are one contiguous slice."""
+    shard's tokens are one contiguous slice. ``plain``: as :func:`encode_documents`'s."""
     order = np.argsort(shards, kind="stable")
-    tokens, lengths = encode_documents(tok, [texts[i] for i in order.tolist()])
+    positions = order.tolist()
+    tokens, lengths = encode_documents(tok, [texts[i] for i in positions],
+                                       None if plain is None else [plain[i] for i in positions])
     return order, tokens, lengths
 
 

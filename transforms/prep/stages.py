@@ -237,19 +237,20 @@ class TokenizeStage(Stage):
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
             writer = spill.SpillWriter(tokens_out)
-            texts: list[str] = []  # a batch of documents, in input order, and their shards
+            texts: list[str] = []  # a batch of documents, in input order, their shards, whether plain
             shards = array("I")
+            plain: list[bool] = []
             batch_chars = 0
 
             def encode_batch() -> None:
-                nonlocal accepted, tokens_total, chars, texts, shards, batch_chars
+                nonlocal accepted, tokens_total, chars, texts, shards, plain, batch_chars
                 doc_shards = np.frombuffer(shards, np.uint32)
-                order, tokens, lengths = encode_by_shard(enc, texts, doc_shards)
+                order, tokens, lengths = encode_by_shard(enc, texts, doc_shards, plain)
                 writer.add_batch(doc_shards, order, tokens, lengths)
                 accepted += len(texts)
                 tokens_total += len(tokens)
                 chars += batch_chars
-                texts, shards, batch_chars = [], array("I"), 0
+                texts, shards, plain, batch_chars = [], array("I"), [], 0
 
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], p.get("row_base", 0)
@@ -271,6 +272,7 @@ class TokenizeStage(Stage):
                             rejects_out.write(json_line(doc.to_json(), sort_keys=True))
                         continue
                     texts.append(doc.text)
+                    plain.append(normalize.plain)
                     shards.append(shard_of(doc.doc_id, num_shards))
                     batch_chars += len(doc.text)
                     if batch_chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
