@@ -31,7 +31,9 @@ Rules:
   of the row's canonical JSON.
 - **Tokenize** (:func:`encode_document`): the tokenizer's ordinary encoding (special-token
   text stays ordinary text; o200k_harmony ``encode_ordinary`` by default, see
-  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's.
+  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's. Many
+  documents at once (:func:`encode_documents`, :func:`encode_by_shard`): the same tokens,
+  encoded in one call and handed back as one uint32 buffer with the documents' lengths.
 - **Shard** (:func:`shard_of`): ``int(md5(doc_id).hexdigest()[:16], 16) % num_shards``: it
   depends on nothing but the id, never on workers or input splits.
 """
