@@ -18,7 +18,7 @@ Four subcommands, each on one thread, against tiktoken ``encode_ordinary`` as th
            mismatches (must be 0) and documents sent to tiktoken.
 ``scan``   every code point but surrogates in 20 contexts: where gigatoken's tokens differ
            from tiktoken's, by Unicode 14.0 category (``--assigned-only``: skip those prep sends
-           to tiktoken anyway). About 15 minutes for o200k on this machine.
+           to tiktoken anyway). About 40 s for o200k on this machine.
 
     .venv/bin/python bench/encoders.py speed --corpus web --mb 50 --repeat 3
     .venv/bin/python bench/encoders.py cache --corpus distinct --mb 200 --budgets 32 64 128 512
