@@ -24,7 +24,12 @@ setup(
         "build>=1.0",  # Beam's stager builds the --setup_file sdist with `python -m build` (dataflow, flink)
         "numpy>=1.26",
         "tiktoken>=0.9",
-        "bpe-openai>=0.1.4",  # ships o200k_base.tiktoken.gz: the offline vocab
+        "bpe-openai>=0.1.4",  # ships o200k_base.tiktoken.gz: the offline vocab; the fast encoder where gigatoken is not
+        # prep's fast encoder (--encoder fast): tiktoken's exact tokens a batch at a time, as buffers, with a bounded
+        # encode cache (the official gigatoken 0.10.0's grows without bound); its wheels are Linux x86-64 only
+        "gigatoken-cachefix>=0.10.1,<0.11; platform_system == 'Linux' and platform_machine == 'x86_64'",
+        # gigatoken's batch result is an awkward array (it imports awkward itself); prep reads its two numpy buffers
+        "awkward>=2.6.3; platform_system == 'Linux' and platform_machine == 'x86_64'",
         "tokenizers>=0.15",  # prep --tokenizer path/to/tokenizer.json (encode_special_tokens needs 0.15)
         "fsspec>=2024.6",
         "gcsfs>=2024.6",

@@ -14,7 +14,7 @@ import sys
 
 HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
-WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
+WORKER_IMPORTS = ("refinery.transforms.prep.stages", "refinery.transforms.formats.warm_encoder")
 
 EPILOG = """\
 examples:
@@ -115,12 +115,13 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
                      help="accept an --eos-token that is an ordinary token (one a document's text can encode to; "
                           "refused without this): document ends then cannot be told from the tokens, so "
                           "regenerate-index refuses these shards and the .idx is their only record")
-    tok.add_argument("--encoder", choices=["fast", "tiktoken"], default="fast",
-                     help="what encodes a tiktoken encoding: fast (default): bpe-openai's Rust BPE for "
-                          "o200k_harmony, o200k_base and cl100k_base, exactly tiktoken's tokens (tested token for "
-                          "token), tiktoken for any document it refuses (counted as encoder_fallbacks in the "
-                          "tokenize receipts); tiktoken: tiktoken alone, the reference. Not part of the plan: the "
-                          "tokens are the same")
+    tok.add_argument("--encoder", choices=["fast", "bpe-openai", "tiktoken"], default="fast",
+                     help="what encodes a tiktoken encoding: fast (default): for o200k_harmony, o200k_base and "
+                          "cl100k_base, gigatoken's Rust BPE (gigatoken-cachefix, Linux x86-64) a batch of "
+                          "documents at a time, else bpe-openai's; exactly tiktoken's tokens (tested token for "
+                          "token), tiktoken for any document they refuse (counted as encoder_fallbacks in the "
+                          "tokenize receipts); bpe-openai: bpe-openai's alone; tiktoken: tiktoken alone, the "
+                          "reference. Not part of the plan: the tokens are the same")
     tok.add_argument("--vocab-file", help="o200k_base.tiktoken[.gz] to use for o200k_harmony/o200k_base "
                                           "(default: resolved offline)")
 

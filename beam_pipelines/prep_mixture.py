@@ -21,7 +21,7 @@ import time
 
 HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
-WORKER_IMPORTS = ("refinery.transforms.prep.stages",)
+WORKER_IMPORTS = ("refinery.transforms.prep.stages", "refinery.transforms.formats.warm_encoder")
 
 EPILOG = """\
 examples:

@@ -2,15 +2,19 @@
 
 Builds a JSONL corpus of about ``--mb`` megabytes in several layouts: GSM8K text
 (tests/data/gsm8k; short English documents), or with ``--corpus web`` web-like text the bench
-generates itself (long documents of prose, other scripts, code, URLs, tables and numbers), and,
-in one run, measures:
+generates itself (long documents of prose, other scripts, code, URLs, tables and numbers), or
+with ``--corpus distinct`` text whose words hardly ever repeat (random letters and CJK runs:
+what grows an encoder's cache), and, in one run, measures:
 
-1. raw: ``encode_ordinary`` over every (normalized) document already in memory: the ceiling;
+1. raw: tiktoken's ``encode_ordinary`` over every (normalized) document already in memory,
+   one process, no EOS, nothing written: the loop refinery's encoder is measured against;
 2. ``refinery prep --workers 1`` end to end (start-up, tokenize, pack, manifest), per layout;
 3. ``refinery prep`` with every core (the default local runner), per layout;
 
-and prints tokens/s, the ratios 1 worker / raw (goal >= 0.8) and all cores / 1 worker
-(goal >= 1.7), and each run's peak RSS (the driver and its workers). ``--rss`` adds a run on
+and prints tokens/s, the ratios 1 worker / raw (goal >= 1.5; >= 2 on 1 GB of web-like text)
+and all cores / 1 worker (goal >= 1.8), and each run's peak RSS (the driver and its workers;
+goal <= 1 GB a worker). ``--encoders fast tiktoken`` also runs 1 worker with each further
+encoder and checks that its shards are byte-identical to the first's. ``--rss`` adds a run on
 a quarter of the corpus, to show that peak RSS does not grow with corpus size. ``--scale``
 simulates a run of thousands of tiny tokenize units on an object store (fsspec memory://)
 and counts the files pack opens with and without the merge stage.
@@ -23,6 +27,7 @@ the medians are printed with their range. Run it with nothing else on the machin
     .venv/bin/python bench/prep.py                   # ~200 MB, layouts: 8 files, 16 files, 1 file, 2000 files
     .venv/bin/python bench/prep.py --mb 40 --layouts 8
     .venv/bin/python bench/prep.py --corpus web --mb 100 --layouts 8 --encoders fast tiktoken
+    .venv/bin/python bench/prep.py --corpus distinct --mb 1000 --layouts 8 --repeat 1 --rss
     .venv/bin/python bench/prep.py --scale --units 3000
     .venv/bin/python bench/prep.py --per-document --mb 40 --layouts 8 --repeat 5
 
@@ -140,6 +145,34 @@ def web_texts(mb: float, seed: int = 0) -> list[str]:
     return texts
 
 
+def distinct_texts(mb: float, seed: int = 0) -> list[str]:
+    """Documents of 2-30 KB whose words hardly repeat, deterministic: words of 2-12 random
+    letters (Latin with a few accented, Cyrillic), numbers, and now and then a run of random
+    CJK characters; each new word is a new piece for an encoder's cache."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    letters = np.array([ord(c) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZéüßçжщыя"], np.uint32)
+    texts, size = [], 0
+    while size < mb * 1e6:
+        n = int(rng.integers(2_000, 30_000))
+        cps = letters[rng.integers(0, len(letters), n)]
+        cps[rng.random(n) < 0.15] = ord(" ")  # words of ~6 letters
+        digits = rng.random(n) < 0.02
+        cps[digits] = rng.integers(ord("0"), ord("9") + 1, int(digits.sum()))
+        cjk = rng.random(n) < 0.0005  # a run of up to 40 CJK characters starts here
+        for start in np.flatnonzero(cjk).tolist():
+            k = int(rng.integers(2, 40))
+            cps[start:start + k] = rng.integers(0x4E00, 0x9FFF, len(cps[start:start + k]))
+        text = cps.tobytes().decode("utf-32-le").strip()
+        texts.append(text)
+        size += len(text.encode())
+    return texts
+
+
+CORPORA = {"gsm8k": corpus_texts, "web": web_texts, "distinct": distinct_texts}
+
+
 def write_layout(path: Path, texts: list[str], files: int) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     per = (len(texts) + files - 1) // files
@@ -148,6 +181,14 @@ def write_layout(path: Path, texts: list[str], files: int) -> Path:
             for j, t in enumerate(texts[k * per:(k + 1) * per]):
                 f.write(json.dumps({"id": f"{k}-{j}", "text": t}) + "\n")
     return path
+
+
+def same_shards(a: Path, b: Path) -> bool:
+    """Whether two prep outputs hold the same shard files, byte for byte (as their manifests list them)."""
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    paths = [(s["path"], s["index_path"]) for s in ma["shards"]]
+    return paths == [(s["path"], s["index_path"]) for s in mb["shards"]] and all(
+        (a / p).read_bytes() == (b / p).read_bytes() for pair in paths for p in pair)
 
 
 def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast") -> tuple[float, float]:
@@ -164,23 +205,31 @@ def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast"
 def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) -> None:
     """The tokenize units' work besides the encoder, per document: the units run in this
     process (no job around them), and, in the same round, the encoder alone (``--encoder
-    fast``: encode, uint32, EOS) over the same documents' normalized text, already in memory."""
+    fast``: batches of ``BATCH_CHARS``, EOS put in, one uint32 buffer each) over the same
+    documents' normalized text, already in memory."""
     import gc
 
     from refinery.transforms.core import storage
     from refinery.transforms.core.stages import UnitContext, bind_stages
     from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
-    from refinery.transforms.prep.documents import encode_document, normalize_text
+    from refinery.transforms.prep.documents import BATCH_CHARS, encode_documents, normalize_text
     from refinery.transforms.prep.stages import PrepConfig, build_stages
 
     tok = load_tokenizer(DEFAULT, "fast")
     normalized = [normalize_text(t) for t in texts]
+    batches, size = [[]], 0
+    for t in normalized:
+        batches[-1].append(t)
+        size += len(t)
+        if size >= BATCH_CHARS:
+            batches.append([])
+            size = 0
     per_doc, units_s, encoder_s = [], [], []
     for _ in range(rounds):
         gc.disable()
         t0 = time.perf_counter()
-        for t in normalized:
-            encode_document(tok, t)
+        for batch in batches:
+            encode_documents(tok, batch)
         encoder_s.append(time.perf_counter() - t0)
         gc.enable()
         shutil.rmtree(out, ignore_errors=True)
@@ -241,10 +290,11 @@ def simulate_scale(units: int, num_shards: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=200.0, help="corpus size in MB of text (default 200)")
-    ap.add_argument("--corpus", choices=["gsm8k", "web"], default="gsm8k",
-                    help="GSM8K documents (default), or web-like text generated here")
-    ap.add_argument("--encoders", nargs="+", choices=["fast", "tiktoken"], default=["fast"],
-                    help="prep's --encoder for the 1-worker runs (default: fast; the first also runs all cores)")
+    ap.add_argument("--corpus", choices=list(CORPORA), default="gsm8k",
+                    help="GSM8K documents (default), web-like text generated here, or distinct words")
+    ap.add_argument("--encoders", nargs="+", choices=["fast", "bpe-openai", "tiktoken"], default=["fast"],
+                    help="prep's --encoder for the 1-worker runs (default: fast; the first also runs all cores, "
+                         "the others' shards are compared with its)")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="FILES",
                     help="input layouts as a number of files (default: 8 16 1 2000)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds per layout; medians and ranges shown (default 3)")
@@ -266,7 +316,7 @@ def main() -> None:
     if load > 0.5:
         print(f"warning: load average {load:.1f}: the machine is busy, the ratios will be off")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
-    texts = corpus_texts(args.mb) if args.corpus == "gsm8k" else web_texts(args.mb)
+    texts = CORPORA[args.corpus](args.mb)
     if args.per_document:
         per_document_work(write_layout(work / f"corpus-{args.layouts[0]}", texts, int(args.layouts[0])),
                           work / "out-per-document", texts, args.repeat)
@@ -304,7 +354,7 @@ def main() -> None:
           f"{raw_tokens:,} tokens; cores: {cores}; {args.repeat} round(s) per layout, medians shown")
     for files in args.layouts:
         corpus = write_layout(work / f"corpus-{files}", texts, int(files))
-        rounds = []
+        rounds, identical = [], {}
         for _ in range(args.repeat):
             raw = raw_tps()  # this machine's speed drifts: each ratio uses the raw figure taken just before
             s1, rss1 = run_prep(corpus, work / f"out-{files}-1", 1, args.encoders[0])
@@ -313,27 +363,29 @@ def main() -> None:
                 raw_e = raw_tps()
                 s_e, _ = run_prep(corpus, work / f"out-{files}-{encoder}", 1, encoder)
                 others.append(raw_tokens / s_e / raw_e)
+                identical[encoder] = same_shards(work / f"out-{files}-1", work / f"out-{files}-{encoder}")
+                assert identical[encoder], f"--encoder {encoder} wrote other shards than --encoder {args.encoders[0]}"
                 shutil.rmtree(work / f"out-{files}-{encoder}")
             ceiling = raw_scaling(cores)
             sn, rssn = run_prep(corpus, work / f"out-{files}-n", None, args.encoders[0])
             rounds.append((raw_tokens / s1 / raw, s1 / sn, raw, s1, sn, max(rss1, rssn), ceiling, *others))
             m = json.loads((work / f"out-{files}-1" / "manifest.json").read_text())
             assert m["total_tokens"] == raw_tokens, (m["total_tokens"], raw_tokens)
-            same = all((work / f"out-{files}-1" / s["path"]).read_bytes()
-                       == (work / f"out-{files}-n" / s["path"]).read_bytes() for s in m["shards"])
-            assert same, "1 worker and all cores wrote different shards"
+            assert same_shards(work / f"out-{files}-1", work / f"out-{files}-n"), \
+                "1 worker and all cores wrote different shards"
             for d in (f"out-{files}-1", f"out-{files}-n"):
                 shutil.rmtree(work / d)
         med = [statistics.median(x[k] for x in rounds) for k in range(len(rounds[0]))]
         span = lambda k: f"{min(x[k] for x in rounds):.2f}-{max(x[k] for x in rounds):.2f}"  # noqa: E731
         print(f"{files:>5} file(s): raw {med[2]:11,.0f} tokens/s; 1 worker {raw_tokens / med[3]:11,.0f} tokens/s "
-              f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 0.8; --encoder {args.encoders[0]}"
+              f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 1.5; --encoder {args.encoders[0]}"
               + "".join(f"; --encoder {e}: {med[7 + i]:.2f} x raw [{span(7 + i)}]"
                         for i, e in enumerate(args.encoders[1:]))
               + f"); {cores} workers "
               f"{raw_tokens / med[4]:11,.0f} tokens/s ({med[4]:5.1f}s) = {med[1]:.2f} x 1 worker [{span(1)}] "
-              f"(goal >= 1.7; raw encode in {cores} processes scaled {med[6]:.2f} x [{span(6)}] on this machine "
-              f"meanwhile); peak RSS {med[5]:.0f} MiB; shards identical: True")
+              f"(goal >= 1.8; raw encode in {cores} processes scaled {med[6]:.2f} x [{span(6)}] on this machine "
+              f"meanwhile); peak RSS {med[5]:.0f} MiB; shards identical between 1 and {cores} workers: True"
+              + "".join(f", to --encoder {e}'s: {same}" for e, same in identical.items()))
     if args.rss:
         quarter = write_layout(work / "corpus-quarter", texts[: len(texts) // 4], 8)
         sq, rssq = run_prep(quarter, work / "out-quarter", 1)

@@ -211,3 +211,18 @@ def test_one_row_accounting_and_one_manifest_entry_for_sink_and_command(tmp_path
     assert manifests.entry_from_receipt(3, receipt) == {
         "shard": 3, "path": "shard_0003/d-v1-shard-000003.npy", "index_path": "shard_0003/d-v1-shard-000003.idx",
         "num_tokens": 40, "num_documents": 2, "sha256": "n" * 64, "checksum": "n" * 64, "index_sha256": "i" * 64}
+
+
+def test_tokenize_encodes_in_batches_and_keeps_every_documents_tokens_and_window():
+    from apache_beam.transforms import window
+
+    texts = [f"doc {i} " + "word " * (i % 50) + ("x\U000332dby" if i % 97 == 0 else "") for i in range(700)]
+    docs = [Document(str(i), t, "src", i) for i, t in enumerate(texts)]
+    enc = get_encoding()
+    expected = [(str(i), i // 100, enc.encode_ordinary(t) + [EOS_TOKEN_ID]) for i, t in enumerate(texts)]
+    for encoder in ("fast", "tiktoken"):
+        with TestPipeline() as p:
+            out = (p | beam.Create([window.TimestampedValue(d, d.row) for d in docs])
+                   | beam.WindowInto(window.FixedWindows(100)) | Tokenize(encoder=encoder)
+                   | beam.Map(lambda d, w=beam.DoFn.WindowParam: (d.doc_id, int(w.start) // 100, list(d.tokens))))
+            assert_that(out, equal_to(expected))

@@ -303,6 +303,40 @@ def test_spill_writer_takes_arrays_numpy_and_lists_alike():
         assert row["shard"] == s and tokens[row["offset"]:row["offset"] + row["length"]].tolist() == t
 
 
+def test_spill_writer_batches_write_what_documents_one_by_one_write():
+    from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+    from refinery.transforms.prep.documents import encode_by_shard, encode_document, encode_documents
+
+    tok = load_tokenizer(DEFAULT, "fast")
+    texts = [f"document {i}: " + "word " * (i % 17) + "<|endoftext|>" * (i % 3) for i in range(300)]
+    shards = np.random.default_rng(2).integers(0, 5, size=len(texts)).astype(np.uint32)
+    one, batched = io.BytesIO(), io.BytesIO()
+    w = spill.SpillWriter(one)
+    for s, t in zip(shards.tolist(), texts):
+        w.add(s, encode_document(tok, t))
+    table_one = w.close()
+    w = spill.SpillWriter(batched)
+    for lo in range(0, len(texts), 64):  # batches, as a tokenize unit adds them
+        order, tokens, lengths = encode_by_shard(tok, texts[lo:lo + 64], shards[lo:lo + 64])
+        assert np.array_equal(order, np.argsort(shards[lo:lo + 64], kind="stable"))
+        w.add_batch(shards[lo:lo + 64], order, tokens, lengths)
+    table_batched = w.close()
+    assert batched.getvalue() == one.getvalue() and table_batched.tobytes() == table_one.tobytes()
+    all_tokens, all_lengths = encode_documents(tok, texts)
+    assert int(table_one["cum_end"][-1]) == len(all_tokens) == int(all_lengths.sum())
+
+    for run_tokens in (50, 1000):  # runs flushed between batches: every document where the table says
+        buf = io.BytesIO()
+        w = spill.SpillWriter(buf, run_tokens=run_tokens)
+        for lo in range(0, len(texts), 64):
+            w.add_batch(shards[lo:lo + 64], *encode_by_shard(tok, texts[lo:lo + 64], shards[lo:lo + 64]))
+        table = w.close()
+        got = np.frombuffer(buf.getvalue(), "<u4")
+        assert table["shard"].tolist() == shards.tolist()
+        for t, row in zip(texts, table):
+            assert got[row["offset"]:row["offset"] + row["length"]].tolist() == encode_document(tok, t).tolist()
+
+
 def test_npy_header_matches_numpy_save():
     arr = np.arange(12345, dtype=np.uint32)
     ref = io.BytesIO()
@@ -508,6 +542,26 @@ def test_normalize_text_fast_paths_equal_the_definition():
     assert normalize_text("  plain ascii\n") == "plain ascii"
 
 
+def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop():
+    """row_normalizer's fast path skips the exact scans for a text none of whose UTF-16 units
+    is flagged: every such text must be NFC and free of surrogates and Cc but \\t \\n. Checked
+    for every unflagged BMP character after every starter that begins a canonical composition
+    (and some Hangul), the pairs NFC looks at."""
+    import unicodedata
+
+    from refinery.transforms.prep.documents import _CC_TO_DROP, _SURROGATE, _unit_flags
+
+    flags = _unit_flags()
+    plain = "".join(chr(c) for c in range(0x10000) if flags[c] == 0)
+    assert not _SURROGATE.search(plain) and not _CC_TO_DROP.search(plain)
+    firsts = {int(d.split()[0], 16) for d in map(unicodedata.decomposition, map(chr, range(0x10000)))
+              if d and d[0] != "<" and len(d.split()) == 2}
+    firsts |= {*range(0x1100, 0x1113), *range(0xAC00, 0xD7A4, 27)}  # Hangul leading consonants, syllables
+    for a in sorted(c for c in firsts if flags[c] == 0):
+        assert unicodedata.is_normalized("NFC", chr(a) + chr(a).join(plain)), hex(a)
+    assert flags[0x0301] and flags[0x1161] and flags[0x00C5] == 0 and flags[0x212B] and flags[ord("\r")]
+
+
 def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_path, monkeypatch):
     """A no-op re-plan reads the receipts of the stages with user-facing files (here the last)
     and one listing of each earlier stage's recorded repairs, never a receipt per earlier
@@ -535,3 +589,29 @@ def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_p
     third = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
     assert third.ran == {"echo": 0, "later": 2} and later.calls == ["u0", "u1"]
     assert checked[0] == "later" and "echo" in checked  # not all done: the full plan, every stage checked
+
+
+def test_row_normalizer_says_plain_only_of_texts_without_unassigned_code_points():
+    """``normalize.plain`` lets gigatoken's encoder skip its own look for code points unassigned
+    in Unicode 14.0: it must never be True of a document that holds one."""
+    from encoder_fuzz import fuzz_texts
+
+    from refinery.transforms.formats.unassigned import has_unassigned
+    from refinery.transforms.prep.documents import Document, row_normalizer
+
+    normalize = row_normalizer("text", "id")
+    texts = fuzz_texts(seed=21, n=3000) + fuzz_texts(seed=22, n=1000, assigned=True) + [
+        "plain ascii", "naïve café 日本語", "x\u1acfy", "\U000332db", "e\u0301\u1acf", "\ud800 lone"]
+    plain_seen = 0
+    for i, text in enumerate(texts):
+        doc = normalize({"id": str(i), "text": text}, None, "p", i, "r")
+        if type(doc) is Document:
+            assert not (normalize.plain and has_unassigned(doc.text)), repr(text[:80])
+            plain_seen += normalize.plain
+        else:
+            assert not normalize.plain
+    assert plain_seen > 100
+    normalize({"id": "a", "text": "naïve café"}, None, "p", 0, "r")
+    assert normalize.plain
+    normalize({"id": "b", "text": "x\u1acfy"}, None, "p", 1, "r")
+    assert not normalize.plain

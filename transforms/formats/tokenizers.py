@@ -39,6 +39,9 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats import tokenizer as tk
@@ -115,7 +118,8 @@ DEFAULT = TokenizerSpec("tiktoken", tk.ENCODING_NAME, tk.VOCAB_SHA256, tk.VOCAB_
 
 class Tokenizer:
     """A loaded tokenizer: ``encode(text)`` -> ``array('I')`` of token ids without EOS;
-    ``eos_id``, ``vocab_size``, ``dtype``, ``name`` and ``identity()`` from its spec."""
+    ``encode_flat(texts)`` -> a batch's tokens as one buffer plus offsets; ``eos_id``,
+    ``vocab_size``, ``dtype``, ``name`` and ``identity()`` from its spec."""
 
     def __init__(self, spec: TokenizerSpec):
         self.spec = spec
@@ -130,8 +134,27 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[array]:
         return [self.encode(t) for t in texts]
 
+    def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, offsets) of ``texts``: one uint32 array of every text's tokens (without EOS)
+        back to back, and int64 offsets (``len(texts) + 1``): text ``i``'s tokens are
+        ``tokens[offsets[i]:offsets[i + 1]]``. ``plain`` (optional, per text): known to hold
+        no code point unassigned in Unicode 14.0; only gigatoken's encoder uses it. Here:
+        :meth:`encode` per text, joined."""
+        return join_encoded([self.encode(t) for t in texts])
+
     def decode(self, ids) -> str:
         raise NotImplementedError
+
+
+def join_encoded(parts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens uint32, offsets int64) of per-text token buffers (``array('I')`` or uint32
+    arrays): the :meth:`Tokenizer.encode_flat` form."""
+    offsets = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    tokens = np.empty(int(offsets[-1]), np.uint32)
+    for p, lo, hi in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist()):
+        tokens[lo:hi] = np.frombuffer(p, np.uint32) if isinstance(p, array) else p
+    return tokens, offsets
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -146,6 +169,12 @@ class TiktokenTokenizer(Tokenizer):
         out.frombytes(memoryview(self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()))
                       .cast("B"))
         return out
+
+    def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Tokenizer.encode_flat` with tiktoken's own uint32 buffers, one text at a time
+        (tiktoken's batch call would start a thread pool)."""
+        enc = self.enc
+        return join_encoded([enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts])
 
     def decode(self, ids) -> str:
         return self.enc.decode([int(t) for t in ids])
@@ -166,10 +195,13 @@ class HfTokenizer(Tokenizer):
         return self.tok.decode([int(t) for t in ids], skip_special_tokens=False)
 
 
-# tiktoken encodings bpe-openai's Rust BPE encodes, and the name it knows them by (o200k_harmony's
-# ordinary tokens are o200k_base's: the same ranks and pattern, other special tokens)
+# tiktoken encodings the fast encoders (gigatoken, bpe-openai) encode, and the base encoding whose
+# vocab and split pattern they use (o200k_harmony's ordinary tokens are o200k_base's: the same
+# ranks and pattern, other special tokens)
 FAST_ENCODINGS = {"o200k_harmony": "o200k_base", "o200k_base": "o200k_base", "cl100k_base": "cl100k_base"}
-ENCODERS = ("fast", "tiktoken")
+# --encoder: "fast" is gigatoken where it is installed and passes the probes, else bpe-openai;
+# "bpe-openai" that one alone; "tiktoken" the reference. Every one gives the same tokens.
+ENCODERS = ("fast", "bpe-openai", "tiktoken")
 # checked at load: the fast encoder is used only if it gives tiktoken's tokens for these (the
 # sha256 of their JSON token lists, as tiktoken 0.14 encodes them; tests compare both encoders)
 _PROBE_SHA256 = {"o200k_base": "34ea12200d289670b619da7f259f72518adbae03b8a88b5db8c75c00da5939ff",
@@ -205,6 +237,8 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
         except Exception:  # noqa: BLE001 - whatever the fast encoder refuses, tiktoken encodes
             self.fallbacks += 1
             return super().encode(text)
+
+    encode_flat = Tokenizer.encode_flat  # each text by :meth:`encode` (not tiktoken's own loop)
 
 
 @functools.lru_cache(maxsize=1)
@@ -272,17 +306,26 @@ def _parse_hf(data: bytes, source: str):
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
-    """The tokenizer ``spec`` names, once per process. ``encoder="fast"``: a tiktoken encoding
-    that bpe-openai knows is encoded by it (:class:`FastTiktokenTokenizer`: the same tokens,
-    tiktoken for what it refuses). Raises :class:`TokenizerError` when a ``tokenizer.json``
-    is missing or no longer has the planned sha256."""
+    """The tokenizer ``spec`` names, once per process. For a tiktoken encoding the fast
+    encoders know (:data:`FAST_ENCODINGS`), ``encoder="fast"`` gives gigatoken's
+    (:class:`~refinery.transforms.formats.gigatoken_encoder.GigatokenTokenizer`) when it is
+    installed and passes the probes, else bpe-openai's (:class:`FastTiktokenTokenizer`), and
+    ``"bpe-openai"`` the latter: the same tokens as tiktoken, which encodes what they refuse.
+    Raises :class:`TokenizerError` when a ``tokenizer.json`` is missing or no longer has the
+    planned sha256."""
     if encoder not in ENCODERS:
         raise TokenizerError(f"--encoder {encoder!r}: one of {', '.join(ENCODERS)}")
     if spec.kind == "tiktoken":
         def tiktoken_encoding():
             return tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
 
-        fast = _fast_backend(spec) if encoder == "fast" else None
+        if encoder == "fast":
+            from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
+
+            giga = gigatoken_backend(spec)
+            if giga is not None:
+                return GigatokenTokenizer(spec, tiktoken_encoding, giga)  # tiktoken loaded if ever needed
+        fast = _fast_backend(spec) if encoder != "tiktoken" else None
         if fast is None:
             return TiktokenTokenizer(spec, tiktoken_encoding())
         return FastTiktokenTokenizer(spec, tiktoken_encoding, fast)  # tiktoken loaded if ever needed

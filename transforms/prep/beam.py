@@ -34,7 +34,7 @@ normalize to nothing are not errors: they are counted (Beam metric ``empty``) an
 ``rejected`` output, carry the reason :data:`~refinery.transforms.prep.documents.EMPTY`.
 
 Beam metrics (namespace ``refinery_prep``): ``rows``, ``documents``, ``empty``, ``rejected``,
-``tokens``, ``shards_written``, ``shards_skipped``: they show in the Dataflow UI.
+``tokens``, ``encoder_fallbacks``, ``shards_written``, ``shards_skipped``: they show in the Dataflow UI.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ import apache_beam as beam
 import msgpack
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.coders import TupleCoder
@@ -57,13 +58,15 @@ from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer, resolve_tokenizer
 from refinery.transforms.prep.documents import (
+    BATCH_CHARS,
+    BATCH_DOCS,
     Document,
     Rejected,
     SourceRow,
     TokenizedDocument,
     row_normalizer,
     shard_of,
-    tokenize_document,
+    tokenize_documents,
 )
 
 NAMESPACE = "refinery_prep"
@@ -231,20 +234,46 @@ class Normalize(beam.PTransform):
 
 
 class _TokenizeFn(beam.DoFn):
+    """Documents -> :class:`TokenizedDocument`, encoded in batches (:data:`BATCH_CHARS` of text,
+    or the end of a bundle) by :func:`tokenize_documents`: the tokenize units' one encoder call
+    per batch. Each output keeps its input's timestamp and window."""
+
     def __init__(self, spec: TokenizerSpec, encoder: str = "fast"):
         self.spec, self.encoder = spec, encoder
         self.tokens = Metrics.counter(NAMESPACE, "tokens")
         self.documents = Metrics.counter(NAMESPACE, "tokenized")
+        self.fallbacks = Metrics.counter(NAMESPACE, "encoder_fallbacks")  # documents the fast encoder left to tiktoken
         self.enc = None
+        self._batch: list = []
+        self._chars = 0
 
     def setup(self):
         self.enc = load_tokenizer(self.spec, self.encoder)  # once per worker process
 
-    def process(self, doc: Document):
-        out = tokenize_document(self.enc, doc)
-        self.documents.inc()
-        self.tokens.inc(len(out.tokens))
-        yield out
+    def start_bundle(self):
+        self._batch, self._chars = [], 0
+
+    def process(self, doc: Document, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        self._batch.append((doc, timestamp, window))
+        self._chars += len(doc.text)
+        if self._chars >= BATCH_CHARS or len(self._batch) >= BATCH_DOCS:
+            yield from self._encode_batch()
+
+    def finish_bundle(self):
+        yield from self._encode_batch()
+
+    def _encode_batch(self):
+        batch, self._batch, self._chars = self._batch, [], 0
+        if not batch:
+            return
+        before = getattr(self.enc, "fallbacks", 0)
+        out = tokenize_documents(self.enc, [doc for doc, _, _ in batch])
+        if getattr(self.enc, "fallbacks", 0) != before:
+            self.fallbacks.inc(self.enc.fallbacks - before)
+        self.documents.inc(len(out))
+        self.tokens.inc(sum(len(t.tokens) for t in out))
+        for tokenized, (_, timestamp, window) in zip(out, batch):
+            yield WindowedValue(tokenized, timestamp, (window,))
 
 
 class Tokenize(beam.PTransform):
@@ -257,9 +286,10 @@ class Tokenize(beam.PTransform):
     ``tokenizer.json`` path or folder (local or ``gs://``; ``encode(text,
     add_special_tokens=False)``), or a resolved ``TokenizerSpec``. ``eos_token``: a token or an
     id overriding the EOS. Both are resolved when the transform is built (in the driver); a
-    bad value raises ``TokenizerError``. ``encoder``: ``"fast"`` (bpe-openai's exact encoder
-    where it knows the encoding, tiktoken for what it refuses) or ``"tiktoken"``: the same
-    tokens either way."""
+    bad value raises ``TokenizerError``. ``encoder``: ``"fast"`` (gigatoken's exact encoder
+    where it knows the encoding and is installed, else bpe-openai's; tiktoken for what it
+    refuses), ``"bpe-openai"`` or ``"tiktoken"``: the same tokens either way. Documents are
+    encoded in batches within a bundle, as ``refinery prep``'s tokenize units do."""
 
     def __init__(self, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None,
                  encoder: str = "fast"):

@@ -31,18 +31,23 @@ Rules:
   of the row's canonical JSON.
 - **Tokenize** (:func:`encode_document`): the tokenizer's ordinary encoding (special-token
   text stays ordinary text; o200k_harmony ``encode_ordinary`` by default, see
-  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's.
+  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's. Many
+  documents at once (:func:`encode_documents`, :func:`encode_by_shard`): the same tokens,
+  encoded in one call and handed back as one uint32 buffer with the documents' lengths.
 - **Shard** (:func:`shard_of`): ``int(md5(doc_id).hexdigest()[:16], 16) % num_shards``: it
   depends on nothing but the id, never on workers or input splits.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import unicodedata
 from array import array
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
@@ -115,6 +120,44 @@ _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
 _SURROGATE_OR_CC = re.compile(_SURROGATE.pattern[:-1] + _CC_TO_DROP.pattern[1:])
 
 
+_LOOK, _NFC, _UNASSIGNED = 1, 2, 4  # bits of _unit_flags
+
+
+@functools.lru_cache(maxsize=1)
+def _unit_flags() -> np.ndarray:
+    """uint8[0x10000], a UTF-16 code unit's flags: ``_LOOK`` for a surrogate (half of an astral
+    character, or a lone one) or a Cc character but ``\t`` ``\n``: the text needs the exact
+    scan; ``_NFC`` for a character that is not NFC by itself (NFC_Quick_Check No), has a
+    combining class other than 0, or may compose with the character before it (the second
+    character of a canonical decomposition pair, a Hangul vowel or trailing consonant: Quick_Check
+    Maybe). A text with none of these flags is NFC (UAX #15's quick check) with nothing to drop.
+    Built from this interpreter's ``unicodedata``, the tables ``is_normalized`` itself uses.
+    ``_UNASSIGNED``: a code point unassigned in Unicode 14.0 (fixed data,
+    :mod:`~refinery.transforms.formats.unassigned`: such a document goes to tiktoken)."""
+    from refinery.transforms.formats.unassigned import table
+
+    flags = np.zeros(0x10000, np.uint8)
+    flags[table()[:0x10000]] |= _UNASSIGNED
+    flags[0xD800:0xE000] = _LOOK
+    for cp in range(0xA0):
+        if _CC_TO_DROP.match(chr(cp)):
+            flags[cp] |= _LOOK
+    combining, decomposition = unicodedata.combining, unicodedata.decomposition
+    for cp in [*range(0xD800), *range(0xE000, 0x10000)]:
+        c = chr(cp)
+        if combining(c):
+            flags[cp] |= _NFC
+        canonical = decomposition(c)
+        if canonical and canonical[0] != "<":  # (a character without one is NFC by itself)
+            if unicodedata.normalize("NFC", c) != c:
+                flags[cp] |= _NFC
+            parts = canonical.split()
+            if len(parts) == 2 and int(parts[1], 16) < 0x10000:
+                flags[int(parts[1], 16)] |= _NFC
+    flags[0x1160:0x1200] |= _NFC  # Hangul jungseong and jongseong: compose with a syllable before them
+    return flags
+
+
 def normalize_text(text: str) -> str:
     """The normalized form of a document's text ('' means the document is empty)."""
     if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
@@ -181,29 +224,39 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
     clean ASCII string (nothing to normalize but the ends) takes a short path, the same rule
     (tests compare it with :func:`normalize_row`), and so does one of other Unicode without
     surrogates or control characters but ``\\t`` and ``\\n`` (NFC and a strip); any other row goes through
-    :func:`normalize_row` itself."""
+    :func:`normalize_row` itself. After each call, ``normalize.plain`` is True when the
+    document's text is known to hold no code point unassigned in Unicode 14.0 (ASCII, or no
+    UTF-16 unit flagged so: the same lookup), which an encoder may then skip checking
+    (:func:`encode_documents`); False when not known."""
     spec = TextSpec.of(text_field)
     field = spec.field if spec.template is None else None
 
     def normalize(record: dict | None, error: str | None, path: str, row: int,
                   relpath: str | None) -> Document | Rejected:
+        normalize.plain = False
         if field is not None and error is None and type(record) is dict:
             text = record.get(field)
             if type(text) is str:
                 if text.isascii():
-                    clean = not text.encode("ascii").translate(None, _ASCII_CLEAN)
-                else:  # one scan: no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
-                    clean = _SURROGATE_OR_CC.search(text) is None
-                    if clean and not unicodedata.is_normalized("NFC", text):
+                    clean = plain = not text.encode("ascii").translate(None, _ASCII_CLEAN)
+                else:  # one table lookup a UTF-16 unit says what needs a closer look (see _unit_flags)
+                    units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), "<u2")
+                    flags = int(np.bitwise_or.reduce(_unit_flags()[units]))
+                    plain = not flags & (_LOOK | _UNASSIGNED)
+                    # no surrogate, no Cc but \t \n (NFC neither makes nor removes them)
+                    clean = plain or _SURROGATE_OR_CC.search(text) is None
+                    if clean and flags & (_LOOK | _NFC) and not unicodedata.is_normalized("NFC", text):
                         text = unicodedata.normalize("NFC", text)
                 if clean:
                     text = text.strip()
                     if text:
                         value = record.get(id_field)
                         doc_id = str(value) if value is not None else doc_id_for(record, id_field, relpath, row)
+                        normalize.plain = plain
                         return Document(doc_id, text, path, row)
         return normalize_row(record, error, spec, id_field, path, row, relpath)
 
+    normalize.plain = False
     return normalize
 
 
@@ -222,3 +275,56 @@ def encode_document(tok: Tokenizer, text: str) -> array:
 def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
     """THE tokenize step."""
     return TokenizedDocument(doc.doc_id, encode_document(tok, doc.text), doc.source, doc.row)
+
+
+# ---------------------------------------------------------------------------------------
+# Many documents at once: the same tokens, as buffers
+# ---------------------------------------------------------------------------------------
+
+# Documents are encoded in batches of about this many characters (or at most this many
+# documents), one encoder call each: a tokenize unit's, and the Tokenize transform's in a bundle
+BATCH_CHARS = 1 << 20
+BATCH_DOCS = 1 << 14
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str],
+                     plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, lengths) of normalized documents: every document's tokens followed by one EOS
+    (what :func:`encode_document` gives each), back to back as one uint32 array, and each
+    document's uint32 length, EOS included. The tokenizer encodes them in one batch
+    (``encode_flat``); the EOS is put in by numpy, with no Python object per document.
+    ``plain``: per text, True when it is known to hold no code point unassigned in Unicode
+    14.0 (``row_normalizer``'s ``plain``), so the encoder need not look."""
+    if not isinstance(tok, Tokenizer):
+        tok = wrap_encoding(tok)
+    flat, offsets = tok.encode_flat(texts, plain)
+    tokens = np.insert(np.asarray(flat, np.uint32), offsets[1:], np.uint32(tok.eos_id))
+    lengths = np.diff(offsets).astype(np.uint32)
+    lengths += 1
+    return tokens, lengths
+
+
+def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray,
+                    plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, tokens, lengths): documents encoded grouped by shard, as a unit's spill wants
+    them. ``order``: the stable argsort of ``shards`` (a document's position in ``texts`` for
+    each position in the result: shards ascending, each shard's documents in input order);
+    ``tokens``, ``lengths``: :func:`encode_documents` of the texts in that order, so each
+    shard's tokens are one contiguous slice. ``plain``: as :func:`encode_documents`'s."""
+    order = np.argsort(shards, kind="stable")
+    positions = order.tolist()
+    tokens, lengths = encode_documents(tok, [texts[i] for i in positions],
+                                       None if plain is None else [plain[i] for i in positions])
+    return order, tokens, lengths
+
+
+def tokenize_documents(tok: Tokenizer, docs: Sequence[Document]) -> list[TokenizedDocument]:
+    """:func:`tokenize_document` of each document, encoded in one batch (:func:`encode_documents`)."""
+    tokens, lengths = encode_documents(tok, [d.text for d in docs])
+    out, lo = [], 0
+    view = memoryview(tokens).cast("B")  # native uint32, as array('I') holds them
+    for doc, n in zip(docs, lengths.tolist()):
+        a = array("I")
+        a.frombytes(view[4 * lo:4 * (lo + n)])
+        out.append(TokenizedDocument(doc.doc_id, a, doc.source, doc.row))
+        lo += n
+    return out

@@ -65,6 +65,37 @@ class SpillWriter:
         if self._buffered >= self._run_tokens:
             self._flush()
 
+    def add_batch(self, shards: np.ndarray, order: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append a batch of documents of the unit, next in input order, as buffers.
+        ``shards``: each document's shard, in input order. ``order``: the stable argsort of
+        ``shards`` (:func:`~refinery.transforms.prep.documents.encode_by_shard`'s); ``tokens``
+        and ``lengths`` (uint32, EOS included) are the documents' in that order, so each
+        shard's tokens are one slice, appended to its run as it is."""
+        n = len(shards)
+        if n == 0:
+            return
+        if self._ends:
+            raise ValueError("add_batch: this spill's documents are given input positions (add with cum_end)")
+        sorted_shards = shards[order]
+        cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1  # where a shard's documents start
+        doc_lo = np.concatenate(([0], cuts))
+        bounds = np.zeros(n + 1, np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        raw = _le_u32(tokens)
+        for shard, lo, hi in zip(sorted_shards[doc_lo].tolist(), bounds[doc_lo].tolist(),
+                                 bounds[np.append(cuts, n)].tolist()):
+            run = self._runs.get(shard)
+            if run is None:
+                run = self._runs[shard] = bytearray()
+            run += raw[4 * lo:4 * hi]
+        in_order = np.empty(n, np.uint32)
+        in_order[order] = lengths
+        self._shards.frombytes(np.ascontiguousarray(shards, np.uint32).tobytes())
+        self._lengths.frombytes(in_order.tobytes())
+        self._buffered += int(bounds[-1])
+        if self._buffered >= self._run_tokens:
+            self._flush()
+
     def _flush(self) -> None:
         if not self._shards:
             return

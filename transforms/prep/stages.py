@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +35,14 @@ from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
 from refinery.transforms.prep import spill
-from refinery.transforms.prep.documents import Rejected, encode_document, row_normalizer, shard_of
+from refinery.transforms.prep.documents import (
+    BATCH_CHARS,
+    BATCH_DOCS,
+    Rejected,
+    encode_by_shard,
+    row_normalizer,
+    shard_of,
+)
 from refinery.transforms.prep.exclusion import Exclusion
 
 log = logging.getLogger("refinery")
@@ -59,7 +67,7 @@ class PrepConfig:
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
     tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
-    encoder: str = "fast"  # "fast": bpe-openai where it knows the encoding (the same tokens); "tiktoken"
+    encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.tokenizers.ENCODERS)
     num_inputs: int = -1  # len(inputs); kept when a job carries the config without its input list
 
     def __post_init__(self):
@@ -323,7 +331,21 @@ class TokenizeStage(Stage):
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
             writer = spill.SpillWriter(tokens_out)
-            add = writer.add
+            texts: list[str] = []  # a batch of documents, in input order, their shards, whether plain
+            shards = array("I")
+            plain: list[bool] = []
+            batch_chars = 0
+
+            def encode_batch() -> None:
+                nonlocal accepted, tokens_total, chars, texts, shards, plain, batch_chars
+                doc_shards = np.frombuffer(shards, np.uint32)
+                order, tokens, lengths = encode_by_shard(enc, texts, doc_shards, plain)
+                writer.add_batch(doc_shards, order, tokens, lengths)
+                accepted += len(texts)
+                tokens_total += len(tokens)
+                chars += batch_chars
+                texts, shards, plain, batch_chars = [], array("I"), [], 0
+
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], self._row_base(unit, p, ctx)
                 columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
@@ -343,11 +365,14 @@ class TokenizeStage(Stage):
                             rejected += 1
                             rejects_out.write(json_line(doc.to_json(), sort_keys=True))
                         continue
-                    tokens = encode_document(enc, doc.text)
-                    add(shard_of(doc.doc_id, num_shards), tokens)
-                    accepted += 1
-                    tokens_total += len(tokens)
-                    chars += len(doc.text)
+                    texts.append(doc.text)
+                    plain.append(normalize.plain)
+                    shards.append(shard_of(doc.doc_id, num_shards))
+                    batch_chars += len(doc.text)
+                    if batch_chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
+                        encode_batch()
+            if texts:
+                encode_batch()
             table, starts = spill.by_shard(writer.close(), num_shards)
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
