@@ -22,13 +22,11 @@ nothing else on the machine:
     .venv/bin/python bench/scale.py --files 2000    # a quick look
     .venv/bin/python bench/scale.py --replan 10000 100000   # a finished run's no-op re-plan
 
-``--replan``: a finished prep (and decon) over F one-line files on an object store in memory
-(fsspec, ``slowstore://``), then the same command again, nothing left to do, with 20 ms per
-request: its seconds and the requests the driver made (goal: <= 30 s and <= 500 requests for
-a finished 100,000-unit run; decon over 100,000 files has 100,000 scan units).
-
-Goals (issue 35): the proto <= 1 MB at 1,000,000 files for prep and decon, and growing by at
-most 1.5x from 10,000 to 100,000; planning 1,000,000 inputs in <= 60 s and <= 2 GB RSS.
+``--replan``: a finished prep (and decon) over F one-line files on an object store (fsspec
+``slowstore://``: files in a temp folder, each call counted as a request), then the same
+command again, nothing left to do, with 20 ms per request: its seconds and the requests the
+driver made (goal: <= 30 s and <= 500 requests for a finished 100,000-unit run; decon over
+100,000 files has 100,000 scan units).
 """
 from __future__ import annotations
 
@@ -90,24 +88,29 @@ print("RESULT", json.dumps(result))
 
 REPLAN = r'''
 import json, math, sys, threading, time
+import os, tempfile
 import fsspec
-from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.implementations.local import LocalFileSystem
 
-class SlowStore(MemoryFileSystem):
-    """An object store in memory that counts requests and spends ``latency`` seconds on each:
-    every outermost call of the API below is one request, a listing one per 1,000 entries."""
+class SlowStore(LocalFileSystem):
+    """An object store (files under a local folder: slowstore://tmp/x is /tmp/x) that counts
+    requests and spends ``latency`` seconds on each: every outermost call of the API below is
+    one request, a listing one per 1,000 entries."""
     protocol = "slowstore"
     latency = 0.0
     requests = 0
     _depth = threading.local()
 
+    def __init__(self, **kwargs):
+        super().__init__(auto_mkdir=True, **kwargs)  # an object store has no folders to make
+
     @classmethod
     def _strip_protocol(cls, path):
         path = path[len("slowstore://"):] if path.startswith("slowstore://") else path
-        return MemoryFileSystem._strip_protocol(path)
+        return LocalFileSystem._strip_protocol("/" + path.lstrip("/"))
 
 def _wrap(name):
-    real = getattr(MemoryFileSystem, name)
+    real = getattr(LocalFileSystem, name)
     def call(self, *args, **kwargs):
         depth = getattr(SlowStore._depth, "n", 0)
         SlowStore._depth.n = depth + 1
@@ -128,17 +131,21 @@ for name in ("info", "ls", "find", "glob", "exists", "isdir", "isfile", "open", 
 fsspec.register_implementation("slowstore", SlowStore, clobber=True)
 
 which, n = sys.argv[1], int(sys.argv[2])
-fs = SlowStore()
+root = tempfile.mkdtemp(prefix="refinery-slowstore-")
 for i in range(n):
-    fs.pipe_file(f"/in/{i // 1000:04d}/f{i:07d}.jsonl",
-                 (json.dumps({"id": f"d{i}", "text": f"document {i} about nothing"}) + "\n").encode())
-evals = "slowstore://eval"  # a folder: decon before 2026-11-26 misnamed a remote file given by itself
-fs.pipe_file("/eval/test.jsonl", (json.dumps({"id": "e0", "text": "document 7 about nothing"}) + "\n").encode())
+    os.makedirs(f"{root}/in/{i // 1000:04d}", exist_ok=True)
+    with open(f"{root}/in/{i // 1000:04d}/f{i:07d}.jsonl", "w") as f:
+        f.write(json.dumps({"id": f"d{i}", "text": f"document {i} about nothing"}) + "\n")
+os.makedirs(f"{root}/eval")
+with open(f"{root}/eval/test.jsonl", "w") as f:
+    f.write(json.dumps({"id": "e0", "text": "document 7 about nothing"}) + "\n")
+evals = f"slowstore:/{root}/eval"  # a folder: decon before 2026-11-26 misnamed a remote file given by itself
 from refinery.beam_pipelines.cli import main
 if which == "prep":
-    argv = ["prep", "--input", "slowstore://in", "--output", "slowstore://out", "--num-shards", "64"]
+    argv = ["prep", "--input", f"slowstore:/{root}/in", "--output", f"slowstore:/{root}/out", "--num-shards", "64"]
 else:
-    argv = ["decon", "--eval", evals, "--train", "slowstore://in", "--output", "slowstore://out", "--ngrams", "3"]
+    argv = ["decon", "--eval", evals, "--train", f"slowstore:/{root}/in", "--output", f"slowstore:/{root}/out",
+            "--ngrams", "3"]
 argv += ["--runner", "direct", "--no-progress"]
 t0 = time.perf_counter()
 assert main(argv) == 0
@@ -147,6 +154,8 @@ SlowStore.requests, SlowStore.latency = 0, float(sys.argv[3])
 t0 = time.perf_counter()
 assert main(argv) == 0
 print("RESULT", json.dumps({"first_s": first, "replan_s": time.perf_counter() - t0, "requests": SlowStore.requests}))
+import shutil
+shutil.rmtree(root)
 '''
 
 
