@@ -93,7 +93,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 class SlowStore(LocalFileSystem):
-    """An object store (files under a local folder: slowstore://tmp/x is /tmp/x) that counts
+    """An object store (files under a local folder: slowstore://a/b is the local /a/b) that counts
     requests and spends ``latency`` seconds on each: every outermost call of the API below is
     one request, a listing one per 1,000 entries."""
     protocol = "slowstore"
