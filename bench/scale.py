@@ -49,7 +49,7 @@ t0 = time.perf_counter()
 from refinery.transforms.core import storage
 result = {}
 if which == "plan":
-    from refinery.transforms.core.stages import bind_stages, write_plans
+    from refinery.transforms.core.stages import bind_stages, record_inputs, write_plans
     from refinery.transforms.prep.stages import PrepConfig, build_stages
     t0 = time.perf_counter()
     inputs = storage.expand_inputs([folder])
@@ -57,6 +57,8 @@ if which == "plan":
     cfg = PrepConfig(inputs=inputs, output=out, dataset="scale", num_shards=64)
     runs = bind_stages(build_stages(cfg), out)
     t2 = time.perf_counter()
+    for r in runs:
+        record_inputs(r, r.stage.fingerprints())
     write_plans(runs, [])
     t3 = time.perf_counter()
     result = {"files": len(inputs), "list_s": t1 - t0, "units_s": t2 - t1, "write_s": t3 - t2, "plan_s": t3 - t0,

@@ -181,10 +181,12 @@ class RunStages(beam.PTransform):
 
     def __init__(self, stages: list, output: str, verify_checksums: bool = False):
         super().__init__()
-        from refinery.transforms.core.stages import bind_stages, write_plans
+        from refinery.transforms.core.stages import bind_stages, record_inputs, write_plans
 
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output
+        for run in runs:
+            record_inputs(run, run.stage.fingerprints())
         self.steps = write_plans(runs, [Step(run, units) for run in runs if (units := run.stage.plan())])
         self.verify_checksums = verify_checksums
 

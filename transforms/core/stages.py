@@ -145,6 +145,7 @@ class Stage:
     chained: bool = True  # False: its hash does not enter the stages' after it (see bind_stages)
     plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
     _units: list[Unit] | None = None
+    _unpickled = False  # True in a worker's copy: its plan is read from plan_ref
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -171,8 +172,6 @@ class Stage:
             else:
                 self._units = self.make_plan()
         return self._units
-
-    _unpickled = False
 
     def __getstate__(self) -> dict:
         """What a job carries of the stage: without its units and ``driver_only`` attributes once
@@ -294,7 +293,7 @@ class StageRun:
     def input_fingerprints(self) -> list:
         """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
         in a worker (whose job does not carry input lists), those the driver recorded under
-        OUTPUT for this plan (:func:`write_plans`), read once per process."""
+        OUTPUT for this plan (:func:`record_inputs`), read once per process."""
         try:
             return self.stage.fingerprints()
         except AttributeError:  # a driver_only input list, left out of the job
@@ -612,19 +611,25 @@ def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
     return PlanRef(storage.join(run.dir, "steps", short_hash([u.id for u in units])), len(units))
 
 
+def record_inputs(run: StageRun, fingerprints: list) -> None:
+    """Write the input ``fingerprints`` of ``run``'s plan (``Stage.fingerprints()``) under OUTPUT,
+    unless already there: what a later run names changed inputs from, and what a worker reads
+    for the stage's input list (:meth:`StageRun.input_fingerprints`)."""
+    path = fingerprints_path(run.output, run.name, run.stage_hash)
+    if fingerprints and not storage.exists(path):
+        storage.atomic_write_json(path, fingerprints)
+
+
 def write_plans(runs: list[StageRun], steps: list) -> list:
-    """Write the plan and the input fingerprints of every stage of ``runs``, and the units of
-    each step (``pipeline.Step``), into the output, where the job's workers read them; the
-    steps with their ``ref`` set."""
+    """Write the plan of every stage of ``runs``, and the units of each step (``pipeline.Step``),
+    into the output, where the job's workers read them; the steps with their ``ref`` set.
+    (The input fingerprints a worker may read too are :func:`record_inputs`'.)"""
     from dataclasses import replace
 
     from refinery.transforms.core.plans import write_units
 
     for r in runs:
         write_units(r.stage.plan_ref, r.stage.plan())
-        inputs_json = fingerprints_path(r.output, r.name, r.stage_hash)
-        if r.stage.fingerprints() and not storage.exists(inputs_json):  # what a worker reads for the input list
-            storage.atomic_write_json(inputs_json, r.stage.fingerprints())
     out = []
     for s in steps:
         ref = step_ref(s.run, s.units)
@@ -680,14 +685,13 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         if len(set(unit_ids)) != len(unit_ids):
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = storage.join(output, META_DIR, "run.json")
+    fingerprints = [r.stage.fingerprints() for r in runs]  # once: a list per input file
     entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
-                "inputs_hash": short_hash(r.stage.fingerprints()), "identity_hash": short_hash(r.stage.identity()),
+                "inputs_hash": short_hash(fps), "identity_hash": short_hash(r.stage.identity()),
                 "final": r.stage.final_outputs or i == len(runs) - 1}
-               for i, (r, p) in enumerate(zip(runs, plans))]
-    for r in runs:  # the fingerprints of each plan, so that a later run can say which input changed
-        inputs_json = fingerprints_path(output, r.name, r.stage_hash)
-        if r.stage.fingerprints() and not storage.exists(inputs_json):
-            storage.atomic_write_json(inputs_json, r.stage.fingerprints())
+               for i, (r, p, fps) in enumerate(zip(runs, plans, fingerprints))]
+    for r, fps in zip(runs, fingerprints):
+        record_inputs(r, fps)
     try:
         previous = storage.read_json(run_json)
     except (FileNotFoundError, ValueError):
