@@ -15,7 +15,7 @@ document draws from its own RNG seeded by (``--seed``, document id), so its draw
 on which documents share its batch; a rerun of a unit with the same settings writes the same
 bytes. (Float rounding of batched matmuls can still change a token when the batch *size* or
 the runner changes: see RELIABILITY.md.) Stages: ``infer`` (units of ``--docs-per-unit`` documents,
-run in waves of ``--wave-units`` per Beam job) -> ``merge``. Killing the job and running the
+run in waves of ``--wave-units`` in the one Beam job) -> ``merge``. Killing the job and running the
 same command again finishes it.
 """
 from __future__ import annotations
@@ -62,7 +62,10 @@ def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = Fal
                    help="doc-id files (JSONL rows with doc_id, or one doc id per line)")
     g.add_argument("--data-root", metavar="DIR", help="folder the doc ids' relpaths start from (prep output)")
     g.add_argument("--docs-per-unit", type=int, default=256, help="documents per resumable unit (default: 256)")
-    g.add_argument("--wave-units", type=int, default=8, help="units per Beam job (default: 8)")
+    g.add_argument("--wave-units", type=int, default=8,
+                   help="units per wave of the job, each wave after the one before: a kill loses "
+                        "at most the wave in flight (default: 8; a job has at most 16 waves, so a bigger plan "
+                        "gets bigger waves)")
 
 
 def engine_settings(args):
@@ -126,6 +129,16 @@ def inference_pipeline(command: str, output: str, stages, header: str, summary, 
     return Pipeline(command, output, stages, header, summary, verdict=verdict)
 
 
+def generate_stages(args) -> list:
+    """The stages of ``refinery generate`` for parsed ``args``: infer -> merge."""
+    from refinery.transforms.inference.handler import GenerationParams
+    from refinery.transforms.inference.stages import GenerateTask, build_stages
+
+    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
+    return build_stages(task, document_source(args), args.wave_units)
+
+
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
@@ -137,8 +150,7 @@ def run(args, beam_args: list[str]) -> int:
     )
     from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.transforms.core import storage
-    from refinery.transforms.inference.handler import GenerationParams
-    from refinery.transforms.inference.stages import GenerateTask, build_stages
+    from refinery.transforms.inference.stages import GenerateTask
 
     output = args.output.rstrip("/")
     try:
@@ -147,12 +159,10 @@ def run(args, beam_args: list[str]) -> int:
         check_output("generate", output, args.input or [], dry_run=args.dry_run)
         if problem := bad_reject_rate(args):
             raise ValueError(problem)
-        params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        task = GenerateTask(engine_settings(args), params, args.template, handler_options(args))
-        source = document_source(args)
+        stages = generate_stages(args)
+        source = stages[0].source
         if args.input:
             check_field("generate", "--text-field", args.text_field, [f.path for f in source.files])
-        stages = build_stages(task, source, args.wave_units)
         units = len(stages[0].plan())
     except UsageError as e:
         return usage_error(str(e))

@@ -21,12 +21,15 @@ nothing else on the machine:
     .venv/bin/python bench/scale.py --million       # and 1,000,000
     .venv/bin/python bench/scale.py --files 2000    # a quick look
     .venv/bin/python bench/scale.py --replan 10000 100000   # a finished run's no-op re-plan
+    .venv/bin/python bench/scale.py --replan 10000 --resume # a run with one deleted file to redo
 
 ``--replan``: a finished prep (and decon) over F one-line files on an object store (fsspec
 ``slowstore://``: files in a temp folder, each call counted as a request), then the same
 command again, nothing left to do, with 20 ms per request: its seconds and the requests the
 driver made (goal: <= 30 s and <= 500 requests for a finished 100,000-unit run; decon over
-100,000 files has 100,000 scan units).
+100,000 files has 100,000 scan units). With ``--resume`` one user-facing file is deleted
+before the second run (a shard; decon's overlap metrics), so that it has work to do: the
+requests counted are the driver's, outside the job (whose workers check the receipts).
 """
 from __future__ import annotations
 
@@ -152,6 +155,20 @@ argv += ["--runner", "direct", "--no-progress"]
 t0 = time.perf_counter()
 assert main(argv) == 0
 first = time.perf_counter() - t0
+if sys.argv[4] == "resume":  # one user-facing file deleted: the run has work to do
+    os.remove(f"{root}/out/" + ("shard_0000/" + os.listdir(f"{root}/out/shard_0000")[0] if which == "prep"
+                                else "stats/overlap_metrics.jsonl"))
+    import refinery.runners.local as local
+    run_job = local.run_job
+
+    def job_uncounted(*args, **kwargs):  # the job's own requests are its workers', not the driver's
+        SlowStore.latency, latency = 0.0, SlowStore.latency
+        requests = SlowStore.requests
+        try:
+            return run_job(*args, **kwargs)
+        finally:
+            SlowStore.requests, SlowStore.latency = requests, latency
+    local.run_job = job_uncounted
 SlowStore.requests, SlowStore.latency = 0, float(sys.argv[3])
 t0 = time.perf_counter()
 assert main(argv) == 0
@@ -161,11 +178,13 @@ shutil.rmtree(root)
 '''
 
 
-def replan(which: str, n: int, latency: float = 0.02) -> dict:
-    """A finished run of ``which`` over ``n`` one-line files on an in-memory object store, then
-    the same command again (nothing to do) with ``latency`` seconds per request: its seconds
-    and the requests the driver made."""
-    p = subprocess.run([PYTHON, "-c", REPLAN, which, str(n), str(latency)], capture_output=True, text=True)
+def replan(which: str, n: int, latency: float = 0.02, mode: str = "noop") -> dict:
+    """A finished run of ``which`` over ``n`` one-line files on an object store, then the same
+    command again with ``latency`` seconds per request: its seconds and the requests the
+    driver made. ``mode``: ``noop`` (nothing to do), or ``resume`` (one user-facing file
+    deleted first: a shard, or decon's overlap metrics; the job's own requests, its
+    workers', are not counted, and cost no latency)."""
+    p = subprocess.run([PYTHON, "-c", REPLAN, which, str(n), str(latency), mode], capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if p.returncode or line is None:
         raise SystemExit(f"re-plan of {which} over {n} files failed:\n{p.stderr[-3000:]}")
@@ -206,12 +225,17 @@ def main() -> None:
     ap.add_argument("--replan", type=int, nargs="*", metavar="F",
                     help="only measure a finished run's no-op re-plan over F files on an object store with 20 ms per "
                          "request (default F: 10,000 and 100,000)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --replan: delete one user-facing file first, so that the rerun has work to do, and "
+                         "count the driver's requests outside the job")
     args = ap.parse_args()
     if args.replan is not None:
+        mode = "resume" if args.resume else "noop"
+        what = "one deleted file redone:" if args.resume else "a finished run re-plans in"
         for n in args.replan or [10_000, 100_000]:
             for which in ("prep", "decon"):
-                r = replan(which, n)
-                print(f"F={n:>9,}  {which}: a finished run re-plans in {r['replan_s']:.1f}s with {r['requests']:,} "
+                r = replan(which, n, mode=mode)
+                print(f"F={n:>9,}  {which}: {what} {r['replan_s']:.1f}s with {r['requests']:,} driver "
                       f"requests at 20 ms each (the first run took {r['first_s']:.0f}s without latency)", flush=True)
         return
     counts = args.files + ([1_000_000] if args.million else [])

@@ -151,3 +151,23 @@ def test_generate_portable_runner(tmp_path, ckpt):
     assert generate.run(_args(ckpt, [inp], direct), DIRECT) == 0
     assert (out / "generations.jsonl").read_bytes() == (direct / "generations.jsonl").read_bytes()
     assert len(_rows(out)) == 3
+
+
+def test_the_generate_job_does_not_grow_with_the_documents(tmp_path, ckpt):
+    """The infer waves read their units from the plan in the output, and a job has at most
+    MAX_WAVES of them: 10x the documents, the same job (up to the digits of counts)."""
+    from refinery.runners.translate import command_pipeline, runner_api, step_names
+
+    assert gs.wave_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert gs.wave_spans(1000, 1, max_waves=64)[:2] == [(0, 16), (16, 32)] and len(gs.wave_spans(1000, 1, 64)) == 63
+    sizes = []
+    for n in (1280, 12800):  # 640 and 6,400 units of 2 documents: 16 waves of 40 and of 400
+        inp = write_jsonl(tmp_path / f"in{n}.jsonl", [{"id": f"d{i}", "text": f"text {i}"} for i in range(n)])
+        out = tmp_path / f"out{n}"
+        stages = generate.generate_stages(_args(ckpt, [inp], out, "--wave-units", "1"))
+        proto = runner_api(command_pipeline(stages, str(out), DIRECT))
+        waves = {t.unique_name.split("/")[1] for t in proto.components.transforms.values()
+                 if t.unique_name.startswith("Infer/Wave ")}
+        assert len(waves) == gs.MAX_WAVES and step_names(proto) == ["Infer", "Merge outputs"]
+        sizes.append(len(proto.SerializeToString()))
+    assert sizes[1] < 1.02 * sizes[0] and sizes[1] < 1_000_000, sizes

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from refinery.transforms.core.plans import PlanRef, read_part
-from refinery.transforms.core.stages import StageRun, Unit, execute_unit
+from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
+from refinery.transforms.core.stages import StageRun, Unit, execute_unit, span_key, unit_counters, unit_times_ms
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
 
@@ -36,46 +36,53 @@ BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not comp
 @dataclass(frozen=True)
 class Step:
     """One stage's part of a command's pipeline: the stage, bound, and its units to run;
-    ``ref``: where the driver wrote those units (None: they travel in the job itself)."""
+    ``ref``: where the driver wrote those units (None: they travel in the job itself);
+    ``to_run``: how many of them have no receipt (the others are checked, and most likely
+    skipped, by the workers; None: all of them are to run)."""
 
     run: StageRun
     units: list[Unit]
     ref: PlanRef | None = None
+    to_run: int | None = None
 
 
-def _part_units(k: int, ref: PlanRef):
-    return [(u.id, u.payload) for u in read_part(ref, k)]
+def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None):
+    """(id, payload) of the units of part ``k`` of ``ref`` whose index in it is in [lo, hi)."""
+    first = k * PART_UNITS
+    return [(u.id, u.payload) for i, u in enumerate(read_part(ref, k), first)
+            if lo <= i and (hi is None or i < hi)]
 
 
 class ReadUnits(beam.PTransform):
     """PBegin -> PCollection[tuple[str, dict]]: ``(unit id, payload)`` of the units of a step,
     read by the workers from the parts the driver wrote (``ref``): the job holds the part
-    numbers only. Without a ``ref``, the ``units`` themselves (a job that grows with them)."""
+    numbers only. ``span``: only the units at those indexes [lo, hi) (a wave). Without a
+    ``ref``, the ``units`` themselves (a job that grows with them)."""
 
-    def __init__(self, units: list[Unit], ref: PlanRef | None = None):
+    def __init__(self, units: list[Unit], ref: PlanRef | None = None, span: tuple[int, int] | None = None):
         super().__init__()
-        self.units, self.ref = units, ref
+        self.units, self.ref, self.span = units, ref, span
 
     def expand(self, pbegin):
+        lo, hi = self.span or (0, len(self.units))
         if self.ref is None:
-            return pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
-        return (pbegin | "Parts" >> beam.Create(list(range(self.ref.parts)), reshuffle=False)
-                | "ReadParts" >> beam.FlatMap(_part_units, self.ref))
+            return pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units[lo:hi]], reshuffle=False)
+        parts = list(range(lo // PART_UNITS, -(-hi // PART_UNITS)))
+        return (pbegin | "Parts" >> beam.Create(parts, reshuffle=False)
+                | "ReadParts" >> beam.FlatMap(_part_units, self.ref, lo, hi))
 
 
 def count_receipt(stage: str, receipt: dict) -> None:
-    """Beam counters of one unit's receipt, namespace ``refinery``: ``<stage>_units_<status>``
-    (``skipped`` for a unit found done, ``blocked`` for one whose upstream failed), and for a
-    unit run now ``<stage>_<stat>`` for each integer stat (``tokenize_tokens``,
-    ``scan_verified_hits``, ...). The runner reports them back (:func:`run_pipeline`; Flink's
-    and Dataflow's UIs show them)."""
-    if receipt.get("skipped"):
-        Metrics.counter("refinery", f"{stage}_units_skipped").inc()
-        return
-    Metrics.counter("refinery", f"{stage}_units_{receipt['status']}").inc()
-    for key, v in (receipt.get("stats") or {}).items():
-        if isinstance(v, int) and not isinstance(v, bool):
-            Metrics.counter("refinery", f"{stage}_{key}").inc(v)
+    """Beam metrics of one unit's receipt, namespace ``refinery``: the counters of
+    :func:`unit_counters`, and for a unit run now its start and end (ms since the epoch) in the
+    distributions ``<stage>_started_ms`` and ``<stage>_finished_ms``, whose min and max give
+    the stage's wall time. The runner reports them back (:func:`run_pipeline`; Flink's and
+    Dataflow's UIs show them)."""
+    for name, v in unit_counters(stage, receipt).items():
+        Metrics.counter("refinery", name).inc(v)
+    if times := unit_times_ms(receipt):
+        Metrics.distribution("refinery", f"{stage}_started_ms").update(times[0])
+        Metrics.distribution("refinery", f"{stage}_finished_ms").update(times[1])
 
 
 def summary(receipt: dict) -> dict:
@@ -147,7 +154,7 @@ def apply_steps(pbegin, steps: list[Step], verify_checksums: bool = False, unit_
     after = None
     for step in steps:
         stage = step.run.stage
-        transform = stage.step_transform(step.run, step.units, verify_checksums, after) \
+        transform = stage.step_transform(step.run, step.units, verify_checksums, after, step.ref) \
             or RunStage(step.run, step.units, verify_checksums, after, unit_fn, step.ref)
         after = pbegin | stage.title >> transform
     return after
@@ -212,28 +219,45 @@ def run_pipeline(pipeline) -> dict[str, int]:
 
 def refinery_counters(result) -> dict[str, int]:
     """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
-    summed over steps (committed values where the runner has them, else attempted); {}
-    when the runner reports no metrics."""
+    summed over steps (committed values where the runner has them, else attempted), and per
+    stage with units run its wall time in ms under ``span_key(stage)`` (from the
+    distributions of :func:`count_receipt`); {} when the runner reports no metrics."""
     import logging
 
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
-        counters = result.metrics().query(MetricsFilter().with_namespace("refinery"))["counters"]
+        metrics = result.metrics().query(MetricsFilter().with_namespace("refinery"))
     except Exception as e:  # noqa: BLE001 - metrics are a report; the run's outputs are in its receipts
         logging.getLogger("refinery").info("no metrics from the runner (%s: %s)", type(e).__name__, e)
         return {}
     out: dict[str, int] = {}
-    for c in counters:
+    for c in metrics["counters"]:
         v = c.committed if c.committed is not None else c.attempted
         out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(v or 0)
+    starts: dict[str, int] = {}  # stage -> the first start of its units run now (ms)
+    ends: dict[str, int] = {}  # and the last end
+    for d in metrics.get("distributions", []):
+        v = d.committed if d.committed is not None else d.attempted
+        name = d.key.metric.name
+        if v is None or not v.count:
+            continue
+        if name.endswith("_started_ms"):
+            stage = name[:-len("_started_ms")]
+            starts[stage] = min(starts.get(stage, v.min), v.min)
+        elif name.endswith("_finished_ms"):
+            stage = name[:-len("_finished_ms")]
+            ends[stage] = max(ends.get(stage, v.max), v.max)
+    for stage in starts.keys() & ends.keys():
+        out[span_key(stage)] = max(0, ends[stage] - starts[stage])
     return dict(sorted(out.items()))
 
 
 def light_job(steps: list[Step]) -> bool:
     """Whether every step is light (I/O, or one unit): a local runner gains nothing from
     worker processes for such a job (see ``runners.local.run_job``)."""
-    return all(step.run.stage.light or len(step.units) <= 1 for step in steps)
+    return all(step.run.stage.light or (len(step.units) if step.to_run is None else step.to_run) <= 1
+               for step in steps)
 
 
 def run_on_beam(steps: list[Step], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:

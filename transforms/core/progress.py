@@ -116,9 +116,25 @@ class Progress:
 
         self._poll_until_stopped(show)
 
+    def _seed(self) -> None:
+        """Count the receipts present when the job starts as done without reading them: one
+        listing of each step's receipts and ``failures/`` (a unit whose last attempt failed is
+        not done), not a read per receipt of a resumed run. Only the receipts that appear
+        (or are rewritten as completed) during the job are read."""
+        from refinery.transforms.core import storage
+
+        for run, _ in self.steps:
+            failed = run.listed_failures()
+            for path in storage.listdir(run.receipts_dir):
+                name = storage.basename(path)
+                if path.endswith(".json") and not storage.is_temp_name(name) and name[:-len(".json")] not in failed:
+                    self._seen.setdefault(path, {"status": "completed", "stats": {}, "finished_at": ""})
+
     def _poll_until_stopped(self, show) -> None:
         """:meth:`_update` every :attr:`interval` s until the job ends (one last poll then)
         or :meth:`halt` (none); a failed poll is skipped, never the job's failure."""
+        with contextlib.suppress(Exception):
+            self._seed()
         while True:
             stopping = self._stop.wait(self.interval)
             if self._halted:

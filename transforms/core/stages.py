@@ -122,9 +122,11 @@ class Stage:
       upstream stages are ``run.upstream[name]``), built from ``start``, a PCollection of
       one element that exists once every unit upstream completed; their values arrive as
       ``ctx.side``.
-    - ``step_transform(run, units, verify_checksums, after)``: the stage's own PTransform
+    - ``step_transform(run, units, verify_checksums, after, ref)``: the stage's own PTransform
       (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one
-      ParDo each (inference: RunInference); None (the default): ``pipeline.RunStage``.
+      ParDo each (inference: RunInference); ``ref``: where the driver wrote ``units``
+      (``pipeline.ReadUnits`` reads them in the workers); None (the default):
+      ``pipeline.RunStage``.
     - ``title``: the step's name in the command's Beam pipeline (``Tokenize units``).
     - ``light = True``: mostly I/O, or one unit: on the local multi-process runner a job
       of only light steps runs in the driver's process instead of starting a pool of
@@ -190,10 +192,16 @@ class Stage:
     def needed(self, units: list[Unit], receipts: dict[str, dict]) -> tuple[list[Unit], bool]:
         return units, True
 
+    def has_budget(self) -> bool:
+        """Whether ``needed`` asks for units by what the done ones hold (a token budget): then
+        the driver reads the stage's receipts to plan (:func:`run_stages`)."""
+        return False
+
     def side_inputs(self, run: "StageRun", start) -> dict:
         return {}
 
-    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after):
+    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after,
+                       ref: PlanRef | None = None):
         return None
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -251,6 +259,7 @@ class StageRun:
     stage_hash: str
     upstream: dict[str, "StageRun"] = field(default_factory=dict)
     upstream_repairs: dict[str, str] | None = None
+    listing_job: str | None = None  # a job planned from listings: the workers judge repairs (see execute_unit)
 
     @property
     def name(self) -> str:
@@ -287,6 +296,31 @@ class StageRun:
     def record_repair(self, unit_id: str, token: str) -> None:
         storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
 
+    @property
+    def failures_dir(self) -> str:
+        """One file per unit whose last attempt failed, holding why: the failures of a job,
+        known from one listing instead of every receipt (removed when the unit completes)."""
+        return storage.join(self.dir, "failures")
+
+    def listed_units(self) -> set[str]:
+        """Ids of the units that have a receipt file, whatever it says: one listing of the
+        receipts folder (a LIST call per 1,000 receipts on an object store), no receipt read."""
+        return {storage.basename(p)[:-len(".json")] for p in storage.listdir(self.receipts_dir)
+                if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))}
+
+    def listed_failures(self) -> set[str]:
+        """Ids of the units whose last attempt failed (``failures_dir``), from one listing."""
+        return {storage.basename(p) for p in storage.listdir(self.failures_dir)
+                if not storage.is_temp_name(storage.basename(p))}
+
+    def listed_upstream_repairs(self) -> dict[str, str]:
+        """The repair tokens of every earlier stage's units, from their ``repairs`` listings:
+        what this stage's receipts are judged against once those stages have finished."""
+        out: dict[str, str] = {}
+        for up in self.upstream.values():
+            out.update(up.recorded_repairs())
+        return dict(sorted(out.items()))
+
     def receipt_path(self, unit_id: str) -> str:
         return storage.join(self.receipts_dir, f"{unit_id}.json")
 
@@ -300,6 +334,10 @@ class StageRun:
             return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash))
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
+        """:func:`check_receipt` of one unit, judged against ``upstream_repairs``, or in a job
+        planned from listings against the earlier stages' repairs listed once they finished."""
+        if self.listing_job is not None:
+            self.upstream_repairs = _listed_repairs(self.listing_job, self)
         return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
                              self.upstream_repairs)
 
@@ -420,6 +458,12 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     A unit redone over damaged files gets a new ``repair`` token (derived from the previous
     one and the damage, so two runs repairing the same damage agree); otherwise it keeps
     the previous receipt's token.
+
+    In a job planned from listings (``run.listing_job``), the earlier stages' repair tokens
+    are read by :meth:`StageRun.check`, from their listings, once per job and process: they
+    have finished when a unit of this stage runs. A failed unit is also recorded under ``failures/`` (before
+    its receipt), a repaired one under ``repairs/`` (before its receipt), so that the
+    driver learns both from listings.
     """
     done = run.check(unit.id, verify_checksums)
     if done.done and not (stale and stale(done.receipt)):
@@ -445,11 +489,29 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         })
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = _now()
+    failure = storage.join(run.failures_dir, unit.id)
+    if receipt["status"] == "completed":
+        if repair:  # before the receipt: a kill between the two leaves the unit pending, not unrecorded
+            run.record_repair(unit.id, repair)
+        storage.remove(failure, root=run.output)
+    else:
+        storage.atomic_write_bytes(failure, f"{receipt['error']['type']}: {receipt['error']['message']}"[:500].encode())
     storage.atomic_write_json(run.receipt_path(unit.id), receipt)
-    if receipt["status"] == "completed" and repair:
-        run.record_repair(unit.id, repair)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
+
+
+_LISTED_REPAIRS: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def _listed_repairs(job: str, run: StageRun) -> dict[str, str]:
+    """:meth:`StageRun.listed_upstream_repairs` of ``run``, read once per job (``job``) per process."""
+    key = (job, run.dir)
+    if key not in _LISTED_REPAIRS:
+        if len(_LISTED_REPAIRS) > 64:
+            _LISTED_REPAIRS.clear()
+        _LISTED_REPAIRS[key] = run.listed_upstream_repairs()
+    return _LISTED_REPAIRS[key]
 
 
 # ---------------------------------------------------------------------------------------
@@ -572,7 +634,7 @@ def _plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: 
     return planned
 
 
-def final_stages_done(runs: list[StageRun], plans: list[list[Unit]]) -> bool:
+def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool = False) -> bool:
     """Whether every unit of the stages whose files are user-facing (``final_outputs``, and the
     last stage) is done by :func:`check_receipt`: then a run has nothing to do, whatever the
     stages before them hold (backward demand, :func:`demanded`), and their receipts need not
@@ -583,13 +645,77 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]]) -> bool:
     for i, (run, plan) in enumerate(zip(runs, plans)):
         if run.stage.final_outputs or i == len(runs) - 1:
             run.upstream_repairs = dict(repairs)
-            checks = run.check_all([u.id for u in plan])
+            checks = run.check_all([u.id for u in plan], verify_checksums)
             if not all(c.done for c in checks.values()):
                 return False
             repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items()}))
         else:
             repairs.update(run.recorded_repairs())
     return True
+
+
+def plans_by_listing(runs: list[StageRun]) -> bool:
+    """Whether the jobs of ``runs`` are planned from listings (:func:`run_stages`): no stage
+    asks for units by what the done ones hold (``has_budget``) and each is a plain
+    ``pipeline.RunStage`` step whose workers check every unit's receipt before running it."""
+    return all(not r.stage.has_budget() and type(r.stage).step_transform is Stage.step_transform for r in runs)
+
+
+def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list, dict[str, list[str]]]:
+    """The steps of a job planned from listings: every unit of every stage (the workers skip
+    the ones whose receipt verifies), and per stage the ids of the units
+    with no receipt file (run now, for certain)."""
+    import uuid
+
+    from refinery.transforms.core.pipeline import Step
+
+    job = uuid.uuid4().hex[:16]
+    steps, fresh = [], {}
+    for run, plan in zip(runs, plans):
+        run.listing_job = job
+        if not plan:
+            continue
+        listed = run.listed_units()
+        fresh[run.name] = [u.id for u in plan if u.id not in listed]
+        log.info("stage %s [%s]: %d of %d units have no receipt; the workers check the other %d before running them",
+                 run.name, run.stage_hash, len(fresh[run.name]), len(plan), len(plan) - len(fresh[run.name]))
+        steps.append(Step(run, plan, to_run=len(fresh[run.name])))
+    return steps, fresh
+
+
+def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) -> dict[str, str]:
+    """After a job planned from listings: unit id -> why it is not done, of ``units`` of ``run``.
+    Only the units without a receipt file, or listed under ``failures/``, are checked (the
+    workers checked the others); a failure record left by a kill after its unit completed is
+    removed."""
+    listed, failed = run.listed_units(), run.listed_failures()
+    suspects = [u.id for u in units if u.id not in listed or u.id in failed]
+    out = {}
+    for unit_id, c in run.check_all(suspects, verify_checksums).items():
+        if c.done:
+            storage.remove(storage.join(run.failures_dir, unit_id), root=run.output)
+        else:
+            out[unit_id] = c.reason
+    return out
+
+
+def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[dict]:
+    """The receipts of ``unit_ids`` that can be read (CHECK_THREADS at a time on an object store)."""
+    def read(unit_id: str) -> dict | None:
+        try:
+            r = storage.read_json(run.receipt_path(unit_id))
+        except (OSError, ValueError):
+            return None
+        return r if isinstance(r, dict) else None
+
+    if not storage.is_remote(run.output) or len(unit_ids) < 2:
+        found = [read(u) for u in unit_ids]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            found = list(pool.map(read, unit_ids))
+    return [r for r in found if r is not None]
 
 
 def _span_seconds(receipts: list[dict]) -> float:
@@ -638,14 +764,94 @@ def write_plans(runs: list[StageRun], steps: list) -> list:
     return out
 
 
+def unit_counters(stage: str, receipt: dict) -> dict[str, int]:
+    """The counters one unit's receipt adds: ``<stage>_units_<status>`` (``skipped`` for a unit
+    found done, ``blocked`` for one whose upstream failed), and for a unit run now
+    ``<stage>_<stat>`` for each integer stat (``tokenize_tokens``, ``scan_verified_hits``, ...)."""
+    if receipt.get("skipped"):
+        return {f"{stage}_units_skipped": 1}
+    out = {f"{stage}_units_{receipt['status']}": 1}
+    for key, v in (receipt.get("stats") or {}).items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[f"{stage}_{key}"] = v
+    return out
+
+
+def span_key(stage: str) -> str:
+    """The key of a runner's counters that holds ``stage``'s wall time in ms this job: from its
+    first unit's start to its last one's end, over the units run now (:func:`unit_times_ms`)."""
+    return f"{stage}:span_ms"
+
+
+def unit_times_ms(receipt: dict) -> tuple[int, int] | None:
+    """(start, end) of a unit run now, in ms since the epoch, from its receipt (None: skipped, blocked)."""
+    if receipt.get("skipped") or "started_at" not in receipt:
+        return None
+    try:
+        start, end = (_dt.datetime.fromisoformat(receipt[k]) for k in ("started_at", "finished_at"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+
+
 def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
     """A step runner for ``run_stages`` without Beam: each step's units in this process, in
-    order; a step with a unit not completed blocks the steps after it (as in the pipeline)."""
+    order; a step with a unit not completed blocks the steps after it (as in the pipeline).
+    Returns the counters a Beam job would report (:func:`unit_counters`)."""
+    counters: dict[str, int] = {}
     for step in steps:
         receipts = [execute_unit(step.run, u, verify_checksums) for u in step.units]
+        for r in receipts:
+            for k, v in unit_counters(step.run.name, r).items():
+                counters[k] = counters.get(k, 0) + v
+        if times := [t for r in receipts if (t := unit_times_ms(r))]:
+            counters[span_key(step.run.name)] = max(e for _, e in times) - min(s for s, _ in times)
         if any(r["status"] != "completed" for r in receipts):
             break
-    return {}
+    return counters
+
+
+def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool,
+                   output: str) -> tuple[list, list[StageRun], bool]:
+    """The steps of a job planned by reading every receipt (a stage with a budget, or one with
+    its own step transform): each stage's pending units up to the last demanded stage, or up
+    to a stage whose ``needed`` will ask for more; the stages of the job; whether the job is
+    the last one. Receipts built before an upstream repair are removed first."""
+    from refinery.transforms.core.pipeline import Step
+
+    planned = _plan_runs(runs, plans, verify_checksums)
+    last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
+    job: list[_Planned] = []
+    for p in planned[:last + 1]:
+        job.append(p)
+        if not p.final:
+            if not p.pending:
+                raise RuntimeError(f"stage {p.run.name}: needed() asked for more units but none is pending")
+            break
+    for p in job:
+        if p.pending:
+            log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
+                     len(p.pending), len(p.plan))
+    steps = [Step(p.run, p.pending) for p in job if p.pending]
+    if steps:
+        for p in job:  # receipts built before an upstream repair go first: a later run, even one
+            for unit_id in p.stale:  # killed before these units are redone, sees them pending
+                storage.remove(p.run.receipt_path(unit_id), root=output)
+    return steps, [p.run for p in job], not job or job[-1].final
+
+
+def _first_unfinished(steps: list, by_listing: bool) -> str:
+    """The stage a failed job is reported at: the first step with a unit not done (by listings
+    for a job planned from them: a unit with no receipt or a recorded failure)."""
+    for s in steps:
+        ids = [u.id for u in s.units]
+        if by_listing:
+            listed, failed = s.run.listed_units(), s.run.listed_failures()
+            if any(u not in listed or u in failed for u in ids):
+                return s.run.name
+        elif not all(c.done for c in s.run.check_all(ids).values()):
+            return s.run.name
+    return steps[-1].run.name
 
 
 def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
@@ -655,9 +861,18 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                runner: Callable[[list, list[str], bool], dict | None] | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
-    The driver plans: it checks every stage's receipts and keeps the pending units of
-    each stage up to the last one with pending units (a stage after it is done, so what
-    precedes it is not needed again). ``runner(steps, beam_args, verify_checksums)`` then
+    The driver plans. Commonly (:func:`plans_by_listing`) it reads only the receipts of the
+    stages with user-facing files (:func:`final_stages_done`); when one has a unit not done,
+    a job runs every unit of every stage, and its workers check each
+    receipt (:func:`check_receipt`, as always) before running the unit: a valid one is
+    skipped there. The driver learns the rest from listings: of each stage's receipts
+    before the job (the units that will run for certain, for the log and the local
+    runner's choice of processes) and, after it, of receipts and ``failures/``; it reads
+    only the receipts of the units that ran, for the time each stage took. A run with a
+    stage that has a budget, or its own step transform (inference), is planned the older
+    way: every receipt checked in the driver, and only the pending units in the job (up
+    to the last one with pending units; a stage after it is done, so what precedes it is
+    not needed again). ``runner(steps, beam_args, verify_checksums)`` then
     runs those steps (``pipeline.Step``: stage + units) as ONE Beam job, each step after
     the one before (default: ``pipeline.run_on_beam``; :func:`run_in_driver` runs them here,
     without Beam) and may return the runner's counters, kept per stage in
@@ -670,8 +885,6 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     completed, :class:`JobFailed` when the Beam job failed; the receipts of everything that
     finished are kept for the next run.
     """
-    from refinery.transforms.core.pipeline import Step
-
     if runner is None:
         from refinery.transforms.core.pipeline import run_on_beam as runner
     if force:
@@ -707,43 +920,35 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     seconds: dict[str, float] = {}
     metrics: dict[str, dict[str, int]] = {}
     discarded: set[str] = set()
+    by_listing = plans_by_listing(runs)
     while True:
-        if not verify_checksums and final_stages_done(runs, plans):
-            break  # nothing to do: the earlier stages' receipts are not read
-        planned = _plan_runs(runs, plans, verify_checksums)
-        last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
-        job: list[_Planned] = []
-        for p in planned[:last + 1]:
-            job.append(p)
-            if not p.final:
-                if not p.pending:
-                    raise RuntimeError(f"stage {p.run.name}: needed() asked for more units but none is pending")
-                break
-        for p in job:
-            ran.setdefault(p.run.name, 0)
-            if p.run.stage.final_outputs and p.run.name not in discarded:
-                _discard_other_plans(p.run)
-                discarded.add(p.run.name)
-            if p.pending:
-                log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
-                         len(p.pending), len(p.plan))
-        steps = [Step(p.run, p.pending) for p in job if p.pending]
+        fresh: dict[str, list[str]] = {}
+        if by_listing:  # only the final stages' receipts are read here; the workers check the rest
+            # a unit repaired in the job invalidates what was built from it, even in a final stage
+            # found done here: with anything to do, every stage is in the job (done units skip)
+            if not verify_checksums and final_stages_done(runs, plans):
+                break  # with checksums, every unit's files are verified: by the workers
+            steps, fresh = _listing_steps(runs, plans)
+            job_runs, final_job = runs, True
+        else:
+            if not verify_checksums and final_stages_done(runs, plans):
+                break  # nothing to do: the earlier stages' receipts are not read
+            steps, job_runs, final_job = _checked_steps(runs, plans, verify_checksums, output)
+        for run in job_runs:
+            ran.setdefault(run.name, 0)
+            if run.stage.final_outputs and run.name not in discarded:
+                _discard_other_plans(run)
+                discarded.add(run.name)
         if not steps:
             break
-        for p in job:  # receipts built before an upstream repair go first: a later run, even one
-            for unit_id in p.stale:  # killed before these units are redone, sees them pending
-                storage.remove(p.run.receipt_path(unit_id), root=output)
-        steps = write_plans([p.run for p in job], steps)
+        steps = write_plans(job_runs, steps)
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:
                 counters = runner(steps, beam_args, verify_checksums) or {}
             except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
                 log.info("the Beam job failed", exc_info=True)
-                unfinished = next((s.run.name for s in steps
-                                   if not all(c.done for c in s.run.check_all([u.id for u in s.units]).values())),
-                                  steps[-1].run.name)
-                raise JobFailed(unfinished, e) from e
+                raise JobFailed(_first_unfinished(steps, by_listing), e) from e
         for s in steps:
             mine = {k: v for k, v in counters.items() if k.startswith(s.run.name + "_")}
             log.info("stage %s: runner counters %s", s.run.name, json.dumps(mine, sort_keys=True))
@@ -752,14 +957,28 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                 for k, v in mine.items():
                     stage_counters[k] = stage_counters.get(k, 0) + v
         for s in steps:
-            ran[s.run.name] += len(s.units)
-            checks = s.run.check_all([u.id for u in s.units], verify_checksums)
-            failures = {u: c.reason for u, c in checks.items() if not c.done}
+            if by_listing:
+                failures = _listing_failures(s.run, s.units, verify_checksums)
+                # the stage's wall time: from the runner's metrics, else from the receipts of the units run
+                new = [] if span_key(s.run.name) in counters else \
+                    _read_receipts_of(s.run, [u for u in fresh[s.run.name] if u not in failures])
+                if any(k.startswith(f"{s.run.name}_units_") for k in counters):
+                    ran[s.run.name] += sum(counters.get(f"{s.run.name}_units_{k}", 0) for k in ("completed", "failed"))
+                else:  # a runner without metrics: the units that had no receipt
+                    ran[s.run.name] += len(fresh[s.run.name])
+            else:
+                ran[s.run.name] += len(s.units)
+                checks = s.run.check_all([u.id for u in s.units], verify_checksums)
+                failures = {u: c.reason for u, c in checks.items() if not c.done}
+                new = [c.receipt for c in checks.values()]
             if failures:
                 raise StageFailed(s.run.name, failures)
-            seconds[s.run.name] = seconds.get(s.run.name, 0.0) + _span_seconds([c.receipt for c in checks.values()])
-        if job[-1].final:
+            span = counters[span_key(s.run.name)] / 1000 if span_key(s.run.name) in counters else _span_seconds(new)
+            seconds[s.run.name] = seconds.get(s.run.name, 0.0) + span
+        if final_job:
             break
+    if by_listing and not any(ran.values()):
+        ran.clear()  # the workers found every unit done (a run with --verify-checksums): nothing ran
     return JobResult(runs, ran, [r.name for r in runs if r.name not in ran], seconds, metrics)
 
 

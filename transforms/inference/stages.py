@@ -8,11 +8,14 @@ ModelHandler runs it, how a result becomes an output row, and what the merge wri
   ``--id-field``; a missing id becomes ``{relpath}:{row}``), or doc ids
   (``{source}//{relpath}#s=..:e=..``) listed in files, read from prep shards under a data
   root. A unit is a slice of at most ``docs_per_unit`` documents of one input file.
-- ``infer`` units run in waves: each wave is one Beam job
-  ``Create(units) | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
+- ``infer`` units run in waves, each a part of the command's one Beam job, after the one before:
+  ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
-  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check). Killing
-  a run loses at most the wave in flight; the next run skips every unit with a receipt.
+  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check). The
+  workers read a wave's units from the plan the driver wrote; there are at most
+  :data:`MAX_WAVES` waves (a bigger plan gets bigger waves), so the job does not grow with
+  the documents. Killing a run loses at most the wave in flight; the next run skips every
+  unit with a receipt.
 - Without Beam results (tests, a worker re-running a unit) ``run_unit`` computes the same
   rows with the engine directly.
 - ``merge`` (local, one unit): parts in plan order -> the task's final files.
@@ -33,7 +36,8 @@ import apache_beam as beam
 
 from refinery.transforms.core import rows, storage
 from refinery.transforms.core.jsonl import jsonl
-from refinery.transforms.core.pipeline import count_receipt, summary
+from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
+from refinery.transforms.core.plans import PlanRef
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
 from refinery.transforms.inference.handler import (
     EngineSettings,
@@ -99,6 +103,15 @@ class DocumentSource:
         self.files = (storage.expand_inputs(self.paths, skipped=self.skipped) if self.paths
                       else storage.expand_inputs(self.docid_files, suffixes=("",)))
         self._plan: list[Unit] | None = None
+
+    def __getstate__(self) -> dict:
+        """What a job carries: configuration, not the input list or the plan (a worker reads its
+        units from the plan the driver wrote, ``Stage.plan_ref``, and the inputs' fingerprints
+        from the output, ``StageRun.input_fingerprints``), so that the job does not grow with them."""
+        state = dict(self.__dict__)
+        state.pop("files", None)
+        state["skipped"], state["_plan"] = [], None
+        return state
 
     def config(self) -> dict:
         return {"kind": "docids" if self.docid_files else "rows", "text_field": self.text_field,
@@ -358,10 +371,10 @@ class InferStage(Stage):
     def make_plan(self) -> list[Unit]:
         return self.source.plan()
 
-    def step_transform(self, run: StageRun, units: list[Unit], verify_checksums: bool, after):
+    def step_transform(self, run: StageRun, units: list[Unit], verify_checksums: bool, after, ref=None):
         if after is not None:
             raise ValueError("the infer stage runs first in its pipeline: it waits for no upstream")
-        return InferWaves(run, units, verify_checksums)
+        return InferWaves(run, units, verify_checksums, ref)
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return self.task.progress(stats, seconds)
@@ -476,10 +489,15 @@ def model_identifier(task: Task, options) -> str:
     return ident
 
 
-def waves(units: list[Unit], size: int) -> list[list[Unit]]:
-    """``units`` cut into waves of ``size`` units (all of them when ``size`` is 0), in order."""
-    size = size or len(units) or 1
-    return [units[k:k + size] for k in range(0, len(units), size)]
+MAX_WAVES = 16  # waves per job at most (about 38 KB of job graph each): the job does not grow with the corpus
+
+
+def wave_spans(n: int, size: int, max_waves: int = MAX_WAVES) -> list[tuple[int, int]]:
+    """[lo, hi) of each wave over ``n`` units, in order: ``size`` units each (all of them when
+    ``size`` is 0), but never more than ``max_waves`` waves: a bigger plan gets bigger waves,
+    so that the job's graph stays the same size whatever the corpus."""
+    size = max(size or n or 1, -(-n // max_waves))
+    return [(k, min(n, k + size)) for k in range(0, n, size)]
 
 
 class ExpandUnitFn(beam.DoFn):
@@ -525,23 +543,27 @@ class WriteUnitFn(beam.DoFn):
 
 
 class InferWave(beam.PTransform):
-    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of one wave of infer units.
+    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of one wave of infer units: those
+    of ``units`` at indexes ``span`` [lo, hi), read from ``ref`` by the workers when the driver
+    wrote them there (``pipeline.ReadUnits``: the job holds part numbers, not documents).
 
-    ``Create(units) | Expand | RunInference | CoGroupByKey(unit) | Write``: the units'
+    ``ReadUnits | Expand | RunInference | CoGroupByKey(unit) | Write``: the units'
     parts and receipts are written when the whole wave's inference is done, so a wave
     is what a kill can lose. ``after``: the results of the wave before, which this wave
     waits for (a side input), so that waves run one after another."""
 
-    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool, after, tag: str):
+    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool, after, tag: str,
+                 ref: PlanRef | None = None, span: tuple[int, int] | None = None):
         super().__init__()
         self.run, self.units, self.verify_checksums, self.after, self.tag = run, units, verify_checksums, after, tag
+        self.ref, self.span = ref, span
 
     def expand(self, pbegin):
         from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
         wait = {} if self.after is None else {"after": beam.pvalue.AsList(self.after)}
         expanded = (pbegin
-                    | "Units" >> beam.Create([(u.id, u.payload) for u in self.units], reshuffle=False)
+                    | "Units" >> ReadUnits(self.units, self.ref, self.span)
                     | "Spread" >> beam.Reshuffle()
                     | "Expand" >> beam.ParDo(ExpandUnitFn(self.run), **wait).with_outputs("info", main="examples"))
         results = (expanded.examples
@@ -554,17 +576,19 @@ class InferWave(beam.PTransform):
 
 
 class InferWaves(beam.PTransform):
-    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of every infer unit given,
-    in waves of the stage's ``wave_units`` (:class:`InferWave`), each after the one before."""
+    """PBegin -> PCollection[dict]: ``{unit, status, stats}`` of every infer unit given, in
+    waves of the stage's ``wave_units`` (at most :data:`MAX_WAVES` of them, :func:`wave_spans`;
+    :class:`InferWave`), each after the one before. ``ref``: where the driver wrote ``units``."""
 
-    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False):
+    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False, ref: PlanRef | None = None):
         super().__init__()
-        self.run, self.units, self.verify_checksums = run, units, verify_checksums
+        self.run, self.units, self.verify_checksums, self.ref = run, units, verify_checksums, ref
 
     def expand(self, pbegin):
         tag = model_identifier(self.run.stage.task, pbegin.pipeline.options)
         after, outs = None, []
-        for k, wave in enumerate(waves(self.units, self.run.stage.wave_units), 1):
-            after = pbegin | f"Wave {k}" >> InferWave(self.run, wave, self.verify_checksums, after, tag)
+        for k, span in enumerate(wave_spans(len(self.units), self.run.stage.wave_units), 1):
+            after = pbegin | f"Wave {k}" >> InferWave(self.run, self.units, self.verify_checksums, after, tag,
+                                                      self.ref, span)
             outs.append(after)
         return outs | "AllWaves" >> beam.Flatten()

@@ -298,6 +298,9 @@ class TokenizeStage(Stage):
     def needed(self, units, receipts):
         return included_units(units, receipts, self.cfg.max_tokens, self.cfg.wave_units)
 
+    def has_budget(self) -> bool:
+        return self.cfg.max_tokens is not None
+
     def side_inputs(self, run: StageRun, start) -> dict:
         import apache_beam as beam
 
