@@ -32,7 +32,8 @@ RUNNERS = ("local", "direct", "portable", "flink", "dataflow")
 _BUILDERS = {"local": local_args, "direct": direct_args, "portable": portable_args,
              "flink": flink_args, "dataflow": dataflow_args}
 
-__all__ = ["RUNNERS", "RunnerOptionsError", "job_service", "pipeline_args", "prepare_run", "setup_file"]
+__all__ = ["RUNNERS", "RunnerOptionsError", "check_runner_name", "job_service", "pipeline_args", "prepare_run",
+           "setup_file"]
 
 
 def pipeline_args(runner: str = "local", workers: int | None = None, beam_args: list[str] | None = None) -> list[str]:
@@ -44,8 +45,22 @@ def pipeline_args(runner: str = "local", workers: int | None = None, beam_args: 
     args = list(beam_args or [])
     builder = _BUILDERS.get(runner.lower())
     if builder is None:
+        check_runner_name(runner)
         return with_defaults(args, {"--runner": runner})
     return builder(workers, args)
+
+
+def check_runner_name(runner: str) -> None:
+    """Raise :class:`RunnerOptionsError` unless ``runner`` is one of :data:`RUNNERS`, a runner
+    Beam knows by name (``FlinkRunner``, ``PrismRunner``, ``flink`` ...), or a dotted path to
+    a runner class: checked before anything is planned or written."""
+    from apache_beam.runners.runner import _RUNNER_MAP
+
+    name = runner.lower()
+    if name in RUNNERS or "." in runner or name in _RUNNER_MAP or name + "runner" in _RUNNER_MAP:
+        return
+    raise RunnerOptionsError(f"--runner {runner}: not a runner; refinery's are {', '.join(RUNNERS)} "
+                             "(any Beam runner's name, such as PrismRunner, or a module.Class path works too)")
 
 
 def prepare_run(runner: str, beam_args: list[str]) -> list[str]:

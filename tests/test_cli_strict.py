@@ -152,6 +152,20 @@ def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypa
     assert line.endswith("matplotlib is not installed: pip install -e '.[plots]' (in the refinery checkout)")
 
 
+def test_a_misspelt_runner_is_refused_before_anything_is_planned_or_written(tmp_path, small_corpus, capsys):
+    for command in (["prep", "--input", str(small_corpus)], ["decon", "--eval", str(small_corpus), "--train",
+                                                              str(small_corpus)]):
+        out = tmp_path / command[0]
+        assert main([*command, "--output", str(out), "--runner", "flnk"]) == 2
+        line = _one_line(capsys)
+        assert "--runner flnk: not a runner; refinery's are local, direct, portable, flink, dataflow" in line
+        assert not out.exists()
+    # Beam's own names still pass the check (they are Beam's to run)
+    from refinery.runners import check_runner_name
+    for name in ("PrismRunner", "prism", "FlinkRunner", "my.module.MyRunner", "DIRECT"):
+        check_runner_name(name)
+
+
 def test_missing_torch_names_the_extra_as_installed_from_a_clone(tmp_path, small_corpus, capsys, monkeypatch, ckpt):
     """refinery is not on PyPI: the hint installs the checkout's extra."""
     import importlib.util
