@@ -180,9 +180,47 @@ def reject_rate_failure(what: str, read: int, rejected: int, accepted: int, max_
     return None
 
 
-def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str) -> None:
-    """A loud line on stderr when more than half of the rows read were rejected."""
+def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str, hint: str | None = None) -> None:
+    """A loud line on stderr when more than half of the rows read were rejected; ``hint``: what
+    to check (default: the text field and the input files; :func:`rejects_hint` reads it from
+    the most common reason)."""
     if read and rejected * 2 > read:
         print(f"WARNING refinery {command}: {rejected:,} of {read:,} rows ({100 * rejected / read:.0f}%) were "
-              f"rejected; the reasons are in {where}. Check --text-field (or --text-template) and the input "
-              "files.", file=sys.stderr)
+              f"rejected; the reasons are in {where}. "
+              f"{hint or 'Check --text-field (or --text-template) and the input files.'}", file=sys.stderr)
+
+
+def rejection_hint(reasons: list[str]) -> str | None:
+    """What to check, from the reasons of rejected rows: by the most common kind of reason
+    (the words before its first ``:``, or the whole reason), or None when there is none."""
+    from collections import Counter
+
+    if not reasons:
+        return None
+    kinds = Counter(r.split(":", 1)[0].strip() for r in reasons)
+    kind, count = kinds.most_common(1)[0]
+    share = f"{count:,} of the {len(reasons):,} reasons read"
+    if kind == "malformed JSON":
+        return (f"Most are 'malformed JSON' ({share}): the files are not JSON rows (plain text?); refinery reads "
+                ".jsonl, .json, .parquet and .arrow files whose rows are objects with a text field.")
+    if "text field" in kind or "(text template)" in kind or kind.startswith("missing field"):
+        return f"Most are '{kind}' ({share}): check --text-field (or --text-template)."
+    return f"The most common reason is '{kind}' ({share}); check the input files."
+
+
+def rejects_hint(rejects_path: str, limit: int = 10_000) -> str | None:
+    """:func:`rejection_hint` of the first ``limit`` rows of a rejects file (None if unreadable)."""
+    import json
+
+    from refinery.transforms.core import storage
+
+    reasons: list[str] = []
+    try:
+        with storage.open_read(rejects_path) as f:
+            for line in f:
+                reasons.append(str(json.loads(line).get("reason", "")))
+                if len(reasons) >= limit:
+                    break
+    except (OSError, ValueError, AttributeError):
+        return None
+    return rejection_hint(reasons)

@@ -181,6 +181,7 @@ def run(args, beam_args: list[str]) -> int:
         check_output,
         check_text,
         reject_rate_failure,
+        rejects_hint,
         text_spec,
         warn_if_mostly_rejected,
     )
@@ -245,9 +246,13 @@ def run(args, beam_args: list[str]) -> int:
     rejects_path = storage.join(cfg.output, "rejects/rejects.jsonl")
 
     def verdict(result) -> str | None:
-        rows = storage.read_json(storage.join(cfg.output, "manifest.json"))["rows"]
-        return reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
-                                   f"reasons in {rejects_path}")
+        manifest_path = storage.join(cfg.output, "manifest.json")
+        rows = storage.read_json(manifest_path)["rows"]
+        failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
+                                      f"reasons in {rejects_path}")
+        if failure and not rows["accepted"]:  # no manifest of nothing: the next run writes it again, and fails again
+            storage.remove(manifest_path, root=cfg.output)
+        return failure
 
     def summary(result, seconds: float) -> str:
         manifest_path = storage.join(cfg.output, "manifest.json")
@@ -255,7 +260,8 @@ def run(args, beam_args: list[str]) -> int:
         ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
             or "nothing (all units already done)"
         rows = m["rows"]
-        warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path)
+        if rows["read"] and rows["rejected"] * 2 > rows["read"]:
+            warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path, rejects_hint(rejects_path))
         return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
                 f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
                 f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "

@@ -88,7 +88,11 @@ def test_a_run_that_accepts_nothing_exits_1(tmp_path, capsys):
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last == (f"refinery prep: no rows accepted of 3 read (3 rejected; reasons in {tmp_path}/o/rejects/"
                         f"rejects.jsonl); --max-reject-rate 1 lets such a run pass")
+        assert not (tmp_path / "o" / "manifest.json").exists()  # nothing accepted: no manifest to mistake for data
     assert run_prep([tmp_path / "bad"], tmp_path / "o", "--max-reject-rate", "1") == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o")]) == 1  # allowed to pass, but 0 documents never verifies
+    assert "manifest.json: 0 documents: the run accepted no rows (3 read, 3 rejected" in capsys.readouterr().out
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "empty.jsonl").write_bytes(b"")
     assert run_prep([tmp_path / "none"], tmp_path / "o2") == 1
@@ -104,6 +108,21 @@ def test_a_run_that_accepts_nothing_exits_1(tmp_path, capsys):
                  ["prep-mixture", "--config", "mix.toml", "--data-root", out]):
         assert main([*argv, "--max-reject-rate", "5"]) == 2
         assert "--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not 5" in _one_line(capsys)
+
+
+def test_the_rejects_hint_follows_the_most_common_reason(tmp_path, capsys):
+    from refinery.beam_pipelines.checks import rejection_hint
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.jsonl").write_text("hello world\nthis is plain text\n")
+    assert run_prep([tmp_path / "plain"], tmp_path / "o") == 1
+    warning = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("WARNING"))
+    assert "Most are 'malformed JSON' (2 of the 2 reasons read): the files are not JSON rows (plain text?)" in warning
+    assert "--text-field" not in warning
+    assert "check --text-field" in rejection_hint(["missing text field 'text'"] * 2 + ["malformed JSON: x"])
+    assert rejection_hint(["row too large: 9 bytes"]) == ("The most common reason is 'row too large' (1 of the 1 "
+                                                          "reasons read); check the input files.")
+    assert rejection_hint([]) is None
 
 
 def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):

@@ -116,6 +116,9 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
                         f"{manifest.get('total_documents')} docs) differ from the shards' sum "
                         f"({total_tokens}, {total_docs})")
     rows = manifest.get("rows", {})
+    if manifest.get("total_documents") == 0:
+        problems.append(f"{manifest_path}: 0 documents: the run accepted no rows ({rows.get('read', 0):,} read, "
+                        f"{rows.get('rejected', 0):,} rejected; reasons in {storage.join(root, 'rejects')})")
     if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget",
                                                                   "excluded")):
         problems.append(f"{manifest_path}: row accounting does not add up: {rows}")
