@@ -174,6 +174,16 @@ def dataset_name(args) -> str:
     return clean or "dataset"
 
 
+def corrupt_files_failure(corrupt: list[dict]) -> str:
+    """The one line a run with corrupt or cut-short input files fails with (without
+    ``--max-reject-rate``): the first file and its reason, and how many there are."""
+    first = corrupt[0]
+    more = f" (and {len(corrupt) - 1} more, listed in the manifest's corrupt_files)" if len(corrupt) > 1 else ""
+    return (f"{len(corrupt)} input file(s) corrupt or cut short: {first['path']}: {first['reason']}{more}; "
+            "the rows before the damage were read. Replace the file, or give --max-reject-rate R to count "
+            "each as one rejected row")
+
+
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
@@ -247,9 +257,12 @@ def run(args, beam_args: list[str]) -> int:
 
     def verdict(result) -> str | None:
         manifest_path = storage.join(cfg.output, "manifest.json")
-        rows = storage.read_json(manifest_path)["rows"]
+        manifest = storage.read_json(manifest_path)
+        rows = manifest["rows"]
         failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
                                       f"reasons in {rejects_path}")
+        if not failure and manifest.get("corrupt_files") and args.max_reject_rate is None:
+            failure = corrupt_files_failure(manifest["corrupt_files"])
         if failure and not rows["accepted"]:  # no manifest of nothing: the next run writes it again, and fails again
             storage.remove(manifest_path, root=cfg.output)
         return failure
@@ -260,6 +273,8 @@ def run(args, beam_args: list[str]) -> int:
         ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
             or "nothing (all units already done)"
         rows = m["rows"]
+        for c in m.get("corrupt_files", []):  # let through by --max-reject-rate: still named, once each
+            print(f"WARNING refinery prep: {c['path']}: {c['reason']}; the rows before it were read", file=sys.stderr)
         if rows["read"] and rows["rejected"] * 2 > rows["read"]:
             warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path, rejects_hint(rejects_path))
         return (f"prep done in {seconds:.1f}s; units run: {ran}\n"

@@ -125,6 +125,30 @@ def test_the_rejects_hint_follows_the_most_common_reason(tmp_path, capsys):
     assert rejection_hint([]) is None
 
 
+def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_allows_it(tmp_path, capsys):
+    import gzip
+
+    data = gzip.compress("".join(json.dumps({"id": str(i), "text": f"hello number {i}"}) + "\n"
+                                 for i in range(2000)).encode())
+    (tmp_path / "in").mkdir()
+    cut = tmp_path / "in" / "a.jsonl.gz"
+    cut.write_bytes(data[:len(data) // 2])
+    out = tmp_path / "o"
+    assert run_prep([tmp_path / "in"], out) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"refinery prep: 1 input file(s) corrupt or cut short: {cut}: corrupt file after ")
+    assert "EOFError" in last and last.endswith("give --max-reject-rate R to count each as one rejected row")
+    manifest = json.loads((out / "manifest.json").read_text())
+    [corrupt] = manifest["corrupt_files"]
+    assert corrupt["path"] == str(cut) and corrupt["reason"].startswith("corrupt file after ")
+    read = manifest["rows"]["read"]
+    assert manifest["rows"]["rejected"] == 1 and manifest["rows"]["accepted"] == read - 1  # counted apart, too
+    assert run_prep([tmp_path / "in"], out, "--max-reject-rate", "0.01") == 0  # 1 of ~976 rows
+    assert f"WARNING refinery prep: {cut}: corrupt file after" in capsys.readouterr().err
+    assert run_prep([tmp_path / "in"], out, "--max-reject-rate", "0.0001") == 1
+    assert "more than --max-reject-rate 0.0001" in capsys.readouterr().err
+
+
 def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):
     write_jsonl(tmp_path / "ev" / "gsm" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
     write_jsonl(tmp_path / "tr" / "t.jsonl", [{"text": 3}] * 3)

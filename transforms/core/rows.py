@@ -52,6 +52,7 @@ from refinery.transforms.core import storage
 
 Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
 
+CORRUPT = "corrupt file"  # how the reason of a file's last row begins when the file is corrupt or cut short
 DEFAULT_MAX_ROW_BYTES = 64 << 20  # admits the 50 MB documents the tests use
 READ_BYTES = 1 << 20  # the piece a line over the cap, or a .json array, is read in
 PARQUET_BATCH_ROWS = 128  # rows decoded at a time
@@ -213,7 +214,7 @@ def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[Row]:
     except CONTENT_ERRORS as e:
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+        yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
 
 
 def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterator[Row]:
@@ -335,7 +336,7 @@ def _iter_json_array(path: str, max_row_bytes: int) -> Iterator[Row]:
     except CONTENT_ERRORS as e:  # orjson.JSONDecodeError is a ValueError: a malformed element
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+        yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
 
 
 def parquet_row_groups(path: str) -> list[int]:
@@ -380,7 +381,7 @@ def _iter_parquet(path: str, row_groups: tuple[int, int] | None, columns: list[s
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt files
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+        yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
 
 
 def _iter_arrow(path: str, max_row_bytes: int) -> Iterator[Row]:
@@ -405,7 +406,7 @@ def _iter_arrow(path: str, max_row_bytes: int) -> Iterator[Row]:
     except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for corrupt files
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield row, None, f"corrupt file after {row} rows: {type(e).__name__}: {e}"
+        yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
 
 
 def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,

@@ -29,7 +29,7 @@ import numpy as np
 from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
-from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
+from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
@@ -326,6 +326,7 @@ class TokenizeStage(Stage):
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fallbacks = getattr(enc, "fallbacks", None)
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
+        corrupt: list[dict] = []  # files cut short or corrupt: {path, reason}
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         normalize = row_normalizer(text, id_field)
         pieces = unit.payload["pieces"]
@@ -367,6 +368,8 @@ class TokenizeStage(Stage):
                         else:
                             rejected += 1
                             rejects_out.write(json_line(doc.to_json(), sort_keys=True))
+                            if error is not None and error.startswith(CORRUPT):  # the file's last row read
+                                corrupt.append({"path": path, "reason": error})
                         continue
                     texts.append(doc.text)
                     plain.append(normalize.plain)
@@ -380,7 +383,8 @@ class TokenizeStage(Stage):
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
-                 "tokens": tokens_total, "chars": chars, **({"excluded": excluded} if cfg.exclude else {})}
+                 "tokens": tokens_total, "chars": chars, **({"excluded": excluded} if cfg.exclude else {}),
+                 **({"corrupt_files": corrupt} if corrupt else {})}
         if fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
             stats["encoder_fallbacks"] = enc.fallbacks - fallbacks
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
@@ -617,11 +621,13 @@ class ManifestStage(Stage):
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
         counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0}
+        corrupt: list[dict] = []
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
                 s = receipt["stats"]
                 for k in counts:
                     counts[k] += s.get(k, 0)
+                corrupt += s.get("corrupt_files", [])
                 if s["rejected"]:
                     with storage.open_read(storage.join(tk.parts_dir, f"{u.id}.rejects.jsonl")) as f:
                         while block := f.read(1 << 20):
@@ -645,6 +651,8 @@ class ManifestStage(Stage):
                  "source": cfg.source or {"inputs": cfg.num_inputs}}
         if cfg.exclude:
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
+        if corrupt:  # each also counted as a rejected row (the rows before the damage were read)
+            extra["corrupt_files"] = sorted(corrupt, key=lambda c: c["path"])
         manifest = manifests.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
             created_at=manifests.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
