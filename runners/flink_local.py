@@ -474,9 +474,25 @@ def _up(args) -> int:
             return 0
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a supervisor, a CI timeout) stops the cluster as Ctrl-C does: the
+    ``with`` block unwinds and every process it started is stopped."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _demo(args) -> int:
     _, home = _fetch_all(args.flink, None)
     workdir = Path(tempfile.mkdtemp(prefix="refinery-flink-"))
+    try:
+        return _demo_on(args, home, workdir)
+    except KeyboardInterrupt:
+        print("interrupted: the cluster is stopped", file=sys.stderr)
+        return 130
+
+
+def _demo_on(args, home: Path, workdir: Path) -> int:
     with LocalFlinkCluster(home, workdir, args.slots) as cluster:
         print(f"Flink {args.flink} session cluster up: open {cluster.web_ui} for Flink's web UI "
               f"(the jobs stay listed until the cluster stops)", flush=True)
@@ -489,10 +505,15 @@ def _demo(args) -> int:
                                   str(Path(args.output) / "manifest.json"), "--checksums"])
         for job in cluster.jobs():
             print(f"  Flink job {job['jid']} {job['name']}: {job['state']} in {job['duration'] / 1000:.1f}s")
-        if args.hold:
+        if args.keep:
+            print(f"the cluster stays up until Ctrl-C: {cluster.web_ui}", flush=True)
+            while all(p.poll() is None for p in cluster.procs.values()):
+                time.sleep(1)
+        elif args.hold:
             print(f"holding the cluster for {args.hold}s: {cluster.web_ui}", flush=True)
             time.sleep(args.hold)
-        print("stopping the cluster", flush=True)
+        print("stopping the cluster" + ("" if args.keep or args.hold else
+                                        " (--keep keeps it and its web UI up until Ctrl-C)"), flush=True)
     return rc
 
 
@@ -500,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m refinery.runners.flink_local", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="fetch Beam's Flink job server jar and a Flink distribution into the cache")
-    u = sub.add_parser("up", help="start a local session cluster and a worker pool until Ctrl-C")
+    u = sub.add_parser("up", help="start a local session cluster and a worker pool until Ctrl-C (or SIGTERM)")
     d = sub.add_parser("demo", help="start a cluster, run refinery prep on it, verify, stop")
     for s in (f, u, d):
         s.add_argument("--flink", default=DEFAULT_FLINK, help=f"Flink version (default {DEFAULT_FLINK})")
@@ -513,7 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--input", required=True, help="the corpus to prepare")
     d.add_argument("--output", required=True, help="where the shards go")
     d.add_argument("--hold", type=int, default=0, help="keep the cluster up this many seconds after the run")
+    d.add_argument("--keep", action="store_true", help="keep the cluster (and its web UI) up after the run, "
+                   "until Ctrl-C")
     args = p.parse_args(argv)
+    _stop_on_sigterm()
     try:
         if args.cmd == "fetch":
             from .flink import minor_version

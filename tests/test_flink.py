@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -445,3 +446,44 @@ def test_refinery_killed_mid_job_then_rerun(cluster, big_reference, tmp_path):
     jobs = _finished_jobs_since(cluster, t0)  # the orphaned job too: it skips what the rerun did
     assert all(j["state"] == "FINISHED" for j in jobs), jobs
     _assert_finished_as_reference(cluster, out, want, done_at_kill, at_kill)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids of the processes whose command line mentions ``text``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_flink_local_up_stops_its_cluster_on_sigterm(flink_jar, tmp_path):
+    """SIGTERM is Ctrl-C for ``flink_local up``: the JobManager, the TaskManager and the worker
+    pool it started go with it (they used to be left running)."""
+    if flink_local.flink_home() is None:
+        _unavailable(f"Flink tests skipped: no Flink {flink_local.DEFAULT_FLINK} distribution in "
+                     f"{flink_local.cache_dir()} (python -m refinery.runners.flink_local fetch)")
+    work = tmp_path / "up"
+    proc = subprocess.Popen([sys.executable, "-m", "refinery.runners.flink_local", "up", "--workdir", str(work)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "is up" in line:
+                break
+        assert any("is up" in ln for ln in lines), "".join(lines)
+        assert len(_processes_mentioning(str(work))) >= 2  # its JobManager and TaskManager (and pool)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.time() + 30
+        while _processes_mentioning(str(work)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert _processes_mentioning(str(work)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
