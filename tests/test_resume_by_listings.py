@@ -169,3 +169,23 @@ def test_the_same_flow_through_a_beam_job(tmp_path):
     assert result.ran == {"parts": 1, "sums": 4}  # the repair invalidates every final unit here
     assert {k: (out / f"sum-{k}.txt").read_bytes() for k in range(4)} == want
     assert run_stages([Parts(), Sums()], str(out), [], runner=run_in_driver, progress=False).ran == {}
+
+
+def test_progress_counts_receipts_found_at_the_start_as_resumed_without_reading_them(tmp_path, monkeypatch):
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.progress import Progress
+
+    out = tmp_path / "out"
+    runs = run_stages([Parts(), Sums()], str(out), [], runner=run_in_driver, progress=False).runs
+    parts = runs[0]
+    (next(out.glob(".refinery/parts/*")) / "failures").mkdir()
+    (next(out.glob(".refinery/parts/*")) / "failures" / "p001").write_text("ValueError: x")
+    progress = Progress([(parts, N_PARTS)], interval=1.0, enabled=False)
+    reads = []
+    real = storage.read_json
+    monkeypatch.setattr(storage, "read_json", lambda path: reads.append(path) or real(path))
+    progress._seed()
+    done, post = progress._poll(parts, N_PARTS)
+    # p001's last attempt is recorded as failed: read (and found completed here), not assumed done
+    assert done == N_PARTS and [p.rsplit("/", 1)[-1] for p in reads] == ["p001.json"]
+    assert post == f"resumed={N_PARTS}"  # work done before this run: no docs=0, no stats of it

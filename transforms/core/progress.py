@@ -49,8 +49,9 @@ class Progress:
             self._thread.join(timeout=timeout)
 
     def _poll(self, run: StageRun, total: int) -> tuple[int, str]:
-        """(units done, a postfix such as ``docs=... tokens=... failed=1``) of one step."""
-        done = failed = 0
+        """(units done, a postfix such as ``docs=... tokens=... resumed=3 failed=1``) of one step:
+        the stats are those of the units finished in this run; ``resumed``: units done before."""
+        done = failed = resumed = 0
         stats: dict[str, float] = {}
         for r in run.read_receipts(self._seen):
             if r.get("status") == "completed":
@@ -59,10 +60,13 @@ class Progress:
                     for k, v in (r.get("stats") or {}).items():
                         if isinstance(v, (int, float)):
                             stats[k] = stats.get(k, 0) + v
+                else:
+                    resumed += 1
             else:
                 failed += 1
-        post = run.stage.describe_progress(stats, time.time() - self._step_start)
-        return min(done, total), (post + (f" failed={failed}" if failed else "")).strip()
+        post = run.stage.describe_progress(stats, time.time() - self._step_start) if done > resumed else ""
+        extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
+        return min(done, total), (post + extra).strip()
 
     def _update(self, show, final: bool) -> None:
         """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
@@ -87,7 +91,10 @@ class Progress:
         def show(i, done, post, ended):
             if i not in bars:
                 run, total = self.steps[i]
-                bars[i] = tqdm(total=total, desc=run.name, unit="unit", file=sys.stderr, dynamic_ncols=True)
+                # no rate: units found done at the start would make it meaningless (and it is in the postfix)
+                bars[i] = tqdm(total=total, desc=run.name, unit="unit", file=sys.stderr, dynamic_ncols=True,
+                               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} units "
+                                          "[{elapsed}]{postfix}")
             bars[i].n = done
             bars[i].set_postfix_str(post, refresh=False)
             bars[i].refresh()
