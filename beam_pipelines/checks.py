@@ -144,6 +144,28 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
         if storage.listing_reaches(arg, output):
             raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
                              f"read the run's own outputs back; give an output folder outside it")
+    if not (dry_run and storage.is_remote(output)):  # a dry run reads nothing remote
+        other = recorded_command(output)
+        if other is not None and command_family(other) != command_family(command):
+            raise UsageError(f"refinery {command}: {flag} {output} holds the output of 'refinery {other}' "
+                             f"({storage.join(output, '.refinery', 'run.json')}); the two would mix: give another "
+                             f"{flag}, or remove that folder first")
+
+
+def command_family(command: str) -> str:
+    """Commands whose outputs are the same kind: prep-mixture writes prep outputs."""
+    return "prep" if command in ("prep", "prep-mixture") else command
+
+
+def recorded_command(output: str) -> str | None:
+    """The command of the run recorded in ``output`` (``.refinery/run.json``), or None."""
+    from refinery.transforms.core import storage
+
+    try:
+        info = storage.read_json(storage.join(output, ".refinery", "run.json"))
+    except (OSError, ValueError):
+        return None
+    return info.get("command") if isinstance(info, dict) and isinstance(info.get("command"), str) else None
 
 
 def add_reject_rate_arg(g, rows: str = "the rows read") -> None:

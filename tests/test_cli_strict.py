@@ -149,6 +149,33 @@ def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_
     assert "more than --max-reject-rate 0.0001" in capsys.readouterr().err
 
 
+def test_changing_settings_on_an_output_says_what_is_replaced_and_another_commands_output_is_refused(
+        tmp_path, small_corpus, capsys):
+    out = tmp_path / "out"
+    assert run_prep([small_corpus], out, "--num-shards", 6) == 0
+    capsys.readouterr()
+    r = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(small_corpus),
+                        "--output", str(out), "--num-shards", "2", "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr  # the console, the workers' lines included
+    replaced = [ln for ln in err.splitlines() if "shard" in ln and "removing" in ln or "replaced the shards" in ln]
+    assert len(replaced) == 1 and "removed 8 file(s) in 4 shard folder(s) not part of this one" in replaced[0], err
+    assert sorted(p.name for p in out.glob("shard_*")) == ["shard_0000", "shard_0001"]  # no empty folder left
+    assert main(["verify", str(out)]) == 0
+
+    ev = write_jsonl(tmp_path / "ev" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
+    decon = tmp_path / "decon"
+    assert main(["decon", "--eval", str(ev), "--train", str(small_corpus), "--output", str(decon),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    for argv in (["prep", "--input", str(small_corpus), "--output", str(decon)],
+                 ["decon", "--eval", str(ev), "--train", str(small_corpus), "--output", str(out)]):
+        assert main(argv) == 2
+        line = _one_line(capsys)
+        assert "holds the output of 'refinery " in line and "the two would mix" in line
+    assert not (decon / "manifest.json").exists()
+
+
 def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):
     write_jsonl(tmp_path / "ev" / "gsm" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
     write_jsonl(tmp_path / "tr" / "t.jsonl", [{"text": 3}] * 3)

@@ -657,14 +657,28 @@ class ManifestStage(Stage):
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
             created_at=manifests.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
             extra=extra)
-        listed = {s[k] for s in entries for k in ("path", "index_path")}
-        root = cfg.output.rstrip("/") + "/"
-        for stale in shards.shard_files(cfg.output):
-            if stale.startswith(root) and stale[len(root):] not in listed:
-                log.warning("removing %s: a shard of an earlier plan, not part of this one", stale)
-                storage.remove(stale, root=cfg.output)
+        remove_stale_shards(cfg.output, {s[k] for s in entries for k in ("path", "index_path")})
         ctx.write_bytes(ctx.output_path(manifests.MANIFEST), manifests.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
+
+
+def remove_stale_shards(output: str, listed: set[str]) -> list[str]:
+    """Remove the shard files under ``output`` not in ``listed`` (paths relative to it: the new
+    manifest's), and their folders left empty; one warning line says what was replaced.
+    Returns the files removed."""
+    root = output.rstrip("/") + "/"
+    stale = [p for p in shards.shard_files(output) if p.startswith(root) and p[len(root):] not in listed]
+    for path in stale:
+        storage.remove(path, root=output)
+    folders = sorted({storage.dirname(p) for p in stale})
+    emptied = [f for f in folders if storage.remove_empty_folder(f, root=output)]
+    if stale:
+        names = [storage.basename(f) for f in folders]
+        shown = ", ".join(names[:3]) + (f" ... {names[-1]}" if len(names) > 3 else "")
+        log.warning("replaced the shards of an earlier plan: removed %d file(s) in %d shard folder(s) not part of "
+                    "this one (%s)%s", len(stale), len(folders), shown,
+                    f"; {len(emptied)} folder(s) left empty were removed" if emptied else "")
+    return stale
 
 
 def build_stages(cfg: PrepConfig) -> list[Stage]:

@@ -35,6 +35,7 @@ from .outputs import (  # noqa: F401
     PathError,
     output_folder_problem,
     remove,
+    remove_empty_folder,
     remove_tree,
 )
 from .paths import (  # noqa: F401

@@ -63,6 +63,19 @@ def remove(path: str, root: str | None = None) -> None:
             os.remove(_local(path))
 
 
+def remove_empty_folder(path: str, root: str | None = None) -> bool:
+    """Remove a local folder if it is empty (an object store has no folders: nothing to do);
+    whether it was removed."""
+    _check_removal(path, root)
+    if is_remote(path):
+        return False
+    try:
+        os.rmdir(_local(path))
+    except OSError:  # not empty, not there, or not a folder
+        return False
+    return True
+
+
 def remove_tree(path: str, root: str | None = None) -> None:
     """Remove a folder and everything in it (or a file), if it exists; errors are raised, not
     swallowed.
