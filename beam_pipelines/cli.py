@@ -78,9 +78,10 @@ def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentPars
 class _BeamNoise(logging.Filter):
     """Drops the lines Beam logs on the root logger (out of reach of the ``apache_beam``
     logger's level) that say nothing to a refinery user: RunInference without scipy cannot
-    measure its memory use, "Resource module is not available", once per model load."""
+    measure its memory use, "Resource module is not available", once per model load; the
+    portable runner's "Waiting for grpc channel to be ready" while its job server starts."""
 
-    NOISE = ("Resource module is not available",)
+    NOISE = ("Resource module is not available", "Waiting for grpc channel to be ready")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.NOISE)
@@ -92,6 +93,7 @@ def configure_logging(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
         logging.getLogger("apache_beam").setLevel(logging.ERROR)  # workers' routine warnings
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache INFO lines, even with -v
     root = logging.getLogger()
     if not any(isinstance(f, _BeamNoise) for f in root.filters):
         root.addFilter(_BeamNoise())
