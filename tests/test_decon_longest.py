@@ -2,10 +2,14 @@
 the merge, checked against a straightforward reference written here, then a whole run."""
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import random
 
 import msgpack
 import pytest
+from test_decon_pipeline import read_jsonl, run_cli, write_jsonl
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.longest import longest_matches
@@ -158,3 +162,28 @@ def test_the_merge_expands_rows_a_few_windows_at_a_time_with_the_same_result():
     assert whole.max() > 4
     assert (longest_matches(shares, rows, [3, 4], DEFAULT, windows_at_once=1) == whole).all()
 
+
+def test_a_run_writes_longest_match_and_coverage(tmp_path):
+    ev, tr, out = tmp_path / "eval", tmp_path / "train", str(tmp_path / "out")
+    write_jsonl(ev / "ds" / "test.jsonl", [{"id": "half", "text": TEXT}, {"id": "none", "text": "no overlap at all"},
+                                           {"id": "short", "text": "What is 2+2?"}])
+    write_jsonl(tr / "a.jsonl", [{"text": "a1 b2 c3 d4 e5"}, {"text": "f6 g7 h8 i9 j10"}])
+    write_jsonl(tr / "b.jsonl", [{"text": "so: what is 2+2?"}, {"text": "a1 b2 c3 d4 e5 f6 g7 zz"}])
+    assert run_cli(["--eval", str(ev), "--train", str(tr), "--output", out, "--ngrams", "3", "13",
+                    "--partitions", "3", "--max-ngram-details", "1"]) == 0
+    with gzip.open(os.path.join(out, "stats/overlap_instances.jsonl.gz"), "rt") as f:
+        lines = {x["instance_id"]: x for x in map(json.loads, f)}
+    assert set(lines) == {"half", "short"}
+    # at 3, one row covers tokens 0-6; both halves cover all; at 13 the instance is one window, never matched
+    assert lines["half"]["by_n"] == [{"n": 3, "longest_match": 7, "coverage": 1.0},
+                                     {"n": 13, "longest_match": 0, "coverage": 0.0}]
+    assert lines["short"]["by_n"] == [{"n": 3, "longest_match": 5, "coverage": 1.0},
+                                      {"n": 13, "longest_match": 5, "coverage": 1.0}]
+    metrics = {(m["instance_id"], m["n"]): m for m in read_jsonl(os.path.join(out, "stats/overlap_metrics.jsonl"))}
+    assert metrics[("half", 3)]["longest_match"] == 7 and metrics[("none", 3)]["longest_match"] == 0
+    assert metrics[("half", 3)]["coverage"] == metrics[("half", 3)]["token"] == 1.0
+    report = open(os.path.join(out, "stats/report.md")).read()
+    table = report.split("## Longest matches (n = 13)")[1]
+    assert "| ds | short | 2 | 5 | 1.0000 |" in table and "| half |" not in table  # at 13 only "short" overlaps
+    page = open(os.path.join(out, "stats/report.html")).read()
+    assert "longest match 5 tokens" in page and "<script" not in page
