@@ -24,7 +24,7 @@ HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 DETAIL_KEYS = ["eval_dataset", "eval_path", "eval_row", "instance_id", "n", "ngram", "eval_offsets", "train_path",
                "train_row", "train_doc_id", "train_offsets", "train_snippet_start", "train_snippet"]
-INSTANCE_KEYS = ["eval_dataset", "eval_path", "eval_row", "instance_id", "eval_text"]
+INSTANCE_KEYS = ["eval_dataset", "eval_path", "eval_row", "instance_id", "eval_text", "by_n"]
 
 
 def helm(text: str) -> list[str]:

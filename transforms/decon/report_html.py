@@ -14,8 +14,9 @@ The page, top to bottom:
   the training files contributing most (top :data:`MAX_TOP_FILES`).
 - **The evidence**: per dataset, the most contaminated instances as chosen by the caller
   (at ``examples_n``): the instance text with its overlapping spans in ``<mark>`` (clamped to
-  the text, empty ones ignored, overlapping or adjacent ones merged), its id, row and token
-  overlap; then each training hit (path, row, shared n-grams) with its snippet highlighted
+  the text, empty ones ignored, overlapping or adjacent ones merged), its id, row, longest
+  match (the longest run of its tokens one training row's n-grams cover) and token overlap;
+  then each training hit (path, row, shared n-grams) with its snippet highlighted
   the same way. A legend explains the highlight colour.
 - **Settings**: the run's settings, the inputs with their fingerprints and the rows read on
   each side, so that a reader can reproduce the run.
@@ -95,6 +96,7 @@ class Example:
     token_overlap: float                # HELM token metric of this instance, 0..1
     hits: tuple[TrainHit, ...]          # at most MAX_HITS are shown
     same_text: int = 0                  # other instances of the dataset with exactly this text
+    longest_match: int = 0              # longest run of its tokens covered by one training row's n-grams
 
 
 @dataclass(frozen=True)
@@ -415,7 +417,8 @@ def example_html(ex: Example) -> str:
     merged = merge_spans(ex.spans, len(ex.text))
     parts = ['<article class="example">',
              (f'<p class="meta"><span class="k">instance</span> <code>{label(ex.instance_id)}</code>'
-              f" · eval row {ex.eval_row:,} · token overlap {metric(ex.token_overlap)}"
+              f" · eval row {ex.eval_row:,} · longest match {plural(ex.longest_match, 'token')}"
+              f" · token overlap (coverage) {metric(ex.token_overlap)}"
               f" · {plural(len(merged), 'highlighted span')}"
               + (f" · {plural(ex.same_text, 'other instance')} with exactly this text" if ex.same_text else "")
               + "</p>"),
@@ -435,7 +438,7 @@ def _evidence(index: int, ds: DatasetReport, shown: list[str], max_bytes: int) -
     if ds.examples:
         selected = len(ds.examples)
         parts.append(f'<p class="sub">The most contaminated instances at n = {ds.examples_n:,}, '
-                     f"by token overlap ({selected:,} selected).</p>")
+                     f"by longest match, then token overlap ({selected:,} selected).</p>")
         parts += shown
         if len(shown) < selected:
             parts.append(f'<p class="note omitted">Showing the first {len(shown):,} of {plural(selected, "example")}; '

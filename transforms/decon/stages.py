@@ -51,7 +51,8 @@ from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.prep.exclusion import CONTAMINATED_DOCS, TRAIN_FILES  # the drop list's format
 
-FORMAT_VERSION = 3  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets
+FORMAT_VERSION = 4  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
+# 4: reduce results carry their records' eval windows; longest match and coverage per instance
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
@@ -513,7 +514,7 @@ class MergeReportsStage(Stage):
         with gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
         ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
-                        ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same)))
+                        ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same, result.metrics)))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
         ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
         ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))

@@ -42,6 +42,9 @@ the order the pipeline uses them:
   per n-gram, n-grams and snippets cut at 1,000 characters; :func:`merge_partitions`: the
   stats and HELM metrics (binary, jaccard, token; jaccard and token also weighted by 1/train
   count) of the whole run.
+- :mod:`.longest`: ConTAM's longest match per instance and n (the longest run of eval tokens
+  one training row's n-grams cover), exact across partitions, and its coverage (HELM's token
+  metric).
 - :mod:`.report`: :func:`overlap_instances`, :func:`render_report` (markdown) and
   :func:`contamination_report` (what ``report.html`` shows).
 - :mod:`.reference`: :func:`reference_overlap`, a straightforward pure-Python implementation
@@ -72,6 +75,7 @@ from .index import (
     partition_records,
     same_text,
 )
+from .longest import longest_matches, longest_run, record_windows
 from .membership import Membership
 from .reduce import (
     DEFAULT_MAX_NGRAM_DETAILS,
@@ -107,8 +111,8 @@ __all__ = [
     "SameText", "ScanHits", "ScanStats", "Tokenizer", "batch_window_hashes", "build_index", "capped_warning",
     "configured_ns", "contamination_report", "default_tokenize", "dumps_jsonl_gz", "dumps_partition",
     "effective_lengths", "eval_dataset_name", "eval_ngrams", "eval_rows_of", "get_tokenizer", "hit_blocks",
-    "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "make_eval_rows", "merge_partitions",
-    "merged_snippet", "ngram_hash", "overlap_instances", "partition_of", "partition_records", "record_hash_id",
-    "record_id", "reduce_partition", "reference_overlap", "render_report", "same_text", "scan_rows", "split_hits",
-    "token_hash", "tokenize_batch",
+    "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "longest_matches", "longest_run",
+    "make_eval_rows", "merge_partitions", "merged_snippet", "ngram_hash", "overlap_instances", "partition_of",
+    "partition_records", "record_hash_id", "record_windows", "record_id", "reduce_partition", "reference_overlap",
+    "render_report", "same_text", "scan_rows", "split_hits", "token_hash", "tokenize_batch",
 ]

@@ -15,6 +15,7 @@ from refinery.transforms.core.jsonl import JSON_ERRORS
 from .droplist import DropList, RowHits
 from .ids import record_id
 from .index import EvalRow, SameText, same_text
+from .longest import EMPTY_WINDOWS, longest_at, longest_matches, record_windows
 from .scan import ScanHits
 from .tokenizers import Tokenizer, configured_ns
 
@@ -28,7 +29,8 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
 
     - ``binary``: 1 if any window overlaps.
     - ``jaccard``: overlapping windows / all windows.
-    - ``token``: tokens covered by an overlapping window / all tokens.
+    - ``token``: tokens covered by an overlapping window / all tokens (ConTAM's
+      ``coverage``, :mod:`.longest`).
     - ``jaccard_weighted``: sum over overlapping windows of 1/count, / all windows.
     - ``token_weighted``: sum over tokens of the largest 1/count among the overlapping
       windows covering it, / all tokens.
@@ -220,7 +222,9 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     overlap: :meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> eval offsets of its
     overlapping n-grams at the largest n; first rows only) and ``samples`` (eval_idx -> its
     first two training rows at the largest n, each ``[unit, row, train_path, [[ngram hash,
-    offsets, snippet_start, snippet], ...]]``; first rows only).
+    offsets, snippet_start, snippet], ...]]``; first rows only) and ``windows`` (the eval
+    windows of each record in ``train_rows``, for the longest match:
+    :func:`.longest.record_windows`).
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
@@ -357,12 +361,14 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             "overlaps": overlaps, "spans": spans,
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
             "train_rows": row_hits.result(keys_of, len(eval_rows)),
+            "windows": record_windows(records, kept),
             "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
 
 
 # -- merge: all partitions --------------------------------------------------------------
 
-NO_OVERLAP = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
+NO_OVERLAP = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0,
+              "longest_match": 0, "coverage": 0.0}
 
 
 @dataclass
@@ -385,7 +391,8 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
     instance are the union of its partitions' (metrics need all of them). Rows with the
     same text (``same``, default :func:`same_text`) share their first row's overlaps, spans,
-    samples and metrics: ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
+    samples and metrics (HELM's, then ``longest_match`` and ``coverage``: :mod:`.longest`):
+    ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
     only (:meth:`SameText.first_of`); the stats and metrics list every row."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
@@ -394,6 +401,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
     train_rows: list[dict] = []
+    windows: list[tuple[dict, dict]] = []  # (train_rows share, its records' eval windows) per partition
     doc_ids: dict[str, str] = {}
     ignored = 0
     capped: list = []
@@ -417,6 +425,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             # a training row's doc id comes once from every partition it hits: held once
             share["docs"] = [doc_ids.setdefault(d, d) for d in share["docs"]]
             train_rows.append(share)
+            windows.append((share, part.get("windows", EMPTY_WINDOWS)))
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     all_ids: dict[str, set] = defaultdict(set)
     empty_ids: dict[str, set] = defaultdict(set)
@@ -436,6 +445,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
                                if eval_rows[j].eval_dataset == ds})
         paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
                       "instance_ids": instance_ids, "num_train_rows": len(rows)})
+    longest = longest_matches(windows, eval_rows, ns, tokenizer)
     metrics = []
     shared: dict[int, list[dict]] = {}  # first row of a text several rows have -> its metrics per n
     for r in eval_rows:
@@ -445,6 +455,9 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             if first in overlaps:
                 tokens = tokenizer.tokenize(r.text)
                 per_n = [instance_metrics(tokens, n, overlaps[first].get(min(n, r.num_tokens), {})) for n in ns]
+                # coverage is HELM's token metric under the ConTAM name (.longest)
+                per_n = [{**m, "longest_match": longest_at(longest, ns, first, r.num_tokens, n), "coverage": m["token"]}
+                         for n, m in zip(ns, per_n)]
             else:
                 per_n = [NO_OVERLAP] * len(ns)
             if first in same.others:

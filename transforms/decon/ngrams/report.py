@@ -17,15 +17,22 @@ def overlap_instance(r: EvalRow) -> dict:
             "instance_id": r.instance_id, "eval_text": r.text}
 
 
-def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText | None = None) -> Iterator[dict]:
+def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText | None = None,
+                      metrics: list[dict] | None = None) -> Iterator[dict]:
     """The lines of ``overlap_instances.jsonl.gz``: each overlapping eval row with its text, in
     eval order; a text shared by several rows once, on its first row's line, which lists the
-    others under ``same_text`` (their detail records are that row's)."""
+    others under ``same_text`` (their detail records are that row's). With the run's
+    ``metrics`` (:attr:`ReduceResult.metrics`, each row's per configured n), each line has
+    ``by_n``: per configured n, ``{"n", "longest_match", "coverage"}`` (:mod:`.longest`)."""
     same = same_text(eval_rows) if same is None else same
+    per_row = len(metrics) // len(eval_rows) if metrics and eval_rows else 0
     for r in eval_rows:
         if r.eval_idx not in overlaps or r.eval_idx in same.first:
             continue
         line = overlap_instance(r)
+        if per_row:
+            line["by_n"] = [{"n": m["n"], "longest_match": m["longest_match"], "coverage": m["coverage"]}
+                            for m in metrics[r.eval_idx * per_row:(r.eval_idx + 1) * per_row]]
         if r.eval_idx in same.others:
             line["same_text"] = [{k: v for k, v in overlap_instance(eval_rows[i]).items() if k != "eval_text"}
                                  for i in same.others[r.eval_idx]]
@@ -45,9 +52,28 @@ def capped_warning(capped: list, max_ngram_details: int | None) -> str:
             f"them, or ignore such n-grams with --max-train-count.")
 
 
+def longest_examples(metrics: list[dict], top: int) -> list[dict]:
+    """Per eval dataset (sorted), its ``top`` overlapping instances at the largest n, by
+    longest match, then coverage, then eval order: the metrics rows (:attr:`ReduceResult.metrics`)."""
+    if not metrics:
+        return []
+    n_max = max(m["n"] for m in metrics)
+    by_ds: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    for i, m in enumerate(metrics):
+        if m["n"] == n_max and m["binary"]:
+            by_ds[m["eval_dataset"]].append((i, m))
+    out = []
+    for ds in sorted(by_ds):
+        ranked = sorted(by_ds[ds], key=lambda im: (-im[1]["longest_match"], -im[1]["coverage"], im[0]))
+        out += [m for _, m in ranked[:top]]
+    return out
+
+
 def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5,
                   max_ngram_details: int | None = None) -> str:
-    """A short human-readable report: per dataset and n, contamination and top files."""
+    """A short human-readable report: per dataset and n, contamination and top files; then
+    per dataset its ``top`` instances with the longest match at the largest n
+    (:func:`longest_examples`)."""
     lines = ["# Train/test overlap report", ""]
     lines.append(f"training rows scanned: {scan_stats.get('rows', 0)}, "
                  f"text: {scan_stats.get('text_bytes', 0) / 1e6:.1f} MB, "
@@ -75,6 +101,17 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
         if s["num_empty_instances"] or s["num_bad_rows"]:
             lines.append(f"- {ds}: {s['num_empty_instances']} empty/punctuation-only instances (never counted "
                          f"as overlapping), {s['num_bad_rows']} unreadable rows or rows without text")
+    examples = longest_examples(result.metrics, top)
+    if examples:
+        lines += ["", f"## Longest matches (n = {examples[0]['n']})", "",
+                  "longest match: the longest run of eval tokens covered by the n-grams of one training row; "
+                  "coverage: the share of the eval tokens covered by any overlapping n-gram (HELM's token metric).",
+                  "", "| eval_dataset | instance_id | eval_row | longest match (tokens) | coverage |",
+                  "|---|---|---|---|---|"]
+        for m in examples:
+            cell = str(m["instance_id"]).replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {m['eval_dataset']} | {cell} | {m['eval_row']} | {m['longest_match']} | "
+                         f"{m['coverage']:.4f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,7 +181,8 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
             results.append(rh.NResult(n, per_n[(ds, n)]["num_instances"], len(per_n[(ds, n)]["instance_ids"]), *means))
         top = sorted(((p, len(ids)) for p, ids in files[ds].items()), key=lambda x: (-x[1], x[0]))
         ranked = sorted((r for r in rows if at_max[r.eval_idx]["binary"]),
-                        key=lambda r: (-at_max[r.eval_idx]["token"], r.eval_idx))
+                        key=lambda r: (-at_max[r.eval_idx].get("longest_match", 0), -at_max[r.eval_idx]["token"],
+                                       r.eval_idx))
         copies = Counter(r.text for r in ranked)
         chosen: dict[str, EvalRow] = {}
         for r in ranked:
@@ -160,7 +198,8 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
                                         len({h[0] for h in row_hits}), snippet.cut_before, snippet.cut_after))
             shown.append(rh.Example(r.instance_id, r.eval_row, r.text,
                                     tuple(rh.Span(a, b) for a, b in result.spans.get(same.first_of(r.eval_idx), [])),
-                                    at_max[r.eval_idx]["token"], tuple(hits), copies[r.text] - 1))
+                                    at_max[r.eval_idx]["token"], tuple(hits), copies[r.text] - 1,
+                                    at_max[r.eval_idx].get("longest_match", 0)))
         datasets.append(rh.DatasetReport(ds, tuple(sorted({r.eval_path for r in rows})), s["num_rows"],
                                          s["num_instances"], s["num_empty_instances"], s["num_bad_rows"],
                                          tuple(results), tuple(top), tuple(shown), ns[-1]))
