@@ -169,6 +169,10 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     for i, (run, n, done, failed, pending) in enumerate(rows):
         idle = "  (not run: the stages after it are complete)" if pending and i > last else ""
         print(f"  {run.name:10} {run.stage_hash:16} {n:>7} {done:>7} {failed:>7} {pending:>7}{idle}")
+    unplanned = [r.stage.title for r in runs if not r.stage.plan()]
+    if unplanned:  # remote inputs a dry run does not list: the real run's job has these steps too
+        print(f"  no units planned here for: {', '.join(unplanned)} (its inputs are listed when the run starts; "
+              "the run's job has that step too, not shown below)")
     if is_dataflow(beam_args):
         from refinery.runners.translate import dataflow_job, job_bytes, step_names
 

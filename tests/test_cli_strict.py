@@ -176,6 +176,14 @@ def test_changing_settings_on_an_output_says_what_is_replaced_and_another_comman
     assert not (decon / "manifest.json").exists()
 
 
+def test_a_dry_run_of_unlisted_remote_inputs_says_their_step_exists(tmp_path, capsys):
+    assert main(["prep", "--input", "gs://my-bucket/crawl", "--output", str(tmp_path / "o"), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "not listed (a dry run reads nothing remote)" in said
+    assert "no units planned here for: Tokenize units (its inputs are listed when the run starts" in said
+    assert not (tmp_path / "o").exists()
+
+
 def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):
     write_jsonl(tmp_path / "ev" / "gsm" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
     write_jsonl(tmp_path / "tr" / "t.jsonl", [{"text": 3}] * 3)
