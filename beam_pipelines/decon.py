@@ -11,9 +11,10 @@ hash partition: details and per-partition results), ``merge`` (stats, metrics, r
 Killing the job and re-running the same command finishes it.
 
 Outputs under DIR/stats: ``overlap_stats.jsonl`` (per eval dataset and n),
-``overlap_details.jsonl.gz`` (per eval row x training row x n-gram, with offsets and a
-snippet of the training text), ``overlap_instances.jsonl.gz`` (the text of each
-overlapping eval instance), ``overlap_stats_by_train_path.jsonl``, ``overlap_metrics.jsonl``
+``overlap_details/`` (per eval row x training row x n-gram, with offsets and a snippet of
+the training text: Parquet parts; ``overlap_details.jsonl.gz`` with ``--details-format
+jsonl``), ``overlap_instances.jsonl.gz`` (the text of each overlapping eval instance),
+``overlap_stats_by_train_path.jsonl``, ``overlap_metrics.jsonl``
 (HELM metrics per instance), ``eval_summary.jsonl``, ``report.md``, ``report.html``; then
 ``DIR/.SUCCESS``.
 """
@@ -105,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "count them all) and warn when an n-gram has more; 'none': no cap (default: 100000)")
     o = parser.add_argument_group("output and layout")
     o.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
+    o.add_argument("--details-format", choices=["parquet", "jsonl"], default="parquet",
+                   help="the detail records: parquet (default): a folder stats/overlap_details/ of one "
+                        "part-PPPPP.parquet per partition; jsonl: one stats/overlap_details.jsonl.gz")
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
     o.add_argument("--slice-mb", type=float, default=256.0,
                    help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
@@ -137,7 +141,7 @@ def settings_from_args(args):
         id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
         max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
-        report_examples=args.report_examples,
+        report_examples=args.report_examples, details_format=args.details_format,
     )
 
 

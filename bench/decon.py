@@ -9,7 +9,9 @@ of the process, so other load on the machine does not skew them much):
 - **dense hits** (a benchmark's own train split in the corpus): eval = GSM8K test
   (question + answer); training = GSM8K train (question + answer) repeated
   ``--dense-copies`` times. Figure: MB/s end to end, details included (index, scan,
-  reduce, merge: every stats file, report.md, report.html).
+  reduce, merge: every stats file, report.md, report.html), once per ``--details-format``
+  (parquet, jsonl), with the details' bytes on disk in each (goal: parquet <= 1/2 of
+  ``overlap_details.jsonl.gz``).
 
 For both: whether the instance sets equal the baseline's for every n (``--ngrams``, default
 5 9 13), the size of the details, and peak RSS (a scan worker process with the side input
@@ -98,13 +100,22 @@ def fresh(fn, *args):
         return pool.apply(fn, args)
 
 
-def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tuple[dict, float, dict]:
+def details_bytes(out: str) -> int:
+    """Bytes on disk of a decon output's detail records, whichever the format."""
+    folder = os.path.join(out, "stats", "overlap_details")
+    if os.path.isdir(folder):
+        return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    return os.path.getsize(os.path.join(out, "stats", "overlap_details.jsonl.gz"))
+
+
+def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int],
+                 details_format: str = "parquet") -> tuple[dict, float, dict]:
     """``refinery decon`` end to end; (instance sets, CPU seconds of this process, scan figures)."""
     import apache_beam  # noqa: F401  (once per process, before timing)
 
     args = decon.build_parser().parse_args(
         ["--eval", eval_file, "--train", train_dir, "--output", out, "--ngrams", *map(str, ns), "--force",
-         "--no-progress"])
+         "--no-progress", "--details-format", details_format])
     t0 = time.process_time()
     rc = decon.run(args, ONE_WORKER)
     cpu = time.process_time() - t0  # the one worker and the driver share this process
@@ -124,7 +135,8 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int]) -> tup
         stage_seconds[r["stage"]] = stage_seconds.get(r["stage"], 0.0) + took.total_seconds()
     catalog = [r for r in receipts if r["stage"] == "index" and r["unit"] == "catalog"][0]
     sizes = {name: os.path.getsize(os.path.join(out, "stats", name))
-             for name in ("overlap_details.jsonl.gz", "overlap_instances.jsonl.gz", "report.html")}
+             for name in ("overlap_instances.jsonl.gz", "report.html")}
+    sizes["details"] = details_bytes(out)
     return ids, cpu, {"scan_cpu_seconds": sum(r["stats"]["cpu_seconds"] for r in scan), "stage_seconds": stage_seconds,
                       "scan_units": len(scan), "catalog": catalog["stats"], "sizes": sizes,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -189,6 +201,21 @@ def sets_line(same: bool, ids: dict, ns: list[int]) -> str:
     return f"identical instance sets: {same}  " + ", ".join(f"n={n}: {len(ids[('gsm8k', n)])}" for n in ns)
 
 
+def dense_figures(fmt: str, rounds: list, info: dict, mb: float) -> None:
+    """The dense-hits lines of one details format: ``rounds`` of (baseline s, CPU s, hit path s, index s)."""
+    ref_s, cpu, hit_path, index_s = (median(r[k] for r in rounds) for k in range(4))
+    st = info["stage_seconds"]
+    print(f"  --details-format {fmt}:")
+    print(f"    refinery end to end        : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio "
+          f"{median(r[0] / r[1] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[1])}  "
+          f"(details included; scan stage {info['scan_cpu_seconds']:.2f} s)")
+    print(f"    scan + reduce + merge, start-up and index excluded: {hit_path:5.2f} s   ratio "
+          f"{median(r[0] / r[2] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[2])} (goal >= 5); "
+          f"index {index_s:.2f} s; by stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(st.items())))
+    print(f"    details on disk: {info['sizes']['details']:,} B")
+
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=12, help="copies of GSM8K train in the sparse-hits corpus")
@@ -239,36 +266,37 @@ def main() -> int:
           f"MB, after loading the side input {w['rss_after_membership_mb']:.0f} MB); "
           f"{w['text_mb'] / w['seconds']:.1f} MB/s")
 
-    # dense hits: end to end, details included
+    # dense hits: end to end, details included, in each details format
     dense_file = os.path.join(work, "dense", "docs.jsonl")
     train = [r["question"] + "\n" + r["answer"] for r in gsm8k_rows("train")]
     mb = write_jsonl(dense_file, train * a.dense_copies)
-    out = os.path.join(work, "out-dense")
-    rounds = []
+    formats = ("parquet", "jsonl")
+    by_format: dict[str, list] = {fmt: [] for fmt in formats}
+    infos: dict[str, dict] = {}
     for _ in range(a.repeat):
         ref_ids, ref_s = fresh(run_reference, eval_qa, dense_file, a.ngrams)
-        ids, cpu, info = fresh(run_refinery, eval_qa, os.path.dirname(dense_file), out, a.ngrams)
-        same_all &= ids == ref_ids
-        st = info["stage_seconds"]
-        rounds.append((ref_s, cpu, st["scan"] + st["reduce"] + st["merge"], st["index"]))
-    ref_s, cpu, hit_path, index_s = (median(r[k] for r in rounds) for k in range(4))
-    sz = info["sizes"]
+        for fmt in formats:  # the same hits, the details in each format
+            out = os.path.join(work, f"out-dense-{fmt}")
+            ids, cpu, infos[fmt] = fresh(run_refinery, eval_qa, os.path.dirname(dense_file), out, a.ngrams, fmt)
+            same_all &= ids == ref_ids
+            st = infos[fmt]["stage_seconds"]
+            by_format[fmt].append((ref_s, cpu, st["scan"] + st["reduce"] + st["merge"], st["index"]))
     print(f"\ndense hits: {mb:.1f} MB ({a.dense_copies} x GSM8K train); eval: 1,319 test questions + answers; "
           f"{a.repeat} round(s), medians [ranges]")
-    print(f"  baseline (dict, pure Python) : {ref_s:7.2f} s  {mb / ref_s:7.1f} MB/s")
-    print(f"  refinery end to end          : {cpu:7.2f} s  {mb / cpu:7.1f} MB/s   ratio "
-          f"{median(r[0] / r[1] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[1])}  "
-          f"(details included; scan stage {info['scan_cpu_seconds']:.2f} s)")
-    print(f"  refinery scan + reduce + details (merge), start-up and index excluded: {hit_path:5.2f} s   ratio "
-          f"{median(r[0] / r[2] for r in rounds):5.1f}x {span(rounds, lambda r: r[0] / r[2])} (goal >= 5); "
-          f"index {index_s:.2f} s; by stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(st.items())))
+    print(f"  baseline (dict, pure Python) : {median(r[0] for r in by_format['parquet']):7.2f} s  "
+          f"{mb / median(r[0] for r in by_format['parquet']):7.1f} MB/s")
+    for fmt in formats:
+        dense_figures(fmt, by_format[fmt], infos[fmt], mb)
     print(f"  {sets_line(ids == ref_ids, ids, a.ngrams)}")
-    print(f"  details: overlap_details.jsonl.gz {sz['overlap_details.jsonl.gz'] / 1e6:.1f} MB + "
-          f"overlap_instances.jsonl.gz {sz['overlap_instances.jsonl.gz'] / 1e6:.2f} MB for {mb:.1f} MB of training "
-          f"text; report.html {sz['report.html'] / 1e3:.0f} kB")
-    w = scan_worker(out, dense_file)
+    pq_bytes, js_bytes = (infos[fmt]["sizes"]["details"] for fmt in formats)
+    print(f"  details on disk: parquet folder {pq_bytes:,} B, overlap_details.jsonl.gz {js_bytes:,} B: "
+          f"parquet / jsonl.gz = {pq_bytes / js_bytes:.2f} (goal <= 0.50); overlap_instances.jsonl.gz "
+          f"{infos['parquet']['sizes']['overlap_instances.jsonl.gz'] / 1e6:.2f} MB for {mb:.1f} MB of training text; "
+          f"report.html {infos['parquet']['sizes']['report.html'] / 1e3:.0f} kB")
+    w = scan_worker(os.path.join(work, "out-dense-parquet"), dense_file)
     print(f"  scan worker process: peak RSS {w['peak_rss_mb']:.0f} MB; the refinery run's process (driver and "
-          f"worker): peak RSS {info['peak_rss_mb']:.0f} MB")
+          f"worker): peak RSS parquet {infos['parquet']['peak_rss_mb']:.0f} MB, jsonl "
+          f"{infos['jsonl']['peak_rss_mb']:.0f} MB")
 
     if a.scale:
         syn = os.path.join(work, "synthetic", "synthetic", "test.jsonl")

@@ -224,7 +224,9 @@ class ForkServer:
         self.workdir = workdir
         self._p = subprocess.Popen([sys.executable, __file__, "--fork-server", *preload], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent),
-                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+                                   # a PYTHONPATH given (a worktree's package) stays first for the children
+                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                       [p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).parent)) if p])})
         assert self._p.stdout.readline().strip() == "ready"
         self._n = 0
 

@@ -9,6 +9,7 @@ import pytest
 from helpers import gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams.details import read_details
 
 DEFAULT = ng.TOKENIZERS["default"]
 COMMON = "the quick brown fox jumps over the lazy dog while the cat sleeps"  # 13 tokens
@@ -20,7 +21,7 @@ REDUCE = """
 import json, resource, sys
 from refinery.transforms.decon import ngrams as ng
 kind, n_train, rows_n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-common = sys.argv[4]
+common, fmt = sys.argv[4], sys.argv[5]
 texts = [common + " and dreams"] * rows_n if kind == "identical" else [f"{common} row{i}" for i in range(rows_n)]
 def read(path):
     for i, t in enumerate(texts):
@@ -35,25 +36,41 @@ written = [0, 0]
 def write(lines):
     written[0] += len(lines)
     written[1] = max(written[1], len(lines))
+class Sink:  # Parquet: the bytes of the file, counted
+    def write(self, data):
+        write(memoryview(data).cast("B"))
+        return len(memoryview(data).cast("B"))
+from refinery.transforms.decon.ngrams import details as dt
+columns = dt.EvalColumns.of(rows, ng.same_text(rows))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-res = ng.reduce_partition(index.records[0], rows, [13], lambda: ((0, "t.jsonl", 0, b) for b in blocks), None, write)
+if fmt == "parquet":  # row groups of 8,192 rows: fewer than either fan-out
+    out = dt.DetailRows(Sink(), columns, row_group_rows=8192)
+    res = ng.reduce_partition(index.records[0], rows, [13], lambda: ((0, "t.jsonl", 0, b) for b in blocks), None,
+                              None, rows_out=out)
+    out.close()
+    assert out.rows == res["details"]
+else:
+    res = ng.reduce_partition(index.records[0], rows, [13], lambda: ((0, "t.jsonl", 0, b) for b in blocks), None,
+                              write)
 grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
 print(json.dumps({"grew_kb": grew, "details": res["details"], "chars": written[0], "largest_write": written[1]}))
 """
 
 
-def reduce_in_subprocess(kind: str, n_train: int, rows: int = 2000) -> dict:
-    out = subprocess.run([sys.executable, "-c", REDUCE, kind, str(n_train), str(rows), COMMON],
+def reduce_in_subprocess(kind: str, n_train: int, rows: int = 2000, fmt: str = "jsonl") -> dict:
+    out = subprocess.run([sys.executable, "-c", REDUCE, kind, str(n_train), str(rows), COMMON, fmt],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 @pytest.mark.parametrize("kind", ["identical", "distinct"])
-def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind):
-    small, large = reduce_in_subprocess(kind, 5), reduce_in_subprocess(kind, 60)
-    # the fan-out grew 12x; the reduce's memory must not follow it
+def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind, fmt):
+    small, large = reduce_in_subprocess(kind, 5, fmt=fmt), reduce_in_subprocess(kind, 60, fmt=fmt)
+    # the fan-out grew 12x; the reduce's memory must not follow it (Parquet: it follows the row group)
     assert large["grew_kb"] - small["grew_kb"] < 10_000, (small, large)
-    assert large["largest_write"] <= 2 * ng.WRITE_CHARS
+    if fmt == "jsonl":
+        assert large["largest_write"] <= 2 * ng.WRITE_CHARS
     if kind == "identical":
         # one detail record per distinct text (3 n-grams x 60 training rows), not per eval row
         assert large["details"] == 3 * 60
@@ -278,8 +295,7 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "WARNING refinery decon: 1 n-gram(s) had more than 5 detail records" in err
     assert "'capital city of france'" in err and "--max-ngram-details" in err
-    with gzip.open(out / "stats/overlap_details.jsonl.gz", "rt") as f:
-        details = [json.loads(line) for line in f]
+    details = list(read_details(str(out)))
     shared = [d for d in details if d["instance_id"].startswith("same")]
     assert {d["instance_id"] for d in shared} == {"same0"} and {d["same_text"] for d in shared} == {29}
     by_gram = {}
@@ -307,10 +323,11 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
 
 
 def stats_files(out) -> dict[str, bytes]:
-    """Every file under ``out/stats`` (gzip members inflated), by name."""
+    """Every file under ``out/stats`` (gzip members inflated; the Parquet details' rows), by name."""
     import gzip
 
-    return {p.name: gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    return {p.name: (json.dumps(list(read_details(str(out)))).encode() if p.is_dir() else
+                     gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())
             for p in sorted((out / "stats").iterdir())}
 
 

@@ -18,6 +18,7 @@ from refinery.beam_pipelines import decon
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.core.stages import run_stages
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.stages import DeconSettings, build_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
@@ -43,8 +44,8 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def read_details(out: str) -> list[dict]:
-    with gzip.open(os.path.join(out, "stats/overlap_details.jsonl.gz"), "rb") as f:
-        return [json.loads(line) for line in f]
+    """The detail records, whichever the format (a lone surrogate as its escape)."""
+    return list(dt.read_details(out))
 
 
 def read_instances(out: str) -> dict[tuple[str, int], dict]:
@@ -79,13 +80,13 @@ def check_detail_offsets(out: str, details: list[dict]) -> None:
         inst = instances[(d["eval_path"], d["eval_row"])]
         assert (inst["eval_dataset"], inst["instance_id"]) == (d["eval_dataset"], d["instance_id"])
         for s, e in d["eval_offsets"]:
-            assert " ".join(helm(inst["eval_text"][s:e])) == d["ngram"]
+            assert dt.utf8(" ".join(helm(inst["eval_text"][s:e]))) == d["ngram"]  # a lone surrogate escaped
         text = train[(d["train_path"], d["train_row"])]
         for s, e in d["train_offsets"]:
-            assert " ".join(helm(text[s:e])) == d["ngram"]
+            assert dt.utf8(" ".join(helm(text[s:e]))) == d["ngram"]
         lo, snippet = d["train_snippet_start"], d["train_snippet"]
         s, e = d["train_offsets"][0]
-        assert snippet == text[lo:lo + len(snippet)] == text[max(0, s - ng.SNIPPET_CONTEXT):e + ng.SNIPPET_CONTEXT]
+        assert lo == max(0, s - ng.SNIPPET_CONTEXT) and snippet == dt.utf8(text[lo:e + ng.SNIPPET_CONTEXT])
 
 
 def write_jsonl(path, rows, compress=None) -> None:
@@ -216,11 +217,11 @@ def test_formats_matrix_and_rows(tmp_path):
         {"eval_dataset": "mmlu", "n": 3, "num_instances": 5, "instance_ids": sorted(["100005", short_id, "s"])},
         {"eval_dataset": "mmlu", "n": 13, "num_instances": 5, "instance_ids": sorted(["100005", short_id, "s"])},
     ]
-    # lone surrogates survive as JSON escapes; the record hash covers them
+    # lone surrogates survive as escapes (JSON's, read back as text); the record hash covers them
     sur = [d for d in read_details(out) if d["instance_id"] == "s"]
-    assert {d["ngram"] for d in sur} == {"broken \ud800 surrogate", "\ud800 surrogate inside",
+    assert {d["ngram"] for d in sur} == {"broken \\ud800 surrogate", "\\ud800 surrogate inside",
                                          "surrogate inside an", "inside an eval", "an eval question",
-                                         "broken \ud800 surrogate inside an eval question"}  # 7 tokens < 13
+                                         "broken \\ud800 surrogate inside an eval question"}  # 7 tokens < 13
     assert sur[0]["train_doc_id"] == ng.record_hash_id(
         {"text": "a broken \ud800 surrogate inside an eval question too", "x": "\udfff"})
     details = read_details(out)
@@ -305,7 +306,8 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
 
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
-    s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
+    s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
+                      details_format="jsonl")  # gzip members under the reduce's parts
     runs = run_stages(build_stages(s), out, DIRECT, progress=False).runs
     clean = tree_digest(Path(out))
     scan_run, reduce_run, merge_run = runs[1:]
@@ -348,7 +350,7 @@ def test_portable_runner_matches_direct(tmp_path):
         assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13",
                         "--partitions", "2"], beam_args) == 0
         outs[name] = (open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read(),
-                      gzip.decompress(open(os.path.join(out, "stats/overlap_details.jsonl.gz"), "rb").read()))
+                      sorted(os.listdir(os.path.join(out, "stats/overlap_details"))), read_details(out))
     assert outs["direct"] == outs["portable"]
 
 

@@ -134,7 +134,8 @@ def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
 def test_written_only_once_the_details_exist(tmp_path, monkeypatch):
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
-    argv = ["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4"]
+    argv = ["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
+            "--details-format", "jsonl"]  # the merge writes the details (Parquet parts: the reduce, before it)
     assert run_cli(argv) == 0
     page = open(os.path.join(out, "stats/report.html"), "rb").read()
     receipt, = [json.load(open(os.path.join(dp, f))) for dp, _, fs in os.walk(os.path.join(out, ".refinery/merge"))

@@ -1,7 +1,6 @@
 """decon's public PTransforms: BuildNgramIndex + FindOverlaps give HELM's instance sets with exact offsets."""
 from __future__ import annotations
 
-import gzip
 import json
 import random
 
@@ -17,6 +16,7 @@ from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import BuildNgramIndex, FindOverlaps, Overlap
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.beam import NgramIndexCoder, OverlapCoder
+from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.prep.documents import SourceRow
 
 TestPipeline.__test__ = False  # a Beam class, not a pytest test class
@@ -81,9 +81,8 @@ def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path):
     assert main(["decon", "--eval", str(GSM8K_TEST), "--eval-text-field", "question", "--train",
                  str(tmp_path / "train"), "--output", str(out), "--ngrams", *map(str, NS),
                  "--runner", "direct", "--no-progress"]) == 0
-    with gzip.open(out / "stats/overlap_details.jsonl.gz", "rt") as f:
-        cli = {(d["instance_id"], d["ngram"], tuple(map(tuple, d["eval_offsets"])), d["train_row"],
-                tuple(map(tuple, d["train_offsets"]))) for d in map(json.loads, f)}
+    cli = {(d["instance_id"], d["ngram"], tuple(map(tuple, d["eval_offsets"])), d["train_row"],
+            tuple(map(tuple, d["train_offsets"]))) for d in read_details(str(out))}
     ours = {(o.instance_id, o.ngram, o.eval_offsets, o.train_row, o.train_offsets) for o in found}
     assert ours == cli
     tok = ng.TOKENIZERS["default"]

@@ -7,7 +7,6 @@ plain prep of the same rows writes.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shlex
@@ -23,6 +22,7 @@ from helpers import gsm8k_rows, run_prep, write_jsonl
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import BuildNgramIndex, DropOverlaps, FindOverlaps
+from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.formats.tokenizer import get_encoding
 from refinery.transforms.prep.documents import SourceRow
 
@@ -192,12 +192,10 @@ def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
     assert manifest["rows"]["excluded"] == len(at13) > 0
     # the drop list says what the detail records say, row by row (228 rows, many instances each at n = 5)
     details: dict = {}
-    with gzip.open(tmp_path / "out/decon-loop/stats/overlap_details.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            assert "same_text" not in d
-            row = details.setdefault((d["train_path"], d["train_row"]), {"doc": d["train_doc_id"], "hits": set()})
-            row["hits"].add((d["eval_dataset"], d["n"], d["instance_id"]))
+    for d in read_details(str(tmp_path / "out/decon-loop")):
+        assert "same_text" not in d
+        row = details.setdefault((d["train_path"], d["train_row"]), {"doc": d["train_doc_id"], "hits": set()})
+        row["hits"].add((d["eval_dataset"], d["n"], d["instance_id"]))
     assert len(listed) == len(details) > 100
     for d in listed:
         want = details[(d["train_path"], d["train_row"])]

@@ -18,6 +18,8 @@ from helpers import gsm8k_rows, gsm8k_texts, run_prep
 from reliability_helpers import refinery_cmd, shard_texts, write_figures
 from test_rows_bounded import write_huge_line_zst
 
+from refinery.transforms.decon.ngrams.details import read_details
+
 # (raw line, expected outcome): "accepted", "empty" or a fragment of the reject reason
 JSONL_CASES = [
     (b'{"id": "ok0", "text": "hello world"}', "accepted"),
@@ -240,8 +242,7 @@ def test_decon_bad_eval_and_training_rows_are_counted(tmp_path):
     receipts = list((out / ".refinery" / "scan").glob("*/receipts/*.json"))
     stats = [json.loads(p.read_text())["stats"] for p in receipts]
     assert sum(s["bad_rows"] for s in stats) == sum(train_bad.values()) + _bad_in_a_jsonl(takes_surrogates=True)
-    with gzip.open(out / "stats" / "overlap_details.jsonl.gz", "rt") as f:
-        found = {(os.path.basename(d["train_path"]), d["train_row"], d["instance_id"]) for d in map(json.loads, f)}
+    found = {(os.path.basename(d["train_path"]), d["train_row"], d["instance_id"]) for d in read_details(str(out))}
     assert {("a.jsonl", 0, "q0"), ("a.jsonl", 1, "q1"), ("a.jsonl", 2 + len(JSONL_CASES), "q2"),
             ("huge.jsonl.zst", 0, "q0"), ("huge.jsonl.zst", 2, "q1"), ("bad.json", 0, "q0")} <= found
     assert not {f for f, _, _ in found} - {"a.jsonl", "huge.jsonl.zst", "bad.json", "cut.jsonl.gz", "cut.jsonl.zst"}

@@ -15,11 +15,14 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
   enter a shuffle.
 - ``reduce`` (units: one per hash partition): the partition's hits from every scan unit
   (ranged reads of the frames its receipts list) joined with the partition's eval records:
-  its detail records (one gzip member) and its share of the results (instance sets, training
+  its detail records (``--details-format parquet``, the default: the user-facing
+  ``stats/overlap_details/part-PPPPP.parquet``, so the stage has ``final_outputs``;
+  ``jsonl``: one gzip member under its parts) and its share of the results (instance sets, training
   document counts, by-path sets, examples for the report). A partition's n-grams are its own.
-- ``merge`` (local, one unit): the members, each inflated to check its CRC first,
+- ``merge`` (local, one unit): Parquet details: removes the parts of a run with other
+  partitions (and a jsonl file); jsonl: the members, each inflated to check its CRC first,
   concatenated in partition order into
-  ``stats/overlap_details.jsonl.gz``, then ``stats/overlap_instances.jsonl.gz``,
+  ``stats/overlap_details.jsonl.gz``; then ``stats/overlap_instances.jsonl.gz``,
   ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
   ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``,
   ``stats/contaminated_train_docs.jsonl`` (the drop list), ``stats/train_files.jsonl``,
@@ -48,6 +51,7 @@ from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.prep.exclusion import CONTAMINATED_DOCS, TRAIN_FILES  # the drop list's format
 
@@ -127,6 +131,7 @@ class DeconSettings:
     report_examples: int = 20
     eval_text_template: str | None = None   # set: eval text is this template (eval_text_field unused)
     train_text_template: str | None = None  # set: training text is this template (train_text_field unused)
+    details_format: str = "parquet"  # "jsonl": one stats/overlap_details.jsonl.gz (ngrams.details)
 
     @property
     def eval_text(self) -> TextSpec:
@@ -147,6 +152,7 @@ class DeconSettings:
         if self.max_ngram_details is not None and self.max_ngram_details < 1:
             raise ValueError("--max-ngram-details must be >= 1 (or none)")
         ng.get_tokenizer(self.tokenizer)
+        dt.check_format(self.details_format)
         _ = self.eval_text, self.train_text  # a bad template raises ValueError here
 
 
@@ -411,9 +417,20 @@ def load_same_text(path: str) -> ng.SameText:
     return ng.same_text(load_eval_rows(path))
 
 
+@lru_cache(maxsize=2)
+def load_eval_columns(path: str) -> dt.EvalColumns:
+    """The eval side of Parquet detail rows for the eval rows of ``path`` (once per process)."""
+    return dt.EvalColumns.of(load_eval_rows(path), load_same_text(path))
+
+
 class ReduceStage(Stage):
     name = "reduce"
     title = "Reduce partitions"
+
+    @property
+    def final_outputs(self) -> bool:
+        """Parquet details are user-facing files of this stage (``stats/overlap_details/``)."""
+        return self.s.details_format == "parquet"
 
     @property
     def light(self) -> bool:
@@ -428,7 +445,9 @@ class ReduceStage(Stage):
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details,
-                "train_rows": 2}  # 1: results list the rows hit; 2: with their records, shared texts once
+                "train_rows": 2,  # 1: results list the rows hit; 2: with their records, shared texts once
+                # absent for jsonl: the hash of a jsonl run made before --details-format is kept
+                **({"details_format": "parquet"} if self.s.details_format == "parquet" else {})}
 
     def make_plan(self) -> list[Unit]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -456,11 +475,20 @@ class ReduceStage(Stage):
                 data = decompress_frame(frame, f"{hits} frame at bytes {offset}-{offset + length}")
                 yield i, path, base, msgpack.unpackb(data, **unpack)
 
-        with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
-            with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
-                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, gz.write,
-                                             self.s.max_ngram_details, same)
-            packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
+        if self.s.details_format == "parquet":  # straight into the user-facing folder, listed in the receipt
+            columns = load_eval_columns(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+            with ctx.open_write(ctx.output_path(dt.details_part(p))) as raw, gc_paused():
+                rows_out = dt.DetailRows(raw, columns)
+                result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, None,
+                                             self.s.max_ngram_details, same, rows_out=rows_out)
+                rows_out.close()
+                packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
+        else:
+            with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
+                with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
+                    result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count,
+                                                 gz.write, self.s.max_ngram_details, same)
+                packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
         return {"details": result["details"], "ignored_ngrams": result["ignored"],
                 "capped_ngrams": len(result["capped"])}
@@ -501,11 +529,15 @@ class MergeReportsStage(Stage):
             for k, v in r["stats"].items():
                 if isinstance(v, (int, float)) and k not in ("peak_rss_mb", "membership_loaded_bytes", "test_ngrams"):
                     scan_totals[k] = scan_totals.get(k, 0) + v
-        with ctx.open_write(ctx.output_path("stats/overlap_details.jsonl.gz")) as out:
-            for u in plan:  # gzip members, each checked, concatenated in partition order
-                path = storage.join(reduce_run.parts_dir, details_file(u.payload["p"]))
-                with storage.open_read(path) as member:
-                    copy_gzip_member(member, out, path)
+        if self.s.details_format == "parquet":  # the reduce units wrote their parts: none of another run stays
+            remove_stale_details(ctx.output, {dt.details_part(u.payload["p"]) for u in plan})
+        else:
+            storage.remove_tree(ctx.output_path(dt.DETAILS_DIR), root=ctx.output)
+            with ctx.open_write(ctx.output_path(dt.DETAILS_JSONL)) as out:
+                for u in plan:  # gzip members, each checked, concatenated in partition order
+                    path = storage.join(reduce_run.parts_dir, details_file(u.payload["p"]))
+                    with storage.open_read(path) as member:
+                        copy_gzip_member(member, out, path)
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
                                    **unpack)
@@ -560,6 +592,17 @@ class MergeReportsStage(Stage):
     def report_inputs(index_run: StageRun, scan_run: StageRun) -> tuple[tuple[str, str, str], ...]:
         return tuple((side, f["path"], fingerprint_text(f["size"], f["version"], storage.is_remote(f["path"])))
                      for side, run in (("eval", index_run), ("train", scan_run)) for f in run.input_fingerprints())
+
+
+def remove_stale_details(output: str, current: set[str]) -> None:
+    """Remove what ``--details-format jsonl`` wrote and every Parquet part under
+    ``OUTPUT/stats/overlap_details/`` not in ``current`` (relative paths: the current plan's
+    parts; a run with more partitions wrote more)."""
+    storage.remove(storage.join(output, dt.DETAILS_JSONL), root=output)
+    for path in storage.listdir(storage.join(output, dt.DETAILS_DIR)):
+        name = storage.basename(path)
+        if name.endswith(".parquet") and f"{dt.DETAILS_DIR}/{name}" not in current:
+            storage.remove(path, root=output)
 
 
 def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
+from .details import DetailRows
 from .droplist import DropList, RowHits
 from .ids import record_id
 from .index import EvalRow, SameText, same_text
@@ -193,8 +194,8 @@ WRITE_CHARS = 1 << 20      # detail text (characters) held before it is handed t
 
 def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
                      blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
-                     write: Callable[[bytes], None], max_ngram_details: int | None = None,
-                     same: SameText | None = None) -> dict:
+                     write: Callable[[bytes], None] | None, max_ngram_details: int | None = None,
+                     same: SameText | None = None, rows_out: DetailRows | None = None) -> dict:
     """Join one eval partition's records with the scan's hit blocks of that partition.
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
@@ -202,7 +203,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     ``max_train_count`` is set (document counts first). ``write`` receives the detail records
     as UTF-8 bytes of JSON lines each ending in a newline, a few at a time (at most about
     :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; a lone
-    surrogate written as :data:`JSON_ERRORS` says).
+    surrogate written as :data:`JSON_ERRORS` says). With ``rows_out``, the same records go to
+    its :meth:`~.details.DetailRows.add` instead (Parquet), and ``write`` is not used.
 
     Eval rows with the same text (``same``, default :func:`same_text`) get one detail record
     per (training row, n-gram): the first row's, with ``same_text`` (how many others). At most
@@ -295,7 +297,13 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 sampled[rec] = [eval_idx for eval_idx, _ in evals if n == at_nmax[eval_idx]]
             offs = list(zip(starts[a:o], ends[a:o]))
             room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
-            if room > 0:
+            if room > 0 and rows_out is not None:  # Parquet: columns, no JSON
+                written[rec] += room
+                gram = records[rec][1]
+                rows_out.add(rec, records[rec][0], gram[:NGRAM_MAX_CHARS], len(gram) > NGRAM_MAX_CHARS, evals, room,
+                             path, row, doc_ids[k], offs, snip[k], snippets[k],
+                             offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS)
+            elif room > 0:
                 written[rec] += room
                 cut = (', "train_snippet_truncated": true'
                        if offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS else "")

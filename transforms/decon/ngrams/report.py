@@ -47,7 +47,7 @@ def capped_warning(capped: list, max_ngram_details: int | None) -> str:
     n, gram, _, total = capped[0]
     shown = gram if len(gram) <= 60 else gram[:59] + "…"
     return (f"{len(capped):,} n-gram(s) had more than {max_ngram_details:,} detail records (eval rows x training "
-            f"rows); {left_out:,} records were left out of overlap_details.jsonl.gz (the stats and metrics count "
+            f"rows); {left_out:,} records were left out of the detail records (the stats and metrics count "
             f"them all). The largest: {shown!r} (n={n}, {total:,} records). Raise --max-ngram-details to keep "
             f"them, or ignore such n-grams with --max-train-count.")
 
