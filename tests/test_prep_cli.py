@@ -11,7 +11,7 @@ import time
 import pytest
 from helpers import gsm8k_texts, tree_digest, write_jsonl
 
-from refinery.runners import pipeline_args
+from refinery.runners import RunnerOptionsError, pipeline_args
 from refinery.transforms.core.hf import resolve_hf_parquet
 
 
@@ -101,7 +101,9 @@ def test_runner_options():
     dataflow = pipeline_args("dataflow", 10, ["--project=p"])
     assert "--runner=DataflowRunner" in dataflow and "--max_num_workers=10" in dataflow
     assert any(a.startswith("--setup_file=") and a.endswith("setup.py") for a in dataflow)
-    assert pipeline_args("SomeRunner") == ["--runner=SomeRunner"]
+    assert pipeline_args("PrismRunner") == ["--runner=PrismRunner"]  # Beam's own runners pass through
+    with pytest.raises(RunnerOptionsError, match="--runner SomeRunner: not a runner"):
+        pipeline_args("SomeRunner")
 
 
 def test_prep_on_an_object_store_path(small_corpus):

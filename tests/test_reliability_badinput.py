@@ -78,7 +78,8 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path):
     corpus = tmp_path / "bad"
     good_rows, big = _build(corpus)
     out = tmp_path / "out"
-    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad") == 0
+    # corrupt or cut-short files fail the run (named), their good rows still written
+    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad") == 1
 
     m = json.loads((out / "manifest.json").read_text())
     rows = m["rows"]
@@ -105,6 +106,9 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path):
         [r] = by_file.pop(name)
         assert r["reason"].startswith("corrupt file"), r
     assert by_file == {}
+    corrupt = {os.path.basename(c["path"]) for c in m["corrupt_files"]}
+    assert corrupt == {os.path.basename(r["path"]) for r in rejects if r["reason"].startswith("corrupt file")}
+    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad", "--max-reject-rate", "0.9") == 0
     cut_rows = [r for r in rejects if r["path"].endswith("cut.jsonl.gz")]
     assert 0 < cut_rows[0]["row"] < good_rows  # the rows before the cut were kept
 
