@@ -155,3 +155,26 @@ def test_probe_and_judge_training_reduce_loss():
         a = jhead(x, mask)
         b = torch.stack([jhead(s.unsqueeze(0))[0] for s in seqs[:4]])
     assert torch.allclose(a, b, atol=1e-4)  # padding does not leak into the scores
+
+
+def test_readme_laptop_chain_names_every_step_with_known_flags():
+    """The README's laptop hydra commands (run as pasted by hand; the chain itself is tested in
+    test_hydra_chain) go through every step in order and name only flags the CLI knows."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from refinery.beam_pipelines.hydra import CONSTRAINED_JSON_TOKENS, build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Try generate and hydra on a laptop"):readme.index("## hydra: quality grading")]
+    commands = [shlex.split(line) for block in re.findall(r"```\n(.*?)```", section, flags=re.S)
+                for line in block.replace("\\\n", " ").splitlines() if line.startswith("refinery hydra ")]
+    steps = []
+    for argv in commands:
+        args, extra = build_parser().parse_known_args(argv[2:])
+        assert extra == [], f"unknown flags {extra} in: {' '.join(argv)}"
+        steps.append(args.hydra_command)
+        if args.hydra_command == "oracle-label":
+            assert args.constrained_json and args.max_tokens >= CONSTRAINED_JSON_TOKENS
+    assert steps == ["slices", "oracle-label", "oracle-label", "calibrate", "train", "train", "grade"]
