@@ -46,6 +46,11 @@ def test_constrained_json_answer_parses_for_every_digit_choice():
         assert error is None and json.loads(final) == scores
         assert [scores[d] for d in DIMENSIONS] == [float((pick + i) % 5) for i in free]
     assert CONSTRAINED_JSON_TOKENS == len(choices)
+    # an output's recorded settings: unchanged for unconstrained runs, the choices when constrained
+    from refinery.transforms.inference.handler import GenerationParams
+
+    assert "choices" not in GenerationParams().to_dict()
+    assert GenerationParams(choices=choices).to_dict()["choices"][-1] == [RETURN_TOKEN]
 
 
 def test_constrained_decoding_masks_logits_to_the_allowed_tokens():
