@@ -35,6 +35,8 @@ examples:
       --input-docids slices/docids_test.jsonl --data-root prep_out/ --output quality/test
 """
 
+CONSTRAINED_JSON_TOKENS = 38  # len(oracle.json_answer_choices()), without loading the vocabulary for --help
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from refinery.beam_pipelines.command import add_runner_args
@@ -60,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--max-tokens", type=int, default=2048, help="generated tokens per document (default: 2048)")
     o.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--constrained-json", action="store_true",
+                   help="constrained decoding: force the answer to the final channel's JSON, the model picking "
+                        f"only each 0-4 digit (no reasoning); needs --max-tokens >= {CONSTRAINED_JSON_TOKENS}. "
+                        "For a model that cannot write the JSON, e.g. the tiny random one (its labels are noise)")
     add_engine_arguments(o)
     add_runner_args(o)
 
@@ -129,7 +135,7 @@ def _oracle(args, beam_args) -> int:
     output = args.output.rstrip("/")
     try:
         params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        task = OracleTask(engine_settings(args), params, handler_options(args))
+        task = OracleTask(engine_settings(args), params, handler_options(args), args.constrained_json)
         stages = build_stages(task, document_source(args), args.wave_units)
         stages[0].plan()
     except (storage.InputError, ValueError) as e:

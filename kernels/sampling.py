@@ -20,6 +20,25 @@ from typing import Sequence
 import torch
 
 
+def constrain_logits(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
+    """``logits [B, V]`` with every token outside row ``b``'s ``allowed[b]`` set to ``-inf``
+    (constrained decoding); a row whose ``allowed`` is None is left as it is. Returns
+    ``logits`` itself when no row is constrained."""
+    if len(allowed) != logits.shape[0]:
+        raise ValueError(f"{len(allowed)} allowed-token sets for {logits.shape[0]} rows of logits")
+    if all(a is None for a in allowed):
+        return logits
+    keep = torch.zeros(logits.shape, dtype=torch.bool)
+    for b, tokens in enumerate(allowed):
+        if tokens is None:
+            keep[b] = True
+        elif not tokens:
+            raise ValueError(f"row {b}: no allowed token")
+        else:
+            keep[b, list(tokens)] = True
+    return logits.masked_fill(~keep.to(logits.device), float("-inf"))
+
+
 def draw_uniforms(generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One float64 uniform per row from each row's own generator: ``[B]`` on the CPU."""
     if not generators:

@@ -1,5 +1,5 @@
-"""The whole HYDRA chain on a tiny random model: prep -> slices -> oracle-label -> calibrate ->
-train probe + judge -> grade (DirectRunner)."""
+"""The whole HYDRA chain on a tiny random model: prep -> slices -> oracle-label (constrained to
+the JSON answer) -> calibrate -> train probe + judge -> grade (DirectRunner)."""
 from __future__ import annotations
 
 import json
@@ -50,26 +50,40 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
     assert summary["documents"] == len(split["val"]) == len(failures) + summary["parsed"]
     assert all(f["error"] for f in failures) and "parse rate" in capsys.readouterr().out
 
-    # a random model cannot write JSON: stand-in oracle labels, a deterministic function of the tokens
-    def fake_labels(split_name):
-        path = tmp_path / f"{split_name}_labels.jsonl"
-        rows = []
-        for r in split[split_name]:
-            toks = read_doc_tokens(str(data), r["doc_id"])
-            q = min(4, len(toks) // 40)
-            rows.append({"doc_id": r["doc_id"], "scores": {d: float(max(0, min(4, q - (i % 2))))
-                                                           for i, d in enumerate(DIMENSIONS)}})
-        path.write_text("".join(json.dumps(x) + "\n" for x in rows))
-        return str(path)
+    # constrained decoding: the same random model's answers are forced into the JSON, its logits
+    # picking each digit; every document parses (the labels are noise, but the chain runs on them)
+    oracle = ["oracle-label", "--checkpoint", ckpt, "--data-root", str(data), "--constrained-json",
+              "--max-seq-len", "1024", "--docs-per-unit", "16", "--no-progress", *ENGINE]
+    assert hydra.main([*oracle, "--input-docids", str(slices / "docids_val.jsonl"), "--output",
+                       str(tmp_path / "too_short"), "--max-tokens", "8"], DIRECT) == 2
+    assert "--constrained-json needs --max-tokens of at least 38" in capsys.readouterr().err
+
+    def oracle_labels(split_name):
+        out = tmp_path / f"labels_{split_name}_json"
+        assert hydra.main([*oracle, "--input-docids", str(slices / f"docids_{split_name}.jsonl"),
+                           "--output", str(out), "--max-tokens", "40"], DIRECT) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["parse_rate"] == 1.0 and summary["parsed"] == len(split[split_name])
+        assert (out / "failures.jsonl").read_text() == ""
+        rows = _jsonl(out / "labels.jsonl")
+        assert [r["doc_id"] for r in rows] == [r["doc_id"] for r in split[split_name]]
+        assert all(set(r["scores"]) == set(DIMENSIONS) and all(v in (0, 1, 2, 3, 4) for v in r["scores"].values())
+                   for r in rows)
+        return str(out / "labels.jsonl"), rows
+
+    val_labels, val_rows = oracle_labels("val")
+    assert "parse rate 100.0%" in capsys.readouterr().out
+    train_labels, train_rows = oracle_labels("train")
+    # the digits come from the model's logits, so they vary with the document
+    assert len({tuple(r["scores"].values()) for r in val_rows + train_rows}) > 1
 
     cal = tmp_path / "cal"
-    assert hydra.main(["calibrate", "--labels", fake_labels("val"), fake_labels("train"), "--output", str(cal),
-                       "--target-keep", "0.5"]) == 0
+    assert hydra.main(["calibrate", "--labels", val_labels, "--output", str(cal), "--target-keep", "0.5"]) == 0
     calibration = json.loads((cal / "calibration_summary.json").read_text())
-    assert calibration["tau_drop"] <= calibration["tau_keep"]
+    assert calibration["num_labels"] == len(split["val"]) and calibration["tau_drop"] <= calibration["tau_keep"]
+    assert abs(sum(calibration["weights"].values()) - 1) < 1e-9
 
     heads = tmp_path / "heads"
-    train_labels = fake_labels("train")
     common = ["--labels", train_labels, "--data-root", str(data), "--output", str(heads), "--checkpoint", ckpt,
               "--max-ctx", "64", "--epochs", "3", "--batch-size", "16", "--warmup-steps", "2", *ENGINE]
     # layer indices are checked against the model's depth (2 here); the defaults (18/24) are for 20b

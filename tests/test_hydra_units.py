@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from refinery.transforms.hydra.calibrate import calibrate, decide, fit_weights, threshold_for_rate
-from refinery.transforms.hydra.oracle import DIMENSIONS, parse_oracle_tokens, parse_scores
+from refinery.transforms.hydra.oracle import DIMENSIONS, json_answer_choices, parse_oracle_tokens, parse_scores
 from refinery.transforms.hydra.slices import parse_doc_id, split_of
 
 GOOD = {"helpfulness": 3, "correctness": 4, "coherence": 2, "complexity": 1, "density": 0}
@@ -28,6 +28,45 @@ def test_parse_well_formed_harmony_output():
     # truncated before <|return|>, fenced, with prose around it: still the final channel's JSON
     fenced = _completion(f"<|channel|>final<|message|>Scores:\n```json\n{json.dumps(GOOD)}\n```")
     assert parse_oracle_tokens(fenced)[0] == {k: float(v) for k, v in GOOD.items()}
+
+
+def test_constrained_json_answer_parses_for_every_digit_choice():
+    """Every completion the constrained decoding allows is a parseable answer with exactly the
+    chosen digits; the CLI's help states its length."""
+    from refinery.beam_pipelines.hydra import CONSTRAINED_JSON_TOKENS
+    from refinery.kernels.harmony import RETURN_TOKEN
+
+    choices = json_answer_choices()
+    free = [i for i, c in enumerate(choices) if len(c) > 1]
+    assert len(free) == len(DIMENSIONS) and choices[-1] == (RETURN_TOKEN,)
+    assert all(len(c) == 1 for i, c in enumerate(choices) if i not in free)
+    for pick in range(5):
+        tokens = [c[(pick + i) % 5] if len(c) > 1 else c[0] for i, c in enumerate(choices)]
+        scores, error, final = parse_oracle_tokens(tokens)
+        assert error is None and json.loads(final) == scores
+        assert [scores[d] for d in DIMENSIONS] == [float((pick + i) % 5) for i in free]
+    assert CONSTRAINED_JSON_TOKENS == len(choices)
+    # an output's recorded settings: unchanged for unconstrained runs, the choices when constrained
+    from refinery.transforms.inference.handler import GenerationParams
+
+    assert "choices" not in GenerationParams().to_dict()
+    assert GenerationParams(choices=choices).to_dict()["choices"][-1] == [RETURN_TOKEN]
+
+
+def test_constrained_decoding_masks_logits_to_the_allowed_tokens():
+    torch = pytest.importorskip("torch")
+    from refinery.kernels.sampling import constrain_logits, sample_rows
+
+    logits = torch.tensor([[5.0, 1.0, 2.0, 3.0], [5.0, 1.0, 2.0, 3.0], [0.0, 0.0, 9.0, 0.0]])
+    masked = constrain_logits(logits, [(1, 3), None, (0,)])
+    assert sample_rows(masked, 0.0, []) == [3, 0, 0]  # best allowed, unconstrained argmax, forced
+    assert torch.equal(masked[1], logits[1]) and torch.isinf(masked[0, [0, 2]]).all()
+    gens = [torch.Generator().manual_seed(s) for s in range(3)]
+    for _ in range(20):  # sampling never leaves the allowed set
+        assert sample_rows(masked, 1.0, gens)[0] in (1, 3)
+    assert constrain_logits(logits, [None] * 3) is logits
+    with pytest.raises(ValueError, match="2 allowed-token sets for 3 rows"):
+        constrain_logits(logits, [None, None])
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -121,3 +160,26 @@ def test_probe_and_judge_training_reduce_loss():
         a = jhead(x, mask)
         b = torch.stack([jhead(s.unsqueeze(0))[0] for s in seqs[:4]])
     assert torch.allclose(a, b, atol=1e-4)  # padding does not leak into the scores
+
+
+def test_readme_laptop_chain_names_every_step_with_known_flags():
+    """The README's laptop hydra commands (run as pasted by hand; the chain itself is tested in
+    test_hydra_chain) go through every step in order and name only flags the CLI knows."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from refinery.beam_pipelines.hydra import CONSTRAINED_JSON_TOKENS, build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Try generate and hydra on a laptop"):readme.index("## hydra: quality grading")]
+    commands = [shlex.split(line) for block in re.findall(r"```\n(.*?)```", section, flags=re.S)
+                for line in block.replace("\\\n", " ").splitlines() if line.startswith("refinery hydra ")]
+    steps = []
+    for argv in commands:
+        args, extra = build_parser().parse_known_args(argv[2:])
+        assert extra == [], f"unknown flags {extra} in: {' '.join(argv)}"
+        steps.append(args.hydra_command)
+        if args.hydra_command == "oracle-label":
+            assert args.constrained_json and args.max_tokens >= CONSTRAINED_JSON_TOKENS
+    assert steps == ["slices", "oracle-label", "oracle-label", "calibrate", "train", "train", "grade"]

@@ -7,6 +7,12 @@ text scan, see :func:`refinery.kernels.harmony.parse_final`) finds the final cha
 first JSON object in it is read (code fences and surrounding prose tolerated); every failure
 is recorded with its reason, never dropped.
 
+``--constrained-json`` (constrained decoding, :func:`json_answer_choices`): the answer is forced
+token by token to ``<|channel|>final<|message|>{"helpfulness": D, ...}<|return|>``; the model
+chooses only each digit D among 0-4 (by its own logits), and writes no reasoning. It makes a
+model that cannot write the JSON (the tiny random one of ``refinery tiny-checkpoint``) give
+parseable labels; those labels are as good as the model, i.e. noise for a random one.
+
 Outputs of ``refinery hydra oracle-label`` (merge): ``labels.jsonl`` (``{doc_id, scores}``,
 parsed documents only), ``failures.jsonl`` (``{doc_id, error, final}``), ``summary.json``
 (``documents, parsed, failed, unreadable, parse_rate``).
@@ -15,8 +21,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Iterator, Sequence
 
+from refinery.transforms.inference.handler import GenerationParams
 from refinery.transforms.inference.stages import GenerateTask, UnitContext
 
 DIMENSIONS = ("helpfulness", "correctness", "coherence", "complexity", "density")
@@ -102,6 +110,27 @@ def parse_scores(final: str | None) -> tuple[dict[str, float] | None, str | None
     return scores, None
 
 
+SCORE_DIGITS = "01234"
+
+
+def json_answer_choices() -> tuple[tuple[int, ...], ...]:
+    """The constrained oracle answer, one allowed-token set per generated token:
+    ``<|channel|>final<|message|>{"helpfulness": D, "correctness": D, ...}<|return|>`` where
+    every position is forced (one token) except each score D, one of the tokens ``0``..``4``."""
+    from refinery.kernels.harmony import RETURN_TOKEN
+    from refinery.transforms.formats.tokenizer import get_encoding
+
+    enc = get_encoding()
+    digits = tuple(enc.encode_single_token(d) for d in SCORE_DIGITS)
+    steps: list[tuple[int, ...]] = [(t,) for t in enc.encode("<|channel|>final<|message|>", allowed_special="all")]
+    for i, d in enumerate(DIMENSIONS):
+        steps += [(t,) for t in enc.encode_ordinary(("{" if i == 0 else ", ") + f'"{d}": ')]
+        steps.append(digits)
+    steps += [(t,) for t in enc.encode_ordinary("}")]
+    steps.append((RETURN_TOKEN,))
+    return tuple(steps)
+
+
 def parse_oracle_tokens(tokens: Sequence[int]) -> tuple[dict[str, float] | None, str | None, str | None]:
     """(scores, error, final text) for a completion's tokens: the final channel only."""
     from refinery.kernels.harmony import parse_final
@@ -116,7 +145,13 @@ class OracleTask(GenerateTask):
 
     name = "oracle"
 
-    def __init__(self, engine, params, handler_options=None):
+    def __init__(self, engine, params: GenerationParams, handler_options=None, constrained_json: bool = False):
+        if constrained_json:
+            choices = json_answer_choices()
+            if params.max_tokens < len(choices):
+                raise ValueError(f"--constrained-json needs --max-tokens of at least {len(choices)} "
+                                 f"(the tokens of the JSON answer), got {params.max_tokens}")
+            params = replace(params, choices=choices)
         super().__init__(engine, params, "rephrase", handler_options)
         self.template = dict(ORACLE_TEMPLATE)
         self.template_name = "oracle"

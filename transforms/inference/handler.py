@@ -54,9 +54,17 @@ class GenerationParams:
     temperature: float = 0.0
     seed: int = 0  # global seed; each document's seed is doc_seed(seed, doc_id)
     stop_tokens: tuple[int, ...] = (200002, 200012)  # harmony <|return|>, <|call|>
+    # constrained decoding: generated token i must be one of choices[i] (while i < len(choices));
+    # empty = unconstrained. See refinery.transforms.hydra.oracle.json_answer_choices.
+    choices: tuple[tuple[int, ...], ...] = ()
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "stop_tokens": list(self.stop_tokens)}
+        d = {**asdict(self), "stop_tokens": list(self.stop_tokens)}
+        if self.choices:
+            d["choices"] = [list(c) for c in self.choices]
+        else:
+            del d["choices"]  # an unconstrained run's settings read as they did before the option
+        return d
 
 
 def doc_seed(global_seed: int, doc_id: str) -> int:
@@ -146,9 +154,12 @@ class GptOssEngine:
                 "vocab_size": c.vocab_size, "load_seconds": self.load_seconds, **self.settings.to_dict()}
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_tokens: int,
-                 temperature: float = 0.0, stop_tokens: Iterable[int] = ()) -> list[dict]:
+                 temperature: float = 0.0, stop_tokens: Iterable[int] = (),
+                 choices: Sequence[Sequence[int]] = ()) -> list[dict]:
         """Generate for every prompt in one continuous batch; results in prompt order:
-        ``{tokens, finish_reason: stop|length|context}`` (a stop token is kept as the last token)."""
+        ``{tokens, finish_reason: stop|length|context}`` (a stop token is kept as the last token).
+        ``choices``: constrained decoding, generated token ``i`` is drawn among ``choices[i]``
+        only (for ``i < len(choices)``; the model's logits still pick within each set)."""
         stops = {int(t) for t in stop_tokens}
         limit = self.settings.max_seq_len
         with self._lock:
@@ -160,7 +171,8 @@ class GptOssEngine:
                     raise ValueError(f"prompt {i} has {len(prompt)} tokens; it must have 1 to {limit - 1} "
                                      f"(max_seq_len {limit})")
             try:
-                return self._generate(prompts, seeds, max_tokens, temperature, stops)
+                return self._generate(prompts, seeds, max_tokens, temperature, stops,
+                                      [tuple(int(t) for t in c) for c in choices])
             except BaseException:
                 self._reset()  # a half-run batch must not leak into the next one
                 raise
@@ -172,8 +184,10 @@ class GptOssEngine:
         self.generator = BatchedGenerator(self.model, max_seq_len=s.max_seq_len, max_batch=s.max_batch,
                                           block_size=s.block_size, prefill_chunk=s.prefill_chunk)
 
-    def _generate(self, prompts, seeds, max_tokens, temperature, stops) -> list[dict]:
+    def _generate(self, prompts, seeds, max_tokens, temperature, stops, choices) -> list[dict]:
         import torch
+
+        from refinery.kernels.sampling import constrain_logits
 
         gen, limit = self.generator, self.settings.max_seq_len
         ids, budgets, rngs = [], {}, {}
@@ -189,6 +203,9 @@ class GptOssEngine:
             if step is None:
                 break
             logits, seq_ids = step
+            if choices:
+                logits = constrain_logits(logits, [choices[len(out[s])] if len(out[s]) < len(choices) else None
+                                                   for s in seq_ids])
             chosen = sample_rows(logits, temperature, [rngs[s] for s in seq_ids])
             for sid, token in zip(seq_ids, chosen):
                 out[sid].append(token)
@@ -255,7 +272,9 @@ def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> li
 
     prompts = [prompt_tokens(e) for e in batch]
     seeds = [example_seed(e, params.seed) for e in batch]
-    results = engine.generate(prompts, seeds, params.max_tokens, params.temperature, list(params.stop_tokens))
+    constrained = {"choices": [list(c) for c in params.choices]} if params.choices else {}
+    results = engine.generate(prompts, seeds, params.max_tokens, params.temperature, list(params.stop_tokens),
+                              **constrained)
     out = []
     for prompt, res in zip(prompts, results):
         tokens = list(res["tokens"])
