@@ -441,7 +441,11 @@ class LocalFlinkCluster:
             self.kill(name, signal.SIGTERM)
 
     def __enter__(self) -> "LocalFlinkCluster":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a failed or interrupted start: stop what was started
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -461,17 +465,17 @@ def _fetch_all(flink_version: str, beam_versions: list[str] | None) -> tuple[Pat
 def _up(args) -> int:
     _, home = _fetch_all(args.flink, None)
     cluster = LocalFlinkCluster(home, Path(args.workdir or tempfile.mkdtemp(prefix="refinery-flink-")), args.slots)
-    with cluster:
-        print(f"Flink {args.flink} is up: web UI {cluster.web_ui} (logs in {cluster.workdir / 'log'})\n"
-              f"run on it with:\n  refinery prep ... --runner flink {' '.join(cluster.beam_args())}\n"
-              "Ctrl-C stops it.", flush=True)
-        try:
+    try:  # Ctrl-C or SIGTERM at any point, start-up included: the cluster is stopped on the way out
+        with cluster:
+            print(f"Flink {args.flink} is up: web UI {cluster.web_ui} (logs in {cluster.workdir / 'log'})\n"
+                  f"run on it with:\n  refinery prep ... --runner flink {' '.join(cluster.beam_args())}\n"
+                  "Ctrl-C stops it.", flush=True)
             while all(p.poll() is None for p in cluster.procs.values()):
                 time.sleep(1)
             print("a cluster process exited; stopping", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def _stop_on_sigterm() -> None:
