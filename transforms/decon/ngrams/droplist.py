@@ -22,6 +22,7 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
+from .arrays import batches, i64, i64_bytes, ranges, run_starts
 from .index import EvalRow, SameText
 
 PAIRS_AT_ONCE = 1 << 16  # (training row, eval instance) pairs the drop list expands at once
@@ -34,29 +35,6 @@ def _quote(s: str) -> str:
 
 _EMPTY = {"paths": [], "keys": [], "rows": b"", "docs": [], "recs": b"", "rec_starts": b"", "codes": b"",
           "code_starts": b""}
-
-
-def _i64(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<i8")
-
-
-def _bytes(values: np.ndarray) -> bytes:
-    return np.ascontiguousarray(values, dtype="<i8").tobytes()
-
-
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The positions ``lo[0] .. hi[0] - 1``, then ``lo[1] .. hi[1] - 1``, ..., in one array."""
-    size = hi - lo
-    return np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()), dtype=np.int64)
-
-
-def _distinct(*columns: np.ndarray) -> np.ndarray:
-    """Positions of the first of each run of equal tuples in ``columns`` (already sorted)."""
-    change = np.zeros(len(columns[0]), dtype=bool)
-    change[0] = True
-    for c in columns:
-        change[1:] |= c[1:] != c[:-1]
-    return np.flatnonzero(change)
 
 
 class RowHits:
@@ -116,15 +94,15 @@ class RowHits:
         # distinct (row, record) pairs; each row's first hit gives its doc id
         order = np.lexsort((rec_i, row, path))
         path, row, rec_i, doc = (a[order] for a in (path, row, rec_i, doc))
-        pairs = _distinct(path, row, rec_i)
-        firsts = _distinct(path, row)
+        pairs = run_starts(path, row, rec_i)
+        firsts = run_starts(path, row)
         return {"paths": list(self.paths), "keys": [[ds, n] for ds, n in keys],
                 "rows": np.stack([path[firsts], row[firsts]], axis=1).astype("<i8").tobytes(),
                 "docs": [self.doc_ids[d >> 32][d & 0xFFFFFFFF] for d in doc[firsts].tolist()],
-                "recs": _bytes(rec_i[pairs]),
-                "rec_starts": _bytes(np.append(np.searchsorted(pairs, firsts), len(pairs))),
-                "codes": _bytes(np.fromiter((c for codes in lists for c in codes), np.int64, int(count.sum()))),
-                "code_starts": _bytes(np.append(0, np.cumsum(count)))}
+                "recs": i64_bytes(rec_i[pairs]),
+                "rec_starts": i64_bytes(np.append(np.searchsorted(pairs, firsts), len(pairs))),
+                "codes": i64_bytes(np.fromiter((c for codes in lists for c in codes), np.int64, int(count.sum()))),
+                "code_starts": i64_bytes(np.append(0, np.cumsum(count)))}
 
 
 @dataclass
@@ -171,11 +149,11 @@ class DropList:
                  for part in used]
         # every partition's arrays in one, copied once from the shares' bytes, then renumbered in place
         end = [np.zeros(1, dtype=np.int64)]
-        rows = np.concatenate([_i64(part["rows"]).reshape(-1, 2) for part in used])
-        rec_starts = np.concatenate([_i64(part["rec_starts"])[:-1] for part in used] + end)
-        recs = np.concatenate([_i64(part["recs"]) for part in used])
-        code_starts = np.concatenate([_i64(part["code_starts"])[:-1] for part in used] + end)
-        codes = np.concatenate([_i64(part["codes"]) for part in used])
+        rows = np.concatenate([i64(part["rows"]).reshape(-1, 2) for part in used])
+        rec_starts = np.concatenate([i64(part["rec_starts"])[:-1] for part in used] + end)
+        recs = np.concatenate([i64(part["recs"]) for part in used])
+        code_starts = np.concatenate([i64(part["code_starts"])[:-1] for part in used] + end)
+        codes = np.concatenate([i64(part["codes"]) for part in used])
         r = q = c = k = 0  # rows, (row, record) pairs, records and codes of the partitions before
         for part, pmap, kmap in zip(used, pmaps, kmaps):
             n_rows, n_pairs, n_codes = len(part["rows"]) // 16, len(part["recs"]) // 8, len(part["codes"]) // 8
@@ -197,27 +175,23 @@ class DropList:
         codes = key_rank[codes // width] * width + codes % width
         # the partitions' rows by path and row (a stable sort: a row's first is its first partition's)
         order = np.lexsort((rows[:, 1], path_rank[rows[:, 0]]))
-        row_starts = np.append(_distinct(path_rank[rows[order, 0]], rows[order, 1]), len(order))
+        row_starts = np.append(run_starts(path_rank[rows[order, 0]], rows[order, 1]), len(order))
         # (row, instance) pairs of each of them, before duplicates are dropped
         pair_codes = np.append(0, np.cumsum(np.diff(code_starts)[recs]))
         before = np.append(0, np.cumsum((pair_codes[rec_starts[1:]] - pair_codes[rec_starts[:-1]])[order]))
         at = before[row_starts]
         del pair_codes, before
         lines = _Lines(names, key_list, quoted, texts, len(ids), eval_rows, same)
-        a = 0
-        while a < len(row_starts) - 1:
-            b = int(np.searchsorted(at, at[a] + pairs_at_once, side="right")) - 1
-            b = min(max(b, a + 1), len(row_starts) - 1)
+        for a, b in batches(at, pairs_at_once):
             chosen = order[row_starts[a]:row_starts[b]]
             label = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(row_starts[a:b + 1]))
-            pair = _ranges(rec_starts[chosen], rec_starts[chosen + 1])
+            pair = ranges(rec_starts[chosen], rec_starts[chosen + 1])
             label = np.repeat(label, rec_starts[chosen + 1] - rec_starts[chosen])
             rec = recs[pair]
-            got = codes[_ranges(code_starts[rec], code_starts[rec + 1])]
+            got = codes[ranges(code_starts[rec], code_starts[rec + 1])]
             label = np.repeat(label, code_starts[rec + 1] - code_starts[rec])
             firsts = chosen[row_starts[a:b] - row_starts[a]]
             yield lines.render(rows[firsts], [docs[i] for i in firsts.tolist()], label, got, width)
-            a = b
 
 
 class _Lines:
@@ -251,12 +225,12 @@ class _Lines:
             return b""
         order = np.lexsort((codes, label))
         label, codes = label[order], codes[order]
-        keep = _distinct(label, codes)
+        keep = run_starts(label, codes)
         label, codes = label[keep], codes[keep]
         key, member = codes // width, codes % width
-        row_starts = _distinct(label)
+        row_starts = run_starts(label)
         rows_at = label[row_starts].tolist()  # a row whose records overlap nothing has no line
-        group_starts = _distinct(label, key)  # one per (row, eval dataset and n)
+        group_starts = run_starts(label, key)  # one per (row, eval dataset and n)
         ids_in = np.add.reduceat((member < self.num_ids).astype(np.int64), group_starts)
         members = member.tolist()
         group_key = key[group_starts].tolist()

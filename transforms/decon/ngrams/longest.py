@@ -27,6 +27,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .arrays import batches, i64, i64_bytes, ranges, run_starts
 from .index import EvalRow
 from .tokenizers import Tokenizer
 
@@ -47,15 +48,7 @@ def longest_run(windows: Iterable[tuple[int, int]]) -> int:
     return best
 
 
-def _bytes(values) -> bytes:
-    return np.ascontiguousarray(values, dtype="<i8").tobytes()
-
-
-def _i64(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<i8")
-
-
-EMPTY_WINDOWS = {"lens": b"", "starts": _bytes([0]), "evals": b"", "chars": b""}
+EMPTY_WINDOWS = {"lens": b"", "starts": i64_bytes([0]), "evals": b"", "chars": b""}
 
 
 def record_windows(records: list[list], kept: dict[int, list]) -> dict:
@@ -73,23 +66,7 @@ def record_windows(records: list[list], kept: dict[int, list]) -> dict:
                 evals.append(eval_idx)
                 chars.append(s)
         starts.append(len(evals))
-    return {"lens": _bytes(lens), "starts": _bytes(starts), "evals": _bytes(evals), "chars": _bytes(chars)}
-
-
-def _distinct(*columns: np.ndarray) -> np.ndarray:
-    """Positions where a run of equal tuples of ``columns`` (already sorted) begins."""
-    change = np.zeros(len(columns[0]), dtype=bool)
-    if len(change):
-        change[0] = True
-    for c in columns:
-        change[1:] |= c[1:] != c[:-1]
-    return np.flatnonzero(change)
-
-
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """``lo[0] .. hi[0] - 1``, then ``lo[1] .. hi[1] - 1``, ..., in one array."""
-    size = hi - lo
-    return np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()), dtype=np.int64)
+    return {"lens": i64_bytes(lens), "starts": i64_bytes(starts), "evals": i64_bytes(evals), "chars": i64_bytes(chars)}
 
 
 def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarray, tokenizer: Tokenizer
@@ -137,23 +114,23 @@ def longest_matches(shares: list[tuple[dict, dict]], eval_rows: list[EvalRow], n
     pairs_before = recs_before = windows_before = 0
     for rows, win in used:
         pmap = np.array([paths.setdefault(p, len(paths)) for p in rows["paths"]], dtype=np.int64)
-        got = _i64(rows["rows"]).reshape(-1, 2).copy()
+        got = i64(rows["rows"]).reshape(-1, 2).copy()
         got[:, 0] = pmap[got[:, 0]]
         row_list.append(got)
-        rec_starts = _i64(rows["rec_starts"])
+        rec_starts = i64(rows["rec_starts"])
         lo_list.append(rec_starts[:-1] + pairs_before)
         hi_list.append(rec_starts[1:] + pairs_before)
-        recs = _i64(rows["recs"])
+        recs = i64(rows["recs"])
         rec_list.append(recs + recs_before)
-        starts = _i64(win["starts"])
+        starts = i64(win["starts"])
         n_recs = len(starts) - 1
-        if n_recs != len(_i64(rows["code_starts"])) - 1:
+        if n_recs != len(i64(rows["code_starts"])) - 1:
             raise ValueError("a reduce unit's windows do not match its training rows' records")
-        lens.append(_i64(win["lens"]))
+        lens.append(i64(win["lens"]))
         wlo.append(starts[:-1] + windows_before)
         whi.append(starts[1:] + windows_before)
-        evals.append(_i64(win["evals"]))
-        chars.append(_i64(win["chars"]))
+        evals.append(i64(win["evals"]))
+        chars.append(i64(win["chars"]))
         pairs_before += len(recs)
         recs_before += n_recs
         windows_before += int(starts[-1])
@@ -166,23 +143,19 @@ def longest_matches(shares: list[tuple[dict, dict]], eval_rows: list[EvalRow], n
     # the windows of each listed row, before the rows of several partitions are joined
     pair_windows = np.append(0, np.cumsum((rec_whi - rec_wlo)[pair_rec]))
     order = np.lexsort((row_of[:, 1], row_of[:, 0]))
-    row_starts = np.append(_distinct(row_of[order, 0], row_of[order, 1]), len(order))
+    row_starts = np.append(run_starts(row_of[order, 0], row_of[order, 1]), len(order))
     before = np.append(0, np.cumsum((pair_windows[pair_hi] - pair_windows[pair_lo])[order]))
     at = before[row_starts]
-    a = 0
-    while a < len(row_starts) - 1:
-        b = int(np.searchsorted(at, at[a] + windows_at_once, side="right")) - 1
-        b = min(max(b, a + 1), len(row_starts) - 1)
+    for a, b in batches(at, windows_at_once):
         chosen = order[row_starts[a]:row_starts[b]]
         label = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(row_starts[a:b + 1]))
-        pair = _ranges(pair_lo[chosen], pair_hi[chosen])
+        pair = ranges(pair_lo[chosen], pair_hi[chosen])
         label = np.repeat(label, pair_hi[chosen] - pair_lo[chosen])
         rec = pair_rec[pair]
         count = rec_whi[rec] - rec_wlo[rec]
-        window = _ranges(rec_wlo[rec], rec_whi[rec])
+        window = ranges(rec_wlo[rec], rec_whi[rec])
         _runs_into(best, np.repeat(label, count), win_eval[window], np.repeat(rec_len[rec], count),
                    win_tok[window], ns_arr)
-        a = b
     return best
 
 
@@ -194,7 +167,7 @@ def _runs_into(best: np.ndarray, label: np.ndarray, ev: np.ndarray, length: np.n
         return
     order = np.lexsort((start, length, ev, label))
     label, ev, length, start = label[order], ev[order], length[order], start[order]
-    groups = _distinct(label, ev, length)
+    groups = run_starts(label, ev, length)
     first = np.zeros(len(label), dtype=np.int64)
     first[groups] = 1
     group = np.cumsum(first) - 1
