@@ -683,15 +683,20 @@ def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list,
     return steps, fresh
 
 
+def _listed_unfinished(run: StageRun, units: list[Unit]) -> list[str]:
+    """Ids of ``units`` with no receipt file, or whose last attempt is listed under ``failures/``:
+    the units a job planned from listings may not have completed (two listings, no receipt read)."""
+    listed, failed = run.listed_units(), run.listed_failures()
+    return [u.id for u in units if u.id not in listed or u.id in failed]
+
+
 def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) -> dict[str, str]:
     """After a job planned from listings: unit id -> why it is not done, of ``units`` of ``run``.
     Only the units without a receipt file, or listed under ``failures/``, are checked (the
     workers checked the others); a failure record left by a kill after its unit completed is
     removed."""
-    listed, failed = run.listed_units(), run.listed_failures()
-    suspects = [u.id for u in units if u.id not in listed or u.id in failed]
     out = {}
-    for unit_id, c in run.check_all(suspects, verify_checksums).items():
+    for unit_id, c in run.check_all(_listed_unfinished(run, units), verify_checksums).items():
         if c.done:
             storage.remove(storage.join(run.failures_dir, unit_id), root=run.output)
         else:
@@ -844,12 +849,10 @@ def _first_unfinished(steps: list, by_listing: bool) -> str:
     """The stage a failed job is reported at: the first step with a unit not done (by listings
     for a job planned from them: a unit with no receipt or a recorded failure)."""
     for s in steps:
-        ids = [u.id for u in s.units]
         if by_listing:
-            listed, failed = s.run.listed_units(), s.run.listed_failures()
-            if any(u not in listed or u in failed for u in ids):
+            if _listed_unfinished(s.run, s.units):
                 return s.run.name
-        elif not all(c.done for c in s.run.check_all(ids).values()):
+        elif not all(c.done for c in s.run.check_all([u.id for u in s.units]).values()):
             return s.run.name
     return steps[-1].run.name
 
