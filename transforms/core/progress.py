@@ -50,23 +50,46 @@ class Progress:
 
     def _poll(self, run: StageRun, total: int) -> tuple[int, str]:
         """(units done, a postfix such as ``docs=... tokens=... resumed=3 failed=1``) of one step:
-        the stats are those of the units finished in this run; ``resumed``: units done before."""
+        the stats are those of the units finished in this run plus the counts so far of its
+        running units (:meth:`_running`); ``resumed``: units done before."""
         done = failed = resumed = 0
         stats: dict[str, float] = {}
+        ended: set[str] = set()  # units with a receipt of this run
         for r in run.read_receipts(self._seen):
+            new = r.get("finished_at", "") >= self._started_iso
+            if new:
+                ended.add(str(r.get("unit")))
             if r.get("status") == "completed":
                 done += 1
-                if r.get("finished_at", "") >= self._started_iso:
-                    for k, v in (r.get("stats") or {}).items():
-                        if isinstance(v, (int, float)):
-                            stats[k] = stats.get(k, 0) + v
+                if new:
+                    _add(stats, r.get("stats"))
                 else:
                     resumed += 1
             else:
                 failed += 1
-        post = run.stage.describe_progress(stats, time.time() - self._step_start) if done > resumed else ""
+        for counts in self._running(run, ended):
+            _add(stats, counts)
+        post = run.stage.describe_progress(stats, time.time() - self._step_start) if stats else ""
         extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
         return min(done, total), (post + extra).strip()
+
+    def _running(self, run: StageRun, ended: set[str]) -> list[dict]:
+        """The counts so far that this run's running units published (``progress/``, see
+        :meth:`~refinery.transforms.core.stages.UnitContext.report_progress`): one listing,
+        and a read per running unit; a unit that has ended is counted from its receipt, and
+        a file left by an earlier, killed run is ignored."""
+        from refinery.transforms.core import storage
+
+        out = []
+        for path in storage.listdir(run.progress_dir):
+            name = storage.basename(path)
+            if not name.endswith(".json") or storage.is_temp_name(name) or name[:-len(".json")] in ended:
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                p = storage.read_json(path)
+                if isinstance(p, dict) and p.get("updated_at", "") >= self._started_iso:
+                    out.append(p.get("stats"))
+        return out
 
     def _update(self, show, final: bool) -> None:
         """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
@@ -156,6 +179,13 @@ class Progress:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+
+
+def _add(total: dict[str, float], stats) -> None:
+    """Add the numeric values of ``stats`` (a receipt's or a running unit's) into ``total``."""
+    for k, v in (stats or {}).items():
+        if isinstance(v, (int, float)):
+            total[k] = total.get(k, 0) + v
 
 
 def halt_progress(timeout: float = 1.0) -> None:

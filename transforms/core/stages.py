@@ -10,6 +10,8 @@ Layout under OUTPUT::
     .refinery/run.json                                 config, stage hashes, unit counts
     .refinery/<stage>/<stage_hash>/receipts/<unit>.json one per unit, written last, atomically
     .refinery/<stage>/<stage_hash>/parts/...            intermediate unit files
+    .refinery/<stage>/<stage_hash>/progress/<unit>.json a running unit's counts so far (removed
+                                                        when its receipt is written; progress only)
     .refinery/fingerprints/<stage>-<stage_hash>.json    input fingerprints of that plan (to say
                                                         which input changed when a plan changes)
 
@@ -324,6 +326,16 @@ class StageRun:
     def receipt_path(self, unit_id: str) -> str:
         return storage.join(self.receipts_dir, f"{unit_id}.json")
 
+    @property
+    def progress_dir(self) -> str:
+        """One file per running unit that has reported its counts so far
+        (:meth:`UnitContext.report_progress`): what the progress display adds to the finished
+        units' receipts. Never read to decide what is done."""
+        return storage.join(self.dir, "progress")
+
+    def progress_path(self, unit_id: str) -> str:
+        return storage.join(self.progress_dir, f"{unit_id}.json")
+
     def input_fingerprints(self) -> list:
         """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
         in a worker (whose job does not carry input lists), those the driver recorded under
@@ -381,6 +393,13 @@ class StageRun:
                         yield r
 
 
+# How often a running unit publishes its counts (:meth:`UnitContext.report_progress`), in
+# seconds: on a local disk about every second; on an object store, where a write is a request
+# the user pays for, every 10 s. A unit shorter than the first interval writes none.
+PROGRESS_EVERY_S = 1.0
+REMOTE_PROGRESS_EVERY_S = 10.0
+
+
 class UnitContext:
     """What ``run_unit`` writes through. Every file written here is listed in the receipt."""
 
@@ -391,6 +410,24 @@ class UnitContext:
         self.parts_dir = run.parts_dir
         self.side = side or {}
         self.files: list[dict] = []
+        self._progress_every = REMOTE_PROGRESS_EVERY_S if storage.is_remote(run.output) else PROGRESS_EVERY_S
+        self._next_progress = time.monotonic() + self._progress_every
+        self.progress_written = False
+
+    def report_progress(self, counts: dict[str, int | float]) -> None:
+        """Publish the unit's counts so far (the keys of its final stats that the stage's
+        ``describe_progress`` shows, e.g. documents and tokens), so that the progress display
+        moves while a long unit runs. Cheap to call often: it writes at most every
+        :data:`PROGRESS_EVERY_S` (:data:`REMOTE_PROGRESS_EVERY_S` on an object store) and
+        never for a unit shorter than that. A failed write is ignored: progress is a display."""
+        now = time.monotonic()
+        if now < self._next_progress:
+            return
+        self._next_progress = now + self._progress_every
+        with contextlib.suppress(OSError):
+            storage.atomic_write_json(self.run.progress_path(self.unit.id),
+                                      {"unit": self.unit.id, "stats": dict(counts), "updated_at": _now()})
+            self.progress_written = True
 
     def part_path(self, name: str) -> str:
         return storage.join(self.parts_dir, name)
@@ -497,6 +534,9 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     else:
         storage.atomic_write_bytes(failure, f"{receipt['error']['type']}: {receipt['error']['message']}"[:500].encode())
     storage.atomic_write_json(run.receipt_path(unit.id), receipt)
+    if ctx.progress_written or receipt["status"] != "completed":  # its counts are in the receipt now
+        with contextlib.suppress(OSError):
+            storage.remove(run.progress_path(unit.id), root=run.output)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
 

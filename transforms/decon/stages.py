@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
+from typing import Callable, Iterator
 
 import msgpack
 import zstandard
@@ -338,6 +338,7 @@ class ScanStage(Stage):
         else:
             rows = iter_rows(pl["path"])
         stats = ng.ScanStats()
+        rows = _reporting(rows, ctx, lambda: {"rows": stats.rows, "text_bytes": stats.text_bytes})
         tok = ng.get_tokenizer(self.s.tokenizer)
         held: list[ng.HitGroups] = []
         frames: list[list[int]] = []
@@ -368,6 +369,16 @@ class ScanStage(Stage):
                 "cpu_seconds": time.thread_time() - c0,
                 "peak_rss_mb": _peak_rss_mb(), "membership_loaded_bytes": membership.nbytes,
                 "test_ngrams": len(membership)}
+
+
+def _reporting(rows: Iterator, ctx: UnitContext, counts: Callable[[], dict]) -> Iterator:
+    """``rows``, unchanged, publishing ``counts()`` (:meth:`UnitContext.report_progress`)
+    every 1,024 rows: the scan yields only batches with hits, the progress display must move
+    on every batch."""
+    for i, row in enumerate(rows):
+        if not i & 1023:
+            ctx.report_progress(counts())
+        yield row
 
 
 # ---------------------------------------------------------------------------------------

@@ -349,6 +349,8 @@ class TokenizeStage(Stage):
                 tokens_total += len(tokens)
                 chars += batch_chars
                 texts, shards, plain, batch_chars = [], array("I"), [], 0
+                ctx.report_progress({"rows_read": rows_read, "accepted": accepted, "tokens": tokens_total,
+                                     "chars": chars})
 
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], self._row_base(unit, p, ctx)

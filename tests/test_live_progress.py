@@ -1,0 +1,130 @@
+"""The progress display moves while a unit runs: running units publish their counts so far
+(``progress/<unit>.json``), the driver's poll adds them to the finished units' stats."""
+from __future__ import annotations
+
+import json
+import threading
+
+from helpers import gsm8k_rows
+
+from refinery.transforms.core import stages
+from refinery.transforms.core.progress import Progress
+from refinery.transforms.core.stages import Stage, Unit, bind_stages, execute_unit
+
+
+class Counting(Stage):
+    """Each unit reports ``docs`` as it goes, then waits until the test lets it finish."""
+
+    name = "counting"
+
+    def __init__(self):
+        self.reported = {u: threading.Event() for u in ("a", "b")}
+        self.finish = {u: threading.Event() for u in ("a", "b")}
+
+    def make_plan(self):
+        return [Unit("a", {}), Unit("b", {})]
+
+    def run_unit(self, unit, ctx):
+        for docs in (10, 20, 30):
+            ctx.report_progress({"docs": docs, "label": "not a number"})
+        self.reported[unit.id].set()
+        assert self.finish[unit.id].wait(30)
+        return {"docs": 100}
+
+    def describe_progress(self, stats, seconds):
+        return f"docs={int(stats.get('docs', 0))}"
+
+
+def _start(run, unit):
+    t = threading.Thread(target=execute_unit, args=(run, unit))
+    t.start()
+    return t
+
+
+def test_running_units_counts_show_before_they_finish_and_their_files_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # every report is written
+    stage = Counting()
+    [run] = bind_stages([stage], str(tmp_path / "out"))
+    progress = Progress([(run, 2)], interval=1.0, enabled=False)
+    a, b = _start(run, Unit("a", {})), _start(run, Unit("b", {}))
+    assert stage.reported["a"].wait(30) and stage.reported["b"].wait(30)
+    assert progress._poll(run, 2) == (0, "docs=60")  # both units' last counts, none finished
+    stage.finish["a"].set()
+    a.join(30)
+    assert [p.name for p in (tmp_path / "out").glob("**/progress/*.json")] == ["b.json"]
+    assert progress._poll(run, 2) == (1, "docs=130")  # a from its receipt, b so far
+    stage.finish["b"].set()
+    b.join(30)
+    assert list((tmp_path / "out").glob("**/progress/*.json")) == []
+    assert progress._poll(run, 2) == (2, "docs=200")
+
+
+def test_a_file_left_by_a_killed_run_is_not_counted(tmp_path):
+    [run] = bind_stages([Counting()], str(tmp_path / "out"))
+    from refinery.transforms.core import storage
+
+    storage.atomic_write_json(run.progress_path("a"), {"unit": "a", "stats": {"docs": 7},
+                                                       "updated_at": "2020-01-01T00:00:00.000+00:00"})
+    progress = Progress([(run, 2)], interval=1.0, enabled=False)
+    assert progress._poll(run, 2) == (0, "")
+
+
+def test_a_short_unit_writes_no_progress_file(tmp_path, monkeypatch):
+    """The first write waits PROGRESS_EVERY_S: a unit quicker than that costs no request."""
+    stage = Counting()
+    stage.finish["a"].set()
+    [run] = bind_stages([stage], str(tmp_path / "out"))
+    writes = []
+    real = stages.storage.atomic_write_json
+    monkeypatch.setattr(stages.storage, "atomic_write_json", lambda path, obj: writes.append(path) or real(path, obj))
+    execute_unit(run, Unit("a", {}))
+    assert [w for w in writes if "/progress/" in w] == []
+    assert json.loads(next((tmp_path / "out").glob("**/receipts/a.json")).read_text())["stats"] == {"docs": 100}
+
+
+def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(tmp_path, monkeypatch):
+    """prep's tokenize unit publishes its documents and tokens batch by batch."""
+    from refinery.beam_pipelines.cli import main
+
+    monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)
+    from refinery.transforms.prep import stages as prep_stages
+
+    monkeypatch.setattr(prep_stages, "BATCH_DOCS", 16)
+    seen = []
+    real = stages.UnitContext.report_progress
+
+    def spy(self, counts):
+        seen.append((self.run.name, dict(counts)))
+        return real(self, counts)
+
+    monkeypatch.setattr(stages.UnitContext, "report_progress", spy)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": r["question"]}) + "\n" for r in gsm8k_rows("test")[:100]))
+    assert main(["prep", "--input", str(src), "--output", str(tmp_path / "out"), "--num-shards", "2",
+                 "--runner", "direct"]) == 0
+    docs = [c["accepted"] for name, c in seen if name == "tokenize"]
+    assert docs[:3] == [16, 32, 48] and docs[-1] == 100
+    assert all(c["tokens"] > 0 for name, c in seen if name == "tokenize")
+    assert list((tmp_path / "out").glob("**/progress/*.json")) == []  # each removed with its receipt
+
+
+def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path, monkeypatch):
+    """decon's scan publishes rows and text bytes every 1,024 rows, hits or none."""
+    from refinery.beam_pipelines.cli import main
+
+    monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)
+    seen = []
+    real = stages.UnitContext.report_progress
+    monkeypatch.setattr(stages.UnitContext, "report_progress",
+                        lambda self, counts: seen.append((self.run.name, dict(counts))) or real(self, counts))
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"row {i} of a corpus with no overlap " * 30}) + "\n"
+                             for i in range(3000)))
+    evalset = tmp_path / "eval.jsonl"
+    evalset.write_text("".join(json.dumps({"id": f"q{i}", "text": r["question"]}) + "\n"
+                               for i, r in enumerate(gsm8k_rows("test")[:20])))
+    assert main(["decon", "--eval", str(evalset), "--train", str(train), "--output", str(tmp_path / "out"),
+                 "--ngrams", "13", "--runner", "direct"]) == 0
+    scan = [c for name, c in seen if name == "scan"]
+    assert [c["rows"] for c in scan] == [0, 1024, 2048]
+    assert scan[-1]["text_bytes"] > 0
