@@ -104,9 +104,9 @@ _exit_code: int | None = None  # set by entry(): the console script's status, fo
 
 def entry() -> None:
     """The ``refinery`` console script: :func:`main`, then the process ends with its exit code
-    without the interpreter's teardown (:mod:`refinery.beam_pipelines.quick_exit`, ~0.4 s)."""
+    without the interpreter's teardown (:mod:`refinery.runners.quick_exit`, ~0.4 s)."""
     global _exit_code
-    from refinery.beam_pipelines.quick_exit import exit_quickly
+    from refinery.runners.quick_exit import exit_quickly
 
     exit_quickly(lambda: _exit_code)  # registered before the commands import Beam: runs after their handlers
     _exit_code = main()

@@ -6,7 +6,8 @@ Importing this package does not import torch; the names below load on first use.
 
 * :class:`Transformer` (``refinery.kernels.model``) and :class:`BatchedGenerator` (``refinery.kernels.batching``)
 * :class:`ModelConfig` (``refinery.kernels.config``, torch-free)
-* harmony prompt rendering and parsing (``refinery.kernels.harmony``)
+
+Harmony prompt rendering and parsing is a token format: :mod:`refinery.transforms.formats.harmony`.
 """
 from __future__ import annotations
 

@@ -282,7 +282,7 @@ def _run_worker(conn: socket.socket) -> None:
     except BaseException:  # noqa: BLE001 - reported through the status, like a worker process's
         traceback.print_exc()
     finally:
-        from refinery.beam_pipelines.quick_exit import end_now
+        from refinery.runners.quick_exit import end_now
 
         with contextlib.suppress(OSError):
             conn.sendall(f"{status}\n".encode())

@@ -1,7 +1,7 @@
 """Imported first by every worker process of the local multi-process runner (Beam's
 ``--beam_plugins``, set by :func:`refinery.runners.local.local_args`): such a process ends
 as soon as Beam's harness returns, without the interpreter's teardown (see
-:mod:`refinery.beam_pipelines.quick_exit`). All its results were sent and its receipts written
+:mod:`refinery.runners.quick_exit`). All its results were sent and its receipts written
 before the harness returned. Its exit status stays: 1 after an uncaught exception, else 0.
 
 Only Beam's worker entry point is affected; imported anywhere else this does nothing.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from refinery.beam_pipelines.quick_exit import exit_quickly
+from refinery.runners.quick_exit import exit_quickly
 
 WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 

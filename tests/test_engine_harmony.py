@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("openai_harmony", reason="the inference extra (openai-harmony) is not installed")
 
-from refinery.kernels import harmony  # noqa: E402
+from refinery.transforms.formats import harmony  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core.rows import iter_rows
+from refinery.transforms.core.rows import SourceRow, iter_rows
 from refinery.transforms.decon import BuildNgramIndex, DropOverlaps, FindOverlaps
 from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.formats.tokenizer import get_encoding
-from refinery.transforms.prep.documents import SourceRow
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = (3, 40, 77, 150, 151, 260, 333, 420, 555, 598)  # corpus rows that get a test question

@@ -12,8 +12,8 @@ from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 from helpers import run_prep  # noqa: E402
 
 from refinery.beam_pipelines import hydra  # noqa: E402
+from refinery.transforms.formats.docids import read_doc_tokens  # noqa: E402
 from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402
-from refinery.transforms.hydra.slices import read_doc_tokens  # noqa: E402
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 ENGINE = ["--dtype", "float32", "--device", "cpu", "--max-batch", "8"]

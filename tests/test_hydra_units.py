@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from refinery.transforms.formats.docids import parse_doc_id
 from refinery.transforms.hydra.calibrate import calibrate, decide, fit_weights, threshold_for_rate
 from refinery.transforms.hydra.oracle import DIMENSIONS, json_answer_choices, parse_oracle_tokens, parse_scores
-from refinery.transforms.hydra.slices import parse_doc_id, split_of
+from refinery.transforms.hydra.slices import split_of
 
 GOOD = {"helpfulness": 3, "correctness": 4, "coherence": 2, "complexity": 1, "density": 0}
 
@@ -34,7 +35,7 @@ def test_constrained_json_answer_parses_for_every_digit_choice():
     """Every completion the constrained decoding allows is a parseable answer with exactly the
     chosen digits; the CLI's help states its length."""
     from refinery.beam_pipelines.hydra import CONSTRAINED_JSON_TOKENS
-    from refinery.kernels.harmony import RETURN_TOKEN
+    from refinery.transforms.formats.harmony import RETURN_TOKEN
 
     choices = json_answer_choices()
     free = [i for i, c in enumerate(choices) if len(c) > 1]

@@ -17,7 +17,7 @@ from refinery.beam_pipelines.cli import main
 from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
 from refinery.transforms.formats import shards, tokenizer
-from refinery.transforms.hydra.slices import parse_doc_id, read_doc_tokens
+from refinery.transforms.formats.docids import parse_doc_id, read_doc_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 

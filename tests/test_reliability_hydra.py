@@ -50,8 +50,8 @@ from reliability_helpers import (  # noqa: E402
 )
 
 from refinery.beam_pipelines import hydra  # noqa: E402
+from refinery.transforms.formats.docids import read_doc_tokens  # noqa: E402
 from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402
-from refinery.transforms.hydra.slices import read_doc_tokens  # noqa: E402
 
 SEED = 11
 MIN_KILLS = {"grade": 6, "oracle": 6}

@@ -91,7 +91,7 @@ def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
     import sys
 
     code = ("import atexit, sys\n"
-            "from refinery.beam_pipelines.quick_exit import exit_quickly\n"
+            "from refinery.runners.quick_exit import exit_quickly\n"
             f"exit_quickly(lambda: {status})\n"
             "atexit.register(lambda: print('later handler ran', end=''))\n"
             "print('unflushed', end='')\n"
@@ -100,7 +100,7 @@ def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
     assert done.returncode == rc and done.stdout == "unflushedlater handler ran"
     # the console script imports it first: Beam imported then would start threads that do
     # not block SIGINT/SIGTERM, and a stop signal landing in one of them would be lost
-    light = ("import sys, refinery.beam_pipelines.cli, refinery.beam_pipelines.quick_exit; "
+    light = ("import sys, refinery.beam_pipelines.cli, refinery.runners.quick_exit; "
              "assert 'apache_beam' not in sys.modules")
     subprocess.run([sys.executable, "-c", light], check=True, timeout=60)
 

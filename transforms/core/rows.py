@@ -44,11 +44,23 @@ import json
 import re
 import zlib
 from io import BufferedIOBase, BufferedReader
-from typing import IO, Iterator
+from typing import IO, Iterator, NamedTuple
 
 import orjson
 
 from refinery.transforms.core import storage
+
+
+class SourceRow(NamedTuple):
+    """A row with its provenance, as :func:`iter_rows` reads it: ``path`` the file, ``row``
+    its 0-based number there, ``record`` the parsed object, ``relpath`` the file's path
+    relative to the folder the user named (it spells a fallback document id). prep's
+    ``ReadRows`` yields these, and decon's transforms take them to report where a row came from."""
+
+    path: str
+    row: int
+    record: dict
+    relpath: str = ""
 
 Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
 

@@ -39,9 +39,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from refinery.transforms.core.coders import TupleCoder
+from refinery.transforms.core.rows import SourceRow
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
-from refinery.transforms.prep.documents import SourceRow
 
 NAMESPACE = "refinery_decon"
 
@@ -122,7 +122,7 @@ class BuildNgramIndex(beam.PTransform):
     """Eval rows -> the hash-partitioned test-side n-gram index.
 
     Input: eval rows, ``dict`` (with ``text_field`` and optionally ``id_field``) or
-    :class:`~refinery.transforms.prep.documents.SourceRow`. Output: a PCollection holding
+    :class:`~refinery.transforms.core.rows.SourceRow`. Output: a PCollection holding
     one :class:`~refinery.transforms.decon.ngrams.NgramIndex`, to pass to ``FindOverlaps``
     (it is used there as a singleton side input).
 
@@ -215,7 +215,7 @@ class _FindOverlapsFn(beam.DoFn):
 class FindOverlaps(beam.PTransform):
     """Training rows -> overlap records, joined with the index through a side input.
 
-    Input: training rows, ``dict`` or :class:`~refinery.transforms.prep.documents.SourceRow`
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.core.rows.SourceRow`
     (then each record also carries ``train_path`` and ``train_row``). Output: :class:`Overlap`
     (instance_id, eval_dataset, n, ngram, eval_offsets, train_doc_id, train_offsets,
     train_path, train_row), one per (instance, n, n-gram, training row).
@@ -259,7 +259,7 @@ def row_key(element, id_field: str = "id") -> tuple[str, object]:
 class DropOverlaps(beam.PTransform):
     """Training rows -> the same rows, less those with an overlap (a decontaminated corpus).
 
-    Input: training rows, ``dict`` or :class:`~refinery.transforms.prep.documents.SourceRow`,
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.core.rows.SourceRow`,
     the rows given to ``FindOverlaps``. Output: the same elements, unchanged, except the rows
     that ``overlaps`` (``FindOverlaps``' output, a side input) names at one of ``ngrams``
     (default: any n). A SourceRow is matched by (path, row); a dict by

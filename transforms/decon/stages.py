@@ -53,7 +53,7 @@ from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
-from refinery.transforms.prep.exclusion import CONTAMINATED_DOCS, TRAIN_FILES  # the drop list's format
+from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES
 
 FORMAT_VERSION = 4  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
 # 4: reduce results carry their records' eval windows; longest match and coverage per instance

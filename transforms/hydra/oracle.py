@@ -3,7 +3,7 @@
 The oracle (a large gpt-oss) reads one document and answers, on the ``final`` channel, with
 strict JSON ``{"helpfulness": h, "correctness": c, "coherence": o, "complexity": x,
 "density": d}`` (integers 0-4). Parsing is defensive: harmony's parser (falling back to a
-text scan, see :func:`refinery.kernels.harmony.parse_final`) finds the final channel; the
+text scan, see :func:`refinery.transforms.formats.harmony.parse_final`) finds the final channel; the
 first JSON object in it is read (code fences and surrounding prose tolerated); every failure
 is recorded with its reason, never dropped.
 
@@ -117,7 +117,7 @@ def json_answer_choices() -> tuple[tuple[int, ...], ...]:
     """The constrained oracle answer, one allowed-token set per generated token:
     ``<|channel|>final<|message|>{"helpfulness": D, "correctness": D, ...}<|return|>`` where
     every position is forced (one token) except each score D, one of the tokens ``0``..``4``."""
-    from refinery.kernels.harmony import RETURN_TOKEN
+    from refinery.transforms.formats.harmony import RETURN_TOKEN
     from refinery.transforms.formats.tokenizer import get_encoding
 
     enc = get_encoding()
@@ -133,7 +133,7 @@ def json_answer_choices() -> tuple[tuple[int, ...], ...]:
 
 def parse_oracle_tokens(tokens: Sequence[int]) -> tuple[dict[str, float] | None, str | None, str | None]:
     """(scores, error, final text) for a completion's tokens: the final channel only."""
-    from refinery.kernels.harmony import parse_final
+    from refinery.transforms.formats.harmony import parse_final
 
     final = parse_final(tokens)
     scores, error = parse_scores(final)

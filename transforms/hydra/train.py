@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from refinery.transforms.core import storage
+from refinery.transforms.formats.docids import read_doc_tokens
 from refinery.transforms.hydra.calibrate import read_labels
 from refinery.transforms.hydra.heads import (
     TrainConfig,
@@ -25,7 +26,6 @@ from refinery.transforms.hydra.heads import (
     train_judge,
     train_probe,
 )
-from refinery.transforms.hydra.slices import read_doc_tokens
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
 
 

@@ -79,7 +79,7 @@ def prompt_tokens(example: Any) -> list[int]:
         if "tokens" in example:
             return [int(t) for t in example["tokens"]]
         if "messages" in example:
-            from refinery.kernels.harmony import render_prompt
+            from refinery.transforms.formats.harmony import render_prompt
 
             return render_prompt(list(example["messages"]))
         raise ValueError(f"example has neither 'tokens' nor 'messages': keys {sorted(example)}")
@@ -268,7 +268,7 @@ class Generation(TypedDict):
 
 def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> list[Generation]:
     """The generations of a batch of examples (the body of the handler's ``run_inference``)."""
-    from refinery.kernels.harmony import parse_final
+    from refinery.transforms.formats.harmony import parse_final
 
     prompts = [prompt_tokens(e) for e in batch]
     seeds = [example_seed(e, params.seed) for e in batch]

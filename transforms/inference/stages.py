@@ -39,6 +39,7 @@ from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
 from refinery.transforms.core.plans import PlanRef
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+from refinery.transforms.formats.docids import read_doc_tokens, read_docid_file
 from refinery.transforms.inference.handler import (
     EngineSettings,
     GenerationParams,
@@ -125,8 +126,6 @@ class DocumentSource:
 
     def _count(self, path: str) -> int:
         if self.docid_files:
-            from refinery.transforms.hydra.slices import read_docid_file
-
             return sum(1 for _ in read_docid_file(path))
         return sum(1 for _ in rows.iter_rows(path))
 
@@ -147,8 +146,6 @@ class DocumentSource:
         lo, hi, path = payload["lo"], payload["hi"], payload["path"]
         docs: list[Doc] = []
         if self.docid_files:
-            from refinery.transforms.hydra.slices import read_doc_tokens, read_docid_file
-
             for i, (line, doc_id) in enumerate(read_docid_file(path)):
                 if lo <= i < hi:
                     where = f"{path}:{line}"
@@ -224,7 +221,7 @@ def fit_prompt(render: Callable[[str], list[int]], doc: Doc, budget: int) -> tup
 
 
 def render_template(template: dict, text: str) -> list[int]:
-    from refinery.kernels.harmony import render_prompt
+    from refinery.transforms.formats.harmony import render_prompt
 
     return render_prompt(developer=template.get("developer"), user=template["user"].replace("{text}", text))
 

@@ -52,7 +52,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from refinery.transforms.core import storage
 from refinery.transforms.core.coders import TupleCoder
 from refinery.transforms.core.jsonl import jsonl
-from refinery.transforms.core.rows import iter_rows
+from refinery.transforms.core.rows import SourceRow, iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
@@ -62,7 +62,6 @@ from refinery.transforms.prep.documents import (
     BATCH_DOCS,
     Document,
     Rejected,
-    SourceRow,
     TokenizedDocument,
     row_normalizer,
     shard_of,

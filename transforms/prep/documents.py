@@ -7,9 +7,9 @@ WriteTokenShards``) and the CLI's resumable ``tokenize`` stage
 
 Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``):
 
-- :class:`SourceRow` ``(path, row, record, relpath)``: a row with its provenance, as
-  :func:`refinery.transforms.core.rows.iter_rows` reads it. ``relpath`` is the file's path
-  relative to the folder the user named (it spells the fallback document id).
+- :class:`~refinery.transforms.core.rows.SourceRow` ``(path, row, record, relpath)``: a row
+  with its provenance, as :func:`refinery.transforms.core.rows.iter_rows` reads it (defined
+  there: decon reads such rows too).
 - :class:`Document` ``(doc_id, text, source, row)``: a normalized, non-empty document.
   ``(source, row)`` is its **order key**: inside a shard, documents are ordered by
   ``(source, row, doc_id)``.
@@ -58,13 +58,6 @@ try:  # CPython's own MD5: half the cost of OpenSSL's per short id (no EVP conte
 except ImportError:  # an interpreter built without it
     _md5 = hashlib.md5
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class SourceRow(NamedTuple):
-    path: str
-    row: int
-    record: dict
-    relpath: str = ""
 
 
 class Document(NamedTuple):

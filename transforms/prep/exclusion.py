@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from dataclasses import dataclass, field
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import META_DIR, check_receipt
+from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, OVERLAP_STATS, TRAIN_FILES, drop_rows, read_jsonl
 
-CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
-TRAIN_FILES = "stats/train_files.jsonl"
-OVERLAP_STATS = "stats/overlap_stats.jsonl"
 UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 SHOWN = 3  # paths named in a refusal
 
@@ -49,23 +46,6 @@ class DropSource:
     sha256: str   # of its contaminated_train_docs.jsonl
     listed: int   # training rows its drop list holds at n
     files_sha256: str = ""  # of its train_files.jsonl (which resolves the drop list's paths)
-
-
-def drop_rows(docs_path: str, data: bytes, files: list[dict], n: int) -> dict[str, set[int]]:
-    """The rows a drop list (``data``, the bytes of ``docs_path``) lists at ``n``, by the resolved
-    path of their file (``files``: decon's ``train_files.jsonl`` rows, which resolve the paths
-    as decon named them); :class:`storage.InputError` naming a row that is not an entry."""
-    by_given = {f["train_path"]: f["resolved"] for f in files}
-    rows: dict[str, set[int]] = {}
-    for i, doc in enumerate(_jsonl(docs_path, data), 1):
-        try:
-            if n not in doc["ns"]:
-                continue
-            path = by_given.get(doc["train_path"]) or storage.resolved(doc["train_path"])
-            rows.setdefault(path, set()).add(int(doc["train_row"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
-    return rows
 
 
 def _checked(path: str, sha256: str) -> bytes:
@@ -82,7 +62,7 @@ def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
     """A decon output's rows to leave out, read in a worker (once per process) from the files
     the driver checked: the same bytes (sha256), or an error."""
     docs = storage.join(source.output, CONTAMINATED_DOCS)
-    files = _jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
+    files = read_jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
     return {p: frozenset(r) for p, r in drop_rows(docs, _checked(docs, source.sha256), files, source.n).items()}
 
 
@@ -176,18 +156,6 @@ class Exclusion:
                 **({"unscanned_inputs": self.unscanned} if self.unscanned else {})}
 
 
-def _jsonl(path: str, data: bytes) -> list[dict]:
-    """The JSON lines of ``data``, the bytes of ``path``."""
-    out = []
-    for i, line in enumerate(data.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError as e:
-                raise storage.InputError(f"{path}: row {i} is not JSON ({e})") from None
-    return out
-
-
 def recorded_sha256(output: str) -> dict[str, str]:
     """``{relpath: sha256}`` of the files a finished decon output's merge unit wrote, from its
     receipt (the last stage of ``OUTPUT/.refinery/run.json``); :class:`storage.InputError`
@@ -259,8 +227,9 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
         data = _read_recorded(output, CONTAMINATED_DOCS, recorded)
         files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
-            ns = sorted({int(s["n"]) for s in _jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))})
-            files = _jsonl(TRAIN_FILES, files_data)
+            stats = read_jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))
+            ns = sorted({int(s["n"]) for s in stats})
+            files = read_jsonl(TRAIN_FILES, files_data)
             scanned[output] = {f["resolved"]: (int(f["size"]), str(f["version"])) for f in reversed(files)}
         except (KeyError, TypeError, ValueError) as e:
             raise storage.InputError(f"--exclude-overlaps {output}: unreadable decon stats ({e!r})") from None

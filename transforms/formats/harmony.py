@@ -1,4 +1,5 @@
-"""Harmony conversations for gpt-oss, offline.
+"""Harmony conversations for gpt-oss, offline: prompts rendered to tokens, the final channel
+parsed back (the engine in :mod:`refinery.kernels` only sees token ids).
 
 ``openai-harmony`` loads the o200k vocab from ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``
 when that variable is set, else downloads it. :func:`harmony_encoding` points it at a folder
