@@ -53,7 +53,8 @@ def _decode(tokens, manifest_path: str | None = None) -> str | None:
     or None when that tokenizer cannot be loaded here."""
     try:
         from refinery.transforms.core import storage
-        from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer, spec_from_manifest
+        from refinery.transforms.formats.encoders import load_tokenizer
+        from refinery.transforms.formats.tokenizers import DEFAULT, spec_from_manifest
 
         spec = spec_from_manifest(storage.read_json(manifest_path)) if manifest_path else DEFAULT
         return None if spec is None else load_tokenizer(spec).decode(tokens)

@@ -79,8 +79,9 @@ def rss_mb() -> float:
 
 def speed(args) -> None:
     from refinery.transforms.formats import tokenizer as tk
+    from refinery.transforms.formats.bpe_encoder import _bpe_bindings
     from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
-    from refinery.transforms.formats.tokenizers import DEFAULT, _bpe_bindings
+    from refinery.transforms.formats.tokenizers import DEFAULT
 
     texts = corpus(args.corpus, args.mb)
     parts = batches(texts)
@@ -151,7 +152,8 @@ def exact(args) -> None:
     from encoder_fuzz import fuzz_texts
 
     from refinery.transforms.formats import tokenizer as tk
-    from refinery.transforms.formats.tokenizers import load_tokenizer, resolve_tokenizer
+    from refinery.transforms.formats.encoders import load_tokenizer
+    from refinery.transforms.formats.tokenizers import resolve_tokenizer
 
     sets = {f"{kind} {args.mb:.0f} MB": corpus(kind, args.mb) for kind in args.corpora}
     if args.fuzz:  # any code point (those holding an unassigned one go to tiktoken), then assigned ones only

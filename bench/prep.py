@@ -211,7 +211,8 @@ def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) ->
 
     from refinery.transforms.core import storage
     from refinery.transforms.core.stages import UnitContext, bind_stages
-    from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+    from refinery.transforms.formats.encoders import load_tokenizer
+    from refinery.transforms.formats.tokenizers import DEFAULT
     from refinery.transforms.prep.documents import BATCH_CHARS, encode_documents, normalize_text
     from refinery.transforms.prep.stages import PrepConfig, build_stages
 

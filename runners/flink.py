@@ -49,6 +49,7 @@ import urllib.error
 import urllib.request
 
 from .args import RunnerOptionsError, docker_image_config, has, value, with_defaults
+from .flink_local import cached_flink_minors, find_job_server_jar, minor_version
 from .package import setup_file
 
 LOCAL_MASTERS = ("[auto]", "[local]")
@@ -107,11 +108,6 @@ def cluster_flink_version(master: str) -> str:
     return version
 
 
-def minor_version(version: str) -> str:
-    """``1.19.3`` -> ``1.19``; ``2.2`` -> ``2.2``."""
-    return ".".join(version.split(".")[:2])
-
-
 def supported_flink_versions() -> list[str]:
     """The Flink minors the installed Beam publishes a job server for."""
     from apache_beam.options.pipeline_options import FlinkRunnerOptions
@@ -141,8 +137,6 @@ def resolve_flink(args: list[str]) -> list[str]:
     with the one-line cause: the cluster's version as ``--flink_version``, a job server jar
     as ``--flink_job_server_jar``; see the module docstring. Contacts the cluster's REST API
     (and Maven Central when no jar is at hand), nothing else."""
-    from .flink_local import cached_flink_minors, find_job_server_jar
-
     master = value(args, "--flink_master") or "[auto]"
     given = value(args, "--flink_version")
     supported = supported_flink_versions()

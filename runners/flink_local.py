@@ -57,6 +57,11 @@ BEAM_GROUP = "org.apache.beam"
 JAR_RE = re.compile(r"^beam-runners-flink-(?P<minor>\d+\.\d+)-job-server-(?P<beam>\d+\.\d+\.\d+)\.jar$")
 
 
+def minor_version(version: str) -> str:
+    """``1.19.3`` -> ``1.19``; ``2.2`` -> ``2.2``."""
+    return ".".join(version.split(".")[:2])
+
+
 def cache_dir() -> Path:
     """Where fetched jars and distributions live: ``$REFINERY_FLINK_CACHE``; else, in a source
     checkout, its git-ignored ``.cache/flink``; else ``~/.cache/refinery/flink``."""
@@ -456,8 +461,6 @@ class LocalFlinkCluster:
 # ---------------------------------------------------------------------------------------
 
 def _fetch_all(flink_version: str, beam_versions: list[str] | None) -> tuple[Path, Path]:
-    from .flink import minor_version
-
     jar = fetch_job_server(minor_version(flink_version), beam_versions)
     return jar, fetch_flink(flink_version)
 
@@ -544,8 +547,6 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_sigterm()
     try:
         if args.cmd == "fetch":
-            from .flink import minor_version
-
             jar = fetch_job_server(minor_version(args.flink), args.beam_version)
             home = None if args.jar_only else fetch_flink(args.flink)
             print(f"cache: {cache_dir()}\n  job server: {jar}" + (f"\n  FLINK_HOME: {home}" if home else ""))

@@ -23,13 +23,9 @@ from encoder_fuzz import fuzz_texts, long_texts
 from helpers import gsm8k_rows, run_prep, tree_digest
 
 from refinery.transforms.formats import tokenizer as tk
-from refinery.transforms.formats.tokenizers import (
-    DEFAULT,
-    FastTiktokenTokenizer,
-    TiktokenTokenizer,
-    load_tokenizer,
-    resolve_tokenizer,
-)
+from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
+from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.tokenizers import DEFAULT, TiktokenTokenizer, resolve_tokenizer
 from refinery.transforms.formats.unassigned import has_unassigned
 from refinery.transforms.prep.documents import encode_document, encode_documents, normalize_text
 
@@ -198,7 +194,8 @@ FORK_CHILD = """
 import os, sys, time
 import numpy as np
 from refinery.transforms.formats import tokenizer as tk
-from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+from refinery.transforms.formats.tokenizers import DEFAULT
+from refinery.transforms.formats.encoders import load_tokenizer
 import apache_beam  # what a worker has imported (its threads are its own)
 
 def threads():
@@ -293,7 +290,7 @@ def test_array_and_buffer_agree():
 
 
 def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch, caplog):
-    from refinery.transforms.formats import gigatoken_encoder, tokenizers
+    from refinery.transforms.formats import encoders, gigatoken_encoder, tokenizers
 
     spec = resolve_tokenizer("o200k_base")
     monkeypatch.setattr(gigatoken_encoder, "_PRELOADED", {})
@@ -301,11 +298,11 @@ def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch,
     with caplog.at_level("WARNING", logger="refinery"):
         assert gigatoken_backend(spec) is None
     assert "gigatoken's encoder is not usable for o200k_base" in caplog.text and "probes" in caplog.text
-    tokenizers.load_tokenizer.cache_clear()
+    encoders.load_tokenizer.cache_clear()
     try:
         assert type(load_tokenizer(spec, "fast")) is FastTiktokenTokenizer  # bpe-openai's, the next one
     finally:
-        tokenizers.load_tokenizer.cache_clear()
+        encoders.load_tokenizer.cache_clear()
 
     monkeypatch.setattr(gigatoken_encoder, "_PROBE_SHA256", tokenizers._PROBE_SHA256)
     monkeypatch.delattr(gigatoken, "set_max_cache_bytes")  # the official gigatoken: an unbounded cache

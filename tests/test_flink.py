@@ -62,7 +62,7 @@ def flink_jar() -> Path:
     """The fetched job server jar (Flink 1.19), or skip/fail with one reason."""
     if shutil.which("java") is None:
         _unavailable("Flink tests skipped: no Java")
-    minor = flink_mod.minor_version(flink_local.DEFAULT_FLINK)
+    minor = flink_local.minor_version(flink_local.DEFAULT_FLINK)
     jar = flink_local.find_job_server_jar(minor)
     if jar is None:
         _unavailable(f"Flink tests skipped: no Flink {minor} job server jar in {flink_local.cache_dir()} "
@@ -169,7 +169,7 @@ def test_version_comes_from_the_cluster(fake_rest, java_present, tmp_path):
     with pytest.raises(RunnerOptionsError, match=r"runs Flink 1.16.3, which this Beam does not support "
                                                  r"\(it supports Flink 1.19, 1.20"):
         prepare_run("flink", args)
-    assert flink_mod.rest_url("jm:8081") == "http://jm:8081" and flink_mod.minor_version("1.19.3") == "1.19"
+    assert flink_mod.rest_url("jm:8081") == "http://jm:8081" and flink_local.minor_version("1.19.3") == "1.19"
 
 
 def test_cached_jar_is_found_for_the_cluster_version(fake_rest, java_present, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import threading
 
 from helpers import gsm8k_rows
 
-from refinery.transforms.core import stages
+from refinery.transforms.core import stage as stages  # where the Stage API lives
 from refinery.transforms.core.progress import Progress
 from refinery.transforms.core.stages import Stage, Unit, bind_stages, execute_unit
 

@@ -304,7 +304,8 @@ def test_spill_writer_takes_arrays_numpy_and_lists_alike():
 
 
 def test_spill_writer_batches_write_what_documents_one_by_one_write():
-    from refinery.transforms.formats.tokenizers import DEFAULT, load_tokenizer
+    from refinery.transforms.formats.encoders import load_tokenizer
+    from refinery.transforms.formats.tokenizers import DEFAULT
     from refinery.transforms.prep.documents import encode_by_shard, encode_document, encode_documents
 
     tok = load_tokenizer(DEFAULT, "fast")

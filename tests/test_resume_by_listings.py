@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from refinery.transforms.core import stage as stage_api
 from refinery.transforms.core import stages
 from refinery.transforms.core.stages import Stage, StageFailed, Unit, run_in_driver, run_stages
 
@@ -55,7 +56,7 @@ def counted(monkeypatch):
     the units the job ran or skipped (``execute_unit`` in the runner)."""
     seen = {"driver": {}, "ran": [], "skipped": []}
     in_job = [False]
-    real_check = stages.check_receipt
+    real_check = stage_api.check_receipt
 
     def check(output, path, *args, **kwargs):
         if not in_job[0]:
@@ -81,7 +82,7 @@ def counted(monkeypatch):
         finally:
             in_job[0] = False
 
-    monkeypatch.setattr(stages, "check_receipt", check)
+    monkeypatch.setattr(stage_api, "check_receipt", check)  # what StageRun.check calls
     seen["runner"] = runner
     return seen
 

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.core.planning import bind_stages, record_inputs, write_plans
 from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
-from refinery.transforms.core.stages import StageRun, Unit, execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.core.stage import StageRun
+from refinery.transforms.core.units import Unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
 
@@ -188,8 +191,6 @@ class RunStages(beam.PTransform):
 
     def __init__(self, stages: list, output: str, verify_checksums: bool = False):
         super().__init__()
-        from refinery.transforms.core.stages import bind_stages, record_inputs, write_plans
-
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output
         for run in runs:

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from refinery.transforms.core import storage
-
-if TYPE_CHECKING:
-    from refinery.transforms.core.stages import Unit
+from refinery.transforms.core.units import Unit
 
 PART_UNITS = 4096  # units per part: a part is one read in a worker, ~1 MB for a tokenize plan of small files
 
@@ -44,13 +41,13 @@ class PlanRef:
         return storage.join(self.folder, f"part-{k:05d}.jsonl")
 
 
-def unit_lines(units: list["Unit"]) -> bytes:
+def unit_lines(units: list[Unit]) -> bytes:
     """The bytes of one part: a JSON line ``[id, payload]`` per unit (keys sorted)."""
     return "".join(json.dumps([u.id, u.payload], sort_keys=True, ensure_ascii=False) + "\n"
                    for u in units).encode("utf-8")
 
 
-def write_units(ref: PlanRef, units: list["Unit"]) -> int:
+def write_units(ref: PlanRef, units: list[Unit]) -> int:
     """Write ``units`` as ``ref``'s parts, each atomically, except a part already there with its
     size (a plan is a pure function of where it lies: the same bytes); the parts written."""
     if len(units) != ref.units:
@@ -64,11 +61,9 @@ def write_units(ref: PlanRef, units: list["Unit"]) -> int:
     return written
 
 
-def read_part(ref: PlanRef, k: int) -> list["Unit"]:
+def read_part(ref: PlanRef, k: int) -> list[Unit]:
     """The units of part ``k`` of ``ref``, in order; ValueError naming the part when it is not
     what the reference says (missing, cut short, or not JSON lines of ``[id, payload]``)."""
-    from refinery.transforms.core.stages import Unit
-
     path = ref.part_path(k)
     try:
         lines = storage.read_bytes(path).splitlines()
@@ -83,6 +78,6 @@ def read_part(ref: PlanRef, k: int) -> list["Unit"]:
     return units
 
 
-def read_units(ref: PlanRef) -> list["Unit"]:
+def read_units(ref: PlanRef) -> list[Unit]:
     """Every unit ``ref`` names, in order."""
     return [u for k in range(ref.parts) for u in read_part(ref, k)]

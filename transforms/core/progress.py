@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from refinery.transforms.core.stages import StageRun
+    from refinery.transforms.core.stage import StageRun
 
 
 class Progress:
@@ -75,7 +75,7 @@ class Progress:
 
     def _running(self, run: StageRun, ended: set[str]) -> list[dict]:
         """The counts so far that this run's running units published (``progress/``, see
-        :meth:`~refinery.transforms.core.stages.UnitContext.report_progress`): one listing,
+        :meth:`~refinery.transforms.core.stage.UnitContext.report_progress`): one listing,
         and a read per running unit; a unit that has ended is counted from its receipt, and
         a file left by an earlier, killed run is ignored."""
         from refinery.transforms.core import storage

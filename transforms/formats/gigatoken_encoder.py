@@ -3,7 +3,7 @@
 ``--encoder fast`` (the default) encodes o200k_harmony, o200k_base and cl100k_base with the
 PyPI package ``gigatoken-cachefix`` (an unofficial build of gigatoken with bounded encode
 caches; the import is ``gigatoken``) when it is installed and gives tiktoken's tokens on the
-load-time probes; else with bpe-openai (:class:`~refinery.transforms.formats.tokenizers.FastTiktokenTokenizer`),
+load-time probes; else with bpe-openai (:class:`~refinery.transforms.formats.bpe_encoder.FastTiktokenTokenizer`),
 else tiktoken.
 
 How it is used, and why each rule is there:
@@ -43,11 +43,11 @@ from typing import Sequence
 import numpy as np
 
 from refinery.transforms.formats import tokenizer as tk
+from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.tokenizers import (
     _PROBE_SHA256,
     _PROBES,
     FAST_ENCODINGS,
-    FastTiktokenTokenizer,
     TiktokenTokenizer,
     TokenizerSpec,
     join_encoded,

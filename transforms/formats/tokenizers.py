@@ -7,9 +7,10 @@ Two steps, so that workers never decide anything:
   every worker: kind, name (tiktoken: the encoding; tokenizers: the ``tokenizer.json`` path,
   absolute when local, or ``gs://``), the sha256 of its file, vocab size, EOS id and the
   shards' dtype. A bad value raises :class:`TokenizerError`, one line for the user.
-- :func:`load_tokenizer` (each worker process, once per spec): the :class:`Tokenizer` the
-  spec names. A ``tokenizer.json`` is read again and checked against the spec's sha256, so a
-  worker never encodes with a file other than the one planned.
+- :func:`~refinery.transforms.formats.encoders.load_tokenizer` (each worker process, once per
+  spec): the :class:`Tokenizer` the spec names (:func:`plain_tokenizer`, or a faster encoder
+  giving the same tokens). A ``tokenizer.json`` is read again and checked against the spec's
+  sha256, so a worker never encodes with a file other than the one planned.
 
 The values ``--tokenizer`` takes:
 
@@ -199,89 +200,12 @@ class HfTokenizer(Tokenizer):
 # vocab and split pattern they use (o200k_harmony's ordinary tokens are o200k_base's: the same
 # ranks and pattern, other special tokens)
 FAST_ENCODINGS = {"o200k_harmony": "o200k_base", "o200k_base": "o200k_base", "cl100k_base": "cl100k_base"}
-# --encoder: "fast" is gigatoken where it is installed and passes the probes, else bpe-openai;
-# "bpe-openai" that one alone; "tiktoken" the reference. Every one gives the same tokens.
-ENCODERS = ("fast", "bpe-openai", "tiktoken")
 # checked at load: the fast encoder is used only if it gives tiktoken's tokens for these (the
 # sha256 of their JSON token lists, as tiktoken 0.14 encodes them; tests compare both encoders)
 _PROBE_SHA256 = {"o200k_base": "34ea12200d289670b619da7f259f72518adbae03b8a88b5db8c75c00da5939ff",
                  "cl100k_base": "00870a9e60baa71e91bbe076af087e9d5d0b15570f8cc272009c0b064a12a235"}
 _PROBES = ("Hello, world! 123 4567 <|endoftext|> ünïcödé 日本語 \U0001F600\n\n\tdef f(x):\n    return x**2",
            "a" * 3000 + " " * 40 + "0123456789" * 30, "don't I'll we've  \r\n  x")
-
-
-class FastTiktokenTokenizer(TiktokenTokenizer):
-    """tiktoken's exact tokens from bpe-openai's Rust BPE (GitHub's ``bpe`` crate): about 1.3x
-    tiktoken's speed on one core, and linear on long runs without spaces. A document it
-    cannot take (it raises) is encoded by tiktoken instead, counted in ``fallbacks``. tiktoken
-    itself (``enc``) is loaded only when needed: a fallback, or ``decode``."""
-
-    def __init__(self, spec: TokenizerSpec, enc, fast):
-        super().__init__(spec, enc)
-        self.fast = fast
-        self.fallbacks = 0
-
-    @property
-    def enc(self):
-        if callable(self._enc):
-            self._enc = self._enc()
-        return self._enc
-
-    @enc.setter
-    def enc(self, value) -> None:
-        self._enc = value
-
-    def encode(self, text: str) -> array:
-        try:
-            return array("I", self.fast.encode(text))
-        except Exception:  # noqa: BLE001 - whatever the fast encoder refuses, tiktoken encodes
-            self.fallbacks += 1
-            return super().encode(text)
-
-    encode_flat = Tokenizer.encode_flat  # each text by :meth:`encode` (not tiktoken's own loop)
-
-
-@functools.lru_cache(maxsize=1)
-def _bpe_bindings():
-    """bpe-openai's Rust extension module, loaded by itself: importing the ``bpe_openai``
-    package first would build its Python tiktoken shims, parsing three vocab files (about a
-    second per process) that the Rust encoder does not use."""
-    import importlib.machinery
-    import importlib.util
-    from pathlib import Path
-
-    package = importlib.util.find_spec("bpe_openai")
-    if package is None or not package.submodule_search_locations:
-        raise ImportError("bpe-openai is not installed")
-    folder = Path(list(package.submodule_search_locations)[0])
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = folder / f"_bindings{suffix}"
-        if path.exists():
-            loader = importlib.machinery.ExtensionFileLoader("bpe_openai._bindings", str(path))
-            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-            loader.exec_module(module)
-            return module
-    raise ImportError(f"no bpe_openai._bindings extension in {folder}")
-
-
-def _fast_backend(spec: TokenizerSpec):
-    """bpe-openai's encoder for ``spec``'s encoding, if installed, known to it and giving
-    tiktoken's tokens on :data:`_PROBES`; else None (tiktoken is used)."""
-    name = FAST_ENCODINGS.get(spec.name) if spec.kind == "tiktoken" else None
-    if name is None:
-        return None
-    try:
-        fast = _bpe_bindings().tokenizer_for_encoding(name)
-        tokens = json.dumps([list(fast.encode(p)) for p in _PROBES]).encode()
-        if hashlib.sha256(tokens).hexdigest() == _PROBE_SHA256[name]:
-            return fast
-    except Exception:  # noqa: BLE001 - no usable fast encoder: tiktoken alone
-        pass
-    import logging
-
-    logging.getLogger("refinery").warning("bpe-openai's encoder is not usable for %s here; encoding with tiktoken",
-                                          spec.name)
-    return None
 
 
 def wrap_encoding(enc) -> TiktokenTokenizer:
@@ -305,30 +229,14 @@ def _parse_hf(data: bytes, source: str):
 
 
 @functools.lru_cache(maxsize=8)
-def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
-    """The tokenizer ``spec`` names, once per process. For a tiktoken encoding the fast
-    encoders know (:data:`FAST_ENCODINGS`), ``encoder="fast"`` gives gigatoken's
-    (:class:`~refinery.transforms.formats.gigatoken_encoder.GigatokenTokenizer`) when it is
-    installed and passes the probes, else bpe-openai's (:class:`FastTiktokenTokenizer`), and
-    ``"bpe-openai"`` the latter: the same tokens as tiktoken, which encodes what they refuse.
-    Raises :class:`TokenizerError` when a ``tokenizer.json`` is missing or no longer has the
-    planned sha256."""
-    if encoder not in ENCODERS:
-        raise TokenizerError(f"--encoder {encoder!r}: one of {', '.join(ENCODERS)}")
+def plain_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+    """The reference :class:`Tokenizer` of ``spec``, once per process: tiktoken's for an
+    encoding, ``tokenizers``' for a ``tokenizer.json`` (read again and checked against the
+    spec's sha256: :class:`TokenizerError` when it is missing or no longer that file). The
+    encoder a worker uses, a faster one giving the same tokens included, is
+    :func:`refinery.transforms.formats.encoders.load_tokenizer`'s."""
     if spec.kind == "tiktoken":
-        def tiktoken_encoding():
-            return tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
-
-        if encoder == "fast":
-            from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
-
-            giga = gigatoken_backend(spec)
-            if giga is not None:
-                return GigatokenTokenizer(spec, tiktoken_encoding, giga)  # tiktoken loaded if ever needed
-        fast = _fast_backend(spec) if encoder != "tiktoken" else None
-        if fast is None:
-            return TiktokenTokenizer(spec, tiktoken_encoding())
-        return FastTiktokenTokenizer(spec, tiktoken_encoding, fast)  # tiktoken loaded if ever needed
+        return TiktokenTokenizer(spec, tiktoken_encoding(spec))
     try:
         data = storage.read_bytes(spec.name)
     except FileNotFoundError:
@@ -340,9 +248,11 @@ def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
     return HfTokenizer(spec, _parse_hf(data, spec.name))
 
 
-# ---------------------------------------------------------------------------------------
-# Resolving a --tokenizer value (the driver)
-# ---------------------------------------------------------------------------------------
+def tiktoken_encoding(spec: TokenizerSpec):
+    """tiktoken's ``Encoding`` of a tiktoken ``spec`` (the project's verified o200k_harmony,
+    else tiktoken's own)."""
+    return tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
+
 
 def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str | int | None = None,
                       eos_ordinary: bool = False) -> TokenizerSpec:
@@ -352,7 +262,7 @@ def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str |
     refused unless ``eos_ordinary`` (``--eos-token-is-ordinary``): documents holding it could
     not be told apart by their EOS (``inspect``, ``regenerate-index``)."""
     if isinstance(value, TokenizerSpec):
-        return value if eos_token is None else _with_eos(value, load_tokenizer(value), eos_token, eos_ordinary)
+        return value if eos_token is None else _with_eos(value, plain_tokenizer(value), eos_token, eos_ordinary)
     value = value or tk.ENCODING_NAME
     if value in tk.TIKTOKEN_FILES:
         return _tiktoken_spec(value, eos_token, eos_ordinary)

@@ -56,7 +56,8 @@ from refinery.transforms.core.rows import SourceRow, iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
-from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer, resolve_tokenizer
+from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, resolve_tokenizer
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
     BATCH_DOCS,

@@ -33,7 +33,8 @@ from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_r
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
-from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, load_tokenizer
+from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
@@ -67,7 +68,7 @@ class PrepConfig:
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
     tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
-    encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.tokenizers.ENCODERS)
+    encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.encoders.ENCODERS)
     num_inputs: int = -1  # len(inputs); kept when a job carries the config without its input list
 
     def __post_init__(self):

@@ -1,0 +1,347 @@
+"""A command's run: plan, run the job (one Beam job, or the next wave of one), account for
+what ran, fail loudly on what did not (:func:`run_stages`)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from refinery.transforms.core import storage
+from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.core.plan_changes import explain_plan_changes
+from refinery.transforms.core.planning import (
+    Planned,
+    bind_stages,
+    demanded,
+    discard_other_plans,
+    final_stages_done,
+    plan_runs,
+    plans_by_listing,
+    record_inputs,
+    write_plans,
+)
+from refinery.transforms.core.progress import Progress
+from refinery.transforms.core.receipts import META_DIR
+from refinery.transforms.core.stage import CHECK_THREADS, Stage, StageRun, short_hash
+from refinery.transforms.core.units import Unit
+
+log = logging.getLogger("refinery")
+
+RUN_SCHEMA = "refinery.run/1"
+
+
+class StageFailed(RuntimeError):
+    def __init__(self, stage: str, failures: dict[str, str]):
+        self.stage = stage
+        self.failures = failures
+        lines = "\n".join(f"  {u}: {why}" for u, why in sorted(failures.items())[:20])
+        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+        super().__init__(f"stage {stage}: {len(failures)} unit(s) not completed:\n{lines}{more}")
+
+
+class JobFailed(RuntimeError):
+    """A stage's Beam job failed as a whole (a lost worker or task manager, a runner
+    error), as opposed to units that failed inside it (:class:`StageFailed`). Receipts of
+    the units that finished before are kept; ``cause`` is the runner's exception."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage = stage
+        self.cause = cause
+        first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+        super().__init__(f"stage {stage}: the Beam job failed: {type(cause).__name__}: {first[:400]}")
+
+
+@dataclass
+class JobResult:
+    """What a run did: per stage the units it ran, their wall time and the runner's counters;
+    the stages it did not run (found done)."""
+
+    runs: list[StageRun]
+    ran: dict[str, int]  # stage -> units executed this time
+    skipped_stages: list[str]
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time this time
+    metrics: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> the runner's refinery counters
+
+
+def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list, dict[str, list[str]]]:
+    """The steps of a job planned from listings: every unit of every stage (the workers skip
+    the ones whose receipt verifies), and per stage the ids of the units
+    with no receipt file (run now, for certain)."""
+    import uuid
+
+    from refinery.transforms.core.pipeline import Step
+
+    job = uuid.uuid4().hex[:16]
+    steps, fresh = [], {}
+    for run, plan in zip(runs, plans):
+        run.listing_job = job
+        if not plan:
+            continue
+        listed = run.listed_units()
+        fresh[run.name] = [u.id for u in plan if u.id not in listed]
+        log.info("stage %s [%s]: %d of %d units have no receipt; the workers check the other %d before running them",
+                 run.name, run.stage_hash, len(fresh[run.name]), len(plan), len(plan) - len(fresh[run.name]))
+        steps.append(Step(run, plan, to_run=len(fresh[run.name])))
+    return steps, fresh
+
+
+def _listed_unfinished(run: StageRun, units: list[Unit]) -> list[str]:
+    """Ids of ``units`` with no receipt file, or whose last attempt is listed under ``failures/``:
+    the units a job planned from listings may not have completed (two listings, no receipt read)."""
+    listed, failed = run.listed_units(), run.listed_failures()
+    return [u.id for u in units if u.id not in listed or u.id in failed]
+
+
+def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) -> dict[str, str]:
+    """After a job planned from listings: unit id -> why it is not done, of ``units`` of ``run``.
+    Only the units without a receipt file, or listed under ``failures/``, are checked (the
+    workers checked the others); a failure record left by a kill after its unit completed is
+    removed."""
+    out = {}
+    for unit_id, c in run.check_all(_listed_unfinished(run, units), verify_checksums).items():
+        if c.done:
+            storage.remove(storage.join(run.failures_dir, unit_id), root=run.output)
+        else:
+            out[unit_id] = c.reason
+    return out
+
+
+def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[dict]:
+    """The receipts of ``unit_ids`` that can be read (CHECK_THREADS at a time on an object store)."""
+    def read(unit_id: str) -> dict | None:
+        try:
+            r = storage.read_json(run.receipt_path(unit_id))
+        except (OSError, ValueError):
+            return None
+        return r if isinstance(r, dict) else None
+
+    if not storage.is_remote(run.output) or len(unit_ids) < 2:
+        found = [read(u) for u in unit_ids]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            found = list(pool.map(read, unit_ids))
+    return [r for r in found if r is not None]
+
+
+def _span_seconds(receipts: list[dict]) -> float:
+    """Wall time from the first unit's start to the last one's end (0 if none ran)."""
+    try:
+        starts = [_dt.datetime.fromisoformat(r["started_at"]) for r in receipts]
+        ends = [_dt.datetime.fromisoformat(r["finished_at"]) for r in receipts]
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return (max(ends) - min(starts)).total_seconds() if starts else 0.0
+
+
+def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
+    """A step runner for ``run_stages`` without Beam: each step's units in this process, in
+    order; a step with a unit not completed blocks the steps after it (as in the pipeline).
+    Returns the counters a Beam job would report (:func:`unit_counters`)."""
+    counters: dict[str, int] = {}
+    for step in steps:
+        receipts = [execute_unit(step.run, u, verify_checksums) for u in step.units]
+        for r in receipts:
+            for k, v in unit_counters(step.run.name, r).items():
+                counters[k] = counters.get(k, 0) + v
+        if times := [t for r in receipts if (t := unit_times_ms(r))]:
+            counters[span_key(step.run.name)] = max(e for _, e in times) - min(s for s, _ in times)
+        if any(r["status"] != "completed" for r in receipts):
+            break
+    return counters
+
+
+def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool,
+                   output: str) -> tuple[list, list[StageRun], bool]:
+    """The steps of a job planned by reading every receipt (a stage with a budget, or one with
+    its own step transform): each stage's pending units up to the last demanded stage, or up
+    to a stage whose ``needed`` will ask for more; the stages of the job; whether the job is
+    the last one. Receipts built before an upstream repair are removed first."""
+    from refinery.transforms.core.pipeline import Step
+
+    planned = plan_runs(runs, plans, verify_checksums)
+    last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
+    job: list[Planned] = []
+    for p in planned[:last + 1]:
+        job.append(p)
+        if not p.final:
+            if not p.pending:
+                raise RuntimeError(f"stage {p.run.name}: needed() asked for more units but none is pending")
+            break
+    for p in job:
+        if p.pending:
+            log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
+                     len(p.pending), len(p.plan))
+    steps = [Step(p.run, p.pending) for p in job if p.pending]
+    if steps:
+        for p in job:  # receipts built before an upstream repair go first: a later run, even one
+            for unit_id in p.stale:  # killed before these units are redone, sees them pending
+                storage.remove(p.run.receipt_path(unit_id), root=output)
+    return steps, [p.run for p in job], not job or job[-1].final
+
+
+def _first_unfinished(steps: list, by_listing: bool) -> str:
+    """The stage a failed job is reported at: the first step with a unit not done (by listings
+    for a job planned from them: a unit with no receipt or a recorded failure)."""
+    for s in steps:
+        if by_listing:
+            if _listed_unfinished(s.run, s.units):
+                return s.run.name
+        elif not all(c.done for c in s.run.check_all([u.id for u in s.units]).values()):
+            return s.run.name
+    return steps[-1].run.name
+
+
+def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
+               verify_checksums: bool = False, force: bool = False, progress: bool = True,
+               run_info: dict | None = None,
+               on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
+               runner: Callable[[list, list[str], bool], dict | None] | None = None) -> JobResult:
+    """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
+
+    The driver plans. Commonly (:func:`plans_by_listing`) it reads only the receipts of the
+    stages with user-facing files (:func:`final_stages_done`); when one has a unit not done,
+    a job runs every unit of every stage, and its workers check each
+    receipt (:func:`check_receipt`, as always) before running the unit: a valid one is
+    skipped there. The driver learns the rest from listings: of each stage's receipts
+    before the job (the units that will run for certain, for the log and the local
+    runner's choice of processes) and, after it, of receipts and ``failures/``; it reads
+    only the receipts of the units that ran, for the time each stage took. A run with a
+    stage that has a budget, or its own step transform (inference), is planned the older
+    way: every receipt checked in the driver, and only the pending units in the job (up
+    to the last one with pending units; a stage after it is done, so what precedes it is
+    not needed again). ``runner(steps, beam_args, verify_checksums)`` then
+    runs those steps (``pipeline.Step``: stage + units) as ONE Beam job, each step after
+    the one before (default: ``pipeline.run_on_beam``; :func:`run_in_driver` runs them here,
+    without Beam) and may return the runner's counters, kept per stage in
+    ``JobResult.metrics``. A stage with a budget (``needed`` not final) ends a job; the
+    next job, planned again, goes on from there.
+
+    ``force`` deletes ``OUTPUT/.refinery`` first (a fresh run). ``on_plan`` is called with
+    the bound stages and their plans before anything runs (prep uses it to clear a stale
+    manifest). Raises :class:`StageFailed` naming the first stage with units not
+    completed, :class:`JobFailed` when the Beam job failed; the receipts of everything that
+    finished are kept for the next run.
+    """
+    if runner is None:
+        from refinery.transforms.core.pipeline import run_on_beam as runner
+    runs, plans = _start_run(stages, output, force, run_info)
+    if on_plan:
+        on_plan(runs, plans)
+    result = JobResult(runs, {}, [])
+    discarded: set[str] = set()
+    by_listing = plans_by_listing(runs)
+    while True:
+        job = _next_job(runs, plans, by_listing, verify_checksums, output)
+        if job is None:
+            break
+        steps, fresh, job_runs, final_job = job
+        for run in job_runs:
+            result.ran.setdefault(run.name, 0)
+            if run.stage.final_outputs and run.name not in discarded:
+                discard_other_plans(run)
+                discarded.add(run.name)
+        if not steps:
+            break
+        steps = write_plans(job_runs, steps)
+        with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
+                      enabled=progress):
+            try:
+                counters = runner(steps, beam_args, verify_checksums) or {}
+            except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
+                log.info("the Beam job failed", exc_info=True)
+                raise JobFailed(_first_unfinished(steps, by_listing), e) from e
+        for s in steps:
+            _account_step(result, s, counters, fresh, by_listing, verify_checksums)
+        if final_job:
+            break
+    if by_listing and not any(result.ran.values()):
+        result.ran.clear()  # the workers found every unit done (a run with --verify-checksums): nothing ran
+    result.skipped_stages = [r.name for r in runs if r.name not in result.ran]
+    return result
+
+
+def _start_run(stages: list[Stage], output: str, force: bool,
+               run_info: dict | None) -> tuple[list[StageRun], list[list[Unit]]]:
+    """The stages bound to ``output`` and their plans, once the output is ready for a run:
+    ``OUTPUT/.refinery`` removed first with ``force``, dead writers' temp files removed, each
+    plan's input fingerprints and ``run.json`` recorded, and why a stage's plan changed
+    since the previous run logged."""
+    if force:
+        storage.remove_tree(storage.join(output, META_DIR), root=output)
+    for path in storage.remove_dead_temp_files(output):
+        log.info("removed %s: a temp file left by an interrupted write", path)
+    runs = bind_stages(stages, output)
+    plans = [r.stage.plan() for r in runs]
+    for r, plan in zip(runs, plans):
+        unit_ids = [u.id for u in plan]
+        if len(set(unit_ids)) != len(unit_ids):
+            raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
+    run_json = storage.join(output, META_DIR, "run.json")
+    fingerprints = [r.stage.fingerprints() for r in runs]  # once: a list per input file
+    entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
+                "inputs_hash": short_hash(fps), "identity_hash": short_hash(r.stage.identity()),
+                "final": r.stage.final_outputs or i == len(runs) - 1}
+               for i, (r, p, fps) in enumerate(zip(runs, plans, fingerprints))]
+    for r, fps in zip(runs, fingerprints):
+        record_inputs(r, fps)
+    try:
+        previous = storage.read_json(run_json)
+    except (FileNotFoundError, ValueError):
+        previous = None
+    if isinstance(previous, dict):
+        for line in explain_plan_changes(output, previous, entries):
+            log.warning("%s", line)
+    storage.atomic_write_json(run_json, {"schema": RUN_SCHEMA, **(run_info or {}), "stages": entries})
+    return runs, plans
+
+
+def _next_job(runs: list[StageRun], plans: list[list[Unit]], by_listing: bool, verify_checksums: bool,
+              output: str) -> tuple[list, dict[str, list[str]], list[StageRun], bool] | None:
+    """(steps, per stage the units with no receipt file, the stages of the job, whether it is
+    the last job) of the next job, or None when there is nothing to do. Planned from listings
+    (:func:`plans_by_listing`), only the final stages' receipts are read here and the workers
+    check the rest; a unit repaired in the job invalidates what was built from it, even in a
+    final stage found done here, so with anything to do every stage is in the job (done units
+    skip). With checksums, every unit's files are verified: by the workers."""
+    if not verify_checksums and final_stages_done(runs, plans):
+        return None  # nothing to do: the earlier stages' receipts are not read
+    if by_listing:
+        steps, fresh = _listing_steps(runs, plans)
+        return steps, fresh, runs, True
+    steps, job_runs, final_job = _checked_steps(runs, plans, verify_checksums, output)
+    return steps, {}, job_runs, final_job
+
+
+def _account_step(result: JobResult, step, counters: dict[str, int], fresh: dict[str, list[str]],
+                  by_listing: bool, verify_checksums: bool) -> None:
+    """Add one finished step of a job to ``result`` (units run, wall time, the runner's
+    counters), or raise :class:`StageFailed` naming its units not done."""
+    name = step.run.name
+    mine = {k: v for k, v in counters.items() if k.startswith(name + "_")}
+    log.info("stage %s: runner counters %s", name, json.dumps(mine, sort_keys=True))
+    if mine:
+        stage_counters = result.metrics.setdefault(name, {})
+        for k, v in mine.items():
+            stage_counters[k] = stage_counters.get(k, 0) + v
+    if by_listing:
+        failures = _listing_failures(step.run, step.units, verify_checksums)
+        # the stage's wall time: from the runner's metrics, else from the receipts of the units run
+        new = [] if span_key(name) in counters else \
+            _read_receipts_of(step.run, [u for u in fresh[name] if u not in failures])
+        if any(k.startswith(f"{name}_units_") for k in counters):
+            result.ran[name] += sum(counters.get(f"{name}_units_{k}", 0) for k in ("completed", "failed"))
+        else:  # a runner without metrics: the units that had no receipt
+            result.ran[name] += len(fresh[name])
+    else:
+        result.ran[name] += len(step.units)
+        checks = step.run.check_all([u.id for u in step.units], verify_checksums)
+        failures = {u: c.reason for u, c in checks.items() if not c.done}
+        new = [c.receipt for c in checks.values()]
+    if failures:
+        raise StageFailed(name, failures)
+    span = counters[span_key(name)] / 1000 if span_key(name) in counters else _span_seconds(new)
+    result.seconds[name] = result.seconds.get(name, 0.0) + span

@@ -1,0 +1,434 @@
+"""The Stage API: :class:`Stage`, :class:`Unit`, a stage bound to an output (:class:`StageRun`)
+and what a unit writes through (:class:`UnitContext`).
+
+Resumable stages: plan -> units -> idempotent unit outputs -> receipts -> barrier.
+
+Every pipeline (prep, decon, generate, hydra) is a list of :class:`Stage` objects run by
+:func:`~refinery.transforms.core.orchestration.run_stages`. A stage has a JSON config, a deterministic plan (a list of
+:class:`Unit`), and ``run_unit(unit, ctx) -> stats`` which writes its files through a
+:class:`UnitContext` so that they are recorded in the unit's receipt.
+
+Layout under OUTPUT::
+
+    .refinery/run.json                                 config, stage hashes, unit counts
+    .refinery/<stage>/<stage_hash>/receipts/<unit>.json one per unit, written last, atomically
+    .refinery/<stage>/<stage_hash>/parts/...            intermediate unit files
+    .refinery/<stage>/<stage_hash>/progress/<unit>.json a running unit's counts so far (removed
+                                                        when its receipt is written; progress only)
+    .refinery/fingerprints/<stage>-<stage_hash>.json    input fingerprints of that plan (to say
+                                                        which input changed when a plan changes)
+
+Stage hash = sha256 of (stage name, config, input fingerprints, identity such as the
+tokenizer, upstream stage hash). Hashes chain: changing stage k re-runs k and what follows
+and keeps what precedes. Outputs of different plans never mix: parts live under the hash.
+
+"Done" is decided by ONE function, :func:`~refinery.transforms.core.receipts.check_receipt`
+(in :mod:`.receipts`, with the receipt schema below), used both by the planner (which
+units are pending) and by the worker right before it runs a unit: the receipt says
+completed, its stage hash matches, every listed file exists with the recorded size
+(and sha256 with ``verify_checksums``), and no unit of an earlier stage was repaired
+since it was built. A receipt whose files are missing means pending.
+
+Repairs: a unit redone because its files were *damaged* (wrong size or sha256, or an
+unreadable receipt) gets a new ``repair`` token in its receipt, because what was built
+from it may have read the damage; each receipt records the repair tokens of the earlier
+stages' done units it was built after (``upstream_repairs``), and a unit whose record
+differs from the current one is pending. So a repair invalidates everything after it,
+while a unit redone only because a file went missing (rebuilt identically) keeps its token
+and invalidates nothing.
+
+Stages run backward-demand-driven: if every unit of the last stages is done, earlier
+stages are not run at all, even if their intermediate parts were deleted.
+
+Each run first removes temp files left under OUTPUT by dead writers (``storage.remove_dead_temp_files``)
+and, when a stage's hash differs from the previous run's, logs why (:mod:`.plan_changes`).
+While a job runs, :mod:`.progress` draws its steps from their receipts.
+``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
+trail the fault-injection tests use (see RELIABILITY.md).
+
+Receipt schema (JSON)::
+
+    {schema, stage, stage_hash, unit, status: completed|failed,
+     files: [{path (relative to OUTPUT), bytes, sha256}], stats,
+     started_at, finished_at, host, error?: {type, message, traceback},
+     repair?: token, upstream_repairs?: {"stage/unit": token}}
+"""
+
+import contextlib
+import datetime as _dt
+import functools
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from refinery.transforms.core import storage
+from refinery.transforms.core.plan_changes import fingerprints_path
+from refinery.transforms.core.plans import PlanRef, read_units
+from refinery.transforms.core.receipts import META_DIR, Completion, check_receipt
+from refinery.transforms.core.units import Unit
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def short_hash(obj: Any, length: int = 16) -> str:
+    return hashlib.sha256(canonical_json(obj)).hexdigest()[:length]
+
+
+def now_iso() -> str:
+    """Now, in UTC, as receipts and progress files spell it (ISO 8601, milliseconds)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Stage:
+    """Base class of a pipeline stage. Subclasses set ``name`` and implement ``plan``/``run_unit``.
+
+    - ``config()``: JSON-able settings that change the unit outputs (enters the hash).
+    - ``fingerprints()``: input fingerprints (path, size, mtime/generation) (enters the hash).
+    - ``identity()``: other identities, e.g. the tokenizer's (enters the hash).
+    - ``make_plan()``: the deterministic list of units (subclasses implement it; callers use
+      ``plan()``, which makes it once in the driver, and in a worker reads what the driver
+      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.plans`).
+    - ``driver_only``: attributes a worker never needs (input lists, plans): left out when
+      the stage is pickled into a job once its plan is written, so that the job's size does
+      not grow with the corpus.
+    - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx``, return stats.
+    - ``needed(units, receipts)``: which units later stages need, given the completed
+      receipts so far; returns (units, final). Default: all units, final. A stage with a
+      budget (prep's ``--max-tokens``) asks for waves of units until the budget is met
+      (each wave is a Beam job that ends at that stage).
+    - ``side_inputs(run, start)``: Beam side inputs of the stage bound as ``run`` (its
+      upstream stages are ``run.upstream[name]``), built from ``start``, a PCollection of
+      one element that exists once every unit upstream completed; their values arrive as
+      ``ctx.side``.
+    - ``step_transform(run, units, verify_checksums, after, ref)``: the stage's own PTransform
+      (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one
+      ParDo each (inference: RunInference); ``ref``: where the driver wrote ``units``
+      (``pipeline.ReadUnits`` reads them in the workers); None (the default):
+      ``pipeline.RunStage``.
+    - ``title``: the step's name in the command's Beam pipeline (``Tokenize units``).
+    - ``light = True``: mostly I/O, or one unit: on the local multi-process runner a job
+      of only light steps runs in the driver's process instead of starting a pool of
+      worker processes (seconds of start-up for a second of work).
+    - ``chained = False``: the stage's hash does not enter the hashes of the stages after it
+      (its outputs are a pure function of inputs that the next stage's hash covers already).
+    - ``final_outputs = True``: the stage writes user-facing files under fixed names that
+      another plan's run would overwrite; receipts of other plans of it are discarded. Its
+      pending units are always run (with what precedes them); a stage of intermediate files
+      runs only for a later stage that runs (:func:`demanded`).
+    """
+
+    name: str = ""
+    title: str = ""
+    light: bool = False
+    final_outputs: bool = False
+    driver_only: tuple[str, ...] = ()
+    chained: bool = True  # False: its hash does not enter the stages' after it (see bind_stages)
+    plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
+    _units: list[Unit] | None = None
+    _unpickled = False  # True in a worker's copy: its plan is read from plan_ref
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("title") and cls.name:
+            cls.title = cls.name.capitalize()
+
+    def config(self) -> dict:
+        return {}
+
+    def fingerprints(self) -> list:
+        return []
+
+    def identity(self) -> dict:
+        return {}
+
+    def make_plan(self) -> list[Unit]:
+        raise NotImplementedError
+
+    def plan(self) -> list[Unit]:
+        """The stage's units: made once (``make_plan``), or in a worker read from ``plan_ref``."""
+        if self._units is None:
+            if self.plan_ref is not None and self._unpickled:
+                self._units = read_units(self.plan_ref)
+            else:
+                self._units = self.make_plan()
+        return self._units
+
+    def __getstate__(self) -> dict:
+        """What a job carries of the stage: without its units and ``driver_only`` attributes once
+        its plan has a place in the output (a worker reads the plan from there)."""
+        state = dict(self.__dict__)
+        if self.plan_ref is not None:
+            state.pop("_units", None)
+            for name in self.driver_only:
+                state.pop(name, None)
+        state["_unpickled"] = True
+        return state
+
+    def run_unit(self, unit: Unit, ctx: "UnitContext") -> dict:
+        raise NotImplementedError
+
+    def needed(self, units: list[Unit], receipts: dict[str, dict]) -> tuple[list[Unit], bool]:
+        return units, True
+
+    def has_budget(self) -> bool:
+        """Whether ``needed`` asks for units by what the done ones hold (a token budget): then
+        the driver reads the stage's receipts to plan (:func:`run_stages`)."""
+        return False
+
+    def side_inputs(self, run: "StageRun", start) -> dict:
+        return {}
+
+    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after,
+                       ref: PlanRef | None = None):
+        return None
+
+    def describe_progress(self, stats: dict, seconds: float) -> str:
+        """A short progress postfix from the summed stats of finished units."""
+        return ""
+
+
+def compute_stage_hash(stage: Stage, upstream_hash: str | None) -> str:
+    return short_hash({
+        "stage": stage.name,
+        "config": stage.config(),
+        "inputs": stage.fingerprints(),
+        "identity": stage.identity(),
+        "upstream": upstream_hash,
+    })
+
+
+CHECK_THREADS = 32  # receipt checks in flight at once on an object store
+
+
+@functools.lru_cache(maxsize=8)
+def _recorded_fingerprints(path: str) -> list:
+    return storage.read_json(path)
+
+
+@dataclass
+class StageRun:
+    """A stage bound to an output directory and its (chained) hash. Picklable.
+
+    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units, set by the
+    planner; its units' receipts record it and :meth:`check` compares (None: not judged)."""
+
+    stage: Stage
+    output: str
+    stage_hash: str
+    upstream: dict[str, "StageRun"] = field(default_factory=dict)
+    upstream_repairs: dict[str, str] | None = None
+    listing_job: str | None = None  # a job planned from listings: the workers judge repairs (see execute_unit)
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    @property
+    def dir(self) -> str:
+        return storage.join(self.output, META_DIR, self.stage.name, self.stage_hash)
+
+    @property
+    def receipts_dir(self) -> str:
+        return storage.join(self.dir, "receipts")
+
+    @property
+    def parts_dir(self) -> str:
+        return storage.join(self.dir, "parts")
+
+    @property
+    def repairs_dir(self) -> str:
+        """One file per unit whose receipt carries a ``repair`` token, holding the token: the
+        stage's repairs, known from one listing instead of every receipt."""
+        return storage.join(self.dir, "repairs")
+
+    def recorded_repairs(self) -> dict[str, str]:
+        """``{"stage/unit": token}`` of the stage's units rebuilt over damaged files, from
+        ``repairs_dir`` (what :func:`~.receipts.repairs_of` gives from their receipts)."""
+        out = {}
+        for path in storage.listdir(self.repairs_dir):
+            name = storage.basename(path)
+            if not storage.is_temp_name(name):
+                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode()
+        return out
+
+    def record_repair(self, unit_id: str, token: str) -> None:
+        storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
+
+    @property
+    def failures_dir(self) -> str:
+        """One file per unit whose last attempt failed, holding why: the failures of a job,
+        known from one listing instead of every receipt (removed when the unit completes)."""
+        return storage.join(self.dir, "failures")
+
+    def listed_units(self) -> set[str]:
+        """Ids of the units that have a receipt file, whatever it says: one listing of the
+        receipts folder (a LIST call per 1,000 receipts on an object store), no receipt read."""
+        return {storage.basename(p)[:-len(".json")] for p in storage.listdir(self.receipts_dir)
+                if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))}
+
+    def listed_failures(self) -> set[str]:
+        """Ids of the units whose last attempt failed (``failures_dir``), from one listing."""
+        return {storage.basename(p) for p in storage.listdir(self.failures_dir)
+                if not storage.is_temp_name(storage.basename(p))}
+
+    def listed_upstream_repairs(self) -> dict[str, str]:
+        """The repair tokens of every earlier stage's units, from their ``repairs`` listings:
+        what this stage's receipts are judged against once those stages have finished."""
+        out: dict[str, str] = {}
+        for up in self.upstream.values():
+            out.update(up.recorded_repairs())
+        return dict(sorted(out.items()))
+
+    def receipt_path(self, unit_id: str) -> str:
+        return storage.join(self.receipts_dir, f"{unit_id}.json")
+
+    @property
+    def progress_dir(self) -> str:
+        """One file per running unit that has reported its counts so far
+        (:meth:`UnitContext.report_progress`): what the progress display adds to the finished
+        units' receipts. Never read to decide what is done."""
+        return storage.join(self.dir, "progress")
+
+    def progress_path(self, unit_id: str) -> str:
+        return storage.join(self.progress_dir, f"{unit_id}.json")
+
+    def input_fingerprints(self) -> list:
+        """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
+        in a worker (whose job does not carry input lists), those the driver recorded under
+        OUTPUT for this plan (:func:`record_inputs`), read once per process."""
+        try:
+            return self.stage.fingerprints()
+        except AttributeError:  # a driver_only input list, left out of the job
+            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash))
+
+    def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
+        """:func:`check_receipt` of one unit, judged against ``upstream_repairs``, or in a job
+        planned from listings against the earlier stages' repairs listed once they finished."""
+        if self.listing_job is not None:
+            self.upstream_repairs = _listed_repairs(self.listing_job, self)
+        return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
+                             self.upstream_repairs)
+
+    def check_all(self, unit_ids: list[str], verify_checksums: bool = False) -> dict[str, Completion]:
+        """:meth:`check` of many units. On an object store every check is a few requests of
+        tens of milliseconds each, so they are made CHECK_THREADS at a time."""
+        if not storage.is_remote(self.output) or len(unit_ids) < 2:
+            return {u: self.check(u, verify_checksums) for u in unit_ids}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            return dict(zip(unit_ids, pool.map(lambda u: self.check(u, verify_checksums), unit_ids)))
+
+    def pending(self, units: list[Unit], verify_checksums: bool = False) -> list[Unit]:
+        checks = self.check_all([u.id for u in units], verify_checksums)
+        return [u for u in units if not checks[u.id].done]
+
+    def completed_receipts(self, units: list[Unit] | None = None, verify_checksums: bool = False) -> dict[str, dict]:
+        """Receipts of the completed units (of ``units``, default: the whole plan)."""
+        units = self.stage.plan() if units is None else units
+        checks = self.check_all([u.id for u in units], verify_checksums)
+        return {u.id: checks[u.id].receipt for u in units if checks[u.id].done}
+
+    def read_receipts(self, cache: dict[str, dict] | None = None) -> Iterator[dict]:
+        """Every parseable receipt of this stage hash, whatever its status (for status/progress).
+
+        ``cache`` (path -> receipt): completed receipts read before are taken from it and new
+        ones added, so a progress poll on GCS reads only the receipts that appeared since
+        the last poll (one listing + one GET per new receipt, not one GET per unit).
+        """
+        for path in storage.listdir(self.receipts_dir):
+            if path.endswith(".json") and not storage.is_temp_name(storage.basename(path)):
+                if cache is not None and path in cache:
+                    yield cache[path]
+                    continue
+                with contextlib.suppress(ValueError, OSError):
+                    r = storage.read_json(path)
+                    if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
+                        if cache is not None and r.get("status") == "completed":
+                            cache[path] = r
+                        yield r
+
+
+# How often a running unit publishes its counts (:meth:`UnitContext.report_progress`), in
+# seconds: on a local disk about every second; on an object store, where a write is a request
+# the user pays for, every 10 s. A unit shorter than the first interval writes none.
+PROGRESS_EVERY_S = 1.0
+REMOTE_PROGRESS_EVERY_S = 10.0
+
+
+class UnitContext:
+    """What ``run_unit`` writes through. Every file written here is listed in the receipt."""
+
+    def __init__(self, run: StageRun, unit: Unit, side: dict | None = None):
+        self.run = run
+        self.unit = unit
+        self.output = run.output
+        self.parts_dir = run.parts_dir
+        self.side = side or {}
+        self.files: list[dict] = []
+        self._progress_every = REMOTE_PROGRESS_EVERY_S if storage.is_remote(run.output) else PROGRESS_EVERY_S
+        self._next_progress = time.monotonic() + self._progress_every
+        self.progress_written = False
+
+    def report_progress(self, counts: dict[str, int | float]) -> None:
+        """Publish the unit's counts so far (the keys of its final stats that the stage's
+        ``describe_progress`` shows, e.g. documents and tokens), so that the progress display
+        moves while a long unit runs. Cheap to call often: it writes at most every
+        :data:`PROGRESS_EVERY_S` (:data:`REMOTE_PROGRESS_EVERY_S` on an object store) and
+        never for a unit shorter than that. A failed write is ignored: progress is a display."""
+        now = time.monotonic()
+        if now < self._next_progress:
+            return
+        self._next_progress = now + self._progress_every
+        with contextlib.suppress(OSError):
+            storage.atomic_write_json(self.run.progress_path(self.unit.id),
+                                      {"unit": self.unit.id, "stats": dict(counts), "updated_at": now_iso()})
+            self.progress_written = True
+
+    def part_path(self, name: str) -> str:
+        return storage.join(self.parts_dir, name)
+
+    def output_path(self, relpath: str) -> str:
+        return storage.join(self.output, relpath)
+
+    def _relpath(self, path: str) -> str:
+        """``path`` relative to OUTPUT, normalized; ValueError if it is not inside OUTPUT
+        (a ``..`` escape is judged after normalization, not before)."""
+        root = self.output.rstrip("/") + "/"
+        if not path.startswith(root):
+            raise ValueError(f"{path} is outside the output directory {self.output}")
+        try:
+            return storage.safe_relpath(path[len(root):])
+        except ValueError:
+            raise ValueError(f"{path} is outside the output directory {self.output}") from None
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[storage.HashingWriter]:
+        rel = self._relpath(path)
+        with storage.atomic_open(path) as f:
+            yield f
+        self.files.append({"path": rel, "bytes": f.bytes_written, "sha256": f.sha256})
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self.open_write(path) as f:
+            f.write(data)
+
+    def upstream(self, stage_name: str) -> StageRun:
+        return self.run.upstream[stage_name]
+
+
+_LISTED_REPAIRS: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def _listed_repairs(job: str, run: StageRun) -> dict[str, str]:
+    """:meth:`StageRun.listed_upstream_repairs` of ``run``, read once per job (``job``) per process."""
+    key = (job, run.dir)
+    if key not in _LISTED_REPAIRS:
+        if len(_LISTED_REPAIRS) > 64:
+            _LISTED_REPAIRS.clear()
+        _LISTED_REPAIRS[key] = run.listed_upstream_repairs()
+    return _LISTED_REPAIRS[key]

@@ -1,0 +1,29 @@
+"""``refinery status``: per stage of a recorded run, its units done, failed and pending."""
+from __future__ import annotations
+
+from refinery.transforms.core import storage
+from refinery.transforms.core.planning import demanded
+from refinery.transforms.core.receipts import META_DIR, check_recorded_run
+
+
+def stage_status(output: str, verify_checksums: bool = False) -> list[dict]:
+    """Per stage of the run recorded in OUTPUT: units done/failed/pending, each receipt judged
+    by :func:`check_receipt` (a receipt whose files are missing or truncated is pending)."""
+    run_json = storage.join(output, META_DIR, "run.json")
+    try:
+        info = storage.read_json(run_json)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{output}: no refinery run here ({run_json} not found)") from None
+    rows = []
+    for st, _, checks in check_recorded_run(output, info, verify_checksums):
+        done = failed = 0
+        for c in checks:
+            done += c.done
+            failed += c.failed
+        rows.append({"stage": st["name"], "stage_hash": st["stage_hash"], "units": st["units"],
+                     "done": done, "failed": failed, "pending": max(0, st["units"] - done - failed),
+                     "final": bool(st.get("final", st is info["stages"][-1]))})
+    last = demanded([r["final"] for r in rows], [r["done"] < r["units"] for r in rows])
+    for i, r in enumerate(rows):
+        r["needed"] = i <= last  # False: a next run would not run it (the stages after it are complete)
+    return rows

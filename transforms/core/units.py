@@ -1,0 +1,12 @@
+"""A unit of work, the smallest thing a stage plans, runs and records a receipt for."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work: a stable, file-name-safe id and a JSON-able payload."""
+
+    id: str
+    payload: dict = field(default_factory=dict)
