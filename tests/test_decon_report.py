@@ -22,6 +22,12 @@ from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon import report_html as rh
 
 HOSTILE_Q = 'What does <script>alert("x")</script></div> print when the page & its "quotes" load twice?'
+GIVEN_IDS = {"100005", "p", "q", "s", "arc-1", "h1"}  # the eval rows of make_matrix_inputs (+ hostile) with an id
+
+
+def shown_id(d: dict) -> str:
+    """The id the report shows for the eval row of a detail record (or stats line): its own, or file:row."""
+    return d["instance_id"] if d["instance_id"] in GIVEN_IDS else f"{d['eval_path'].rsplit('/', 1)[-1]}:{d['eval_row']}"
 
 
 def page_of(out: str) -> tuple[str, object]:
@@ -62,13 +68,14 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     instances = read_instances(out)
     train = training_texts(details)
     sections = p.root.find_all("section", "evidence")
-    examples = [(sec.find_all("h3")[0].text(), art) for sec in sections for art in sec.find_all("article", "example")]
-    assert {ds for ds, _ in examples} == {"arc", "gsm8k", "hostile", "mmlu"}
-    for ds, art in examples:
-        instance_id = art.find_all("code")[0].text()
-        mine = [d for d in details if d["eval_dataset"] == ds and d["instance_id"] == instance_id]
+    examples = [(sec.find_all("h3")[0].text(), int(at.attrs["data-n"]), art) for sec in sections
+                for at in sec.find_all("section", "at-n") for art in at.find_all("article", "example")]
+    assert {ds for ds, _, _ in examples} == {"arc", "gsm8k", "hostile", "mmlu"}
+    assert {n for _, n, _ in examples} == {3, 13}                      # evidence at every n
+    for ds, n, art in examples:
+        mine = [d for d in details if d["eval_dataset"] == ds and shown_id(d) == art.find_all("code")[0].text()]
         text = instances[(mine[0]["eval_path"], mine[0]["eval_row"])]["eval_text"]
-        n_eff = min(13, len(helm(text)))
+        n_eff = min(n, len(helm(text)))
         at_n = [d for d in mine if d["n"] == n_eff]
         want = [shown(text[s:e]) for s, e in merged(o for d in at_n for o in d["eval_offsets"])]
         assert marks(art.find_all("div", "text")[0]) == want
@@ -80,7 +87,10 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
             texts = {shown(train[(code, row)][s:e]) for s, e in occ}
             got = marks(hit.find_all("div", "snippet")[0])
             assert got and set(got) <= texts
-    hostile = [art for ds, art in examples if ds == "hostile"][0]
+    # an eval row without an id is shown by file and row, never by its 20-digit hash
+    assert any(d["instance_id"] not in GIVEN_IDS for d in details)
+    assert all(d["instance_id"] not in page for d in details if d["instance_id"] not in GIVEN_IDS)
+    hostile = [art for ds, _, art in examples if ds == "hostile"][0]
     assert any("<script>alert" in m for m in marks(hostile.find_all("div", "text")[0]))
     assert any("</div>" in m for div in hostile.find_all("div", "snippet") for m in marks(div))
 
@@ -98,7 +108,7 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     assert all(re.fullmatch(local_mtime, fp) for _, _, fp in sides)
 
 
-def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path):
+def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path):
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
@@ -107,11 +117,12 @@ def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path
     metrics = read_jsonl(os.path.join(out, "stats/overlap_metrics.jsonl"))
     for sec in p.root.find_all("section", "evidence"):
         ds = sec.find_all("h3")[0].text()
-        arts = sec.find_all("article", "example")
-        assert len(arts) <= 1 and "at n = 13" in sec.text()
-        top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == 13 and m["binary"]),
-                     key=lambda m: (-m["longest_match"], -m["token"]))  # ConTAM's order, then HELM's
-        assert [a.find_all("code")[0].text() for a in arts] == [m["instance_id"] for m in top[:1]]
+        for at in sec.find_all("section", "at-n"):
+            n = int(at.attrs["data-n"])
+            arts = at.find_all("article", "example")
+            top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == n and m["binary"]),
+                         key=lambda m: (-m["longest_match"], -m["token"]))  # ConTAM's order, then HELM's
+            assert [a.find_all("code")[0].text() for a in arts] == [shown_id(m) for m in top[:1]]
 
 
 def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
