@@ -5,7 +5,11 @@ import html
 import json
 import os
 import re
+import subprocess
+import sys
+from collections import defaultdict
 
+import pytest
 from helpers import gsm8k_rows, write_jsonl
 from test_decon_pipeline import (
     helm,
@@ -20,6 +24,7 @@ from test_decon_report_html import marks, parse
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon import report_html as rh
+from refinery.transforms.decon.report_html import plural
 
 HOSTILE_Q = 'What does <script>alert("x")</script></div> print when the page & its "quotes" load twice?'
 GIVEN_IDS = {"100005", "p", "q", "s", "arc-1", "h1"}  # the eval rows of make_matrix_inputs (+ hostile) with an id
@@ -180,3 +185,104 @@ def test_empty_states(tmp_path):
     assert set(cards) == {"clean", "none"}
     assert cards["clean"].find_all("p", "clean") and cards["none"].find_all("p", "empty")
     assert p.root.find_all("article", "example") == []
+
+
+# ---------------------------------------------------------------------------------------
+# Every n: planted overlaps whose counts differ at n = 3, 5 and 8
+# ---------------------------------------------------------------------------------------
+
+PLANTED_EVAL = [
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet",   # the whole text: at 3, 5 and 8
+    "kilo lima mike november oscar papa quebec romeo",                   # 5 tokens: at 3 and 5
+    "the total amount of money sierra tango uniform victor",            # boilerplate: at 3 and 5
+    "the total amount of money whiskey xray yankee zulu",               # the same boilerplate
+    "one two three four five six seven eight nine",                     # 3 tokens: at 3 only
+    "nothing shared here at all in this sentence okay",                 # none
+]
+PLANTED_TRAIN = [
+    "prefix alpha bravo charlie delta echo foxtrot golf hotel india juliet suffix",
+    "we saw kilo lima mike november oscar today",
+    "find the total amount of money spent",
+    "what is the total amount of money left",
+    "count one two three now",
+]
+PLANTED = {3: 5, 5: 4, 8: 1}      # n -> contaminated instances
+PLANTED_ROWS = {3: 5, 5: 4, 8: 1}  # n -> training rows overlapping them
+
+
+def planted_run(tmp_path, details_format: str) -> str:
+    write_jsonl(tmp_path / "eval" / "plant" / "test.jsonl", [{"text": t} for t in PLANTED_EVAL])  # no ids
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": t} for t in PLANTED_TRAIN])
+    out = str(tmp_path / "out")
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--output", out,
+                    "--ngrams", "3", "5", "8", "--partitions", "3", "--details-format", details_format]) == 0
+    return out
+
+
+def frequent_from_details(details: list[dict], n: int) -> list[list[str]]:
+    """The top n-grams at n as the report should list them, from the detail records: by
+    instances, then training rows, then text."""
+    ids, rows = defaultdict(set), defaultdict(set)
+    for d in details:
+        if d["n"] == n:
+            ids[d["ngram"]].add(d["instance_id"])
+            rows[d["ngram"]].add((d["train_path"], d["train_row"]))
+    ranked = sorted(ids, key=lambda g: (-len(ids[g]), -len(rows[g]), g))[:rh.MAX_TOP_NGRAMS]
+    return [[g, str(len(ids[g])), str(len(rows[g]))] for g in ranked]
+
+
+@pytest.mark.parametrize("details_format", ["parquet", "jsonl"])
+def test_every_n_has_its_own_counts_n_grams_and_evidence(tmp_path, details_format):
+    out = planted_run(tmp_path, details_format)
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    assert {s["n"]: len(s["instance_ids"]) for s in stats} == PLANTED
+    assert all(i.isdigit() for s in stats for i in s["instance_ids"])     # the stats keep the machine ids
+    details = read_details(out)
+    page, p = page_of(out)
+    sections = {int(s.attrs["data-n"]): s for s in p.root.find_all("section", "at-n")}
+    assert sorted(sections) == [3, 5, 8]
+    for n, sec in sections.items():
+        counts = sec.find_all("p", "counts")[0].text()
+        assert f"n = {n}" in counts and f"{PLANTED[n]} of 6 instances" in counts
+        assert f"{plural(PLANTED_ROWS[n], 'training row')}." in counts
+        files, = sec.find_all("table", "files")
+        assert [[td.text() for td in tr.find_all("td")] for tr in files.find_all("tr")[1:]] == \
+            [[f"{tmp_path}/train/t.jsonl", str(PLANTED[n]), str(PLANTED_ROWS[n])]]
+        grams, = sec.find_all("table", "ngrams")
+        assert [[td.text() for td in tr.find_all("td")] for tr in grams.find_all("tr")[1:]] == \
+            frequent_from_details(details, n)
+        assert sec.find_all("article", "example")                         # evidence at this n
+    # the boilerplate leads at n = 5: two instances share it
+    assert frequent_from_details(details, 5)[0] == ["the total amount of money", "2", "2"]
+    # rows without an id are named by file and row, never by their hash
+    shown = {a.find_all("code")[0].text() for a in p.root.find_all("article", "example")}
+    assert shown == {f"test.jsonl:{i}" for i in range(5)}
+    assert not any(d["instance_id"] in page for d in details)
+
+    md = open(os.path.join(out, "stats/report.md"), encoding="utf-8").read()
+    assert not any(d["instance_id"] in md for d in details)
+    for n in PLANTED:
+        section = md.split(f"## plant at n = {n}\n")[1].split("\n## ")[0]
+        assert f"{PLANTED[n]} of 6 instances" in section and f"{PLANTED_ROWS[n]} training rows at n = {n}" in section
+        table = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and " | " in line]
+        head = table.index(["| n-gram", f"instances at n = {n}", "training rows |"])
+        got = [[cells[0][2:], cells[1], cells[2][:-2]] for cells in table[head + 1:head + 1 + len(
+            frequent_from_details(details, n))]]
+        assert got == frequent_from_details(details, n)
+    # the evidence at n = 8: offsets and text on both sides
+    at_8 = md.split("## plant at n = 8\n")[1]
+    text, train = PLANTED_EVAL[0], PLANTED_TRAIN[0]
+    start = train.index("alpha")
+    assert f'- `test.jsonl:0` (eval row 0), eval text [0, {len(text)}) "{text}"' in at_8
+    assert f'  - training `{tmp_path}/train/t.jsonl` row 0: [{start}, {start + len(text)}) "{text}"' in at_8
+
+
+def test_the_example_page_is_what_make_report_example_writes(tmp_path):
+    # examples/decon_report.html is generated (make report-example), never edited by hand;
+    # written here under another hash seed, it must be the same bytes
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fresh = tmp_path / "decon_report.html"
+    subprocess.run([sys.executable, os.path.join(repo, "examples", "make_decon_report.py"), str(fresh)],
+                   env={**os.environ, "PYTHONHASHSEED": "3"}, check=True, capture_output=True)
+    with open(os.path.join(repo, "examples", "decon_report.html"), "rb") as f:
+        assert fresh.read_bytes() == f.read(), "examples/decon_report.html is stale: run make report-example"
