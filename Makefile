@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # the demo's output lives in this checkout (out/ is git-ignored), not in a folder every checkout shares
 DEMO_OUT ?= $(CURDIR)/out/demo
-.PHONY: demo test lint venv install install-test flink-cache flink-demo clean
+.PHONY: demo test lint venv install install-test flink-cache flink-demo report-example clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: install
 	$(BIN)/refinery prep --input examples/sample_corpus --output $(DEMO_OUT) --dataset sample --num-shards 4
 	$(BIN)/refinery verify $(DEMO_OUT)/manifest.json --checksums
 	$(BIN)/refinery info $(DEMO_OUT)/manifest.json
+
+# examples/decon_report.html: refinery decon's report page on the bundled data, written again
+# (tests/test_decon_report.py checks that the checked-in page is not stale)
+report-example: install
+	$(BIN)/python examples/make_decon_report.py examples/decon_report.html
 
 # Beam's Flink job server jar and a Flink distribution, fetched once into .cache/flink (git-ignored),
 # where --runner flink and the Flink tests look. Without Java or Maven this says so and goes on: the

@@ -113,8 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--slice-mb", type=float, default=256.0,
                    help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
     o.add_argument("--report-examples", type=int, default=20, metavar="K",
-                   help="stats/report.html shows the K most contaminated instances of each eval dataset at the "
-                        "largest n (default: 20)")
+                   help="stats/report.html shows the K most contaminated instances of each eval dataset at "
+                        "each n (default: 20)")
     add_runner_args(parser)
 
 

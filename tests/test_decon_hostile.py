@@ -208,7 +208,7 @@ def test_identical_eval_texts_give_one_record_listing_their_instances():
         (2, None)]
     # the report shows the text once, with its training hits, and says how many others have it
     report = ng.contamination_report(result, rows, [3], 20, (), (), {})
-    examples = report.datasets[0].examples
+    examples = report.datasets[0].results[0].examples
     assert [(e.instance_id, e.same_text) for e in examples] == [("e0", 2), ("e2", 0)]
     assert [h.train_row for h in examples[0].hits] == [0, 1]
 
@@ -256,7 +256,7 @@ def test_a_huge_token_gives_bounded_n_grams_and_snippets():
                for k in grams)
     assert result.metrics[0]["token"] == 1.0
     # the report's snippet shows the long occurrence highlighted up to its end
-    hit, = ng.contamination_report(result, rows, [3], 1, (), (), {}).datasets[0].examples[0].hits
+    hit, = ng.contamination_report(result, rows, [3], 1, (), (), {}).datasets[0].results[0].examples[0].hits
     assert hit.cut_before and hit.cut_after and hit.snippet_spans[-1].end == len(hit.snippet)
 
 

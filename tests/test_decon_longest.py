@@ -183,7 +183,8 @@ def test_a_run_writes_longest_match_and_coverage(tmp_path):
     assert metrics[("half", 3)]["longest_match"] == 7 and metrics[("none", 3)]["longest_match"] == 0
     assert metrics[("half", 3)]["coverage"] == metrics[("half", 3)]["token"] == 1.0
     report = open(os.path.join(out, "stats/report.md")).read()
-    table = report.split("## Longest matches (n = 13)")[1]
-    assert "| ds | short | 2 | 5 | 1.0000 |" in table and "| half |" not in table  # at 13 only "short" overlaps
+    at_3, at_13 = report.split("## ds at n = 3")[1].split("## ds at n = 13")
+    assert "| ds | short | 2 | 5 | 1.0000 |" in at_13 and "| half |" not in at_13  # at 13 only "short" overlaps
+    assert "| ds | half | 0 | 7 | 1.0000 |" in at_3                                # at 3 both
     page = open(os.path.join(out, "stats/report.html")).read()
     assert "longest match 5 tokens" in page and "<script" not in page

@@ -372,7 +372,7 @@ def test_reduce_max_train_count_and_empty_rows():
     assert m[("e0", 3)]["jaccard_weighted"] == pytest.approx(1 / 3)
     assert res.summary[0]["num_empty_instances"] == 1
     report = ng.render_report(res, {"rows": 4, "text_bytes": 70}, None)
-    assert "| ds | 3 | 2 | 3 | 66.67 | t.jsonl (2) |" in report
+    assert "| ds | 3 | 2 | 3 | 66.67 | 4 | t.jsonl (2) |" in report     # ... 4 training rows at n = 3
 
 
 # ---------------------------------------------------------------------------------------

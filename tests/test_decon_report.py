@@ -5,7 +5,11 @@ import html
 import json
 import os
 import re
+import subprocess
+import sys
+from collections import defaultdict
 
+import pytest
 from helpers import gsm8k_rows, write_jsonl
 from test_decon_pipeline import (
     helm,
@@ -20,8 +24,15 @@ from test_decon_report_html import marks, parse
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon import report_html as rh
+from refinery.transforms.decon.report_html import plural
 
 HOSTILE_Q = 'What does <script>alert("x")</script></div> print when the page & its "quotes" load twice?'
+GIVEN_IDS = {"100005", "p", "q", "s", "arc-1", "h1"}  # the eval rows of make_matrix_inputs (+ hostile) with an id
+
+
+def shown_id(d: dict) -> str:
+    """The id the report shows for the eval row of a detail record (or stats line): its own, or file:row."""
+    return d["instance_id"] if d["instance_id"] in GIVEN_IDS else f"{d['eval_path'].rsplit('/', 1)[-1]}:{d['eval_row']}"
 
 
 def page_of(out: str) -> tuple[str, object]:
@@ -62,13 +73,14 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     instances = read_instances(out)
     train = training_texts(details)
     sections = p.root.find_all("section", "evidence")
-    examples = [(sec.find_all("h3")[0].text(), art) for sec in sections for art in sec.find_all("article", "example")]
-    assert {ds for ds, _ in examples} == {"arc", "gsm8k", "hostile", "mmlu"}
-    for ds, art in examples:
-        instance_id = art.find_all("code")[0].text()
-        mine = [d for d in details if d["eval_dataset"] == ds and d["instance_id"] == instance_id]
+    examples = [(sec.find_all("h3")[0].text(), int(at.attrs["data-n"]), art) for sec in sections
+                for at in sec.find_all("section", "at-n") for art in at.find_all("article", "example")]
+    assert {ds for ds, _, _ in examples} == {"arc", "gsm8k", "hostile", "mmlu"}
+    assert {n for _, n, _ in examples} == {3, 13}                      # evidence at every n
+    for ds, n, art in examples:
+        mine = [d for d in details if d["eval_dataset"] == ds and shown_id(d) == art.find_all("code")[0].text()]
         text = instances[(mine[0]["eval_path"], mine[0]["eval_row"])]["eval_text"]
-        n_eff = min(13, len(helm(text)))
+        n_eff = min(n, len(helm(text)))
         at_n = [d for d in mine if d["n"] == n_eff]
         want = [shown(text[s:e]) for s, e in merged(o for d in at_n for o in d["eval_offsets"])]
         assert marks(art.find_all("div", "text")[0]) == want
@@ -80,7 +92,10 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
             texts = {shown(train[(code, row)][s:e]) for s, e in occ}
             got = marks(hit.find_all("div", "snippet")[0])
             assert got and set(got) <= texts
-    hostile = [art for ds, art in examples if ds == "hostile"][0]
+    # an eval row without an id is shown by file and row, never by its 20-digit hash
+    assert any(d["instance_id"] not in GIVEN_IDS for d in details)
+    assert all(d["instance_id"] not in page for d in details if d["instance_id"] not in GIVEN_IDS)
+    hostile = [art for ds, _, art in examples if ds == "hostile"][0]
     assert any("<script>alert" in m for m in marks(hostile.find_all("div", "text")[0]))
     assert any("</div>" in m for div in hostile.find_all("div", "snippet") for m in marks(div))
 
@@ -98,7 +113,7 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     assert all(re.fullmatch(local_mtime, fp) for _, _, fp in sides)
 
 
-def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path):
+def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path):
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
@@ -107,11 +122,12 @@ def test_examples_are_the_most_contaminated_at_the_largest_n_and_capped(tmp_path
     metrics = read_jsonl(os.path.join(out, "stats/overlap_metrics.jsonl"))
     for sec in p.root.find_all("section", "evidence"):
         ds = sec.find_all("h3")[0].text()
-        arts = sec.find_all("article", "example")
-        assert len(arts) <= 1 and "at n = 13" in sec.text()
-        top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == 13 and m["binary"]),
-                     key=lambda m: (-m["longest_match"], -m["token"]))  # ConTAM's order, then HELM's
-        assert [a.find_all("code")[0].text() for a in arts] == [m["instance_id"] for m in top[:1]]
+        for at in sec.find_all("section", "at-n"):
+            n = int(at.attrs["data-n"])
+            arts = at.find_all("article", "example")
+            top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == n and m["binary"]),
+                         key=lambda m: (-m["longest_match"], -m["token"]))  # ConTAM's order, then HELM's
+            assert [a.find_all("code")[0].text() for a in arts] == [shown_id(m) for m in top[:1]]
 
 
 def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
@@ -169,3 +185,104 @@ def test_empty_states(tmp_path):
     assert set(cards) == {"clean", "none"}
     assert cards["clean"].find_all("p", "clean") and cards["none"].find_all("p", "empty")
     assert p.root.find_all("article", "example") == []
+
+
+# ---------------------------------------------------------------------------------------
+# Every n: planted overlaps whose counts differ at n = 3, 5 and 8
+# ---------------------------------------------------------------------------------------
+
+PLANTED_EVAL = [
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet",   # the whole text: at 3, 5 and 8
+    "kilo lima mike november oscar papa quebec romeo",                   # 5 tokens: at 3 and 5
+    "the total amount of money sierra tango uniform victor",            # boilerplate: at 3 and 5
+    "the total amount of money whiskey xray yankee zulu",               # the same boilerplate
+    "one two three four five six seven eight nine",                     # 3 tokens: at 3 only
+    "nothing shared here at all in this sentence okay",                 # none
+]
+PLANTED_TRAIN = [
+    "prefix alpha bravo charlie delta echo foxtrot golf hotel india juliet suffix",
+    "we saw kilo lima mike november oscar today",
+    "find the total amount of money spent",
+    "what is the total amount of money left",
+    "count one two three now",
+]
+PLANTED = {3: 5, 5: 4, 8: 1}      # n -> contaminated instances
+PLANTED_ROWS = {3: 5, 5: 4, 8: 1}  # n -> training rows overlapping them
+
+
+def planted_run(tmp_path, details_format: str) -> str:
+    write_jsonl(tmp_path / "eval" / "plant" / "test.jsonl", [{"text": t} for t in PLANTED_EVAL])  # no ids
+    write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": t} for t in PLANTED_TRAIN])
+    out = str(tmp_path / "out")
+    assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(tmp_path / "train"), "--output", out,
+                    "--ngrams", "3", "5", "8", "--partitions", "3", "--details-format", details_format]) == 0
+    return out
+
+
+def frequent_from_details(details: list[dict], n: int) -> list[list[str]]:
+    """The top n-grams at n as the report should list them, from the detail records: by
+    instances, then training rows, then text."""
+    ids, rows = defaultdict(set), defaultdict(set)
+    for d in details:
+        if d["n"] == n:
+            ids[d["ngram"]].add(d["instance_id"])
+            rows[d["ngram"]].add((d["train_path"], d["train_row"]))
+    ranked = sorted(ids, key=lambda g: (-len(ids[g]), -len(rows[g]), g))[:rh.MAX_TOP_NGRAMS]
+    return [[g, str(len(ids[g])), str(len(rows[g]))] for g in ranked]
+
+
+@pytest.mark.parametrize("details_format", ["parquet", "jsonl"])
+def test_every_n_has_its_own_counts_n_grams_and_evidence(tmp_path, details_format):
+    out = planted_run(tmp_path, details_format)
+    stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    assert {s["n"]: len(s["instance_ids"]) for s in stats} == PLANTED
+    assert all(i.isdigit() for s in stats for i in s["instance_ids"])     # the stats keep the machine ids
+    details = read_details(out)
+    page, p = page_of(out)
+    sections = {int(s.attrs["data-n"]): s for s in p.root.find_all("section", "at-n")}
+    assert sorted(sections) == [3, 5, 8]
+    for n, sec in sections.items():
+        counts = sec.find_all("p", "counts")[0].text()
+        assert f"n = {n}" in counts and f"{PLANTED[n]} of 6 instances" in counts
+        assert f"{plural(PLANTED_ROWS[n], 'training row')}." in counts
+        files, = sec.find_all("table", "files")
+        assert [[td.text() for td in tr.find_all("td")] for tr in files.find_all("tr")[1:]] == \
+            [[f"{tmp_path}/train/t.jsonl", str(PLANTED[n]), str(PLANTED_ROWS[n])]]
+        grams, = sec.find_all("table", "ngrams")
+        assert [[td.text() for td in tr.find_all("td")] for tr in grams.find_all("tr")[1:]] == \
+            frequent_from_details(details, n)
+        assert sec.find_all("article", "example")                         # evidence at this n
+    # the boilerplate leads at n = 5: two instances share it
+    assert frequent_from_details(details, 5)[0] == ["the total amount of money", "2", "2"]
+    # rows without an id are named by file and row, never by their hash
+    shown = {a.find_all("code")[0].text() for a in p.root.find_all("article", "example")}
+    assert shown == {f"test.jsonl:{i}" for i in range(5)}
+    assert not any(d["instance_id"] in page for d in details)
+
+    md = open(os.path.join(out, "stats/report.md"), encoding="utf-8").read()
+    assert not any(d["instance_id"] in md for d in details)
+    for n in PLANTED:
+        section = md.split(f"## plant at n = {n}\n")[1].split("\n## ")[0]
+        assert f"{PLANTED[n]} of 6 instances" in section and f"{PLANTED_ROWS[n]} training rows at n = {n}" in section
+        table = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and " | " in line]
+        head = table.index(["| n-gram", f"instances at n = {n}", "training rows |"])
+        got = [[cells[0][2:], cells[1], cells[2][:-2]] for cells in table[head + 1:head + 1 + len(
+            frequent_from_details(details, n))]]
+        assert got == frequent_from_details(details, n)
+    # the evidence at n = 8: offsets and text on both sides
+    at_8 = md.split("## plant at n = 8\n")[1]
+    text, train = PLANTED_EVAL[0], PLANTED_TRAIN[0]
+    start = train.index("alpha")
+    assert f'- `test.jsonl:0` (eval row 0), eval text [0, {len(text)}) "{text}"' in at_8
+    assert f'  - training `{tmp_path}/train/t.jsonl` row 0: [{start}, {start + len(text)}) "{text}"' in at_8
+
+
+def test_the_example_page_is_what_make_report_example_writes(tmp_path):
+    # examples/decon_report.html is generated (make report-example), never edited by hand;
+    # written here under another hash seed, it must be the same bytes
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fresh = tmp_path / "decon_report.html"
+    subprocess.run([sys.executable, os.path.join(repo, "examples", "make_decon_report.py"), str(fresh)],
+                   env={**os.environ, "PYTHONHASHSEED": "3"}, check=True, capture_output=True)
+    with open(os.path.join(repo, "examples", "decon_report.html"), "rb") as f:
+        assert fresh.read_bytes() == f.read(), "examples/decon_report.html is stale: run make report-example"

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from html.parser import HTMLParser
 
@@ -13,8 +16,10 @@ from refinery.transforms.decon.report_html import (
     ContaminationReport,
     DatasetReport,
     Example,
+    NgramCount,
     NResult,
     Span,
+    TrainFile,
     TrainHit,
     render_html,
 )
@@ -98,16 +103,19 @@ def marks(block: Node) -> list[str]:
 # Builders
 # ---------------------------------------------------------------------------------------
 
-def result(n: int, instances: int, contaminated: int) -> NResult:
+def result(n: int, instances: int, contaminated: int, **evidence) -> NResult:
     share = contaminated / instances if instances else 0.0
-    return NResult(n, instances, contaminated, share, share / 2, share / 3, share / 4, share / 5)
+    return NResult(n, instances, contaminated, share, share / 2, share / 3, share / 4, share / 5, **evidence)
 
 
 def dataset(name: str, instances: int, per_n: dict[int, int], examples=(), top=(), paths=None) -> DatasetReport:
+    """A dataset with ``examples`` and ``top`` (training path, instances) files at its smallest n."""
+    first = min(per_n, default=None)
+    evidence = dict(examples=tuple(examples), top_train_files=tuple(TrainFile(p, c, c) for p, c in top))
     return DatasetReport(name=name, eval_paths=paths if paths is not None else (f"eval/{name}/test.jsonl",),
                          num_rows=instances, num_instances=instances, num_empty_instances=0, num_bad_rows=0,
-                         results=tuple(result(n, instances, c) for n, c in sorted(per_n.items())),
-                         top_train_files=tuple(top), examples=tuple(examples), examples_n=min(per_n, default=13))
+                         results=tuple(result(n, instances, c, **(evidence if n == first else {}))
+                                       for n, c in sorted(per_n.items())))
 
 
 def report(*datasets: DatasetReport, **kw) -> ContaminationReport:
@@ -195,9 +203,9 @@ def test_every_dataset_and_n_with_counts_and_bars():
             assert cells == [f"{v:.4f}" for v in (r.binary, r.jaccard, r.token, r.jaccard_weighted, r.token_weighted)]
     assert "37 / 1,319 instances, 2.81%" in page
     assert "1 / 14,042 instances, <0.01%" in page
-    files = cards[0].find_all("table", "files")[0]
+    files = p.root.find_all("section", "evidence")[0].find_all("table", "files")[0]
     assert [[td.text() for td in tr.find_all("td")] for tr in files.find_all("tr")[1:]] == \
-        [["gs://b/t-1.jsonl", "30"], ["gs://b/t-2.jsonl", "7"]]
+        [["gs://b/t-1.jsonl", "30", "30"], ["gs://b/t-2.jsonl", "7", "7"]]
     lede = p.root.find_all("p", "lede")[0].text()
     assert "Contamination found in 2 of 2 eval datasets" in lede
 
@@ -207,7 +215,7 @@ def test_top_files_capped():
     page = render_html(report(dataset("d", 100, {13: 50}, top=top)))
     files = parse(page).root.find_all("table", "files")[0]
     assert len(files.find_all("tr")) - 1 == rh.MAX_TOP_FILES
-    assert "and 15 more training files." in page
+    assert "and 15 more training files at n = 13." in page
 
 
 def test_settings_inputs_and_rows_read():
@@ -315,7 +323,7 @@ def test_hostile_texts_are_escaped():
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;&lt;/div&gt;&lt;/mark&gt;&quot;&amp;"
     assert page.count(escaped) >= 15
     assert HOSTILE not in page
-    ex = r.datasets[0].examples[0]
+    ex = r.datasets[0].results[0].examples[0]
     block = p.root.find_all("div", "text")[0]
     assert block.text() == ex.text
     assert marks(block) == [ex.text[s:e] for s, e in rh.merge_spans(ex.spans, len(ex.text))]
@@ -367,18 +375,25 @@ def test_untrusted_strings_are_isolated_from_the_text_around_them():
         return out
 
     body = parse(page).root.find_all("body")[0]
-    assert body.text().count(rlo) == 12 and unisolated(body) == []
+    assert body.text().count(rlo) == 13 and unisolated(body) == []      # the name: in its card, section, at n
 
 
-def test_tables_scroll_inside_their_card_and_the_metrics_fit():
-    page = render_html(hostile_report())
+def test_tables_scroll_inside_their_card_and_the_metrics_cells_carry_their_labels():
+    # a narrow screen (420 px) must not cut a column: every table sits in a scrolling wrapper,
+    # and each metrics cell names its column and n (data-label), so the rows can stack
+    page = render_html(report(dataset("gsm8k", 1319, {5: 380, 9: 3, 13: 2}, top=[("t.jsonl", 2)]),
+                              dataset("d", 10, {5: 0, 9: 0, 13: 0})))
     p = parse(page)
     tables = p.root.find_all("table")
     assert tables and all(any(t is c for sc in p.root.find_all("div", "scroll") for c in sc.children) for t in tables)
-    css = p.root.find_all("style")[0].text()
-    assert ".scroll{max-width:100%;overflow-x:auto}" in css       # a wide table scrolls, never the page
-    assert "th.num{white-space:normal}" in css                      # "jaccard (weighted)" may wrap
-    assert ".share{" not in css and ".count{white-space:nowrap;display:inline-block}" in css  # under the bar
+    for table in p.root.find_all("table", "metrics"):
+        head = [th.text() for th in table.find_all("th")]
+        assert head[2:] == ["binary", "jaccard", "token", "jaccard (weighted)", "token (weighted)"]
+        for tr in table.find_all("tr")[1:]:
+            n = tr.attrs["data-n"]
+            labels = [td.attrs.get("data-label", "") for td in tr.find_all("td")]
+            assert labels[0] == "n" and len(labels) == len(head)
+            assert all(lab == f"{h} at n = {n}" for lab, h in zip(labels[1:], head[1:]))
 
 
 def test_fingerprints_read_as_sizes_and_dates():
@@ -390,10 +405,12 @@ def test_fingerprints_read_as_sizes_and_dates():
     assert rh.fingerprint_text(5, "", remote=False) == "size 5 bytes"
 
 
-def test_rows_are_said_to_count_from_zero():
-    page = render_html(report(dataset("d", 10, {13: 1}, examples=[example("abc", [(0, 3)], [hit("abc", [(0, 3)])])])))
-    legend = parse(page).root.find_all("p", "legend")[0].text()
-    assert "Rows are numbered from 0" in legend
+def test_rows_are_shown_as_numbered_in_the_stats_files():
+    ex = example("abc", [(0, 3)], [hit("abc", [(0, 3)], row=0)], row=0)
+    p = parse(render_html(report(dataset("d", 10, {13: 1}, examples=[ex]))))
+    art, = p.root.find_all("article", "example")
+    meta, hit_meta = (m.text() for m in art.find_all("p", "meta"))
+    assert "· eval row 0 ·" in meta and "· row 0 ·" in hit_meta      # a file's first row is row 0, as given
 
 
 def test_snippets_start_and_end_on_whole_words():
@@ -421,6 +438,67 @@ def test_an_example_says_how_many_instances_share_its_text():
 
 
 # ---------------------------------------------------------------------------------------
+# A section per n
+# ---------------------------------------------------------------------------------------
+
+def per_n_report() -> ContaminationReport:
+    """GSM8K-like: many instances overlap at n = 5 through boilerplate, few at 9 and 13."""
+    def at(n: int, contaminated: int, rows: int, files, grams, texts) -> NResult:
+        exs = tuple(example(t, [(0, 7)], [hit(t, [(0, 7)], row=100 + i)], instance_id=f"n{n}-{i}", row=i)
+                    for i, t in enumerate(texts))
+        return result(n, 1319, contaminated, train_rows=rows,
+                      top_train_files=tuple(TrainFile(p, c, r) for p, c, r in files),
+                      top_ngrams=tuple(NgramCount(g, c, r) for g, c, r in grams), examples=exs)
+
+    boiler = [(f"the total amount of money {k}", 40 - k, 90 - k) for k in range(rh.MAX_TOP_NGRAMS + 5)]
+    return report(DatasetReport("gsm8k", ("eval/gsm8k/test.jsonl",), 1319, 1319, 0, 0, (
+        at(5, 380, 228, [("train/a.jsonl", 292, 150), ("train/b.jsonl", 218, 78)], boiler,
+           ["at the end of the day", "the total amount"]),
+        at(9, 3, 3, [("train/a.jsonl", 2, 2), ("train/b.jsonl", 1, 1)],
+           [("bought stamps at the post office some of the", 1, 1)], ["bought stamps here"]),
+        at(13, 2, 2, [("train/b.jsonl", 2, 2)], [("a 13 gram", 2, 2)], ["bought stamps there"]))))
+
+
+def test_a_section_per_n_with_its_own_counts_files_n_grams_and_examples():
+    r = per_n_report()
+    p = parse(render_html(r))
+    ds = r.datasets[0]
+    evidence, = p.root.find_all("section", "evidence")
+    sections = evidence.find_all("section", "at-n")
+    assert [int(sec.attrs["data-n"]) for sec in sections] == [5, 9, 13]
+    # the card links to each of them
+    card, = p.root.find_all("section", "card")
+    assert [a.attrs["href"] for a in card.find_all("a")] == [f"#{sec.attrs['id']}" for sec in sections]
+    for sec, res in zip(sections, ds.results):
+        n = f"n = {res.n}"
+        assert sec.find_all("h4")[0].text() == f"gsm8k at {n}"
+        counts = sec.find_all("p", "counts")[0].text()
+        assert n in counts and f"{res.contaminated:,} of 1,319 instances" in counts
+        assert f"{res.train_rows:,} training row" in counts
+        # every count column names its n
+        files, = sec.find_all("table", "files")
+        assert [th.text() for th in files.find_all("th")][1:] == [f"instances at {n}", f"training rows at {n}"]
+        assert [[td.text() for td in tr.find_all("td")] for tr in files.find_all("tr")[1:]] == \
+            [[f.path, f"{f.instances:,}", f"{f.train_rows:,}"] for f in res.top_train_files]
+        grams, = sec.find_all("table", "ngrams")
+        assert [th.text() for th in grams.find_all("th")][1] == f"instances at {n}"
+        got = [[td.text() for td in tr.find_all("td")] for tr in grams.find_all("tr")[1:]]
+        assert got == [[g.ngram, f"{g.instances:,}", f"{g.train_rows:,}"]
+                       for g in res.top_ngrams[:rh.MAX_TOP_NGRAMS]]                  # bounded
+        ids = [a.find_all("code")[0].text() for a in sec.find_all("article", "example")]
+        assert ids == [e.instance_id for e in res.examples] and all(i.startswith(f"n{res.n}-") for i in ids)
+    assert len(sections[0].find_all("table", "ngrams")[0].find_all("tr")) - 1 == rh.MAX_TOP_NGRAMS
+
+
+def test_an_n_without_overlaps_says_so_in_its_section():
+    p = parse(render_html(report(dataset("d", 10, {5: 4, 13: 0}, examples=[example("abc", [(0, 3)])]))))
+    five, thirteen = p.root.find_all("section", "at-n")
+    assert five.find_all("article", "example") and not thirteen.find_all("article", "example")
+    assert thirteen.find_all("p", "clean") and "n = 13" in thirteen.find_all("p", "clean")[0].text()
+    assert not thirteen.find_all("table")
+
+
+# ---------------------------------------------------------------------------------------
 # Size bound
 # ---------------------------------------------------------------------------------------
 
@@ -436,9 +514,12 @@ def dense_report(datasets: int = 3, examples: int = 200, text_chars: int = 50_00
                             (TrainHit(f"gs://b/train-{i:05d}.jsonl.zst", i * 3, snippet, snippet_spans, 40),
                              TrainHit(f"gs://b/train-{i + 1:05d}.jsonl.zst", i * 5, snippet, snippet_spans, 12)))
                     for i in range(examples))
+        files = tuple(TrainFile(f"gs://b/train-{i:05d}.jsonl.zst", 500 - i, 600 - i) for i in range(40))
+        grams = tuple(NgramCount(f"a frequent {k} n-gram", 400 - k, 900 - k) for k in range(30))
         out.append(DatasetReport(f"eval-{d}", (f"eval/eval-{d}/test.jsonl",), 5000, 5000, 3, 1,
-                                 tuple(result(n, 5000, 5000 // n) for n in (8, 13, 20)),
-                                 tuple((f"gs://b/train-{i:05d}.jsonl.zst", 500 - i) for i in range(40)), exs, 8))
+                                 tuple(result(n, 5000, 5000 // n, train_rows=999, top_train_files=files,
+                                              top_ngrams=grams, examples=exs if n == 8 else ())
+                                       for n in (8, 13, 20))))
     return report(*out)
 
 
@@ -456,7 +537,7 @@ def test_size_bound_on_hit_dense_input():
     for s, k in zip(sections, shown):
         ids = [a.find_all("code")[0].text() for a in s.find_all("article", "example")]
         assert ids == [f"{s.find_all('h3')[0].text().replace('eval-', 'ds')}-{i}" for i in range(k)]   # a prefix
-        assert f"Showing the first {k:,} of 200 examples; {200 - k:,} omitted" in s.text()
+        assert f"Showing the first {k:,} of 200 examples at n = 8; {200 - k:,} omitted" in s.text()
     for block in p.root.find_all("div", "text"):
         assert len(block.text()) <= rh.MAX_TEXT_CHARS + 4
 
@@ -513,7 +594,7 @@ def test_no_contamination():
 
 
 def test_dataset_with_no_instances():
-    empty = DatasetReport("empty", (), 0, 0, 0, 0, (result(8, 0, 0), result(13, 0, 0)), (), (), 8)
+    empty = DatasetReport("empty", (), 0, 0, 0, 0, (result(8, 0, 0), result(13, 0, 0)))
     page = render_html(report(empty, dataset("gsm8k", 10, {8: 2, 13: 1})))
     p = parse(page)
     assert "This eval set has no instances, so there is nothing to measure." in page
@@ -535,8 +616,21 @@ def test_contaminated_dataset_without_examples():
 # Determinism
 # ---------------------------------------------------------------------------------------
 
-def test_deterministic():
-    a = render_html(dense_report(datasets=2, examples=30, text_chars=8000), max_bytes=200_000)
-    b = render_html(dense_report(datasets=2, examples=30, text_chars=8000), max_bytes=200_000)
-    assert a == b
-    assert render_html(hostile_report()) == render_html(hostile_report())
+RENDER_TWICE = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+import test_decon_report_html as t
+from refinery.transforms.decon.report_html import render_html
+for page in (render_html(t.dense_report(datasets=2, examples=30, text_chars=8000), max_bytes=200_000),
+             render_html(t.hostile_report()), render_html(t.per_n_report())):
+    print(hashlib.sha256(page.encode("utf-8")).hexdigest())
+"""
+
+
+def test_deterministic_whatever_the_hash_seed():
+    # in subprocesses: one process has one hash seed, so rendering twice in it cannot catch an
+    # order that depends on set or dict-of-str hashing
+    code = RENDER_TWICE.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    digests = [subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                              capture_output=True, text=True, check=True).stdout for seed in ("1", "2")]
+    assert digests[0] == digests[1] and len(digests[0].split()) == 3

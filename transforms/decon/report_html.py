@@ -10,14 +10,20 @@ The page, top to bottom:
   or that none does, or that there was nothing to compare.
 - **At a glance**: one card per eval dataset with its row counts; per n, the contaminated
   share as a horizontal SVG bar with the counts ("37 / 1,319 instances, 2.8%") beside
-  HELM's binary, jaccard and token metrics (plain and weighted by 1/training count); then
-  the training files contributing most (top :data:`MAX_TOP_FILES`).
-- **The evidence**: per dataset, the most contaminated instances as chosen by the caller
-  (at ``examples_n``): the instance text with its overlapping spans in ``<mark>`` (clamped to
-  the text, empty ones ignored, overlapping or adjacent ones merged), its id, row, longest
-  match (the longest run of its tokens one training row's n-grams cover) and token overlap;
-  then each training hit (path, row, shared n-grams) with its snippet highlighted
-  the same way. A legend explains the highlight colour.
+  HELM's binary, jaccard and token metrics (plain and weighted by 1/training count), in a
+  table that scrolls inside its card and, on a narrow screen, stacks each n's cells under
+  their labels (``data-label``); then links to the dataset's sections per n.
+- **By n: the evidence**: per dataset, one section per configured n (plain sections, no
+  script: each has an anchor ``evidence-<dataset>-n<n>``) with everything counted at that n:
+  the contaminated instances and the training rows they overlap, the training files
+  contributing most (instances and training rows at that n, top :data:`MAX_TOP_FILES`),
+  the most frequent overlapping n-grams (instances and training rows, top
+  :data:`MAX_TOP_NGRAMS`: boilerplate shows as such), and the most contaminated instances at
+  that n as chosen by the caller: the instance text with its overlapping spans in ``<mark>``
+  (clamped to the text, empty ones ignored, overlapping or adjacent ones merged), its id,
+  row, longest match (the longest run of its tokens one training row's n-grams cover) and
+  token overlap; then each training hit (path, row, shared n-grams) with its snippet
+  highlighted the same way. A legend explains the highlight colour.
 - **Settings**: the run's settings, the inputs with their fingerprints and the rows read on
   each side, so that a reader can reproduce the run.
 
@@ -33,8 +39,8 @@ Guarantees:
 - Bounded: the page's UTF-8 size is at most ``max_bytes``. Texts show a window of at most
   :data:`MAX_TEXT_CHARS` characters around their spans (snippets :data:`MAX_SNIPPET_CHARS`),
   labels are cut at :data:`MAX_LABEL_CHARS`, lists are capped. If the page is still too
-  large, examples are dropped from the end of each dataset's list (round robin, so every
-  dataset keeps its top ones) with a note saying how many were omitted; past that, the last
+  large, examples are dropped from the end of each dataset's list at each n (round robin, so
+  every dataset and n keeps its top ones) with a note saying how many were omitted; past that, the last
   dataset cards go (with a note); in the extreme the page is a short notice.
 """
 from __future__ import annotations
@@ -52,7 +58,8 @@ CONTEXT_CHARS = 200         # characters shown before the first span when the sp
 WORD_SLACK = 30             # characters a cut text gives up at most to start and end on whole words
 MAX_LABEL_CHARS = 300       # names, paths, ids, settings values
 MAX_HITS = 2                # training hits shown per example
-MAX_TOP_FILES = 10          # training files listed per dataset
+MAX_TOP_FILES = 10          # training files listed per dataset and n
+MAX_TOP_NGRAMS = 15         # overlapping n-grams listed per dataset and n
 MAX_EVAL_PATHS = 10         # eval paths listed per dataset
 MAX_SETTINGS = 200          # settings rows
 MAX_INPUTS_PER_SIDE = 50    # inputs listed per side ("eval", "train")
@@ -60,7 +67,7 @@ MAX_ROWS_READ = 50          # "rows read" entries
 BAR_WIDTH = 240             # px, the full share bar
 BAR_HEIGHT = 14
 MIN_MAX_BYTES = 16_384      # the short notice page always fits in this
-_SLACK_PER_DATASET = 64     # bytes: notes whose numbers grow once examples are placed
+_SLACK_PER_GROUP = 64       # bytes: notes whose numbers grow once examples are placed, per dataset and n
 
 
 # ---------------------------------------------------------------------------------------
@@ -100,8 +107,24 @@ class Example:
 
 
 @dataclass(frozen=True)
+class TrainFile:
+    """A training file and what it overlaps at one n."""
+    path: str
+    instances: int                      # instances of the dataset it overlaps at this n
+    train_rows: int                     # its rows that overlap them at this n
+
+
+@dataclass(frozen=True)
+class NgramCount:
+    """An overlapping n-gram at one n and how widely it is shared."""
+    ngram: str
+    instances: int                      # instances of the dataset that have it
+    train_rows: int                     # training rows (documents) that have it
+
+
+@dataclass(frozen=True)
 class NResult:
-    """One eval dataset at one n."""
+    """One eval dataset at one n: counts and HELM's metrics (means), and the evidence."""
     n: int
     num_instances: int
     contaminated: int
@@ -110,11 +133,15 @@ class NResult:
     token: float
     jaccard_weighted: float
     token_weighted: float
+    train_rows: int = 0                             # training rows overlapping its instances at this n
+    top_train_files: tuple[TrainFile, ...] = ()     # most instances first
+    top_ngrams: tuple[NgramCount, ...] = ()         # most instances first
+    examples: tuple[Example, ...] = ()              # most contaminated at this n first
 
 
 @dataclass(frozen=True)
 class DatasetReport:
-    """One eval dataset: counts, per-n results, top training files and examples."""
+    """One eval dataset: counts and its results per n."""
     name: str
     eval_paths: tuple[str, ...]
     num_rows: int
@@ -122,9 +149,6 @@ class DatasetReport:
     num_empty_instances: int
     num_bad_rows: int
     results: tuple[NResult, ...]                    # one per n, ascending n
-    top_train_files: tuple[tuple[str, int], ...]    # (training path, contaminated instances), most first
-    examples: tuple[Example, ...]                   # most contaminated first
-    examples_n: int                                 # the n the examples were chosen at
 
 
 @dataclass(frozen=True)
@@ -357,8 +381,16 @@ def _lede(report: ContaminationReport) -> str:
             f"some of their instances share n-grams with the training data. The evidence is below.")
 
 
+METRICS_COLUMNS = ("binary", "jaccard", "token", "jaccard (weighted)", "token (weighted)")
+
+
+def evidence_id(index: int, n: int) -> str:
+    """The anchor of dataset ``index``'s section at ``n`` (datasets count from 1)."""
+    return f"evidence-{index}-n{n}"
+
+
 def _glance_card(index: int, ds: DatasetReport) -> str:
-    """One dataset in "At a glance": counts, per-n bars and metrics, top training files."""
+    """One dataset in "At a glance": counts, per-n bars and metrics, links to its sections per n."""
     parts = [f'<section class="card" id="glance-{index}">', f"<h3>{label(ds.name)}</h3>"]
     paths = ", ".join(f"<code>{label(p)}</code>" for p in ds.eval_paths[:MAX_EVAL_PATHS])
     if len(ds.eval_paths) > MAX_EVAL_PATHS:
@@ -373,32 +405,94 @@ def _glance_card(index: int, ds: DatasetReport) -> str:
         parts.append('<p class="clean">No instance of this eval set shares an n-gram with the training data, '
                      'at any n.</p>')
     if ds.results:
+        head = "".join(f'<th class="num">{c}</th>' for c in METRICS_COLUMNS)
         parts.append('<div class="scroll"><table class="metrics"><thead><tr><th class="num">n</th>'
-                     '<th>contaminated instances</th>'
-                     '<th class="num">binary</th><th class="num">jaccard</th><th class="num">token</th>'
-                     '<th class="num">jaccard (weighted)</th><th class="num">token (weighted)</th></tr></thead><tbody>')
+                     f"<th>contaminated instances</th>{head}</tr></thead><tbody>")
         for r in ds.results:
             m = metric if r.num_instances > 0 else (lambda v: "n/a")      # a mean over no instances
             parts.append(
                 f'<tr data-n="{r.n}" data-contaminated="{r.contaminated}" data-instances="{r.num_instances}">'
-                f'<td class="num">{r.n:,}</td><td class="share">{share_bar(r.contaminated, r.num_instances)} '
+                f'<td class="num" data-label="n">{r.n:,}</td>'
+                f'<td class="share" data-label="contaminated instances at n = {r.n:,}">'
+                f'{share_bar(r.contaminated, r.num_instances)} '
                 f'<span class="count">{r.contaminated:,} / {plural(r.num_instances, "instance")}, '
                 f'{percent(r.contaminated, r.num_instances)}</span></td>'
-                + "".join(f'<td class="num">{m(v)}</td>'
-                          for v in (r.binary, r.jaccard, r.token, r.jaccard_weighted, r.token_weighted))
+                + "".join(f'<td class="num" data-label="{c} at n = {r.n:,}">{m(v)}</td>'
+                          for c, v in zip(METRICS_COLUMNS, (r.binary, r.jaccard, r.token, r.jaccard_weighted,
+                                                            r.token_weighted)))
                 + "</tr>")
         parts.append("</tbody></table></div>")
+        if _contaminated(ds) > 0:
+            links = " · ".join(f'<a href="#{evidence_id(index, r.n)}">n = {r.n:,}</a>' for r in ds.results)
+            parts.append(f'<p class="jump">Training files, frequent n-grams and examples at {links}</p>')
     else:
         parts.append('<p class="note">No results were recorded for this eval set.</p>')
-    if ds.top_train_files:
-        parts.append('<h4>Training files contributing most</h4><div class="scroll"><table class="files"><thead><tr>'
-                     '<th>training file</th><th class="num">contaminated instances</th></tr></thead><tbody>')
-        for path, count in ds.top_train_files[:MAX_TOP_FILES]:
-            parts.append(f'<tr><td><code>{label(path)}</code></td><td class="num">{count:,}</td></tr>')
-        parts.append("</tbody></table></div>")
-        if len(ds.top_train_files) > MAX_TOP_FILES:
-            more = len(ds.top_train_files) - MAX_TOP_FILES
-            parts.append(f'<p class="note">and {plural(more, "more training file")}.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _files_table(r: NResult) -> str:
+    """The training files contributing most at ``r.n``."""
+    n = f"n = {r.n:,}"
+    parts = [f"<h5>Training files contributing most at {n}</h5>",
+             '<div class="scroll"><table class="files"><thead><tr><th>training file</th>'
+             f'<th class="num">instances at {n}</th><th class="num">training rows at {n}</th></tr></thead><tbody>']
+    for f in r.top_train_files[:MAX_TOP_FILES]:
+        parts.append(f'<tr><td><code>{label(f.path)}</code></td><td class="num">{f.instances:,}</td>'
+                     f'<td class="num">{f.train_rows:,}</td></tr>')
+    parts.append("</tbody></table></div>")
+    if len(r.top_train_files) > MAX_TOP_FILES:
+        parts.append(f'<p class="note">and {plural(len(r.top_train_files) - MAX_TOP_FILES, "more training file")} '
+                     f"at {n}.</p>")
+    return "\n".join(parts)
+
+
+def _ngrams_table(r: NResult) -> str:
+    """The most frequent overlapping n-grams at ``r.n``."""
+    n = f"n = {r.n:,}"
+    parts = [f"<h5>Most frequent overlapping n-grams at {n}</h5>",
+             '<p class="sub">By the instances that have them, then the training rows; an n-gram many instances '
+             "share is more likely a common phrase than a leak.</p>",
+             '<div class="scroll"><table class="ngrams"><thead><tr><th>n-gram</th>'
+             f'<th class="num">instances at {n}</th><th class="num">training rows</th></tr></thead><tbody>']
+    for g in r.top_ngrams[:MAX_TOP_NGRAMS]:
+        parts.append(f'<tr><td><code>{label(g.ngram)}</code></td><td class="num">{g.instances:,}</td>'
+                     f'<td class="num">{g.train_rows:,}</td></tr>')
+    parts.append("</tbody></table></div>")
+    return "\n".join(parts)
+
+
+def _at_n(index: int, ds: DatasetReport, r: NResult, shown: list[str], max_bytes: int) -> str:
+    """Dataset ``index`` at one n: its counts there, the training files and n-grams behind them,
+    its first examples (``shown``, rendered) or why there are none."""
+    n = f"n = {r.n:,}"
+    parts = [f'<section class="at-n" id="{evidence_id(index, r.n)}" data-n="{r.n}">',
+             f"<h4>{label(ds.name)} at {n}</h4>"]
+    if r.num_instances == 0:
+        parts.append(f'<p class="empty">This eval set has no instances, so there is nothing to show at {n}.</p>')
+    elif r.contaminated == 0:
+        parts.append(f'<p class="clean">No instance overlaps the training data at {n}, so there is nothing '
+                     "to show.</p>")
+    else:
+        parts.append(f'<p class="counts">At {n}: {r.contaminated:,} of {plural(r.num_instances, "instance")} '
+                     f"({percent(r.contaminated, r.num_instances)}) share an n-gram with "
+                     f"{plural(r.train_rows, 'training row')}.</p>")
+        if r.top_train_files:
+            parts.append(_files_table(r))
+        if r.top_ngrams:
+            parts.append(_ngrams_table(r))
+        parts.append(f"<h5>Examples at {n}</h5>")
+        if r.examples:
+            selected = len(r.examples)
+            parts.append(f'<p class="sub">The most contaminated instances at {n}, by longest match, then token '
+                         f"overlap ({selected:,} selected).</p>")
+            parts += shown
+            if len(shown) < selected:
+                parts.append(f'<p class="note omitted">Showing the first {len(shown):,} of '
+                             f'{plural(selected, "example")} at {n}; {selected - len(shown):,} omitted to keep this '
+                             f"page within {max_bytes:,} bytes.</p>")
+        else:
+            parts.append('<p class="note">No examples were selected for this report.</p>')
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -432,23 +526,18 @@ def example_html(ex: Example) -> str:
     return "\n".join(parts)
 
 
-def _evidence(index: int, ds: DatasetReport, shown: list[str], max_bytes: int) -> str:
-    """One dataset in "The evidence": its first examples (``shown``, rendered), or why there are none."""
+def _evidence(index: int, ds: DatasetReport, shown: list[list[str]], max_bytes: int) -> str:
+    """One dataset in "By n: the evidence": a section per n (``shown[k]``: the rendered examples
+    of its k-th n), or why there are none."""
     parts = [f'<section class="evidence" id="evidence-{index}">', f"<h3>{label(ds.name)}</h3>"]
-    if ds.examples:
-        selected = len(ds.examples)
-        parts.append(f'<p class="sub">The most contaminated instances at n = {ds.examples_n:,}, '
-                     f"by longest match, then token overlap ({selected:,} selected).</p>")
-        parts += shown
-        if len(shown) < selected:
-            parts.append(f'<p class="note omitted">Showing the first {len(shown):,} of {plural(selected, "example")}; '
-                         f"{selected - len(shown):,} omitted to keep this page within {max_bytes:,} bytes.</p>")
-    elif ds.num_instances == 0:
+    if ds.num_instances == 0:
         parts.append('<p class="empty">This eval set has no instances, so there is nothing to show.</p>')
     elif _contaminated(ds) == 0:
         parts.append('<p class="clean">No instance overlaps the training data, so there is nothing to show.</p>')
     else:
-        parts.append('<p class="note">No examples were selected for this report.</p>')
+        links = " · ".join(f'<a href="#{evidence_id(index, r.n)}">n = {r.n:,}</a>' for r in ds.results)
+        parts.append(f'<nav class="by-n">{links}</nav>')
+        parts += [_at_n(index, ds, r, shown[k], max_bytes) for k, r in enumerate(ds.results)]
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -506,11 +595,15 @@ bdi{unicode-bidi:isolate}
 h1{font-size:1.6rem;margin:0 0 .3rem}
 h2{font-size:1.25rem;margin:2.2rem 0 .8rem;padding-bottom:.3rem;border-bottom:1px solid #d0d7de}
 h3{font-size:1.05rem;margin:0 0 .3rem;overflow-wrap:anywhere}
-h4{font-size:.95rem;margin:1rem 0 .3rem}
+h4{font-size:1rem;margin:1.2rem 0 .3rem;overflow-wrap:anywhere}
+h5{font-size:.92rem;margin:.9rem 0 .3rem}
 a{color:#0a58a8}
 .lede{font-size:1.05rem;margin:.2rem 0 .6rem}
 .card,.evidence,.example{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:14px 16px;margin:0 0 14px}
 .evidence{background:transparent;border:0;padding:0;margin:1.2rem 0 0}
+.at-n{border-top:2px solid #d0d7de;margin:1rem 0 0;padding-top:.2rem}
+.at-n:target{border-top-color:#b45309}
+.jump,.by-n{font-size:.9rem;margin:.4rem 0}
 .sub,.note{color:#57606a;font-size:.88rem;margin:.2rem 0 .6rem}
 .empty,.clean{border-radius:6px;padding:6px 10px;margin:.4rem 0}
 .empty{background:#f3f4f6}
@@ -533,12 +626,24 @@ mark,.swatch{background:#fcd34d;color:#1f2328;border-radius:2px;padding:0 1px}
 .k{color:#57606a}
 .hit{margin:.6rem 0 0;padding-left:12px;border-left:3px solid #d0d7de}
 footer{margin-top:2.5rem;color:#57606a;font-size:.85rem}
+@media (max-width:640px){
+main{padding:16px 10px 32px}
+.card{padding:12px 10px}
+table.metrics,table.metrics tbody,table.metrics tr,table.metrics td{display:block;width:100%}
+table.metrics thead{display:none}
+table.metrics tr{border-bottom:1px solid #d0d7de;padding:4px 0}
+table.metrics td{display:flex;justify-content:space-between;gap:8px;border:0;padding:1px 0}
+table.metrics td::before{content:attr(data-label);font-weight:600;color:#424a53;text-align:left;white-space:normal}
+table.metrics td.share{display:block}
+table.metrics td.share::before{display:block}
+}
 @media print{body{background:#fff}.card,.example{break-inside:avoid}.text{max-height:none}}
 """
 
 
-def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[str]], max_bytes: int) -> str:
-    """The whole page: the first ``shown_datasets`` datasets, ``shown[i]`` the rendered examples of dataset i."""
+def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[list[str]]], max_bytes: int) -> str:
+    """The whole page: the first ``shown_datasets`` datasets, ``shown[i][k]`` the rendered examples
+    of dataset i at its k-th n."""
     datasets = report.datasets[:shown_datasets]
     omitted = len(report.datasets) - shown_datasets
     omitted_note = (f'<p class="note omitted">{plural(omitted, "more eval dataset")} not shown to keep this page '
@@ -548,7 +653,7 @@ def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[str
              f'<meta name="generator" content="{esc(cut(report.generated_by))}">',
              f"<title>{esc(cut(report.title))}</title>", f"<style>\n{_CSS}</style>", "</head>", "<body>", "<main>",
              f"<header><h1>{label(report.title)}</h1>", f'<p class="lede">{_lede(report)}</p>',
-             ('<nav><a href="#glance">At a glance</a> · <a href="#evidence">The evidence</a> · '
+             ('<nav><a href="#glance">At a glance</a> · <a href="#evidence">By n: the evidence</a> · '
               '<a href="#settings">Settings</a></nav></header>'),
              '<section id="glance"><h2>At a glance</h2>',
              ('<p class="sub">Per eval dataset and n: the share of instances that share at least one n-gram '
@@ -560,10 +665,12 @@ def _page(report: ContaminationReport, shown_datasets: int, shown: list[list[str
     parts += [_glance_card(i + 1, ds) for i, ds in enumerate(datasets)]
     if omitted_note:
         parts.append(omitted_note)
-    parts += ["</section>", '<section id="evidence"><h2>The evidence</h2>',
+    parts += ["</section>", '<section id="evidence"><h2>By n: the evidence</h2>',
+              ('<p class="sub">Per eval dataset, a section per n: what overlaps at that n, and the instances that '
+               "overlap most with their training hits.</p>"),
               ('<p class="legend"><span class="swatch">Highlighted</span> text is part of an n-gram that also '
                "occurs in the training data. Rows are numbered from 0 (a file's first row is row 0), as in the "
-               "stats files.</p>")]
+               "stats files; an instance without an id is named by its file and row.</p>")]
     if not report.datasets:
         parts.append('<p class="empty">No eval datasets were read, so there is no evidence to show.</p>')
     parts += [_evidence(i + 1, ds, shown[i], max_bytes) for i, ds in enumerate(datasets)]
@@ -595,10 +702,11 @@ def _nbytes(text: str) -> int:
 
 
 def fit_examples(counts: list[int], size: Callable[[int, int], int], budget: int) -> list[int]:
-    """How many leading examples of each dataset fit in ``budget`` bytes, taken round robin.
+    """How many leading examples of each group (a dataset at one n) fit in ``budget`` bytes,
+    taken round robin.
 
-    ``counts[d]``: the examples of dataset d; ``size(d, i)``: the bytes of its i-th one (asked
-    for in increasing i). Round i offers every dataset its i-th example; a dataset whose
+    ``counts[d]``: the examples of group d; ``size(d, i)``: the bytes of its i-th one (asked
+    for in increasing i). Round i offers every group its i-th example; a group whose
     next example does not fit takes no more, so each keeps a prefix of its list (its most
     contaminated ones).
     """
@@ -627,8 +735,11 @@ def render_html(report: ContaminationReport, max_bytes: int = 2_000_000) -> str:
         raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}, got {max_bytes}")
     total = len(report.datasets)
 
+    def none_shown(k: int) -> list[list[list[str]]]:
+        return [[[] for _ in ds.results] for ds in report.datasets[:k]]
+
     def skeleton(k: int) -> str:
-        return _page(report, k, [[] for _ in range(k)], max_bytes)
+        return _page(report, k, none_shown(k), max_bytes)
 
     k = total
     if _nbytes(skeleton(k)) > max_bytes:
@@ -639,17 +750,25 @@ def render_html(report: ContaminationReport, max_bytes: int = 2_000_000) -> str:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if _nbytes(skeleton(mid)) <= max_bytes else (lo, mid - 1)
         k = lo
-    rendered: list[list[str]] = [[] for _ in range(k)]
+    groups = [(d, j) for d in range(k) for j in range(len(report.datasets[d].results))]  # (dataset, its n)
+    rendered: list[list[str]] = [[] for _ in groups]
 
-    def size(d: int, i: int) -> int:
-        rendered[d].append(example_html(report.datasets[d].examples[i]))
-        return _nbytes(rendered[d][-1]) + 1           # + 1: the joining newline
+    def size(g: int, i: int) -> int:
+        d, j = groups[g]
+        rendered[g].append(example_html(report.datasets[d].results[j].examples[i]))
+        return _nbytes(rendered[g][-1]) + 1           # + 1: the joining newline
 
-    budget = max_bytes - _nbytes(skeleton(k)) - _SLACK_PER_DATASET * k
-    shown = fit_examples([len(ds.examples) for ds in report.datasets[:k]], size, budget)
-    page = _page(report, k, [rendered[d][:shown[d]] for d in range(k)], max_bytes)
+    def page_of(shown: list[int]) -> str:
+        chosen = none_shown(k)
+        for g, (d, j) in enumerate(groups):
+            chosen[d][j] = rendered[g][:shown[g]]
+        return _page(report, k, chosen, max_bytes)
+
+    budget = max_bytes - _nbytes(skeleton(k)) - _SLACK_PER_GROUP * len(groups)
+    shown = fit_examples([len(report.datasets[d].results[j].examples) for d, j in groups], size, budget)
+    page = page_of(shown)
     while _nbytes(page) > max_bytes and any(shown):   # a safety net; the slack normally covers it
-        d = max(range(k), key=lambda i: (shown[i], -i))
-        shown[d] -= 1
-        page = _page(report, k, [rendered[d][:shown[d]] for d in range(k)], max_bytes)
+        g = max(range(len(groups)), key=lambda i: (shown[i], -i))
+        shown[g] -= 1
+        page = page_of(shown)
     return page

@@ -55,8 +55,9 @@ from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES
 
-FORMAT_VERSION = 4  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
+FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
 # 4: reduce results carry their records' eval windows; longest match and coverage per instance
+# 5: eval rows say whether their id was hashed; reduce results keep spans and samples at every n
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
@@ -568,7 +569,7 @@ class MergeReportsStage(Stage):
         ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
         ctx.write_bytes(ctx.output_path("stats/report.md"),
                         ng.render_report(result, scan_totals, self.s.max_train_count,
-                                         max_ngram_details=self.s.max_ngram_details).encode())
+                                         max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows).encode())
         report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
                                           self.report_settings(), self.report_inputs(index_run, scan_run),
                                           scan_totals)
@@ -597,7 +598,7 @@ class MergeReportsStage(Stage):
                 ("max-ngram-details", "none" if s.max_ngram_details is None else str(s.max_ngram_details)),
                 (f"eval {eval_what}", eval_text), (f"train {train_what}", train_text),
                 ("id field", s.id_field), ("partitions", str(s.partitions)),
-                ("report examples", f"{s.report_examples} per eval dataset, at n = {s.ns[-1]}"))
+                ("report examples", f"{s.report_examples} per eval dataset and n"))
 
     @staticmethod
     def report_inputs(index_run: StageRun, scan_run: StageRun) -> tuple[tuple[str, str, str], ...]:

@@ -58,3 +58,10 @@ def record_id(record: dict, id_field: str = "id") -> str:
     if value is not None:
         return str(value)
     return record_hash_id(record)
+
+
+def shown_id(instance_id: str, eval_path: str, eval_row: int, hashed: bool) -> str:
+    """The id the reports show for an eval row: its own id, or for a row without one (whose
+    ``instance_id`` is a 20-digit hash) its file's name and row number, ``test.jsonl:12``
+    (rows count from 0). The stats and details keep ``instance_id``."""
+    return f"{eval_path.rstrip('/').rsplit('/', 1)[-1]}:{eval_row}" if hashed else instance_id

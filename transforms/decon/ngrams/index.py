@@ -32,6 +32,7 @@ class EvalRow:
     text: str
     num_tokens: int
     empty: bool            # only empty tokens: contributes no n-gram
+    hashed_id: bool = False  # the row had no id: ``instance_id`` is the hash of the record (:func:`.ids.record_id`)
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -88,7 +89,8 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
             bad[ds]["bad_rows"] += 1
             continue
         tokens = tokenizer.tokenize(text)
-        rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, len(tokens), not any(tokens)))
+        rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, len(tokens), not any(tokens),
+                            record.get(id_field) is None))
     return rows, bad
 
 

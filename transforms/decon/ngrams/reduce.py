@@ -221,16 +221,17 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     (eval_idx -> n -> {:func:`overlap_key`: training documents}; first rows only),
     ``by_path`` ([train_path, eval_dataset, n, first rows of the texts with rows of that
     dataset, train rows]), ``train_rows`` (the training rows with an overlap and what they
-    overlap: :meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> eval offsets of its
-    overlapping n-grams at the largest n; first rows only) and ``samples`` (eval_idx -> its
-    first two training rows at the largest n, each ``[unit, row, train_path, [[ngram hash,
-    offsets, snippet_start, snippet], ...]]``; first rows only) and ``windows`` (the eval
+    overlap: :meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> n-gram length -> eval
+    offsets of its overlapping n-grams of that length; first rows only) and ``samples``
+    (eval_idx -> n-gram length -> its first two training rows sharing an n-gram of that
+    length, each ``[unit, row, train_path, [[ngram hash, offsets, snippet_start, snippet],
+    ...]]``; first rows only): the report's evidence at every configured n (an eval row's
+    n-gram length at configured n is ``min(n, its tokens)``), and ``windows`` (the eval
     windows of each record in ``train_rows``, for the longest match:
     :func:`.longest.record_windows`).
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
-    at_nmax = [min(ns[-1], r.num_tokens) for r in eval_rows]  # each eval row's n-gram length at the largest n
     ignored = None
     if max_train_count is not None:
         seen = np.zeros(len(records), dtype=np.int64)
@@ -244,8 +245,8 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     kept: dict[int, list] = {}                # record -> its [eval_idx, offsets], one per distinct text
     middles: dict[int, str] = {}              # record -> its detail lines' n-gram part
     prefixes: dict[int, list[str]] = {}       # record -> its detail lines up to the training part (few eval rows)
-    sampled: dict[int, list[int]] = {}        # record -> eval rows it is a largest-n n-gram of, still sampling
-    samples: dict[int, dict[tuple[int, int], list]] = {}
+    sampled: dict[int, list[int]] = {}        # record -> eval rows it is an n-gram of, still sampling
+    samples: dict[tuple[int, int], dict[tuple[int, int], list]] = {}  # (eval row, n-gram length) -> rows
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
     row_hits = RowHits()  # every counted hit's (training row, record): the drop list
     skip = None if ignored is None else np.asarray(ignored, dtype=bool)
@@ -294,7 +295,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
                 if len(evals) <= PREFIX_CACHE_EVALS:
                     prefixes[rec] = lines_of(rec, evals)
-                sampled[rec] = [eval_idx for eval_idx, _ in evals if n == at_nmax[eval_idx]]
+                sampled[rec] = [eval_idx for eval_idx, _ in evals]
             offs = list(zip(starts[a:o], ends[a:o]))
             room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
             if room > 0 and rows_out is not None:  # Parquet: columns, no JSON
@@ -325,26 +326,26 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             if sampled[rec]:
                 key = (unit, row)
                 hit = [records[rec][2], offs, snip[k], snippets[k]]
+                n = records[rec][0]
                 for eval_idx in sampled[rec]:
-                    rows_of = samples.setdefault(eval_idx, {})
+                    rows_of = samples.setdefault((eval_idx, n), {})
                     if key in rows_of or len(rows_of) < 2:
                         rows_of.setdefault(key, [unit, row, path, []])[3].append(hit)
                 # rows come in scan order: an eval row with two rows takes no later one from this record
-                sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[eval_idx]) < 2]
+                sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[(eval_idx, n)]) < 2]
         if out:
             write(b"".join(out))
             out.clear()
             held = 0
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
-    spans: dict[int, list] = {}
+    spans: dict[int, dict[int, list]] = {}
     capped = []
     for rec, evals in kept.items():  # the first row of each text only: the others share its state
         n, gram = records[rec][0], records[rec][1]
         key = overlap_key(gram)
         for eval_idx, eval_offsets in evals:
             overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = counts[rec]
-            if n == at_nmax[eval_idx]:
-                spans.setdefault(eval_idx, []).extend(eval_offsets)
+            spans.setdefault(eval_idx, {}).setdefault(n, []).extend(eval_offsets)
         if counts[rec] * len(evals) > written[rec]:
             capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(evals)])
     path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
@@ -370,7 +371,15 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
             "train_rows": row_hits.result(keys_of, len(eval_rows)),
             "windows": record_windows(records, kept),
-            "samples": {i: list(rows_of.values()) for i, rows_of in samples.items()}}
+            "samples": _by_row_and_length(samples)}
+
+
+def _by_row_and_length(samples: dict[tuple[int, int], dict]) -> dict[int, dict[int, list]]:
+    """``{(eval row, length): {key: training row}}`` as ``{eval row: {length: [training rows]}}``."""
+    out: dict[int, dict[int, list]] = {}
+    for (eval_idx, n), rows_of in samples.items():
+        out.setdefault(eval_idx, {})[n] = list(rows_of.values())
+    return out
 
 
 # -- merge: all partitions --------------------------------------------------------------
@@ -387,10 +396,11 @@ class ReduceResult:
     summary: list[dict]
     ignored_ngrams: int
     overlaps: dict[int, dict[int, dict[str, int]]]   # first row of a text -> n -> {ngram: training documents}
-    spans: dict[int, list]                           # first row of a text -> eval offsets at the largest n
-    samples: dict[int, list]                         # first row of a text -> first training rows at the largest n
+    spans: dict[int, dict[int, list]]                # first row of a text -> n -> eval offsets of its n-grams
+    samples: dict[int, dict[int, list]]              # first row of a text -> n -> its first two training rows
     capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
     contaminated: DropList | None = None             # the drop list (its lines: ``contaminated.chunks()``)
+    train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
@@ -405,8 +415,8 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
     overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
-    spans: dict[int, list] = defaultdict(list)
-    samples: dict[int, dict[tuple[int, int], list]] = defaultdict(dict)
+    spans: dict[int, dict[int, list]] = defaultdict(dict)
+    samples: dict[tuple[int, int], dict[tuple[int, int], list]] = defaultdict(dict)
     by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
     train_rows: list[dict] = []
     windows: list[tuple[dict, dict]] = []  # (train_rows share, its records' eval windows) per partition
@@ -419,11 +429,13 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
         for eval_idx, per_n in part["overlaps"].items():
             for n, grams in per_n.items():
                 overlaps[eval_idx].setdefault(n, {}).update(grams)
-        for eval_idx, offsets in part["spans"].items():
-            spans[eval_idx].extend(offsets)
-        for eval_idx, rows in part["samples"].items():
-            for unit, row, path, hits in rows:
-                samples[eval_idx].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
+        for eval_idx, per_n in part["spans"].items():
+            for n, offsets in per_n.items():
+                spans[eval_idx].setdefault(n, []).extend(offsets)
+        for eval_idx, per_n in part["samples"].items():
+            for n, rows in per_n.items():
+                for unit, row, path, hits in rows:
+                    samples[(eval_idx, n)].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
         for path, ds, n, ids, rows in part["by_path"]:
             got = by_path.setdefault((path, ds, n), (set(), set()))
             got[0].update(ids)
@@ -447,6 +459,10 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
                 hit_ids[(r.eval_dataset, n)].add(r.instance_id)
     stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
               "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
+    rows_at_n: dict[tuple[str, int], set] = defaultdict(set)  # (training path, n) -> its rows overlapping at n
+    for (path, _, n), (_, rows) in by_path.items():
+        rows_at_n[(path, n)].update(rows)
+    train_rows_at_n = {n: sum(len(rows) for (_, m), rows in rows_at_n.items() if m == n) for n in ns}
     paths = []
     for (path, ds, n), (ids, rows) in sorted(by_path.items()):
         instance_ids = sorted({eval_rows[j].instance_id for i in ids for j in same.rows_of(i)
@@ -482,6 +498,9 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
             "num_empty_instances": len(empty_ids[ds]),
             "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
         })
-    return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans),
-                        {i: [rows_of[k] for k in sorted(rows_of)[:2]] for i, rows_of in samples.items()},
-                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), DropList(train_rows, eval_rows, same))
+    first_rows: dict[int, dict[int, list]] = defaultdict(dict)
+    for (eval_idx, n), rows_of in samples.items():
+        first_rows[eval_idx][n] = [rows_of[k] for k in sorted(rows_of)[:2]]
+    return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans), dict(first_rows),
+                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), DropList(train_rows, eval_rows, same),
+                        train_rows_at_n)
