@@ -9,7 +9,7 @@ ModelHandler runs it, how a result becomes an output row, and what the merge wri
   (``{source}//{relpath}#s=..:e=..``) listed in files, read from prep shards under a data
   root. A unit is a slice of at most ``docs_per_unit`` documents of one input file.
 - ``infer`` units run in waves, each a part of the command's one Beam job, after the one before:
-  ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
+  ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedGptOssModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
   through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check). The
   workers read a wave's units from the plan the driver wrote; there are at most
@@ -258,6 +258,7 @@ class Task:
         raise NotImplementedError
 
     def handler(self):
+        """The RunInference handler: a :class:`~refinery.transforms.inference.model_handler.GptOssModelHandler`."""
         raise NotImplementedError
 
     def model_identifier(self) -> str:
@@ -559,7 +560,9 @@ class InferWave(beam.PTransform):
         self.ref, self.span = ref, span
 
     def expand(self, pbegin):
-        from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+        from apache_beam.ml.inference.base import RunInference
+
+        from refinery.transforms.inference.model_handler import KeyedGptOssModelHandler
 
         wait = {} if self.after is None else {"after": beam.pvalue.AsList(self.after)}
         expanded = (pbegin
@@ -567,7 +570,7 @@ class InferWave(beam.PTransform):
                     | "Spread" >> beam.Reshuffle()
                     | "Expand" >> beam.ParDo(ExpandUnitFn(self.run), **wait).with_outputs("info", main="examples"))
         results = (expanded.examples
-                   | "Infer" >> RunInference(KeyedModelHandler(self.run.stage.task.handler()),
+                   | "Infer" >> RunInference(KeyedGptOssModelHandler(self.run.stage.task.handler()),
                                              model_identifier=self.tag)
                    | "ByUnit" >> beam.Map(_to_unit))
         return ({"info": expanded.info, "results": results}
