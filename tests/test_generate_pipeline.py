@@ -231,7 +231,6 @@ def test_the_dead_letter_names_each_unit_of_a_failed_batch():
     error = "OutOfMemoryError: CUDA out of memory.\nTried to allocate 2 GiB"
     got = dict(gs.failed_batch_units((batch, (oom, "OutOfMemoryError('CUDA out of memory.')", tb))))
     assert got == {"u1": ((0, 2), 3, error), "u2": ((3,), 3, error)}
-    assert gs.exception_text(KeyError, "KeyError('x')", []) == "KeyError: KeyError('x')"
     ids = ["a", "b", "c", "d"]
     assert gs.inference_failure(ids, [got["u1"], ((1,), 2, "ValueError: bad")]) == (
         f"RunInference failed on a batch of 3 document(s) with a, c: {error}; "

@@ -359,27 +359,18 @@ class InferenceFailed(RuntimeError):
     """RunInference raised on a batch that held documents of this unit (the message says what it raised)."""
 
 
-def exception_text(exc_type: type, exc_repr: str, traceback_lines: list[str]) -> str:
-    """``Type: message`` of an exception Beam's dead-letter output describes by its type,
-    ``repr`` and formatted traceback (whose last line is ``[module.]Type: message``)."""
-    name = exc_type.__name__
-    for line in reversed(traceback_lines or []):
-        head, sep, message = line.partition(": ")
-        if sep and head.rsplit(".", 1)[-1] == name:
-            return f"{name}: {message.strip()}"
-    return f"{name}: {exc_repr}"
-
-
 def failed_batch_units(failed: tuple) -> list[tuple[str, tuple[tuple[int, ...], int, str]]]:
-    """RunInference's dead letter ``(batch, (exception type, repr, traceback lines))``, the
-    batch of ``((unit_id, i), example)`` -> ``(unit_id, (indexes, batch size, error))`` for
-    each unit with a document in the batch: the indexes of its documents there, the batch's
-    size and ``Type: message`` of what it raised."""
-    batch, (exc_type, exc_repr, traceback_lines) = failed
+    """RunInference's dead letter ``(batch, error)``, the batch of ``((unit_id, i), example)``
+    -> ``(unit_id, (indexes, batch size, error))`` for each unit with a document in the
+    batch: the indexes of its documents there, the batch's size and ``Type: message`` of
+    what it raised (:func:`~refinery.transforms.core.beam_private.dead_letter_error`)."""
+    from refinery.transforms.core.beam_private import dead_letter_error
+
+    batch, error_info = failed
     docs: dict[str, list[int]] = defaultdict(list)
     for (unit_id, i), _example in batch:
         docs[unit_id].append(i)
-    error = exception_text(exc_type, exc_repr, traceback_lines)
+    error = dead_letter_error(error_info)
     return [(unit_id, (tuple(sorted(idx)), len(batch), error)) for unit_id, idx in docs.items()]
 
 
@@ -573,10 +564,11 @@ class ExpandUnitFn(beam.DoFn):
 
 
 def _failed_units(failed: tuple) -> list[tuple[str, tuple]]:
-    """:func:`failed_batch_units`, logging the batch's traceback (the receipts keep the error line)."""
+    """:func:`failed_batch_units`, logged (where the worker's log is read)."""
     units = failed_batch_units(failed)
-    log.error("RunInference failed on a batch (units %s):\n%s", ", ".join(sorted(u for u, _ in units)),
-              "".join(failed[1][2] or [])[-4000:])
+    for unit_id, (indexes, size, error) in units:
+        log.error("unit %s: RunInference failed on a batch of %d document(s), %d of them this unit's: %s",
+                  unit_id, size, len(indexes), error)
     return units
 
 
