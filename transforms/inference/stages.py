@@ -40,6 +40,7 @@ from typing import Callable, Iterator
 import apache_beam as beam
 
 from refinery.transforms.core import rows, storage
+from refinery.transforms.core.beam_private import dead_letter_error
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
 from refinery.transforms.core.plans import PlanRef
@@ -364,8 +365,6 @@ def failed_batch_units(failed: tuple) -> list[tuple[str, tuple[tuple[int, ...], 
     -> ``(unit_id, (indexes, batch size, error))`` for each unit with a document in the
     batch: the indexes of its documents there, the batch's size and ``Type: message`` of
     what it raised (:func:`~refinery.transforms.core.beam_private.dead_letter_error`)."""
-    from refinery.transforms.core.beam_private import dead_letter_error
-
     batch, error_info = failed
     docs: dict[str, list[int]] = defaultdict(list)
     for (unit_id, i), _example in batch:
