@@ -7,7 +7,7 @@ Both sides generate the same prompts with the same batch limit (``--max-batch``)
 same number of new tokens (no stop tokens, so every sequence runs to ``--max-tokens``):
 
 - engine: ``GptOssEngine.generate`` on all prompts (continuous batching), timed after a warm-up;
-- pipeline: DirectRunner (in-process) ``Create | RunInference(KeyedModelHandler(handler))``,
+- pipeline: DirectRunner (in-process) ``Create | RunInference(KeyedGptOssModelHandler(handler))``,
   timed from pipeline start to finish, the engine already loaded (shared model, warm-up run
   first with the same ``model_identifier``).
 
@@ -38,11 +38,11 @@ def main() -> int:
 
     import apache_beam as beam
     import torch
-    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+    from apache_beam.ml.inference.base import RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from refinery.transforms.inference.handler import EngineSettings, GenerationParams, GptOssEngine
-    from refinery.transforms.inference.model_handler import GptOssModelHandler
+    from refinery.transforms.inference.model_handler import GptOssModelHandler, KeyedGptOssModelHandler
 
     ckpt = args.checkpoint
     label = "given checkpoint"
@@ -79,7 +79,7 @@ def main() -> int:
         t = time.perf_counter()
         with beam.Pipeline(options=options) as pipe:
             _ = (pipe | beam.Create([(str(i), {"tokens": pr}) for i, pr in enumerate(prompts[:n])])
-                 | RunInference(KeyedModelHandler(handler), model_identifier=tag))
+                 | RunInference(KeyedGptOssModelHandler(handler), model_identifier=tag))
         return time.perf_counter() - t
 
     run_pipeline(args.max_batch)  # warm-up: loads the shared engine

@@ -11,7 +11,8 @@ def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
     major_minor = ".".join(apache_beam.__version__.split(".")[:2])
     assert major_minor in beam_private.CHECKED_BEAM, (
         f"apache-beam {apache_beam.__version__}: check transforms/core/beam_private.py against it "
-        f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address), "
+        f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address, "
+        f"the dead-letter error), "
         f"then add it to CHECKED_BEAM")
 
 
@@ -52,3 +53,26 @@ def test_the_fn_api_servers_listen_where_they_are_told(tmp_path):
         assert host == "127.0.0.1" and int(port) > 0
     finally:
         server.close()
+
+
+class Refused(ValueError):
+    pass
+
+
+def test_a_dead_letter_says_the_error_type_and_message():
+    """What ``with_exception_handling`` puts beside a failed input reads as ``Type: message``
+    (RunInference's ``failed_inferences`` are made the same way: a failed batch's units)."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    def check(x):
+        if x == 2:
+            raise Refused(f"no {x}\nsecond line")
+        if x == 3:
+            raise KeyError(x)
+        return x
+
+    with beam.Pipeline() as p:
+        _good, bad = p | beam.Create([1, 2, 3]) | beam.Map(check).with_exception_handling()
+        said = bad | beam.MapTuple(lambda x, error: (x, beam_private.dead_letter_error(error)))
+        assert_that(said, equal_to([(2, "Refused: no 2\nsecond line"), (3, "KeyError: 3")]))

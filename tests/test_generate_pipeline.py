@@ -1,7 +1,9 @@
 """``refinery generate``: engine-equal outputs, per-document reproducibility, skip and resume."""
 from __future__ import annotations
 
+import collections
 import json
+from pathlib import Path
 
 import pytest
 
@@ -161,13 +163,75 @@ def test_the_generate_job_does_not_grow_with_the_documents(tmp_path, ckpt):
     assert gs.wave_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert gs.wave_spans(1000, 1, max_waves=64)[:2] == [(0, 16), (16, 32)] and len(gs.wave_spans(1000, 1, 64)) == 63
     sizes = []
-    for n in (1280, 12800):  # 640 and 6,400 units of 2 documents: 16 waves of 40 and of 400
+    for n in (2000, 20000):  # 1,000 and 10,000 units of 2 documents, asked in waves of 1: 16 waves of 63 and of 625
         inp = write_jsonl(tmp_path / f"in{n}.jsonl", [{"id": f"d{i}", "text": f"text {i}"} for i in range(n)])
         out = tmp_path / f"out{n}"
         stages = generate.generate_stages(_args(ckpt, [inp], out, "--wave-units", "1"))
         proto = runner_api(command_pipeline(stages, str(out), DIRECT))
-        waves = {t.unique_name.split("/")[1] for t in proto.components.transforms.values()
-                 if t.unique_name.startswith("Infer/Wave ")}
-        assert len(waves) == gs.MAX_WAVES and step_names(proto) == ["Infer", "Merge outputs"]
+        steps = [t.unique_name for t in proto.components.transforms.values() if not t.subtransforms]
+        per_wave = collections.Counter(s.split("/")[1] for s in steps if s.startswith("Infer/Wave "))
+        assert len(per_wave) == gs.MAX_WAVES and step_names(proto) == ["Infer", "Merge outputs"]
+        # every wave the same steps, its dead letter (FailedByUnit) among them: nothing per wave outside the waves
+        assert set(per_wave.values()) == {per_wave["Wave 1"]} and "Infer/Wave 16/FailedByUnit" in steps
+        assert [s for s in steps if s.startswith("Infer/") and not s.startswith("Infer/Wave ")] == ["Infer/AllWaves"]
         sizes.append(len(proto.SerializeToString()))
     assert sizes[1] < 1.02 * sizes[0] and sizes[1] < 1_000_000, sizes
+
+
+def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(tmp_path, ckpt, monkeypatch, capsys):
+    """RunInference's dead letter: the engine raises on the batch holding document d3 (one
+    document per batch here). Its unit gets a failed receipt with the error, the other units
+    of the wave complete, the command exits 1 naming the unit; the rerun redoes only it."""
+    from refinery.transforms.inference.model_handler import GptOssModelHandler
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
+    out = tmp_path / "out"
+    bad_seed, real_infer = doc_seed(7, "d3"), GptOssModelHandler.infer
+
+    def faulty(self, batch, model):
+        if any(e["seed"] == bad_seed for e in batch):
+            raise ValueError("injected fault on d3")
+        return real_infer(self, batch, model)
+
+    monkeypatch.setattr(GptOssModelHandler, "infer", faulty)
+    monkeypatch.setattr(GptOssModelHandler, "batch_elements_kwargs", lambda self: {"min_batch_size": 1,
+                                                                                   "max_batch_size": 1})
+    capsys.readouterr()
+    assert generate.run(_args(ckpt, [inp], out), DIRECT) == 1  # 3 units of 2 documents, one wave
+    err = capsys.readouterr().err
+    assert "stage infer: 1 unit(s) not completed:\n  f00000-d00000002: failed: InferenceFailed " in err
+    assert "InferenceFailed RunInference failed on a batch of 1 document(s) with d3: ValueError: injected fault" in err
+    assert not (out / "generations.jsonl").exists()
+
+    args = _args(ckpt, [inp], out)
+    stages = generate.generate_stages(args)
+    infer = bind_stages(stages, str(out))[0]
+    failed = infer.check("f00000-d00000002")
+    assert failed.receipt["status"] == "failed" and failed.receipt["error"]["type"] == "InferenceFailed"
+    assert failed.receipt["error"]["message"].endswith("ValueError: injected fault on d3")
+    assert infer.listed_failures() == {"f00000-d00000002"}
+    for unit in ("f00000-d00000000", "f00000-d00000004"):  # the rest of the wave: done, their files verify
+        assert infer.check(unit, verify_checksums=True).done
+    assert [json.loads(line)["id"] for line in (Path(infer.parts_dir) / "f00000-d00000000.jsonl").read_text()
+            .splitlines()] == ["d0", "d1"]
+
+    monkeypatch.setattr(GptOssModelHandler, "infer", real_infer)  # the fault fixed: only that unit runs again
+    result = run_stages(stages, str(out), DIRECT, progress=False)
+    assert result.ran == {"infer": 1, "merge": 1} and infer.listed_failures() == set()
+    fresh = tmp_path / "fresh"
+    assert generate.run(_args(ckpt, [inp], fresh), DIRECT) == 0
+    assert (out / "generations.jsonl").read_bytes() == (fresh / "generations.jsonl").read_bytes()
+
+
+def test_the_dead_letter_names_each_unit_of_a_failed_batch():
+    batch = [(("u1", 0), {"tokens": [1]}), (("u2", 3), {"tokens": [2]}), (("u1", 2), {"tokens": [3]})]
+    tb = ["Traceback (most recent call last):\n", '  File "x.py", line 1, in f\n',
+          "torch.OutOfMemoryError: CUDA out of memory.\nTried to allocate 2 GiB\n"]
+    oom = type("OutOfMemoryError", (RuntimeError,), {})
+    error = "OutOfMemoryError: CUDA out of memory.\nTried to allocate 2 GiB"
+    got = dict(gs.failed_batch_units((batch, (oom, "OutOfMemoryError('CUDA out of memory.')", tb))))
+    assert got == {"u1": ((0, 2), 3, error), "u2": ((3,), 3, error)}
+    ids = ["a", "b", "c", "d"]
+    assert gs.inference_failure(ids, [got["u1"], ((1,), 2, "ValueError: bad")]) == (
+        f"RunInference failed on a batch of 3 document(s) with a, c: {error}; "
+        "RunInference failed on a batch of 2 document(s) with b: ValueError: bad")

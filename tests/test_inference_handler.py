@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 
 import apache_beam as beam  # noqa: E402
-from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference  # noqa: E402
+from apache_beam.ml.inference.base import PredictionResult, RunInference  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from apache_beam.testing.util import assert_that  # noqa: E402
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
@@ -107,7 +107,7 @@ def test_engine_stop_and_context_limits(engine):
 
 
 def test_handler_in_keyed_runinference_pipeline(engine, settings):
-    from refinery.transforms.inference.model_handler import GptOssModelHandler
+    from refinery.transforms.inference.model_handler import GptOssModelHandler, KeyedGptOssModelHandler
 
     params = GenerationParams(max_tokens=5, temperature=0.7, seed=3)
     docs = {f"doc{i}": p for i, p in enumerate(_prompts(5))}
@@ -129,7 +129,8 @@ def test_handler_in_keyed_runinference_pipeline(engine, settings):
         assert got == expected
 
     p = beam.Pipeline(options=PipelineOptions(DIRECT))
-    out = p | beam.Create(examples) | RunInference(KeyedModelHandler(handler), model_identifier="refinery-test-handler")
+    out = p | beam.Create(examples) | RunInference(KeyedGptOssModelHandler(handler),
+                                                  model_identifier="refinery-test-handler")
     assert_that(out, check)
     result = p.run()
     result.wait_until_finish()

@@ -19,6 +19,10 @@ and ``test_local_runner_isolation`` run them.)
 - :func:`fnapi_environment_major_version`: what Beam's Dataflow client sends as the SDK
   environment version, for the offline ``--dry-run`` job description
   (``runners/translate.py``).
+- :func:`dead_letter_error`: what a dead-letter output (``with_exception_handling``, and
+  RunInference's ``failed_inferences``) says of the error. Beam documents an error string;
+  it gives the exception's type, ``repr`` and formatted traceback, and refinery reads
+  ``Type: message`` from them (``transforms/inference/stages.py``: a failed batch's units).
 - :func:`fn_api_servers_at`: the gRPC servers Beam's FnApiRunner starts for its SDK workers
   (control, data, state, logging: ``worker_handlers.GrpcServer``) listen on ``[::]:0``,
   every interface of the machine, and take any caller: whoever reaches them can read the
@@ -54,6 +58,20 @@ def fnapi_environment_major_version() -> str:
     from apache_beam.runners.dataflow.internal import apiclient
 
     return apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION
+
+
+def dead_letter_error(error) -> str:
+    """``Type: message`` of the error part of a dead-letter element ``(input, error)``.
+    Checked against Beam 2.77: ``_ExceptionHandlingWrapperDoFn`` makes it
+    ``(type(exn), repr(exn), traceback.format_exception(...))``, whose last line is
+    ``[module.]Type: message`` (the message as ``str(exn)`` gives it)."""
+    exc_type, exc_repr, traceback_lines = error
+    name = exc_type.__name__
+    for line in reversed(traceback_lines or []):
+        head, sep, message = line.partition(": ")
+        if sep and head.rsplit(".", 1)[-1] == name:
+            return f"{name}: {message.strip()}"
+    return f"{name}: {exc_repr}"
 
 
 BEAM_ANY_ADDRESS = "[::]:0"  # where worker_handlers.GrpcServer asks each of its servers to listen

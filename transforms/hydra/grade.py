@@ -97,7 +97,7 @@ class HydraGradeHandler(GptOssModelHandler):
         super().__init__(settings, **kwargs)
         self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
 
-    def load_model(self) -> HydraGrader:
+    def build_model(self) -> HydraGrader:
         return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
 
     def infer(self, batch, model: HydraGrader) -> list[Grade]:

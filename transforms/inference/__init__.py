@@ -1,23 +1,23 @@
 """inference: the gpt-oss engine in Beam's RunInference, and generate's resumable stages.
 
-    from refinery.transforms.inference import GptOssModelHandler, EngineSettings, GenerationParams
-    results = prompts | RunInference(KeyedModelHandler(GptOssModelHandler(EngineSettings("ckpt/"))))
+    from refinery.transforms.inference import EngineSettings, GptOssModelHandler, KeyedGptOssModelHandler
+    results = prompts | RunInference(KeyedGptOssModelHandler(GptOssModelHandler(EngineSettings("ckpt/"))))
 
 The handler is :mod:`refinery.transforms.inference.handler`; generate's stages (infer ->
 merge) are :mod:`refinery.transforms.inference.stages`. Importing this package imports
-neither torch nor Beam's ML package: ``GptOssModelHandler`` (in :mod:`.model_handler`) is
-imported on first access.
+neither torch nor Beam's ML package: ``GptOssModelHandler`` and ``KeyedGptOssModelHandler``
+(in :mod:`.model_handler`) are imported on first access.
 """
 from __future__ import annotations
 
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams, doc_seed
 
-__all__ = ["EngineSettings", "GenerationParams", "GptOssModelHandler", "doc_seed"]
+__all__ = ["EngineSettings", "GenerationParams", "GptOssModelHandler", "KeyedGptOssModelHandler", "doc_seed"]
 
 
 def __getattr__(name: str):
-    if name == "GptOssModelHandler":  # its module imports Beam's ML package, and torch
-        from refinery.transforms.inference.model_handler import GptOssModelHandler
+    if name in ("GptOssModelHandler", "KeyedGptOssModelHandler"):  # their module imports Beam's ML package, and torch
+        from refinery.transforms.inference import model_handler
 
-        return GptOssModelHandler
+        return getattr(model_handler, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

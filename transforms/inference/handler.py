@@ -1,7 +1,7 @@
 """Beam RunInference for the gpt-oss engine: a ModelHandler, per-document seeded sampling, prompts.
 
     handler = GptOssModelHandler(EngineSettings("ckpt/"), GenerationParams(max_tokens=256))
-    keyed = KeyedModelHandler(handler)
+    keyed = KeyedGptOssModelHandler(handler)
     (doc_id, {"tokens": [...], "seed": 7}) | RunInference(keyed) -> (doc_id, PredictionResult)
 
 Examples (what ``run_inference`` accepts): a token list, ``{"tokens": [...]}``,
@@ -319,14 +319,19 @@ def sharing_secret() -> bytes:
     return _SHARING_SECRET[0]
 
 
+def sharing_folder_path(secret: bytes) -> str:
+    """Where :func:`sharing_folder` is: ``$TMPDIR/refinery-mps-UID-HASH`` (not made here)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"refinery-mps-{os.getuid()}-{hashlib.sha256(secret).hexdigest()[:16]}")
+
+
 def sharing_folder(secret: bytes) -> str:
     """The private folder of one run's shared-model server: ``$TMPDIR/refinery-mps-UID-HASH``,
     mode 0700, owned by this user (refused otherwise: another user made it)."""
     import stat
-    import tempfile
 
-    folder = os.path.join(tempfile.gettempdir(),
-                          f"refinery-mps-{os.getuid()}-{hashlib.sha256(secret).hexdigest()[:16]}")
+    folder = sharing_folder_path(secret)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     st = os.lstat(folder)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
@@ -342,9 +347,19 @@ def secure_model_sharing(secret: bytes) -> str:
     ``b"mps"``, so any local user could connect and have a pickle unpickled in the server)
     and its address and lock files go to :func:`sharing_folder` instead of ``/tmp`` under a
     predictable name. Every worker process of the run calls it with the same secret (it
-    travels inside the pickled handler). Returns the folder."""
+    travels inside the pickled handler), before RunInference starts or reaches the server
+    (the handler's ``set_environment_vars``); calling it again changes nothing. Returns the
+    folder."""
     from refinery.transforms.core.beam_private import secure_shared_models
 
     folder = sharing_folder(secret)
     secure_shared_models(secret, folder)
     return folder
+
+
+def sharing_is_secured(secret: bytes) -> bool:
+    """Whether this process's shared-model server is the one :func:`secure_model_sharing` made
+    private with ``secret`` (its key, and a folder named after it)."""
+    from refinery.transforms.core.beam_private import shared_models_setting
+
+    return shared_models_setting() == (secret, sharing_folder_path(secret))

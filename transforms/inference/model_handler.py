@@ -1,7 +1,7 @@
 """GptOssModelHandler: the gpt-oss engine as a Beam RunInference ModelHandler.
 
     handler = GptOssModelHandler(EngineSettings("ckpt/"), GenerationParams(max_tokens=256))
-    keyed = KeyedModelHandler(handler)
+    keyed = KeyedGptOssModelHandler(handler)
     (doc_id, {"tokens": [...], "seed": 7}) | RunInference(keyed) -> (doc_id, PredictionResult)
 
 Importing this module imports Beam's ML package, and with it torch (when installed); the
@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from apache_beam.metrics import Metrics
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
 from refinery.transforms.inference.handler import (
     METRICS_NAMESPACE,
@@ -24,6 +24,7 @@ from refinery.transforms.inference.handler import (
     example_length,
     run_generation,
     secure_model_sharing,
+    sharing_is_secured,
     sharing_secret,
 )
 
@@ -40,9 +41,13 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
     ``share_across_processes`` (default True): the engine is loaded once per machine (one
     per accelerator) and served to every worker process; ``model_copies`` engines are
     loaded when given. The serving is private to the run (:func:`secure_model_sharing`: the
-    driver's random key, carried by the pickled handler; a 0700 folder). Batches are formed
-    by prompt length (see :class:`BatchingOptions`); the engine's continuous batching runs
-    inside each batch.
+    driver's random key, carried by the pickled handler; a 0700 folder): RunInference's
+    worker setup calls :meth:`set_environment_vars` before it starts or reaches the
+    shared-model server, and that secures it, once per process; :meth:`load_model` refuses
+    to load a shared engine in a process where it was not secured. Keyed, it goes through
+    :class:`KeyedGptOssModelHandler` (Beam's ``KeyedModelHandler`` does not pass that
+    setup on). Batches are formed by prompt length (see :class:`BatchingOptions`); the
+    engine's continuous batching runs inside each batch.
     """
 
     def __init__(self, settings: EngineSettings, params: GenerationParams = DEFAULT_PARAMS,
@@ -57,13 +62,32 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
         self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
         self._counters = None
 
-    def load_model(self) -> GptOssEngine:
-        return GptOssEngine(self.settings)
-
-    def share_model_across_processes(self) -> bool:
-        """Called by RunInference in each worker before it shares the model: secure it first."""
+    def set_environment_vars(self) -> None:
+        """Beam's per-worker setup (``_RunInferenceDoFn.setup`` calls it first, before it starts
+        or connects to a shared-model server): makes the sharing private to this run, once per
+        process (:func:`secure_model_sharing`; the model server's key and folder are fixed
+        when it starts, before :meth:`load_model` runs in it)."""
+        super().set_environment_vars()
         if self._share_across_processes:
             secure_model_sharing(self._sharing_secret)
+
+    def load_model(self) -> GptOssEngine:
+        self.check_sharing()
+        return self.build_model()
+
+    def build_model(self) -> GptOssEngine:
+        """The model RunInference holds (subclasses load theirs)."""
+        return GptOssEngine(self.settings)
+
+    def check_sharing(self) -> None:
+        """Raise unless this process's shared-model server is this run's (when the model is shared):
+        a shared engine is never served behind Beam's fixed key."""
+        if self._share_across_processes and not sharing_is_secured(self._sharing_secret):
+            raise RuntimeError("the shared model server of this process is not private to the run: RunInference "
+                               "must call the handler's set_environment_vars() first (wrap it in "
+                               "KeyedGptOssModelHandler, not Beam's KeyedModelHandler)")
+
+    def share_model_across_processes(self) -> bool:
         return self._share_across_processes
 
     def batch_elements_kwargs(self) -> Mapping[str, Any]:
@@ -109,3 +133,17 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
         state = dict(self.__dict__)
         state["_counters"] = None
         return state
+
+
+class KeyedGptOssModelHandler(KeyedModelHandler):
+    """Beam's ``KeyedModelHandler`` over one :class:`GptOssModelHandler` that also passes the
+    worker setup (:meth:`GptOssModelHandler.set_environment_vars`) on to it, which Beam's does
+    not. Input: ``(key, example)``; output: ``(key, PredictionResult)``."""
+
+    def __init__(self, unkeyed: GptOssModelHandler):
+        super().__init__(unkeyed)
+        self.unkeyed = unkeyed
+
+    def set_environment_vars(self) -> None:
+        super().set_environment_vars()
+        self.unkeyed.set_environment_vars()

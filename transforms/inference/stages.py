@@ -9,9 +9,13 @@ ModelHandler runs it, how a result becomes an output row, and what the merge wri
   (``{source}//{relpath}#s=..:e=..``) listed in files, read from prep shards under a data
   root. A unit is a slice of at most ``docs_per_unit`` documents of one input file.
 - ``infer`` units run in waves, each a part of the command's one Beam job, after the one before:
-  ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedModelHandler)
+  ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedGptOssModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
-  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check). The
+  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check).
+  RunInference has a dead-letter output: a batch that raises fails the units of its
+  documents (:class:`InferenceFailed` in their receipts, the error's type and message),
+  the rest of the wave completes, and the command exits 1 naming the failed units; the
+  next run redoes only those. The
   workers read a wave's units from the plan the driver wrote; there are at most
   :data:`MAX_WAVES` waves (a bigger plan gets bigger waves), so the job does not grow with
   the documents. Killing a run loses at most the wave in flight; the next run skips every
@@ -29,12 +33,14 @@ import json
 import logging
 import os
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import apache_beam as beam
 
 from refinery.transforms.core import rows, storage
+from refinery.transforms.core.beam_private import dead_letter_error
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
 from refinery.transforms.core.plans import PlanRef
@@ -255,6 +261,7 @@ class Task:
         raise NotImplementedError
 
     def handler(self):
+        """The RunInference handler: a :class:`~refinery.transforms.inference.model_handler.GptOssModelHandler`."""
         raise NotImplementedError
 
     def model_identifier(self) -> str:
@@ -346,6 +353,35 @@ def part_file(unit_id: str) -> str:
     return f"{unit_id}.jsonl"
 
 
+class InferenceFailed(RuntimeError):
+    """RunInference raised on a batch that held documents of this unit (the message says what it raised)."""
+
+
+def failed_batch_units(failed: tuple) -> list[tuple[str, tuple[tuple[int, ...], int, str]]]:
+    """RunInference's dead letter ``(batch, error)``, the batch of ``((unit_id, i), example)``
+    -> ``(unit_id, (indexes, batch size, error))`` for each unit with a document in the
+    batch: the indexes of its documents there, the batch's size and ``Type: message`` of
+    what it raised (:func:`~refinery.transforms.core.beam_private.dead_letter_error`)."""
+    batch, error_info = failed
+    docs: dict[str, list[int]] = defaultdict(list)
+    for (unit_id, i), _example in batch:
+        docs[unit_id].append(i)
+    error = dead_letter_error(error_info)
+    return [(unit_id, (tuple(sorted(idx)), len(batch), error)) for unit_id, idx in docs.items()]
+
+
+def inference_failure(doc_ids: list[str], failed: list[tuple[tuple[int, ...], int, str]]) -> str:
+    """Why a unit failed, from its document ids and its :func:`failed_batch_units` entries:
+    one clause per failed batch, naming the unit's documents in it and the error."""
+    clauses = []
+    for indexes, size, error in sorted(failed):
+        names = [doc_ids[i] for i in indexes]
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        clauses.append(f"RunInference failed on a batch of {size} document(s) with {', '.join(names[:5])}{more}: "
+                       f"{error}")
+    return "; ".join(clauses)
+
+
 class InferStage(Stage):
     """Units = document slices; each writes ``parts/<unit>.jsonl`` (one row per document)."""
 
@@ -397,6 +433,8 @@ class InferStage(Stage):
         if "docs" in ctx.side:  # from the Beam wave: documents and RunInference results
             if ctx.side.get("error"):
                 raise RuntimeError(ctx.side["error"])
+            if ctx.side.get("failed"):  # RunInference's dead letter: a batch with documents of this unit raised
+                raise InferenceFailed(inference_failure([d["id"] for d in ctx.side["docs"]], ctx.side["failed"]))
             doc_rows, results = ctx.side["docs"], ctx.side["results"]
         else:  # no Beam: the same rows from the engine directly
             docs, examples, metas = self.prepare(unit.payload)
@@ -486,7 +524,7 @@ def model_identifier(task: Task, options) -> str:
     return ident
 
 
-MAX_WAVES = 16  # waves per job at most (about 38 KB of job graph each): the job does not grow with the corpus
+MAX_WAVES = 16  # waves per job at most (about 44 KB of job graph each): the job does not grow with the corpus
 
 
 def wave_spans(n: int, size: int, max_waves: int = MAX_WAVES) -> list[tuple[int, int]]:
@@ -521,9 +559,20 @@ class ExpandUnitFn(beam.DoFn):
             yield (unit_id, i), examples[i]
 
 
+def _failed_units(failed: tuple) -> list[tuple[str, tuple]]:
+    """:func:`failed_batch_units`, logged (where the worker's log is read)."""
+    units = failed_batch_units(failed)
+    for unit_id, (indexes, size, error) in units:
+        log.error("unit %s: RunInference failed on a batch of %d document(s), %d of them this unit's: %s",
+                  unit_id, size, len(indexes), error)
+    return units
+
+
 class WriteUnitFn(beam.DoFn):
-    """(unit_id, {info: [...], results: [(i, inference)]}) -> ``{unit, status, stats}``:
-    :func:`execute_unit` with the documents and RunInference's results as ``ctx.side``."""
+    """(unit_id, {info: [...], results: [(i, inference)], failed: [(indexes, batch size, error)]})
+    -> ``{unit, status, stats}``:
+    :func:`execute_unit` with the documents, RunInference's results and its failures
+    (a failed receipt) as ``ctx.side``."""
 
     def __init__(self, run: StageRun, verify_checksums: bool):
         self.run = run
@@ -533,7 +582,7 @@ class WriteUnitFn(beam.DoFn):
         unit_id, grouped = element
         info = list(grouped["info"])[0]
         results = {i: inf for i, inf in grouped["results"]}
-        side = {"docs": info["docs"], "error": info["error"], "results": results}
+        side = {"docs": info["docs"], "error": info["error"], "results": results, "failed": list(grouped["failed"])}
         receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
         count_receipt(self.run.name, receipt)
         yield summary(receipt)
@@ -546,8 +595,10 @@ class InferWave(beam.PTransform):
 
     ``ReadUnits | Expand | RunInference | CoGroupByKey(unit) | Write``: the units'
     parts and receipts are written when the whole wave's inference is done, so a wave
-    is what a kill can lose. ``after``: the results of the wave before, which this wave
-    waits for (a side input), so that waves run one after another."""
+    is what a kill can lose. RunInference's dead letter (a batch that raised) joins the
+    group by unit: each unit with a document in such a batch gets a failed receipt, in
+    the wave (no step outside it). ``after``: the results of the wave before, which this
+    wave waits for (a side input), so that waves run one after another."""
 
     def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool, after, tag: str,
                  ref: PlanRef | None = None, span: tuple[int, int] | None = None):
@@ -556,18 +607,24 @@ class InferWave(beam.PTransform):
         self.ref, self.span = ref, span
 
     def expand(self, pbegin):
-        from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+        from apache_beam.ml.inference.base import RunInference
+
+        from refinery.transforms.inference.model_handler import KeyedGptOssModelHandler
 
         wait = {} if self.after is None else {"after": beam.pvalue.AsList(self.after)}
         expanded = (pbegin
                     | "Units" >> ReadUnits(self.units, self.ref, self.span)
                     | "Spread" >> beam.Reshuffle()
                     | "Expand" >> beam.ParDo(ExpandUnitFn(self.run), **wait).with_outputs("info", main="examples"))
-        results = (expanded.examples
-                   | "Infer" >> RunInference(KeyedModelHandler(self.run.stage.task.handler()),
-                                             model_identifier=self.tag)
-                   | "ByUnit" >> beam.Map(_to_unit))
-        return ({"info": expanded.info, "results": results}
+        inferred, dead = (expanded.examples
+                          | "Infer" >> RunInference(KeyedGptOssModelHandler(self.run.stage.task.handler()),
+                                                    model_identifier=self.tag).with_exception_handling())
+        if dead.failed_preprocessing or dead.failed_postprocessing:  # the handlers have neither
+            raise ValueError("the inference handler has pre- or postprocessing functions: their failures "
+                             "would not reach the units' receipts")
+        results = inferred | "ByUnit" >> beam.Map(_to_unit)
+        failed = dead.failed_inferences | "FailedByUnit" >> beam.FlatMap(_failed_units)
+        return ({"info": expanded.info, "results": results, "failed": failed}
                 | "Group" >> beam.CoGroupByKey()
                 | "Write" >> beam.ParDo(WriteUnitFn(self.run, self.verify_checksums)))
 
