@@ -3,8 +3,16 @@
 ``refinery prep --input PATH... --output DIR`` normalizes, tokenizes (``--tokenizer``, default
 o200k_harmony) and packs
 a corpus into ``DIR/shard_NNNN/{dataset}-v1-shard-NNNNNN.{npy,idx}`` and ``DIR/manifest.json``.
-Stages (``refinery.transforms.prep.stages``): tokenize -> pack -> manifest; killing the job
-and running the same command again finishes it.
+Killing the job and running the same command again finishes it.
+
+The job's shape, in one place: :func:`refinery.transforms.prep.stages.build_stages` lists its
+steps in order ([count] -> tokenize -> [merge] -> pack -> manifest, each a stage of units);
+:func:`refinery.transforms.core.pipeline.build_pipeline` makes them one Beam job (a step per
+stage, each after the one before), and :func:`refinery.transforms.core.orchestration.run_stages`
+plans and runs it. The public PTransforms (``refinery.transforms.prep.beam``: ``Normalize |
+Tokenize | AssignShard | WriteTokenShards``) are the same per-document steps for a user's own
+pipeline, not this command's job; they write the same bytes (one order rule,
+``documents.order_key``, and one writer, ``formats.shards.write_shard``).
 """
 from __future__ import annotations
 

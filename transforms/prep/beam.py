@@ -64,6 +64,7 @@ from refinery.transforms.prep.documents import (
     Document,
     Rejected,
     TokenizedDocument,
+    order_key,
     row_normalizer,
     shard_of,
     tokenize_documents,
@@ -351,8 +352,9 @@ def sink_run(output: str, dataset: str, num_shards: int, version: str,
 
 
 class _SortedShard:
-    """A shard's documents spilled to a local temp file, then read back in order-key order:
-    memory holds only (key, offset, length) per document, never the tokens."""
+    """A shard's documents spilled to a local temp file, then read back in
+    :func:`~refinery.transforms.prep.documents.order_key` order (the command's order): memory
+    holds only (key, offset, length) per document, never the tokens."""
 
     def __init__(self, docs: Iterable):
         self._f = tempfile.TemporaryFile(prefix="refinery-shard-")
@@ -364,7 +366,7 @@ class _SortedShard:
             data = shards.u32_bytes(doc.tokens)
             self._f.write(data)
             n = len(data) // 4
-            keys.append((doc.source, doc.row, doc.doc_id, hashlib.sha1(data).digest(), offset, n))
+            keys.append((*order_key(doc), hashlib.sha1(data).digest(), offset, n))
             offset += n
         keys.sort()
         self.keys = keys

@@ -186,6 +186,15 @@ def doc_id_for(record: dict, id_field: str, relpath: str | None, row: int | None
     return content_id(record)
 
 
+def order_key(doc: Document | TokenizedDocument) -> tuple[str, int, str]:
+    """THE order of the documents inside a shard: (source file, row in it, doc id). The
+    command's pack writes a shard's documents in this order (its plan lists the inputs sorted
+    by path, a file's byte-range units by offset, and a unit spills its rows in order); the
+    ``WriteTokenShards`` sink sorts by it. So both write the same bytes for the same rows
+    (``tests/test_one_shard_writer.py``)."""
+    return (doc.source, doc.row, doc.doc_id)
+
+
 def shard_of(doc_id: str, num_shards: int) -> int:
     """The md5 rule: the first 8 bytes of md5(doc_id as UTF-8), big-endian, modulo num_shards."""
     return int.from_bytes(_md5(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "big") % num_shards

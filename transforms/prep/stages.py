@@ -685,8 +685,11 @@ def remove_stale_shards(output: str, listed: set[str]) -> list[str]:
 
 
 def build_stages(cfg: PrepConfig) -> list[Stage]:
-    """[count, when an input is split by byte range] -> tokenize -> [merge, when tokenize units x
-    shards > MERGE_ABOVE] -> pack -> manifest."""
+    """THE shape of ``refinery prep``'s job, its steps in order: [count, when an input is split
+    by byte range: rows per piece] -> tokenize (rows -> normalized documents -> tokens, spilled
+    by shard) -> [merge, when tokenize units x shards > MERGE_ABOVE: fewer spills] -> pack
+    (a shard's documents in :func:`~.documents.order_key` order -> ``.npy`` + ``.idx``) ->
+    manifest (rejects, then ``manifest.json``, last)."""
     run_hash = short_hash({"dataset": cfg.dataset, "num_shards": cfg.num_shards, **cfg.text.identity(),
                            "id_field": cfg.id_field, "max_tokens": cfg.max_tokens,
                            "tokenizer": cfg.tokenizer.identity(), "source": cfg.source,
