@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -164,12 +165,33 @@ def test_the_repo_names_no_path_outside_itself():
     assert hits == []
 
 
-def test_make_demo_writes_inside_the_checkout_and_make_test_counts_no_tests_as_failure():
+def test_make_demo_writes_inside_the_checkout():
     dry = subprocess.run(["make", "--no-print-directory", "-n", "demo"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert f"--output {ROOT}/out/demo" in dry
     absolute = re.findall(r"(?<![\w.])/[^\s'\"]+", dry)  # no fixed path such as /tmp/demo, wherever the clone is
     assert absolute and all(p.startswith(f"{ROOT}/") for p in absolute), absolute
-    for name in ("Makefile", ".ci/run"):
-        text = (ROOT / name).read_text()
-        assert "-eq 5" not in text and "== 5" not in text  # pytest's 'no tests collected' is a failure
+
+
+def test_make_test_and_ci_fail_when_no_test_runs(tmp_path):
+    """A suite that collects nothing proves nothing: ``make test``'s own pytest line, run where
+    there are no tests, exits 5 (not 0), and ``.ci/run`` passes a failing ``make test``'s
+    status on."""
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    [line] = [ln for ln in dry.splitlines() if " -m pytest " in ln]
+    empty = tmp_path / "empty"
+    (empty / "tests").mkdir(parents=True)
+    (empty / ".venv").symlink_to(Path(sys.prefix))
+    ran = subprocess.run(["bash", "-c", line], cwd=empty, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 5, ran.stdout + ran.stderr  # pytest's "no tests collected"
+
+    ci = tmp_path / "clone"
+    (ci / ".ci").mkdir(parents=True)
+    (ci / ".ci" / "run").write_bytes((ROOT / ".ci" / "run").read_bytes())
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "make").write_text("#!/bin/sh\nexit 5\n")
+    (fake / "make").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    assert subprocess.run(["bash", str(ci / ".ci" / "run")], env=env, timeout=60).returncode == 5
