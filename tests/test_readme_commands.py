@@ -16,7 +16,9 @@ dependencies, already installed; their own ``.pth`` files are not run, so the ed
 ``refinery`` of this checkout is not imported). ``.venv/bin/refinery`` is the console
 script pip would write. The Makefile's install step is done when its stamp
 (``.venv/.installed``) is newer than ``setup.py``: the test writes that stamp, so ``make
-demo`` runs everything after the install, as on a machine where it ran before.
+demo`` runs everything after the install, as on a machine where it ran before. The shell's
+environment is this one's less ``PYTHONPATH``, ``VIRTUAL_ENV`` and this venv's ``bin`` on
+``PATH``, so nothing reaches this checkout's refinery.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import pytest
 from readme_blocks import SKIP_RULES, Block, classify, readme_blocks, readme_commands, split_commands
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND_TIMEOUT_S = 300  # one command; the slowest (a hydra step on the tiny model) takes ~40 s
+COMMAND_TIMEOUT_S = 300  # one command; the slowest (hydra train judge, tiny model) took 30-80 s on 2 busy cores
 
 
 def fresh_copy(dest: Path) -> Path:
