@@ -10,11 +10,17 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 
-install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+# pip runs again only when setup.py changed since its last install here (the stamps in $(VENV) say when)
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
 
-install-test: $(BIN)/python
+$(VENV)/.installed: setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,inference]'
+	touch $@
 
 demo: install
 	$(BIN)/refinery prep --input examples/sample_corpus --output $(DEMO_OUT) --dataset sample --num-shards 4

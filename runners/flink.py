@@ -49,7 +49,6 @@ import urllib.error
 import urllib.request
 
 from .args import RunnerOptionsError, docker_image_config, has, value, with_defaults
-from .flink_local import cached_flink_minors, find_job_server_jar, minor_version
 from .package import setup_file
 
 LOCAL_MASTERS = ("[auto]", "[local]")
@@ -137,6 +136,10 @@ def resolve_flink(args: list[str]) -> list[str]:
     with the one-line cause: the cluster's version as ``--flink_version``, a job server jar
     as ``--flink_job_server_jar``; see the module docstring. Contacts the cluster's REST API
     (and Maven Central when no jar is at hand), nothing else."""
+    # imported here, not with the package: `python -m refinery.runners.flink_local` runs that module
+    # as __main__, and runpy warns when importing refinery.runners has imported it already
+    from .flink_local import cached_flink_minors, find_job_server_jar, minor_version
+
     master = value(args, "--flink_master") or "[auto]"
     given = value(args, "--flink_version")
     supported = supported_flink_versions()

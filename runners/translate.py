@@ -59,6 +59,8 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
     """
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
+    from refinery.transforms.core.beam_private import setup_builds_captured
+
     check_options(beam_args)  # Beam would raise a traceback, or look for a default bucket online
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
     pipeline = command_pipeline(stages, output, args, verify_checksums)
@@ -66,7 +68,8 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
         return None
     if not isinstance(pipeline.runner, DataflowRunner):
         raise ValueError(f"the runner is {type(pipeline.runner).__name__}, not DataflowRunner")
-    job = pipeline.run().job
+    with setup_builds_captured():  # the sdist of --setup_file: its build's progress is not ours to print
+        job = pipeline.run().job
     job.proto.environment = job_environment(job)
     return job
 

@@ -2,7 +2,10 @@
 the installed Beam, and that Beam is one they were checked against."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import apache_beam
+import pytest
 
 from refinery.transforms.core import beam_private
 
@@ -12,7 +15,7 @@ def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
     assert major_minor in beam_private.CHECKED_BEAM, (
         f"apache-beam {apache_beam.__version__}: check transforms/core/beam_private.py against it "
         f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address, "
-        f"the dead-letter error), "
+        f"the dead-letter error, the setup_file sdist build), "
         f"then add it to CHECKED_BEAM")
 
 
@@ -76,3 +79,21 @@ def test_a_dead_letter_says_the_error_type_and_message():
         _good, bad = p | beam.Create([1, 2, 3]) | beam.Map(check).with_exception_handling()
         said = bad | beam.MapTuple(lambda x, error: (x, beam_private.dead_letter_error(error)))
         assert_that(said, equal_to([(2, "Refused: no 2\nsecond line"), (3, "KeyError: 3")]))
+
+
+def test_a_setup_file_build_inside_prints_nothing_and_a_failed_one_says_why(tmp_path, capfd):
+    """Beam's stager builds the ``--setup_file`` sdist (``Stager._build_setup_package``):
+    inside ``setup_builds_captured`` the build's progress is not printed, and a build that
+    fails is a RuntimeError that carries what it printed."""
+    from apache_beam.runners.portability.stager import Stager
+
+    for name, body in [("good", "setup(name='p', version='1', py_modules=[])"),
+                       ("bad", "raise SystemExit('this setup.py is broken on purpose')")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "setup.py").write_text(f"from setuptools import setup\n{body}\n")
+    with beam_private.setup_builds_captured():
+        built = Stager._build_setup_package(str(tmp_path / "good" / "setup.py"), str(tmp_path), None)
+        assert Path(built).is_file()
+        assert capfd.readouterr().err == ""
+        with pytest.raises(RuntimeError, match="broken on purpose"):
+            Stager._build_setup_package(str(tmp_path / "bad" / "setup.py"), str(tmp_path), None)

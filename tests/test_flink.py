@@ -217,6 +217,15 @@ def test_cli_says_what_is_missing_in_one_line(fake_rest, no_jars, small_corpus, 
     assert not (tmp_path / "out").exists()  # refused before anything was planned or written
 
 
+def test_flink_local_runs_as_a_module_without_a_warning():
+    """``python -m refinery.runners.flink_local`` (make flink-cache, the README): importing the
+    package refinery.runners must not import flink_local first (runpy would warn)."""
+    r = subprocess.run([sys.executable, "-m", "refinery.runners.flink_local", "--help"], capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "usage: python -m refinery.runners.flink_local" in r.stdout
+    assert r.stderr == ""
+
+
 def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path):
     import io
     import tarfile

@@ -174,7 +174,7 @@ def test_readme_laptop_chain_names_every_step_with_known_flags():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### Try generate and hydra on a laptop"):readme.index("## hydra: quality grading")]
-    commands = [shlex.split(line) for block in re.findall(r"```\n(.*?)```", section, flags=re.S)
+    commands = [shlex.split(line) for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S)
                 for line in block.replace("\\\n", " ").splitlines() if line.startswith("refinery hydra ")]
     steps = []
     for argv in commands:

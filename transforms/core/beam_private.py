@@ -28,6 +28,10 @@ and ``test_local_runner_isolation`` run them.)
   every interface of the machine, and take any caller: whoever reaches them can read the
   job (its pickled DoFns) or pose as a worker. The local runner has them listen on unix
   sockets in a folder only its user can enter (``runners/local_runner.py``).
+- :func:`setup_builds_captured`: Beam's stager builds the ``--setup_file`` sdist in a child
+  process whose stderr is this process's: every Dataflow ``--dry-run`` would print build's
+  progress (``* Building sdist...``). refinery captures it with the child's stdout, which Beam
+  reports when the build fails (``runners/translate.py``).
 """
 from __future__ import annotations
 
@@ -127,3 +131,36 @@ class _ServerAt:
         where = self._address()
         port = self._server.add_insecure_port(where)
         return where if where.startswith("unix:") else f"{where.rsplit(':', 1)[0]}:{port}"
+
+
+@contextlib.contextmanager
+def setup_builds_captured() -> Iterator[None]:
+    """While inside: the sdist Beam's stager builds from ``--setup_file`` (``python -m build
+    --sdist``, or ``setup.py sdist`` when that fails) has its stderr captured with its stdout
+    instead of written to this process's stderr (build's ``* Building sdist...`` progress). A
+    failed build still says everything: Beam raises RuntimeError with the captured output.
+    Checked against Beam 2.77: ``Stager._build_setup_package`` calls
+    ``processes.check_output(build_setup_args)`` without ``stderr`` through the ``processes``
+    name of ``stager``, which this replaces while inside (its other calls pass ``stderr``)."""
+    from apache_beam.runners.portability import stager
+
+    real = stager.processes
+    stager.processes = _StderrCaptured(real)
+    try:
+        yield
+    finally:
+        stager.processes = real
+
+
+class _StderrCaptured:
+    """Beam's ``processes`` module as ``stager`` sees it inside :func:`setup_builds_captured`."""
+
+    def __init__(self, processes):
+        self._processes = processes
+
+    def __getattr__(self, name: str):
+        return getattr(self._processes, name)
+
+    def check_output(self, *args, **kwargs):
+        kwargs.setdefault("stderr", self._processes.STDOUT)
+        return self._processes.check_output(*args, **kwargs)
