@@ -8,6 +8,7 @@ import difflib
 import functools
 
 from refinery.beam_pipelines.checks import UsageError
+from refinery.transforms.core import beam_private
 
 # ---------------------------------------------------------------------------------------
 # Flags: what is not ours must be Beam's
@@ -20,24 +21,12 @@ OUR_RUNNER_FLAGS = ("--gpu",)  # consumed by refinery.runners (dataflow), not Be
 def beam_flags() -> frozenset[str]:
     """Every flag Beam's PipelineOptions define (``--job_name``, ``--temp_location``, ...),
     runner-specific ones (Flink, Spark, portable) included."""
-    import apache_beam.options.pipeline_options as po
-
     for module in ("apache_beam.runners.portability.flink_runner",
                    "apache_beam.runners.portability.spark_runner",
                    "apache_beam.runners.portability.portable_runner"):
         with contextlib.suppress(ImportError):
             __import__(module)
-    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
-    todo, seen = [po.PipelineOptions], set()
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo += cls.__subclasses__()
-        with contextlib.suppress(Exception):
-            cls._add_argparse_args(parser)
-    return frozenset(s for s in parser._option_string_actions if s.startswith("--"))
+    return beam_private.beam_option_flags()
 
 
 def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: list[str]) -> list[str]:
@@ -52,7 +41,7 @@ def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: lis
         if token.startswith("--"):
             name = token.split("=", 1)[0]
             if name not in known:
-                ours = [s for s in parser._option_string_actions if s.startswith("--")]
+                ours = sorted(s for s in beam_private.option_flags(parser) if s.startswith("--"))
                 close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or \
                     difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
                 hint = f"; did you mean {close[0]}?" if close else " (not a refinery or Beam option)"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refinery.transforms.core import beam_private
+
 
 class UsageError(ValueError):
     """A bad command line or input; the CLI prints it as one line and exits 2."""
@@ -36,7 +38,7 @@ WORKER_PATHS = ("input", "eval", "train", "input_docids", "data_root", "output")
 def gs_paths(args, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
     """(flag, path) for every ``gs://`` path among the arguments ``parser`` parsed (flag ""
     for a positional argument)."""
-    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    flags = {a.dest: a.option_strings[-1] for a in beam_private.parser_actions(parser) if a.option_strings}
     found = []
     for dest, v in sorted(vars(args).items()):
         for item in v if isinstance(v, list) else [v]:

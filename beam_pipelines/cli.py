@@ -19,6 +19,8 @@ import importlib
 import logging
 import sys
 
+from refinery.transforms.core import beam_private
+
 COMMANDS = {
     "prep": "refinery.beam_pipelines.prep",
     "verify": "refinery.beam_pipelines.verify",
@@ -67,11 +69,10 @@ def version_line() -> str:
 
 def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
     """The innermost subparser that parsed ``args`` (e.g. ``hydra grade``'s)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(args, action.dest, None)
-            if name in action.choices:
-                return _leaf_parser(action.choices[name], args)
+    for dest, choices in beam_private.subcommands(parser):
+        name = getattr(args, dest, None)
+        if name in choices:
+            return _leaf_parser(choices[name], args)
     return parser
 
 

@@ -54,10 +54,10 @@ def check_runner_name(runner: str) -> None:
     """Raise :class:`RunnerOptionsError` unless ``runner`` is one of :data:`RUNNERS`, a runner
     Beam knows by name (``FlinkRunner``, ``PrismRunner``, ``flink`` ...), or a dotted path to
     a runner class: checked before anything is planned or written."""
-    from apache_beam.runners.runner import _RUNNER_MAP
+    from refinery.transforms.core.beam_private import beam_runner_names
 
-    name = runner.lower()
-    if name in RUNNERS or "." in runner or name in _RUNNER_MAP or name + "runner" in _RUNNER_MAP:
+    name, beam = runner.lower(), beam_runner_names()
+    if name in RUNNERS or "." in runner or name in beam or name + "runner" in beam:
         return
     raise RunnerOptionsError(f"--runner {runner}: not a runner; refinery's are {', '.join(RUNNERS)} "
                              "(any Beam runner's name, such as PrismRunner, or a module.Class path works too)")

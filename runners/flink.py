@@ -48,6 +48,8 @@ import shutil
 import urllib.error
 import urllib.request
 
+from refinery.transforms.core import beam_private
+
 from .args import RunnerOptionsError, docker_image_config, has, value, with_defaults
 from .package import setup_file
 
@@ -193,17 +195,12 @@ def flink_job_service(args: list[str]):
         yield args
         return
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
-    from apache_beam.runners.portability.flink_runner import FlinkJarJobServer, FlinkRunner
+    from apache_beam.runners.portability.flink_runner import FlinkRunner
 
     options = PipelineOptions(args)
     flink = options.view_as(FlinkRunnerOptions)
     flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)  # as FlinkRunner does for its own
-    class FlinkJobServer(FlinkJarJobServer):  # start() returns a stub; the endpoint is known only here
-        def subprocess_cmd_and_endpoint(self):
-            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
-            return cmd, self.endpoint
-
-    server = FlinkJobServer(options)
+    server = beam_private.flink_job_server(options)
     server.start()
     try:
         yield args + [f"--job_endpoint={server.endpoint}"]

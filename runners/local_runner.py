@@ -42,7 +42,7 @@ from apache_beam.runners.runner import PipelineRunner
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 
-from refinery.transforms.core.beam_private import fn_api_servers_at
+from refinery.transforms.core.beam_private import fn_api_servers_at, provision_info
 
 from . import warm_workers
 
@@ -62,12 +62,9 @@ class LocalRunner(PipelineRunner):
     """Beam's FnApiRunner for a batch pipeline on this machine (see the module's doc)."""
 
     def run_pipeline(self, pipeline, options):
-        from apache_beam.portability.api import beam_provision_api_pb2
         from apache_beam.runners.portability.fn_api_runner import fn_runner
-        from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-        info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+        info = provision_info(options)
         direct = options.view_as(DirectOptions)
         mode = direct.direct_running_mode
         if mode not in ("multi_processing", "multi_threading"):

@@ -97,3 +97,42 @@ def test_a_setup_file_build_inside_prints_nothing_and_a_failed_one_says_why(tmp_
         assert capfd.readouterr().err == ""
         with pytest.raises(RuntimeError, match="broken on purpose"):
             Stager._build_setup_package(str(tmp_path / "bad" / "setup.py"), str(tmp_path), None)
+
+
+def test_the_provision_info_carries_the_options():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    info = beam_private.provision_info(PipelineOptions(["--job_name=probe-job"]))
+    assert info.provision_info.pipeline_options.fields["beam:option:job_name:v1"].string_value == "probe-job"
+
+
+def test_the_flink_job_server_records_its_endpoint(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    server = beam_private.flink_job_server(PipelineOptions([f"--flink_job_server_jar={jar}", "--flink_master=[local]"]))
+    cmd, endpoint = server.subprocess_cmd_and_endpoint()  # what start() calls; nothing is started here
+    assert server.endpoint == endpoint and endpoint.startswith("localhost:") and str(jar) in cmd
+
+
+def test_shared_subprocess_servers_is_a_context():
+    with beam_private.shared_subprocess_servers():
+        pass
+
+
+def test_beam_knows_its_runners_and_options():
+    assert {"directrunner", "flinkrunner", "prismrunner"} <= beam_private.beam_runner_names()
+    assert {"--runner", "--temp_location", "--job_name"} <= beam_private.beam_option_flags()
+
+
+def test_argparse_actions_flags_and_subcommands():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--num-shards")
+    sub = parser.add_subparsers(dest="cmd")
+    child = sub.add_parser("grade")
+    assert {"--num-shards", "-h", "--help"} <= beam_private.option_flags(parser)
+    assert [a.dest for a in beam_private.parser_actions(parser)][:2] == ["help", "num_shards"]
+    assert beam_private.subcommands(parser) == [("cmd", {"grade": child})]

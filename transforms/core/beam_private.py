@@ -32,11 +32,19 @@ and ``test_local_runner_isolation`` run them.)
   process whose stderr is this process's: every Dataflow ``--dry-run`` would print build's
   progress (``* Building sdist...``). refinery captures it with the child's stdout, which Beam
   reports when the build fails (``runners/translate.py``).
+- :func:`provision_info`, :func:`flink_job_server`, :func:`shared_subprocess_servers`,
+  :func:`beam_runner_names`, :func:`beam_option_flags`: the local runner's provision info,
+  Flink's job server with its endpoint, subprocess servers shared by a command's jobs, the
+  runner names Beam knows, every option's flag.
+- :func:`parser_actions`, :func:`option_flags`, :func:`subcommands`: argparse's private parts
+  (a parser's actions, its flags, its subcommand groups), for the commands' checks and help.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
-from typing import Callable, Iterator
+import functools
+from typing import Any, Callable, Iterator
 
 CHECKED_BEAM = ("2.77",)  # major.minor versions of apache-beam these functions were checked against
 
@@ -164,3 +172,98 @@ class _StderrCaptured:
     def check_output(self, *args, **kwargs):
         kwargs.setdefault("stderr", self._processes.STDOUT)
         return self._processes.check_output(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# Beam's job plumbing: the local runner's provision info, Flink's job server, shared
+# subprocess servers, runner names, every option's flag
+# ---------------------------------------------------------------------------------------
+
+def provision_info(options) -> Any:
+    """What Beam's FnApiRunner hands its SDK workers (``fn_runner.ExtendedProvisionInfo``),
+    holding ``options`` encoded as a portable runner encodes them
+    (``JobServiceHandle.encode_pipeline_options``): the local runner's workers then see the
+    command's options. Neither is public in Beam 2.77."""
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+
+
+def flink_job_server(options) -> Any:
+    """Beam's Flink job server (``FlinkJarJobServer``) for ``options``, not started: after
+    ``start()`` its ``endpoint`` says where its job service listens (Beam's ``start()`` returns
+    a gRPC stub and keeps the address to itself; the class below records what its
+    ``subprocess_cmd_and_endpoint`` chose)."""
+    return _flink_job_server_class()(options)
+
+
+@functools.lru_cache(maxsize=1)
+def _flink_job_server_class() -> type:
+    """Made once, on first use: Beam's Flink runner module is not imported before."""
+    from apache_beam.runners.portability.flink_runner import FlinkJarJobServer
+
+    class FlinkJobServer(FlinkJarJobServer):
+        endpoint: str | None = None
+
+        def subprocess_cmd_and_endpoint(self):
+            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
+            return cmd, self.endpoint
+
+    return FlinkJobServer
+
+
+def shared_subprocess_servers() -> contextlib.AbstractContextManager:
+    """While inside, the subprocess servers Beam starts (a job server, an expansion service)
+    are shared by the jobs started and stopped at the end, as ``with pipeline`` does
+    (``SubprocessServer.cache_subprocesses``, a classmethod Beam uses internally)."""
+    from apache_beam.utils.subprocess_server import SubprocessServer
+
+    return SubprocessServer.cache_subprocesses()
+
+
+def beam_runner_names() -> frozenset[str]:
+    """The lower-case runner names Beam resolves by itself (``flinkrunner``, ``prismrunner``...:
+    the keys of ``apache_beam.runners.runner._RUNNER_MAP``)."""
+    from apache_beam.runners.runner import _RUNNER_MAP
+
+    return frozenset(_RUNNER_MAP)
+
+
+def beam_option_flags() -> frozenset[str]:
+    """Every ``--flag`` of every Beam ``PipelineOptions`` class known now (each class adds its
+    flags through its ``_add_argparse_args``)."""
+    from apache_beam.options import pipeline_options as po
+
+    parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+    todo, seen = [po.PipelineOptions], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        with contextlib.suppress(Exception):
+            cls._add_argparse_args(parser)
+    return frozenset(s for s in option_flags(parser) if s.startswith("--"))
+
+
+# ---------------------------------------------------------------------------------------
+# argparse's private parts: a parser's actions and flags, its subcommands
+# ---------------------------------------------------------------------------------------
+
+def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The actions of ``parser``, in the order they were added (``parser._actions``)."""
+    return list(parser._actions)
+
+
+def option_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """Every option string ``parser`` takes (``--num-shards``, ``-h``...: ``_option_string_actions``)."""
+    return frozenset(parser._option_string_actions)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, dict[str, argparse.ArgumentParser]]]:
+    """(dest, {name: subparser}) of each subcommand group of ``parser`` (``_SubParsersAction``)."""
+    return [(a.dest, dict(a.choices)) for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

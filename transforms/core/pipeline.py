@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from refinery.transforms.core import beam_private
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.core.planning import bind_stages, record_inputs, write_plans
 from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
@@ -210,9 +211,7 @@ def run_pipeline(pipeline) -> dict[str, int]:
     stopped at the end, as ``with pipeline`` would; the counters are read before that,
     while the job service still answers.
     """
-    from apache_beam.utils.subprocess_server import SubprocessServer
-
-    with SubprocessServer.cache_subprocesses():
+    with beam_private.shared_subprocess_servers():
         result = pipeline.run()
         result.wait_until_finish()
         return refinery_counters(result)
