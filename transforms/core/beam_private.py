@@ -32,7 +32,7 @@ and ``test_local_runner_isolation`` run them.)
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 CHECKED_BEAM = ("2.77",)  # major.minor versions of apache-beam these functions were checked against
 
@@ -43,24 +43,35 @@ def secure_shared_models(secret: bytes, folder: str) -> None:
     from apache_beam.utils import multi_process_shared
 
     multi_process_shared.AUTH_KEY = secret
-    multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"] = folder
+    _shared_model_defaults()["path"] = folder
+
+
+def _shared_model_defaults() -> dict[str, Any]:
+    """The keyword defaults of ``MultiProcessShared.__init__`` (where its ``path`` is)."""
+    from apache_beam.utils import multi_process_shared
+
+    defaults = multi_process_shared.MultiProcessShared.__init__.__kwdefaults__
+    if defaults is None:
+        raise RuntimeError(f"apache_beam's MultiProcessShared has no keyword defaults (checked: {CHECKED_BEAM})")
+    return defaults
 
 
 def shared_models_setting() -> tuple[bytes, str]:
     """(key, folder) the shared-model server of this process uses now."""
     from apache_beam.utils import multi_process_shared
 
-    return multi_process_shared.AUTH_KEY, multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"]
+    return multi_process_shared.AUTH_KEY, _shared_model_defaults()["path"]
 
 
 def fnapi_environment_major_version() -> str:
     """The SDK environment major version Beam's Dataflow client puts in a job description."""
     from apache_beam.runners.dataflow.internal import apiclient
 
-    return apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION
+    version: str = apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION
+    return version
 
 
-def dead_letter_error(error) -> str:
+def dead_letter_error(error: tuple[type[BaseException], str, list[str] | None]) -> str:
     """``Type: message`` of the error part of a dead-letter element ``(input, error)``.
     Checked against Beam 2.77: ``_ExceptionHandlingWrapperDoFn`` makes it
     ``(type(exn), repr(exn), traceback.format_exception(...))``, whose last line is
@@ -100,28 +111,28 @@ def fn_api_servers_at(address: Callable[[], str]) -> Iterator[None]:
 class _GrpcAt:
     """The ``grpc`` module as ``worker_handlers`` sees it inside :func:`fn_api_servers_at`."""
 
-    def __init__(self, grpc, address: Callable[[], str]):
+    def __init__(self, grpc: Any, address: Callable[[], str]) -> None:
         self._grpc = grpc
         self._address = address
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._grpc, name)
 
-    def server(self, *args, **kwargs) -> "_ServerAt":
+    def server(self, *args: Any, **kwargs: Any) -> _ServerAt:
         return _ServerAt(self._grpc.server(*args, **kwargs), self._address)
 
 
 class _ServerAt:
     """A gRPC server whose :data:`BEAM_ANY_ADDRESS` becomes ``address()`` (see :func:`fn_api_servers_at`)."""
 
-    def __init__(self, server, address: Callable[[], str]):
+    def __init__(self, server: Any, address: Callable[[], str]) -> None:
         self._server = server
         self._address = address
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
-    def add_insecure_port(self, address: str):
+    def add_insecure_port(self, address: str) -> Any:  # Beam's int port, or where a worker reaches it
         if address != BEAM_ANY_ADDRESS:
             return self._server.add_insecure_port(address)
         where = self._address()

@@ -22,31 +22,18 @@ stay pending, and the command lists the failures and exits 1 as before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
-from refinery.transforms.core.planning import bind_stages, record_inputs, write_plans
+from refinery.transforms.core.planning import Step, bind_stages, record_inputs, write_plans
 from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
 from refinery.transforms.core.stage import StageRun
 from refinery.transforms.core.units import Unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
-
-
-@dataclass(frozen=True)
-class Step:
-    """One stage's part of a command's pipeline: the stage, bound, and its units to run;
-    ``ref``: where the driver wrote those units (None: they travel in the job itself);
-    ``to_run``: how many of them have no receipt (the others are checked, and most likely
-    skipped, by the workers; None: all of them are to run)."""
-
-    run: StageRun
-    units: list[Unit]
-    ref: PlanRef | None = None
-    to_run: int | None = None
 
 
 def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None):
@@ -75,7 +62,7 @@ class ReadUnits(beam.PTransform):
                 | "ReadParts" >> beam.FlatMap(_part_units, self.ref, lo, hi))
 
 
-def count_receipt(stage: str, receipt: dict) -> None:
+def count_receipt(stage: str, receipt: dict[str, Any]) -> None:
     """Beam metrics of one unit's receipt, namespace ``refinery``: the counters of
     :func:`unit_counters`, and for a unit run now its start and end (ms since the epoch) in the
     distributions ``<stage>_started_ms`` and ``<stage>_finished_ms``, whose min and max give
@@ -88,7 +75,7 @@ def count_receipt(stage: str, receipt: dict) -> None:
         Metrics.distribution("refinery", f"{stage}_finished_ms").update(times[1])
 
 
-def summary(receipt: dict) -> dict:
+def summary(receipt: dict[str, Any]) -> dict[str, Any]:
     """What a step outputs per unit: ``{unit, status, stats}`` (small: a side input downstream)."""
     return {k: receipt.get(k) for k in ("unit", "status", "stats")}
 
@@ -189,7 +176,7 @@ class RunStages(beam.PTransform):
     it runs only the pending units, records ``run.json`` and judges repairs.)
     """
 
-    def __init__(self, stages: list, output: str, verify_checksums: bool = False):
+    def __init__(self, stages: list[Any], output: str, verify_checksums: bool = False):
         super().__init__()
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output
