@@ -285,7 +285,8 @@ def _start_run(stages: list[Stage], output: str, force: bool,
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = storage.join(output, META_DIR, "run.json")
     fingerprints = [r.stage.fingerprints() for r in runs]  # once: a list per input file
-    entries: list[StageEntry] = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
+    entries: list[StageEntry] = [
+               {"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
                 "inputs_hash": short_hash(fps), "identity_hash": short_hash(r.stage.identity()),
                 "final": r.stage.final_outputs or i == len(runs) - 1}
                for i, (r, p, fps) in enumerate(zip(runs, plans, fingerprints))]

@@ -22,7 +22,7 @@ stay pending, and the command lists the failures and exits 1 as before.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, TypedDict
+from typing import Any, Iterable, Iterator, Mapping, TypedDict
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -46,14 +46,14 @@ class UnitResult(TypedDict):
     stats: dict[str, Any] | None
 
 
-def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None) -> list[tuple[str, Mapping[str, Any]]]:
     """(id, payload) of the units of part ``k`` of ``ref`` whose index in it is in [lo, hi)."""
     first = k * PART_UNITS
     return [(u.id, u.payload) for i, u in enumerate(read_part(ref, k), first)
             if lo <= i and (hi is None or i < hi)]
 
 
-class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, dict[str, Any]]]]):
+class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, Mapping[str, Any]]]]):
     """PBegin -> PCollection[tuple[str, dict]]: ``(unit id, payload)`` of the units of a step,
     read by the workers from the parts the driver wrote (``ref``): the job holds the part
     numbers only. ``span``: only the units at those indexes [lo, hi) (a wave). Without a
@@ -63,9 +63,9 @@ class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, 
         super().__init__()
         self.units, self.ref, self.span = units, ref, span
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[tuple[str, dict[str, Any]]]:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[tuple[str, Mapping[str, Any]]]:
         lo, hi = self.span or (0, len(self.units))
-        units: beam.PCollection[tuple[str, dict[str, Any]]]
+        units: beam.PCollection[tuple[str, Mapping[str, Any]]]
         if self.ref is None:
             units = pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units[lo:hi]], reshuffle=False)
             return units
@@ -112,7 +112,7 @@ class RunUnitFn(beam.DoFn):
         self.run = run
         self.verify_checksums = verify_checksums
 
-    def process(self, element: tuple[str, dict[str, Any]], upstream: Iterable[UnitResult] = (),
+    def process(self, element: tuple[str, Mapping[str, Any]], upstream: Iterable[UnitResult] = (),
                 **side: Any) -> Iterator[UnitResult]:
         unit_id, payload = element
         if not upstream_completed(upstream):  # no receipt: the unit stays pending

@@ -163,7 +163,8 @@ class Progress:
                 name = storage.basename(path)
                 if path.endswith(".json") and not storage.is_temp_name(name) and name[:-len(".json")] not in failed:
                     # a stand-in: only its status, stats and finished_at are read
-                    self._seen.setdefault(path, cast("Receipt", {"status": "completed", "stats": {}, "finished_at": ""}))
+                    stand_in = {"status": "completed", "stats": {}, "finished_at": ""}
+                    self._seen.setdefault(path, cast("Receipt", stand_in))
 
     def _poll_until_stopped(self, show: Show) -> None:
         """:meth:`_update` every :attr:`interval` s until the job ends (one last poll then)

@@ -43,8 +43,9 @@ def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, writt
             "over_budget": accepted - written, **({"excluded": excluded} if excluded is not None else {})}
 
 
-def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int, created_at: str,
-                   version: str = FORMAT_VERSION, extra: dict[str, Any] | None = None, tokenizer=None) -> dict[str, Any]:
+def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int,
+                   created_at: str, version: str = FORMAT_VERSION, extra: dict[str, Any] | None = None,
+                   tokenizer=None) -> dict[str, Any]:
     """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
 
     Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,
@@ -133,7 +134,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
     return problems
 
 
-def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = False, notes: list[str] | None = None) -> list[str]:
+def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = False,
+                      notes: list[str] | None = None) -> list[str]:
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""

@@ -142,7 +142,8 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
-def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES, skipped: list[str] | None = None) -> list[InputFile]:
+def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
+                  skipped: list[str] | None = None) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
 
     Folders and globs keep only files with a data suffix (in any case: ``a.JSONL``) and skip
