@@ -22,10 +22,11 @@ stay pending, and the command lists the failures and exits 1 as before.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, TypedDict
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypedDict, TypeVar
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.typehints.decorators import no_annotations
 
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.core.planning import Step, bind_stages, record_inputs, write_plans
@@ -35,6 +36,16 @@ from refinery.transforms.core.stage import Stage, StageRun
 from refinery.transforms.core.units import Unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _mypy_only(fn: _F) -> _F:
+    """``fn``'s annotations are for mypy: Beam does not turn them into runtime type checks (as
+    before they existed) or choose coders by them."""
+    no_annotations(fn)
+    return fn
 
 
 class UnitResult(TypedDict):
@@ -63,6 +74,7 @@ class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, 
         super().__init__()
         self.units, self.ref, self.span = units, ref, span
 
+    @_mypy_only
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[tuple[str, Mapping[str, Any]]]:
         lo, hi = self.span or (0, len(self.units))
         units: beam.PCollection[tuple[str, Mapping[str, Any]]]
@@ -112,6 +124,7 @@ class RunUnitFn(beam.DoFn):
         self.run = run
         self.verify_checksums = verify_checksums
 
+    @_mypy_only
     def process(self, element: tuple[str, Mapping[str, Any]], upstream: Iterable[UnitResult] = (),
                 **side: Any) -> Iterator[UnitResult]:
         unit_id, payload = element
@@ -140,6 +153,7 @@ class RunStage(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]
         self.run, self.units, self.verify_checksums = run, units, verify_checksums
         self.after, self.unit_fn, self.ref = after, unit_fn, ref
 
+    @_mypy_only
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult]:
         start = pbegin | "Start" >> beam.Create([None])
         gate: dict[str, Any] = {}
@@ -204,6 +218,7 @@ class RunStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]
         self.verify_checksums = verify_checksums
 
     # None when no stage has a unit: Beam accepts a composite that outputs nothing
+    @_mypy_only
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult] | None:  # type: ignore[override]
         return apply_steps(pbegin, self.steps, self.verify_checksums)
 
