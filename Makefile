@@ -40,9 +40,15 @@ flink-cache: install
 	elif ! command -v mvn >/dev/null; then echo "Flink tests skipped: no Maven (mvn fetches Beam's Flink job server)"; \
 	else $(BIN)/python -m refinery.runners.flink_local fetch || echo "WARNING: Flink could not be fetched; its tests skip"; fi
 
-# ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear
+# ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
+# transforms/core, transforms/formats and runners, the default level elsewhere. The package `refinery` is this
+# checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
+# MYPY_PACKAGES: the packages checked so far (transforms/core passes strict; the rest is not yet clean)
+MYPY_PACKAGES ?= -p refinery.transforms.core
 lint: install-test
 	$(BIN)/ruff check .
+	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
+	$(BIN)/mypy $(MYPY_PACKAGES)
 
 test: install-test flink-cache lint
 	$(BIN)/python -m pytest -q -rs tests

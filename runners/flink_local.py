@@ -43,6 +43,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CACHE_ENV = "REFINERY_FLINK_CACHE"
 # The Flink distribution fetched by default. Its minor must be one the job server supports;
@@ -79,7 +80,7 @@ def installed_beam_version() -> str:
     return apache_beam.__version__
 
 
-def _version_key(v: str) -> tuple:
+def _version_key(v: str) -> tuple[Any, ...]:
     return tuple(int(x) if x.isdigit() else 0 for x in v.split("."))
 
 
@@ -317,13 +318,13 @@ class LocalFlinkCluster:
     workdir: Path
     slots: int = 2
     python: str = sys.executable
-    worker_env: dict = field(default_factory=dict)
+    worker_env: dict[str, Any] = field(default_factory=dict)
     rest_port: int = 0
     pool_port: int = 0
     rpc_port: int = 0
     # a lost TaskManager is noticed within seconds (Flink's default heartbeat timeout is 50 s)
-    conf: dict = field(default_factory=lambda: {"heartbeat.interval": 2000, "heartbeat.timeout": 15000})
-    procs: dict = field(default_factory=dict)
+    conf: dict[str, Any] = field(default_factory=lambda: {"heartbeat.interval": 2000, "heartbeat.timeout": 15000})
+    procs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def master(self) -> str:
@@ -338,7 +339,7 @@ class LocalFlinkCluster:
         return [f"--flink_master={self.master}", "--environment_type=EXTERNAL",
                 f"--environment_config=localhost:{self.pool_port}"]
 
-    def _flink_env(self) -> dict:
+    def _flink_env(self) -> dict[str, Any]:
         log = self.workdir / "log"
         log.mkdir(parents=True, exist_ok=True)
         return {**os.environ, "FLINK_HOME": str(self.home), "FLINK_CONF_DIR": str(self.home / "conf"),
@@ -356,7 +357,7 @@ class LocalFlinkCluster:
         }
         return [arg for k, v in props.items() for arg in ("-D", f"{k}={v}")]
 
-    def _start(self, name: str, cmd: list[str], env: dict) -> None:
+    def _start(self, name: str, cmd: list[str], env: dict[str, Any]) -> None:
         out = open(self.workdir / "log" / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -398,14 +399,14 @@ class LocalFlinkCluster:
         self.wait_for_slots(timeout)
         return self
 
-    def _get(self, path: str) -> dict:
+    def _get(self, path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.web_ui}{path}", timeout=5) as r:
             return json.loads(r.read())
 
-    def overview(self) -> dict:
+    def overview(self) -> dict[str, Any]:
         return self._get("/v1/overview")
 
-    def jobs(self) -> list[dict]:
+    def jobs(self) -> list[dict[str, Any]]:
         """Flink's job overview: name, state, start/end time, ... of every job."""
         return self._get("/v1/jobs/overview")["jobs"]
 

@@ -16,6 +16,7 @@ credentials) reach the worker processes, which inherit the environment.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from .args import with_defaults
 
@@ -60,7 +61,7 @@ def runnable(args: list[str]) -> list[str]:
     return [a for a in args if not a.startswith("--runner")] + [f"--runner={LOCAL_RUNNER}"]
 
 
-def run_job(steps: list, beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
+def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
     """Run a command's ``steps`` as one Beam job (the step runner the commands give
     ``run_stages``); its counters. On the local runner, a job of only light steps runs in the
     driver's process (:func:`in_process`: there is nothing to share between worker

@@ -27,7 +27,8 @@ from .dataflow import check_options
 def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):
     """The command's Beam pipeline, built, not run: every stage a step over its whole plan
     (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
-    from refinery.transforms.core.pipeline import Step, build_pipeline
+    from refinery.transforms.core.pipeline import build_pipeline
+    from refinery.transforms.core.planning import Step
 
     steps = [Step(run, units, run.stage.plan_ref) for run in bind_stages(stages, output)
              if (units := run.stage.plan())]  # the job reads its units from the output: not written here

@@ -44,7 +44,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 CHECKED_BEAM = ("2.77",)  # major.minor versions of apache-beam these functions were checked against
 
@@ -55,24 +58,35 @@ def secure_shared_models(secret: bytes, folder: str) -> None:
     from apache_beam.utils import multi_process_shared
 
     multi_process_shared.AUTH_KEY = secret
-    multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"] = folder
+    _shared_model_defaults()["path"] = folder
+
+
+def _shared_model_defaults() -> dict[str, Any]:
+    """The keyword defaults of ``MultiProcessShared.__init__`` (where its ``path`` is)."""
+    from apache_beam.utils import multi_process_shared
+
+    defaults = multi_process_shared.MultiProcessShared.__init__.__kwdefaults__
+    if defaults is None:
+        raise RuntimeError(f"apache_beam's MultiProcessShared has no keyword defaults (checked: {CHECKED_BEAM})")
+    return defaults
 
 
 def shared_models_setting() -> tuple[bytes, str]:
     """(key, folder) the shared-model server of this process uses now."""
     from apache_beam.utils import multi_process_shared
 
-    return multi_process_shared.AUTH_KEY, multi_process_shared.MultiProcessShared.__init__.__kwdefaults__["path"]
+    return multi_process_shared.AUTH_KEY, _shared_model_defaults()["path"]
 
 
 def fnapi_environment_major_version() -> str:
     """The SDK environment major version Beam's Dataflow client puts in a job description."""
     from apache_beam.runners.dataflow.internal import apiclient
 
-    return apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION
+    version: str = apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION
+    return version
 
 
-def dead_letter_error(error) -> str:
+def dead_letter_error(error: tuple[type[BaseException], str, list[str] | None]) -> str:
     """``Type: message`` of the error part of a dead-letter element ``(input, error)``.
     Checked against Beam 2.77: ``_ExceptionHandlingWrapperDoFn`` makes it
     ``(type(exn), repr(exn), traceback.format_exception(...))``, whose last line is
@@ -112,28 +126,28 @@ def fn_api_servers_at(address: Callable[[], str]) -> Iterator[None]:
 class _GrpcAt:
     """The ``grpc`` module as ``worker_handlers`` sees it inside :func:`fn_api_servers_at`."""
 
-    def __init__(self, grpc, address: Callable[[], str]):
+    def __init__(self, grpc: Any, address: Callable[[], str]) -> None:
         self._grpc = grpc
         self._address = address
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._grpc, name)
 
-    def server(self, *args, **kwargs) -> "_ServerAt":
+    def server(self, *args: Any, **kwargs: Any) -> _ServerAt:
         return _ServerAt(self._grpc.server(*args, **kwargs), self._address)
 
 
 class _ServerAt:
     """A gRPC server whose :data:`BEAM_ANY_ADDRESS` becomes ``address()`` (see :func:`fn_api_servers_at`)."""
 
-    def __init__(self, server, address: Callable[[], str]):
+    def __init__(self, server: Any, address: Callable[[], str]) -> None:
         self._server = server
         self._address = address
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
-    def add_insecure_port(self, address: str):
+    def add_insecure_port(self, address: str) -> Any:  # Beam's int port, or where a worker reaches it
         if address != BEAM_ANY_ADDRESS:
             return self._server.add_insecure_port(address)
         where = self._address()
@@ -153,7 +167,7 @@ def setup_builds_captured() -> Iterator[None]:
     from apache_beam.runners.portability import stager
 
     real = stager.processes
-    stager.processes = _StderrCaptured(real)
+    stager.processes = _StderrCaptured(real)  # type: ignore[assignment]  # a stand-in for the module
     try:
         yield
     finally:
@@ -163,13 +177,13 @@ def setup_builds_captured() -> Iterator[None]:
 class _StderrCaptured:
     """Beam's ``processes`` module as ``stager`` sees it inside :func:`setup_builds_captured`."""
 
-    def __init__(self, processes):
+    def __init__(self, processes: Any) -> None:
         self._processes = processes
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._processes, name)
 
-    def check_output(self, *args, **kwargs):
+    def check_output(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("stderr", self._processes.STDOUT)
         return self._processes.check_output(*args, **kwargs)
 
@@ -179,7 +193,7 @@ class _StderrCaptured:
 # subprocess servers, runner names, every option's flag
 # ---------------------------------------------------------------------------------------
 
-def provision_info(options) -> Any:
+def provision_info(options: PipelineOptions) -> Any:
     """What Beam's FnApiRunner hands its SDK workers (``fn_runner.ExtendedProvisionInfo``),
     holding ``options`` encoded as a portable runner encodes them
     (``JobServiceHandle.encode_pipeline_options``): the local runner's workers then see the
@@ -192,7 +206,7 @@ def provision_info(options) -> Any:
     return fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
 
 
-def flink_job_server(options) -> Any:
+def flink_job_server(options: PipelineOptions) -> Any:
     """Beam's Flink job server (``FlinkJarJobServer``) for ``options``, not started: after
     ``start()`` its ``endpoint`` says where its job service listens (Beam's ``start()`` returns
     a gRPC stub and keeps the address to itself; the class below records what its
@@ -208,14 +222,14 @@ def _flink_job_server_class() -> type:
     class FlinkJobServer(FlinkJarJobServer):
         endpoint: str | None = None
 
-        def subprocess_cmd_and_endpoint(self):
-            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
+        def subprocess_cmd_and_endpoint(self) -> tuple[list[str], str]:
+            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()  # type: ignore[no-untyped-call]
             return cmd, self.endpoint
 
     return FlinkJobServer
 
 
-def shared_subprocess_servers() -> contextlib.AbstractContextManager:
+def shared_subprocess_servers() -> contextlib.AbstractContextManager[None]:
     """While inside, the subprocess servers Beam starts (a job server, an expansion service)
     are shared by the jobs started and stopped at the end, as ``with pipeline`` does
     (``SubprocessServer.cache_subprocesses``, a classmethod Beam uses internally)."""
@@ -246,7 +260,7 @@ def beam_option_flags() -> frozenset[str]:
         seen.add(cls)
         todo += cls.__subclasses__()
         with contextlib.suppress(Exception):
-            cls._add_argparse_args(parser)
+            cls._add_argparse_args(parser)  # type: ignore[arg-type]  # Beam's own parser subclass adds nothing needed here
     return frozenset(s for s in option_flags(parser) if s.startswith("--"))
 
 

@@ -10,10 +10,10 @@ import os
 import socket
 import time
 import traceback
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from refinery.transforms.core import storage
-from refinery.transforms.core.receipts import RECEIPT_SCHEMA, Completion
+from refinery.transforms.core.receipts import RECEIPT_SCHEMA, Completion, Receipt, UnitError
 from refinery.transforms.core.stage import StageRun, UnitContext, now_iso, short_hash
 from refinery.transforms.core.units import Unit
 
@@ -50,7 +50,7 @@ def _interpreter_glitch(e: BaseException) -> bool:
     return isinstance(e, SystemError) and str(e).startswith(_INTERPRETER_GLITCHES)
 
 
-def _run_unit(run: StageRun, unit: Unit, side: dict | None) -> tuple[dict, "UnitContext"]:
+def _run_unit(run: StageRun, unit: Unit, side: dict[str, Any] | None) -> tuple[Mapping[str, Any], UnitContext]:
     """(stats, context) of one unit's work; an interpreter glitch (see above) runs it again once."""
     ctx = UnitContext(run, unit, side)
     try:
@@ -64,7 +64,8 @@ def _run_unit(run: StageRun, unit: Unit, side: dict | None) -> tuple[dict, "Unit
 
 
 def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
-                 side: dict | None = None, stale: Callable[[dict], bool] | None = None) -> dict:
+                 side: dict[str, Any] | None = None,
+                 stale: Callable[[Receipt], bool] | None = None) -> Receipt:
     """Run one unit unless :func:`check_receipt` says it is done; write its receipt last.
 
     Returns the receipt (with ``"skipped": True`` added, not stored, if it was already done).
@@ -82,12 +83,12 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     driver learns both from listings.
     """
     done = run.check(unit.id, verify_checksums)
-    if done.done and not (stale and stale(done.receipt)):
+    if done.done and done.receipt is not None and not (stale and stale(done.receipt)):
         _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
     _log_unit_event("start", run, unit.id)
     ctx = UnitContext(run, unit, side)  # replaced by the one of the attempt that returns
-    receipt = {
+    receipt: Receipt = {
         "schema": RECEIPT_SCHEMA, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit.id,
         "started_at": now_iso(), "host": socket.gethostname(), "pid": os.getpid(),
     }
@@ -97,12 +98,13 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         receipt["upstream_repairs"] = run.upstream_repairs
     try:
         stats, ctx = _run_unit(run, unit, side)
-        receipt.update(status="completed", files=ctx.files, stats=stats)
+        receipt.update({"status": "completed", "files": ctx.files, "stats": dict(stats)})
     except Exception as e:  # noqa: BLE001 - recorded in the receipt, retried next run
-        receipt.update(status="failed", files=ctx.files, stats={}, error={
+        error: UnitError = {
             "type": type(e).__name__, "message": str(e)[:2000],
             "traceback": traceback.format_exc()[-4000:],
-        })
+        }
+        receipt.update({"status": "failed", "files": ctx.files, "stats": {}, "error": error})
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = now_iso()
     failure = storage.join(run.failures_dir, unit.id)
@@ -126,13 +128,13 @@ def next_repair(done: Completion) -> str | None:
     damage, so two runs repairing the same damage agree); otherwise it keeps the previous
     receipt's token. The planner uses it to know, before anything runs, what the later
     stages' receipts will record as ``upstream_repairs``."""
-    repair = (done.receipt or {}).get("repair")
+    repair = done.receipt.get("repair") if done.receipt else None
     if done.damaged:
         repair = short_hash({"after": repair, "damage": done.reason})
     return repair
 
 
-def unit_counters(stage: str, receipt: dict) -> dict[str, int]:
+def unit_counters(stage: str, receipt: Receipt) -> dict[str, int]:
     """The counters one unit's receipt adds: ``<stage>_units_<status>`` (``skipped`` for a unit
     found done, ``blocked`` for one whose upstream failed), and for a unit run now
     ``<stage>_<stat>`` for each integer stat (``tokenize_tokens``, ``scan_verified_hits``, ...)."""
@@ -151,12 +153,13 @@ def span_key(stage: str) -> str:
     return f"{stage}:span_ms"
 
 
-def unit_times_ms(receipt: dict) -> tuple[int, int] | None:
+def unit_times_ms(receipt: Receipt) -> tuple[int, int] | None:
     """(start, end) of a unit run now, in ms since the epoch, from its receipt (None: skipped, blocked)."""
     if receipt.get("skipped") or "started_at" not in receipt:
         return None
     try:
-        start, end = (_dt.datetime.fromisoformat(receipt[k]) for k in ("started_at", "finished_at"))
+        start = _dt.datetime.fromisoformat(receipt["started_at"])
+        end = _dt.datetime.fromisoformat(receipt["finished_at"])
     except (KeyError, TypeError, ValueError):
         return None
     return int(start.timestamp() * 1000), int(end.timestamp() * 1000)

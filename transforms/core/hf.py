@@ -19,15 +19,18 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 from refinery.transforms.core import storage
+
+T = TypeVar("T")
 
 
 class HubError(storage.InputError):
     """The Hugging Face hub could not answer (offline, unreachable, unknown dataset)."""
 
 
-def _hub_call(what: str, call):
+def _hub_call(what: str, call: Callable[[], T]) -> T:
     try:
         return call()
     except Exception as e:  # noqa: BLE001 - requests/httpx/hf errors alike: one line for the user
@@ -44,7 +47,7 @@ class HfSource:
     revision: str  # commit sha
     files: tuple[str, ...]  # hf:// paths
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"hf_dataset": self.name, "hf_subset": self.subset, "hf_split": self.split,
                 "hf_revision": self.revision}
 
@@ -62,7 +65,7 @@ def candidate_globs(subset: str | None, split: str) -> list[str]:
 
 
 def resolve_hf_parquet(name: str, subset: str | None, split: str, revision: str | None = None,
-                       fs=None, api=None) -> HfSource:
+                       fs: Any = None, api: Any = None) -> HfSource:
     """The parquet files of ``name``/``subset``/``split``; raises ValueError naming what was tried."""
     if fs is None or (api is None and revision is None):
         from huggingface_hub import HfApi, HfFileSystem
@@ -112,7 +115,8 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "dataset"
 
 
-def materialize_split(spec: str, folder: str, revision: str | None = None, api=None, write: bool = True) -> str:
+def materialize_split(spec: str, folder: str, revision: str | None = None, api: Any = None,
+                      write: bool = True) -> str:
     """The path of a parquet file holding the ``NAME[:SUBSET]:SPLIT`` rows at a pinned revision,
     written under ``folder`` on first use (``{folder}/{key}/{short name}/{split}.parquet``, so
     that decon names the eval dataset after the dataset's short name). ``write=False``: only

@@ -6,13 +6,14 @@ import datetime as _dt
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, cast
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.core.plan_changes import explain_plan_changes
 from refinery.transforms.core.planning import (
     Planned,
+    Step,
     bind_stages,
     demanded,
     discard_other_plans,
@@ -23,13 +24,15 @@ from refinery.transforms.core.planning import (
     write_plans,
 )
 from refinery.transforms.core.progress import Progress
-from refinery.transforms.core.receipts import META_DIR
+from refinery.transforms.core.receipts import META_DIR, Receipt
+from refinery.transforms.core.run_record import RUN_SCHEMA, RunRecord, StageEntry
 from refinery.transforms.core.stage import CHECK_THREADS, Stage, StageRun, short_hash
 from refinery.transforms.core.units import Unit
 
 log = logging.getLogger("refinery")
 
-RUN_SCHEMA = "refinery.run/1"
+# runs a job's steps: (steps, beam_args, verify_checksums) -> the runner's counters, if it has any
+Runner = Callable[[list[Step], list[str], bool], "dict[str, int] | None"]
 
 
 class StageFailed(RuntimeError):
@@ -65,16 +68,15 @@ class JobResult:
     metrics: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> the runner's refinery counters
 
 
-def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list, dict[str, list[str]]]:
+def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list[Step], dict[str, list[str]]]:
     """The steps of a job planned from listings: every unit of every stage (the workers skip
     the ones whose receipt verifies), and per stage the ids of the units
     with no receipt file (run now, for certain)."""
     import uuid
 
-    from refinery.transforms.core.pipeline import Step
-
     job = uuid.uuid4().hex[:16]
-    steps, fresh = [], {}
+    steps: list[Step] = []
+    fresh: dict[str, list[str]] = {}
     for run, plan in zip(runs, plans):
         run.listing_job = job
         if not plan:
@@ -108,14 +110,14 @@ def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) 
     return out
 
 
-def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[dict]:
+def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[Receipt]:
     """The receipts of ``unit_ids`` that can be read (CHECK_THREADS at a time on an object store)."""
-    def read(unit_id: str) -> dict | None:
+    def read(unit_id: str) -> Receipt | None:
         try:
             r = storage.read_json(run.receipt_path(unit_id))
         except (OSError, ValueError):
             return None
-        return r if isinstance(r, dict) else None
+        return cast(Receipt, r) if isinstance(r, dict) else None
 
     if not storage.is_remote(run.output) or len(unit_ids) < 2:
         found = [read(u) for u in unit_ids]
@@ -127,7 +129,7 @@ def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[dict]:
     return [r for r in found if r is not None]
 
 
-def _span_seconds(receipts: list[dict]) -> float:
+def _span_seconds(receipts: list[Receipt]) -> float:
     """Wall time from the first unit's start to the last one's end (0 if none ran)."""
     try:
         starts = [_dt.datetime.fromisoformat(r["started_at"]) for r in receipts]
@@ -137,7 +139,8 @@ def _span_seconds(receipts: list[dict]) -> float:
     return (max(ends) - min(starts)).total_seconds() if starts else 0.0
 
 
-def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checksums: bool = False) -> dict:
+def run_in_driver(steps: list[Step], beam_args: list[str] | None = None,
+                  verify_checksums: bool = False) -> dict[str, int]:
     """A step runner for ``run_stages`` without Beam: each step's units in this process, in
     order; a step with a unit not completed blocks the steps after it (as in the pipeline).
     Returns the counters a Beam job would report (:func:`unit_counters`)."""
@@ -155,13 +158,11 @@ def run_in_driver(steps: list, beam_args: list[str] | None = None, verify_checks
 
 
 def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool,
-                   output: str) -> tuple[list, list[StageRun], bool]:
+                   output: str) -> tuple[list[Step], list[StageRun], bool]:
     """The steps of a job planned by reading every receipt (a stage with a budget, or one with
     its own step transform): each stage's pending units up to the last demanded stage, or up
     to a stage whose ``needed`` will ask for more; the stages of the job; whether the job is
     the last one. Receipts built before an upstream repair are removed first."""
-    from refinery.transforms.core.pipeline import Step
-
     planned = plan_runs(runs, plans, verify_checksums)
     last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
     job: list[Planned] = []
@@ -183,7 +184,7 @@ def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksu
     return steps, [p.run for p in job], not job or job[-1].final
 
 
-def _first_unfinished(steps: list, by_listing: bool) -> str:
+def _first_unfinished(steps: list[Step], by_listing: bool) -> str:
     """The stage a failed job is reported at: the first step with a unit not done (by listings
     for a job planned from them: a unit with no receipt or a recorded failure)."""
     for s in steps:
@@ -197,9 +198,9 @@ def _first_unfinished(steps: list, by_listing: bool) -> str:
 
 def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
-               run_info: dict | None = None,
+               run_info: dict[str, Any] | None = None,
                on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
-               runner: Callable[[list, list[str], bool], dict | None] | None = None) -> JobResult:
+               runner: Runner | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
     The driver plans. Commonly (:func:`plans_by_listing`) it reads only the receipts of the
@@ -227,7 +228,9 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     finished are kept for the next run.
     """
     if runner is None:
-        from refinery.transforms.core.pipeline import run_on_beam as runner
+        from refinery.transforms.core.pipeline import run_on_beam
+
+        runner = run_on_beam
     runs, plans = _start_run(stages, output, force, run_info)
     if on_plan:
         on_plan(runs, plans)
@@ -265,7 +268,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
 
 
 def _start_run(stages: list[Stage], output: str, force: bool,
-               run_info: dict | None) -> tuple[list[StageRun], list[list[Unit]]]:
+               run_info: dict[str, Any] | None) -> tuple[list[StageRun], list[list[Unit]]]:
     """The stages bound to ``output`` and their plans, once the output is ready for a run:
     ``OUTPUT/.refinery`` removed first with ``force``, dead writers' temp files removed, each
     plan's input fingerprints and ``run.json`` recorded, and why a stage's plan changed
@@ -282,7 +285,8 @@ def _start_run(stages: list[Stage], output: str, force: bool,
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = storage.join(output, META_DIR, "run.json")
     fingerprints = [r.stage.fingerprints() for r in runs]  # once: a list per input file
-    entries = [{"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
+    entries: list[StageEntry] = [
+               {"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
                 "inputs_hash": short_hash(fps), "identity_hash": short_hash(r.stage.identity()),
                 "final": r.stage.final_outputs or i == len(runs) - 1}
                for i, (r, p, fps) in enumerate(zip(runs, plans, fingerprints))]
@@ -293,14 +297,14 @@ def _start_run(stages: list[Stage], output: str, force: bool,
     except (FileNotFoundError, ValueError):
         previous = None
     if isinstance(previous, dict):
-        for line in explain_plan_changes(output, previous, entries):
+        for line in explain_plan_changes(output, cast(RunRecord, previous), entries):
             log.warning("%s", line)
     storage.atomic_write_json(run_json, {"schema": RUN_SCHEMA, **(run_info or {}), "stages": entries})
     return runs, plans
 
 
 def _next_job(runs: list[StageRun], plans: list[list[Unit]], by_listing: bool, verify_checksums: bool,
-              output: str) -> tuple[list, dict[str, list[str]], list[StageRun], bool] | None:
+              output: str) -> tuple[list[Step], dict[str, list[str]], list[StageRun], bool] | None:
     """(steps, per stage the units with no receipt file, the stages of the job, whether it is
     the last job) of the next job, or None when there is nothing to do. Planned from listings
     (:func:`plans_by_listing`), only the final stages' receipts are read here and the workers
@@ -316,7 +320,7 @@ def _next_job(runs: list[StageRun], plans: list[list[Unit]], by_listing: bool, v
     return steps, {}, job_runs, final_job
 
 
-def _account_step(result: JobResult, step, counters: dict[str, int], fresh: dict[str, list[str]],
+def _account_step(result: JobResult, step: Step, counters: dict[str, int], fresh: dict[str, list[str]],
                   by_listing: bool, verify_checksums: bool) -> None:
     """Add one finished step of a job to ``result`` (units run, wall time, the runner's
     counters), or raise :class:`StageFailed` naming its units not done."""
@@ -340,7 +344,7 @@ def _account_step(result: JobResult, step, counters: dict[str, int], fresh: dict
         result.ran[name] += len(step.units)
         checks = step.run.check_all([u.id for u in step.units], verify_checksums)
         failures = {u: c.reason for u, c in checks.items() if not c.done}
-        new = [c.receipt for c in checks.values()]
+        new = [c.receipt for c in checks.values() if c.receipt is not None]
     if failures:
         raise StageFailed(name, failures)
     span = counters[span_key(name)] / 1000 if span_key(name) in counters else _span_seconds(new)

@@ -22,42 +22,50 @@ stay pending, and the command lists the failures and exits 1 as before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypedDict, TypeVar
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.typehints.decorators import no_annotations
 
 from refinery.transforms.core import beam_private
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
-from refinery.transforms.core.planning import bind_stages, record_inputs, write_plans
+from refinery.transforms.core.planning import Step, bind_stages, record_inputs, write_plans
 from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
-from refinery.transforms.core.stage import StageRun
+from refinery.transforms.core.receipts import Receipt
+from refinery.transforms.core.stage import Stage, StageRun
 from refinery.transforms.core.units import Unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
 
 
-@dataclass(frozen=True)
-class Step:
-    """One stage's part of a command's pipeline: the stage, bound, and its units to run;
-    ``ref``: where the driver wrote those units (None: they travel in the job itself);
-    ``to_run``: how many of them have no receipt (the others are checked, and most likely
-    skipped, by the workers; None: all of them are to run)."""
-
-    run: StageRun
-    units: list[Unit]
-    ref: PlanRef | None = None
-    to_run: int | None = None
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None):
+def _mypy_only(fn: _F) -> _F:
+    """``fn``'s annotations are for mypy: Beam does not turn them into runtime type checks (as
+    before they existed) or choose coders by them."""
+    no_annotations(fn)
+    return fn
+
+
+class UnitResult(TypedDict):
+    """What a step outputs per unit (small: a side input of the step after it): the unit's
+    id, status (``completed``, ``failed``, :data:`BLOCKED`) and stats, as its receipt has them."""
+
+    unit: str | None
+    status: str | None
+    stats: dict[str, Any] | None
+
+
+def _part_units(k: int, ref: PlanRef, lo: int = 0, hi: int | None = None) -> list[tuple[str, Mapping[str, Any]]]:
     """(id, payload) of the units of part ``k`` of ``ref`` whose index in it is in [lo, hi)."""
     first = k * PART_UNITS
     return [(u.id, u.payload) for i, u in enumerate(read_part(ref, k), first)
             if lo <= i and (hi is None or i < hi)]
 
 
-class ReadUnits(beam.PTransform):
+class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, Mapping[str, Any]]]]):
     """PBegin -> PCollection[tuple[str, dict]]: ``(unit id, payload)`` of the units of a step,
     read by the workers from the parts the driver wrote (``ref``): the job holds the part
     numbers only. ``span``: only the units at those indexes [lo, hi) (a wave). Without a
@@ -67,16 +75,20 @@ class ReadUnits(beam.PTransform):
         super().__init__()
         self.units, self.ref, self.span = units, ref, span
 
-    def expand(self, pbegin):
+    @_mypy_only
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[tuple[str, Mapping[str, Any]]]:
         lo, hi = self.span or (0, len(self.units))
+        units: beam.PCollection[tuple[str, Mapping[str, Any]]]
         if self.ref is None:
-            return pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units[lo:hi]], reshuffle=False)
+            units = pbegin | "Units" >> beam.Create([(u.id, u.payload) for u in self.units[lo:hi]], reshuffle=False)
+            return units
         parts = list(range(lo // PART_UNITS, -(-hi // PART_UNITS)))
-        return (pbegin | "Parts" >> beam.Create(parts, reshuffle=False)
-                | "ReadParts" >> beam.FlatMap(_part_units, self.ref, lo, hi))
+        units = (pbegin | "Parts" >> beam.Create(parts, reshuffle=False)
+                 | "ReadParts" >> beam.FlatMap(_part_units, self.ref, lo, hi))
+        return units
 
 
-def count_receipt(stage: str, receipt: dict) -> None:
+def count_receipt(stage: str, receipt: Receipt) -> None:
     """Beam metrics of one unit's receipt, namespace ``refinery``: the counters of
     :func:`unit_counters`, and for a unit run now its start and end (ms since the epoch) in the
     distributions ``<stage>_started_ms`` and ``<stage>_finished_ms``, whose min and max give
@@ -89,17 +101,17 @@ def count_receipt(stage: str, receipt: dict) -> None:
         Metrics.distribution("refinery", f"{stage}_finished_ms").update(times[1])
 
 
-def summary(receipt: dict) -> dict:
+def summary(receipt: Receipt) -> UnitResult:
     """What a step outputs per unit: ``{unit, status, stats}`` (small: a side input downstream)."""
-    return {k: receipt.get(k) for k in ("unit", "status", "stats")}
+    return {"unit": receipt.get("unit"), "status": receipt.get("status"), "stats": receipt.get("stats")}
 
 
-def upstream_completed(results) -> bool:
+def upstream_completed(results: Iterable[UnitResult]) -> bool:
     """Whether every unit of the upstream step completed (or was found done)."""
     return all(r.get("status") == "completed" for r in results)
 
 
-def _start_after(_, upstream):
+def _start_after(_: None, upstream: list[UnitResult]) -> Iterator[None]:
     if upstream_completed(upstream):
         yield None
 
@@ -109,21 +121,24 @@ class RunUnitFn(beam.DoFn):
     unit whose receipt verifies and writes the receipt last. ``upstream`` (the results of the
     step before, a side input): when a unit there did not complete, nothing runs here."""
 
-    def __init__(self, run: StageRun, verify_checksums: bool = False):
+    def __init__(self, run: StageRun, verify_checksums: bool = False) -> None:
         self.run = run
         self.verify_checksums = verify_checksums
 
-    def process(self, element, upstream=(), **side):
+    @_mypy_only
+    def process(self, element: tuple[str, Mapping[str, Any]], upstream: Iterable[UnitResult] = (),
+                **side: Any) -> Iterator[UnitResult]:
         unit_id, payload = element
-        if not upstream_completed(upstream):
-            receipt = {"unit": unit_id, "status": BLOCKED, "stats": {}}
-        else:
-            receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
+        if not upstream_completed(upstream):  # no receipt: the unit stays pending
+            Metrics.counter("refinery", f"{self.run.name}_units_{BLOCKED}").inc(1)
+            yield {"unit": unit_id, "status": BLOCKED, "stats": {}}
+            return
+        receipt = execute_unit(self.run, Unit(unit_id, payload), self.verify_checksums, side)
         count_receipt(self.run.name, receipt)
         yield summary(receipt)
 
 
-class RunStage(beam.PTransform):
+class RunStage(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]):
     """PBegin -> PCollection[dict]: ``{unit, status, stats}`` for each of ``units`` of ``run``.
 
     ``ReadUnits | Reshuffle | ParDo(RunUnitFn)``. ``ref``: where the driver wrote ``units``
@@ -133,15 +148,16 @@ class RunStage(beam.PTransform):
     """
 
     def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False,
-                 after: beam.PCollection | None = None, unit_fn: type[RunUnitFn] = RunUnitFn,
-                 ref: PlanRef | None = None):
+                 after: beam.PCollection[UnitResult] | None = None, unit_fn: type[RunUnitFn] = RunUnitFn,
+                 ref: PlanRef | None = None) -> None:
         super().__init__()
         self.run, self.units, self.verify_checksums = run, units, verify_checksums
         self.after, self.unit_fn, self.ref = after, unit_fn, ref
 
-    def expand(self, pbegin):
+    @_mypy_only
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult]:
         start = pbegin | "Start" >> beam.Create([None])
-        gate = {}
+        gate: dict[str, Any] = {}
         if self.after is not None:
             start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
             gate = {"upstream": beam.pvalue.AsList(self.after)}
@@ -149,13 +165,16 @@ class RunStage(beam.PTransform):
         units = pbegin | "Units" >> ReadUnits(self.units, self.ref)
         if len(self.units) > 1:  # one unit has nothing to spread over workers
             units = units | "Spread" >> beam.Reshuffle()
-        return units | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side)
+        results: beam.PCollection[UnitResult] = \
+            units | "Run" >> beam.ParDo(self.unit_fn(self.run, self.verify_checksums), **gate, **side)
+        return results
 
 
-def apply_steps(pbegin, steps: list[Step], verify_checksums: bool = False, unit_fn: type[RunUnitFn] = RunUnitFn):
+def apply_steps(pbegin: beam.pvalue.PBegin | beam.Pipeline, steps: list[Step], verify_checksums: bool = False,
+                unit_fn: type[RunUnitFn] = RunUnitFn) -> beam.PCollection[UnitResult] | None:
     """Apply ``steps`` to ``pbegin`` in order, each after the one before, each named by its
     stage's ``title``; returns the last step's results (None when there is no step)."""
-    after = None
+    after: beam.PCollection[UnitResult] | None = None
     for step in steps:
         stage = step.run.stage
         transform = stage.step_transform(step.run, step.units, verify_checksums, after, step.ref) \
@@ -180,7 +199,7 @@ def build_pipeline(steps: list[Step], beam_args: list[str], verify_checksums: bo
     return pipeline
 
 
-class RunStages(beam.PTransform):
+class RunStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]):
     """PBegin -> PCollection[dict]: a command's whole flow as one composite, for a user's own
     pipeline: every unit of every stage of ``stages`` (bound to ``output``), each stage after
     the one before; ``{unit, status, stats}`` of the last stage's units.
@@ -190,7 +209,7 @@ class RunStages(beam.PTransform):
     it runs only the pending units, records ``run.json`` and judges repairs.)
     """
 
-    def __init__(self, stages: list, output: str, verify_checksums: bool = False):
+    def __init__(self, stages: list[Stage], output: str, verify_checksums: bool = False) -> None:
         super().__init__()
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output
@@ -199,11 +218,13 @@ class RunStages(beam.PTransform):
         self.steps = write_plans(runs, [Step(run, units) for run in runs if (units := run.stage.plan())])
         self.verify_checksums = verify_checksums
 
-    def expand(self, pbegin):
+    # None when no stage has a unit: Beam accepts a composite that outputs nothing
+    @_mypy_only
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult] | None:  # type: ignore[override]
         return apply_steps(pbegin, self.steps, self.verify_checksums)
 
 
-def run_pipeline(pipeline) -> dict[str, int]:
+def run_pipeline(pipeline: beam.Pipeline) -> dict[str, int]:
     """Run a pipeline from :func:`build_pipeline`, wait for it (raises if it fails) and
     return its ``refinery`` counters (:func:`count_receipt`) as the runner reports them.
 
@@ -217,7 +238,7 @@ def run_pipeline(pipeline) -> dict[str, int]:
         return refinery_counters(result)
 
 
-def refinery_counters(result) -> dict[str, int]:
+def refinery_counters(result: Any) -> dict[str, int]:
     """``{name: value}`` of a finished pipeline's counters in the ``refinery`` namespace,
     summed over steps (committed values where the runner has them, else attempted), and per
     stage with units run its wall time in ms under ``span_key(stage)`` (from the

@@ -3,9 +3,11 @@ identities moved, in one line a stage (see :func:`explain_plan_changes`)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import META_DIR
+from refinery.transforms.core.run_record import RunRecord, StageEntry
 
 
 def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
@@ -13,11 +15,11 @@ def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
     return storage.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
 
 
-def _fingerprint_key(fp) -> str:
+def _fingerprint_key(fp: Any) -> str:
     return fp.get("path", json.dumps(fp, sort_keys=True)) if isinstance(fp, dict) else json.dumps(fp, sort_keys=True)
 
 
-def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
+def diff_fingerprints(old: list[Any], new: list[Any], limit: int = 5) -> str:
     """'1 changed: a.jsonl (size 10 -> 12); 1 added: b.jsonl' between two fingerprint lists."""
     before = {_fingerprint_key(f): f for f in old}
     after = {_fingerprint_key(f): f for f in new}
@@ -26,7 +28,7 @@ def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
     removed = [k for k in before if k not in after]
     parts = []
     if changed:
-        def what(k):
+        def what(k: str) -> str:
             o, n = before[k], after[k]
             keys = [x for x in sorted(set(o) | set(n)) if o.get(x) != n.get(x)] if isinstance(o, dict) else []
             return f"{k} ({', '.join(f'{x} {o.get(x)} -> {n.get(x)}' for x in keys)})"
@@ -40,7 +42,7 @@ def diff_fingerprints(old: list, new: list, limit: int = 5) -> str:
     return "; ".join(parts) or "their order changed"
 
 
-def explain_plan_changes(output: str, previous: dict, entries: list[dict]) -> list[str]:
+def explain_plan_changes(output: str, previous: RunRecord, entries: list[StageEntry]) -> list[str]:
     """Why each stage's plan differs from the previous run recorded in run.json (one line per
     stage whose hash changed): its config, its inputs (naming the files), its identity (e.g.
     the tokenizer), or only an earlier stage. Stages with the same hash are not mentioned."""

@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.execution import next_repair
 from refinery.transforms.core.plan_changes import fingerprints_path
 from refinery.transforms.core.plans import PlanRef, write_units
-from refinery.transforms.core.receipts import META_DIR, repairs_of
+from refinery.transforms.core.receipts import META_DIR, Receipt, repairs_of
 from refinery.transforms.core.stage import Stage, StageRun, compute_stage_hash, short_hash
 from refinery.transforms.core.units import Unit
 
 log = logging.getLogger("refinery")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage's part of a command's pipeline: the stage, bound, and its units to run;
+    ``ref``: where the driver wrote those units (None: they travel in the job itself);
+    ``to_run``: how many of them have no receipt (the others are checked, and most likely
+    skipped, by the workers; None: all of them are to run)."""
+
+    run: StageRun
+    units: list[Unit]
+    ref: PlanRef | None = None
+    to_run: int | None = None
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
@@ -61,7 +75,7 @@ def demanded(final: list[bool], pending: list[bool]) -> int:
 class Planned:
     run: StageRun
     plan: list[Unit]
-    receipts: dict[str, dict]  # unit id -> receipt of the units done
+    receipts: dict[str, Receipt]  # unit id -> receipt of the units done
     pending: list[Unit]  # of the units the stage needs now
     final: bool  # False: needed() will ask for more units once these are done
     stale: list[str] = field(default_factory=list)  # pending units whose receipt predates an upstream repair
@@ -76,7 +90,7 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
     for run, plan in zip(runs, plans):
         run.upstream_repairs = dict(repairs)
         checks = run.check_all([u.id for u in plan], verify_checksums)
-        receipts = {u.id: checks[u.id].receipt for u in plan if checks[u.id].done}
+        receipts = {u.id: c.receipt for u in plan if (c := checks[u.id]).done and c.receipt is not None}
         needed, final = run.stage.needed(plan, receipts)
         pending = [u for u in needed if u.id not in receipts]
         done_repairs = repairs_of(run.name, receipts)
@@ -85,8 +99,8 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
                 run.record_repair(key.split("/", 1)[1], token)
         repairs.update(done_repairs)
         for u in pending:
-            if token := next_repair(checks[u.id]):
-                repairs[f"{run.name}/{u.id}"] = token
+            if repair := next_repair(checks[u.id]):
+                repairs[f"{run.name}/{u.id}"] = repair
         planned.append(Planned(run, plan, receipts, pending, final, [u.id for u in pending if checks[u.id].stale]))
     return planned
 
@@ -105,7 +119,7 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_chec
             checks = run.check_all([u.id for u in plan], verify_checksums)
             if not all(c.done for c in checks.values()):
                 return False
-            repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items()}))
+            repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items() if c.receipt is not None}))
         else:
             repairs.update(run.recorded_repairs())
     return True
@@ -118,16 +132,23 @@ def plans_by_listing(runs: list[StageRun]) -> bool:
     return all(not r.stage.has_budget() and type(r.stage).step_transform is Stage.step_transform for r in runs)
 
 
+def plan_ref(stage: Stage) -> PlanRef:
+    """Where the plan of a bound stage lies (set by :func:`bind_stages`)."""
+    if stage.plan_ref is None:
+        raise RuntimeError(f"stage {stage.name}: not bound to an output (bind_stages sets where its plan lies)")
+    return stage.plan_ref
+
+
 def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
     """Where the units one job runs of ``run`` lie: its plan's parts when they are the whole
     plan, else ``steps/<hash of their ids>/`` (written by :func:`write_plans`)."""
     plan = run.stage.plan()
     if len(units) == len(plan) and all(a.id == b.id for a, b in zip(units, plan)):
-        return run.stage.plan_ref
+        return plan_ref(run.stage)
     return PlanRef(storage.join(run.dir, "steps", short_hash([u.id for u in units])), len(units))
 
 
-def record_inputs(run: StageRun, fingerprints: list) -> None:
+def record_inputs(run: StageRun, fingerprints: list[Any]) -> None:
     """Write the input ``fingerprints`` of ``run``'s plan (``Stage.fingerprints()``) under OUTPUT,
     unless already there: what a later run names changed inputs from, and what a worker reads
     for the stage's input list (:meth:`StageRun.input_fingerprints`)."""
@@ -136,12 +157,12 @@ def record_inputs(run: StageRun, fingerprints: list) -> None:
         storage.atomic_write_json(path, fingerprints)
 
 
-def write_plans(runs: list[StageRun], steps: list) -> list:
+def write_plans(runs: list[StageRun], steps: list[Step]) -> list[Step]:
     """Write the plan of every stage of ``runs``, and the units of each step (``pipeline.Step``),
     into the output, where the job's workers read them; the steps with their ``ref`` set.
     (The input fingerprints a worker may read too are :func:`record_inputs`'.)"""
     for r in runs:
-        write_units(r.stage.plan_ref, r.stage.plan())
+        write_units(plan_ref(r.stage), r.stage.plan())
     out = []
     for s in steps:
         ref = step_ref(s.run, s.units)

@@ -6,10 +6,14 @@ import datetime as _dt
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 if TYPE_CHECKING:
+    from refinery.transforms.core.receipts import Receipt
     from refinery.transforms.core.stage import StageRun
+
+# show(step index, units done, postfix, step ended): draws one step's progress
+Show = Callable[[int, int, str, bool], None]
 
 
 class Progress:
@@ -25,15 +29,15 @@ class Progress:
 
     def __init__(self, steps: list[tuple[StageRun, int]], interval: float, enabled: bool):
         self.steps, self.interval, self.enabled = [s for s in steps if s[1]] or steps[:1], interval, enabled
-        self._seen: dict[str, dict] = {}  # completed receipts already read (see read_receipts)
+        self._seen: dict[str, Receipt] = {}  # completed receipts already read (see read_receipts)
         self._stop = threading.Event()
         self._halted = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._current = 0
         self._start = self._step_start = time.time()
         self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
-    def __enter__(self):
+    def __enter__(self) -> Progress:
         if self.enabled and self.steps:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
@@ -73,25 +77,25 @@ class Progress:
         extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
         return min(done, total), (post + extra).strip()
 
-    def _running(self, run: StageRun, ended: set[str]) -> list[dict]:
+    def _running(self, run: StageRun, ended: set[str]) -> list[dict[str, Any]]:
         """The counts so far that this run's running units published (``progress/``, see
         :meth:`~refinery.transforms.core.stage.UnitContext.report_progress`): one listing,
         and a read per running unit; a unit that has ended is counted from its receipt, and
         a file left by an earlier, killed run is ignored."""
         from refinery.transforms.core import storage
 
-        out = []
+        out: list[dict[str, Any]] = []
         for path in storage.listdir(run.progress_dir):
             name = storage.basename(path)
             if not name.endswith(".json") or storage.is_temp_name(name) or name[:-len(".json")] in ended:
                 continue
             with contextlib.suppress(ValueError, OSError):
                 p = storage.read_json(path)
-                if isinstance(p, dict) and p.get("updated_at", "") >= self._started_iso:
-                    out.append(p.get("stats"))
+                if isinstance(p, dict) and p.get("updated_at", "") >= self._started_iso and p.get("stats"):
+                    out.append(p["stats"])
         return out
 
-    def _update(self, show, final: bool) -> None:
+    def _update(self, show: Show, final: bool) -> None:
         """Poll the step in progress and ``show(step index, done, postfix, step ended)``;
         move on to the next step when its units have all completed."""
         while True:
@@ -111,7 +115,7 @@ class Progress:
 
         bars: dict[int, tqdm] = {}
 
-        def show(i, done, post, ended):
+        def show(i: int, done: int, post: str, ended: bool) -> None:
             if i not in bars:
                 run, total = self.steps[i]
                 # no rate: units found done at the start would make it meaningless (and it is in the postfix)
@@ -134,7 +138,7 @@ class Progress:
         last = time.time()
         printed: set[int] = set()
 
-        def show(i, done, post, ended):
+        def show(i: int, done: int, post: str, ended: bool) -> None:
             nonlocal last
             if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
                 run, total = self.steps[i]
@@ -158,9 +162,11 @@ class Progress:
             for path in storage.listdir(run.receipts_dir):
                 name = storage.basename(path)
                 if path.endswith(".json") and not storage.is_temp_name(name) and name[:-len(".json")] not in failed:
-                    self._seen.setdefault(path, {"status": "completed", "stats": {}, "finished_at": ""})
+                    # a stand-in: only its status, stats and finished_at are read
+                    stand_in = {"status": "completed", "stats": {}, "finished_at": ""}
+                    self._seen.setdefault(path, cast("Receipt", stand_in))
 
-    def _poll_until_stopped(self, show) -> None:
+    def _poll_until_stopped(self, show: Show) -> None:
         """:meth:`_update` every :attr:`interval` s until the job ends (one last poll then)
         or :meth:`halt` (none); a failed poll is skipped, never the job's failure."""
         with contextlib.suppress(Exception):
@@ -174,14 +180,14 @@ class Progress:
             if stopping:
                 break
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         Progress._active.discard(self)
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
 
 
-def _add(total: dict[str, float], stats) -> None:
+def _add(total: dict[str, float], stats: dict[str, Any] | None) -> None:
     """Add the numeric values of ``stats`` (a receipt's or a running unit's) into ``total``."""
     for k, v in (stats or {}).items():
         if isinstance(v, (int, float)):

@@ -2,16 +2,18 @@
 
 A unit's receipt (``OUTPUT/.refinery/<stage>/<stage_hash>/receipts/<unit>.json``) is written
 last, after the unit's files: ``{schema, stage, stage_hash, unit, status: completed|failed,
-files: [{path, bytes, sha256}], stats, ...}``. :func:`check_receipt` judges one, for the
-planner, the worker, ``refinery status`` and ``refinery verify`` alike.
+files: [{path, bytes, sha256}], stats, ...}`` (:class:`Receipt`, written by
+:func:`~refinery.transforms.core.execution.execute_unit`). :func:`check_receipt` judges one, for
+the planner, the worker, ``refinery status`` and ``refinery verify`` alike.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator, TypedDict
 
 from refinery.transforms.core import storage
+from refinery.transforms.core.run_record import RunRecord, StageEntry
 
 RECEIPT_SCHEMA = "refinery.receipt/1"
 
@@ -19,17 +21,60 @@ RECEIPT_SCHEMA = "refinery.receipt/1"
 META_DIR = ".refinery"
 
 
+class FileEntry(TypedDict):
+    """One file a unit wrote: its path relative to OUTPUT, its size and sha256."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+class UnitError(TypedDict):
+    """Why a unit failed (a ``failed`` receipt's ``error``)."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+class _ReceiptBase(TypedDict):
+    schema: str
+    stage: str
+    stage_hash: str
+    unit: str
+    started_at: str
+    host: str
+    pid: int
+
+
+class Receipt(_ReceiptBase, total=False):
+    """A unit's receipt, as :func:`~refinery.transforms.core.execution.execute_unit` writes it
+    (keys in this order): ``status`` ("completed" or "failed"), ``files``, ``stats`` (the stage's
+    own, e.g. prep's ``TokenizeStats``) and ``finished_at`` are always there once written;
+    ``repair``, ``upstream_repairs`` when set, ``error`` when failed. ``skipped`` is never
+    stored: ``execute_unit`` adds it to what it returns for a unit found done."""
+
+    repair: str
+    upstream_repairs: dict[str, str]
+    status: str
+    files: list[FileEntry]
+    stats: dict[str, Any]
+    error: UnitError
+    finished_at: str
+    skipped: bool
+
+
 @dataclass(frozen=True)
 class Completion:
     done: bool
     reason: str
-    receipt: dict | None = None
+    receipt: Receipt | None = None
     damaged: bool = False  # the unit's files (or receipt) changed after it was written: a redo is a repair
     failed: bool = False   # the unit ran in this plan and failed: the next run retries it
     stale: bool = False    # complete, but built before a repair of an upstream unit: to be redone
 
 
-def repairs_of(stage: str, receipts: dict[str, dict]) -> dict[str, str]:
+def repairs_of(stage: str, receipts: dict[str, Receipt]) -> dict[str, str]:
     """``{"stage/unit": repair token}`` of the units (done receipts by unit id) that were
     rebuilt over damaged files: what a later stage's receipts record as ``upstream_repairs``."""
     return {f"{stage}/{u}": r["repair"] for u, r in sorted(receipts.items()) if r.get("repair")}
@@ -47,7 +92,7 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     except FileNotFoundError:
         return Completion(False, "no receipt")
     try:
-        receipt = json.loads(raw)
+        receipt: Receipt = json.loads(raw)
         if not isinstance(receipt, dict):
             raise ValueError("not an object")
     except ValueError as e:
@@ -55,8 +100,9 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     if receipt.get("schema") != RECEIPT_SCHEMA or receipt.get("stage_hash") != stage_hash:
         return Completion(False, "receipt from another plan", receipt)
     if receipt.get("status") != "completed":
-        err = receipt.get("error") or {}
-        reason = f"{receipt.get('status')}: {err.get('type', '')} {err.get('message', '')}".strip()
+        err = receipt.get("error")
+        reason = (f"{receipt.get('status')}: {err.get('type', '') if err else ''} "
+                  f"{err.get('message', '') if err else ''}").strip()
         return Completion(False, reason, receipt, failed=receipt.get("status") == "failed")
     files = receipt.get("files")
     if not isinstance(files, list):
@@ -87,8 +133,8 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
     return Completion(True, "completed", receipt)
 
 
-def check_recorded_run(output: str, info: dict,
-                       checksums: bool = False) -> Iterator[tuple[dict, list[str], list[Completion]]]:
+def check_recorded_run(output: str, info: RunRecord,
+                       checksums: bool = False) -> Iterator[tuple[StageEntry, list[str], list[Completion]]]:
     """(stage entry of run.json, its receipt paths, :func:`check_receipt` of each) per stage of
     a recorded run, in order, each judged against the repairs of the earlier stages' done units."""
     repairs: dict[str, str] = {}
@@ -97,7 +143,8 @@ def check_recorded_run(output: str, info: dict,
         paths = [p for p in storage.listdir(receipts_dir)
                  if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))]
         checks = [check_receipt(output, path, st["stage_hash"], checksums, dict(repairs)) for path in paths]
-        repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks if c.done}))
+        repairs.update(repairs_of(st["name"], {str(c.receipt.get("unit")): c.receipt for c in checks
+                                               if c.done and c.receipt is not None}))
         yield st, paths, checks
 
 
@@ -113,7 +160,7 @@ def verify_receipts(output: str, checksums: bool = False, notes: list[str] | Non
     removed once the stages after it are complete): that is appended to ``notes``."""
     problems: list[str] = []
     try:
-        info = storage.read_json(storage.join(output, META_DIR, "run.json"))
+        info: RunRecord = storage.read_json(storage.join(output, META_DIR, "run.json"))
     except FileNotFoundError:
         return problems
     except ValueError as e:

@@ -43,8 +43,8 @@ import gzip
 import json
 import re
 import zlib
-from io import BufferedIOBase, BufferedReader
-from typing import IO, Iterator, NamedTuple
+from io import BufferedIOBase, BufferedReader, RawIOBase
+from typing import IO, Any, Iterator, NamedTuple, cast
 
 import orjson
 
@@ -59,10 +59,10 @@ class SourceRow(NamedTuple):
 
     path: str
     row: int
-    record: dict
+    record: dict[str, Any]
     relpath: str = ""
 
-Row = tuple[int, "dict | None", "str | None"]  # (0-based row, record or None, error or None)
+Row = tuple[int, "dict[str, Any] | None", "str | None"]  # (0-based row, record or None, error or None)
 
 CORRUPT = "corrupt file"  # how the reason of a file's last row begins when the file is corrupt or cut short
 DEFAULT_MAX_ROW_BYTES = 64 << 20  # admits the 50 MB documents the tests use
@@ -72,7 +72,7 @@ PARQUET_BATCH_ROWS = 128  # rows decoded at a time
 # Errors that say a file could not be *accessed*, not that its content is bad.
 ACCESS_ERRORS = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
 # Errors that say a compressed or structured file's content is damaged.
-CONTENT_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, storage.paths.zstd.ZstdError)
+CONTENT_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, ValueError, storage.paths.ZstdError)
 
 
 class Unusable(Exception):
@@ -85,14 +85,14 @@ TOO_DEEP = f"row nested too deep: more than {MAX_DEPTH} levels of arrays and obj
 _INT64 = float(1 << 63)
 
 
-def _check(value) -> bool:
+def _check(value: object) -> bool:
     """Raise :class:`Unusable` when ``value`` nests more than :data:`MAX_DEPTH` arrays and
     objects (deeper rows break recursive code downstream); True when it holds a float
     outside the int64 range, which is how orjson reads an integer beyond 64 bits."""
     if type(value) is not dict and type(value) is not list:
         return False
     rounded = False
-    stack = [(value, 1)]  # iterative: a deep row must not exhaust the Python stack here
+    stack: list[tuple[Any, int]] = [(value, 1)]  # iterative: a deep row must not exhaust the Python stack here
     while stack:
         obj, depth = stack.pop()
         for v in obj.values() if type(obj) is dict else obj:
@@ -106,7 +106,7 @@ def _check(value) -> bool:
     return rounded
 
 
-def _stdlib_loads(text: str):
+def _stdlib_loads(text: str) -> Any:
     """``json.loads``, its integers exact; :class:`Unusable` for a number it cannot convert
     (more than ``sys.get_int_max_str_digits()`` digits) or a row nested too deep. Malformed
     JSON raises ``json.JSONDecodeError``."""
@@ -122,19 +122,19 @@ def _stdlib_loads(text: str):
     return value
 
 
-def _exact(data: bytes, value):
+def _exact(data: bytes, value: Any) -> Any:
     """orjson's ``value`` of ``data``, or the standard library's where orjson rounded an
     integer beyond 64 bits to a float (so ``str(record["id"])`` is its exact decimal)."""
     return _stdlib_loads(data.decode("utf-8")) if _check(value) else value
 
 
-def _as_row(value) -> tuple[dict | None, str | None]:
+def _as_row(value: object) -> tuple[dict[str, Any] | None, str | None]:
     if isinstance(value, dict):
         return value, None
     return None, f"row is a JSON {type(value).__name__}, not an object"
 
 
-def _json_fallback(line: bytes) -> tuple[dict | None, str | None]:
+def _json_fallback(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     try:
         text = line.decode("utf-8")  # strict UTF-8 (json.loads(bytes) would sniff UTF-16)
     except UnicodeDecodeError as e:
@@ -150,7 +150,7 @@ def _json_fallback(line: bytes) -> tuple[dict | None, str | None]:
         return None, str(e)
 
 
-def parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
+def parse_json_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(record, None) or (None, reason) for one JSONL line (a trailing ``\\n``/``\\r\\n`` is ignored)."""
     try:
         value = orjson.loads(line)
@@ -166,7 +166,7 @@ def parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
         return None, str(e)
 
 
-def parse_json_element(element: bytes) -> tuple[dict | None, str | None]:
+def parse_json_element(element: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(record, None) or (None, reason) for one element of a ``.json`` array. A malformed
     element raises orjson's ``JSONDecodeError``: the array's file is corrupt."""
     try:
@@ -194,7 +194,8 @@ def _open_lines(path: str, compression: str | None = None) -> BufferedIOBase:
     """``path`` opened for reading lines: a reader whose ``readline(limit)`` honours the
     limit (fsspec's remote files take no limit, so they get a buffer of their own)."""
     f = storage.open_read(path, compression)
-    return f if isinstance(f, BufferedIOBase) else BufferedReader(f, READ_BYTES)
+    # an fsspec file: raw reads (readinto) that BufferedReader buffers
+    return f if isinstance(f, BufferedIOBase) else BufferedReader(cast(RawIOBase, f), READ_BYTES)
 
 
 def _skip_line(f: BufferedIOBase, line: bytes) -> int:
@@ -360,7 +361,7 @@ def parquet_row_groups(path: str) -> list[int]:
         return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
-def _batch_rows(batch, max_row_bytes: int) -> Iterator[tuple[dict | None, str | None]]:
+def _batch_rows(batch: Any, max_row_bytes: int) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
     """(record, None) or (None, too-large reason) for each row of an Arrow record batch; a
     row whose values take more than ``max_row_bytes`` is never turned into Python objects."""
     if batch.nbytes <= max_row_bytes:

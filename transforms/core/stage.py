@@ -53,6 +53,7 @@ Receipt schema (JSON)::
      started_at, finished_at, host, error?: {type, message, traceback},
      repair?: token, upstream_repairs?: {"stage/unit": token}}
 """
+from __future__ import annotations
 
 import contextlib
 import datetime as _dt
@@ -61,13 +62,16 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.plan_changes import fingerprints_path
 from refinery.transforms.core.plans import PlanRef, read_units
-from refinery.transforms.core.receipts import META_DIR, Completion, check_receipt
+from refinery.transforms.core.receipts import META_DIR, Completion, FileEntry, Receipt, check_receipt
 from refinery.transforms.core.units import Unit
+
+if TYPE_CHECKING:
+    import apache_beam as beam
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -131,18 +135,18 @@ class Stage:
     _units: list[Unit] | None = None
     _unpickled = False  # True in a worker's copy: its plan is read from plan_ref
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not cls.__dict__.get("title") and cls.name:
             cls.title = cls.name.capitalize()
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return {}
 
-    def fingerprints(self) -> list:
+    def fingerprints(self) -> list[Any]:
         return []
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         return {}
 
     def make_plan(self) -> list[Unit]:
@@ -157,7 +161,7 @@ class Stage:
                 self._units = self.make_plan()
         return self._units
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """What a job carries of the stage: without its units and ``driver_only`` attributes once
         its plan has a place in the output (a worker reads the plan from there)."""
         state = dict(self.__dict__)
@@ -168,10 +172,10 @@ class Stage:
         state["_unpickled"] = True
         return state
 
-    def run_unit(self, unit: Unit, ctx: "UnitContext") -> dict:
+    def run_unit(self, unit: Unit, ctx: "UnitContext") -> Mapping[str, Any]:
         raise NotImplementedError
 
-    def needed(self, units: list[Unit], receipts: dict[str, dict]) -> tuple[list[Unit], bool]:
+    def needed(self, units: list[Unit], receipts: dict[str, Receipt]) -> tuple[list[Unit], bool]:
         return units, True
 
     def has_budget(self) -> bool:
@@ -179,14 +183,15 @@ class Stage:
         the driver reads the stage's receipts to plan (:func:`run_stages`)."""
         return False
 
-    def side_inputs(self, run: "StageRun", start) -> dict:
+    def side_inputs(self, run: "StageRun", start: beam.PCollection[Any]) -> dict[str, Any]:
         return {}
 
-    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool, after,
-                       ref: PlanRef | None = None):
+    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool,
+                       after: beam.PCollection[Any] | None,
+                       ref: PlanRef | None = None) -> beam.PTransform[Any, Any] | None:
         return None
 
-    def describe_progress(self, stats: dict, seconds: float) -> str:
+    def describe_progress(self, stats: dict[str, Any], seconds: float) -> str:
         """A short progress postfix from the summed stats of finished units."""
         return ""
 
@@ -205,8 +210,9 @@ CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 
 
 @functools.lru_cache(maxsize=8)
-def _recorded_fingerprints(path: str) -> list:
-    return storage.read_json(path)
+def _recorded_fingerprints(path: str) -> list[Any]:
+    fingerprints: list[Any] = storage.read_json(path)
+    return fingerprints
 
 
 @dataclass
@@ -296,7 +302,7 @@ class StageRun:
     def progress_path(self, unit_id: str) -> str:
         return storage.join(self.progress_dir, f"{unit_id}.json")
 
-    def input_fingerprints(self) -> list:
+    def input_fingerprints(self) -> list[Any]:
         """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
         in a worker (whose job does not carry input lists), those the driver recorded under
         OUTPUT for this plan (:func:`record_inputs`), read once per process."""
@@ -327,13 +333,13 @@ class StageRun:
         checks = self.check_all([u.id for u in units], verify_checksums)
         return [u for u in units if not checks[u.id].done]
 
-    def completed_receipts(self, units: list[Unit] | None = None, verify_checksums: bool = False) -> dict[str, dict]:
+    def completed_receipts(self, units: list[Unit] | None = None, verify_checksums: bool = False) -> dict[str, Receipt]:
         """Receipts of the completed units (of ``units``, default: the whole plan)."""
         units = self.stage.plan() if units is None else units
         checks = self.check_all([u.id for u in units], verify_checksums)
-        return {u.id: checks[u.id].receipt for u in units if checks[u.id].done}
+        return {u.id: c.receipt for u in units if (c := checks[u.id]).done and c.receipt is not None}
 
-    def read_receipts(self, cache: dict[str, dict] | None = None) -> Iterator[dict]:
+    def read_receipts(self, cache: dict[str, Receipt] | None = None) -> Iterator[Receipt]:
         """Every parseable receipt of this stage hash, whatever its status (for status/progress).
 
         ``cache`` (path -> receipt): completed receipts read before are taken from it and new
@@ -346,7 +352,7 @@ class StageRun:
                     yield cache[path]
                     continue
                 with contextlib.suppress(ValueError, OSError):
-                    r = storage.read_json(path)
+                    r: Receipt = storage.read_json(path)
                     if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
                         if cache is not None and r.get("status") == "completed":
                             cache[path] = r
@@ -363,13 +369,13 @@ REMOTE_PROGRESS_EVERY_S = 10.0
 class UnitContext:
     """What ``run_unit`` writes through. Every file written here is listed in the receipt."""
 
-    def __init__(self, run: StageRun, unit: Unit, side: dict | None = None):
+    def __init__(self, run: StageRun, unit: Unit, side: dict[str, Any] | None = None):
         self.run = run
         self.unit = unit
         self.output = run.output
         self.parts_dir = run.parts_dir
         self.side = side or {}
-        self.files: list[dict] = []
+        self.files: list[FileEntry] = []
         self._progress_every = REMOTE_PROGRESS_EVERY_S if storage.is_remote(run.output) else PROGRESS_EVERY_S
         self._next_progress = time.monotonic() + self._progress_every
         self.progress_written = False

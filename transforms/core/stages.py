@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from refinery.transforms.core.execution import execute_unit, next_repair, span_key, unit_counters, unit_times_ms
 from refinery.transforms.core.orchestration import (
-    RUN_SCHEMA,
     JobFailed,
     JobResult,
     StageFailed,
@@ -32,6 +31,7 @@ from refinery.transforms.core.planning import (
     step_ref,
     write_plans,
 )
+from refinery.transforms.core.run_record import RUN_SCHEMA
 from refinery.transforms.core.stage import (
     CHECK_THREADS,
     PROGRESS_EVERY_S,

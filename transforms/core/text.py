@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import string
+from typing import Any
 
 CHAT_SEPARATOR = "\n\n"  # between messages, each written "{role}: {content}"
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -100,7 +101,7 @@ def parse_template(template: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(parts)
 
 
-def flatten_chat(messages: list, label: str, suffix: str = "") -> tuple[str | None, str | None]:
+def flatten_chat(messages: list[Any], label: str, suffix: str = "") -> tuple[str | None, str | None]:
     """(text, None) of a message list, or (None, reason naming ``label`` and the element)."""
     out = []
     for i, m in enumerate(messages):
@@ -115,7 +116,7 @@ def flatten_chat(messages: list, label: str, suffix: str = "") -> tuple[str | No
     return CHAT_SEPARATOR.join(out), None
 
 
-def _is_chat(value) -> bool:
+def _is_chat(value: object) -> bool:
     return type(value) is list and bool(value) and isinstance(value[0], dict)
 
 
@@ -130,9 +131,9 @@ class TextSpec:
 
     field: str | None = None
     template: str | None = None
-    _parts: tuple = dataclasses.field(default=(), init=False, repr=False, compare=False)
+    _parts: tuple[Any, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (self.field is None) == (self.template is None):
             raise ValueError("TextSpec: give exactly one of field or template")
         if self.template is not None:
@@ -154,11 +155,11 @@ class TextSpec:
 
     def fields(self) -> tuple[str, ...]:
         """The top-level keys the text is made of (the columns a parquet read needs), in order."""
-        if self.template is None:
+        if self.field is not None:
             return (self.field,)
         return tuple(dict.fromkeys(name for _, name in self._parts if name))
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What a stage config records: ``{"text_field": F}`` (as before templates existed, so
         the hashes of outputs made with a text field do not change) or ``{"text_template": T}``."""
         return {"text_field": self.field} if self.template is None else {"text_template": self.template}
@@ -166,13 +167,15 @@ class TextSpec:
     def describe(self) -> tuple[str, str]:
         """(what, value) for reports: ``("text field", "question")`` or ``("text template", T)``,
         T on one line, as typed (:func:`escape`)."""
-        return ("text field", self.field) if self.template is None else ("text template", escape(self.template))
+        if self.field is not None:
+            return ("text field", self.field)
+        return ("text template", escape(self.template or ""))
 
-    def extract(self, record) -> tuple[str | None, str | None]:
+    def extract(self, record: object) -> tuple[str | None, str | None]:
         """(text, None) or (None, reason) of a parsed row (a reason names the field)."""
         if not isinstance(record, dict):
             return None, f"not a row: a {type(record).__name__}, expected a JSON object"
-        if self.template is None:
+        if self.field is not None:
             name = self.field
             value = record.get(name, _MISSING)
             if isinstance(value, str):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -9,4 +10,4 @@ class Unit:
     """One unit of work: a stable, file-name-safe id and a JSON-able payload."""
 
     id: str
-    payload: dict = field(default_factory=dict)
+    payload: Mapping[str, Any] = field(default_factory=dict)  # a stage's own TypedDict, e.g. prep's TokenizePayload

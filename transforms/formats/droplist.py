@@ -11,7 +11,7 @@ decon writes them (its merge stage), ``prep --exclude-overlaps`` reads them
 from __future__ import annotations
 
 import json
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from refinery.transforms.core import storage
 
@@ -29,7 +29,7 @@ class DropEntry(TypedDict):
     train_row: int
     train_doc_id: str
     ns: list[int]
-    overlaps: list[dict]
+    overlaps: list[dict[str, Any]]
 
 
 class TrainFile(TypedDict):
@@ -41,7 +41,7 @@ class TrainFile(TypedDict):
     version: str
 
 
-def read_jsonl(path: str, data: bytes) -> list[dict]:
+def read_jsonl(path: str, data: bytes) -> list[dict[str, Any]]:
     """The JSON lines of ``data``, the bytes of ``path``; :class:`storage.InputError` naming
     the first line that is not JSON."""
     out = []
@@ -54,7 +54,7 @@ def read_jsonl(path: str, data: bytes) -> list[dict]:
     return out
 
 
-def drop_rows(docs_path: str, data: bytes, files: list[dict], n: int) -> dict[str, set[int]]:
+def drop_rows(docs_path: str, data: bytes, files: list[dict[str, Any]], n: int) -> dict[str, set[int]]:
     """The rows a drop list (``data``, the bytes of ``docs_path``) lists at ``n``, by the resolved
     path of their file (``files``: decon's ``train_files.jsonl`` rows, which resolve the paths
     as decon named them); :class:`storage.InputError` naming a row that is not an entry."""

@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 RETURN_TOKEN = 200002  # <|return|>
 CALL_TOKEN = 200012  # <|call|>
@@ -84,7 +84,7 @@ def render_prompt(
             items.append({"role": role, "content": text})
     effort = ReasoningEffort(reasoning_effort.capitalize())
     system_content = SystemContent.new().with_reasoning_effort(effort)
-    rendered: list = []
+    rendered: list[Any] = []
     for item in items:
         role, content = item["role"], item["content"]
         if role == "system":

@@ -15,6 +15,7 @@ tokens. :func:`write_length_histogram` draws a PNG of document lengths (matplotl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class ShardReport:
     empty_doc_indices: list[int] = field(default_factory=list)  # the first few
     out_of_vocab: int = 0
     issues: list[str] = field(default_factory=list)
-    stats: dict | None = None
+    stats: dict[str, Any] | None = None
     doc_lengths: np.ndarray | None = None  # with stats: every document's length (EOS included)
     sample: tuple[int, np.ndarray] | None = None  # (start, tokens)
 
@@ -148,7 +149,7 @@ def inspect_shard(ref: ShardRef, eos_token_id: int, vocab_size: int | None = Non
 
 
 def token_stats(tokens: np.ndarray, doc_lengths: np.ndarray, vocab_size: int | None, top: int = 10,
-                chunk: int = SCAN_CHUNK_TOKENS) -> dict:
+                chunk: int = SCAN_CHUNK_TOKENS) -> dict[str, Any]:
     """Document-length summary and token distribution (distinct ids, coverage, most frequent)."""
     counts = np.zeros(vocab_size or 0, dtype=np.int64)
     for lo in range(0, len(tokens), chunk):
@@ -170,7 +171,7 @@ def token_stats(tokens: np.ndarray, doc_lengths: np.ndarray, vocab_size: int | N
     return out
 
 
-def _summary(lengths: np.ndarray) -> dict:
+def _summary(lengths: np.ndarray) -> dict[str, Any]:
     if not len(lengths):
         return {"min": 0, "mean": 0.0, "median": 0.0, "p90": 0.0, "p99": 0.0, "max": 0}
     q = np.percentile(lengths, [50, 90, 99])

@@ -9,6 +9,7 @@ accounting (:func:`row_accounting`), per-shard sha256 under both ``sha256`` and 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
@@ -18,7 +19,7 @@ MANIFEST = "manifest.json"
 
 
 
-def entry_from_receipt(shard: int, receipt: dict) -> dict:
+def entry_from_receipt(shard: int, receipt: dict[str, Any]) -> dict[str, Any]:
     """A manifest's entry for one shard, from the receipt of the unit that wrote it: its
     file records (path, bytes, sha256) of the ``.npy`` and ``.idx`` and its stats (tokens,
     docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts."""
@@ -30,7 +31,7 @@ def entry_from_receipt(shard: int, receipt: dict) -> dict:
 
 
 def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int,
-                   excluded: int | None = None) -> dict:
+                   excluded: int | None = None) -> dict[str, Any]:
     """The manifest's ``rows``: ``read = accepted + empty + rejected + over_budget (+ excluded)``,
     where ``accepted`` counts the documents the shards hold (``written``), ``over_budget`` the
     accepted ones that ``--max-tokens`` left out and ``excluded`` (present when prep excluded
@@ -42,8 +43,9 @@ def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, writt
             "over_budget": accepted - written, **({"excluded": excluded} if excluded is not None else {})}
 
 
-def build_manifest(*, dataset: str, entries: list[dict], rows: dict, num_shards: int, created_at: str,
-                   version: str = FORMAT_VERSION, extra: dict | None = None, tokenizer=None) -> dict:
+def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int,
+                   created_at: str, version: str = FORMAT_VERSION, extra: dict[str, Any] | None = None,
+                   tokenizer=None) -> dict[str, Any]:
     """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
 
     Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,
@@ -76,7 +78,7 @@ def keep_created_at(path: str) -> str:
         return now
 
 
-def manifest_json(manifest: dict) -> bytes:
+def manifest_json(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=2) + "\n").encode()
 
 
@@ -132,7 +134,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
     return problems
 
 
-def verify_run_record(root: str, manifest: dict, checksums: bool = False, notes: list[str] | None = None) -> list[str]:
+def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = False,
+                      notes: list[str] | None = None) -> list[str]:
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""

@@ -30,7 +30,7 @@ import re
 import struct
 from array import array
 from collections import OrderedDict
-from typing import IO, Callable, ContextManager, Iterable
+from typing import IO, Any, Callable, ContextManager, Iterable
 
 import numpy as np
 
@@ -138,7 +138,7 @@ def idx_bytes(lengths: np.ndarray) -> bytes:
 
 
 def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path: str, idx_path: str,
-                lengths: np.ndarray, token_chunks: Iterable[bytes], dtype: str = "uint32") -> dict:
+                lengths: np.ndarray, token_chunks: Iterable[bytes], dtype: str = "uint32") -> dict[str, Any]:
     """THE shard writer: ``.npy`` (header, then ``token_chunks``: little-endian uint32 bytes
     of the documents in order, EOS included) and then its ``.idx`` from ``lengths``.
     ``dtype="uint16"`` writes the tokens as uint16 (ValueError if one does not fit).
@@ -286,7 +286,7 @@ class IndexReader:
         return (self.bounds[:, 1] - self.bounds[:, 0]).astype(np.uint64)
 
 
-def _read_npy_header(f: IO[bytes]) -> tuple[tuple, np.dtype, int]:
+def _read_npy_header(f: IO[bytes]) -> tuple[tuple[Any, ...], np.dtype, int]:
     """(shape, dtype, header bytes) of an open NPY file positioned at its start."""
     version = np.lib.format.read_magic(f)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0

@@ -32,6 +32,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENCODING_NAME = "o200k_harmony"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -81,7 +82,7 @@ class VocabError(RuntimeError):
     """A vocab could not be found offline, or a candidate failed its sha256 check."""
 
 
-def tokenizer_identity() -> dict:
+def tokenizer_identity() -> dict[str, Any]:
     """What identifies the tokenizer inside plan hashes: name and vocab hash, never a URL."""
     return {"encoding": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256}
 

@@ -40,7 +40,7 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -79,10 +79,10 @@ class TokenizerSpec:
     def is_default(self) -> bool:
         return self == DEFAULT
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What enters plan hashes (for the default: what ``tokenizer_identity()`` always gave)."""
         if self.kind == "tiktoken":
-            ident: dict = {"encoding": self.name, "vocab_sha256": self.sha256}
+            ident: dict[str, Any] = {"encoding": self.name, "vocab_sha256": self.sha256}
             if self.more_sha256:
                 ident["more_sha256"] = list(self.more_sha256)
         else:
@@ -91,7 +91,7 @@ class TokenizerSpec:
             ident["eos_token_id"] = self.eos_id
         return ident
 
-    def manifest_fields(self) -> dict:
+    def manifest_fields(self) -> dict[str, Any]:
         """The manifest's tokenizer fields. The default's are those manifests always had;
         another tokenizer adds ``tokenizer_kind`` and ``eos_token``."""
         fields = {"tokenizer": self.name, "vocab_sha256": self.sha256, "vocab_size": self.vocab_size,
@@ -126,7 +126,7 @@ class Tokenizer:
         self.spec = spec
         self.name, self.eos_id, self.vocab_size, self.dtype = spec.name, spec.eos_id, spec.vocab_size, spec.dtype
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         return self.spec.identity()
 
     def encode(self, text: str) -> array:
@@ -147,7 +147,7 @@ class Tokenizer:
         raise NotImplementedError
 
 
-def join_encoded(parts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+def join_encoded(parts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens uint32, offsets int64) of per-text token buffers (``array('I')`` or uint32
     arrays): the :meth:`Tokenizer.encode_flat` form."""
     offsets = np.zeros(len(parts) + 1, np.int64)
@@ -431,7 +431,7 @@ def _hf_spec(path: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
     return replace(spec, eos_id=tok.token_to_id(candidates[0]), eos_token=candidates[0])
 
 
-def spec_from_manifest(manifest: dict) -> TokenizerSpec | None:
+def spec_from_manifest(manifest: dict[str, Any]) -> TokenizerSpec | None:
     """The tokenizer a manifest records, when it can be loaded here (for decoding samples):
     the default for manifests without ``tokenizer_kind``; None when unknown or unavailable."""
     kind = manifest.get("tokenizer_kind", "tiktoken")

@@ -23,12 +23,14 @@ import logging
 import re
 from array import array
 from dataclasses import dataclass, field
+from typing import Any, Mapping, TypedDict, cast
 
 import numpy as np
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
+from refinery.transforms.core.receipts import Receipt
 from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
@@ -98,7 +100,7 @@ def parse_token_count(value: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def included_units(units: list[Unit], receipts: dict[str, dict], max_tokens: int | None,
+def included_units(units: list[Unit], receipts: dict[str, Receipt], max_tokens: int | None,
                    wave: int = 1 << 62) -> tuple[list[Unit], bool]:
     """The prefix of tokenize units that the budget needs, and whether it is final.
 
@@ -117,7 +119,7 @@ def included_units(units: list[Unit], receipts: dict[str, dict], max_tokens: int
             if unknown >= wave:
                 return prefix, False
             continue
-        total += int(r["stats"]["tokens"])
+        total += int(tokenize_stats(r)["tokens"])
         if total >= max_tokens:
             return prefix, unknown == 0
     return prefix, unknown == 0
@@ -226,6 +228,53 @@ class CountRowsStage(Stage):
         return {f"{i}-r{k:04d}": base for i, newlines in counts.items() for k, base in enumerate(row_bases(newlines))}
 
 
+class _PieceBase(TypedDict):
+    path: str
+    relpath: str  # the path relative to the folder the user named (fallback document ids)
+    fingerprint: dict[str, Any]  # storage.InputFile.fingerprint() when planned
+
+
+class Piece(_PieceBase, total=False):
+    """One input of a tokenize unit: a whole file, or a part of one."""
+
+    row_groups: list[int]  # [first, end) row groups of a parquet file
+    byte_range: list[int]  # [lo, hi) bytes of a .jsonl file (its rows numbered by the count stage)
+    row_base: int  # the row a byte range starts at, in a plan made before the count stage
+
+
+class TokenizePayload(TypedDict):
+    """A tokenize unit's payload: its inputs, in order."""
+
+    pieces: list[Piece]
+
+
+class CorruptFile(TypedDict):
+    path: str
+    reason: str
+
+
+class _TokenizeStatsBase(TypedDict):
+    rows_read: int
+    accepted: int
+    empty: int
+    rejected: int
+    tokens: int
+    chars: int
+
+
+class TokenizeStats(_TokenizeStatsBase, total=False):
+    """A tokenize unit's receipt stats."""
+
+    excluded: int  # rows dropped by --exclude-overlaps (only with it)
+    corrupt_files: list[CorruptFile]  # files cut short or corrupt (only when there are)
+    encoder_fallbacks: int  # documents the fast encoder refused, encoded by tiktoken
+
+
+def tokenize_stats(receipt: Receipt) -> TokenizeStats:
+    """The stats of a tokenize unit's receipt."""
+    return cast(TokenizeStats, receipt["stats"])
+
+
 class TokenizeStage(Stage):
     """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``.
 
@@ -256,9 +305,9 @@ class TokenizeStage(Stage):
     def identity(self) -> dict:
         return self.cfg.tokenizer.identity()
 
-    def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, dict]] | None:
+    def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, Piece]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
-        base = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
+        base: Piece = {"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()}
         if storage.has_suffix(f.path, ".parquet"):
             try:
                 groups = parquet_row_groups(f.path) if f.size else []
@@ -277,23 +326,23 @@ class TokenizeStage(Stage):
 
     def make_plan(self) -> list[Unit]:
         units: list[Unit] = []
-        group: list[dict] = []
+        group: list[Piece] = []
         group_id, group_bytes = "", 0
         for i, f in enumerate(self.cfg.inputs):
             pieces = self._pieces(i, f)
             if pieces is not None or group_bytes >= self.cfg.unit_bytes or len(group) >= 1024:
                 if group:
-                    units.append(Unit(group_id, {"pieces": group}))
+                    units.append(Unit(group_id, TokenizePayload(pieces=group)))
                 group, group_bytes = [], 0
             if pieces is not None:
-                units += [Unit(uid, {"pieces": [piece]}) for uid, piece in pieces]
+                units += [Unit(uid, TokenizePayload(pieces=[piece])) for uid, piece in pieces]
                 continue
             if not group:
                 group_id = f"{i:05d}"
             group.append({"path": f.path, "relpath": f.relpath, "fingerprint": f.fingerprint()})
             group_bytes += f.size
         if group:
-            units.append(Unit(group_id, {"pieces": group}))
+            units.append(Unit(group_id, TokenizePayload(pieces=group)))
         return units
 
     def needed(self, units, receipts):
@@ -311,7 +360,7 @@ class TokenizeStage(Stage):
         return {"row_bases": beam.pvalue.AsSingleton(bases, default_value=None)}
 
     @staticmethod
-    def _row_base(unit: Unit, piece: dict, ctx: UnitContext) -> int:
+    def _row_base(unit: Unit, piece: Piece, ctx: UnitContext) -> int:
         """The row a piece's rows are numbered from: 0, or for a byte range the count stage's."""
         if "byte_range" not in piece or piece["byte_range"][0] == 0:
             return 0
@@ -322,15 +371,15 @@ class TokenizeStage(Stage):
             bases = CountRowsStage.bases(ctx.upstream("count"))
         return bases[unit.id]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> TokenizeStats:
         cfg = self.cfg
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fallbacks = getattr(enc, "fallbacks", None)
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
-        corrupt: list[dict] = []  # files cut short or corrupt: {path, reason}
+        corrupt: list[CorruptFile] = []  # files cut short or corrupt
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         normalize = row_normalizer(text, id_field)
-        pieces = unit.payload["pieces"]
+        pieces = cast(TokenizePayload, unit.payload)["pieces"]
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
@@ -385,9 +434,12 @@ class TokenizeStage(Stage):
             table, starts = spill.by_shard(writer.close(), num_shards)
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
-        stats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
-                 "tokens": tokens_total, "chars": chars, **({"excluded": excluded} if cfg.exclude else {}),
-                 **({"corrupt_files": corrupt} if corrupt else {})}
+        stats: TokenizeStats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
+                                "tokens": tokens_total, "chars": chars}
+        if cfg.exclude:
+            stats["excluded"] = excluded
+        if corrupt:
+            stats["corrupt_files"] = corrupt
         if fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
             stats["encoder_fallbacks"] = enc.fallbacks - fallbacks
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
@@ -401,7 +453,7 @@ class TokenizeStage(Stage):
                 f"tok/s={stats.get('tokens', 0) / max(seconds, 1e-9):,.0f}")
 
 
-def check_unchanged(payload: dict) -> None:
+def check_unchanged(payload: Mapping[str, Any]) -> None:
     """Raise :class:`storage.InputError` if the unit's input file is gone or changed (size, mtime
     or generation) since the job was planned: its stage hash names the planned version."""
     planned = payload.get("fingerprint")
@@ -415,16 +467,16 @@ def check_unchanged(payload: dict) -> None:
                             f"{planned}); run the same command again to plan with the new version")
 
 
-def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, dict, int]]:
+def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, Receipt, int]]:
     """(unit, receipt, tokens before this unit) for the tokenize units the output includes.
 
     Uses the one completion check; the stage barrier already made every needed unit complete.
     """
     units = upstream.stage.plan()
-    receipts = {}
+    receipts: dict[str, Receipt] = {}
     for u in units:
         c = upstream.check(u.id)
-        if c.done:
+        if c.done and c.receipt is not None:
             receipts[u.id] = c.receipt
     chosen, final = included_units(units, receipts, max_tokens)
     missing = [u.id for u in chosen if u.id not in receipts]
@@ -433,7 +485,7 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
     out, before = [], 0
     for u in chosen:
         out.append((u, receipts[u.id], before))
-        before += int(receipts[u.id]["stats"]["tokens"])
+        before += int(tokenize_stats(receipts[u.id])["tokens"])
     return out
 
 

@@ -8,7 +8,7 @@ One module per concern; this package is their API (``storage.join``, ``storage.a
 - :mod:`.atomic`: writes whose final name holds all or nothing; temp files of dead writers.
 - :mod:`.inputs`: the data files named by files, folders and globs.
 """
-from .atomic import (  # noqa: F401
+from .atomic import (
     TEMP_NAME,
     TMP_MARKER,
     HashingWriter,
@@ -22,7 +22,7 @@ from .atomic import (  # noqa: F401
     temp_name,
     temp_writer_dead,
 )
-from .inputs import (  # noqa: F401
+from .inputs import (
     DATA_SUFFIXES,
     InputFile,
     expand_inputs,
@@ -31,14 +31,14 @@ from .inputs import (  # noqa: F401
     saved_dataset_files,
     skipped_note,
 )
-from .outputs import (  # noqa: F401
+from .outputs import (
     PathError,
     output_folder_problem,
     remove,
     remove_empty_folder,
     remove_tree,
 )
-from .paths import (  # noqa: F401
+from .paths import (
     InputError,
     Offline,
     RemoteNotRead,
@@ -61,3 +61,13 @@ from .paths import (  # noqa: F401
     resolved,
     safe_relpath,
 )
+
+__all__ = [
+    "TEMP_NAME", "TMP_MARKER", "HashingWriter", "atomic_open", "atomic_write_bytes", "atomic_write_json",
+    "find_temp_files", "is_temp_name", "remove_dead_temp_files", "sha256_file", "temp_name", "temp_writer_dead",
+    "DATA_SUFFIXES", "InputFile", "expand_inputs", "has_data_suffix", "listing_reaches", "saved_dataset_files",
+    "skipped_note", "PathError", "output_folder_problem", "remove", "remove_empty_folder", "remove_tree",
+    "InputError", "Offline", "RemoteNotRead", "basename", "dirname", "exists", "file_size", "filesystem",
+    "has_suffix", "is_remote", "isdir", "join", "listdir", "offline", "offline_state", "open_read", "read_bytes",
+    "read_json", "read_range", "resolved", "safe_relpath",
+]

@@ -18,9 +18,12 @@ import re
 import socket
 import tempfile
 import uuid
-from typing import IO, Iterator
+from typing import IO, TYPE_CHECKING, Iterator
 
 from .paths import _local, basename, filesystem, is_remote, open_read
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 TMP_MARKER = ".tmp-"
 
@@ -44,7 +47,7 @@ class HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: ReadableBuffer) -> int:
         mv = memoryview(data).cast("B")
         self._raw.write(mv)
         self._sha.update(mv)
@@ -175,5 +178,5 @@ def atomic_write_bytes(path: str, data: bytes) -> tuple[int, str]:
     return f.bytes_written, f.sha256
 
 
-def atomic_write_json(path: str, obj) -> tuple[int, str]:
+def atomic_write_json(path: str, obj: object) -> tuple[int, str]:
     return atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())

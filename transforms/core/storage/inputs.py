@@ -7,6 +7,7 @@ import os
 import posixpath
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from .paths import (
     InputError,
@@ -39,11 +40,11 @@ class InputFile:
     size: int
     version: str  # mtime (local) or object generation (GCS): changes when the file does
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "version": self.version}
 
 
-def has_data_suffix(path: str, suffixes=DATA_SUFFIXES) -> bool:
+def has_data_suffix(path: str, suffixes: tuple[str, ...] = DATA_SUFFIXES) -> bool:
     return has_suffix(path, *suffixes)
 
 
@@ -90,14 +91,14 @@ def skipped_note(skipped: list[str], shown: int = 5) -> str:
     return f"skipped {len(skipped)} file(s) with unsupported extensions: {names}"
 
 
-def _version(info: dict) -> str:
+def _version(info: dict[str, Any]) -> str:
     for key in ("generation", "mtime", "LastModified", "updated", "last_modified"):
         if info.get(key) not in (None, ""):
             return str(info[key])
     return ""
 
 
-def _target_info(path: str, info: dict) -> dict:
+def _target_info(path: str, info: dict[str, Any]) -> dict[str, Any]:
     """``info`` of a local file with its size, mtime and type taken from what it names: a
     symbolic link's target, never the link itself. THE rule of a file's fingerprint, so that
     a listing (fsspec's folder listings stat a link without following it) and a later check
@@ -141,7 +142,8 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
-def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] | None = None) -> list[InputFile]:
+def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
+                  skipped: list[str] | None = None) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
 
     Folders and globs keep only files with a data suffix (in any case: ``a.JSONL``) and skip
@@ -160,9 +162,9 @@ def expand_inputs(paths: list[str], suffixes=DATA_SUFFIXES, skipped: list[str] |
             continue
         fs, p = filesystem(arg)
         proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
-        matches: list[tuple[str, str, dict]] = []  # (full path, relpath, info)
+        matches: list[tuple[str, str, dict[str, Any]]] = []  # (full path, relpath, info)
 
-        def listed(q: str, rel: str, info: dict) -> None:
+        def listed(q: str, rel: str, info: dict[str, Any]) -> None:
             """A file a folder or glob listed: kept, skipped for its suffix (or a link to a
             folder, which listings do not follow), or hidden."""
             if _is_hidden(rel):

@@ -12,15 +12,18 @@ import json
 import logging
 import os
 import posixpath
+import sys
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO, Any, Iterator, cast
 
 import fsspec
 
-try:
-    from compression import zstd  # Python 3.14+
-except ImportError:
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:  # setup.py installs backports.zstd before 3.14
     from backports import zstd
+
+ZstdError = zstd.ZstdError  # damaged zstd content (rows.py counts it among the content errors)
 
 
 class InputError(ValueError):
@@ -40,7 +43,7 @@ class _OncePerMessage(logging.Filter):
     "Could not determine bucket type" on every new client: on an emulator or without
     default credentials, dozens of times per run)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
 
@@ -94,7 +97,7 @@ def offline_state() -> Offline | None:
     return _OFFLINE[-1] if _OFFLINE else None
 
 
-def filesystem(path: str):
+def filesystem(path: str) -> tuple[Any, str]:
     """(fsspec filesystem, path as that filesystem spells it); :class:`RemoteNotRead` for a
     remote path inside :func:`offline`.
 
@@ -105,10 +108,12 @@ def filesystem(path: str):
     """
     if _OFFLINE and is_remote(path):
         raise RemoteNotRead(f"{path}: not read ({_OFFLINE[-1].reason})")
+    options = {}
     if path.startswith(("gs://", "gcs://")):
         _quiet_gcsfs()
-        return fsspec.core.url_to_fs(path, use_listings_cache=False)
-    return fsspec.core.url_to_fs(path)
+        options["use_listings_cache"] = False
+    fs, fs_path = fsspec.core.url_to_fs(path, **options)
+    return fs, fs_path
 
 
 def resolved(path: str) -> str:
@@ -134,14 +139,14 @@ def basename(path: str) -> str:
 def exists(path: str) -> bool:
     if is_remote(path):
         fs, p = filesystem(path)
-        return fs.exists(p)
+        return bool(fs.exists(p))
     return os.path.exists(_local(path))
 
 
 def isdir(path: str) -> bool:
     if is_remote(path):
         fs, p = filesystem(path)
-        return fs.isdir(p)
+        return bool(fs.isdir(p))
     return os.path.isdir(_local(path))
 
 
@@ -172,13 +177,14 @@ def open_read(path: str, compression: str | None = None) -> IO[bytes]:
     """
     if is_remote(path):
         fs, p = filesystem(path)
-        raw = fs.open(p, "rb")
+        raw: IO[bytes] = fs.open(p, "rb")
     else:
         raw = open(_local(path), "rb")
+    # GzipFile and ZstdFile are binary files, though typeshed does not call them IO[bytes]
     if compression == "infer" and has_suffix(path, ".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
     if compression == "infer" and has_suffix(path, ".zst"):
-        return zstd.ZstdFile(raw, "rb")
+        return cast(IO[bytes], zstd.ZstdFile(raw, "rb"))
     return raw
 
 
@@ -187,7 +193,7 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def read_json(path: str):
+def read_json(path: str) -> Any:
     return json.loads(read_bytes(path))
 
 
@@ -195,7 +201,7 @@ def read_range(path: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of a file: one ranged read (a single request on an object store)."""
     if is_remote(path):
         fs, p = filesystem(path)
-        data = fs.cat_file(p, start=start, end=end)
+        data: bytes = fs.cat_file(p, start=start, end=end)
     else:
         with open(_local(path), "rb") as f:
             f.seek(start)
