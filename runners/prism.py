@@ -64,12 +64,19 @@ def prism_job_service(args: list[str]) -> Iterator[list[str]]:
     """``args`` with ``--job_endpoint`` of one Prism process started here (the binary of
     ``--prism_location``, see :func:`resolve_prism`) and stopped on leaving, for every Beam
     job of a command; ``args`` unchanged when they are not for Prism, or name a
-    ``--job_endpoint`` already."""
+    ``--job_endpoint`` already. Raises :class:`RunnerOptionsError` (one line) when Prism
+    does not start."""
     binary = value(args, "--prism_location")
     if not is_prism(args) or has(args, "--job_endpoint") or not binary:
         yield args
         return
     from .prism_local import PrismServer
 
-    with PrismServer(binary) as server:
+    try:
+        server = PrismServer(binary).start()
+    except RuntimeError as e:
+        raise RunnerOptionsError(f"--runner prism: {e}") from None
+    try:
         yield args + [f"--job_endpoint={server.endpoint}"]
+    finally:
+        server.stop()

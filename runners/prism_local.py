@@ -157,7 +157,8 @@ def _answers(port: int) -> bool:
 class PrismServer:
     """One Prism process serving the job API on ``localhost:PORT`` (:attr:`endpoint`),
     started with :meth:`start`, stopped by its pid with :meth:`stop`. Its log lines go to
-    ``log`` (a file), else are dropped."""
+    ``log`` (a file), else to a temp file that goes with it; :meth:`start` raises
+    :class:`RuntimeError` with its last line when it exits or does not listen."""
 
     def __init__(self, binary: str | Path, port: int | None = None, log: Path | None = None):
         self.binary, self.port, self.log = str(binary), port or free_port(), log
@@ -168,23 +169,21 @@ class PrismServer:
         return f"localhost:{self.port}"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "PrismServer":
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - the child holds it
-        try:
+        with (open(self.log, "w+b") if self.log else tempfile.TemporaryFile()) as out:
             self.proc = subprocess.Popen([self.binary, f"--job_port={self.port}", "--serve_http=false",
                                           "--log_level=warn"], stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent())
-        finally:
-            if self.log:
-                out.close()
-        deadline = time.time() + timeout
-        while not _answers(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Prism ({self.binary}) exited {self.proc.returncode} at start"
-                                   + (f"; its log: {self.log}" if self.log else ""))
-            if time.time() > deadline:
-                self.stop()
-                raise RuntimeError(f"Prism ({self.binary}) did not listen on port {self.port} within {timeout:.0f}s")
-            time.sleep(0.02)
+            deadline = time.time() + timeout
+            while not _answers(self.port):
+                failed = f"exited {self.proc.returncode}" if self.proc.poll() is not None else \
+                    f"did not listen on port {self.port} within {timeout:.0f}s" if time.time() > deadline else None
+                if failed:
+                    self.stop()
+                    out.seek(0)
+                    said = [ln.strip() for ln in out.read().decode(errors="replace").splitlines() if ln.strip()]
+                    raise RuntimeError(f"Prism ({self.binary}) {failed} at start"
+                                       + (f": {said[-1][:300]}" if said else ""))
+                time.sleep(0.02)
         return self
 
     def stop(self) -> None:

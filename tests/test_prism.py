@@ -47,8 +47,9 @@ def _unavailable(reason: str):
 # ---------------------------------------------------------------------------------------
 
 def _fake_cache(root: Path, version: str | None) -> Path:
+    """A cache whose "binary" says one thing and exits 3, recorded as built for ``version``."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / prism.BINARY).write_bytes(b"#!/bin/sh\nexit 3\n")
+    (root / prism.BINARY).write_bytes(b"#!/bin/sh\necho 'starting'\necho 'cannot serve: port in use' >&2\nexit 3\n")
     (root / prism.BINARY).chmod(0o755)
     if version is not None:
         (root / prism.VERSION_FILE).write_text(version + "\n")
@@ -101,7 +102,7 @@ def test_prism_flags_and_what_a_run_needs(tmp_path, monkeypatch):
         prepare_run("prism", args)
 
 
-def test_cli_without_prism_is_one_line_and_writes_nothing(small_corpus, tmp_path, capsys, monkeypatch):
+def test_cli_without_a_usable_prism_is_one_line_and_writes_nothing(small_corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "old", "2.60.0")))
     out = tmp_path / "out"
     assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--runner", "prism"]) == 2
@@ -110,6 +111,14 @@ def test_cli_without_prism_is_one_line_and_writes_nothing(small_corpus, tmp_path
     assert re.fullmatch(r"refinery prep: --runner prism: the Prism in .* was built for Beam 2.60.0, not the "
                         r"installed .*make prism-cache.*", err), err
     assert not out.exists()
+
+    # the version matches, but the binary does not start: one line, with what it said
+    monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "broken", prism.installed_beam_version())))
+    assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--runner", "prism"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(r"refinery prep: --runner prism: Prism \(.*/broken/prism\) exited 3 at start: cannot serve: "
+                        r"port in use", err[-1]), err
+    assert "Traceback" not in "".join(err) and not (out / ".refinery").exists()  # nothing was planned
 
 
 # ---------------------------------------------------------------------------------------
