@@ -103,7 +103,8 @@ def build(cache: Path | None = None, go: str | None = None, log=print) -> Path:
         return found
     go = go or shutil.which("go")
     if not go:
-        raise BuildError("go is not on PATH: Go 1.24+ builds Beam's Prism runner from the Go module proxy")
+        raise BuildError("go is not on PATH: Go builds Beam's Prism runner from the Go module proxy "
+                         "(Beam 2.77's needs Go 1.26)")
     beam = installed_beam_version()
     version = module_version(beam)
     cache.mkdir(parents=True, exist_ok=True)
@@ -122,6 +123,7 @@ def build(cache: Path | None = None, go: str | None = None, log=print) -> Path:
     (cache / VERSION_FILE).write_text(beam + "\n")
     log(f"prism: built {cache / BINARY} for Beam {beam} in {time.time() - t0:.0f} s")
     return cache / BINARY
+
 
 # ---------------------------------------------------------------------------------------
 # A Prism process
