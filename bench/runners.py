@@ -6,8 +6,10 @@ decon's eval set, ``--repeat`` rounds of, per runner:
 1. start-up: ``refinery prep`` on ~1 MB in one file (one tokenize unit) and ``refinery
    decon --ngrams 13`` on it: wall time of the command, nearly all fixed cost (imports,
    planning, starting the job and its workers, ending them);
-2. throughput: ``refinery prep`` on ~``--mb`` MB in 8 files (``--num-shards 8``) and
-   ``refinery decon`` on ~``--decon-mb`` MB: wall time and input MB/s.
+2. throughput: ``refinery prep`` on ~``--mb`` MB in 8 files (``--num-shards 8``, 16 tokenize
+   units) and ``refinery decon`` on ~``--decon-mb`` MB (8 scan units): wall time and input
+   MB/s. (At the default unit sizes a 40 MB input is 2 tokenize units and 1 scan unit,
+   and its wall time is mostly fixed cost.)
 
 Runners: ``local`` (the default: the local multi-process runner, ``--workers`` processes),
 ``direct`` (the same engine in-process), ``prism`` (``--runner prism``: the command starts
@@ -17,7 +19,7 @@ alternate within each round (this machine's speed drifts); medians and ranges ar
 and each output must be byte-identical to the local runner's. Run it with nothing else on
 the machine:
 
-    .venv/bin/python bench/runners.py                       # 3 rounds, 40 MB prep, 10 MB decon
+    .venv/bin/python bench/runners.py                       # 3 rounds, 200 MB prep, 40 MB decon
     .venv/bin/python bench/runners.py --repeat 1 --mb 5 --decon-mb 2 --flink
 """
 from __future__ import annotations
@@ -66,8 +68,8 @@ def size_mb(folder: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--mb", type=float, default=40.0, help="prep's throughput corpus (default 40 MB)")
-    ap.add_argument("--decon-mb", type=float, default=10.0, help="decon's throughput corpus (default 10 MB)")
+    ap.add_argument("--mb", type=float, default=200.0, help="prep's throughput corpus (default 200 MB)")
+    ap.add_argument("--decon-mb", type=float, default=40.0, help="decon's throughput corpus (default 40 MB)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="local/flink workers (default: cores)")
     ap.add_argument("--runners", nargs="+", default=["local", "direct", "prism"], choices=list(runner_flags(1)))
     ap.add_argument("--flink", action="store_true", help="also the embedded Flink")
@@ -87,8 +89,9 @@ def main() -> None:
         cases = {
             "start-up prep": (["prep", "--input", str(small), "--num-shards", "1", "--dataset", "s"], small),
             "start-up decon": ([*decon, "--train", str(small)], small),
-            "throughput prep": (["prep", "--input", str(big), "--num-shards", "8", "--dataset", "b"], big),
-            "throughput decon": ([*decon, "--train", str(dbig)], dbig),
+            "throughput prep": (["prep", "--input", str(big), "--num-shards", "8", "--dataset", "b",
+                                 "--unit-mb", f"{args.mb / 16:.3f}"], big),
+            "throughput decon": ([*decon, "--train", str(dbig), "--slice-mb", f"{args.decon_mb / 8:.3f}"], dbig),
         }
         print(f"{args.repeat} round(s); runners {', '.join(runners)}; {args.workers} workers for local/flink; "
               f"{os.cpu_count()} cores", flush=True)
