@@ -64,7 +64,7 @@ def check_runner_name(runner: str) -> None:
     if name in RUNNERS or "." in runner or name in beam or name + "runner" in beam:
         return
     raise RunnerOptionsError(f"--runner {runner}: not a runner; refinery's are {', '.join(RUNNERS)} "
-                             "(any Beam runner's name, such as PrismRunner, or a module.Class path works too)")
+                             "(any Beam runner's name, such as SparkRunner, or a module.Class path works too)")
 
 
 def prepare_run(runner: str, beam_args: list[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """Runner options, and every Beam stage of every pipeline built for every runner without running it.
 
-- ``pipeline_args`` per target (local, direct, portable, flink, dataflow incl. ``--gpu``).
+- ``pipeline_args`` per target (local, direct, prism, portable, flink, dataflow incl. ``--gpu``).
 - Each Beam job of each pipeline in :data:`PIPELINES` (prep, prep-mixture, decon, generate,
   hydra oracle-label, hydra grade), under each runner's options, builds and translates to
   the runner-API proto with its runner's environment; the DoFn that writes the units'
