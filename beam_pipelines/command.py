@@ -79,7 +79,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
     the verdict failed."""
     from refinery.runners import RunnerOptionsError, job_service
-    from refinery.runners.local import run_job
+    from refinery.runners.jobs import run_job
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
     from refinery.transforms.core.storage import InputError, PathError
 
