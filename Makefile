@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # the demo's output lives in this checkout (out/ is git-ignored), not in a folder every checkout shares
 DEMO_OUT ?= $(CURDIR)/out/demo
-.PHONY: demo test lint venv install install-test flink-cache prism-cache flink-demo report-example clean
+.PHONY: demo test test-fast lint venv install install-test flink-cache prism-cache flink-demo report-example clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,11 @@ lint: install-test
 
 test: install-test flink-cache prism-cache lint
 	$(BIN)/python -m pytest -q -rs tests
+
+# the suite without its slowest modules (tests/conftest.py SLOW_MODULES: clusters, kill loops, the
+# README run): for iterating; CI runs `make test`
+test-fast: install-test
+	$(BIN)/python -m pytest -q -rs -m "not slow" tests
 
 # a local Flink session cluster from the PyPI wheels, the demo on it, its web UI's address; then stopped
 flink-demo: install flink-cache
