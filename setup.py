@@ -5,7 +5,16 @@ The top-level folders install under one import namespace, ``refinery``:
 and so on. ``kernels`` must never become a top-level module: it is also the name of a
 PyPI package that transformers probes for.
 """
+import warnings
+
 from setuptools import find_packages, setup
+
+# An editable install maps these folders through setuptools' import hook, and setuptools then
+# cautions, on every `pip install -e .`, that "folders in your working directory with the same
+# name as your package ... may take precedence during imports". The package is `refinery` and
+# no folder of the checkout has that name (the checkout's root is the package), so the caution
+# does not apply here: that one message is left out of `make demo`; every other warning stays.
+warnings.filterwarnings("ignore", message=r"\s*Editable installation\.")
 
 FOLDERS = ["beam_pipelines", "transforms", "kernels", "runners"]
 # each folder and its subpackages (transforms/prep -> refinery.transforms.prep, ...)

@@ -205,3 +205,24 @@ def test_make_test_fast_leaves_out_only_modules_that_exist():
     dry = subprocess.run(["make", "--no-print-directory", "-n", "test-fast"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert '-m "not slow"' in dry
+
+
+def test_an_editable_install_says_no_caution_that_does_not_apply(tmp_path):
+    """setuptools' "folders ... with the same name as your package" caution (a
+    BuildBackendWarning in `make demo`) does not apply to this checkout and is not printed;
+    the editable wheel is still built."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    copy = tmp_path / "checkout"
+    for f in files:
+        if f.endswith(".py") or f == "README.md":
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            (copy / f).write_bytes((ROOT / f).read_bytes())
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    built = subprocess.run([sys.executable, "-W", "default", "-c",
+                            f"from setuptools import build_meta; print(build_meta.build_editable({str(dist)!r}))"],
+                           cwd=copy, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert list(dist.glob("*.whl")) and "Editable installation" not in built.stdout + built.stderr
