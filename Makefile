@@ -43,8 +43,9 @@ flink-cache: install
 # ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
 # transforms/core, transforms/formats and runners, the default level elsewhere. The package `refinery` is this
 # checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
-# MYPY_PACKAGES: the packages checked so far (transforms/core passes strict; the rest is not yet clean)
-MYPY_PACKAGES ?= -p refinery.transforms.core
+# MYPY_PACKAGES: the packages checked so far (transforms/core and transforms/formats pass strict; the rest is
+# not yet clean)
+MYPY_PACKAGES ?= -p refinery.transforms.core -p refinery.transforms.formats
 lint: install-test
 	$(BIN)/ruff check .
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery

@@ -9,11 +9,14 @@ accounting (:func:`row_accounting`), per-shard sha256 under both ``sha256`` and 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+
+if TYPE_CHECKING:
+    from refinery.transforms.formats.tokenizers import TokenizerSpec
 
 MANIFEST = "manifest.json"
 
@@ -45,7 +48,7 @@ def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, writt
 
 def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int,
                    created_at: str, version: str = FORMAT_VERSION, extra: dict[str, Any] | None = None,
-                   tokenizer=None) -> dict[str, Any]:
+                   tokenizer: TokenizerSpec | None = None) -> dict[str, Any]:
     """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
 
     Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,
