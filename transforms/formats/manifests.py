@@ -9,7 +9,7 @@ accounting (:func:`row_accounting`), per-shard sha256 under both ``sha256`` and 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
@@ -22,7 +22,7 @@ MANIFEST = "manifest.json"
 
 
 
-def entry_from_receipt(shard: int, receipt: dict[str, Any]) -> dict[str, Any]:
+def entry_from_receipt(shard: int, receipt: Mapping[str, Any]) -> dict[str, Any]:
     """A manifest's entry for one shard, from the receipt of the unit that wrote it: its
     file records (path, bytes, sha256) of the ``.npy`` and ``.idx`` and its stats (tokens,
     docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts."""
