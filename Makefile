@@ -45,7 +45,8 @@ flink-cache: install
 # checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
 # MYPY_PACKAGES: the packages checked so far (transforms/core and transforms/formats pass strict; the rest is
 # not yet clean)
-MYPY_PACKAGES ?= -p refinery.transforms.core -p refinery.transforms.formats -p refinery.transforms.prep
+MYPY_PACKAGES ?= -p refinery.transforms.core -p refinery.transforms.formats -p refinery.transforms.prep \
+	-p refinery.transforms.decon
 lint: install-test
 	$(BIN)/ruff check .
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
