@@ -46,7 +46,8 @@ flink-cache: install
 # MYPY_PACKAGES: the packages checked so far (transforms/core and transforms/formats pass strict; the rest is
 # not yet clean)
 MYPY_PACKAGES ?= -p refinery.transforms.core -p refinery.transforms.formats -p refinery.transforms.prep \
-	-p refinery.transforms.decon
+	-p refinery.transforms.decon -p refinery.transforms.inference -p refinery.transforms.hydra \
+	-p refinery.transforms.loader -p refinery.kernels
 lint: install-test
 	$(BIN)/ruff check .
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
