@@ -640,6 +640,14 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
     return sorted(out.values(), key=lambda f: f.path)
 
 
+def input_stages(stages: list[Stage]) -> tuple[IndexStage, ScanStage]:
+    """The index and scan stages of :func:`build_stages`'s list (they hold the eval and training files)."""
+    index, scan = stages[0], stages[1]
+    if not (isinstance(index, IndexStage) and isinstance(scan, ScanStage)):
+        raise TypeError(f"not decon's stages: {type(index).__name__}, {type(scan).__name__}")
+    return index, scan
+
+
 def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> list[Stage]:
     eval_files = expand_as_given(settings.eval_paths, skipped)
     train_files = expand_as_given(settings.train_paths, skipped)
