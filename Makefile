@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # the demo's output lives in this checkout (out/ is git-ignored), not in a folder every checkout shares
 DEMO_OUT ?= $(CURDIR)/out/demo
-.PHONY: demo test lint venv install install-test flink-cache flink-demo report-example clean
+.PHONY: demo test test-fast lint venv install install-test flink-cache prism-cache flink-demo report-example clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,14 @@ flink-cache: install
 	elif ! command -v mvn >/dev/null; then echo "Flink tests skipped: no Maven (mvn fetches Beam's Flink job server)"; \
 	else $(BIN)/python -m refinery.runners.flink_local fetch || echo "WARNING: Flink could not be fetched; its tests skip"; fi
 
+# Beam's Prism runner (a Go binary) for the installed Beam, built once into .cache/prism (git-ignored)
+# with `go install` from the Go module proxy, where --runner prism and the Prism tests look; a cached
+# binary of that Beam version is reused. Without Go this says so and goes on: the Prism tests then skip
+# with one reason (.ci/run sets REFINERY_REQUIRE_PRISM=1: they fail instead).
+prism-cache: install
+	@if ! command -v go >/dev/null; then echo "Prism tests skipped: no Go (go builds Beam's Prism runner)"; \
+	else $(BIN)/python -m refinery.runners.prism_local build || echo "WARNING: Prism could not be built; its tests skip"; fi
+
 # ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
 # transforms/core, transforms/formats and runners, the default level elsewhere. The package `refinery` is this
 # checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
@@ -53,8 +61,13 @@ lint: install-test
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
 	$(BIN)/mypy $(MYPY_PACKAGES)
 
-test: install-test flink-cache lint
+test: install-test flink-cache prism-cache lint
 	$(BIN)/python -m pytest -q -rs tests
+
+# the suite without its slowest modules (tests/conftest.py SLOW_MODULES: clusters, kill loops, the
+# README run): for iterating; CI runs `make test`
+test-fast: install-test
+	$(BIN)/python -m pytest -q -rs -m "not slow" tests
 
 # a local Flink session cluster from the PyPI wheels, the demo on it, its web UI's address; then stopped
 flink-demo: install flink-cache

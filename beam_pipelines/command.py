@@ -78,8 +78,8 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
     the verdict failed."""
-    from refinery.runners import job_service
-    from refinery.runners.local import run_job
+    from refinery.runners import RunnerOptionsError, job_service
+    from refinery.runners.jobs import run_job
     from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
     from refinery.transforms.core.storage import InputError, PathError
 
@@ -108,7 +108,7 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
               f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
         return 1
-    except (InputError, PathError) as e:
+    except (InputError, PathError, RunnerOptionsError) as e:  # the last: a job server that did not start
         return usage_error(f"refinery {p.command}: {e}")
     if p.summary:
         print(p.summary(result, time.time() - t0))

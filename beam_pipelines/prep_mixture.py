@@ -231,7 +231,7 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
 def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines.checks import reject_rate_failure
     from refinery.beam_pipelines.interrupt import interrupted, resume_hint
-    from refinery.runners.local import run_job
+    from refinery.runners.jobs import run_job
     from refinery.transforms.core import storage
     from refinery.transforms.core.stages import run_stages
     from refinery.transforms.loader import mixture as mx

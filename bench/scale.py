@@ -158,8 +158,8 @@ first = time.perf_counter() - t0
 if sys.argv[4] == "resume":  # one user-facing file deleted: the run has work to do
     os.remove(f"{root}/out/" + ("shard_0000/" + os.listdir(f"{root}/out/shard_0000")[0] if which == "prep"
                                 else "stats/overlap_metrics.jsonl"))
-    import refinery.runners.local as local
-    run_job = local.run_job
+    import refinery.runners.jobs as jobs
+    run_job = jobs.run_job
 
     def job_uncounted(*args, **kwargs):  # the job's own requests are its workers', not the driver's
         SlowStore.latency, latency = 0.0, SlowStore.latency
@@ -168,7 +168,7 @@ if sys.argv[4] == "resume":  # one user-facing file deleted: the run has work to
             return run_job(*args, **kwargs)
         finally:
             SlowStore.requests, SlowStore.latency = requests, latency
-    local.run_job = job_uncounted
+    jobs.run_job = job_uncounted
 SlowStore.requests, SlowStore.latency = 0, float(sys.argv[3])
 t0 = time.perf_counter()
 assert main(argv) == 0

@@ -6,6 +6,8 @@ One module per target, each documenting its flags and defaults:
   (``--workers``); with one worker it runs in-process. ``direct``: DirectRunner in-process.
   Their jobs run on :mod:`.local_runner` (Beam's FnApiRunner), with workers forked from a
   warm process (:mod:`.warm_workers`) that end at once when done (:mod:`.worker_exit`).
+- :mod:`.prism`: ``prism``: Beam's PrismRunner (a Go binary built into the cache by
+  ``make prism-cache``), one Prism process per command, a LOOPBACK environment.
 - :mod:`.portable`: ``portable``: PortableRunner, by default with the embedded job service
   and a LOOPBACK environment (the job API that Flink's job server speaks).
 - :mod:`.flink`: ``flink``: FlinkRunner (``--flink_master``, parallelism, environment).
@@ -14,7 +16,8 @@ One module per target, each documenting its flags and defaults:
 
 Any other name is passed to Beam as ``--runner=NAME``. Flags the user gave win over every
 default here. :func:`prepare_run` completes them for a real run (not a dry run): for Flink,
-the cluster's version and a job server jar, or one line saying what is missing.
+the cluster's version and a job server jar, for Prism its binary, or one line saying what
+is missing.
 :mod:`.translate` builds a command's Beam pipeline without running it (runner API proto,
 Dataflow ``--dry_run`` job description).
 """
@@ -26,10 +29,11 @@ from .flink import flink_args, flink_job_service, resolve_flink
 from .local import direct_args, local_args
 from .package import setup_file
 from .portable import portable_args
+from .prism import is_prism, prism_args, prism_job_service, resolve_prism
 
-RUNNERS = ("local", "direct", "portable", "flink", "dataflow")
+RUNNERS = ("local", "direct", "prism", "portable", "flink", "dataflow")
 
-_BUILDERS = {"local": local_args, "direct": direct_args, "portable": portable_args,
+_BUILDERS = {"local": local_args, "direct": direct_args, "prism": prism_args, "portable": portable_args,
              "flink": flink_args, "dataflow": dataflow_args}
 
 __all__ = ["RUNNERS", "RunnerOptionsError", "check_runner_name", "job_service", "pipeline_args", "prepare_run",
@@ -60,7 +64,7 @@ def check_runner_name(runner: str) -> None:
     if name in RUNNERS or "." in runner or name in beam or name + "runner" in beam:
         return
     raise RunnerOptionsError(f"--runner {runner}: not a runner; refinery's are {', '.join(RUNNERS)} "
-                             "(any Beam runner's name, such as PrismRunner, or a module.Class path works too)")
+                             "(any Beam runner's name, such as SparkRunner, or a module.Class path works too)")
 
 
 def prepare_run(runner: str, beam_args: list[str]) -> list[str]:
@@ -69,11 +73,14 @@ def prepare_run(runner: str, beam_args: list[str]) -> list[str]:
     :class:`RunnerOptionsError` with the one-line cause."""
     if runner.lower() == "flink":
         return resolve_flink(beam_args)
+    if is_prism(beam_args):  # --runner prism, or Beam's PrismRunner by name: never its download
+        return resolve_prism(beam_args)
     return beam_args
 
 
 def job_service(beam_args: list[str]):
     """A context manager giving ``beam_args`` for all of a command's Beam jobs: for Flink
     through Beam's job server, one job server for them all (:func:`.flink.flink_job_service`);
-    for other runners ``beam_args`` as they are."""
-    return flink_job_service(beam_args)
+    for Prism one Prism process (:func:`.prism.prism_job_service`); for other runners
+    ``beam_args`` as they are."""
+    return prism_job_service(beam_args) if is_prism(beam_args) else flink_job_service(beam_args)

@@ -16,7 +16,6 @@ credentials) reach the worker processes, which inherit the environment.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from .args import with_defaults
 
@@ -59,19 +58,6 @@ def runnable(args: list[str]) -> list[str]:
     if not is_direct(args):
         return args
     return [a for a in args if not a.startswith("--runner")] + [f"--runner={LOCAL_RUNNER}"]
-
-
-def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
-    """Run a command's ``steps`` as one Beam job (the step runner the commands give
-    ``run_stages``); its counters. On the local runner, a job of only light steps runs in the
-    driver's process (:func:`in_process`: there is nothing to share between worker
-    processes, and starting them would cost more than the work), and every job on
-    :class:`~refinery.runners.local_runner.LocalRunner` (:func:`runnable`)."""
-    from refinery.transforms.core.pipeline import light_job, run_on_beam
-
-    if light_job(steps):
-        beam_args = in_process(beam_args)
-    return run_on_beam(steps, runnable(beam_args), verify_checksums)
 
 
 def in_process(args: list[str]) -> list[str]:

@@ -8,6 +8,24 @@ from pathlib import Path
 import pytest
 from helpers import gsm8k_texts, write_jsonl
 
+# What `make test-fast` leaves out: the modules whose tests take tens of seconds to minutes each
+# (clusters, kill loops, the README run, the tiny model's chains). CI runs everything (`make test`).
+SLOW_MODULES = frozenset({
+    "test_readme_commands.py", "test_flink.py", "test_prism.py", "test_hydra_chain.py",
+    "test_reliability_crash.py", "test_reliability_generate.py", "test_reliability_hydra.py",
+    "test_reliability_signals.py",
+})
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: left out by `make test-fast` (CI runs it: `make test`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:

@@ -236,7 +236,7 @@ def test_a_misspelt_runner_is_refused_before_anything_is_planned_or_written(tmp_
         out = tmp_path / command[0]
         assert main([*command, "--output", str(out), "--runner", "flnk"]) == 2
         line = _one_line(capsys)
-        assert "--runner flnk: not a runner; refinery's are local, direct, portable, flink, dataflow" in line
+        assert "--runner flnk: not a runner; refinery's are local, direct, prism, portable, flink, dataflow" in line
         assert not out.exists()
     # Beam's own names still pass the check (they are Beam's to run)
     from refinery.runners import check_runner_name

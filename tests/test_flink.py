@@ -3,8 +3,9 @@
 - ``resolve_flink`` and the CLI: the cluster's version from its REST API, and one line
   (exit 2) for a cluster that does not answer, an unsupported or mismatched version, no
   job server jar and no way to download one, no Java.
-- Embedded (``--flink_master=[local]``): prep, decon and generate give byte-identical
-  outputs to the same commands on the local runner.
+- Embedded (``--flink_master=[local]``): generate gives byte-identical outputs to the same
+  command on the local runner (prep and decon run on the cluster below, and every command
+  on Prism, the other portable runner, in ``test_prism.py``).
 - Standalone: a JobManager and a TaskManager (2 slots) as separate JVMs plus a Beam worker
   pool (``--environment_type=EXTERNAL``), started from a Flink distribution unpacked from
   PyPI and stopped by their own pids. prep and decon give byte-identical outputs, Flink's
@@ -259,35 +260,21 @@ def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path):
 EMBEDDED = ["--runner", "flink", "--flink_master=[local]", "--workers", "2"]
 
 
-def test_embedded_flink_prep_decon_generate_equal_local(flink_jar, corpus, tmp_path):
+def test_embedded_flink_generate_equals_local(flink_jar, tmp_path):
     from engine_fixtures import write_harmony_checkpoint
-
-    def both(*argv: str) -> tuple[Path, Path]:
-        flink, local = tmp_path / f"{argv[0]}-flink", tmp_path / f"{argv[0]}-local"
-        r = ok(run_cli(*argv, "--output", flink, "--no-progress", "-v", *EMBEDDED))
-        assert "'--flink-master', '[local]'" in r.stderr  # Beam started the Flink job server, embedded
-        assert r.stderr.count("Really starting service") == 1  # one job server JVM for all the command's jobs
-        for stage, counters in counters_logged(r.stderr).items():  # and Flink reported the units back
-            assert counters == receipt_counters(flink)[stage], stage
-        ok(run_cli(*argv, "--output", local, "--no-progress", "--runner", "direct"))
-        return flink, local
-
-    flink, local = both("prep", "--input", corpus, "--num-shards", "3", "--unit-mb", "0")
-    assert final_digest(flink) == final_digest(local) and (flink / "manifest.json").exists()
-    assert len(list(flink.glob("shard_*/*.npy"))) == 3
-
-    train = write_jsonl(tmp_path / "train" / "t.jsonl",
-                        [{"id": f"t{i}", "text": t} for i, t in enumerate(gsm8k_texts(80))])
-    flink, local = both("decon", "--eval", GSM8K_TEST, "--eval-text-field", "question", "--train", train.parent,
-                        "--ngrams", "8", "13")
-    assert final_digest(flink) == final_digest(local)
-    assert (flink / "stats" / "overlap_instances.jsonl.gz").exists()
 
     ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
     docs = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"g{i}", "text": t} for i, t in enumerate(gsm8k_texts(5))])
-    flink, local = both("generate", "--checkpoint", ckpt, "--input", docs, "--max-tokens", "4", "--dtype", "float32",
-                        "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4", "--docs-per-unit", "2",
-                        "--temperature", "0.8", "--seed", "7", "--no-share-model")
+    argv = ["generate", "--checkpoint", ckpt, "--input", docs, "--max-tokens", "4", "--dtype", "float32", "--device",
+            "cpu", "--max-seq-len", "256", "--max-batch", "4", "--docs-per-unit", "2", "--temperature", "0.8",
+            "--seed", "7", "--no-share-model"]
+    flink, local = tmp_path / "flink", tmp_path / "local"
+    r = ok(run_cli(*argv, "--output", flink, "--no-progress", "-v", *EMBEDDED))
+    assert "'--flink-master', '[local]'" in r.stderr  # Beam started the Flink job server, embedded
+    assert r.stderr.count("Really starting service") == 1  # one job server JVM for all the command's jobs
+    for stage, counters in counters_logged(r.stderr).items():  # and Flink reported the units back
+        assert counters == receipt_counters(flink)[stage], stage
+    ok(run_cli(*argv, "--output", local, "--no-progress", "--runner", "direct"))
     assert final_digest(flink) == final_digest(local)
     assert len((flink / "generations.jsonl").read_text().splitlines()) == 5
 

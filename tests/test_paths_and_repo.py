@@ -195,3 +195,13 @@ def test_make_test_and_ci_fail_when_no_test_runs(tmp_path):
     (fake / "make").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     assert subprocess.run(["bash", str(ci / ".ci" / "run")], env=env, timeout=60).returncode == 5
+
+
+def test_make_test_fast_leaves_out_only_modules_that_exist():
+    """A renamed slow module must not silently join `make test-fast`."""
+    from conftest import SLOW_MODULES
+
+    assert SLOW_MODULES and all((ROOT / "tests" / name).is_file() for name in SLOW_MODULES)
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test-fast"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert '-m "not slow"' in dry

@@ -1,6 +1,6 @@
 """Runner options, and every Beam stage of every pipeline built for every runner without running it.
 
-- ``pipeline_args`` per target (local, direct, portable, flink, dataflow incl. ``--gpu``).
+- ``pipeline_args`` per target (local, direct, prism, portable, flink, dataflow incl. ``--gpu``).
 - Each Beam job of each pipeline in :data:`PIPELINES` (prep, prep-mixture, decon, generate,
   hydra oracle-label, hydra grade), under each runner's options, builds and translates to
   the runner-API proto with its runner's environment; the DoFn that writes the units'
@@ -50,7 +50,7 @@ def test_local_and_direct_args():
     assert pipeline_args("local", 3, ["--direct_num_workers", "5"]) == [
         "--direct_num_workers", "5", "--runner=DirectRunner", "--direct_running_mode=multi_processing",
         "--beam_plugins=refinery.runners.worker_exit"]
-    assert set(RUNNERS) == {"local", "direct", "portable", "flink", "dataflow"}
+    assert set(RUNNERS) == {"local", "direct", "prism", "portable", "flink", "dataflow"}
     assert pipeline_args("SparkRunner", 4, ["--x=1"]) == ["--x=1", "--runner=SparkRunner"]
 
 
@@ -363,6 +363,7 @@ RUNNER_CASES = {
     "direct": ([], None),
     "local": ([], None),
     "portable": ([], "beam:env:embedded_python_loopback:v1"),
+    "prism": ([], "beam:env:embedded_python_loopback:v1"),
     "flink": (["--flink_master=flink-jm:8081", f"--sdk_container_image={CPU_IMAGE}"], "beam:env:docker:v1"),
     # without --dry_run, building a DataflowRunner pipeline already asks GCS about the
     # temp bucket (Beam's option validation); --dry_run skips that

@@ -276,13 +276,13 @@ def refinery_counters(result: Any) -> dict[str, int]:
 
 def light_job(steps: list[Step]) -> bool:
     """Whether every step is light (I/O, or one unit): a local runner gains nothing from
-    worker processes for such a job (see ``runners.local.run_job``)."""
+    worker processes for such a job (see ``runners.jobs.run_job``)."""
     return all(step.run.stage.light or (len(step.units) if step.to_run is None else step.to_run) <= 1
                for step in steps)
 
 
 def run_on_beam(steps: list[Step], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
     """The default step runner of ``run_stages``: ``steps`` as one Beam job with ``beam_args``
-    as given; its counters. The commands run jobs through ``runners.local.run_job``, which
+    as given; its counters. The commands run jobs through ``runners.jobs.run_job``, which
     first fits the arguments of the local runner to the job."""
     return run_pipeline(build_pipeline(steps, beam_args, verify_checksums))

@@ -1,0 +1,20 @@
+"""A command's Beam job, on whichever runner its flags name: the step runner every command
+gives :func:`~refinery.transforms.core.orchestration.run_stages`."""
+from __future__ import annotations
+
+from typing import Any
+
+from .local import in_process, runnable
+
+
+def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
+    """Run a command's ``steps`` as one Beam job with ``beam_args`` (any runner); its counters.
+    On the local runner, a job of only light steps runs in the driver's process
+    (:func:`~.local.in_process`: there is nothing to share between worker processes, and
+    starting them would cost more than the work), and every job on
+    :class:`~refinery.runners.local_runner.LocalRunner` (:func:`~.local.runnable`)."""
+    from refinery.transforms.core.pipeline import light_job, run_on_beam  # Beam, imported when a job runs
+
+    if light_job(steps):
+        beam_args = in_process(beam_args)
+    return run_on_beam(steps, runnable(beam_args), verify_checksums)
