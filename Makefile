@@ -51,11 +51,8 @@ prism-cache: install
 # ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
 # transforms/core, transforms/formats and runners, the default level elsewhere. The package `refinery` is this
 # checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
-# MYPY_PACKAGES: the packages checked so far (transforms/core and transforms/formats pass strict; the rest is
-# not yet clean)
-MYPY_PACKAGES ?= -p refinery.transforms.core -p refinery.transforms.formats -p refinery.transforms.prep \
-	-p refinery.transforms.decon -p refinery.transforms.inference -p refinery.transforms.hydra \
-	-p refinery.transforms.loader -p refinery.kernels
+# MYPY_PACKAGES: the whole checkout (tests/ and bench/ included: they are under the package root), clean
+MYPY_PACKAGES ?= -p refinery
 lint: install-test
 	$(BIN)/ruff check .
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
