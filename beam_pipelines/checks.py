@@ -88,7 +88,7 @@ def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: li
         fields: dict[str, None] = {}
         good, missing = 0, wanted
         for _, record, error in iter_rows(path):
-            if error is not None:
+            if error is not None or record is None:  # no record: an error says why
                 continue
             missing = tuple(f for f in missing if f not in record)
             if not missing:

@@ -145,7 +145,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     if offline and offline.unlisted:
         print(f"  not listed ({offline.reason}), so not counted below: {', '.join(offline.unlisted)}")
     unread = bool(offline) and storage.is_remote(p.output) and not force
-    if unread:
+    if unread and offline:
         print(f"  receipts under {p.output} not read ({offline.reason}): done/failed/pending unknown")
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
     repairs: dict[str, str] = {}  # of the earlier stages' done units: a later unit built before one is pending
@@ -163,7 +163,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 c = run.check(u.id, verify)
                 done += c.done
                 failed += c.failed
-                repairs.update(repairs_of(run.name, {u.id: c.receipt} if c.done else {}))
+                repairs.update(repairs_of(run.name, {u.id: c.done_receipt()} if c.done else {}))
         rows.append((run, len(units), done, failed, len(units) - done - failed))
     last = demanded([r.stage.final_outputs for r, *_ in rows], [done < n for _, n, done, _, _ in rows])
     for i, (run, n, done, failed, pending) in enumerate(rows):

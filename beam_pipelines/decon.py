@@ -157,7 +157,7 @@ def run(args, beam_args: list[str]) -> int:
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import storage
-    from refinery.transforms.decon.stages import build_stages
+    from refinery.transforms.decon.stages import build_stages, input_stages
 
     output = args.output.rstrip("/")
     if problem := bad_reject_rate(args):
@@ -183,8 +183,9 @@ def run(args, beam_args: list[str]) -> int:
             return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
         settings = settings_from_args(args)
         stages = build_stages(settings, skipped)
-        for side, spec, files in (("eval", settings.eval_text, stages[0].eval_files),
-                                  ("train", settings.train_text, stages[1].train_files)):
+        index, scan = input_stages(stages)
+        for side, spec, files in (("eval", settings.eval_text, index.eval_files),
+                                  ("train", settings.train_text, scan.train_files)):
             check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
     except UsageError as e:
         return usage_error(str(e))
@@ -234,7 +235,6 @@ def run(args, beam_args: list[str]) -> int:
                                     f"the eval rows of {e['eval_dataset']} ({bad_rows})")
         return "\n".join(lines)
 
-    index, scan = stages[0], stages[1]
     header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
               f"n = {' '.join(map(str, settings.ns))} -> {output}"
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))

@@ -126,7 +126,8 @@ def run(args, beam_args: list[str]) -> int:
                   f"p90 {dl['p90']:,.0f} p99 {dl['p99']:,.0f} max {dl['max']:,}")
             print(f"     distinct tokens {s['distinct_tokens']:,} (vocab coverage {cov}); top: "
                   + ", ".join(f"{t}x{c:,}" for t, c in s["top_tokens"][:10]))
-            all_lengths.append(r.doc_lengths)
+            if r.doc_lengths is not None:  # set with the stats
+                all_lengths.append(r.doc_lengths)
         if r.sample is not None:
             start, toks = r.sample
             text = _decode(toks, args.manifest)

@@ -98,7 +98,9 @@ def _interrupt_main_thread() -> None:
     there while a command runs, so ``_thread.interrupt_main`` would do nothing)."""
     import ctypes
 
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
+    main = threading.main_thread().ident
+    assert main is not None  # the main thread has started: it runs this process
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main),
                                                ctypes.py_object(KeyboardInterrupt))
 
 

@@ -167,10 +167,10 @@ def main() -> None:
     print("| inputs | inputs size | peak RSS of `refinery decon --runner direct` (wall time) | index | scan | reduce "
           "| merge | drop list |")
     print("|---|---|---|---|---|---|---|---|")
-    for what, size, whole, secs, per, drop in rows:
+    for what, size, whole, secs, per, drop_bytes in rows:
         stages = " | ".join(fmt(per[s], limit) if s in per else "-" for s in STAGES)
         print(f"| {what} | {size / 1e6:.2f} MB | {fmt(whole, limit)} ({secs:.0f} s) | {stages} | "
-              f"{'-' if drop is None else f'{drop / 1e6:.2f} MB'} |")
+              f"{'-' if drop_bytes is None else f'{drop_bytes / 1e6:.2f} MB'} |")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def batches(texts: list[str]) -> list[list[str]]:
     """``texts`` in prep's batches (:data:`~refinery.transforms.prep.documents.BATCH_CHARS`)."""
     from refinery.transforms.prep.documents import BATCH_CHARS, BATCH_DOCS
 
-    out, size = [[]], 0
+    out: list[list[str]] = [[]]
+    size = 0
     for t in texts:
         out[-1].append(t)
         size += len(t)
@@ -152,6 +153,7 @@ def exact(args) -> None:
     from encoder_fuzz import fuzz_texts
 
     from refinery.transforms.formats import tokenizer as tk
+    from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
     from refinery.transforms.formats.encoders import load_tokenizer
     from refinery.transforms.formats.tokenizers import resolve_tokenizer
 
@@ -163,6 +165,8 @@ def exact(args) -> None:
     for encoding in args.encodings:
         spec = resolve_tokenizer(encoding)
         fast = load_tokenizer(spec, "fast")
+        if not isinstance(fast, FastTiktokenTokenizer):
+            sys.exit(f"{encoding}: no fast encoder here (neither gigatoken nor bpe-openai is usable)")
         enc = tk.get_encoding() if encoding == tk.ENCODING_NAME else tk.get_tiktoken(encoding)
         for name, texts in sets.items():
             t0, before, bad, tokens_n = time.perf_counter(), fast.fallbacks, 0, 0

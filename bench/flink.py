@@ -79,8 +79,9 @@ def main() -> None:
     workers = str(args.slots)
     prep = ["prep", "--input", str(corpus), "--num-shards", "8", "--dataset", "bench", "--no-progress"]
     one = ["prep", "--input", str(tiny), "--num-shards", "1", "--dataset", "tiny", "--no-progress", "--force"]
+    jar = flink_local.find_job_server_jar('1.19')
     print(f"corpus: {size:.0f} MB, {len(texts):,} documents, 8 files; Flink {flink_local.DEFAULT_FLINK}, "
-          f"{args.slots} slots; job server {flink_local.find_job_server_jar('1.19').name}", flush=True)
+          f"{args.slots} slots; job server {jar.name if jar else 'not cached'}", flush=True)
 
     with flink_local.LocalFlinkCluster(home, tmp / "cluster", slots=args.slots,
                                        worker_env={"REFINERY_UNIT_LOG": str(log)}) as cluster:

@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ from refinery.kernels.batching import BatchedGenerator, sample
 from refinery.kernels.config import ModelConfig
 from refinery.kernels.model import Rotary, Transformer
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "20b": dict(num_hidden_layers=24, num_experts=32),
     "120b": dict(num_hidden_layers=36, num_experts=128),
     # the engine tests' tiny model (tests/engine_fixtures.py), for --tiny
@@ -327,7 +328,10 @@ def count_decode_launches(
         gen.add(p, max_tokens=2)
     first: dict[int, int] = {}
     while len(first) < batch:
-        logits, ids = gen.step()
+        stepped = gen.step()
+        if stepped is None:
+            raise RuntimeError(f"the generator stopped with {len(first)} of {batch} first tokens")
+        logits, ids = stepped
         first.update(zip(ids, sample(logits, 0.0)))
     for sid, token in first.items():
         gen.update(sid, token)

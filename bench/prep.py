@@ -218,7 +218,8 @@ def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) ->
 
     tok = load_tokenizer(DEFAULT, "fast")
     normalized = [normalize_text(t) for t in texts]
-    batches, size = [[]], 0
+    batches: list[list[str]] = [[]]
+    size = 0
     for t in normalized:
         batches[-1].append(t)
         size += len(t)
@@ -272,7 +273,8 @@ def simulate_scale(units: int, num_shards: int) -> None:
         finally:
             opened["on"] = False
 
-    storage.open_read, stages.PackStage.run_unit = counting_open, counting_pack
+    storage.open_read = counting_open
+    stages.PackStage.run_unit = counting_pack  # type: ignore[method-assign]  # patched to count the pack's opens
     results = {}
     for label, limit in (("without merge", 1 << 60), ("with merge", 1)):
         stages.MERGE_ABOVE = limit

@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="refinery-startup-"))
-    versions = {"now": {}}
+    versions: dict[str, dict] = {"now": {}}
     try:
         if args.before:
             versions = {args.before: old_code(args.before, work / "old"), "now": {}}

@@ -211,6 +211,9 @@ class BatchedGenerator:
         batch = len(seqs)
         bucket = bucket_for(batch, self.max_batch)
         pad = bucket - batch
+        scratch_row = self.cache.scratch_row
+        if pad and scratch_row is None:
+            raise RuntimeError("a padded decode step needs the KV cache's scratch row (a cache built with scratch)")
         bs = self.cache.block_size
         slots = {
             kind: [self.cache.slots(s.seq_id, kind, st, 1)[0] for s, st in zip(seqs, starts)]
@@ -222,7 +225,7 @@ class BatchedGenerator:
             list(starts) + [0] * pad,
             list(range(bucket + 1)),
             [st + 1 for st in starts] + [1] * pad,
-            [self.cache.row[s.seq_id] for s in seqs] + [self.cache.scratch_row] * pad,
+            [self.cache.row[s.seq_id] for s in seqs] + ([scratch_row] * pad if scratch_row is not None else []),
             list(range(bucket)),
             slots,
         )

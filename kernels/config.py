@@ -81,7 +81,7 @@ class ModelConfig:
     def from_hf_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face ``GptOssConfig`` ``config.json``."""
         rope = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
-        theta = raw.get("rope_theta", rope.get("rope_theta", 150000.0))
+        theta: Any = raw.get("rope_theta", rope.get("rope_theta", 150000.0))
         rope_type = rope.get("rope_type", rope.get("type", "yarn" if rope else "default"))
         yarn = rope_type == "yarn"
         return cls(

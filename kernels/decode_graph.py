@@ -44,7 +44,7 @@ class DecodeGraphs:
     def __init__(self, device: torch.device) -> None:
         self.capture = device.type == "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, int, int]] = {}
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self.replays = 0
         self.captures = 0
 

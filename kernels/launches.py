@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -88,7 +88,7 @@ def launch(kernel: Any, grid: tuple[int, ...] | Callable, *args: Any, **kwargs: 
         return kernel[grid](*args, **kwargs)
     name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
     for counter in _ACTIVE:
-        counter.record_triton(name)
+        counter.record_triton(str(name))
     with _disable_current_modes():
         return kernel[grid](*args, **kwargs)
 
@@ -114,7 +114,8 @@ def per_layer(model: torch.nn.Module, fn: Callable[[], Any]) -> tuple[Any, Launc
         layer_counts.append(counter.total - starts.pop(id(module)))
 
     hooks = []
-    for block in model.block:
+    blocks = cast("Iterable[torch.nn.Module]", model.block)  # a ModuleList (nn.Module's __getattr__: Tensor | Module)
+    for block in blocks:
         hooks.append(block.register_forward_pre_hook(before))
         hooks.append(block.register_forward_hook(after))
     try:

@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -58,7 +58,8 @@ class Residual:
     """
 
     def __init__(self, x: torch.Tensor) -> None:
-        self.x, self.delta = x, None
+        self.x = x
+        self.delta: torch.Tensor | None = None
 
     def add(self, delta: torch.Tensor) -> None:
         if self.delta is not None:
@@ -100,7 +101,9 @@ def yarn_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class Rotary(nn.Module):
-    """Half-split RoPE at absolute positions, with YaRN scaling."""
+    """Half-split RoPE at absolute positions, with YaRN scaling (the rotation: :func:`ops.rotate_half_split`)."""
+
+    inv_freq: torch.Tensor  # a buffer
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -111,10 +114,6 @@ class Rotary(nn.Module):
         angles = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq  # [N, D/2]
         return angles.cos() * self.concentration, angles.sin() * self.concentration
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x [N, heads, D]``: ``[x1 cos - x2 sin, x2 cos + x1 sin]``."""
-        return ops.rotate_half_split(x, cos, sin)
 
 
 @dataclass
@@ -246,8 +245,9 @@ class Transformer(nn.Module):
         """Compute with ``kernels`` from now on; returns the set used until now."""
         previous = self.kernels
         for module in self.modules():
-            if hasattr(module, "kernels"):
-                module.kernels = kernels
+            if hasattr(module, "kernels"):  # one of ours: its kernels are an ops.Kernels, not a Tensor or Module
+                ours: Any = module
+                ours.kernels = kernels
         return previous
 
     @contextlib.contextmanager

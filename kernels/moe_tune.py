@@ -37,8 +37,12 @@ def candidates(block_ms: Iterable[int] = (16, 32, 64), block_ns: Iterable[int] =
             itertools.product(block_ms, block_ns, block_ks, split_ks, num_warps, num_stages)]
 
 
+# an MoE layer's expert weights: mlp1 blocks, scales, bias, mlp2 blocks, scales, bias
+Experts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def _problem(n: int, hidden: int, inter: int, num_experts: int, topk: int, device: torch.device,
-             dtype: torch.dtype, seed: int) -> tuple:
+             dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Experts]:
     g = torch.Generator(device=device).manual_seed(seed)
 
     def u8(*shape, lo=0, hi=256):
@@ -48,10 +52,11 @@ def _problem(n: int, hidden: int, inter: int, num_experts: int, topk: int, devic
     logits = torch.randn(n, num_experts, generator=g, device=device)
     w, idx = torch.topk(logits, topk, dim=-1)
     w = torch.softmax(w, dim=-1).to(dtype)
-    experts = (u8(num_experts, 2 * inter, hidden // 32, 16), u8(num_experts, 2 * inter, hidden // 32, lo=118, hi=123),
-               torch.zeros(num_experts, 2 * inter, device=device, dtype=dtype),
-               u8(num_experts, hidden, inter // 32, 16), u8(num_experts, hidden, inter // 32, lo=118, hi=123),
-               torch.zeros(num_experts, hidden, device=device, dtype=dtype))
+    experts: Experts = (
+        u8(num_experts, 2 * inter, hidden // 32, 16), u8(num_experts, 2 * inter, hidden // 32, lo=118, hi=123),
+        torch.zeros(num_experts, 2 * inter, device=device, dtype=dtype),
+        u8(num_experts, hidden, inter // 32, 16), u8(num_experts, hidden, inter // 32, lo=118, hi=123),
+        torch.zeros(num_experts, hidden, device=device, dtype=dtype))
     return x, idx, w, experts
 
 

@@ -57,8 +57,9 @@ class StepUploader:
         self.device_buffer[:total].copy_(self._host[turn][:total], non_blocking=True)
         self.copies += 1
         if self.device.type == "cuda":
-            self._events[turn] = torch.cuda.Event()
-            self._events[turn].record()
+            recorded = torch.cuda.Event()
+            self._events[turn] = recorded
+            recorded.record()
         views, offset = [], 0
         for size in sizes:
             views.append(self.device_buffer[offset : offset + size])

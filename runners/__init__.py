@@ -23,6 +23,8 @@ Dataflow ``--dry_run`` job description).
 """
 from __future__ import annotations
 
+from typing import ContextManager
+
 from .args import RunnerOptionsError, with_defaults
 from .dataflow import dataflow_args
 from .flink import flink_args, flink_job_service, resolve_flink
@@ -78,7 +80,7 @@ def prepare_run(runner: str, beam_args: list[str]) -> list[str]:
     return beam_args
 
 
-def job_service(beam_args: list[str]):
+def job_service(beam_args: list[str]) -> ContextManager[list[str]]:
     """A context manager giving ``beam_args`` for all of a command's Beam jobs: for Flink
     through Beam's job server, one job server for them all (:func:`.flink.flink_job_service`);
     for Prism one Prism process (:func:`.prism.prism_job_service`); for other runners

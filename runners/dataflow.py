@@ -79,8 +79,8 @@ def dataflow_args(workers: int | None, args: list[str]) -> list[str]:
     if gpu is not None:
         args = args + gpu_args(gpu, args)
     defaults = {"--runner": "DataflowRunner"}
-    if setup_file():
-        defaults["--setup_file"] = setup_file()
+    if setup := setup_file():
+        defaults["--setup_file"] = setup
     if workers:
         defaults["--max_num_workers"] = str(workers)
     return with_defaults(args, defaults)
@@ -116,11 +116,10 @@ def option_problems(args: list[str]) -> list[str]:
         problems.append("--runner dataflow needs --region REGION (where the job runs, e.g. us-central1)")
     elif not REGION.fullmatch(region):
         problems.append(f"--region {region}: not a Compute Engine region (e.g. us-central1, europe-west4)")
-    locations = [f for f in ("--temp_location", "--staging_location") if value(args, f)]
+    locations = [(f, path) for f in ("--temp_location", "--staging_location") if (path := value(args, f))]
     if not locations:
         problems.append("--runner dataflow needs --temp_location gs://BUCKET/PATH (Dataflow's temp and staging files)")
-    for flag in locations:
-        path = value(args, flag)
+    for flag, path in locations:
         if not path.startswith("gs://") or "/" not in path[len("gs://"):]:
             problems.append(f"{flag} {path}: give gs://BUCKET/PATH (a folder in a Cloud Storage bucket)")
         elif (bad := bucket_problem(path)) is not None:

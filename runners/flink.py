@@ -47,6 +47,7 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+from typing import Any, Iterator
 
 from refinery.transforms.core import beam_private
 
@@ -70,8 +71,8 @@ def flink_args(workers: int | None, args: list[str]) -> list[str]:
         defaults["--environment_type"] = "DOCKER"
         if env == "DOCKER" and not has(args, "--environment_config"):
             args = args + docker_image_config(args)
-        if env in ("DOCKER", "PROCESS") and not has(args, "--environment_config") and setup_file():
-            defaults["--setup_file"] = setup_file()  # stock image: workers install this package
+        if env in ("DOCKER", "PROCESS") and not has(args, "--environment_config") and (setup := setup_file()):
+            defaults["--setup_file"] = setup  # stock image: workers install this package
     args = with_defaults(args, defaults)
     if not (has(args, "--job_server_jvm_properties") or has(args, "--job_server_jvm_property")):
         args = args + [f"--job_server_jvm_properties={p}" for p in JVM_OPENS]
@@ -88,7 +89,7 @@ def rest_url(master: str) -> str:
     return master if master.startswith(("http://", "https://")) else f"http://{master}"
 
 
-def flink_rest(master: str, path: str, timeout: float = REST_TIMEOUT_S):
+def flink_rest(master: str, path: str, timeout: float = REST_TIMEOUT_S) -> Any:
     """GET ``path`` of the Flink REST API at ``master`` as JSON. Raises RunnerOptionsError
     naming the address when the cluster does not answer."""
     url = f"{rest_url(master)}/{path.lstrip('/')}"
@@ -184,7 +185,7 @@ def resolve_flink(args: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def flink_job_service(args: list[str]):
+def flink_job_service(args: list[str]) -> Iterator[list[str]]:
     """``args`` with ``--job_endpoint`` of one Beam Flink job server started here and stopped
     on leaving, for every Beam job of a command; ``args`` unchanged when they are not for
     FlinkRunner through a job server (another runner, ``--job_endpoint`` given, or the uber

@@ -43,7 +43,8 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Callable
 
 CACHE_ENV = "REFINERY_FLINK_CACHE"
 # The Flink distribution fetched by default. Its minor must be one the job server supports;
@@ -124,7 +125,7 @@ class FetchError(RuntimeError):
     """A jar or distribution could not be fetched; the message says what was tried."""
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
 
 
@@ -197,7 +198,7 @@ def _shaded_jar(minor: str, beam: str, dest: Path) -> str | None:
 
 
 def fetch_job_server(flink_minor: str, beam_versions: list[str] | None = None, cache: Path | None = None,
-                     log=print) -> Path:
+                     log: Callable[[str], object] = print) -> Path:
     """Beam's Flink job server jar for ``flink_minor`` in the cache (fetched once); raises
     :class:`FetchError` saying what was tried. ``beam_versions``: the Beam versions to try,
     default the installed one, then :data:`FALLBACK_BEAM_JAVA`."""
@@ -229,7 +230,8 @@ def _pip_download(args: list[str], dest: Path) -> Path:
     return new[0]
 
 
-def fetch_flink(version: str = DEFAULT_FLINK, cache: Path | None = None, log=print) -> Path:
+def fetch_flink(version: str = DEFAULT_FLINK, cache: Path | None = None,
+                log: Callable[[str], object] = print) -> Path:
     """``FLINK_HOME`` of Flink ``version``, unpacked from PyPI's ``apache-flink`` wheel (bin,
     conf) and ``apache-flink-libraries`` (lib, opt, plugins) into the cache once."""
     home = flink_home(version, cache)
@@ -237,8 +239,8 @@ def fetch_flink(version: str = DEFAULT_FLINK, cache: Path | None = None, log=pri
         return home
     root = cache or cache_dir()
     home = root / f"flink-{version}"
-    with tempfile.TemporaryDirectory(dir=root if root.exists() else None) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(dir=root if root.exists() else None) as tmp_dir:
+        tmp = Path(tmp_dir)
         log(f"Flink {version}: downloading apache-flink and apache-flink-libraries from PyPI ...")
         # the scripts are the same in every wheel of a release: take the CPython 3.11 Linux one
         wheel = _pip_download(["--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--python-version", "3.11",
@@ -287,10 +289,10 @@ def _unpack(archive: Path, dest: Path, prefixes: tuple[str, ...]) -> None:
         with tarfile.open(archive) as t:
             for member in t:
                 path = target(member.name)
-                if path and member.isfile():
+                if path and member.isfile() and (data := t.extractfile(member)) is not None:  # a file: never None
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    with t.extractfile(member) as src, open(path, "wb") as out:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                    with data, open(path, "wb") as out:
+                        shutil.copyfileobj(data, out, 1 << 20)
 
 
 # ---------------------------------------------------------------------------------------
@@ -300,7 +302,8 @@ def _unpack(archive: Path, dest: Path, prefixes: tuple[str, ...]) -> None:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -401,14 +404,16 @@ class LocalFlinkCluster:
 
     def _get(self, path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.web_ui}{path}", timeout=5) as r:
-            return json.loads(r.read())
+            answer: dict[str, Any] = json.loads(r.read())
+            return answer
 
     def overview(self) -> dict[str, Any]:
         return self._get("/v1/overview")
 
     def jobs(self) -> list[dict[str, Any]]:
         """Flink's job overview: name, state, start/end time, ... of every job."""
-        return self._get("/v1/jobs/overview")["jobs"]
+        jobs: list[dict[str, Any]] = self._get("/v1/jobs/overview")["jobs"]
+        return jobs
 
     def wait_for_slots(self, timeout: float = 90.0) -> None:
         """Wait until ``slots`` task slots are registered; RuntimeError naming the log folder if not."""
@@ -453,7 +458,7 @@ class LocalFlinkCluster:
             self.stop()
             raise
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -466,7 +471,7 @@ def _fetch_all(flink_version: str, beam_versions: list[str] | None) -> tuple[Pat
     return jar, fetch_flink(flink_version)
 
 
-def _up(args) -> int:
+def _up(args: argparse.Namespace) -> int:
     _, home = _fetch_all(args.flink, None)
     cluster = LocalFlinkCluster(home, Path(args.workdir or tempfile.mkdtemp(prefix="refinery-flink-")), args.slots)
     try:  # Ctrl-C or SIGTERM at any point, start-up included: the cluster is stopped on the way out
@@ -485,12 +490,12 @@ def _up(args) -> int:
 def _stop_on_sigterm() -> None:
     """SIGTERM (``kill``, a supervisor, a CI timeout) stops the cluster as Ctrl-C does: the
     ``with`` block unwinds and every process it started is stopped."""
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _demo(args) -> int:
+def _demo(args: argparse.Namespace) -> int:
     _, home = _fetch_all(args.flink, None)
     workdir = Path(tempfile.mkdtemp(prefix="refinery-flink-"))
     try:
@@ -500,7 +505,7 @@ def _demo(args) -> int:
         return 130
 
 
-def _demo_on(args, home: Path, workdir: Path) -> int:
+def _demo_on(args: argparse.Namespace, home: Path, workdir: Path) -> int:
     with LocalFlinkCluster(home, workdir, args.slots) as cluster:
         print(f"Flink {args.flink} session cluster up: open {cluster.web_ui} for Flink's web UI "
               f"(the jobs stay listed until the cluster stops)", flush=True)

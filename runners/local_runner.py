@@ -33,12 +33,12 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
-from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.portability.api import beam_fn_api_pb2_grpc, endpoints_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
-from apache_beam.runners.runner import PipelineRunner
+from apache_beam.runners.runner import PipelineResult, PipelineRunner
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 
@@ -61,7 +61,7 @@ class _NoInMemoryWarning(logging.Filter):
 class LocalRunner(PipelineRunner):
     """Beam's FnApiRunner for a batch pipeline on this machine (see the module's doc)."""
 
-    def run_pipeline(self, pipeline, options):
+    def run_pipeline(self, pipeline: Any, options: PipelineOptions) -> PipelineResult:
         from apache_beam.runners.portability.fn_api_runner import fn_runner
 
         info = provision_info(options)
@@ -74,6 +74,7 @@ class LocalRunner(PipelineRunner):
         # starts it), or threads of this process. FnApiRunner would replace this environment
         # with its own for either mode: it is asked for in_memory with the same number of
         # workers (the workers received the options as given, above).
+        env: environments.Environment
         if mode == "multi_processing":
             pool = warm_workers.active()
             env = LocalWorkerEnvironment.from_command_string(pool.worker_command() if pool else worker_main_command())
@@ -126,7 +127,8 @@ def worker_environment(base: dict[str, str], control: str, logging_url: str, pip
     from google.protobuf import text_format
 
     def descriptor(url: str) -> str:
-        return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+        text: str = text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+        return text
 
     return {**base, "CONTROL_API_SERVICE_DESCRIPTOR": descriptor(control),
             "LOGGING_API_SERVICE_DESCRIPTOR": descriptor(logging_url), "PIPELINE_OPTIONS": pipeline_options,
@@ -136,7 +138,7 @@ def worker_environment(base: dict[str, str], control: str, logging_url: str, pip
 class _WorkerLogs(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
     """The driver's end of the workers' log lines: each logged here (see :func:`worker_log_record`)."""
 
-    def Logging(self, request_iterator, context=None):  # noqa: N802 - Beam's service method
+    def Logging(self, request_iterator: Iterator[Any], context: Any = None) -> Iterator[Any]:  # noqa: N802 - Beam's
         for batch in request_iterator:
             for entry in batch.log_entries:
                 name, level, text = worker_log_record(LOGENTRY_TO_LOG_LEVEL_MAP.get(entry.severity, logging.INFO),
@@ -209,11 +211,12 @@ class LocalWorkerEnvironment(environments.SubprocessSDKEnvironment):
     """Worker processes started by a command, as Beam's SubprocessSDKEnvironment, but run by
     :class:`LocalWorkerHandler` (their own urn)."""
 
-    def to_runner_api_parameter(self, context):
+    def to_runner_api_parameter(self, context: Any) -> tuple[str, Any]:
         return LOCAL_WORKER_URN, super().to_runner_api_parameter(context)[1]
 
     @staticmethod
-    def from_runner_api_parameter(payload, capabilities, artifacts, resource_hints, context):
+    def from_runner_api_parameter(payload: bytes, capabilities: Any, artifacts: Any, resource_hints: Any,
+                                  context: Any) -> LocalWorkerEnvironment:
         return LocalWorkerEnvironment(payload.decode("utf-8"), capabilities, artifacts, resource_hints)
 
 
@@ -222,14 +225,16 @@ class LocalThreadsEnvironment(environments.EmbeddedPythonGrpcEnvironment):
     """Worker threads of this process that reach it over gRPC, as Beam's
     EmbeddedPythonGrpcEnvironment (``multi_threading``), but run by :class:`LocalThreadsHandler`."""
 
-    def to_runner_api_parameter(self, context):
+    def to_runner_api_parameter(self, context: Any) -> tuple[str, Any]:
         return LOCAL_THREADS_URN, super().to_runner_api_parameter(context)[1]
 
     @staticmethod
-    def from_runner_api_parameter(payload, capabilities, artifacts, resource_hints, context):
+    def from_runner_api_parameter(payload: bytes, capabilities: Any, artifacts: Any, resource_hints: Any,
+                                  context: Any) -> LocalThreadsEnvironment:
         config = environments.EmbeddedPythonGrpcEnvironment.parse_config(payload.decode("utf-8")) if payload else {}
-        return LocalThreadsEnvironment(config.get("state_cache_size"), config.get("data_buffer_time_limit_ms"),
-                                       capabilities, artifacts, resource_hints)
+        return LocalThreadsEnvironment(  # type: ignore[no-untyped-call]  # the __init__ is Beam's, unannotated
+            config.get("state_cache_size"), config.get("data_buffer_time_limit_ms"), capabilities, artifacts,
+            resource_hints)
 
 
 def _channels_now() -> WorkerChannels:
@@ -246,16 +251,16 @@ class LocalWorkerHandler(worker_handlers.GrpcWorkerHandler):
     """One worker process of :class:`LocalWorkerEnvironment`, given the addresses of the job's
     :class:`WorkerChannels`."""
 
-    def __init__(self, command: bytes, state, provision_info, grpc_server):
+    def __init__(self, command: bytes, state: Any, provision_info: Any, grpc_server: Any) -> None:
         self._channels = _channels_now()
         super().__init__(state, provision_info, grpc_server)
         self._command = command.decode("utf-8")
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
 
-    def port_from_worker(self, port) -> str:
+    def port_from_worker(self, port: Any) -> str:
         return port if isinstance(port, str) else super().port_from_worker(port)
 
-    def logging_api_service_descriptor(self):
+    def logging_api_service_descriptor(self) -> endpoints_pb2.ApiServiceDescriptor:
         return endpoints_pb2.ApiServiceDescriptor(url=self._channels.log_url)
 
     def start_worker(self) -> None:
@@ -275,9 +280,9 @@ class LocalWorkerHandler(worker_handlers.GrpcWorkerHandler):
 class LocalThreadsHandler(worker_handlers.EmbeddedGrpcWorkerHandler):
     """One worker thread of :class:`LocalThreadsEnvironment` (it logs in this process)."""
 
-    def __init__(self, payload: bytes, state, provision_info, grpc_server):
+    def __init__(self, payload: bytes, state: Any, provision_info: Any, grpc_server: Any) -> None:
         _channels_now()
         super().__init__(payload, state, provision_info, grpc_server)
 
-    def port_from_worker(self, port) -> str:
+    def port_from_worker(self, port: Any) -> str:
         return port if isinstance(port, str) else super().port_from_worker(port)

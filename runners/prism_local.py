@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 CACHE_ENV = "REFINERY_PRISM_CACHE"
 PACKAGE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
@@ -93,7 +94,7 @@ def missing_reason(cache: Path | None = None) -> str:
     return f"{what}: build it with 'make prism-cache' (needs Go; or python -m refinery.runners.prism_local build)"
 
 
-def build(cache: Path | None = None, go: str | None = None, log=print) -> Path:
+def build(cache: Path | None = None, go: str | None = None, log: Callable[[str], object] = print) -> Path:
     """The binary for the installed Beam in the cache, built with ``go install`` unless one of
     that version is there; raises :class:`BuildError` (no Go, or the build failed)."""
     cache = cache or cache_dir()
@@ -132,10 +133,11 @@ def build(cache: Path | None = None, go: str | None = None, log=print) -> Path:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _dies_with_parent():
+def _dies_with_parent() -> Callable[[], object] | None:
     """What a child runs before exec so that the kernel sends it SIGTERM when the thread that
     started it ends (``PR_SET_PDEATHSIG``; Linux), or None where there is no ``prctl``.
     Looked up here, in the parent: the child may take no lock another thread held."""
@@ -164,7 +166,7 @@ class PrismServer:
 
     def __init__(self, binary: str | Path, port: int | None = None, log: Path | None = None):
         self.binary, self.port, self.log = str(binary), port or free_port(), log
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -201,7 +203,7 @@ class PrismServer:
     def __enter__(self) -> "PrismServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -18,13 +18,20 @@ that it can be checked before anything runs:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from refinery.transforms.core.stages import Stage, bind_stages
 
 from .args import has
 from .dataflow import check_options
 
+if TYPE_CHECKING:
+    import apache_beam as beam
+    from apache_beam.portability.api import beam_runner_api_pb2
 
-def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):
+
+def command_pipeline(stages: list[Stage], output: str, beam_args: list[str],
+                     verify_checksums: bool = False) -> beam.Pipeline | None:
     """The command's Beam pipeline, built, not run: every stage a step over its whole plan
     (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
     from refinery.transforms.core.pipeline import build_pipeline
@@ -35,7 +42,7 @@ def command_pipeline(stages: list[Stage], output: str, beam_args: list[str], ver
     return build_pipeline(steps, beam_args, verify_checksums) if steps else None
 
 
-def default_environment(pipeline):
+def default_environment(pipeline: beam.Pipeline) -> Any:
     """The environment the pipeline's runner gives SDK workers (None: Beam's default)."""
     runner = pipeline.runner
     if hasattr(runner, "default_environment"):  # PortableRunner and FlinkRunner
@@ -43,12 +50,12 @@ def default_environment(pipeline):
     return None
 
 
-def runner_api(pipeline):
+def runner_api(pipeline: beam.Pipeline) -> beam_runner_api_pb2.Pipeline:
     """``beam_runner_api_pb2.Pipeline`` of a built pipeline, with its runner's environment."""
     return pipeline.to_runner_api(default_environment=default_environment(pipeline))
 
 
-def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False):
+def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False) -> Any:
     """The Dataflow job of :func:`command_pipeline`, built with DataflowRunner and
     ``--dry_run``: the runner applies its overrides, translates the pipeline, resolves the
     container image and builds the job description (``apiclient.Job``; ``.proto`` is the
@@ -70,19 +77,20 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
     if not isinstance(pipeline.runner, DataflowRunner):
         raise ValueError(f"the runner is {type(pipeline.runner).__name__}, not DataflowRunner")
     with setup_builds_captured():  # the sdist of --setup_file: its build's progress is not ours to print
-        job = pipeline.run().job
+        result: Any = pipeline.run()  # DataflowRunner's result, whose job Beam does not type
+        job = result.job
     job.proto.environment = job_environment(job)
     return job
 
 
-def job_bytes(job) -> int:
+def job_bytes(job: Any) -> int:
     """The size of a Dataflow job description from :func:`dataflow_job` as the service would
     receive it (the serialized ``Job`` message, steps included): what Dataflow's 10 MB limit
     applies to."""
     return len(type(job.proto).serialize(job.proto))
 
 
-def step_names(proto_pipeline) -> list[str]:
+def step_names(proto_pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
     """The names of a runner-API pipeline's top-level steps, in order (a command's stages:
     ``Tokenize units``, ``Pack shards``, ...)."""
     names = []
@@ -92,7 +100,7 @@ def step_names(proto_pipeline) -> list[str]:
     return names
 
 
-def staged_artifacts(proto_pipeline) -> list[str]:
+def staged_artifacts(proto_pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
     """Names under which Dataflow would stage the pipeline's dependencies (the sdist of
     ``--setup_file`` is ``workflow.tar.gz``; Beam adds its submission-environment list)."""
     from apache_beam.portability import common_urns
@@ -106,7 +114,7 @@ def staged_artifacts(proto_pipeline) -> list[str]:
     return sorted(set(names))
 
 
-def job_environment(job):
+def job_environment(job: Any) -> Any:
     """The Dataflow ``Environment`` message (worker pool: machine type, container image,
     packages, autoscaling; experiments; service options; SDK pipeline options) that
     ``DataflowApplicationClient.create_job_description`` would attach to ``job``, built

@@ -75,7 +75,8 @@ class Pool:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()  # the warm process's lifeline: it exits at EOF
+            if self.proc.stdin is not None:  # a pipe
+                self.proc.stdin.close()  # the warm process's lifeline: it exits at EOF
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -200,7 +201,7 @@ def remove_dead_folders(root: str | None = None) -> list[str]:
     whose owner is gone (:func:`folder_owner_gone`), and old-form ones unused for
     :data:`OLD_FOLDER_AGE_S`; returns their paths."""
     root = root or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         entries = [e for e in os.scandir(root) if e.name.startswith(FOLDER_PREFIX)]
     except OSError:

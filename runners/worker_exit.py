@@ -9,6 +9,7 @@ Only Beam's worker entry point is affected; imported anywhere else this does not
 from __future__ import annotations
 
 import sys
+from types import TracebackType
 
 from refinery.runners.quick_exit import exit_quickly
 
@@ -18,10 +19,10 @@ _failed = False
 _previous_hook = sys.excepthook
 
 
-def _note_failure(*exc_info) -> None:
+def _note_failure(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     global _failed
     _failed = True
-    _previous_hook(*exc_info)
+    _previous_hook(exc_type, exc, tb)
 
 
 def in_worker() -> bool:

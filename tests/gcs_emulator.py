@@ -37,6 +37,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Iterator
 
 import pytest
 
@@ -114,7 +115,7 @@ def _drop_gcsfs_instances() -> None:
 
 
 @pytest.fixture
-def gcs_bucket(monkeypatch) -> str:
+def gcs_bucket(monkeypatch) -> Iterator[str]:
     """A fresh, empty bucket on the local emulator: ``gs://refinery-test-<pid>-<n>``."""
     import fsspec.config
 

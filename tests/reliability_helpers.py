@@ -47,7 +47,7 @@ def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.C
     out: collections.Counter = collections.Counter()
     for f in storage.expand_inputs([str(corpus_root)]):
         for _, rec, err in rows.iter_rows(f.path):
-            if err is None and isinstance(rec.get(text_field), str):
+            if err is None and rec is not None and isinstance(rec.get(text_field), str):
                 text = normalize_text(rec[text_field])
                 if text:
                     out[text] += 1
@@ -198,7 +198,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
             self._p.communicate()
-            raise AssertionError(f"run {self._p.args} did not finish within {timeout}s") from None
+            raise AssertionError(f"run {self._p.args!r} did not finish within {timeout}s") from None
         return self._p.returncode
 
     def stderr(self) -> str:
@@ -227,19 +227,22 @@ class ForkServer:
                                    # a PYTHONPATH given (a worktree's package) stays first for the children
                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                        [p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).parent)) if p])})
-        assert self._p.stdout.readline().strip() == "ready"
+        stdin, stdout = self._p.stdin, self._p.stdout
+        assert stdin is not None and stdout is not None  # pipes
+        self._stdin, self._stdout = stdin, stdout
+        assert self._stdout.readline().strip() == "ready"
         self._n = 0
 
     def start(self, argv: list[str], env: dict) -> "ForkedProc":
         self._n += 1
         err = self.workdir / f"forked-{self._n}.stderr"
-        self._p.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": str(err)}) + "\n")
-        self._p.stdin.flush()
-        pid = json.loads(self._p.stdout.readline())["pid"]
+        self._stdin.write(json.dumps({"argv": argv, "env": env, "stderr": str(err)}) + "\n")
+        self._stdin.flush()
+        pid = json.loads(self._stdout.readline())["pid"]
         return ForkedProc(self, pid, err)
 
     def close(self) -> None:
-        self._p.stdin.close()
+        self._stdin.close()
         self._p.wait(timeout=30)
 
 
@@ -251,19 +254,19 @@ class ForkedProc:
         import select
 
         if self._rc is None:
-            ready, _, _ = select.select([self.server._p.stdout], [], [], 0)
+            ready, _, _ = select.select([self.server._stdout], [], [], 0)
             if ready:
-                self._rc = json.loads(self.server._p.stdout.readline())["exit"]
+                self._rc = json.loads(self.server._stdout.readline())["exit"]
         return self._rc
 
     def wait(self, timeout: float) -> int:
         deadline = time.time() + timeout
-        while self.poll() is None:
+        while (rc := self.poll()) is None:
             if time.time() > deadline:
                 os.killpg(self.pid, signal.SIGKILL)
                 raise AssertionError(f"forked run did not finish within {timeout}s")
             time.sleep(0.005)
-        return self._rc
+        return rc
 
     def stderr(self) -> str:
         """What the run wrote ("" if it was killed before its fork opened the file)."""

@@ -175,10 +175,13 @@ def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_detai
                              tokenizer=DEFAULT, membership=index.membership, lookup=index.lookup,
                              partitions=partitions, stats=ng.ScanStats()))
     blocks = {p: msgpack.unpackb(msgpack.packb(b)) for p, b in ng.hit_blocks([ng.hit_groups(h, "id") for h in hits])}
-    details, results = [], []
+    details: list[dict] = []
+    results = []
     for p in range(partitions):
-        res = ng.reduce_partition(index.records.get(p, []), rows, ns,
-                                  lambda p=p: [(0, "t.jsonl", 0, blocks[p])] if p in blocks else [], None,
+        def part_blocks(p: int = p) -> list:
+            return [(0, "t.jsonl", 0, blocks[p])] if p in blocks else []
+
+        res = ng.reduce_partition(index.records.get(p, []), rows, ns, part_blocks, None,
                                   lambda lines: details.extend(map(json.loads, lines.splitlines())),
                                   max_ngram_details)
         results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import random
+from typing import Any
 
 import msgpack
 import pytest
@@ -53,7 +54,7 @@ def eval_rows(texts: list[str]) -> list[ng.EvalRow]:
     return rows
 
 
-def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitions: int) -> list[dict]:
+def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitions: int) -> list[Any]:
     """Every partition's reduce result, through msgpack as on disk; the training rows split in
     two scan units (two training files)."""
     index = ng.NgramIndex.build(rows, {}, ns, "default", partitions, skip=ng.same_text(rows).first)
@@ -65,9 +66,12 @@ def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitio
                                  partitions=partitions, stats=ng.ScanStats()))
         for p, b in ng.hit_blocks([ng.hit_groups(h, "id") for h in hits]) if hits else []:
             blocks.setdefault(p, []).append((unit, path, 0, msgpack.unpackb(msgpack.packb(b))))
-    results = []
+    results = []  # each a PartitionResult, through msgpack as reduce's results are
     for p in range(partitions):
-        res = ng.reduce_partition(index.records.get(p, []), rows, ns, lambda p=p: blocks.get(p, []), None,
+        def part_blocks(p: int = p) -> list:
+            return blocks.get(p, [])
+
+        res = ng.reduce_partition(index.records.get(p, []), rows, ns, part_blocks, None,
                                   lambda lines: None, 2)  # details capped hard: the metrics must not care
         results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
     return results

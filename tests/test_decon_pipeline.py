@@ -63,7 +63,7 @@ def training_texts(details: list[dict]) -> dict[tuple[str, int], str]:
     out = {}
     for path in {d["train_path"] for d in details}:
         for row, record, error in iter_rows(path):
-            if error is None:
+            if error is None and record is not None:
                 out[(path, row)] = record["text"]
     return out
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from html.parser import HTMLParser
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,7 @@ def dataset(name: str, instances: int, per_n: dict[int, int], examples=(), top=(
 
 
 def report(*datasets: DatasetReport, **kw) -> ContaminationReport:
-    base = dict(title="Train/test overlap", settings=(("n", "8, 13"), ("tokenizer", "default"),
+    base: dict[str, Any] = dict(title="Train/test overlap", settings=(("n", "8, 13"), ("tokenizer", "default"),
                                                       ("max-train-count", "none")),
                 inputs=(("eval", "eval/gsm8k/test.jsonl", "size 1234, version 1700000000.5"),
                         ("train", "gs://bucket/train-00000.jsonl.zst", "size 99, version 1700000001.0")),

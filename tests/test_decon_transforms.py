@@ -7,7 +7,7 @@ import random
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline  # a Beam class: no Test* name to collect
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import GSM8K_TEST, gsm8k_rows, write_jsonl
 
@@ -18,7 +18,6 @@ from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.beam import NgramIndexCoder, OverlapCoder
 from refinery.transforms.decon.ngrams.details import read_details
 
-TestPipeline.__test__ = False  # a Beam class, not a pytest test class
 NS = [5, 9, 13]
 
 
@@ -47,7 +46,8 @@ def _overlaps(path) -> list[Overlap]:
 
 
 def _source_rows(path: str) -> list[SourceRow]:
-    return [SourceRow(path, row, record, "") for row, record, error in iter_rows(path) if error is None]
+    return [SourceRow(path, row, record, "") for row, record, error in iter_rows(path)
+            if error is None and record is not None]
 
 
 def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path):
@@ -101,7 +101,7 @@ def test_plain_dicts_short_instances_and_metrics():
     train_rows = [{"id": "d1", "text": "... the QUICK brown fox, jumps over the lazy dog!"},
                   {"id": "d2", "text": "a tiny one here"},
                   {"text": "nothing in common"}]
-    with TestPipeline() as p:
+    with BeamPipeline() as p:
         index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex([3, 13], eval_dataset="toy")
         overlaps = p | "Train" >> beam.Create(train_rows) | FindOverlaps(index)
         assert_that(overlaps | beam.Map(lambda o: (o.instance_id, o.n, o.train_doc_id)) | beam.Distinct(),
@@ -119,7 +119,7 @@ def test_the_index_is_the_same_whatever_the_arrival_order_and_round_trips(tmp_pa
     for seed in (1, 2):
         shuffled = rows[:]
         random.Random(seed).shuffle(shuffled)
-        with TestPipeline() as p:
+        with BeamPipeline() as p:
             _collect(p | beam.Create(shuffled) | BuildNgramIndex([4]), tmp_path / f"index{seed}",
                      lambda i: i.to_bytes().hex())
         built.append(ng.NgramIndex.from_bytes(bytes.fromhex((tmp_path / f"index{seed}").read_text().strip())))
@@ -132,7 +132,7 @@ def test_the_index_is_the_same_whatever_the_arrival_order_and_round_trips(tmp_pa
 
 def test_asking_for_an_n_the_index_lacks_is_an_error():
     with pytest.raises(Exception, match=r"built for n = \[5\]"):
-        with TestPipeline() as p:
+        with BeamPipeline() as p:
             index = p | "Eval" >> beam.Create([{"text": "a b c d e f"}]) | BuildNgramIndex([5])
             _ = p | "Train" >> beam.Create([{"text": "a b c d e f"}]) | FindOverlaps(index, ngrams=[13])
 

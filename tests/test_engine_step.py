@@ -4,10 +4,13 @@ ready) decode buckets, and seeded sampling on the logits' device."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+if TYPE_CHECKING:
+    from torch import Tensor
 pytest.importorskip("safetensors", reason="the inference extra (safetensors) is not installed")
 
 from engine_fixtures import random_weights, tiny_config, write_original  # noqa: E402
@@ -30,7 +33,7 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _host_tables(cache: PagedKVCache) -> torch.Tensor:
+def _host_tables(cache: PagedKVCache) -> Tensor:
     """What ``device_table`` must hold, rebuilt from the host lists."""
     want = torch.full_like(cache.device_table, -1)
     for k, kind in enumerate(cache.kinds):

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from helpers import GSM8K_TEST, gsm8k_texts, write_jsonl
@@ -52,7 +53,7 @@ from refinery.runners import flink as flink_mod
 REQUIRED = os.environ.get("REFINERY_REQUIRE_FLINK") == "1"
 
 
-def _unavailable(reason: str):
+def _unavailable(reason: str) -> NoReturn:
     if REQUIRED:
         pytest.fail(f"{reason} (REFINERY_REQUIRE_FLINK=1: CI must run the Flink tests)")
     pytest.skip(reason)

@@ -25,8 +25,9 @@ def _files(root, n: int):
 def _prep_proto_bytes(folder, out) -> int:
     cfg = PrepConfig(inputs=storage.expand_inputs([str(folder)]), output=str(out), dataset="s", num_shards=4,
                      unit_bytes=2000)
-    return len(runner_api(command_pipeline(build_stages(cfg), str(out), ["--runner=DirectRunner"]))
-               .SerializeToString())
+    pipeline = command_pipeline(build_stages(cfg), str(out), ["--runner=DirectRunner"])
+    assert pipeline is not None  # the plan has units
+    return len(runner_api(pipeline).SerializeToString())
 
 
 def test_the_prep_job_is_the_same_size_for_10x_the_files(tmp_path):

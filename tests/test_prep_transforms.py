@@ -9,7 +9,7 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline  # a Beam class: no Test* name to collect
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
@@ -30,14 +30,12 @@ from refinery.transforms.prep import (
 )
 from refinery.transforms.prep.documents import EMPTY, content_id, shard_of
 
-TestPipeline.__test__ = False  # a Beam class, not a pytest test class
-
 
 def test_normalize_tokenize_assign_shard_on_plain_dicts():
     rows = [{"id": "a", "text": "Hello\r\nworld  "}, {"text": "  "}, {"id": 7, "text": "cafe\u0301"},
             {"id": "x", "body": "no text"}]
     enc = get_encoding()
-    with TestPipeline() as p:
+    with BeamPipeline() as p:
         docs, rejected = p | beam.Create(rows) | Normalize().with_rejected()
         assert_that(docs, equal_to([Document("a", "Hello\nworld", "", 0), Document("7", "caf\u00e9", "", 0)]),
                     label="docs")
@@ -54,7 +52,7 @@ def test_normalize_tokenize_assign_shard_on_plain_dicts():
 def test_without_with_rejected_a_bad_row_fails_the_pipeline_naming_it():
     rows = [SourceRow("data/a.jsonl", 3, {"id": 1, "txt": "x"}, "a.jsonl")]
     with pytest.raises(Exception, match=r"data/a.jsonl:3: missing text field 'text'"):
-        with TestPipeline() as p:
+        with BeamPipeline() as p:
             _ = p | beam.Create(rows) | Normalize()
 
 
@@ -63,7 +61,7 @@ def _source_rows(root: Path) -> list[SourceRow]:
     out = []
     for f in storage.expand_inputs([str(root)]):
         for row, record, error in iter_rows(f.path):
-            assert error is None
+            assert error is None and record is not None
             out.append(SourceRow(f.path, row, record, f.relpath))
     return out
 
@@ -144,7 +142,7 @@ def test_read_rows_with_rejected_and_empty_shards(tmp_path):
     root = tmp_path / "in"
     write_jsonl(root / "a.jsonl", [{"id": "1", "text": "one"}], raw_lines={1: "{broken"})
     out = tmp_path / "out"
-    with TestPipeline() as p:
+    with BeamPipeline() as p:
         rows, bad = p | ReadRows([str(root)]).with_rejected()
         docs, rejected = rows | Normalize().with_rejected()
         manifest = (docs | Tokenize() | AssignShard(3)
@@ -221,7 +219,7 @@ def test_tokenize_encodes_in_batches_and_keeps_every_documents_tokens_and_window
     enc = get_encoding()
     expected = [(str(i), i // 100, enc.encode_ordinary(t) + [EOS_TOKEN_ID]) for i, t in enumerate(texts)]
     for encoder in ("fast", "tiktoken"):
-        with TestPipeline() as p:
+        with BeamPipeline() as p:
             out = (p | beam.Create([window.TimestampedValue(d, d.row) for d in docs])
                    | beam.WindowInto(window.FixedWindows(100)) | Tokenize(encoder=encoder)
                    | beam.Map(lambda d, w=beam.DoFn.WindowParam: (d.doc_id, int(w.start) // 100, list(d.tokens))))

@@ -24,6 +24,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Iterator, NoReturn
 
 import pytest
 from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
@@ -36,7 +37,7 @@ from refinery.runners import prism_local as prism
 REQUIRED = os.environ.get("REFINERY_REQUIRE_PRISM") == "1"
 
 
-def _unavailable(reason: str):
+def _unavailable(reason: str) -> NoReturn:
     if REQUIRED:
         pytest.fail(f"{reason} (REFINERY_REQUIRE_PRISM=1: CI must run the Prism tests)")
     pytest.skip(reason)
@@ -134,11 +135,12 @@ def prism_binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def on_prism(prism_binary, tmp_path_factory) -> list[str]:
+def on_prism(prism_binary, tmp_path_factory) -> Iterator[list[str]]:
     """The runner flags of a job on one Prism process, started for this module and stopped
     (by its pid) at its end."""
     log = tmp_path_factory.mktemp("prism") / "prism.log"
     with prism.PrismServer(prism_binary, log=log) as server:
+        assert server.proc is not None  # started
         yield ["--runner", "prism", f"--job_endpoint={server.endpoint}", "--no-progress"]
         assert server.proc.poll() is None, log.read_text()[-2000:]  # it served the whole module
     assert server.proc.poll() is not None
@@ -147,9 +149,9 @@ def on_prism(prism_binary, tmp_path_factory) -> list[str]:
 def both(out: Path, on_prism: list[str], *argv) -> tuple[dict, dict]:
     """``refinery ARGV`` on Prism into ``out/prism`` and on the local runner (in-process) into ``out/local``:
     the digests of what each wrote."""
-    argv = [str(a) for a in argv]
-    assert main([*argv, "--output", str(out / "prism"), *on_prism]) == 0
-    assert main([*argv, "--output", str(out / "local"), "--runner", "direct", "--no-progress"]) == 0
+    args = [str(a) for a in argv]
+    assert main([*args, "--output", str(out / "prism"), *on_prism]) == 0
+    assert main([*args, "--output", str(out / "local"), "--runner", "direct", "--no-progress"]) == 0
     return final_digest(out / "prism"), final_digest(out / "local")
 
 

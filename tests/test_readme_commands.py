@@ -95,8 +95,10 @@ class Shell:
     def run(self, command: str, timeout: float) -> int | None:
         """The command's exit status, or None when it ran past ``timeout`` seconds."""
         script = f"{{\n{command}\n}} </dev/null\necho $? >&{self.status_fd}\n"
-        self.proc.stdin.write(script.encode())
-        self.proc.stdin.flush()
+        stdin = self.proc.stdin
+        assert stdin is not None  # a pipe
+        stdin.write(script.encode())
+        stdin.flush()
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()

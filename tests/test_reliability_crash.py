@@ -109,7 +109,7 @@ def _kill_cycle(rng: random.Random, launch, out, unit_log, max_kills: int, deadl
     """Attempts on one output until a run exits 0; at most ``max_kills`` kills. Returns the kills.
     ``launch(env)`` starts one run of the command; ``view()`` gives a local folder holding the
     output as it is now (default: ``out`` itself; a downloaded copy for gs:// outputs)."""
-    kills = []
+    kills: list[str] = []
     env = child_env(unit_log)
     view = view or (lambda: out)
     for _ in range(max_kills + 20):

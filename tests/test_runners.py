@@ -29,6 +29,7 @@ from helpers import gsm8k_texts, write_jsonl
 from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
 from refinery.runners.dataflow import GPU_MACHINES, parse_gpu
 from refinery.runners.translate import command_pipeline, dataflow_job, runner_api, step_names
+from refinery.transforms.inference.stages import Task
 
 GCP = ["--project=refinery-test", "--region=us-central1", "--temp_location=gs://refinery-test-bucket/tmp"]
 CPU_IMAGE = "registry.example/refinery-cpu:1"
@@ -244,6 +245,7 @@ valid_path = "corpus/a_valid.jsonl"
 ''')
     mf = mx.load_mixture_file(str(root / "mix.toml"))
     mixture = mx.select_mixture(mf, "pretrain")
+    assert mf.data_root is not None
     plans, skipped = mx.plan_mixture(mixture, mf.data_root, ["train", "valid"], mx.flow_target(mf, mixture, "tiny"))
     assert [p.label for p in plans] == ["alpha/train", "alpha/valid"] and not skipped
     jobs = []
@@ -285,6 +287,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     args, rest = parser.parse_known_args([*argv, *common])
     assert not rest
     engine, options = generate.engine_settings(args), generate.handler_options(args)
+    task: Task
     if command == "generate":
         from refinery.transforms.inference.handler import GenerationParams
         from refinery.transforms.inference.stages import GenerateTask

@@ -73,6 +73,13 @@ class Completion:
     failed: bool = False   # the unit ran in this plan and failed: the next run retries it
     stale: bool = False    # complete, but built before a repair of an upstream unit: to be redone
 
+    def done_receipt(self) -> Receipt:
+        """The receipt of a unit found done (a done unit always has one); RuntimeError, naming why,
+        for a unit that is not done."""
+        if self.receipt is None:
+            raise RuntimeError(f"no receipt: {self.reason}")
+        return self.receipt
+
 
 def repairs_of(stage: str, receipts: dict[str, Receipt]) -> dict[str, str]:
     """``{"stage/unit": repair token}`` of the units (done receipts by unit id) that were

@@ -127,13 +127,22 @@ class Stage:
 
     name: str = ""
     title: str = ""
-    light: bool = False
-    final_outputs: bool = False
     driver_only: tuple[str, ...] = ()
     chained: bool = True  # False: its hash does not enter the stages' after it (see bind_stages)
     plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
     _units: list[Unit] | None = None
     _unpickled = False  # True in a worker's copy: its plan is read from plan_ref
+
+    @property
+    def light(self) -> bool:
+        """False here; a stage says True by a class attribute, or by a property of its own
+        (a property: a subclass may compute it)."""
+        return False
+
+    @property
+    def final_outputs(self) -> bool:
+        """False here; a stage says True as :attr:`light` does."""
+        return False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import msgpack
 import zstandard
@@ -53,7 +53,7 @@ from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
-from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES
+from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES, TrainFile
 
 FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
 # 4: reduce results carry their records' eval windows; longest match and coverage per instance
@@ -94,17 +94,18 @@ def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
     its CRC and length; ValueError naming ``where`` if it is damaged or not one whole member
     (``out`` then holds a partial copy: the caller's unit fails and its file is not kept)."""
     inflate = isal_zlib.decompressobj(wbits=31)
+    gzip_error = cast("type[Exception]", isal_zlib.error)  # a class; isal's stub calls it an instance
     try:
         while block := src.read(chunk):
             if inflate.eof:
-                raise isal_zlib.error("data after the end of the gzip member")
+                raise gzip_error("data after the end of the gzip member")
             inflate.decompress(block, chunk)  # the output is dropped: only checked
             while inflate.unconsumed_tail:
                 inflate.decompress(inflate.unconsumed_tail, chunk)
             out.write(block)
         if not inflate.eof or inflate.unused_data:
-            raise isal_zlib.error("cut short" if not inflate.eof else "data after the end of the gzip member")
-    except isal_zlib.error as e:
+            raise gzip_error("cut short" if not inflate.eof else "data after the end of the gzip member")
+    except gzip_error as e:
         raise ValueError(f"{where}: damaged gzip member ({e}); {REBUILD_HINT}") from None
 
 
@@ -583,7 +584,7 @@ class MergeReportsStage(Stage):
                 "scan": scan_totals}
 
     @staticmethod
-    def train_files(scan_run: StageRun) -> list[dict]:
+    def train_files(scan_run: StageRun) -> list[TrainFile]:
         """``stats/train_files.jsonl``: every training file scanned (``scan_run``'s inputs), as
         given and resolved (a local path made absolute, links followed), with the size and
         version it was scanned at: what ``prep --exclude-overlaps`` matches its inputs against."""
@@ -637,6 +638,14 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
                 path = f"{arg.rstrip('/')}/{f.relpath}"
             out.setdefault(path, storage.InputFile(path, f.relpath, f.size, f.version))
     return sorted(out.values(), key=lambda f: f.path)
+
+
+def input_stages(stages: list[Stage]) -> tuple[IndexStage, ScanStage]:
+    """The index and scan stages of :func:`build_stages`'s list (they hold the eval and training files)."""
+    index, scan = stages[0], stages[1]
+    if not (isinstance(index, IndexStage) and isinstance(scan, ScanStage)):
+        raise TypeError(f"not decon's stages: {type(index).__name__}, {type(scan).__name__}")
+    return index, scan
 
 
 def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> list[Stage]:

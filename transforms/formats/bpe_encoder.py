@@ -8,6 +8,8 @@ import hashlib
 import json
 import logging
 from array import array
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
 
 from refinery.transforms.formats.tokenizers import (
     _PROBE_SHA256,
@@ -18,6 +20,9 @@ from refinery.transforms.formats.tokenizers import (
     TokenizerSpec,
 )
 
+if TYPE_CHECKING:
+    from tiktoken import Encoding
+
 
 class FastTiktokenTokenizer(TiktokenTokenizer):
     """tiktoken's exact tokens from bpe-openai's Rust BPE (GitHub's ``bpe`` crate): about 1.3x
@@ -25,22 +30,25 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
     cannot take (it raises) is encoded by tiktoken instead, counted in ``fallbacks``. tiktoken
     itself (``enc``) is loaded only when needed: a fallback, or ``decode``."""
 
-    def __init__(self, spec: TokenizerSpec, enc, fast):
-        super().__init__(spec, enc)
+    _enc: Encoding | Callable[[], Encoding]
+
+    def __init__(self, spec: TokenizerSpec, enc: Encoding | Callable[[], Encoding], fast: Any):
+        Tokenizer.__init__(self, spec)
+        self.enc = enc  # tiktoken, or what loads it on first use
         self.fast = fast
         self.fallbacks = 0
 
     @property
-    def enc(self):
+    def enc(self) -> Encoding:
         if callable(self._enc):
             self._enc = self._enc()
         return self._enc
 
     @enc.setter
-    def enc(self, value) -> None:
+    def enc(self, value: Encoding | Callable[[], Encoding]) -> None:
         self._enc = value
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         try:
             return array("I", self.fast.encode(text))
         except Exception:  # noqa: BLE001 - whatever the fast encoder refuses, tiktoken encodes
@@ -51,7 +59,7 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
 
 
 @functools.lru_cache(maxsize=1)
-def _bpe_bindings():
+def _bpe_bindings() -> ModuleType:
     """bpe-openai's Rust extension module, loaded by itself: importing the ``bpe_openai``
     package first would build its Python tiktoken shims, parsing three vocab files (about a
     second per process) that the Rust encoder does not use."""
@@ -67,13 +75,16 @@ def _bpe_bindings():
         path = folder / f"_bindings{suffix}"
         if path.exists():
             loader = importlib.machinery.ExtensionFileLoader("bpe_openai._bindings", str(path))
-            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+            spec = importlib.util.spec_from_loader(loader.name, loader)
+            if spec is None:
+                raise ImportError(f"{path}: no module spec for bpe_openai._bindings")
+            module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
             return module
     raise ImportError(f"no bpe_openai._bindings extension in {folder}")
 
 
-def _fast_backend(spec: TokenizerSpec):
+def _fast_backend(spec: TokenizerSpec) -> Any:
     """bpe-openai's encoder for ``spec``'s encoding, if installed, known to it and giving
     tiktoken's tokens on :data:`_PROBES`; else None (tiktoken is used)."""
     name = FAST_ENCODINGS.get(spec.name) if spec.kind == "tiktoken" else None

@@ -81,8 +81,8 @@ def shard_doc_ids(data_root: str, source: str, relpath: str) -> Iterator[str]:
         bounds = shards.read_idx(idx_path)
     except ValueError as e:
         raise ValueError(f"{idx_path}: {e}") from None
-    for s, e in bounds.tolist():
-        yield DocAddress(source, relpath, int(s), int(e)).doc_id
+    for start, end in bounds.tolist():
+        yield DocAddress(source, relpath, int(start), int(end)).doc_id
 
 
 _SHARDS = shards.TokenFiles(64)  # inputs are fingerprinted: a shard does not change during a run

@@ -4,6 +4,7 @@ ones faster, and a document a fast one refuses is encoded by the reference and c
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer, _fast_backend
 from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
@@ -15,6 +16,9 @@ from refinery.transforms.formats.tokenizers import (
     plain_tokenizer,
     tiktoken_encoding,
 )
+
+if TYPE_CHECKING:
+    from tiktoken import Encoding
 
 # --encoder: "fast" is gigatoken where it is installed and passes the probes, else bpe-openai;
 # "bpe-openai" that one alone; "tiktoken" the reference. Every one gives the same tokens.
@@ -36,7 +40,7 @@ def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
     if spec.kind != "tiktoken" or encoder == "tiktoken":
         return plain_tokenizer(spec)
 
-    def encoding():
+    def encoding() -> Encoding:
         return tiktoken_encoding(spec)
 
     if encoder == "fast":

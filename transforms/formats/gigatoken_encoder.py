@@ -38,7 +38,7 @@ import hashlib
 import json
 import logging
 from array import array
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class GigatokenTokenizer(FastTiktokenTokenizer):
     (:mod:`.unassigned`: there the two encoders' Unicode tables disagree) and one the encoder
     refuses; each such document is counted in ``fallbacks``."""
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         if has_unassigned(text):
             return self._tiktoken(text)
         try:
@@ -83,10 +83,10 @@ class GigatokenTokenizer(FastTiktokenTokenizer):
         except Exception:  # noqa: BLE001 - whatever the fast encoder refuses, tiktoken encodes
             return self._tiktoken(text)
         out = array("I")
-        out.frombytes(memoryview(tokens).cast("B"))
+        out.frombytes(tokens.data.cast("B"))
         return out
 
-    def _tiktoken(self, text: str) -> array:
+    def _tiktoken(self, text: str) -> array[int]:
         self.fallbacks += 1
         return TiktokenTokenizer.encode(self, text)
 
@@ -107,7 +107,8 @@ class GigatokenTokenizer(FastTiktokenTokenizer):
             return super().encode_flat(texts)
         if not odd:
             return tokens, offsets
-        parts, j = [], 0
+        parts: list[array[int] | np.ndarray] = []
+        j = 0
         for i, text in enumerate(texts):
             if i in odd:
                 parts.append(self._tiktoken(text))
@@ -117,7 +118,7 @@ class GigatokenTokenizer(FastTiktokenTokenizer):
         return join_encoded(parts)
 
 
-def batch_buffers(result, count: int) -> tuple[np.ndarray, np.ndarray]:
+def batch_buffers(result: Any, count: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens uint32, offsets int64) of an ``encode_batch`` result of ``count`` documents, read
     from its awkward layout (a ``ListOffsetArray`` over a ``NumpyArray``) without importing
     awkward; raises ``ValueError`` when the result is not that layout with offsets from 0."""
@@ -146,7 +147,7 @@ def vocab_file(spec: TokenizerSpec) -> str:
     return str(path)
 
 
-def probe_digest(encode_batch) -> str:
+def probe_digest(encode_batch: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> str:
     """sha256 of the JSON token lists that ``encode_batch`` (texts -> (tokens, offsets)) gives
     for the load-time probes: compared with tiktoken's (``_PROBE_SHA256``)."""
     tokens, offsets = encode_batch(list(_PROBES))
@@ -155,7 +156,7 @@ def probe_digest(encode_batch) -> str:
 
 
 # encoders built ahead (:func:`preload`), by (base encoding, cache budget)
-_PRELOADED: dict[tuple[str, int], object] = {}
+_PRELOADED: dict[tuple[str, int], Any] = {}
 
 
 def preload(spec: TokenizerSpec | None = None) -> bool:
@@ -172,12 +173,12 @@ def preload(spec: TokenizerSpec | None = None) -> bool:
         fast = gigatoken_backend(spec)
     finally:
         log.disabled = quiet
-    if fast is not None:
+    if fast is not None and base is not None:  # a built encoder has a base encoding
         _PRELOADED[(base, MAX_CACHE_BYTES)] = fast
     return fast is not None
 
 
-def gigatoken_backend(spec: TokenizerSpec, max_cache_bytes: int = MAX_CACHE_BYTES):
+def gigatoken_backend(spec: TokenizerSpec, max_cache_bytes: int = MAX_CACHE_BYTES) -> Any:
     """gigatoken's encoder for ``spec``'s encoding with a bounded cache, when installed and
     giving tiktoken's tokens on the probes (or built ahead by :func:`preload`); else None, with
     a warning saying why."""

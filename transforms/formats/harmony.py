@@ -13,7 +13,10 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding, Message
 
 RETURN_TOKEN = 200002  # <|return|>
 CALL_TOKEN = 200012  # <|call|>
@@ -40,7 +43,7 @@ def _vocab_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def harmony_encoding():
+def harmony_encoding() -> HarmonyEncoding:
     """openai-harmony's ``HARMONY_GPT_OSS`` encoding, loaded from the local vocab."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
@@ -106,7 +109,7 @@ def render_prompt(
     return list(encoding.render_conversation_for_completion(conversation, Role.ASSISTANT))
 
 
-def _message_text(message) -> str:
+def _message_text(message: Message) -> str:
     return "".join(getattr(c, "text", "") for c in message.content)
 
 
@@ -139,7 +142,7 @@ def parse_final(tokens: Iterable[int]) -> str | None:
     if finals:
         return finals[-1]
     text = encoding.decode(tokens)
-    matches = _FINAL.findall(text)
+    matches: list[str] = _FINAL.findall(text)
     if matches:
         return matches[-1].strip()
     if "<|channel|>" not in text:

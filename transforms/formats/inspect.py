@@ -73,7 +73,7 @@ def shards_in_dir(data_dir: str) -> list[ShardRef]:
     return [ShardRef(p, index_path_for(p)) for p in find_shards(data_dir)]
 
 
-def _scan_tokens(tokens: np.ndarray, eos: int, vocab_size: int | None, report: ShardReport,
+def _scan_tokens(tokens: shards.TokenArray, eos: int, vocab_size: int | None, report: ShardReport,
                  max_examples: int, chunk: int) -> None:
     prev_eos = True  # a shard starting with EOS holds an empty first document
     for lo in range(0, len(tokens), chunk):
@@ -91,7 +91,7 @@ def _scan_tokens(tokens: np.ndarray, eos: int, vocab_size: int | None, report: S
         prev_eos = bool(is_eos[-1])
 
 
-def _tokens_after_last_eos(tokens: np.ndarray, eos: int, chunk: int) -> int:
+def _tokens_after_last_eos(tokens: shards.TokenArray, eos: int, chunk: int) -> int:
     hi = len(tokens)
     while hi > 0:
         lo = max(0, hi - chunk)
@@ -148,7 +148,7 @@ def inspect_shard(ref: ShardRef, eos_token_id: int, vocab_size: int | None = Non
     return report
 
 
-def token_stats(tokens: np.ndarray, doc_lengths: np.ndarray, vocab_size: int | None, top: int = 10,
+def token_stats(tokens: shards.TokenArray, doc_lengths: np.ndarray, vocab_size: int | None, top: int = 10,
                 chunk: int = SCAN_CHUNK_TOKENS) -> dict[str, Any]:
     """Document-length summary and token distribution (distinct ids, coverage, most frequent)."""
     counts = np.zeros(vocab_size or 0, dtype=np.int64)
@@ -192,7 +192,7 @@ def write_length_histogram(lengths: np.ndarray, path: str, title: str = "documen
     if len(lengths):
         hi = max(int(lengths.max()), 2)
         bins = np.unique(np.geomspace(1, hi + 1, num=min(60, hi + 1)).astype(np.int64))
-        ax.hist(lengths, bins=bins, color="#3b75af", edgecolor="white", linewidth=0.4)
+        ax.hist(lengths, bins=bins.tolist(), color="#3b75af", edgecolor="white", linewidth=0.4)
         ax.set_xscale("log")
         ax.axvline(float(np.median(lengths)), color="#c44e52", linestyle="--", linewidth=1,
                    label=f"median {np.median(lengths):,.0f}")

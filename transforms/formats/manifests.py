@@ -9,17 +9,20 @@ accounting (:func:`row_accounting`), per-shard sha256 under both ``sha256`` and 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
+if TYPE_CHECKING:
+    from refinery.transforms.formats.tokenizers import TokenizerSpec
+
 MANIFEST = "manifest.json"
 
 
 
-def entry_from_receipt(shard: int, receipt: dict[str, Any]) -> dict[str, Any]:
+def entry_from_receipt(shard: int, receipt: Mapping[str, Any]) -> dict[str, Any]:
     """A manifest's entry for one shard, from the receipt of the unit that wrote it: its
     file records (path, bytes, sha256) of the ``.npy`` and ``.idx`` and its stats (tokens,
     docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts."""
@@ -45,7 +48,7 @@ def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, writt
 
 def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int,
                    created_at: str, version: str = FORMAT_VERSION, extra: dict[str, Any] | None = None,
-                   tokenizer=None) -> dict[str, Any]:
+                   tokenizer: TokenizerSpec | None = None) -> dict[str, Any]:
     """THE manifest: what ``refinery prep`` and ``WriteTokenShards`` write as ``manifest.json``.
 
     Fields nmoe's ``load_manifest`` requires (dataset, version, tokenizer, vocab_size,

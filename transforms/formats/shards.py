@@ -30,29 +30,34 @@ import re
 import struct
 from array import array
 from collections import OrderedDict
-from typing import IO, Any, Callable, ContextManager, Iterable
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Union
 
 import numpy as np
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 FORMAT_VERSION = "v1"
 IDX_MAGIC = b"NMOEIDX\x00"
 IDX_VERSION = 1
 IDX_HEADER = struct.Struct("<8sQQQ")
 TOKEN_DTYPE = np.dtype("<u4")  # the default tokenizer's (o200k_harmony)
-TOKEN_DTYPES = {"uint32": TOKEN_DTYPE, "uint16": np.dtype("<u2")}  # the manifest's dtype -> the NPY's
+# the manifest's dtype -> the NPY's
+TOKEN_DTYPES: dict[str, np.dtype[Any]] = {"uint32": TOKEN_DTYPE, "uint16": np.dtype("<u2")}
 
 
-def token_dtype(name: str) -> np.dtype:
+def token_dtype(name: str) -> np.dtype[Any]:
     """The NPY dtype of a manifest's ``dtype`` (``uint32`` or ``uint16``); ValueError otherwise."""
     if name not in TOKEN_DTYPES:
         raise ValueError(f"token dtype {name!r}: expected one of {', '.join(TOKEN_DTYPES)}")
     return TOKEN_DTYPES[name]
 
 
-def _is_token_array(tokens) -> bool:
+def _is_token_array(tokens: TokenArray) -> bool:
     return tokens.dtype in TOKEN_DTYPES.values() and tokens.ndim == 1
 IDX_CHUNK_DOCS = 1 << 20
 SCAN_CHUNK_TOKENS = 1 << 24
@@ -100,12 +105,13 @@ def index_path_for(npy_path: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 class _Buffer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.data = bytearray()
 
-    def write(self, b) -> int:
-        self.data += b
-        return len(b)
+    def write(self, b: ReadableBuffer, /) -> int:
+        view = memoryview(b).cast("B")
+        self.data += view
+        return view.nbytes
 
 
 def npy_header(num_tokens: int, dtype: str = "uint32") -> bytes:
@@ -117,7 +123,7 @@ def npy_header(num_tokens: int, dtype: str = "uint32") -> bytes:
     return bytes(buf.data)
 
 
-def write_idx(out: IO[bytes], lengths: np.ndarray) -> None:
+def write_idx(out: storage.BinaryWriter, lengths: np.ndarray | Iterable[int]) -> None:
     """Write an ``.idx`` for documents of the given token lengths (EOS included)."""
     lengths = np.asarray(lengths, dtype=np.uint64)
     out.write(IDX_HEADER.pack(IDX_MAGIC, IDX_VERSION, len(lengths), 0))
@@ -130,15 +136,16 @@ def write_idx(out: IO[bytes], lengths: np.ndarray) -> None:
         base = int(ends[-1])
 
 
-def idx_bytes(lengths: np.ndarray) -> bytes:
+def idx_bytes(lengths: np.ndarray | Iterable[int]) -> bytes:
     """The ``.idx`` of documents of the given lengths, in memory."""
     buf = _Buffer()
     write_idx(buf, lengths)
     return bytes(buf.data)
 
 
-def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path: str, idx_path: str,
-                lengths: np.ndarray, token_chunks: Iterable[bytes], dtype: str = "uint32") -> dict[str, Any]:
+def write_shard(open_write: Callable[[str], ContextManager[storage.BinaryWriter]], npy_path: str, idx_path: str,
+                lengths: np.ndarray | Iterable[int], token_chunks: Iterable[bytes],
+                dtype: str = "uint32") -> dict[str, Any]:
     """THE shard writer: ``.npy`` (header, then ``token_chunks``: little-endian uint32 bytes
     of the documents in order, EOS included) and then its ``.idx`` from ``lengths``.
     ``dtype="uint16"`` writes the tokens as uint16 (ValueError if one does not fit).
@@ -169,17 +176,16 @@ def write_shard(open_write: Callable[[str], ContextManager[IO[bytes]]], npy_path
     return {"tokens": num_tokens, "docs": int(len(lengths))}
 
 
-def u32_bytes(tokens) -> bytes:
+def u32_bytes(tokens: np.ndarray | array[int] | Iterable[int]) -> bytes:
     """Little-endian uint32 bytes of a token sequence (``array('I')``, numpy array or list)."""
     if isinstance(tokens, np.ndarray):
         return tokens.astype("<u4", copy=False).tobytes()
-    if not isinstance(tokens, array):
-        tokens = array("I", tokens)
+    ids = tokens if isinstance(tokens, array) else array("I", tokens)
     if np.little_endian:
-        return tokens.tobytes()
-    tokens = array(tokens.typecode, tokens)
-    tokens.byteswap()
-    return tokens.tobytes()
+        return ids.tobytes()
+    swapped = array(ids.typecode, ids)
+    swapped.byteswap()
+    return swapped.tobytes()
 
 
 class IndexWriter:
@@ -198,7 +204,7 @@ class IndexWriter:
             raise ValueError(f"{self.path}: a document holds at least its EOS (got {num_tokens} tokens)")
         self._lengths.append(num_tokens)
 
-    def add_lengths(self, lengths) -> None:
+    def add_lengths(self, lengths: np.ndarray | Iterable[int]) -> None:
         lengths = np.asarray(lengths, dtype=np.uint64)
         if len(lengths) and int(lengths.min()) < 1:
             raise ValueError(f"{self.path}: a document holds at least its EOS (got a length of 0)")
@@ -218,7 +224,8 @@ class IndexWriter:
     def __enter__(self) -> "IndexWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.close()
 
@@ -242,7 +249,7 @@ def parse_idx_header(header: bytes, size: int) -> int:
     return int(num_docs)
 
 
-def read_idx(path_or_bytes) -> np.ndarray:
+def read_idx(path_or_bytes: str | bytes) -> np.ndarray:
     """(num_docs, 2) uint64 array of [start, end) per document; raises ValueError if malformed."""
     data = storage.read_bytes(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
     num_docs = parse_idx_header(data[:IDX_HEADER.size], len(data))
@@ -283,15 +290,16 @@ class IndexReader:
 
     def lengths(self) -> np.ndarray:
         """Token count of every document (EOS included), uint64."""
-        return (self.bounds[:, 1] - self.bounds[:, 0]).astype(np.uint64)
+        lengths: np.ndarray = (self.bounds[:, 1] - self.bounds[:, 0]).astype(np.uint64)
+        return lengths
 
 
-def _read_npy_header(f: IO[bytes]) -> tuple[tuple[Any, ...], np.dtype, int]:
+def _read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     """(shape, dtype, header bytes) of an open NPY file positioned at its start."""
     version = np.lib.format.read_magic(f)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = read_header(f)
-    return shape, dtype, f.tell()
+    return tuple(shape), dtype, f.tell()
 
 
 def npy_token_count(path: str) -> int:
@@ -319,7 +327,7 @@ class RemoteTokens:
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: int | np.integer[Any] | slice) -> Any:
         if isinstance(key, (int, np.integer)):
             k = int(key) + (self._len if key < 0 else 0)
             if not 0 <= k < self._len:
@@ -334,16 +342,21 @@ class RemoteTokens:
                              self.offset + stop * self.dtype.itemsize)
         return np.frombuffer(data, dtype=self.dtype)
 
-    def __array__(self, dtype=None, copy=None):
-        a = self[0:self._len]
+    def __array__(self, dtype: np.dtype[Any] | None = None, copy: bool | None = None) -> np.ndarray:
+        a: np.ndarray = self[0:self._len]
         return a if dtype is None else a.astype(dtype)
 
 
-def open_tokens(path: str):
+# a shard's tokens: the memory map of a local shard or the ranged reader of a remote one
+TokenArray = Union[np.ndarray, RemoteTokens]
+
+
+def open_tokens(path: str) -> TokenArray:
     """A shard's tokens as a 1-D uint32 (or uint16) array-like: a memory map (local) or
     :class:`RemoteTokens` (remote: the header is read now, tokens on slicing)."""
     if not storage.is_remote(path):
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        tokens: np.ndarray = np.load(path, mmap_mode="r", allow_pickle=False)
+        return tokens
     return RemoteTokens(path)
 
 
@@ -354,9 +367,9 @@ class TokenFiles:
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
-        self._open: "OrderedDict[str, object]" = OrderedDict()
+        self._open: OrderedDict[str, TokenArray] = OrderedDict()
 
-    def get(self, path: str):
+    def get(self, path: str) -> TokenArray:
         tokens = self._open.pop(path, None)
         if tokens is None:
             tokens = open_tokens(path)
@@ -389,11 +402,12 @@ class ShardReader:
         if end > self.num_tokens:
             raise ValueError(f"{self.idx_path}: document {i} ends at {end}, "
                              f"past the {self.num_tokens} tokens of {self.npy_path}")
-        return self.tokens[start:end]
+        document: np.ndarray = self.tokens[start:end]
+        return document
 
     __getitem__ = document
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         for i in range(self.num_docs):
             yield self.document(i)
 
@@ -402,7 +416,8 @@ class ShardReader:
 # Regenerating an index
 # ---------------------------------------------------------------------------------------
 
-def eos_document_lengths(tokens, eos_token_id: int, chunk: int = SCAN_CHUNK_TOKENS) -> tuple[np.ndarray, int]:
+def eos_document_lengths(tokens: TokenArray, eos_token_id: int,
+                         chunk: int = SCAN_CHUNK_TOKENS) -> tuple[np.ndarray, int]:
     """(document lengths ending at each EOS, tokens after the last EOS), scanning in chunks."""
     ends = []
     for lo in range(0, len(tokens), chunk):
@@ -438,7 +453,7 @@ def check_shard(npy_path: str, idx_path: str, eos_token_id: int, expected_tokens
                 expected_docs: int | None = None, expected_dtype: str | None = None) -> list[str]:
     """Problems with one shard pair ([] if none): header, dtype (the manifest's ``expected_dtype``
     when given), idx/npy consistency, EOS placement."""
-    problems = []
+    problems: list[str] = []
     name = storage.basename(npy_path)
     try:
         tokens = open_tokens(npy_path)

@@ -32,7 +32,10 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tiktoken
 
 ENCODING_NAME = "o200k_harmony"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -87,7 +90,7 @@ def tokenizer_identity() -> dict[str, Any]:
     return {"encoding": ENCODING_NAME, "vocab_sha256": VOCAB_SHA256}
 
 
-def _read_maybe_gz(path: str | os.PathLike) -> bytes:
+def _read_maybe_gz(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as f:
         data = f.read()
     return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
@@ -203,7 +206,7 @@ def vocab_bytes(vocab_file: str | None = None) -> bytes:
     raise VocabError(f"no offline o200k_base vocab (last source tried: {source})")
 
 
-def write_vocab_file(directory: str | os.PathLike, vocab_file: str | None = None) -> Path:
+def write_vocab_file(directory: str | os.PathLike[str], vocab_file: str | None = None) -> Path:
     """Write the verified vocab as ``DIRECTORY/o200k_base.tiktoken`` (e.g. for openai-harmony)."""
     path = Path(directory) / "o200k_base.tiktoken"
     if not (path.exists() and _sha256(path.read_bytes()) == VOCAB_SHA256):
@@ -235,7 +238,8 @@ def _parsed_ranks(cache_path: Path, vocab: VocabFile = O200K) -> dict[bytes, int
     try:
         data = parsed.read_bytes()
         if hashlib.sha256(data[32:]).digest() == data[:32]:
-            return marshal.loads(data[32:])
+            ranks: dict[bytes, int] = marshal.loads(data[32:])
+            return ranks
     except (OSError, ValueError, EOFError, TypeError):
         pass
     ranks = load_tiktoken_bpe(str(cache_path), vocab.sha256)
@@ -245,7 +249,7 @@ def _parsed_ranks(cache_path: Path, vocab: VocabFile = O200K) -> dict[bytes, int
     return ranks
 
 
-def _build(name: str, cache_path: Path, vocab: VocabFile):
+def _build(name: str, cache_path: Path, vocab: VocabFile) -> tiktoken.Encoding:
     """tiktoken's own constructor of encoding ``name``, handed the parsed table of its one
     vocab file instead of re-parsing it."""
     import tiktoken
@@ -263,7 +267,7 @@ def _build(name: str, cache_path: Path, vocab: VocabFile):
 
 
 @functools.lru_cache(maxsize=4)
-def get_encoding(vocab_file: str | None = None):
+def get_encoding(vocab_file: str | None = None) -> tiktoken.Encoding:
     """The ``o200k_harmony`` encoding (a ``tiktoken.Encoding``), built by tiktoken from an
     offline, verified vocab: tiktoken's own constructor gives the regex and special tokens;
     only the parsed vocab comes from :func:`_parsed_ranks`."""
@@ -281,7 +285,7 @@ def get_encoding(vocab_file: str | None = None):
 
 
 @functools.lru_cache(maxsize=8)
-def get_tiktoken(name: str):
+def get_tiktoken(name: str) -> tiktoken.Encoding:
     """Any encoding of :data:`TIKTOKEN_FILES`, offline (:func:`resolve_tiktoken_files`); one per
     process. ``o200k_harmony`` is :func:`get_encoding`'s (it honours ``$REFINERY_VOCAB_FILE``)."""
     import tiktoken

@@ -40,12 +40,17 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from refinery.transforms.core import storage
 from refinery.transforms.formats import tokenizer as tk
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+    from tiktoken import Encoding
+    from tokenizers import Tokenizer as HfTok
 
 UINT16_MAX_VOCAB = 1 << 16  # ids 0..65535 fit uint16
 COMMON_EOS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>")
@@ -129,10 +134,10 @@ class Tokenizer:
     def identity(self) -> dict[str, Any]:
         return self.spec.identity()
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         raise NotImplementedError
 
-    def encode_batch(self, texts: list[str]) -> list[array]:
+    def encode_batch(self, texts: list[str]) -> list[array[int]]:
         return [self.encode(t) for t in texts]
 
     def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +148,7 @@ class Tokenizer:
         :meth:`encode` per text, joined."""
         return join_encoded([self.encode(t) for t in texts])
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
 
@@ -159,16 +164,15 @@ def join_encoded(parts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class TiktokenTokenizer(Tokenizer):
-    def __init__(self, spec: TokenizerSpec, enc):
+    def __init__(self, spec: TokenizerSpec, enc: Encoding):
         super().__init__(spec)
         self.enc = enc
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         out = array("I")
         # encode_to_numpy with no special token allowed or disallowed is encode_ordinary
         # (tested token for token), returned as one uint32 buffer instead of a list of ints.
-        out.frombytes(memoryview(self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()))
-                      .cast("B"))
+        out.frombytes(self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()).data.cast("B"))
         return out
 
     def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -177,22 +181,22 @@ class TiktokenTokenizer(Tokenizer):
         enc = self.enc
         return join_encoded([enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts])
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode([int(t) for t in ids])
 
 
 class HfTokenizer(Tokenizer):
-    def __init__(self, spec: TokenizerSpec, tok):
+    def __init__(self, spec: TokenizerSpec, tok: HfTok):
         super().__init__(spec)
         self.tok = tok
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         return array("I", self.tok.encode(text, add_special_tokens=False).ids)
 
-    def encode_batch(self, texts: list[str]) -> list[array]:
+    def encode_batch(self, texts: list[str]) -> list[array[int]]:
         return [array("I", e.ids) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(t) for t in ids], skip_special_tokens=False)
 
 
@@ -208,7 +212,7 @@ _PROBES = ("Hello, world! 123 4567 <|endoftext|> ünïcödé 日本語 \U0001F60
            "a" * 3000 + " " * 40 + "0123456789" * 30, "don't I'll we've  \r\n  x")
 
 
-def wrap_encoding(enc) -> TiktokenTokenizer:
+def wrap_encoding(enc: Encoding) -> TiktokenTokenizer:
     """A tiktoken ``Encoding`` (e.g. :func:`tokenizer.get_encoding`'s) as a :class:`Tokenizer`
     whose EOS is its ``<|endoftext|>``."""
     if enc.name == tk.ENCODING_NAME:
@@ -216,7 +220,7 @@ def wrap_encoding(enc) -> TiktokenTokenizer:
     return TiktokenTokenizer(TokenizerSpec("tiktoken", enc.name, "", enc.n_vocab, enc.eot_token, TIKTOKEN_EOS), enc)
 
 
-def _parse_hf(data: bytes, source: str):
+def _parse_hf(data: bytes, source: str) -> HfTok:
     from tokenizers import Tokenizer as HfTok
 
     try:
@@ -229,7 +233,7 @@ def _parse_hf(data: bytes, source: str):
 
 
 @functools.lru_cache(maxsize=8)
-def plain_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+def plain_tokenizer(spec: TokenizerSpec) -> TiktokenTokenizer | HfTokenizer:
     """The reference :class:`Tokenizer` of ``spec``, once per process: tiktoken's for an
     encoding, ``tokenizers``' for a ``tokenizer.json`` (read again and checked against the
     spec's sha256: :class:`TokenizerError` when it is missing or no longer that file). The
@@ -248,7 +252,7 @@ def plain_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     return HfTokenizer(spec, _parse_hf(data, spec.name))
 
 
-def tiktoken_encoding(spec: TokenizerSpec):
+def tiktoken_encoding(spec: TokenizerSpec) -> Encoding:
     """tiktoken's ``Encoding`` of a tiktoken ``spec`` (the project's verified o200k_harmony,
     else tiktoken's own)."""
     return tk.get_encoding() if spec.name == tk.ENCODING_NAME else tk.get_tiktoken(spec.name)
@@ -290,7 +294,7 @@ def resolve_tokenizer(value: str | TokenizerSpec | None = None, eos_token: str |
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
-def hub_tokenizer_path(value: str, api=None) -> str:
+def hub_tokenizer_path(value: str, api: HfApi | None = None) -> str:
     """``hf://ORG/MODEL@SHA/tokenizer.json`` for a hub name ``ORG/MODEL[@REVISION]``: the
     revision (default: the current commit) resolved to its commit sha once, in the driver, so
     every worker reads the same file and a rerun names the same plan. Raises
@@ -300,6 +304,7 @@ def hub_tokenizer_path(value: str, api=None) -> str:
     name, _, revision = value.partition("@")
     if (state := storage.offline_state()) is not None:
         raise storage.RemoteNotRead(f"{value}: the hub is not asked ({state.reason})")
+    sha: str | None
     if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
         sha = revision
     else:
@@ -313,7 +318,7 @@ def hub_tokenizer_path(value: str, api=None) -> str:
     return f"hf://{name}@{sha}/tokenizer.json"
 
 
-def _tiktoken_spec(name: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
+def _tiktoken_spec(name: str, eos_token: str | int | None, eos_ordinary: bool = False) -> TokenizerSpec:
     try:
         if name == tk.ENCODING_NAME and eos_token is None:
             tk.check_vocab()  # the default: workers build the encoding; the driver only checks they can
@@ -329,7 +334,8 @@ def _tiktoken_spec(name: str, eos_token, eos_ordinary: bool = False) -> Tokenize
     return spec if eos_token is None else _with_eos(spec, TiktokenTokenizer(spec, enc), eos_token, eos_ordinary)
 
 
-def _eos_of(value, token_to_id, id_to_token, vocab_size: int, where: str) -> tuple[int, str]:
+def _eos_of(value: str | int, token_to_id: Callable[[str], int | None], id_to_token: Callable[[int], str | None],
+            vocab_size: int, where: str) -> tuple[int, str]:
     """(id, token) of an EOS given as a token string or an integer id, checked against the vocab."""
     text = str(value).strip()
     if re.fullmatch(r"\d+", text):
@@ -338,13 +344,14 @@ def _eos_of(value, token_to_id, id_to_token, vocab_size: int, where: str) -> tup
         if token is None:
             raise TokenizerError(f"--eos-token {i}: no token has that id in {where} (vocab size {vocab_size})")
         return i, token
-    i = token_to_id(str(value))
-    if i is None:
+    token_id = token_to_id(str(value))
+    if token_id is None:
         raise TokenizerError(f"--eos-token {value!r}: not a token of {where}")
-    return i, str(value)
+    return token_id, str(value)
 
 
-def _with_eos(spec: TokenizerSpec, tok: Tokenizer, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
+def _with_eos(spec: TokenizerSpec, tok: TiktokenTokenizer | HfTokenizer, eos_token: str | int,
+              eos_ordinary: bool = False) -> TokenizerSpec:
     from dataclasses import replace
 
     if isinstance(tok, TiktokenTokenizer):
@@ -353,13 +360,13 @@ def _with_eos(spec: TokenizerSpec, tok: Tokenizer, eos_token, eos_ordinary: bool
         def is_special(i: int, s: str) -> bool:
             return s in enc.special_tokens_set
 
-        def token_to_id(s: str):
+        def token_to_id(s: str, /) -> int | None:
             try:
                 return enc.encode_single_token(s)
             except KeyError:
                 return None
 
-        def id_to_token(i: int):
+        def id_to_token(i: int, /) -> str | None:
             try:
                 return enc.decode_single_token_bytes(i).decode("utf-8", "replace")
             except KeyError:
@@ -403,7 +410,7 @@ def _config_eos(config_path: str) -> str | None:
     return eos if isinstance(eos, str) and eos else None
 
 
-def _hf_spec(path: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
+def _hf_spec(path: str, eos_token: str | int | None, eos_ordinary: bool = False) -> TokenizerSpec:
     file = _hf_file(path)
     try:
         data = storage.read_bytes(file)
@@ -418,17 +425,19 @@ def _hf_spec(path: str, eos_token, eos_ordinary: bool = False) -> TokenizerSpec:
     config = storage.join(storage.dirname(file), "tokenizer_config.json")
     configured = _config_eos(config)
     if configured is not None:
-        if tok.token_to_id(configured) is None:
+        configured_id = tok.token_to_id(configured)
+        if configured_id is None:
             raise TokenizerError(f"{config}: eos_token {configured!r} is not a token of {file}; pass --eos-token")
-        candidates = (configured,)
+        candidates = [(configured, configured_id)]
     else:
-        candidates = tuple(t for t in COMMON_EOS if tok.token_to_id(t) is not None)
+        candidates = [(t, i) for t in COMMON_EOS if (i := tok.token_to_id(t)) is not None]
     if not candidates:
         raise TokenizerError(f"{file}: no EOS token found (no tokenizer_config.json eos_token, none of "
                              f"{' '.join(COMMON_EOS)}); pass --eos-token TOKEN_OR_ID")
     from dataclasses import replace
 
-    return replace(spec, eos_id=tok.token_to_id(candidates[0]), eos_token=candidates[0])
+    eos, eos_id = candidates[0]
+    return replace(spec, eos_id=eos_id, eos_token=eos)
 
 
 def spec_from_manifest(manifest: dict[str, Any]) -> TokenizerSpec | None:

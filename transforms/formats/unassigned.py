@@ -14,6 +14,7 @@ interpreter's tables: a newer Python knows characters that tiktoken's tables may
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def ranges(spec: str = RANGES) -> list[tuple[int, int]]:
     return out
 
 
-def ranges_of(unicodedata) -> list[tuple[int, int]]:
+def ranges_of(unicodedata: ModuleType) -> list[tuple[int, int]]:
     """[(lo, hi)] inclusive of the code points ``unicodedata`` (a module) calls unassigned (Cn)."""
     out: list[tuple[int, int]] = []
     start = None

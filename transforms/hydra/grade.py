@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Iterator, Sequence, TypedDict
+from typing import Any, Iterator, Mapping, Sequence, TypedDict
 
 from refinery.transforms.core import storage
 from refinery.transforms.hydra.calibrate import decide, load_calibration
@@ -56,23 +56,24 @@ class HydraGrader:
         from refinery.transforms.hydra.heads import judge_preprocess, probe_features
 
         pl, jl = self.probe_meta["layer"], self.judge_meta["layer"]
-        out = []
+        out: list[Grade] = []
         with self._lock, torch.no_grad():
             for tokens in prompts:
                 hidden = self.engine.hidden_states([tokens], sorted({pl, jl}), self.max_ctx)[0]
                 probe = self.probe(probe_features(torch.from_numpy(hidden[pl])).unsqueeze(0))[0].clamp(0, 4)
                 probe_agg = float(probe.double().numpy() @ self.weights)
-                row = {"probe_scores": [float(x) for x in probe], "probe_aggregated": probe_agg,
-                       "prompt_tokens": min(len(tokens), self.max_ctx), "generated_tokens": 0}
+                probe_scores = [float(x) for x in probe]
+                prompt_tokens = min(len(tokens), self.max_ctx)
                 if probe_agg < self.tau_drop:
-                    row.update(scores=row["probe_scores"], aggregated=probe_agg, judged=False, decision="drop")
+                    scores, agg, judged, decision = probe_scores, probe_agg, False, "drop"
                 else:
                     states = judge_preprocess(torch.from_numpy(hidden[jl])).unsqueeze(0)
                     judge = self.judge(states)[0].clamp(0, 4)
                     agg = float(judge.double().numpy() @ self.weights)
-                    row.update(scores=[float(x) for x in judge], aggregated=agg, judged=True,
-                               decision=decide(agg, self.tau_drop, self.tau_keep))
-                out.append(row)
+                    scores, judged = [float(x) for x in judge], True
+                    decision = decide(agg, self.tau_drop, self.tau_keep)
+                out.append(Grade(probe_scores=probe_scores, probe_aggregated=probe_agg, prompt_tokens=prompt_tokens,
+                                 generated_tokens=0, scores=scores, aggregated=agg, judged=judged, decision=decision))
         return out
 
 
@@ -97,10 +98,11 @@ class HydraGradeHandler(GptOssModelHandler):
         super().__init__(settings, **kwargs)
         self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
 
-    def build_model(self) -> HydraGrader:
+    # RunInference hands the model build_model made back to infer: here a HydraGrader (over the engine)
+    def build_model(self) -> HydraGrader:  # type: ignore[override]  # the model is the grader, not the engine
         return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
 
-    def infer(self, batch, model: HydraGrader) -> list[Grade]:
+    def infer(self, batch, model: HydraGrader) -> list[Grade]:  # type: ignore[override]  # its build_model's
         return model.grade([list(e["tokens"]) for e in batch])
 
 
@@ -141,7 +143,7 @@ class GradeTask(Task):
                                  model_copies=self.options.model_copies,
                                  batching=BatchingOptions(self.max_ctx, self.options.batch_tokens or 8 * self.max_ctx))
 
-    def infer_local(self, examples: list[dict]) -> list[dict]:
+    def infer_local(self, examples: list[dict]) -> list[Grade]:
         key = (self.engine, self.heads_dir, json.dumps(self.calibration, sort_keys=True), self.max_ctx)
         grader = _GRADERS.get(key)
         if grader is None:
@@ -149,14 +151,14 @@ class GradeTask(Task):
                                                  engine=cached_engine(self.engine))
         return grader.grade([e["tokens"] for e in examples])
 
-    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
         return {"doc_id": doc_id, "scores": dict(zip(DIMENSIONS, inference["scores"])),
                 "aggregated": inference["aggregated"], "probe_aggregated": inference["probe_aggregated"],
                 "judged": inference["judged"], "decision": inference["decision"],
                 "prompt_tokens": inference["prompt_tokens"]}
 
     def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
-        stats = {"documents": 0, "drop": 0, "band": 0, "keep": 0, "errors": 0, "judged": 0}
+        stats: dict[str, float] = {"documents": 0, "drop": 0, "band": 0, "keep": 0, "errors": 0, "judged": 0}
         with ctx.open_write(ctx.output_path("quality_scores.jsonl")) as f:
             for row in rows:
                 stats["documents"] += 1

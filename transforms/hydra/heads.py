@@ -181,6 +181,7 @@ def load_head(path: str) -> tuple[nn.Module, dict]:
         blob = torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no HYDRA head (run `refinery hydra train`)") from None
+    head: ProbeHead | JudgeHead
     if blob.get("kind") == "probe":
         head = ProbeHead(blob["hidden_size"])
     elif blob.get("kind") == "judge":

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from refinery.transforms.inference.handler import GenerationParams
 from refinery.transforms.inference.stages import GenerateTask, UnitContext
@@ -156,7 +156,7 @@ class OracleTask(GenerateTask):
         self.template = dict(ORACLE_TEMPLATE)
         self.template_name = "oracle"
 
-    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
         scores, error, final = parse_oracle_tokens(inference["tokens"])
         return {"doc_id": doc_id, "scores": scores, "error": error,
                 "final": final if error else None, "finish_reason": inference["finish_reason"],
@@ -164,7 +164,7 @@ class OracleTask(GenerateTask):
                 "truncated_tokens": meta["truncated_tokens"]}
 
     def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
-        stats = {"documents": 0, "parsed": 0, "failed": 0, "unreadable": 0, "generated_tokens": 0}
+        stats: dict[str, float] = {"documents": 0, "parsed": 0, "failed": 0, "unreadable": 0, "generated_tokens": 0}
         with ctx.open_write(ctx.output_path("labels.jsonl")) as labels, \
                 ctx.open_write(ctx.output_path("failures.jsonl")) as failures:
             for row in rows:

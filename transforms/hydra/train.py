@@ -18,6 +18,8 @@ from refinery.transforms.core import storage
 from refinery.transforms.formats.docids import read_doc_tokens
 from refinery.transforms.hydra.calibrate import read_labels
 from refinery.transforms.hydra.heads import (
+    JudgeHead,
+    ProbeHead,
     TrainConfig,
     judge_preprocess,
     probe_features,
@@ -72,6 +74,7 @@ def run_head_job(job: HeadJob, engine_settings: EngineSettings, progress: bool =
     feats = backbone_features(engine, job.data_root, doc_ids, job.layer, job.max_ctx, job.kind == "probe", progress)
     targets = torch.from_numpy(scores).float()
     t0 = time.time()
+    head: ProbeHead | JudgeHead
     if job.kind == "probe":
         head, losses = train_probe(torch.stack(feats), targets, job.train)
     else:

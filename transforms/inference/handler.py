@@ -275,7 +275,7 @@ def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> li
     constrained = {"choices": [list(c) for c in params.choices]} if params.choices else {}
     results = engine.generate(prompts, seeds, params.max_tokens, params.temperature, list(params.stop_tokens),
                               **constrained)
-    out = []
+    out: list[Generation] = []
     for prompt, res in zip(prompts, results):
         tokens = list(res["tokens"])
         body = tokens[:-1] if tokens and tokens[-1] in params.stop_tokens else tokens

@@ -111,7 +111,7 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
             }
         return self._counters
 
-    def infer(self, batch: Sequence[Any], model: GptOssEngine) -> list[dict]:
+    def infer(self, batch: Sequence[Any], model: GptOssEngine) -> Sequence[Mapping[str, Any]]:
         """The inference of each example of ``batch`` (subclasses grade instead of generate)."""
         return run_generation(model, batch, self.params)
 

@@ -35,7 +35,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
@@ -48,6 +48,7 @@ from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, 
 from refinery.transforms.formats.docids import read_doc_tokens, read_docid_file
 from refinery.transforms.inference.handler import (
     EngineSettings,
+    Generation,
     GenerationParams,
     cached_engine,
     decode,
@@ -147,16 +148,18 @@ class DocumentSource:
             self._plan = units
         return self._plan
 
-    def read(self, payload: dict) -> list[Doc]:
+    def read(self, payload: Mapping[str, Any]) -> list[Doc]:
         """The documents of one unit, in order."""
         lo, hi, path = payload["lo"], payload["hi"], payload["path"]
         docs: list[Doc] = []
         if self.docid_files:
+            data_root = self.data_root
+            assert data_root is not None  # __post_init__: doc-id inputs come with a data root
             for i, (line, doc_id) in enumerate(read_docid_file(path)):
                 if lo <= i < hi:
                     where = f"{path}:{line}"
                     try:
-                        docs.append(Doc(doc_id, tokens=read_doc_tokens(self.data_root, doc_id), where=where))
+                        docs.append(Doc(doc_id, tokens=read_doc_tokens(data_root, doc_id), where=where))
                     except (ValueError, FileNotFoundError) as e:
                         docs.append(Doc(doc_id, error=str(e), where=where))
             return docs
@@ -167,6 +170,7 @@ class DocumentSource:
             if error is not None:
                 docs.append(Doc(f"{payload['relpath']}:{row}", error=f"{where}: {error}", where=where))
                 continue
+            assert record is not None  # iter_rows: a record, or else an error
             rid = record.get(self.id_field)
             doc_id = str(rid) if rid is not None else f"{payload['relpath']}:{row}"
             text = record.get(self.text_field)
@@ -267,11 +271,11 @@ class Task:
     def model_identifier(self) -> str:
         return f"refinery-{self.name}-{short_hash(self.config(), 12)}-{os.getpid()}"
 
-    def infer_local(self, examples: list[dict]) -> list[dict]:
+    def infer_local(self, examples: list[dict]) -> Sequence[Mapping[str, Any]]:
         """The handler's inference dicts without Beam (same engine code)."""
         raise NotImplementedError
 
-    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
         raise NotImplementedError
 
     def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
@@ -325,10 +329,10 @@ class GenerateTask(Task):
         return GptOssModelHandler(self.engine, self.params, share_across_processes=self.options.share_across_processes,
                                   model_copies=self.options.model_copies, batching=batching)
 
-    def infer_local(self, examples: list[dict]) -> list[dict]:
+    def infer_local(self, examples: list[dict]) -> list[Generation]:
         return run_generation(cached_engine(self.engine), examples, self.params)
 
-    def record(self, doc_id: str, meta: dict, inference: dict) -> dict:
+    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
         return {"id": doc_id, "prompt": meta["prompt"], "text": inference["text"], "final": inference["final"],
                 "finish_reason": inference["finish_reason"], "prompt_tokens": inference["prompt_tokens"],
                 "generated_tokens": inference["generated_tokens"], "truncated_tokens": meta["truncated_tokens"]}
@@ -412,11 +416,13 @@ class InferStage(Stage):
     def describe_progress(self, stats: dict, seconds: float) -> str:
         return self.task.progress(stats, seconds)
 
-    def prepare(self, payload: dict) -> tuple[list[Doc], list[dict | None], list[dict]]:
+    def prepare(self, payload: Mapping[str, Any]) -> tuple[list[Doc], list[dict | None], list[dict]]:
         """(documents, example or None per document, metadata per document)."""
         docs = self.source.read(payload)
-        examples, metas = [], []
+        examples: list[dict | None] = []
+        metas: list[dict] = []
         for d in docs:
+            ex: dict | None
             if d.error is None:
                 try:
                     ex, meta = self.task.example(d)
@@ -439,10 +445,11 @@ class InferStage(Stage):
         else:  # no Beam: the same rows from the engine directly
             docs, examples, metas = self.prepare(unit.payload)
             doc_rows = [{"id": d.id, "error": d.error, "meta": m} for d, m in zip(docs, metas)]
-            todo = [i for i, ex in enumerate(examples) if ex is not None]
-            inferred = self.task.infer_local([examples[i] for i in todo]) if todo else []
-            results = dict(zip(todo, inferred))
-        rows, stats = [], {"documents": 0, "errors": 0, "generated_tokens": 0, "prompt_tokens": 0}
+            todo = [(i, ex) for i, ex in enumerate(examples) if ex is not None]
+            inferred = self.task.infer_local([ex for _, ex in todo]) if todo else []
+            results = dict(zip([i for i, _ in todo], inferred))
+        rows: list[dict] = []
+        stats: dict[str, float] = {"documents": 0, "errors": 0, "generated_tokens": 0, "prompt_tokens": 0}
         for i, d in enumerate(doc_rows):
             stats["documents"] += 1
             if d["error"] is not None:

@@ -231,9 +231,9 @@ class _SourceStream:
     def __init__(self, src: SourceShards):
         self.paths = src.paths
         self.offsets = np.concatenate(([0], np.cumsum(src.tokens, dtype=np.int64)))
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, shards.TokenArray] = {}
 
-    def _tokens(self, f: int) -> np.ndarray:
+    def _tokens(self, f: int) -> shards.TokenArray:
         if f not in self._maps:
             self._maps[f] = shards.open_tokens(self.paths[f])
         return self._maps[f]

@@ -36,14 +36,15 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.shards import NAME_RULE
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 FLOW_TARGETS = {"dev": 100_000_000, "research": 1_000_000_000, "ablation": 6_000_000_000}
@@ -300,7 +301,7 @@ def flow_target(mf: MixtureFile, mixture: Mixture, flow: str | None) -> int:
     if mixture.total_tokens_b is not None:
         return int(round(mixture.total_tokens_b * 1e9))
     if all(s.tokens_b is not None for s in mixture.sources):
-        return int(round(sum(s.tokens_b for s in mixture.sources) * 1e9))
+        return int(round(sum(s.tokens_b for s in mixture.sources if s.tokens_b is not None) * 1e9))
     raise MixtureError(f"{mf.path}: mixture {mixture.name!r} has no total_tokens_b; pass --flow")
 
 
@@ -309,11 +310,11 @@ def source_fractions(mixture: Mixture) -> list[float]:
     to 100), else ``tokens_b``; then ``** (1 / sample_temperature)`` and normalized."""
     where = f"mixture {mixture.name!r}"
     if all(s.percent is not None for s in mixture.sources):
-        base = [s.percent for s in mixture.sources]
+        base = [s.percent for s in mixture.sources if s.percent is not None]  # every one
         if abs(sum(base) - 100.0) > 1e-6:
             raise MixtureError(f"{where}: source percents sum to {sum(base):g}, not 100")
     elif all(s.tokens_b is not None for s in mixture.sources):
-        base = [s.tokens_b for s in mixture.sources]
+        base = [s.tokens_b for s in mixture.sources if s.tokens_b is not None]  # every one
     else:
         missing = [s.id for s in mixture.sources if s.percent is None and s.tokens_b is None]
         partial = [s.id for s in mixture.sources if s.percent is None]

@@ -118,6 +118,7 @@ class _ReadFileFn(beam.DoFn):
     def process(self, f: storage.InputFile):
         for row, record, error in iter_rows(f.path):
             if error is None:
+                assert record is not None  # iter_rows: a record, or else an error
                 yield SourceRow(f.path, row, record, f.relpath)
             else:
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(f.path, row, error))

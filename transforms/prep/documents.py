@@ -45,7 +45,7 @@ import json
 import re
 import unicodedata
 from array import array
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
 
 EMPTY = "empty after normalization"
 try:  # CPython's own MD5: half the cost of OpenSSL's per short id (no EVP context), the same digest
-    from _md5 import md5 as _md5
+    from _md5 import md5 as _md5  # type: ignore[import-not-found]  # CPython's private module: no stub
 except ImportError:  # an interpreter built without it
     _md5 = hashlib.md5
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -94,11 +94,11 @@ class Rejected(NamedTuple):
 # Text
 # ---------------------------------------------------------------------------------------
 
-def extract_text(record: dict, text_field: str | TextSpec) -> tuple[str | None, str | None]:
+def extract_text(record: object, text_field: str | TextSpec) -> tuple[str | None, str | None]:
     """(text, None) or (None, reason) for a parsed record; ``text_field``: a field name or a
     :class:`TextSpec` (a template, chat rows: :mod:`refinery.transforms.core.text`)."""
     text, error = TextSpec.of(text_field).extract(record)
-    if error is not None:
+    if error is not None or text is None:  # a text, or else the reason there is none
         return None, error
     if not text.isascii() and _SURROGATE.search(text):
         return None, "text holds unpaired surrogates (not valid Unicode)"
@@ -213,6 +213,7 @@ def normalize_row(record: dict | None, error: str | None, text_field: str | Text
         text, error = extract_text(record, text_field)
     if error is not None:
         return Rejected(path, row, error)
+    assert isinstance(record, dict) and text is not None  # extract_text gives a text only of a JSON object
     doc_id = doc_id_for(record, id_field, relpath, row)
     text = normalize_text(text)
     if not text:
@@ -220,7 +221,17 @@ def normalize_row(record: dict | None, error: str | None, text_field: str | Text
     return Document(doc_id, text, path, row)
 
 
-def row_normalizer(text_field: str | TextSpec, id_field: str):
+class RowNormalizer(Protocol):
+    """What :func:`row_normalizer` returns: :func:`normalize_row` of ``(record, error, path, row,
+    relpath)``, and ``plain``, set by each call."""
+
+    plain: bool
+
+    def __call__(self, record: dict | None, error: str | None, path: str, row: int,
+                 relpath: str | None) -> Document | Rejected: ...
+
+
+def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
     """:func:`normalize_row` for one text field or template and id field, as a function of
     ``(record, error, path, row, relpath)``, for a loop over many rows: a row whose text is a
     clean ASCII string (nothing to normalize but the ends) takes a short path, the same rule
@@ -235,7 +246,7 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
 
     def normalize(record: dict | None, error: str | None, path: str, row: int,
                   relpath: str | None) -> Document | Rejected:
-        normalize.plain = False
+        normalizer.plain = False
         if field is not None and error is None and type(record) is dict:
             text = record.get(field)
             if type(text) is str:
@@ -254,12 +265,13 @@ def row_normalizer(text_field: str | TextSpec, id_field: str):
                     if text:
                         value = record.get(id_field)
                         doc_id = str(value) if value is not None else doc_id_for(record, id_field, relpath, row)
-                        normalize.plain = plain
+                        normalizer.plain = plain
                         return Document(doc_id, text, path, row)
         return normalize_row(record, error, spec, id_field, path, row, relpath)
 
-    normalize.plain = False
-    return normalize
+    normalizer = cast(RowNormalizer, normalize)  # the function, with its attribute `plain`
+    normalizer.plain = False
+    return normalizer
 
 
 def encode_document(tok: Tokenizer, text: str) -> array:
@@ -323,7 +335,7 @@ def tokenize_documents(tok: Tokenizer, docs: Sequence[Document]) -> list[Tokeniz
     """:func:`tokenize_document` of each document, encoded in one batch (:func:`encode_documents`)."""
     tokens, lengths = encode_documents(tok, [d.text for d in docs])
     out, lo = [], 0
-    view = memoryview(tokens).cast("B")  # native uint32, as array('I') holds them
+    view = tokens.data.cast("B")  # native uint32, as array('I') holds them
     for doc, n in zip(docs, lengths.tolist()):
         a = array("I")
         a.frombytes(view[4 * lo:4 * (lo + n)])

@@ -89,13 +89,17 @@ class Exclusion:
 
     def rows_of(self, path: str) -> frozenset[int]:
         """The rows of the input file ``path`` to leave out."""
+        return self._all_rows().get(storage.resolved(path), frozenset())
+
+    def _all_rows(self) -> dict[str, frozenset[int]]:
+        """Every listed row by resolved path (read first in a worker)."""
         if self.rows is None:  # in a worker: from the decon outputs, checked against the plan's sha256
             rows: dict[str, set[int]] = {}
             for source in self.sources:
                 for p, r in _source_rows(source).items():
                     rows.setdefault(p, set()).update(r)
             self.rows = {p: frozenset(r) for p, r in rows.items()}
-        return self.rows.get(storage.resolved(path), frozenset())
+        return self.rows
 
     def check_inputs(self, inputs: list[storage.InputFile], allow_unscanned: bool = False) -> list[str]:
         """Refuse (:class:`storage.InputError`, one line naming the first few) prep inputs that a
@@ -110,6 +114,7 @@ class Exclusion:
           in the inputs under another name.
 
         Sets :attr:`expected` (the listed rows of the inputs) and :attr:`unscanned`."""
+        listed = self._all_rows()
         keys = {storage.resolved(f.path): f for f in inputs}
         unscanned: dict[str, str] = {}  # input path -> why
         for output, files in self.scanned.items():
@@ -124,7 +129,7 @@ class Exclusion:
                     continue
                 change = (f"changed since the decon run {output} scanned it (size {size:,}, now {f.size:,}; "
                           f"version {version}, now {f.version})")
-                if key in self.rows:
+                if key in listed:
                     raise storage.InputError(f"{f.path}: {change}; its listed rows may now name other documents: "
                                              "run decon again, then prep")
                 unscanned.setdefault(f.path, change)
@@ -135,7 +140,7 @@ class Exclusion:
                 f"{len(unscanned)} input file(s) are not what decon scanned, so their overlaps are unknown: {shown}"
                 f"{more}; give prep the files decon scanned (its {TRAIN_FILES}), run decon on these inputs, or "
                 "pass --allow-unscanned-inputs to keep them without an overlap check")
-        elsewhere = {path: len(rows) for path, rows in self.rows.items() if path not in keys}
+        elsewhere = {path: len(rows) for path, rows in listed.items() if path not in keys}
         if elsewhere:
             n = sum(elsewhere.values())
             shown = ", ".join(list(elsewhere)[:SHOWN]) + (f" (and {len(elsewhere) - SHOWN} more)"
@@ -182,7 +187,7 @@ def recorded_sha256(output: str) -> dict[str, str]:
     if not done.done:
         raise storage.InputError(f"--exclude-overlaps {output}: its decon merge is not complete ({done.reason}); "
                                  "run the same decon command again")
-    return {f["path"]: f["sha256"] for f in done.receipt["files"]}
+    return {f["path"]: f["sha256"] for f in done.done_receipt()["files"]}
 
 
 def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes:

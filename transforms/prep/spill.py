@@ -23,6 +23,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from refinery.transforms.core.storage import BinaryWriter
 from refinery.transforms.formats.shards import u32_bytes
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
@@ -36,7 +37,7 @@ class SpillWriter:
     shard's buffer as it comes) and two small arrays (shard and length per document, in
     input order), so a flush writes each shard's bytes once, with no per-document work."""
 
-    def __init__(self, tokens_out: IO[bytes], run_tokens: int = 1 << 24):
+    def __init__(self, tokens_out: BinaryWriter, run_tokens: int = 1 << 24):
         self._out = tokens_out
         self._run_tokens = run_tokens
         self._written = 0                      # tokens already flushed
@@ -144,7 +145,7 @@ def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray
     return table, starts
 
 
-def write_array(out: IO[bytes], array: np.ndarray) -> None:
+def write_array(out: BinaryWriter, array: np.ndarray) -> None:
     np.lib.format.write_array(out, array, allow_pickle=False)
 
 
@@ -172,7 +173,7 @@ def iter_documents(tokens_file: IO[bytes], table: np.ndarray) -> Iterator[tuple[
         pos = off + n
 
 
-def write_contiguous(local: IO[bytes], table: np.ndarray, out: IO[bytes]) -> np.ndarray:
+def write_contiguous(local: IO[bytes], table: np.ndarray, out: BinaryWriter) -> np.ndarray:
     """Copy the documents of ``table`` (sorted by shard) from the local spill ``local`` to
     ``out`` in table order, so each shard's tokens are one contiguous range; returns the
     table with its offsets into ``out``."""

@@ -35,6 +35,7 @@ from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_r
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, shards
+from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec
 from refinery.transforms.prep import spill
@@ -374,7 +375,8 @@ class TokenizeStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> TokenizeStats:
         cfg = self.cfg
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
-        fallbacks = getattr(enc, "fallbacks", None)
+        fast = enc if isinstance(enc, FastTiktokenTokenizer) else None  # counts what tiktoken encoded for it
+        fallbacks = fast.fallbacks if fast is not None else 0
         rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
         corrupt: list[CorruptFile] = []  # files cut short or corrupt
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
@@ -405,8 +407,9 @@ class TokenizeStage(Stage):
             for p in pieces:
                 path, relpath, row_base = p["path"], p["relpath"], self._row_base(unit, p, ctx)
                 columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
-                row_groups = tuple(p["row_groups"]) if p.get("row_groups") else None
-                byte_range = tuple(p["byte_range"]) if p.get("byte_range") else None
+                rg, br = p.get("row_groups"), p.get("byte_range")
+                row_groups = (rg[0], rg[1]) if rg else None
+                byte_range = (br[0], br[1]) if br else None
                 drop = cfg.exclude.rows_of(path) if cfg.exclude else ()
                 for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
                     rows_read += 1
@@ -414,7 +417,7 @@ class TokenizeStage(Stage):
                         excluded += 1
                         continue
                     doc = normalize(record, error, path, row_base + row, relpath)
-                    if type(doc) is Rejected:
+                    if isinstance(doc, Rejected):
                         if doc.empty:
                             empty += 1
                         else:
@@ -440,8 +443,8 @@ class TokenizeStage(Stage):
             stats["excluded"] = excluded
         if corrupt:
             stats["corrupt_files"] = corrupt
-        if fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
-            stats["encoder_fallbacks"] = enc.fallbacks - fallbacks
+        if fast is not None:  # documents the fast encoder refused, encoded by tiktoken
+            stats["encoder_fallbacks"] = fast.fallbacks - fallbacks
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:
@@ -692,7 +695,7 @@ class ManifestStage(Stage):
             c = pk.check(u.id)
             if not c.done:
                 raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
-            entries.append(manifests.entry_from_receipt(u.payload["shard"], c.receipt))
+            entries.append(manifests.entry_from_receipt(u.payload["shard"], c.done_receipt()))
         written = sum(s["num_documents"] for s in entries)
         expected = cfg.exclude.expected if cfg.exclude else None
         if expected is not None and cfg.max_tokens is None and counts["excluded"] != expected:
@@ -702,8 +705,8 @@ class ManifestStage(Stage):
         rows = manifests.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
                                      rejected=counts["rejected"], written=written,
                                      excluded=counts["excluded"] if cfg.exclude else None)
-        extra = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash, "plan_hash": ctx.run.stage_hash,
-                 "source": cfg.source or {"inputs": cfg.num_inputs}}
+        extra: dict[str, Any] = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash,
+                                 "plan_hash": ctx.run.stage_hash, "source": cfg.source or {"inputs": cfg.num_inputs}}
         if cfg.exclude:
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
         if corrupt:  # each also counted as a rejected row (the rows before the damage were read)

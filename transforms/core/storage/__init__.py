@@ -11,6 +11,7 @@ One module per concern; this package is their API (``storage.join``, ``storage.a
 from .atomic import (
     TEMP_NAME,
     TMP_MARKER,
+    BinaryWriter,
     HashingWriter,
     atomic_open,
     atomic_write_bytes,
@@ -63,7 +64,8 @@ from .paths import (
 )
 
 __all__ = [
-    "TEMP_NAME", "TMP_MARKER", "HashingWriter", "atomic_open", "atomic_write_bytes", "atomic_write_json",
+    "TEMP_NAME", "TMP_MARKER", "BinaryWriter", "HashingWriter", "atomic_open", "atomic_write_bytes",
+    "atomic_write_json",
     "find_temp_files", "is_temp_name", "remove_dead_temp_files", "sha256_file", "temp_name", "temp_writer_dead",
     "DATA_SUFFIXES", "InputFile", "expand_inputs", "has_data_suffix", "listing_reaches", "saved_dataset_files",
     "skipped_note", "PathError", "output_folder_problem", "remove", "remove_empty_folder", "remove_tree",

@@ -18,7 +18,7 @@ import re
 import socket
 import tempfile
 import uuid
-from typing import IO, TYPE_CHECKING, Iterator
+from typing import IO, TYPE_CHECKING, Iterator, Protocol
 
 from .paths import _local, basename, filesystem, is_remote, open_read
 
@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 TMP_MARKER = ".tmp-"
+
+
+class BinaryWriter(Protocol):
+    """What a byte writer needs: ``write(bytes) -> int``. An open binary file, a
+    :class:`HashingWriter` (not an ``IO[bytes]``) and an in-memory buffer all are one."""
+
+    def write(self, data: ReadableBuffer, /) -> int: ...
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -114,10 +114,10 @@ class EvalColumns:
 class _Position:
     """A write-only file that knows its position (what pyarrow asks of a Python file)."""
 
-    def __init__(self, out: IO[bytes]):
+    def __init__(self, out: storage.BinaryWriter):
         self.out, self.position, self.closed = out, 0, False
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         n = self.out.write(data)
         self.position += n
         return n
@@ -140,7 +140,7 @@ class DetailRows:
     order. :meth:`close` writes what is held and the file's footer (a file with no rows has
     the schema and no row group)."""
 
-    def __init__(self, out: IO[bytes], evals: EvalColumns, row_group_rows: int = ROW_GROUP_ROWS):
+    def __init__(self, out: storage.BinaryWriter, evals: EvalColumns, row_group_rows: int = ROW_GROUP_ROWS):
         self.evals = evals
         self.row_group_rows = row_group_rows
         self.writer = pq.ParquetWriter(pa.PythonFile(_Position(out), mode="w"), SCHEMA, compression="zstd",

@@ -85,7 +85,7 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
     for ds, path, row, record in records:
         bad.setdefault(ds, {"bad_rows": 0})
         text, _ = extract(record)
-        if text is None:
+        if text is None or record is None:  # a text only of a row (never of None)
             bad[ds]["bad_rows"] += 1
             continue
         tokens = tokenizer.tokenize(text)

@@ -40,7 +40,7 @@ def longest_run(windows: Iterable[tuple[int, int]]) -> int:
     best = 0
     run_start = run_end = None
     for s, e in sorted(windows):
-        if run_end is None or s > run_end:
+        if run_start is None or run_end is None or s > run_end:  # both None before the first window
             run_start, run_end = s, e
         else:
             run_end = max(run_end, e)

@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypedDict
 
 import numpy as np
 
@@ -192,10 +192,24 @@ WRITE_LINES = 1024         # detail lines built at once for a record with many e
 WRITE_CHARS = 1 << 20      # detail text (characters) held before it is handed to ``write``
 
 
+class PartitionResult(TypedDict):
+    """One eval partition's share of the results (:func:`reduce_partition`; msgpack-able)."""
+
+    details: int                                     # detail records written
+    ignored: int                                     # n-grams over max_train_count
+    capped: list[list[Any]]                          # [n, n-gram (cut), written, all] per capped n-gram
+    overlaps: dict[int, dict[int, dict[str, int]]]   # eval_idx -> n -> {overlap_key: training documents}
+    spans: dict[int, dict[int, list[Any]]]           # eval_idx -> n-gram length -> eval offsets
+    by_path: list[list[Any]]                         # [train_path, eval_dataset, n, first rows, train rows]
+    train_rows: dict[str, Any]                       # :meth:`.droplist.RowHits.result`
+    windows: dict[str, Any]                          # :func:`.longest.record_windows`
+    samples: dict[int, dict[int, list[Any]]]         # eval_idx -> n-gram length -> first two training rows
+
+
 def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
                      blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
                      write: Callable[[bytes], None] | None, max_ngram_details: int | None = None,
-                     same: SameText | None = None, rows_out: DetailRows | None = None) -> dict:
+                     same: SameText | None = None, rows_out: DetailRows | None = None) -> PartitionResult:
     """Join one eval partition's records with the scan's hit blocks of that partition.
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
@@ -232,6 +246,7 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
+    write = write if write is not None else _no_writer
     ignored = None
     if max_train_count is not None:
         seen = np.zeros(len(records), dtype=np.int64)
@@ -324,13 +339,13 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                         out.clear()
                         held = 0
             if sampled[rec]:
-                key = (unit, row)
+                row_key = (unit, row)
                 hit = [records[rec][2], offs, snip[k], snippets[k]]
                 n = records[rec][0]
                 for eval_idx in sampled[rec]:
                     rows_of = samples.setdefault((eval_idx, n), {})
-                    if key in rows_of or len(rows_of) < 2:
-                        rows_of.setdefault(key, [unit, row, path, []])[3].append(hit)
+                    if row_key in rows_of or len(rows_of) < 2:
+                        rows_of.setdefault(row_key, [unit, row, path, []])[3].append(hit)
                 # rows come in scan order: an eval row with two rows takes no later one from this record
                 sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[(eval_idx, n)]) < 2]
         if out:
@@ -374,6 +389,10 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
             "samples": _by_row_and_length(samples)}
 
 
+def _no_writer(data: bytes) -> None:
+    raise ValueError("reduce_partition: detail records to write, but neither write nor rows_out was given")
+
+
 def _by_row_and_length(samples: dict[tuple[int, int], dict]) -> dict[int, dict[int, list]]:
     """``{(eval row, length): {key: training row}}`` as ``{eval row: {length: [training rows]}}``."""
     out: dict[int, dict[int, list]] = {}
@@ -398,12 +417,12 @@ class ReduceResult:
     overlaps: dict[int, dict[int, dict[str, int]]]   # first row of a text -> n -> {ngram: training documents}
     spans: dict[int, dict[int, list]]                # first row of a text -> n -> eval offsets of its n-grams
     samples: dict[int, dict[int, list]]              # first row of a text -> n -> its first two training rows
-    capped: list = field(default_factory=list)       # [n, n-gram, written, all] per n-gram over max_ngram_details
-    contaminated: DropList | None = None             # the drop list (its lines: ``contaminated.chunks()``)
+    capped: list                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
+    contaminated: DropList                           # the drop list (its lines: ``contaminated.chunks()``)
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
 
 
-def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[dict], tokenizer: Tokenizer,
+def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: Tokenizer,
                      eval_bad_rows: dict[str, dict] | None = None, same: SameText | None = None) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
@@ -426,15 +445,15 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[di
     for part in parts:
         ignored += part["ignored"]
         capped += part.get("capped", [])
-        for eval_idx, per_n in part["overlaps"].items():
-            for n, grams in per_n.items():
+        for eval_idx, grams_by_n in part["overlaps"].items():
+            for n, grams in grams_by_n.items():
                 overlaps[eval_idx].setdefault(n, {}).update(grams)
-        for eval_idx, per_n in part["spans"].items():
-            for n, offsets in per_n.items():
+        for eval_idx, offsets_by_n in part["spans"].items():
+            for n, offsets in offsets_by_n.items():
                 spans[eval_idx].setdefault(n, []).extend(offsets)
-        for eval_idx, per_n in part["samples"].items():
-            for n, rows in per_n.items():
-                for unit, row, path, hits in rows:
+        for eval_idx, sampled_by_n in part["samples"].items():
+            for n, sampled in sampled_by_n.items():
+                for unit, row, path, hits in sampled:
                     samples[(eval_idx, n)].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
         for path, ds, n, ids, rows in part["by_path"]:
             got = by_path.setdefault((path, ds, n), (set(), set()))

@@ -31,7 +31,7 @@ def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText |
         if r.eval_idx not in overlaps or r.eval_idx in same.first:
             continue
         line = overlap_instance(r)
-        if per_row:
+        if per_row and metrics:
             line["by_n"] = [{"n": m["n"], "longest_match": m["longest_match"], "coverage": m["coverage"]}
                             for m in metrics[r.eval_idx * per_row:(r.eval_idx + 1) * per_row]]
         if r.eval_idx in same.others:
@@ -219,8 +219,8 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
                   "| eval_dataset | instance_id | eval_row | longest match (tokens) | coverage |",
                   "|---|---|---|---|---|"]
         for m in chosen:
-            r = rows.get((m["eval_path"], m["eval_row"]))
-            cell = _md_cell(row_id(r) if r is not None else str(m["instance_id"]), 200)
+            found = rows.get((m["eval_path"], m["eval_row"]))
+            cell = _md_cell(row_id(found) if found is not None else str(m["instance_id"]), 200)
             lines.append(f"| {m['eval_dataset']} | {cell} | {m['eval_row']} | {m['longest_match']} | "
                          f"{m['coverage']:.4f} |")
         evidence = _md_evidence(result, rows, same, chosen, n)
@@ -306,7 +306,7 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows)
-    metrics = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
+    metrics: dict[tuple[str, int], list[dict]] = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
     for m in result.metrics:
         metrics[(m["eval_dataset"], m["n"])].append(m)
     per_n = {(s["eval_dataset"], s["n"]): s for s in result.overlap_stats}
@@ -322,11 +322,12 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
         results = []
         for k, n in enumerate(ns):
             ms = metrics.get((ds, n), [])
-            means = [sum(m[key] for m in ms) / len(ms) if ms else 0.0 for key in names]
+            mean = {key: sum(m[key] for m in ms) / len(ms) if ms else 0.0 for key in names}
             at_n = files.get((ds, n), [])
             contaminated = len(per_n[(ds, n)]["instance_ids"])
             results.append(rh.NResult(
-                n, per_n[(ds, n)]["num_instances"], contaminated, *means,
+                n, per_n[(ds, n)]["num_instances"], contaminated, binary=mean["binary"], jaccard=mean["jaccard"],
+                token=mean["token"], jaccard_weighted=mean["jaccard_weighted"], token_weighted=mean["token_weighted"],
                 train_rows=sum(f.train_rows for f in at_n), top_train_files=tuple(at_n),
                 top_ngrams=tuple(frequent_ngrams(result, rows, n, same)) if contaminated else (),
                 examples=tuple(examples_at(result, rows, ns, k, examples, same)) if contaminated else ()))

@@ -91,7 +91,7 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     for row, record, _error in rows:
         stats.rows += 1
         text, _ = extract(record)
-        if text is None:
+        if text is None or record is None:  # a text only of a row (never of None)
             stats.bad_rows += 1
             continue
         pending.append((row, record, text))
