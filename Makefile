@@ -20,7 +20,7 @@ $(VENV)/.installed: setup.py | $(BIN)/python
 
 $(VENV)/.installed-test: setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,inference]'
-	touch $@
+	touch $@ $(VENV)/.installed  # the package itself is installed too
 
 demo: install
 	$(BIN)/refinery prep --input examples/sample_corpus --output $(DEMO_OUT) --dataset sample --num-shards 4
