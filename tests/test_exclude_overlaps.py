@@ -15,7 +15,7 @@ from pathlib import Path
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline  # a Beam class: no Test* name to collect
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
@@ -161,7 +161,7 @@ def test_drop_overlaps_in_a_pipeline_matches_the_drop_list(tmp_path):
     rows = [SourceRow(path, row, record) for row, record, _ in iter_rows(path)]
     eval_rows = [json.loads(line) for line in evals.read_text().splitlines()]
     leaked = {row for p, row in planted if p == path}
-    with TestPipeline() as p:
+    with BeamPipeline() as p:
         train = p | "Train" >> beam.Create(rows)
         index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex(ngrams=[13], eval_dataset="gsm8k")
         kept = train | DropOverlaps(train | FindOverlaps(index))
