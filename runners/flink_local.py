@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
+
+from . import tool_cache
+from .tool_cache import free_port, installed_beam_version
 
 CACHE_ENV = "REFINERY_FLINK_CACHE"
 # The Flink distribution fetched by default. Its minor must be one the job server supports;
@@ -67,18 +69,7 @@ def minor_version(version: str) -> str:
 def cache_dir() -> Path:
     """Where fetched jars and distributions live: ``$REFINERY_FLINK_CACHE``; else, in a source
     checkout, its git-ignored ``.cache/flink``; else ``~/.cache/refinery/flink``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "setup.py").exists() and (checkout / ".git").exists():
-        return checkout / ".cache" / "flink"
-    return Path.home() / ".cache" / "refinery" / "flink"
-
-
-def installed_beam_version() -> str:
-    import apache_beam
-
-    return apache_beam.__version__
+    return tool_cache.cache_dir("flink", CACHE_ENV)
 
 
 def _version_key(v: str) -> tuple[Any, ...]:
@@ -298,13 +289,6 @@ def _unpack(archive: Path, dest: Path, prefixes: tuple[str, ...]) -> None:
 # ---------------------------------------------------------------------------------------
 # A standalone session cluster
 # ---------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 @dataclass
 class LocalFlinkCluster:

@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from . import tool_cache
+from .tool_cache import free_port, installed_beam_version
+
 CACHE_ENV = "REFINERY_PRISM_CACHE"
 PACKAGE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
 BINARY = "prism"
@@ -46,18 +49,7 @@ class BuildError(RuntimeError):
 def cache_dir() -> Path:
     """Where the binary lives: ``$REFINERY_PRISM_CACHE``; else, in a source checkout, its
     git-ignored ``.cache/prism`` (beside Flink's); else ``~/.cache/refinery/prism``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "setup.py").exists() and (checkout / ".git").exists():
-        return checkout / ".cache" / "prism"
-    return Path.home() / ".cache" / "refinery" / "prism"
-
-
-def installed_beam_version() -> str:
-    import apache_beam
-
-    return apache_beam.__version__
+    return tool_cache.cache_dir("prism", CACHE_ENV)
 
 
 def module_version(beam_version: str) -> str:
@@ -129,13 +121,6 @@ def build(cache: Path | None = None, go: str | None = None, log: Callable[[str],
 # ---------------------------------------------------------------------------------------
 # A Prism process
 # ---------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 def _dies_with_parent() -> Callable[[], object] | None:
     """What a child runs before exec so that the kernel sends it SIGTERM when the thread that

@@ -47,7 +47,7 @@ from reliability_helpers import (
     wait_group_gone,
 )
 
-from refinery.runners import RunnerOptionsError, flink_local, pipeline_args, prepare_run
+from refinery.runners import RunnerOptionsError, flink_local, pipeline_args, prepare_run, tool_cache
 from refinery.runners import flink as flink_mod
 
 REQUIRED = os.environ.get("REFINERY_REQUIRE_FLINK") == "1"
@@ -150,7 +150,7 @@ def java_present(monkeypatch):
 def no_jars(tmp_path, monkeypatch):
     """An empty jar cache and a Maven that does not answer."""
     monkeypatch.setenv(flink_local.CACHE_ENV, str(tmp_path / "cache"))
-    dead = f"http://127.0.0.1:{flink_local.free_port()}/beam-runners-flink-job-server.jar"
+    dead = f"http://127.0.0.1:{tool_cache.free_port()}/beam-runners-flink-job-server.jar"
     monkeypatch.setattr(flink_mod, "beam_jar_path", lambda minor: (dead, str(tmp_path / "beam-cache" / "x.jar")))
     return dead
 
@@ -203,7 +203,7 @@ def test_cli_says_what_is_missing_in_one_line(fake_rest, no_jars, small_corpus, 
     master, set_version = fake_rest
     prep = ["prep", "--input", str(small_corpus), "--output", str(tmp_path / "out"), "--runner", "flink"]
     ext = ["--environment_type=EXTERNAL", "--environment_config=localhost:1"]
-    dead = f"127.0.0.1:{flink_local.free_port()}"
+    dead = f"127.0.0.1:{tool_cache.free_port()}"
     _one_line_exit_2(capsys, [*prep, f"--flink_master={dead}", *ext],
                      rf"^refinery prep: the Flink cluster at http://{dead} does not answer \(.*\): start it, or fix "
                      r"--flink_master$")

@@ -31,7 +31,7 @@ from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 from reliability_helpers import child_env, final_digest, read_unit_log, recomputed_units, refinery_cmd, spawn
 
 from refinery.beam_pipelines.cli import main
-from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
+from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run, tool_cache
 from refinery.runners import prism_local as prism
 
 REQUIRED = os.environ.get("REFINERY_REQUIRE_PRISM") == "1"
@@ -65,7 +65,7 @@ def test_module_version_of_a_beam_release():
 
 
 def test_the_cache_is_reused_only_at_the_installed_beam_version(tmp_path, monkeypatch):
-    beam = prism.installed_beam_version()
+    beam = tool_cache.installed_beam_version()
     good = _fake_cache(tmp_path / "good", beam)
     assert prism.find_prism(good) == good / "prism"
     # reused: go is never run (this one does not exist)
@@ -88,7 +88,7 @@ def test_prism_flags_and_what_a_run_needs(tmp_path, monkeypatch):
     assert pipeline_args("prism", 4) == ["--runner=PrismRunner", "--environment_type=LOOPBACK"]
     assert pipeline_args("prism", None, ["--environment_type=EXTERNAL"]) == ["--environment_type=EXTERNAL",
                                                                              "--runner=PrismRunner"]
-    cache = _fake_cache(tmp_path / "cache", prism.installed_beam_version())
+    cache = _fake_cache(tmp_path / "cache", tool_cache.installed_beam_version())
     monkeypatch.setenv(prism.CACHE_ENV, str(cache))
     args = pipeline_args("prism", None)
     assert prepare_run("prism", args) == args + [f"--prism_location={cache / 'prism'}"]
@@ -114,7 +114,7 @@ def test_cli_without_a_usable_prism_is_one_line_and_writes_nothing(small_corpus,
     assert not out.exists()
 
     # the version matches, but the binary does not start: one line, with what it said
-    monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "broken", prism.installed_beam_version())))
+    monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "broken", tool_cache.installed_beam_version())))
     assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--runner", "prism"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert re.fullmatch(r"refinery prep: --runner prism: Prism \(.*/broken/prism\) exited 3 at start: cannot serve: "
