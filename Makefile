@@ -58,13 +58,18 @@ lint: install-test
 	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
 	$(BIN)/mypy $(MYPY_PACKAGES)
 
+# the suite runs in TEST_WORKERS processes (pytest-xdist), a test module to each at a time (--dist loadfile:
+# a module's shared fixtures, a Flink cluster or a tiny model's job, are built once); TEST_WORKERS=0 runs it
+# in this process
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
 test: install-test flink-cache prism-cache lint
-	$(BIN)/python -m pytest -q -rs tests
+	$(PYTEST) tests
 
 # the suite without its slowest modules (tests/conftest.py SLOW_MODULES: clusters, kill loops, the
 # README run): for iterating; CI runs `make test`
 test-fast: install-test
-	$(BIN)/python -m pytest -q -rs -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # a local Flink session cluster from the PyPI wheels, the demo on it, its web UI's address; then stopped
 flink-demo: install flink-cache

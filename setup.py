@@ -54,7 +54,7 @@ setup(
     ],
     extras_require={
         "test": [
-            "pytest>=8", "pytest-timeout>=2.3", "transformers>=4.55", "matplotlib>=3.8",
+            "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "transformers>=4.55", "matplotlib>=3.8",
             "gcp-storage-emulator>=2026.7.19",  # a local GCS for the gs:// tests
             "ruff>=0.17,<0.18",  # make lint (ruff.toml); a minor release may add checks: bumped on purpose
             "mypy==1.20.2",  # make lint (mypy.ini); a release may add errors: bumped on purpose

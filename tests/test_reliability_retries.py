@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import pytest
 from helpers import run_prep
@@ -161,13 +162,15 @@ def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_
         run_stages(build_stages(_config(corpus, out)), str(out), [], progress=False, runner=lost_cluster)
     assert len(list((out / ".refinery" / "tokenize").glob("*/receipts/*.json"))) == 4  # kept
 
+    # the rerun hint repeats the command line: give the one a user typed, not pytest's own
+    monkeypatch.setattr(sys, "argv", ["refinery", "prep", "--input", str(corpus), "--output", str(out), "--force"])
     p = command.Pipeline("prep", str(out), build_stages(_config(corpus, out)), runner=lost_cluster)
     args = type("Args", (), {"dry_run": False, "no_progress": True})()
     assert command.run_pipeline(p, args, ["--runner=FlinkRunner"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("refinery prep: stage pack: the Beam job failed: RuntimeError: Pipeline BeamApp-x")
     assert err[1].startswith("Finished units are kept (-v shows FlinkRunner's whole error); fix the cause and run")
-    assert err[2].startswith("  refinery ") and len(err) == 3
+    assert err[2] == f"  refinery prep --input {corpus} --output {out}" and len(err) == 3  # --force left out
     assert run_stages(build_stages(_config(corpus, out)), str(out), [], progress=False).ran == \
         {"tokenize": 0, "pack": 3, "manifest": 1}
     assert final_digest(out) == want
