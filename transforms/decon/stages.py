@@ -556,25 +556,27 @@ class MergeReportsStage(Stage):
                                    **unpack)
                    for u in plan)
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
+        # the merged result is many small dicts and sets, kept to the end: the collector, left on, walks
+        # them again and again as the stats and reports are built (0.9 s of 2.3 on a 47 MB scan's hits)
         with gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
-        ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
-                        ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same, result.metrics)))
-        ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
-        ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
-        ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
-        ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
-        with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
-            for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
-                out.write(chunk)
-        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
-        ctx.write_bytes(ctx.output_path("stats/report.md"),
-                        ng.render_report(result, scan_totals, self.s.max_train_count,
-                                         max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows).encode())
-        report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
-                                          self.report_settings(), self.report_inputs(index_run, scan_run),
-                                          scan_totals)
-        ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
+            ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
+                            ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same, result.metrics)))
+            ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
+            ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
+            ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
+            ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
+            with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
+                for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
+                    out.write(chunk)
+            ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
+            ctx.write_bytes(ctx.output_path("stats/report.md"),
+                            ng.render_report(result, scan_totals, self.s.max_train_count,
+                                             max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows).encode())
+            report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
+                                              self.report_settings(), self.report_inputs(index_run, scan_run),
+                                              scan_totals)
+            ctx.write_bytes(ctx.output_path("stats/report.html"), render_html(report).encode("utf-8"))
         ctx.write_bytes(ctx.output_path(".SUCCESS"), b"")
         return {"details": sum(int(r["stats"]["details"]) for r in reduce_run.completed_receipts(plan).values()),
                 "ignored_ngrams": result.ignored_ngrams,
