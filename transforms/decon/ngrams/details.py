@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
+from itertools import chain
 from typing import Iterator
 
 import numpy as np
@@ -149,11 +150,12 @@ class DetailRows:
         self.rows = 0  # written, all row groups
         self._clear()
 
+    _HIT_COLUMNS = ("n", "ngram", "ngram_truncated", "train_path", "train_row", "train_doc_id", "train_pairs",
+                    "train_flat", "train_snippet_start", "train_snippet", "train_snippet_truncated", "rows")
+
     def _clear(self) -> None:
-        self.hits: dict[str, list] = {k: [] for k in ("n", "ngram", "ngram_truncated", "train_path", "train_row",
-                                                      "train_doc_id", "train_pairs", "train_flat",
-                                                      "train_snippet_start", "train_snippet",
-                                                      "train_snippet_truncated", "rows")}
+        self.hits: dict[str, list] = {k: [] for k in self._HIT_COLUMNS}
+        self._columns = tuple(self.hits[k] for k in self._HIT_COLUMNS)  # the same lists, in that order, for add
         self.eval_idx: list[np.ndarray] = []
         self.eval_pairs: list[np.ndarray] = []
         self.eval_flat: list[np.ndarray] = []
@@ -163,6 +165,8 @@ class DetailRows:
         """(eval_idx, pairs per row, flat offsets) of ``evals[a:b]``; cached by record ``key``
         for a record with few eval rows (it comes back with each training row)."""
         got = self.cache.get(key) if len(evals) <= CACHE_EVALS else None
+        if got is not None and a == 0 and b == len(evals):  # the common case: all of a record's eval rows
+            return got[0], got[1], got[2]
         if got is None:
             lo, hi = (0, len(evals)) if len(evals) <= CACHE_EVALS else (a, b)
             part = evals[lo:hi]
@@ -192,19 +196,20 @@ class DetailRows:
         for a in range(0, room, step):
             b = min(room, a + step)
             idx, pairs, flat = self._eval_side(key, evals, a, b)
-            h = self.hits
-            h["n"].append(n)
-            h["ngram"].append(ngram)
-            h["ngram_truncated"].append(ngram_truncated)
-            h["train_path"].append(train_path)
-            h["train_row"].append(train_row)
-            h["train_doc_id"].append(train_doc_id)
-            h["train_pairs"].append(len(train_offsets))
-            h["train_flat"].extend(x for pair in train_offsets for x in pair)
-            h["train_snippet_start"].append(snippet_start)
-            h["train_snippet"].append(snippet)
-            h["train_snippet_truncated"].append(snippet_truncated)
-            h["rows"].append(b - a)
+            (n_, ngram_, ngram_truncated_, path_, row_, doc_id_, pairs_, flat_, snippet_start_, snippet_,
+             snippet_truncated_, rows_) = self._columns  # one hit per call: its columns' lists, bound once
+            n_.append(n)
+            ngram_.append(ngram)
+            ngram_truncated_.append(ngram_truncated)
+            path_.append(train_path)
+            row_.append(train_row)
+            doc_id_.append(train_doc_id)
+            pairs_.append(len(train_offsets))
+            flat_.extend(chain.from_iterable(train_offsets))
+            snippet_start_.append(snippet_start)
+            snippet_.append(snippet)
+            snippet_truncated_.append(snippet_truncated)
+            rows_.append(b - a)
             self.eval_idx.append(idx)
             self.eval_pairs.append(pairs)
             self.eval_flat.append(flat)
