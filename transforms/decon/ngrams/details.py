@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Iterator
 
 import numpy as np
@@ -146,7 +146,7 @@ class DetailRows:
         self.row_group_rows = row_group_rows
         self.writer = pq.ParquetWriter(pa.PythonFile(_Position(out), mode="w"), SCHEMA, compression="zstd",
                                        compression_level=COMPRESSION_LEVEL)
-        self.cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.cache: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.rows = 0  # written, all row groups
         self._clear()
 
@@ -156,32 +156,30 @@ class DetailRows:
     def _clear(self) -> None:
         self.hits: dict[str, list] = {k: [] for k in self._HIT_COLUMNS}
         self._columns = tuple(self.hits[k] for k in self._HIT_COLUMNS)  # the same lists, in that order, for add
-        self.eval_idx: list[np.ndarray] = []
-        self.eval_pairs: list[np.ndarray] = []
-        self.eval_flat: list[np.ndarray] = []
+        self.eval_idx: list[int] = []    # the eval side of the rows held, one entry per row
+        self.eval_pairs: list[int] = []
+        self.eval_flat: list[int] = []
         self.held_rows = self.held_chars = 0
 
-    def _eval_side(self, key: int, evals: list, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(eval_idx, pairs per row, flat offsets) of ``evals[a:b]``; cached by record ``key``
-        for a record with few eval rows (it comes back with each training row)."""
+    def _eval_side(self, key: int, evals: list, a: int, b: int) -> tuple[list[int], list[int], list[int]]:
+        """(eval_idx, pairs per row, flat offsets) of ``evals[a:b]``, as lists of ints (most
+        records have one or two eval rows: numpy arrays per hit would cost more than they
+        hold); cached by record ``key`` for a record with few eval rows (it comes back with
+        each training row)."""
         got = self.cache.get(key) if len(evals) <= CACHE_EVALS else None
-        if got is not None and a == 0 and b == len(evals):  # the common case: all of a record's eval rows
-            return got[0], got[1], got[2]
         if got is None:
             lo, hi = (0, len(evals)) if len(evals) <= CACHE_EVALS else (a, b)
             part = evals[lo:hi]
-            idx = np.fromiter((e[0] for e in part), dtype=np.int64, count=len(part))
-            pairs = np.fromiter((len(e[1]) for e in part), dtype=np.int64, count=len(part))
-            flat = np.fromiter((x for e in part for pair in e[1] for x in pair), dtype=np.int64,
-                               count=2 * int(pairs.sum()))
-            starts = np.zeros(len(part) + 1, dtype=np.int64)
-            np.cumsum(pairs, out=starts[1:])
-            got = (idx, pairs, flat, starts)
+            pairs = [len(e[1]) for e in part]
+            got = ([e[0] for e in part], pairs, [x for e in part for pair in e[1] for x in pair],
+                   list(accumulate(pairs, initial=0)))
             if len(evals) <= CACHE_EVALS:
                 self.cache[key] = got
             else:
                 a, b = 0, b - a
         idx, pairs, flat, starts = got
+        if a == 0 and b == len(idx):  # the common case: all of a record's eval rows
+            return idx, pairs, flat
         return idx[a:b], pairs[a:b], flat[2 * starts[a]:2 * starts[b]]
 
     def add(self, key: int, n: int, ngram: str, ngram_truncated: bool, evals: list, room: int, train_path: str,
@@ -210,9 +208,9 @@ class DetailRows:
             snippet_.append(snippet)
             snippet_truncated_.append(snippet_truncated)
             rows_.append(b - a)
-            self.eval_idx.append(idx)
-            self.eval_pairs.append(pairs)
-            self.eval_flat.append(flat)
+            self.eval_idx.extend(idx)
+            self.eval_pairs.extend(pairs)
+            self.eval_flat.extend(flat)
             self.held_rows += b - a
             self.held_chars += (b - a) * per_row
             if self.held_rows >= self.row_group_rows or self.held_chars >= HELD_CHARS:
@@ -236,8 +234,9 @@ class DetailRows:
             "train_snippet_truncated": pa.array(h["train_snippet_truncated"], pa.bool_()),
         }
         eval_cols = dict(zip(("eval_dataset", "eval_path", "eval_row", "instance_id", "same_text"),
-                             self.evals.take(np.concatenate(self.eval_idx))))
-        eval_cols["eval_offsets"] = pairs_array(np.concatenate(self.eval_pairs), np.concatenate(self.eval_flat))
+                             self.evals.take(np.asarray(self.eval_idx, dtype=np.int64))))
+        eval_cols["eval_offsets"] = pairs_array(np.asarray(self.eval_pairs, dtype=np.int64),
+                                                np.asarray(self.eval_flat, dtype=np.int64))
         columns = [eval_cols[f.name] if f.name in eval_cols else hit_cols[f.name].take(rep) for f in SCHEMA]
         self.writer.write_table(pa.Table.from_arrays(columns, schema=SCHEMA), row_group_size=self.held_rows)
         self.rows += self.held_rows
