@@ -306,10 +306,11 @@ def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int
                 if same.first:
                     evals = [e for e in evals if e[0] not in same.first]
                 kept[rec] = evals
-                cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
-                middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
-                if len(evals) <= PREFIX_CACHE_EVALS:
-                    prefixes[rec] = lines_of(rec, evals)
+                if rows_out is None:  # JSON lines: the parts of a record's lines that do not change
+                    cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
+                    middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
+                    if len(evals) <= PREFIX_CACHE_EVALS:
+                        prefixes[rec] = lines_of(rec, evals)
                 sampled[rec] = [eval_idx for eval_idx, _ in evals]
             offs = list(zip(starts[a:o], ends[a:o]))
             room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
