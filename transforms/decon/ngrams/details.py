@@ -154,8 +154,7 @@ class DetailRows:
                     "train_flat", "train_snippet_start", "train_snippet", "train_snippet_truncated", "rows")
 
     def _clear(self) -> None:
-        self.hits: dict[str, list] = {k: [] for k in self._HIT_COLUMNS}
-        self._columns = tuple(self.hits[k] for k in self._HIT_COLUMNS)  # the same lists, in that order, for add
+        self._columns: tuple[list, ...] = tuple([] for _ in self._HIT_COLUMNS)  # the hits' columns, in that order
         self.eval_idx: list[int] = []    # the eval side of the rows held, one entry per row
         self.eval_pairs: list[int] = []
         self.eval_flat: list[int] = []
@@ -220,7 +219,7 @@ class DetailRows:
         """Write the rows held as one row group."""
         if not self.held_rows:
             return
-        h = self.hits
+        h = dict(zip(self._HIT_COLUMNS, self._columns))
         rep = pa.array(np.repeat(np.arange(len(h["rows"]), dtype=np.int64), h["rows"]))
         hit_cols = {
             "n": pa.array(h["n"], pa.int32()), "ngram": strings(h["ngram"]),

@@ -421,8 +421,6 @@ class ReduceResult:
     capped: list                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
     contaminated: DropList                           # the drop list (its lines: ``contaminated.chunks()``)
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
-    # the reports' rankings, computed once for both report.md and report.html (:func:`.report.frequent_ngrams`)
-    rankings: dict[tuple, list] = field(default_factory=dict, compare=False, repr=False)
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: Tokenizer,

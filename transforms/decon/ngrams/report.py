@@ -81,14 +81,6 @@ def frequent_ngrams(result: ReduceResult, rows: list[EvalRow], n: int, same: Sam
     """The ``top`` overlapping n-grams of ``rows`` (one eval dataset) at configured ``n`` (a row
     shorter than n: its whole text), by the instances that have them, then the training rows
     that have them, then their text: a phrase many instances share (boilerplate) comes first."""
-    key = ("frequent_ngrams", n, top, tuple(r.eval_idx for r in rows))
-    if key not in result.rankings:
-        result.rankings[key] = _frequent_ngrams(result, rows, n, same, top)
-    return result.rankings[key]
-
-
-def _frequent_ngrams(result: ReduceResult, rows: list[EvalRow], n: int, same: SameText, top: int
-                     ) -> list[rh.NgramCount]:
     ids_of: dict[int, set[str]] = defaultdict(set)  # a text (its first row) -> the instance ids of its rows here
     length: dict[int, int] = {}                      # ... -> its n-gram length at n
     for r in rows:
