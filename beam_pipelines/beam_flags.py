@@ -1,11 +1,20 @@
 """A pipeline command's flags that are not its own must be Beam's PipelineOptions: found by
-asking Beam's option classes, with the nearest flag named for a typo."""
+asking Beam's option classes, with the nearest flag named for a typo.
+
+Asking Beam means importing it (about 1.5 s), so a flag error would wait for it: for the Beam
+version recorded in :mod:`~refinery.beam_pipelines.beam_flag_names` the flags are read from
+there instead, and Beam is imported only once the arguments are valid. Any other installed Beam
+version is asked directly. ``python -m refinery.beam_pipelines.beam_flags --write`` records the
+installed version's flags (``tests/test_cli_strict.py`` fails when the record and Beam differ)."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import difflib
 import functools
+import sys
+from importlib import metadata
+from pathlib import Path
 
 from refinery.beam_pipelines.checks import UsageError
 from refinery.transforms.core import beam_private
@@ -20,7 +29,25 @@ OUR_RUNNER_FLAGS = ("--gpu",)  # consumed by refinery.runners (dataflow), not Be
 @functools.lru_cache(maxsize=1)
 def beam_flags() -> frozenset[str]:
     """Every flag Beam's PipelineOptions define (``--job_name``, ``--temp_location``, ...),
-    runner-specific ones (Flink, Spark, portable) included."""
+    runner-specific ones (Flink, Spark, portable) included: the recorded list when the
+    installed Beam is the recorded version (no import of Beam), else :func:`live_beam_flags`."""
+    from refinery.beam_pipelines import beam_flag_names
+
+    if installed_beam_version() == beam_flag_names.BEAM_VERSION:
+        return frozenset(beam_flag_names.FLAGS)
+    return live_beam_flags()
+
+
+def installed_beam_version() -> str | None:
+    """The installed apache-beam's version (its package metadata: no import), None without one."""
+    try:
+        return metadata.version("apache-beam")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def live_beam_flags() -> frozenset[str]:
+    """:func:`beam_flags` asked of Beam itself (imports it, with its runner modules)."""
     for module in ("apache_beam.runners.portability.flink_runner",
                    "apache_beam.runners.portability.spark_runner",
                    "apache_beam.runners.portability.portable_runner"):
@@ -54,3 +81,18 @@ def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: lis
     return leftover
 
 
+
+
+def write_flag_names(path: Path) -> None:
+    """Record the installed Beam's flags in ``path`` (the module :mod:`beam_flag_names`)."""
+    from refinery.beam_pipelines import beam_flag_names
+
+    head = (beam_flag_names.__doc__ or "").strip()
+    body = "".join(f'    "{flag}",\n' for flag in sorted(live_beam_flags()))
+    path.write_text(f'"""{head}"""\n\nBEAM_VERSION = "{installed_beam_version()}"\n\nFLAGS = (\n{body})\n')
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m refinery.beam_pipelines.beam_flags --write  (records the installed Beam's flags)")
+    write_flag_names(Path(__file__).with_name("beam_flag_names.py"))

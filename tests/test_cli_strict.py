@@ -42,6 +42,32 @@ def test_unknown_flags_exit_2_with_the_nearest_flag(argv, bad, hint, capsys):
     assert f"unknown option {bad}" in line and f"did you mean {hint}?" in line
 
 
+def test_the_recorded_beam_flags_are_the_installed_beams():
+    """The flag check reads Beam's flags from a record (no ``import apache_beam``): the record
+    must be the installed Beam's, or a flag Beam added would be refused, one it dropped passed."""
+    from refinery.beam_pipelines import beam_flag_names
+    from refinery.beam_pipelines.beam_flags import installed_beam_version, live_beam_flags
+
+    assert beam_flag_names.BEAM_VERSION == installed_beam_version(), \
+        "run `python -m refinery.beam_pipelines.beam_flags --write` for the installed Beam"
+    assert frozenset(beam_flag_names.FLAGS) == live_beam_flags()
+
+
+def test_a_flag_error_is_answered_before_beam_is_imported(tmp_path, small_corpus):
+    """`refinery prep ... --bad-flag` and `--help` answer without importing Beam (which takes
+    1.5-2 s, 5-11 s under load): the process ends with apache_beam never imported."""
+    probe = ("import sys\nfrom refinery.beam_pipelines.cli import main\n"
+             "rc = main(sys.argv[1:])\nprint('BEAM' if 'apache_beam' in sys.modules else 'NO-BEAM', rc)\n")
+    argv = ["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--nmu-shards", "4"]
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["NO-BEAM", "2"] and "did you mean --num-shards?" in done.stderr, done
+    helped = subprocess.run([sys.executable, "-c", "import sys\nfrom refinery.beam_pipelines.cli import main\n"
+                             "try:\n    main(['prep', '--help'])\nexcept SystemExit:\n"
+                             "    print('BEAM' if 'apache_beam' in sys.modules else 'NO-BEAM')\n"],
+                            capture_output=True, text=True, timeout=60)
+    assert helped.stdout.splitlines()[-1] == "NO-BEAM", helped.stderr
+
+
 def test_real_beam_flags_still_pass(tmp_path, small_corpus, capsys):
     assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--job_name=nightly-prep",
                  "--temp_location", str(tmp_path / "tmp"), "--dry-run"]) == 0
