@@ -128,3 +128,38 @@ def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path, monkeypatch):
     scan = [c for name, c in seen if name == "scan"]
     assert [c["rows"] for c in scan] == [0, 1024, 2048]
     assert scan[-1]["text_bytes"] > 0
+
+
+def test_progress_lines_never_show_a_rate_over_nothing():
+    """`scan: 3/3 units, 0s, 0 MB, 2121.8 MB/s` was printed: a rate over a few ms, and a size
+    rounded to 0. A rate needs an amount and at least a second; a size is in its own unit."""
+    from refinery.transforms.core.progress import human_bytes, rate
+    from refinery.transforms.decon.stages import ScanStage
+    from refinery.transforms.prep.stages import TokenizeStage
+
+    assert rate(0, 30.0, "MB") == "" and rate(5.0, 0.004, "MB") == "" and rate(5.0, 2.0, "MB") == "2.5 MB/s"
+    assert [human_bytes(n) for n in (0, 812, 4_100, 3_200_000, 1.5e9)] == ["0 B", "812 B", "4.1 KB", "3.2 MB",
+                                                                           "1.5 GB"]
+    assert ScanStage.describe_progress(None, {"text_bytes": 8_500}, 0.004) == "8.5 KB"  # type: ignore[arg-type]
+    assert ScanStage.describe_progress(None, {"text_bytes": 8_500_000}, 2.0) == "8.5 MB, 4.2 MB/s"  # type: ignore[arg-type]
+    assert TokenizeStage.describe_progress(None, {"accepted": 3, "tokens": 90}, 0.01) == "docs=3 tokens=90"  # type: ignore[arg-type]
+
+
+def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_path):
+    """`tokenize: 1/1 units, 7s` then `prep done in 6.8s`: the step's time ran until the poll
+    that saw it end, and was rounded differently. Now it ends at its last unit's finish."""
+    import time
+
+    stage = Counting()
+    stage.finish["a"].set()
+    stage.finish["b"].set()
+    [run] = bind_stages([stage], str(tmp_path / "out"))
+    progress = Progress([(run, 2)], interval=1.0, enabled=False)
+    execute_unit(run, Unit("a", {}))
+    execute_unit(run, Unit("b", {}))
+    finished = time.time()
+    time.sleep(1.2)  # the poll comes later than the end
+    shown = []
+    progress._update(lambda i, done, post, ended: shown.append((done, ended, progress._seconds(ended))), final=True)
+    (done, ended, seconds), = shown
+    assert done == 2 and ended and seconds <= finished - progress._step_start + 0.05

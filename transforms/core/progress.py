@@ -35,6 +35,7 @@ class Progress:
         self._thread: threading.Thread | None = None
         self._current = 0
         self._start = self._step_start = time.time()
+        self._last_end: float | None = None  # the latest finish of a unit of this run, of the step polled last
         self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
     def __enter__(self) -> Progress:
@@ -59,10 +60,12 @@ class Progress:
         done = failed = resumed = 0
         stats: dict[str, float] = {}
         ended: set[str] = set()  # units with a receipt of this run
+        last = ""
         for r in run.read_receipts(self._seen):
             new = r.get("finished_at", "") >= self._started_iso
             if new:
                 ended.add(str(r.get("unit")))
+                last = max(last, r.get("finished_at", ""))
             if r.get("status") == "completed":
                 done += 1
                 if new:
@@ -73,9 +76,17 @@ class Progress:
                 failed += 1
         for counts in self._running(run, ended):
             _add(stats, counts)
-        post = run.stage.describe_progress(stats, time.time() - self._step_start) if stats else ""
+        self._last_end = _dt.datetime.fromisoformat(last).timestamp() if last else None
+        seconds = self._seconds(done >= total)
+        post = run.stage.describe_progress(stats, seconds) if stats else ""
         extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
         return min(done, total), (post + extra).strip()
+
+    def _seconds(self, ended: bool) -> float:
+        """The step's time so far; once it ended, until its last unit finished (not until the
+        poll that saw it), so that a step's time never exceeds the job's."""
+        end = self._last_end if ended and self._last_end is not None else time.time()
+        return max(0.0, end - self._step_start)
 
     def _running(self, run: StageRun, ended: set[str]) -> list[dict[str, Any]]:
         """The counts so far that this run's running units published (``progress/``, see
@@ -106,7 +117,7 @@ class Progress:
             if not ended or self._current == len(self.steps) - 1:
                 return
             self._current += 1
-            self._step_start = time.time()
+            self._step_start = max(self._step_start, self._last_end or time.time())
 
     def _loop(self) -> None:
         if not sys.stderr.isatty():
@@ -142,7 +153,7 @@ class Progress:
             nonlocal last
             if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
                 run, total = self.steps[i]
-                print(f"{run.name}: {done}/{total} units, {time.time() - self._step_start:.0f}s"
+                print(f"{run.name}: {done}/{total} units, {self._seconds(ended):.1f}s"
                       + (f", {post}" if post else ""), file=sys.stderr, flush=True)
                 last = time.time()
                 if ended:
@@ -185,6 +196,25 @@ class Progress:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes as a person reads them: ``812 B``, ``4.1 KB``, ``3.2 MB``, ``1.5 GB`` (powers of 1000)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+MIN_RATE_S = 1.0  # no rate over less time than this: a few ms would give any figure at all
+
+
+def rate(amount: float, seconds: float, unit: str, fmt: str = ",.1f") -> str:
+    """``"{amount/seconds} {unit}/s"``, or '' when there is nothing to divide (no amount, or
+    under :data:`MIN_RATE_S`): a progress line never shows a rate over 0 bytes or 0 s."""
+    if amount <= 0 or seconds < MIN_RATE_S:
+        return ""
+    return f"{amount / seconds:{fmt}} {unit}/s"
 
 
 def _add(total: dict[str, float], stats: dict[str, Any] | None) -> None:

@@ -47,6 +47,7 @@ from isal import igzip, isal_zlib
 from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import jsonl
+from refinery.transforms.core.progress import human_bytes, rate
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.core.text import TextSpec
@@ -316,8 +317,8 @@ class ScanStage(Stage):
         return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
-        mb = stats.get("text_bytes", 0) / 1e6
-        return f"{mb:.0f} MB, {mb / max(seconds, 1e-9):.1f} MB/s"
+        read = stats.get("text_bytes", 0)
+        return ", ".join(filter(None, [human_bytes(read), rate(read / 1e6, seconds, "MB")]))
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         t0 = time.perf_counter()

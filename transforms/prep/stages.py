@@ -30,6 +30,7 @@ import numpy as np
 from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
+from refinery.transforms.core.progress import rate
 from refinery.transforms.core.receipts import Receipt
 from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
@@ -452,8 +453,9 @@ class TokenizeStage(Stage):
         return stats
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
-        return (f"docs={int(stats.get('accepted', 0)):,} tokens={int(stats.get('tokens', 0)):,} "
-                f"tok/s={stats.get('tokens', 0) / max(seconds, 1e-9):,.0f}")
+        tokens = stats.get("tokens", 0)
+        per_s = rate(tokens, seconds, "tok", ",.0f")
+        return f"docs={int(stats.get('accepted', 0)):,} tokens={int(tokens):,}" + (f" {per_s}" if per_s else "")
 
 
 def check_unchanged(payload: Mapping[str, Any]) -> None:
