@@ -179,3 +179,34 @@ def test_pure_parts():
     assert epoch_quotas([500000, 300000, 200000], [40, 25, 30]) == [40, 24, 16]
     assert epoch_quotas([1, 0], [3, 0]) == [3, 0]
     assert largest_remainder([1, 1, 1], 10) == [4, 3, 3]
+
+
+def test_a_plain_prep_output_is_read_without_a_mixture_file(tmp_path, small_corpus):
+    """`refinery prep`'s output is one source: no TOML, no `{root}/{id}/train/` layout. Unshuffled,
+    the stream is the shards' tokens in path order; the plan hash covers the manifest's sha256s."""
+    from helpers import run_prep
+
+    from refinery.transforms.loader.deterministic import prep_output_loader
+
+    out = tmp_path / "out"
+    assert run_prep([small_corpus], out, "--num-shards", "2") == 0
+    loader, plan = prep_output_loader(str(out), seq_len=SEQ, batch_size=2, shuffle=False)
+    stream = np.concatenate([np.load(p).astype(np.int64) for p in shards.find_shards(str(out))])
+    inputs, targets = loader.next()
+    assert inputs.tolist() == [list(stream[0:SEQ]), list(stream[SEQ + 1:2 * SEQ + 1])]
+    assert (targets[:, :-1] == inputs[:, 1:]).all()
+    assert [f["sha256"] is not None for f in plan.sources[0].files] == [True, True]
+    again, _ = prep_output_loader(str(out / "manifest.json"), seq_len=SEQ, batch_size=2, shuffle=False)
+    assert again.plan.plan_hash == plan.plan_hash
+    with pytest.raises(FileNotFoundError, match="no manifest.json here"):
+        prep_output_loader(str(tmp_path / "nothing"))
+
+
+def test_an_epoch_shorter_than_a_global_batch_is_said(tmp_path):
+    """Before: two epochs were silently wrapped into one global batch."""
+    from refinery.transforms.loader.deterministic import ShortEpochWarning
+
+    toml = _mix_toml(tmp_path / "mix.toml")
+    root = _data_root(tmp_path / "data", {"alpha": 9 * 2, "beta": 9 * 2, "gamma": 9 * 2})
+    with pytest.warns(ShortEpochWarning, match=r"fewer than one global batch \(4 x 2 rank\(s\) = 8\)"):
+        build_loader(LoaderConfig(str(toml), str(root), seq_len=SEQ, batch_size=4), rank=0, world_size=2)

@@ -2,6 +2,8 @@
 
 ``loader, plan = build_loader(cfg, rank, world_size, split)``; ``inputs, targets = loader.next()``
 gives this rank's ``(batch_size, seq_len)`` int64 arrays (targets = inputs shifted by one).
+One ``refinery prep`` output needs no mixture file: ``loader, plan = prep_output_loader(output,
+seq_len=..., batch_size=...)`` reads its shards as the one source.
 
 How the stream is defined (numpy + stdlib only; no torch, no Beam):
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +56,10 @@ STATE_VERSION = 1
 
 class LoaderStateError(ValueError):
     """A loader state that does not belong to this loader's plan."""
+
+
+class ShortEpochWarning(UserWarning):
+    """An epoch shorter than one global batch: a batch then wraps into the next epoch."""
 
 
 @dataclass(frozen=True)
@@ -183,19 +190,29 @@ def _tokenizer_of(m: dict) -> tuple | None:
 
 def build_plan(data_root: str, source_ids: list[str], weights: list[int], split: str, seq_len: int,
                seed: int = 0, shuffle: bool = True) -> LoaderPlan:
-    """The loader's plan: shards per source, sequences, epoch quotas and the plan hash."""
+    """The loader's plan: shards per source, sequences, epoch quotas and the plan hash. Source
+    ``s`` reads ``{data_root}/{s}/{split}`` (``refinery prep-mixture``'s layout)."""
+    roots = [(sid, w, split_dir(data_root, sid, split)) for sid, w in zip(source_ids, weights)]
+    return plan_of_roots(data_root, roots, split, seq_len, seed, shuffle,
+                         missing="run `refinery prep-mixture` first")
+
+
+def plan_of_roots(data_root: str, roots: list[tuple[str, int, str]], split: str, seq_len: int, seed: int = 0,
+                  shuffle: bool = True, missing: str = "") -> LoaderPlan:
+    """:func:`build_plan` of sources given as ``(id, weight, folder)``: each folder's ``**/*.npy``
+    (and its manifest.json) is one source's stream; paths in the plan hash are relative to
+    ``data_root``. ``missing``: what to do about a folder without shards (said in the error)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     sources = []
     tokenizers: dict[tuple, str] = {}  # tokenizer -> the first source prepared with it
-    for sid, w in zip(source_ids, weights):
+    for sid, w, root in roots:
         if w == 0:
             continue
-        root = split_dir(data_root, sid, split)
         paths = find_shards(root)
         if not paths:
-            raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r} under {root} "
-                                    f"(run `refinery prep-mixture` first)")
+            raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r} under {root}"
+                                    + (f" ({missing})" if missing else ""))
         manifest = _manifest(root)
         if (tok := _tokenizer_of(manifest)) is not None:
             tokenizers.setdefault(tok, sid)
@@ -262,6 +279,11 @@ class DeterministicLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.plan = plan
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        if (step := batch_size * world_size) > plan.epoch_sequences:
+            warnings.warn(f"an epoch of split {plan.split!r} holds {plan.epoch_sequences:,} sequence(s) of "
+                          f"{plan.seq_len + 1} tokens, fewer than one global batch ({batch_size} x {world_size} "
+                          f"rank(s) = {step:,}): each batch repeats sequences of the epoch before it",
+                          ShortEpochWarning, stacklevel=2)
         self._streams = [_SourceStream(s) for s in plan.sources]
         self._reset(position=0, epoch=0)
 
@@ -362,3 +384,22 @@ def build_loader(cfg, rank: int = 0, world_size: int = 1,
     plan = build_plan(os.fspath(data_root), [s.id for s in mixture.sources], weights, split,
                       int(_get(cfg, "seq_len", 4096)), int(_get(cfg, "seed", 0)), bool(_get(cfg, "shuffle", True)))
     return DeterministicLoader(plan, rank, world_size, int(_get(cfg, "batch_size", 1))), plan
+
+
+def prep_output_loader(output: str, *, seq_len: int = 4096, batch_size: int = 1, seed: int = 0,
+                       shuffle: bool = True, rank: int = 0,
+                       world_size: int = 1) -> tuple[DeterministicLoader, LoaderPlan]:
+    """(loader, plan) over ONE ``refinery prep`` output (the folder holding its manifest.json and
+    ``shard_*/``; the ``manifest.json`` path itself is accepted too): its shards are the only
+    source, in path order, checked against the manifest's sha256s in the plan hash; no mixture
+    file. The split is named ``train``."""
+    root = os.fspath(output)
+    if root.endswith("manifest.json"):
+        root = storage.dirname(root)
+    root = root.rstrip("/")
+    if not storage.exists(storage.join(root, "manifest.json")):
+        raise FileNotFoundError(f"{root}: no manifest.json here: not a finished refinery prep output "
+                                f"(`refinery status {root}` tells what is missing)")
+    name = storage.basename(root) or "output"
+    plan = plan_of_roots(storage.dirname(root), [(name, WEIGHT_SCALE, root)], "train", seq_len, seed, shuffle)
+    return DeterministicLoader(plan, rank, world_size, batch_size), plan
