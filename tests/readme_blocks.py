@@ -7,8 +7,11 @@ A fenced block's info string says what it is:
   matches it; the rule's reason is the reason it is not run. A command that no rule matches
   is run: nothing is skipped without a named reason.
 - ```` ```text ````: output or a file layout, not commands.
-- ```` ```python ````: Python code, not shell commands (the Beam pipeline example is
-  ``examples/beam_pipeline.py``, run by ``tests/test_readme_example.py``).
+- ```` ```python ````: Python code, RUN as pasted, as one command (``python`` of the activated
+  venv reading the block on its stdin), in order with the shell commands around it, so that it
+  reads what the commands before it made. The one exception is named: a block that is a whole
+  file of ``examples/`` (the Beam pipeline example, ``examples/beam_pipeline.py``) is that
+  file, run by its own test with data (``tests/test_readme_example.py``).
 
 A fence without an info string, or an indented code block, is an error
 (:func:`readme_blocks` raises): every block must say what it is.
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COMMAND_INFO = ("bash",)
-OTHER_INFO = ("text", "python")
+PYTHON_INFO = "python"
+OTHER_INFO = ("text", PYTHON_INFO)
+PYTHON_HEREDOC = "README_PYTHON_BLOCK"  # the here-document's delimiter a Python block is fed through
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,27 @@ def promised_exit(command: str) -> int:
     return next((e.code for e in PROMISED_EXITS if re.search(e.pattern, command)), 0)
 
 
+def python_command(block: Block, examples: dict[str, str]) -> Command:
+    """A Python block as one shell command: ``python`` reading the block as pasted from a
+    here-document. Not run only when it is a whole file of ``examples/`` (``examples``: each
+    file's text by its path), which that file's own test runs."""
+    code = "\n".join(block.lines) + "\n"
+    if PYTHON_HEREDOC in code:
+        raise ValueError(f"README.md:{block.line}: a Python block may not hold {PYTHON_HEREDOC}")
+    same = next((path for path, text in examples.items() if text == code), None)
+    skip = f"the whole of {same}, run by tests/test_readme_example.py with its data" if same else None
+    return Command(block.line + 1, f"python - <<'{PYTHON_HEREDOC}'\n{code}{PYTHON_HEREDOC}", skip)
+
+
 def readme_commands(readme: Path) -> list[Command]:
-    """Every command of the README's command blocks, in order, classified."""
+    """Every command of the README's command blocks and every Python block, in order, classified."""
+    examples = {f"examples/{p.name}": p.read_text(encoding="utf-8")
+                for p in sorted((readme.parent / "examples").glob("*.py"))}
     commands = []
     for block in readme_blocks(readme.read_text(encoding="utf-8")):
         if block.info in COMMAND_INFO:
             for line, text in split_commands(block):
                 commands.append(Command(line, text, classify(text), promised_exit(text)))
+        elif block.info == PYTHON_INFO:
+            commands.append(python_command(block, examples))
     return commands
