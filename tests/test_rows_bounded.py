@@ -261,3 +261,24 @@ def test_prep_max_row_bytes_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["prep", "--help"])
     assert f"(default: {64 << 20} = 64 MiB)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_blank_lines_that_end_a_file_are_not_rows_and_other_blank_lines_still_are(tmp_path):
+    """An editor's final empty line was counted as a rejected row ("blank line"). Now the blank
+    lines that end a JSONL file are not rows; one with a row after it still is (row numbers stay
+    the file's lines), read whole or by any byte range."""
+    from refinery.transforms.core.rows import iter_rows
+
+    ending = tmp_path / "ending.jsonl"
+    ending.write_bytes(b'{"text": "a"}\n{"text": "b"}\n\n  \r\n')
+    inside = tmp_path / "inside.jsonl"
+    inside.write_bytes(b'{"text": "a"}\n\n{"text": "b"}\n\n')
+    assert list(iter_rows(str(ending))) == [(0, {"text": "a"}, None), (1, {"text": "b"}, None)]
+    assert list(iter_rows(str(inside))) == [(0, {"text": "a"}, None), (1, None, "blank line"),
+                                            (2, {"text": "b"}, None)]
+    for path in (ending, inside):
+        whole = [r[1:] for r in iter_rows(str(path))]
+        size = path.stat().st_size
+        for cut in range(size + 1):
+            parts = [r[1:] for lo, hi in ((0, cut), (cut, size)) for r in iter_rows(str(path), byte_range=(lo, hi))]
+            assert parts == whole, (path.name, cut)

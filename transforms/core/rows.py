@@ -44,7 +44,7 @@ import json
 import re
 import zlib
 from io import BufferedIOBase, BufferedReader, RawIOBase
-from typing import IO, Any, Iterator, NamedTuple, cast
+from typing import IO, Any, Callable, Iterator, NamedTuple, cast
 
 import orjson
 
@@ -217,11 +217,34 @@ def _lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[tuple[bytes | None
             yield None, _skip_line(f, line)
 
 
+def _blank(line: bytes | None) -> bool:
+    """A line of nothing but JSON whitespace (spaces, tabs, ``\r``, ``\n``)."""
+    return line is not None and not line.strip(_JSON_SPACE)
+
+
+def _rows_of_lines(items: Iterator[tuple[bytes | None, int]], more_after: Callable[[], bool] = lambda: False
+                   ) -> Iterator[tuple[bytes | None, int]]:
+    """``items`` (:func:`_lines`), less the blank lines that end the file: an editor's final
+    empty line is not a row. A blank line with a row after it is one (a bad row, "blank
+    line"), as before: row numbers stay those of the file's lines. ``more_after()``: whether
+    a row follows the last item (a byte range's end is not always the file's)."""
+    held: list[tuple[bytes | None, int]] = []
+    for item in items:
+        if _blank(item[0]):
+            held.append(item)
+            continue
+        yield from held
+        held.clear()
+        yield item
+    if held and more_after():
+        yield from held
+
+
 def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[Row]:
     row = 0
     try:
         with _open_lines(path, compression="infer") as f:
-            for line, _ in _lines(f, max_row_bytes):
+            for line, _ in _rows_of_lines(_lines(f, max_row_bytes)):
                 yield (row, None, too_large(max_row_bytes)) if line is None else (row, *parse_json_line(line))
                 row += 1
     except CONTENT_ERRORS as e:
@@ -238,13 +261,19 @@ def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterat
             f.seek(lo - 1)
             _skip_line(f, b"")  # the rest of the line holding byte lo-1 belongs to the previous range
         pos = f.tell()
-        row = 0
         lines = _lines(f, max_row_bytes)
-        while pos < hi and (item := next(lines, None)) is not None:
-            line, size = item
-            pos += size
+
+        def in_range() -> Iterator[tuple[bytes | None, int]]:
+            nonlocal pos
+            while pos < hi and (item := next(lines, None)) is not None:
+                pos += item[1]
+                yield item
+
+        def more_after() -> bool:  # a row after this range's trailing blank lines, in a later range
+            return any(not _blank(line) for line, _ in lines)
+
+        for row, (line, _) in enumerate(_rows_of_lines(in_range(), more_after)):
             yield (row, None, too_large(max_row_bytes)) if line is None else (row, *parse_json_line(line))
-            row += 1
 
 
 _JSON_SPACE = b" \t\n\r"
