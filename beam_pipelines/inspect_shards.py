@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vocabulary size for coverage and out-of-range ids (default: the manifest's, "
                              "else 201088)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--num-shards", type=int, default=1, metavar="N", help="inspect the first N shards (default: 1)")
+    which.add_argument("--num-shards", type=int, default=1, metavar="N",
+                       help="inspect the first N shards (default: 1; the output says how many were left out)")
     which.add_argument("--all", action="store_true", help="inspect every shard")
     parser.add_argument("-v", "--verbose", action="store_true", help="list each issue's positions")
     parser.add_argument("--stats", action="store_true", help="document lengths and token distribution")
@@ -137,6 +138,9 @@ def run(args, beam_args: list[str]) -> int:
         total_issues += len(r.issues)
     print(f"total: {totals['tokens']:,} tokens, {totals['eos']:,} EOS, {totals['docs']:,} documents in "
           f"{len(chosen)} shard(s); {total_issues} issue(s)")
+    if len(chosen) < len(refs):  # an OK over part of the output must not read as an OK over all of it
+        print(f"note: only the first {len(chosen)} of {len(refs)} shard(s) were inspected; the other "
+              f"{len(refs) - len(chosen)} were not (--all inspects every shard, --num-shards N the first N)")
     if args.histogram:
         lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
         write_length_histogram(lengths, args.histogram, title=f"document lengths, {len(chosen)} shard(s)")

@@ -44,7 +44,12 @@ def test_clean_prep_output_passes_with_stats_histogram_and_sample(tmp_path, smal
         assert len(np.unique(np.asarray(im.convert("L")))) > 2  # not a blank canvas
     # --data-dir finds the same shards through **/*.npy (skipping .refinery)
     assert main(["inspect", "--data-dir", str(out), "--eos-token-id", str(EOS), "--num-shards", "5"]) == 0
-    assert "inspecting 2 of 2 shard(s)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "inspecting 2 of 2 shard(s)" in said and "only the first" not in said
+    # without --all, the output says that shards were left out: an OK over one shard is not an OK over all
+    assert main(["inspect", "--manifest", str(out / "manifest.json")]) == 0
+    assert "note: only the first 1 of 2 shard(s) were inspected; the other 1 were not (--all" \
+        in capsys.readouterr().out
 
 
 def test_double_eos_and_empty_documents_are_issues(tmp_path, capsys):
