@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--max-ngram-details", type=_count_or_none, default=100_000, metavar="D",
                    help="write at most D detail records per n-gram (eval rows x training rows; the stats still "
                         "count them all) and warn when an n-gram has more; 'none': no cap (default: 100000)")
+    m.add_argument("--min-eval-tokens", type=int, default=5, metavar="K",
+                   help="eval rows of fewer than K tokens (\"a\", \"the\", \"1\": their one n-gram is in most "
+                        "training rows) are not indexed; they are counted and named in a warning, "
+                        "overlap_stats.jsonl and report.md. 0 or 1: every row, as HELM (default: 5)")
     o = parser.add_argument_group("output and layout")
     o.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     o.add_argument("--details-format", choices=["parquet", "jsonl"], default="parquet",
@@ -142,6 +146,7 @@ def settings_from_args(args):
         max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples, details_format=args.details_format,
+        min_eval_tokens=args.min_eval_tokens,
     )
 
 
@@ -229,6 +234,8 @@ def run(args, beam_args: list[str]) -> int:
         for receipt in result.runs[-1].completed_receipts().values():
             if receipt["stats"].get("capped_warning"):
                 print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
+            if receipt["stats"].get("short_warning"):
+                print(f"WARNING refinery decon: {receipt['stats']['short_warning']}", file=sys.stderr)
         for line in storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines():
             e = json.loads(line)
             warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],

@@ -204,9 +204,10 @@ def test_formats_matrix_and_rows(tmp_path):
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     rc = run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13",
-                  "--partitions", "4", "--slice-mb", "0.002"])
+                  "--partitions", "4", "--slice-mb", "0.002", "--min-eval-tokens", "1"])  # HELM: every row
     assert rc == 0
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
+    assert all(s.pop("num_short_instances") == 0 and s.pop("short_instance_ids") == [] for s in stats)
     short_id = ng.record_hash_id({"id": None, "text": "Short one."})
     gsm_id = ng.record_hash_id({"text": GSM_Q, "answer": "7", "level": 1})  # every parquet column
     assert stats == [

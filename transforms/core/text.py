@@ -37,8 +37,13 @@ The text is returned as built, before any normalization (prep normalizes it afte
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import string
+import unicodedata
 from typing import Any
+
+import numpy as np
 
 CHAT_SEPARATOR = "\n\n"  # between messages, each written "{role}: {content}"
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -201,3 +206,161 @@ class TextSpec:
                     return None, error
             out.append(value)
         return "".join(out), None
+
+
+# ---------------------------------------------------------------------------------------
+# Normalization: the text prep trains on, and decon n-grams (one function, shared)
+# ---------------------------------------------------------------------------------------
+
+#: The version of :func:`normalize_text`, recorded where an output depends on it (decon's
+#: stage configs): a change of the rule is a new version, so outputs are recomputed.
+TEXT_NORMALIZATION = "nfc-cc-strip-1"
+
+# Every Cc code point (C0, DEL, C1) except \t and \n is dropped. \r is handled first.
+_CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in range(0xA0)  # every Cc lies below U+00A0
+                                      if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n") + "]")
+_ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
+
+
+def normalize_text(text: str) -> str:
+    """The normalized form of a document's text ('' means the document is empty): NFC;
+    ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode Cc characters are dropped except ``\\n`` and
+    ``\\t``; leading/trailing whitespace stripped (:data:`TEXT_NORMALIZATION`)."""
+    if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
+        if not text.encode("ascii").translate(None, _ASCII_CLEAN):  # nothing but clean ASCII
+            return text.strip()
+    elif not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if _CC_TO_DROP.search(text) is not None:  # a search is ~15x cheaper than translate()
+        text = _CC_TO_DROP.sub("", text)
+    return text.strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _nfc_run() -> re.Pattern[str]:
+    """A run NFC may change as a whole: an optional first character, then one or more
+    characters that are not a normalization boundary (a combining mark, a character NFC
+    changes by itself, or one that may compose with the character before it: the second
+    character of a canonical pair, a Hangul vowel or trailing consonant). Every other
+    character is a boundary: NFC leaves it as it is, and nothing before it reaches past it."""
+    unsafe = set(range(0x1160, 0x1200)) | set(range(0xD7B0, 0xD800))  # Hangul jungseong, jongseong
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        if unicodedata.combining(c):
+            unsafe.add(cp)
+        canonical = unicodedata.decomposition(c)
+        if canonical and canonical[0] != "<":
+            if unicodedata.normalize("NFC", c) != c:
+                unsafe.add(cp)
+            parts = canonical.split()
+            if len(parts) == 2:
+                unsafe.add(int(parts[1], 16))
+    ranges: list[list[int]] = []
+    for cp in sorted(unsafe):
+        if ranges and cp == ranges[-1][1] + 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    body = "".join(re.escape(chr(a)) + ("" if a == b else "-" + re.escape(chr(b))) for a, b in ranges)
+    return re.compile(f"[^{body}]?[{body}]+")
+
+
+def _nfc_segments(text: str, a: int, b: int) -> list[tuple[int, int]]:
+    """``text[a:b]`` (a run of :func:`_nfc_run`) cut into the smallest pieces NFC normalizes
+    apart: each starter (combining class 0) with the marks after it, joined to the piece
+    before it where NFC of the two together differs from NFC of each (a composition)."""
+    def apart(lo: int, mid: int, hi: int) -> bool:
+        nfc = unicodedata.normalize
+        return nfc("NFC", text[lo:hi]) == nfc("NFC", text[lo:mid]) + nfc("NFC", text[mid:hi])
+
+    cuts = [i for i in range(a + 1, b) if not unicodedata.combining(text[i])]
+    out: list[tuple[int, int]] = []
+    for lo, hi in zip([a, *cuts], [*cuts, b]):
+        out.append((lo, hi))
+        # a piece joined to the one before may now reach the one before that (a mark NFC moves)
+        while len(out) > 1 and not apart(out[-2][0], out[-1][0], out[-1][1]):
+            out[-2:] = [(out[-2][0], out[-1][1])]
+    return out
+
+
+def normalized_offsets(text: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(normalize_text(text), start, end)``: each code point ``i`` of the normalized text
+    comes from ``text[start[i]:end[i]]`` (int64 arrays). A character NFC leaves alone, or
+    that only the control rule changes, comes from itself; a run NFC composes or reorders
+    (a starter and its combining marks) comes from the whole run, each of its output
+    characters; a ``\\n`` made of ``\\r\\n`` from both. Dropped controls and stripped ends come
+    from nothing. So a span ``[s, e)`` of the normalized text maps to ``text[start[s]:end[e - 1]]``
+    (:func:`raw_spans`), whose normalization (but the strip) is ``normalized[s:e]``."""
+    n = len(text)
+    if unicodedata.is_normalized("NFC", text):
+        nfc, start, end = text, np.arange(n, dtype=np.int64), np.arange(1, n + 1, dtype=np.int64)
+    else:
+        pieces, starts, ends, at = [], [], [], 0
+        for m in _nfc_run().finditer(text):
+            a, b = m.span()
+            if a > at:
+                pieces.append(text[at:a])
+                starts.append(np.arange(at, a, dtype=np.int64))
+                ends.append(np.arange(at + 1, a + 1, dtype=np.int64))
+            for lo, hi in _nfc_segments(text, a, b):
+                piece = text[lo:hi]
+                out = unicodedata.normalize("NFC", piece)
+                pieces.append(out)
+                if out == piece:  # no change: each character from itself
+                    starts.append(np.arange(lo, hi, dtype=np.int64))
+                    ends.append(np.arange(lo + 1, hi + 1, dtype=np.int64))
+                elif out[0] == piece[0] and out[1:] == unicodedata.normalize("NFC", piece[1:]):
+                    # the starter stays itself (a mark after it changed): from itself, the rest from the marks
+                    starts.append(np.append(np.int64(lo), np.full(len(out) - 1, lo + 1, dtype=np.int64)))
+                    ends.append(np.append(np.int64(lo + 1), np.full(len(out) - 1, hi, dtype=np.int64)))
+                else:
+                    starts.append(np.full(len(out), lo, dtype=np.int64))
+                    ends.append(np.full(len(out), hi, dtype=np.int64))
+            at = b
+        pieces.append(text[at:])
+        starts.append(np.arange(at, n, dtype=np.int64))
+        ends.append(np.arange(at + 1, n + 1, dtype=np.int64))
+        nfc = "".join(pieces)
+        start, end = np.concatenate(starts), np.concatenate(ends)
+        if nfc != unicodedata.normalize("NFC", text):  # pragma: no cover - a boundary the table missed
+            nfc = unicodedata.normalize("NFC", text)  # every character then comes from the whole text
+            start, end = np.zeros(len(nfc), dtype=np.int64), np.full(len(nfc), n, dtype=np.int64)
+    cps = np.frombuffer(nfc.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    keep = np.ones(len(cps), dtype=np.bool_)
+    if "\r" in nfc:
+        cr = np.flatnonzero(cps == 0x0D)
+        pair = cr[cr + 1 < len(cps)]
+        pair = pair[cps[pair + 1] == 0x0A]
+        end[pair] = end[pair + 1]  # the \n of \r\n comes from both
+        keep[pair + 1] = False
+    keep &= ~(((cps < 0x20) & (cps != 0x09) & (cps != 0x0A) & (cps != 0x0D)) | ((cps >= 0x7F) & (cps < 0xA0)))
+    out = nfc
+    if not keep.all() or "\r" in nfc:
+        kept_at = np.flatnonzero(keep)
+        kept = cps[kept_at]
+        kept[kept == 0x0D] = 0x0A  # \r\n pairs are one \r by now
+        out = kept.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+        start, end = start[kept_at], end[kept_at]
+    lead = len(out) - len(out.lstrip())
+    stripped = out.strip()
+    start, end = start[lead:lead + len(stripped)], end[lead:lead + len(stripped)]
+    return stripped, start, end
+
+
+def raw_spans(start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_end: np.ndarray,
+              raw_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[span_start, span_end)`` spans of a normalized text -> spans of the text it came from
+    (``start``, ``end``: :func:`normalized_offsets`): from the raw start of the span's first
+    character to the raw end of its last. An empty span sits where the character at it
+    starts (at the text's end: after its last character; ``raw_length`` for an empty text
+    whose raw form is all whitespace or controls, where nothing maps)."""
+    m = len(start)
+    at = np.append(start, end[-1] if m else raw_length)  # where position p starts, p in 0..m
+    after = np.append(at[0] if m else raw_length, end)   # where the character before position p ends
+    s = at[span_start]
+    e = np.where(span_end > span_start, after[span_end], s)
+    return s, e

@@ -50,9 +50,15 @@ from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.progress import human_bytes, rate
 from refinery.transforms.core.rows import iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
-from refinery.transforms.core.text import TextSpec
+from refinery.transforms.core.text import TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams.index import (
+    DEFAULT_MIN_EVAL_TOKENS,
+    note_short_rows,
+    short_rows,
+    short_rows_warning,
+)
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES, TrainFile
 
@@ -135,6 +141,7 @@ class DeconSettings:
     eval_text_template: str | None = None   # set: eval text is this template (eval_text_field unused)
     train_text_template: str | None = None  # set: training text is this template (train_text_field unused)
     details_format: str = "parquet"  # "jsonl": one stats/overlap_details.jsonl.gz (ngrams.details)
+    min_eval_tokens: int = DEFAULT_MIN_EVAL_TOKENS  # shorter eval rows are not indexed (--min-eval-tokens)
 
     @property
     def eval_text(self) -> TextSpec:
@@ -154,6 +161,8 @@ class DeconSettings:
             raise ValueError("--report-examples must be >= 0")
         if self.max_ngram_details is not None and self.max_ngram_details < 1:
             raise ValueError("--max-ngram-details must be >= 1 (or none)")
+        if self.min_eval_tokens < 0:
+            raise ValueError("--min-eval-tokens must be >= 0")
         ng.get_tokenizer(self.tokenizer)
         dt.check_format(self.details_format)
         _ = self.eval_text, self.train_text  # a bad template raises ValueError here
@@ -168,14 +177,16 @@ _EVAL_LOCK = threading.Lock()
 
 @lru_cache(maxsize=2)
 def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
-                ns: tuple[int, ...], partitions: int) -> ng.NgramIndex:
+                ns: tuple[int, ...], partitions: int, min_eval_tokens: int = 0) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
     with gc_paused():
         rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text, id_field,
                                       ng.get_tokenizer(tokenizer))
         # the later rows of a text several rows have are not indexed: they share the first's records
-        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, ng.same_text(rows).first)
+        # nor are the rows of fewer than min_eval_tokens tokens (the merge names them)
+        skip = set(ng.same_text(rows).first) | {r.eval_idx for r in short_rows(rows, min_eval_tokens)}
+        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, skip)
         # millions of long-lived objects: out of every later GC pass, before the GC is back on
         # (its first pass would otherwise walk them all)
         gc.freeze()
@@ -219,7 +230,8 @@ class IndexStage(Stage):
     def config(self) -> dict:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
-                "id_field": self.s.id_field, "partitions": self.s.partitions}
+                "id_field": self.s.id_field, "partitions": self.s.partitions,
+                "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": self.s.min_eval_tokens}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.eval_files]
@@ -234,7 +246,7 @@ class IndexStage(Stage):
         files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
             return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
-                               self.s.partitions)
+                               self.s.partitions, self.s.min_eval_tokens)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         index = self._index(ctx.run)
@@ -293,7 +305,7 @@ class ScanStage(Stage):
 
     def config(self) -> dict:
         return {"format": FORMAT_VERSION, **self.s.train_text.identity(), "id_field": self.s.id_field,
-                "slice_bytes": self.s.slice_bytes}
+                "slice_bytes": self.s.slice_bytes, "text_normalization": TEXT_NORMALIZATION}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.train_files]
@@ -561,6 +573,9 @@ class MergeReportsStage(Stage):
         # them again and again as the stats and reports are built (0.9 s of 2.3 on a 47 MB scan's hits)
         with gc_paused():
             result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
+            short = short_rows(eval_rows, self.s.min_eval_tokens)  # not indexed: counted and named
+            note_short_rows(result.overlap_stats, result.summary, short)
+            short_warning = short_rows_warning(short, self.s.min_eval_tokens)
             ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                             ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same, result.metrics)))
             ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
@@ -573,7 +588,8 @@ class MergeReportsStage(Stage):
             ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
             ctx.write_bytes(ctx.output_path("stats/report.md"),
                             ng.render_report(result, scan_totals, self.s.max_train_count,
-                                             max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows).encode())
+                                             max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows)
+                            .encode() + (f"\n**Warning:** {short_warning}\n".encode() if short_warning else b""))
             report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
                                               self.report_settings(), self.report_inputs(index_run, scan_run),
                                               scan_totals)
@@ -583,6 +599,7 @@ class MergeReportsStage(Stage):
                 "ignored_ngrams": result.ignored_ngrams,
                 "capped_ngrams": len(result.capped), "details_left_out": sum(c[3] - c[2] for c in result.capped),
                 "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
+                "short_warning": short_warning,
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 

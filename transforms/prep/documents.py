@@ -24,7 +24,8 @@ Rules:
 - **Text** (:func:`extract_text`): ``record[text_field]``, or a text template over several
   fields, chat message lists flattened (:class:`refinery.transforms.core.text.TextSpec`);
   it must be a string without unpaired surrogates.
-- **Normalize** (:func:`normalize_text`): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
+- **Normalize** (:func:`normalize_text`, defined in :mod:`refinery.transforms.core.text`:
+  decon n-grams the same text): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
   Cc characters are dropped except ``\\n`` and ``\\t``; leading/trailing whitespace stripped.
 - **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
   else ``"{relpath}:{row}"`` when the row's file is known; else :func:`content_id`, a hash
@@ -49,7 +50,7 @@ from typing import NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 
-from refinery.transforms.core.text import TextSpec
+from refinery.transforms.core.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
 from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
 
 EMPTY = "empty after normalization"
@@ -105,10 +106,7 @@ def extract_text(record: object, text_field: str | TextSpec) -> tuple[str | None
     return text, None
 
 
-# Every Cc code point (C0, DEL, C1) except \t and \n is dropped. \r is handled first.
-_CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in range(0xA0)  # every Cc lies below U+00A0
-                                      if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n") + "]")
-_ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
+# normalize_text, _CC_TO_DROP and _ASCII_CLEAN live in core.text: decon n-grams the same text
 # what makes a non-ASCII text more than an NFC and a strip away from normalized (or a reject)
 _SURROGATE_OR_CC = re.compile(_SURROGATE.pattern[:-1] + _CC_TO_DROP.pattern[1:])
 
@@ -149,20 +147,6 @@ def _unit_flags() -> np.ndarray:
                 flags[int(parts[1], 16)] |= _NFC
     flags[0x1160:0x1200] |= _NFC  # Hangul jungseong and jongseong: compose with a syllable before them
     return flags
-
-
-def normalize_text(text: str) -> str:
-    """The normalized form of a document's text ('' means the document is empty)."""
-    if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
-        if not text.encode("ascii").translate(None, _ASCII_CLEAN):  # nothing but clean ASCII
-            return text.strip()
-    elif not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if _CC_TO_DROP.search(text) is not None:  # a search is ~15x cheaper than translate()
-        text = _CC_TO_DROP.sub("", text)
-    return text.strip()
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from refinery.transforms.core.text import TextSpec
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, record_id
 from .membership import Membership
+from .normalized import prepare, tokens_with_offsets
+from .normalized import tokens as text_tokens
 from .tokenizers import Tokenizer, effective_lengths, get_tokenizer
 
 
@@ -78,7 +80,8 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
     """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
     bad rows (a record that could not be read, None, or without text: a missing field, not a
     string); ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows);
-    ``bad``: counts to add to (datasets already named, with 0)."""
+    ``bad``: counts to add to (datasets already named, with 0). ``text`` is the row's text
+    as read; ``num_tokens`` and ``empty`` are of its normalized form (:mod:`.normalized`)."""
     rows: list[EvalRow] = []
     bad = {} if bad is None else bad
     extract = TextSpec.of(text_field).extract
@@ -88,10 +91,48 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
         if text is None or record is None:  # a text only of a row (never of None)
             bad[ds]["bad_rows"] += 1
             continue
-        tokens = tokenizer.tokenize(text)
+        tokens = text_tokens(tokenizer, text)
         rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, len(tokens), not any(tokens),
                             record.get(id_field) is None))
     return rows, bad
+
+
+DEFAULT_MIN_EVAL_TOKENS = 5  # ``refinery decon --min-eval-tokens``: see docs/DECON.md
+
+
+def short_rows(rows: list[EvalRow], min_tokens: int) -> list[EvalRow]:
+    """The eval rows of fewer than ``min_tokens`` tokens (HELM tokens of the normalized text,
+    :attr:`EvalRow.num_tokens`; empty rows aside: they have no n-gram anyway). ``refinery
+    decon`` does not index them: the one n-gram of a row like "a", "the" or "1" is in most
+    training rows."""
+    return [r for r in rows if not r.empty and r.num_tokens < min_tokens]
+
+
+def short_rows_warning(short: list[EvalRow], min_tokens: int, shown: int = 5) -> str | None:
+    """One line naming the first ``shown`` of ``short`` (:func:`short_rows`), or None for none."""
+    if not short:
+        return None
+    named = ", ".join(f"{r.eval_path} row {r.eval_row} (id {r.instance_id!r}, {r.num_tokens} token"
+                      f"{'' if r.num_tokens == 1 else 's'})" for r in short[:shown])
+    more = f" and {len(short) - shown:,} more" if len(short) > shown else ""
+    return (f"{len(short):,} eval row(s) of fewer than {min_tokens} tokens are not indexed (--min-eval-tokens "
+            f"{min_tokens}; their n-grams would flag most training rows): {named}{more}")
+
+
+def note_short_rows(overlap_stats: list[dict], summary: list[dict], short: list[EvalRow]) -> None:
+    """Add the short rows (:func:`short_rows`) to the run's stats, in place: each
+    ``overlap_stats`` line gets ``num_short_instances`` and ``short_instance_ids`` (sorted) of
+    its eval dataset, each ``eval_summary`` line ``num_short_rows``."""
+    ids: dict[str, set[str]] = defaultdict(set)
+    rows: dict[str, int] = defaultdict(int)
+    for r in short:
+        ids[r.eval_dataset].add(r.instance_id)
+        rows[r.eval_dataset] += 1
+    for s in overlap_stats:
+        s["num_short_instances"] = len(ids[s["eval_dataset"]])
+        s["short_instance_ids"] = sorted(ids[s["eval_dataset"]])
+    for e in summary:
+        e["num_short_rows"] = rows[e["eval_dataset"]]
 
 
 def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
@@ -119,13 +160,13 @@ def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer, sk
     with gc_paused():
         for c in range(0, len(rows), chunk):
             part = rows[c:c + chunk]
-            batch = tokenize_batch([tokenizer.prepare(r.text) for r in part], tokenizer.byte_table)
+            batch = tokenize_batch([prepare(tokenizer, r.text) for r in part], tokenizer.byte_table)
             prefix = batch_prefix(batch)
             window_hashes: dict[int, list[int]] = {}
             for k, r in enumerate(part):
                 if r.empty:
                     continue
-                tokens, spans = tokenizer.tokenize_with_offsets(r.text)
+                tokens, spans = tokens_with_offsets(tokenizer, r.text)  # of the normalized text, into r.text
                 first = int(batch.row_first[k])
                 for length in effective_lengths(ns, len(tokens)):
                     if length not in window_hashes:

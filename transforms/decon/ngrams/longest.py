@@ -29,6 +29,7 @@ import numpy as np
 
 from .arrays import batches, i64, i64_bytes, ranges, run_starts
 from .index import EvalRow
+from .normalized import tokens_with_offsets
 from .tokenizers import Tokenizer
 
 WINDOWS_AT_ONCE = 1 << 17  # (training row, eval window) pairs the merge expands at once
@@ -72,7 +73,7 @@ def record_windows(records: list[list], kept: dict[int, list]) -> dict:
 def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarray, tokenizer: Tokenizer
                     ) -> np.ndarray:
     """The token index of each window start: ``chars[i]`` is the character offset where a
-    token of eval row ``evals[i]`` starts (:meth:`Tokenizer.tokenize_with_offsets`; token
+    token of eval row ``evals[i]`` starts (:func:`.normalized.tokens_with_offsets`; token
     starts strictly increase along a text)."""
     if not len(evals):
         return np.zeros(0, dtype=np.int64)
@@ -80,7 +81,7 @@ def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarr
     big = max(len(eval_rows[i].text) for i in rows) + 2
     keys, positions = [], []
     for i in rows:
-        _, spans = tokenizer.tokenize_with_offsets(eval_rows[i].text)
+        _, spans = tokens_with_offsets(tokenizer, eval_rows[i].text)  # as the index's offsets are
         keys.append(np.array([s for s, _ in spans], dtype=np.int64) + i * big)
         positions.append(np.arange(len(spans), dtype=np.int64))
     key, position = np.concatenate(keys), np.concatenate(positions)

@@ -12,6 +12,7 @@ import numpy as np
 
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
+from . import normalized
 from .details import DetailRows
 from .droplist import DropList, RowHits
 from .ids import record_id
@@ -497,7 +498,7 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
         per_n = shared.get(first)
         if per_n is None:
             if first in overlaps:
-                tokens = tokenizer.tokenize(r.text)
+                tokens = normalized.tokens(tokenizer, r.text)
                 per_n = [instance_metrics(tokens, n, overlaps[first].get(min(n, r.num_tokens), {})) for n in ns]
                 # coverage is HELM's token metric under the ConTAM name (.longest)
                 per_n = [{**m, "longest_match": longest_at(longest, ns, first, r.num_tokens, n), "coverage": m["token"]}

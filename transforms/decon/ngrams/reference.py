@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
+from refinery.transforms.core.text import normalize_text
+
 from .index import EvalRow
 from .tokenizers import Tokenizer, effective_lengths, iter_ngrams
 
@@ -13,14 +15,15 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
                       tokenizer: Tokenizer) -> tuple[dict[tuple[str, int], list[str]], set]:
     """Straightforward implementation of the same method.
 
-    ``train`` yields ``(train_path, train_row, text)``. Returns (instance ids per
+    ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized first
+    (:func:`~refinery.transforms.core.text.normalize_text`, as decon and prep do). Returns (instance ids per
     (dataset, configured n), sorted; the set of detail keys
     ``(eval_idx, train_path, train_row, effective n, ngram)``).
     """
     ns = sorted(set(ns))
     index: dict[tuple[int, str], list[EvalRow]] = {}
     for r in eval_rows:
-        tokens = tokenizer.tokenize(r.text)
+        tokens = tokenizer.tokenize(normalize_text(r.text))
         for length in effective_lengths(ns, len(tokens)):
             for _, gram in iter_ngrams(tokens, length):
                 bucket = index.setdefault((length, gram), [])
@@ -30,7 +33,7 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
     found: dict[tuple[str, int], set] = defaultdict(set)
     details: set = set()
     for path, row, text in train:
-        tokens = tokenizer.tokenize(text)
+        tokens = tokenizer.tokenize(normalize_text(text))
         for length in lengths:
             for i in range(len(tokens) - length + 1):
                 gram = " ".join(tokens[i:i + length])

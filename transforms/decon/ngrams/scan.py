@@ -8,11 +8,12 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from refinery.transforms.core.text import TextSpec
+from refinery.transforms.core.text import TextSpec, normalize_text
 
 from .hashes import _U, batch_all_window_hashes, batch_prefix, tokenize_batch, window_hashes_at, window_in_row
 from .index import Partition
 from .membership import Membership
+from .normalized import to_raw
 from .tokenizers import Tokenizer
 
 
@@ -67,7 +68,9 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows); a row without
     text (unreadable, a missing field, not a string) is counted in ``stats.bad_rows``.
     ``lookup(p)`` returns hash partition ``p`` (:func:`load_partition`); a hash hit counts
-    only if its exact n-gram is in it (no false positives).
+    only if its exact n-gram is in it (no false positives). The n-grams are those of the
+    row's normalized text (:func:`~refinery.transforms.core.text.normalize_text`, the text
+    prep trains on), the offsets into the row's text (:mod:`.normalized`).
     """
     loaded: dict[int, Partition] = {}
 
@@ -82,9 +85,10 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     extract = TextSpec.of(text_field).extract
 
     def scan(pending: list[tuple[int, dict, str]]) -> ScanHits | None:
-        prepared = [prepare(text) for _, _, text in pending]
+        normed = [normalize_text(text) for _, _, text in pending]
+        prepared = [prepare(text) for text in normed]
         stats.text_bytes += sum(map(len, prepared))
-        return _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known)
+        return _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known, normed)
 
     pending: list[tuple[int, dict, str]] = []
     size = 0
@@ -136,7 +140,8 @@ def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], le
     return ids
 
 
-def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, stats, known) -> ScanHits | None:
+def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, stats, known, normed
+                ) -> ScanHits | None:
     batch = tokenize_batch(prepared, tokenizer.byte_table)
     prefix = batch_prefix(batch)
     buf, starts, ends = batch.buf, batch.starts, batch.ends
@@ -193,12 +198,15 @@ def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, st
     base = batch.row_base[rows] + 1
     start = starts[pos] - base
     end = ends[last] - base
-    for r in np.unique(rows).tolist():  # rows whose byte offsets are not code-point offsets
-        row, _, text = pending[r]
-        if len(prepared[r]) == len(text):
+    for r in np.unique(rows).tolist():  # rows whose byte offsets are not code-point offsets of their text
+        raw, text = pending[r][2], normed[r]
+        same = text is raw or text == raw  # (normalize_text hands a clean text back as it is)
+        if len(prepared[r]) == len(text) and same:
             continue
         at = np.flatnonzero(rows == r)
-        if len(text.lower() if tokenizer.lowercase else text) == len(text):
+        if len(prepared[r]) == len(text):
+            pass
+        elif len(text.lower() if tokenizer.lowercase else text) == len(text):
             lead = (np.frombuffer(prepared[r], dtype=np.uint8) & 0xC0) != 0x80
             chars = np.zeros(len(lead) + 1, dtype=np.int64)
             np.cumsum(lead, out=chars[1:])
@@ -209,6 +217,8 @@ def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, st
             for k in at.tolist():
                 i = int(pos[k]) - first
                 start[k], end[k] = spans[i][0], spans[i + int(lens[k]) - 1][1]
+        if not same:  # offsets into the normalized text -> into the row's text
+            start[at], end[at] = to_raw(raw, text, start[at], end[at])
     part, rec = ids >> 32, ids & 0xFFFFFFFF
     order = np.lexsort((start, rec, rows, part))
     hits = ScanHits(pending, rows[order], part[order], rec[order], start[order], end[order])

@@ -1,0 +1,49 @@
+"""decon reads the text prep trains on: n-grams of the normalized text, offsets into the row's.
+
+prep trains on :func:`~refinery.transforms.core.text.normalize_text` of a row's text (NFC,
+``\\r\\n`` and ``\\r`` as ``\\n``, Cc controls but ``\\t`` ``\\n`` dropped, ends stripped). decon
+tokenizes that same text, on both sides, so a row that differs from an eval question only
+in what the normalization removes (NFD accents, a C1 control inside each word, CR LF line
+ends) is the same text to both commands. Offsets stay code-point offsets into the row's text
+as read (``docs/FORMATS.md``): a span of the normalized text is mapped back through
+:func:`~refinery.transforms.core.text.normalized_offsets` (only for a text the normalization
+changes; a clean text is its own normalized form).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from refinery.transforms.core.text import normalize_text, normalized_offsets, raw_spans
+
+from .tokenizers import Tokenizer
+
+
+def tokens(tokenizer: Tokenizer, text: str) -> list[str]:
+    """The tokens of ``text`` as decon counts them: :meth:`Tokenizer.tokenize` of its normalized form."""
+    return tokenizer.tokenize(normalize_text(text))
+
+
+def prepare(tokenizer: Tokenizer, text: str) -> bytes:
+    """:meth:`Tokenizer.prepare` of the normalized form of ``text`` (the fast path's bytes)."""
+    return tokenizer.prepare(normalize_text(text))
+
+
+def tokens_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """(tokens, spans): :func:`tokens`, with each token's ``[start, end)`` in ``text`` (the row's
+    text, before normalization; :func:`to_raw`)."""
+    norm = normalize_text(text)
+    toks, spans = tokenizer.tokenize_with_offsets(norm)
+    if norm is text or norm == text:
+        return toks, spans
+    pairs = np.array(spans, dtype=np.int64).reshape(-1, 2)
+    s, e = to_raw(text, norm, pairs[:, 0], pairs[:, 1])
+    return toks, list(zip(s.tolist(), e.tolist()))
+
+
+def to_raw(text: str, norm: str, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[start, end)`` code-point spans of ``norm`` (``normalize_text(text)``) -> spans of
+    ``text``: from the raw start of a span's first character to the raw end of its last."""
+    mapped, starts, ends = normalized_offsets(text)
+    if mapped != norm:  # pragma: no cover - the two normalizations are tested equal
+        raise ValueError(f"the offset map of a text of {len(text)} characters does not give its normalized text")
+    return raw_spans(starts, ends, start, end, len(text))
