@@ -43,15 +43,43 @@ def _report(problems: list[str], notes: list[str]) -> int:
     return 0
 
 
+def _missing_manifest(path: str, output: str) -> int:
+    """A manifest named on the command line that is not there: one line saying so, and what its
+    folder holds (no run; an unfinished or damaged run, with how many problems; a finished run
+    of a command that writes no manifest). 1 when its folder holds a run with problems, else 2."""
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.receipts import META_DIR, verify_run
+
+    run_json = storage.join(output, META_DIR, "run.json")
+    if not storage.exists(run_json):
+        print(f"refinery verify: {path}: missing, and {output} holds no refinery run (no {run_json})",
+              file=sys.stderr)
+        return 2
+    try:
+        command = " ".join(["refinery", str(storage.read_json(run_json).get("command") or "")]).strip()
+    except (ValueError, AttributeError):
+        command = "refinery"
+    if problems := verify_run(output, False):
+        print(f"refinery verify: {path}: missing; {output} holds an unfinished or damaged {command} run "
+              f"({len(problems)} problem(s): `refinery verify {output}` names them; rerunning the command "
+              "finishes it)", file=sys.stderr)
+        return 1
+    print(f"refinery verify: {path}: missing; {output} holds a finished {command} run, which has no manifest "
+          f"(`refinery verify {output}` checks it)", file=sys.stderr)
+    return 2
+
+
 def run(args, beam_args: list[str]) -> int:
     from refinery.transforms.core import storage
     from refinery.transforms.core.receipts import META_DIR, verify_run
-    from refinery.transforms.formats.manifests import verify_manifest
+    from refinery.transforms.formats.manifests import MANIFEST, verify_manifest
 
     path = manifest_path(args.manifest)
     notes: list[str] = []
     if not storage.exists(path):
         output = args.manifest.rstrip("/")
+        if storage.basename(output) == MANIFEST and not storage.isdir(output):
+            return _missing_manifest(path, storage.dirname(output))
         run_json = storage.join(output, META_DIR, "run.json")
         if not storage.exists(run_json):
             print(f"refinery verify: {path}: not found, and no {run_json} (give a prep output folder or its "

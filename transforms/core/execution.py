@@ -13,8 +13,9 @@ import traceback
 from typing import Any, Callable, Mapping
 
 from refinery.transforms.core import storage
+from refinery.transforms.core.hashing import short_hash
 from refinery.transforms.core.receipts import RECEIPT_SCHEMA, Completion, Receipt, UnitError
-from refinery.transforms.core.stage import StageRun, UnitContext, now_iso, short_hash
+from refinery.transforms.core.stage import StageRun, UnitContext, now_iso
 from refinery.transforms.core.units import Unit
 
 log = logging.getLogger("refinery")
@@ -84,6 +85,8 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     """
     done = run.check(unit.id, verify_checksums)
     if done.done and done.receipt is not None and not (stale and stale(done.receipt)):
+        if token := done.receipt.get("repair"):
+            keep_repair_recorded(run, unit.id, token)
         _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
     _log_unit_event("start", run, unit.id)
@@ -120,6 +123,21 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
             storage.remove(run.progress_path(unit.id), root=run.output)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
+
+
+def keep_repair_recorded(run: StageRun, unit_id: str, token: str) -> None:
+    """Record ``token`` under ``run.repairs_dir`` for a done unit whose receipt carries it, if
+    that file is missing or says otherwise (deleted, or edited): the listing the later stages'
+    receipts are judged against is derived from the receipts, and a run rebuilds it, so a
+    lost one neither makes them be rebuilt without it nor leaves ``verify`` failing."""
+    path = storage.join(run.repairs_dir, unit_id)
+    try:
+        if storage.read_bytes(path) == token.encode():
+            return
+    except FileNotFoundError:
+        pass
+    log.warning("%s: the repair recorded in the receipt of %s/%s was lost: recorded again", path, run.name, unit_id)
+    run.record_repair(unit_id, token)
 
 
 def next_repair(done: Completion) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any, Callable, cast
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.core.hashing import short_hash
 from refinery.transforms.core.plan_changes import explain_plan_changes
 from refinery.transforms.core.planning import (
     Planned,
@@ -26,7 +27,7 @@ from refinery.transforms.core.planning import (
 from refinery.transforms.core.progress import Progress
 from refinery.transforms.core.receipts import META_DIR, Receipt
 from refinery.transforms.core.run_record import RUN_SCHEMA, RunRecord, StageEntry
-from refinery.transforms.core.stage import CHECK_THREADS, Stage, StageRun, short_hash
+from refinery.transforms.core.stage import CHECK_THREADS, Stage, StageRun
 from refinery.transforms.core.units import Unit
 
 log = logging.getLogger("refinery")

@@ -6,13 +6,13 @@ import json
 from typing import Any
 
 from refinery.transforms.core import storage
-from refinery.transforms.core.receipts import META_DIR
+from refinery.transforms.core.receipts import fingerprints_path
 from refinery.transforms.core.run_record import RunRecord, StageEntry
 
 
-def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
-    """Where the input fingerprints of one plan of a stage are kept (to explain a later change)."""
-    return storage.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
+def fingerprints_bytes(fingerprints: list[Any]) -> bytes:
+    """The bytes of a plan's recorded input fingerprints, as they are written (and compared)."""
+    return (json.dumps(fingerprints, indent=1, sort_keys=True) + "\n").encode()
 
 
 def _fingerprint_key(fp: Any) -> str:

@@ -9,10 +9,11 @@ from typing import Any
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.execution import next_repair
-from refinery.transforms.core.plan_changes import fingerprints_path
+from refinery.transforms.core.hashing import short_hash
+from refinery.transforms.core.plan_changes import fingerprints_bytes
 from refinery.transforms.core.plans import PlanRef, write_units
-from refinery.transforms.core.receipts import META_DIR, Receipt, repairs_of
-from refinery.transforms.core.stage import Stage, StageRun, compute_stage_hash, short_hash
+from refinery.transforms.core.receipts import META_DIR, Receipt, fingerprints_path, repairs_of
+from refinery.transforms.core.stage import Stage, StageRun, compute_stage_hash
 from refinery.transforms.core.units import Unit
 
 log = logging.getLogger("refinery")
@@ -150,22 +151,34 @@ def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
 
 def record_inputs(run: StageRun, fingerprints: list[Any]) -> None:
     """Write the input ``fingerprints`` of ``run``'s plan (``Stage.fingerprints()``) under OUTPUT,
-    unless already there: what a later run names changed inputs from, and what a worker reads
-    for the stage's input list (:meth:`StageRun.input_fingerprints`)."""
+    unless the file there holds exactly these bytes (checked by content: an edited or cut one
+    is written again, with a warning naming it): what a later run names changed inputs from,
+    and what a worker reads for the stage's input list (:meth:`StageRun.input_fingerprints`),
+    which checks it against ``run.inputs_hash``, set here."""
+    if not fingerprints:
+        return
     path = fingerprints_path(run.output, run.name, run.stage_hash)
-    if fingerprints and not storage.exists(path):
-        storage.atomic_write_json(path, fingerprints)
+    run.inputs_hash = short_hash(fingerprints)
+    data = fingerprints_bytes(fingerprints)
+    size = storage.file_size(path)
+    if size == len(data) and storage.read_bytes(path) == data:
+        return
+    if size is not None:
+        log.warning("%s: not the input fingerprints of plan %s (damaged after it was written): written again",
+                    path, run.stage_hash)
+    storage.atomic_write_bytes(path, data)
 
 
 def write_plans(runs: list[StageRun], steps: list[Step]) -> list[Step]:
     """Write the plan of every stage of ``runs``, and the units of each step (``pipeline.Step``),
-    into the output, where the job's workers read them; the steps with their ``ref`` set.
+    into the output, where the job's workers read them (each part checked by content,
+    :func:`write_units`); the steps with their ``ref`` set, which, like each stage's
+    ``plan_ref``, now holds the sha256 of every part.
     (The input fingerprints a worker may read too are :func:`record_inputs`'.)"""
-    for r in runs:
-        write_units(plan_ref(r.stage), r.stage.plan())
+    for r in runs:  # the stage's plan_ref gets each part's sha256, which the workers check
+        r.stage.plan_ref, _ = write_units(plan_ref(r.stage), r.stage.plan())
     out = []
     for s in steps:
-        ref = step_ref(s.run, s.units)
-        write_units(ref, s.units)
+        ref, _ = write_units(step_ref(s.run, s.units), s.units)
         out.append(replace(s, ref=ref))
     return out

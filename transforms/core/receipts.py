@@ -13,12 +13,20 @@ from dataclasses import dataclass
 from typing import Any, Iterator, TypedDict
 
 from refinery.transforms.core import storage
+from refinery.transforms.core.hashing import short_hash
+from refinery.transforms.core.plans import check_parts
 from refinery.transforms.core.run_record import RunRecord, StageEntry
 
 RECEIPT_SCHEMA = "refinery.receipt/1"
 
 
 META_DIR = ".refinery"
+
+
+def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
+    """Where the input fingerprints of one plan of a stage are kept (to explain a later change,
+    and the input list a worker reads: :meth:`~.stage.StageRun.input_fingerprints`)."""
+    return storage.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
 
 
 class FileEntry(TypedDict):
@@ -174,6 +182,7 @@ def verify_receipts(output: str, checksums: bool = False, notes: list[str] | Non
         return problems + [f"{storage.join(output, META_DIR, 'run.json')}: not valid JSON ({e})"]
     stages = info.get("stages", [])
     for st, paths, checks in check_recorded_run(output, info, checksums):
+        problems += recorded_plan_problems(output, st)
         receipts_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")
         problems += [f"{path}: {c.reason}" for path, c in zip(paths, checks) if not c.done]
         units = st.get("units", len(paths))
@@ -186,6 +195,31 @@ def verify_receipts(output: str, checksums: bool = False, notes: list[str] | Non
                 problems.append(f"{missing} (deleted, or the run has not finished); the next run redoes them")
             elif notes is not None:
                 notes.append(f"{missing}: intermediate files, not needed while the stages after it are complete")
+    return problems
+
+
+def recorded_plan_problems(output: str, st: StageEntry) -> list[str]:
+    """Problems with what the driver recorded of one stage of a run beside its receipts, each
+    checked by content: its plan parts and the units of its steps against their
+    ``index.json`` (:func:`~.plans.check_parts`), and its input fingerprints against the
+    ``inputs_hash`` of run.json. A missing one is no problem: a run that needs it writes it."""
+    stage_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"])
+    problems = check_parts(storage.join(stage_dir, "plan"))
+    for folder in sorted(storage.listdir(storage.join(stage_dir, "steps"))):
+        problems += check_parts(folder)
+    if "inputs_hash" in st:
+        path = fingerprints_path(output, st["name"], st["stage_hash"])
+        try:
+            fingerprints = json.loads(storage.read_bytes(path))
+        except FileNotFoundError:
+            return problems
+        except ValueError as e:
+            return problems + [f"{path}: not valid JSON ({e}): damaged input fingerprints (the next run writes "
+                               "them again)"]
+        if short_hash(fingerprints) != st["inputs_hash"]:
+            problems.append(f"{path}: not the input fingerprints of plan {st['stage_hash']} (hash "
+                            f"{short_hash(fingerprints)}, run.json records {st['inputs_hash']}): damaged (the "
+                            "next run writes them again)")
     return problems
 
 

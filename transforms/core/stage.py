@@ -58,28 +58,19 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import functools
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from refinery.transforms.core import storage
-from refinery.transforms.core.plan_changes import fingerprints_path
+from refinery.transforms.core.hashing import short_hash
 from refinery.transforms.core.plans import PlanRef, read_units
-from refinery.transforms.core.receipts import META_DIR, Completion, FileEntry, Receipt, check_receipt
+from refinery.transforms.core.receipts import META_DIR, Completion, FileEntry, Receipt, check_receipt, fingerprints_path
 from refinery.transforms.core.units import Unit
 
 if TYPE_CHECKING:
     import apache_beam as beam
-
-
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def short_hash(obj: Any, length: int = 16) -> str:
-    return hashlib.sha256(canonical_json(obj)).hexdigest()[:length]
 
 
 def now_iso() -> str:
@@ -219,8 +210,19 @@ CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 
 
 @functools.lru_cache(maxsize=8)
-def _recorded_fingerprints(path: str) -> list[Any]:
-    fingerprints: list[Any] = storage.read_json(path)
+def _recorded_fingerprints(path: str, inputs_hash: str | None) -> list[Any]:
+    """The input fingerprints recorded at ``path``, once per process; ValueError naming the file
+    when it is not JSON, or not the list whose short hash the driver put in the job
+    (``inputs_hash``: :func:`~.planning.record_inputs`; None, from an older driver: not judged)."""
+    try:
+        fingerprints: list[Any] = json.loads(storage.read_bytes(path))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (the input fingerprints written by the driver of this job)") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}): damaged, not used (the next run writes it again)") from None
+    if inputs_hash is not None and short_hash(fingerprints) != inputs_hash:
+        raise ValueError(f"{path}: not the input fingerprints of this plan (hash {short_hash(fingerprints)}, the "
+                         f"driver recorded {inputs_hash}): damaged, not used (the next run writes it again)")
     return fingerprints
 
 
@@ -237,6 +239,7 @@ class StageRun:
     upstream: dict[str, "StageRun"] = field(default_factory=dict)
     upstream_repairs: dict[str, str] | None = None
     listing_job: str | None = None  # a job planned from listings: the workers judge repairs (see execute_unit)
+    inputs_hash: str | None = None  # short hash of the stage's input fingerprints, set by record_inputs
 
     @property
     def name(self) -> str:
@@ -267,7 +270,7 @@ class StageRun:
         for path in storage.listdir(self.repairs_dir):
             name = storage.basename(path)
             if not storage.is_temp_name(name):
-                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode()
+                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode(errors="replace")  # damaged: no match
         return out
 
     def record_repair(self, unit_id: str, token: str) -> None:
@@ -314,11 +317,12 @@ class StageRun:
     def input_fingerprints(self) -> list[Any]:
         """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
         in a worker (whose job does not carry input lists), those the driver recorded under
-        OUTPUT for this plan (:func:`record_inputs`), read once per process."""
+        OUTPUT for this plan (:func:`record_inputs`), read once per process and checked by
+        content (``inputs_hash``): a damaged file is named, never used."""
         try:
             return self.stage.fingerprints()
         except AttributeError:  # a driver_only input list, left out of the job
-            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash))
+            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash), self.inputs_hash)
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         """:func:`check_receipt` of one unit, judged against ``upstream_repairs``, or in a job

@@ -1,7 +1,7 @@
 """Resumable stages, the public face: everything a stage author or a command needs, from the
 modules that hold it, one concern each (imports point down this list):
 
-- :mod:`.units`: :class:`Unit`;
+- :mod:`.units`: :class:`Unit`; :mod:`.hashing`: the canonical JSON that hashes are taken of;
 - :mod:`.stage`: the Stage API (:class:`Stage`, :class:`StageRun`, :class:`UnitContext`),
   the output layout, the stage hash and the receipt schema;
 - :mod:`.execution`: one unit run and recorded (:func:`execute_unit`), its counters;
@@ -15,6 +15,7 @@ The Beam job itself is built in :mod:`.pipeline`.
 from __future__ import annotations
 
 from refinery.transforms.core.execution import execute_unit, next_repair, span_key, unit_counters, unit_times_ms
+from refinery.transforms.core.hashing import canonical_json, short_hash
 from refinery.transforms.core.orchestration import (
     JobFailed,
     JobResult,
@@ -39,10 +40,8 @@ from refinery.transforms.core.stage import (
     Stage,
     StageRun,
     UnitContext,
-    canonical_json,
     compute_stage_hash,
     now_iso,
-    short_hash,
 )
 from refinery.transforms.core.status import stage_status
 from refinery.transforms.core.units import Unit

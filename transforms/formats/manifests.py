@@ -68,17 +68,43 @@ def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[st
     }
 
 
+CREATED_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as keep_created_at records it
+
+
+def recorded_time(raw: bytes) -> str | None:
+    """The time a ``created_at`` file holds (ISO 8601, as :data:`CREATED_AT_FORMAT` writes it;
+    surrounding whitespace allowed), or None when its bytes are anything else (not UTF-8, not
+    a time)."""
+    import datetime as dt
+
+    try:
+        text = raw.decode().strip()
+        dt.datetime.fromisoformat(text)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return text
+
+
 def keep_created_at(path: str) -> str:
     """The UTC time recorded in the file ``path``, or now (then recorded there): a plan's
-    manifest keeps the ``created_at`` of its first run, so rewriting it gives the same bytes."""
-    try:
-        return storage.read_bytes(path).decode().strip()
-    except FileNotFoundError:
-        import datetime as dt
+    manifest keeps the ``created_at`` of its first run, so rewriting it gives the same bytes.
+    A damaged file (not UTF-8, not such a time) is recorded again, with now, and a warning
+    naming it: the time it held is lost, never read as garbage or a crash."""
+    import datetime as dt
+    import logging
 
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        storage.atomic_write_bytes(path, now.encode())
-        return now
+    try:
+        raw = storage.read_bytes(path)
+    except FileNotFoundError:
+        raw = None
+    if raw is not None and (kept := recorded_time(raw)) is not None:
+        return kept
+    now = dt.datetime.now(dt.timezone.utc).strftime(CREATED_AT_FORMAT)
+    if raw is not None:
+        logging.getLogger("refinery").warning(
+            "%s: not a UTC time (%r): damaged; the manifest's created_at is now %s", path, raw[:40], now)
+    storage.atomic_write_bytes(path, now.encode())
+    return now
 
 
 def manifest_json(manifest: dict[str, Any]) -> bytes:

@@ -299,7 +299,17 @@ class TokenizeStage(Stage):
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
                 "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source,
                 "max_row_bytes": self.cfg.max_row_bytes,
-                **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {})}
+                **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {}), **self._relpaths()}
+
+    def _relpaths(self) -> dict:
+        """The inputs' paths relative to the folder the user named (a row without an id is
+        ``relpath:row``): the same files under another root are other documents, another
+        plan. Only when some relpath is more than its file's name, so that the plans of
+        inputs named directly, or in one flat folder, keep the hashes they had before."""
+        relpaths = [f.relpath for f in self.cfg.inputs]
+        if all(r == storage.basename(f.path) for r, f in zip(relpaths, self.cfg.inputs)):
+            return {}
+        return {"relpaths": short_hash(relpaths)}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.cfg.inputs]
