@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
     from refinery.beam_pipelines.checks import add_reject_rate_arg
     from refinery.beam_pipelines.command import add_runner_args
+    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -93,6 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="text template of training rows (default: --text-field / --text-template)")
     g.add_argument("--id-field", default="id",
                    help="id field (default: id); absent or null -> blake2b hash of the whole record")
+    g.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
+                   help="an eval or training row larger than N bytes is unreadable (counted, and each training one "
+                        "listed in stats/unread_train_rows.jsonl, which prep --exclude-overlaps leaves out); the "
+                        "same default as prep's, and prep --exclude-overlaps refuses a drop list made with another "
+                        f"cap than its own (default: {DEFAULT_MAX_ROW_BYTES} = {DEFAULT_MAX_ROW_BYTES >> 20} MiB)")
+    g.add_argument("--verify-inputs-by-content", action="store_true",
+                   help="record the sha256 of each training file in stats/train_files.jsonl (each is read once "
+                        "more), so that prep --exclude-overlaps --verify-inputs-by-content can tell a file whose "
+                        "rows changed with its size and mtime kept (cp -p, rsync -t, tar)")
     add_reject_rate_arg(g, "the eval rows read, or of the training rows read,")
     m = parser.add_argument_group("method")
     m.add_argument("--ngrams", nargs="+", type=int, default=[13], metavar="N",
@@ -146,6 +156,7 @@ def settings_from_args(args):
         max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples, details_format=args.details_format,
+        max_row_bytes=args.max_row_bytes, verify_inputs_by_content=args.verify_inputs_by_content,
         min_eval_tokens=args.min_eval_tokens,
     )
 

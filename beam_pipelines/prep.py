@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="with --exclude-overlaps: keep input files that decon did not scan (or that changed "
                           "since, holding no listed row) without an overlap check, with a warning, instead of "
                           "refusing the run")
+    src.add_argument("--verify-inputs-by-content", action="store_true",
+                     help="with --exclude-overlaps: read every input in full first and refuse one whose sha256 is "
+                          "not the one decon recorded (decon --verify-inputs-by-content): for corpora copied with "
+                          "their sizes and mtimes kept (cp -p, rsync -t, tar), where rows may differ unseen")
     src.add_argument("--exclude-n", type=int, metavar="N",
                      help="with --exclude-overlaps: leave out rows that overlap at this n (one the decon runs "
                           "computed; default: each run's largest n)")
@@ -205,6 +209,8 @@ def run(args, beam_args: list[str]) -> int:
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import storage
+    from refinery.transforms.core.text import TEXT_NORMALIZATION
+    from refinery.transforms.formats.droplist import ReadSpec
     from refinery.transforms.formats.shards import check_name
     from refinery.transforms.prep.exclusion import UNREAD, load_exclusion
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
@@ -240,10 +246,13 @@ def run(args, beam_args: list[str]) -> int:
         exclude = None
         unscanned: list[str] = []
         if args.exclude_overlaps:
-            exclude = load_exclusion(args.exclude_overlaps, args.exclude_n)
-            unscanned = exclude.check_inputs(inputs, allow_unscanned=args.allow_unscanned_inputs)
-        elif args.exclude_n is not None or args.allow_unscanned_inputs:
-            flag = "--exclude-n" if args.exclude_n is not None else "--allow-unscanned-inputs"
+            read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, args.max_row_bytes)
+            exclude = load_exclusion(args.exclude_overlaps, args.exclude_n, read_spec=read_spec)
+            unscanned = exclude.check_inputs(inputs, allow_unscanned=args.allow_unscanned_inputs,
+                                             by_content=args.verify_inputs_by_content)
+        elif args.exclude_n is not None or args.allow_unscanned_inputs or args.verify_inputs_by_content:
+            flag = ("--exclude-n" if args.exclude_n is not None else
+                    "--allow-unscanned-inputs" if args.allow_unscanned_inputs else "--verify-inputs-by-content")
             raise UsageError(f"refinery prep: {flag} needs --exclude-overlaps DECON_OUTPUT")
     except UsageError as e:
         return usage_error(str(e))
@@ -300,6 +309,7 @@ def run(args, beam_args: list[str]) -> int:
               + "".join(f"\n  excluding the training rows that {s.output} found overlapping: its drop list is "
                         f"{s.sha256}" if s.sha256 == UNREAD else
                         f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
+                        + (f", and {s.unread:,} it could not read" if s.unread else "")
                         for s in (exclude.sources if exclude else []))
               + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
                  f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"

@@ -137,11 +137,8 @@ def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path, kind):
     # (before: the reduce and the merge held a code per (eval row, training row), +0.5-0.8 GB)
     assert max(grew_mb(small, large).values()) < 40, (small, large)
     assert large["drop_list_lines"] == 600
-    if kind == "identical":
-        # the drop list names the shared text once per training row, not its 2,000 rows
-        assert large["drop_list_bytes"] < 600 * 500
-    else:  # every line lists the 2,000 instances: a drop list of 600 x 2,000 ids, made a few lines at a time
-        assert large["drop_list_bytes"] > 600 * 2000 * 6
+    # a line names the training row and its n, not the 2,000 instances it overlaps (in the details)
+    assert large["drop_list_bytes"] < 600 * 200
 
 
 def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
@@ -151,7 +148,7 @@ def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
     # 25x the rows of one text: the eval rows themselves cost a little; the index, its
     # partitions, the reduce and the merge hold the text's state once (before: +50-120 MB each)
     assert max(grew_mb(small, large).values()) < 30, (small, large)
-    assert large["drop_list_bytes"] - small["drop_list_bytes"] == 20  # "rows": 200 -> "rows": 5000, once a line
+    assert large["drop_list_bytes"] == small["drop_list_bytes"]  # a line names no eval row
 
 
 # ---------------------------------------------------------------------------------------
@@ -356,7 +353,7 @@ def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monk
 
     monkeypatch.setattr(ng, "hit_blocks", counted)
     monkeypatch.setattr(stages, "HELD_CHARS", 20_000)
-    monkeypatch.setattr(droplist, "PAIRS_AT_ONCE", 3, raising=False)  # the drop list made a line or two at a time
+    monkeypatch.setattr(droplist, "LINES_AT_ONCE", 3)  # the drop list made a few lines at a time
     assert run_cli(argv + ["--output", str(tmp_path / "small")]) == 0
     assert len(held) > 50 and sum(held) > 2_000_000
     assert max(held) <= 20_000 + 20_000 // 4 + ng.SNIPPET_MAX_CHARS  # before: the whole batch's at once
@@ -364,7 +361,7 @@ def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monk
     assert stats_files(tmp_path / "small") == stats_files(tmp_path / "default")
 
 
-def test_the_drop_list_names_a_shared_text_once_with_its_rows(tmp_path):
+def test_the_drop_list_names_each_row_once_whatever_the_eval_rows_sharing_its_text(tmp_path):
     import glob
     import gzip
 
@@ -372,6 +369,9 @@ def test_the_drop_list_names_a_shared_text_once_with_its_rows(tmp_path):
     from helpers import write_jsonl
     from test_decon_pipeline import run_cli
 
+    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
+    from refinery.transforms.core.text import TEXT_NORMALIZATION
+    from refinery.transforms.formats.droplist import ReadSpec
     from refinery.transforms.prep.exclusion import load_exclusion
 
     shared, own, other = "the cat sat on the mat", "a dog ran far away", "birds sing in the morning"
@@ -387,30 +387,15 @@ def test_the_drop_list_names_a_shared_text_once_with_its_rows(tmp_path):
     assert run_cli(["--eval", str(tmp_path / "eval"), "--train", str(train), "--output", str(out), "--ngrams", "4",
                     "--partitions", "3"]) == 0
     lines = [json.loads(line) for line in (out / "stats" / "contaminated_train_docs.jsonl").read_text().splitlines()]
-    # the shared text once per eval dataset, by its first row (alpha's row 0, in both datasets)
-    # and how many rows of that dataset have it; rows with a text of their own by id, as before
-    text = {"eval_path": str(alpha), "eval_row": 0}
-    assert [(d["train_row"], d["train_doc_id"], d["ns"], d["overlaps"]) for d in lines] == [
-        (0, "d0", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
-                        {"eval_dataset": "beta", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 2}]}]),
-        (1, "d1", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": ["a1"]}]),
-        (2, "d2", [4], [{"eval_dataset": "alpha", "n": 4, "instance_ids": [], "same_text": [{**text, "rows": 3}]},
-                        {"eval_dataset": "beta", "n": 4, "instance_ids": ["b1"], "same_text": [{**text, "rows": 2}]}])]
-    # full provenance: the referenced line of overlap_instances.jsonl.gz lists every row of the text
+    # one line per training row, naming the row and its n, never the eval rows (nor a shared text's)
+    assert lines == [{"train_path": str(train), "train_row": r, "train_doc_id": f"d{r}", "ns": [4]} for r in range(3)]
+    # full provenance: overlap_instances.jsonl.gz lists every row of the shared text, by its first row
     with gzip.open(out / "stats" / "overlap_instances.jsonl.gz", "rt") as f:
         instances = {(i["eval_path"], i["eval_row"]): [i, *i.get("same_text", [])] for i in map(json.loads, f)}
-
-    def rows_of(o: dict, t: dict) -> list[str]:
-        return [i["instance_id"] for i in instances[(t["eval_path"], t["eval_row"])]
-                if i["eval_dataset"] == o["eval_dataset"]]
-
-    expanded = {(d["train_row"], o["eval_dataset"]): sorted(o["instance_ids"] + [i for t in o.get("same_text", [])
-                                                                                for i in rows_of(o, t)])
-                for d in lines for o in d["overlaps"]}
-    assert expanded == {(0, "alpha"): ["a0", "a2", "a3"], (0, "beta"): ["b0", "b2"], (1, "alpha"): ["a1"],
-                        (2, "alpha"): ["a0", "a2", "a3"], (2, "beta"): ["b0", "b1", "b2"]}
-    # prep --exclude-overlaps reads it as before
-    assert load_exclusion([str(out)]).rows == {str(train.resolve()): frozenset({0, 1, 2})}
+    assert sorted(i["instance_id"] for i in instances[(str(alpha), 0)]) == ["a0", "a2", "a3", "b0", "b2"]
+    # prep --exclude-overlaps reads it
+    spec = ReadSpec({"text_field": "text"}, TEXT_NORMALIZATION, DEFAULT_MAX_ROW_BYTES)
+    assert load_exclusion([str(out)], read_spec=spec).rows == {str(train.resolve()): frozenset({0, 1, 2})}
     # the index lists the shared text's n-grams once, for its first row
     listed = {i for p in glob.glob(str(out / ".refinery" / "index" / "*" / "parts" / "partitions" / "*.msgpack"))
               for record in msgpack.unpackb(open(p, "rb").read()) for i, _ in record[3]}

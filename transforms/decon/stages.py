@@ -48,7 +48,7 @@ from refinery.transforms.core import storage
 from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.progress import human_bytes, rate
-from refinery.transforms.core.rows import iter_rows, parquet_row_groups
+from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.core.text import TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.decon import ngrams as ng
@@ -60,7 +60,14 @@ from refinery.transforms.decon.ngrams.index import (
     short_rows_warning,
 )
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
-from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, TRAIN_FILES, TrainFile
+from refinery.transforms.formats.droplist import (
+    CONTAMINATED_DOCS,
+    TRAIN_FILES,
+    UNREAD_ROWS,
+    ReadSpec,
+    TrainFile,
+    file_sha256,
+)
 
 FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
 # 4: reduce results carry their records' eval windows; longest match and coverage per instance
@@ -141,7 +148,14 @@ class DeconSettings:
     eval_text_template: str | None = None   # set: eval text is this template (eval_text_field unused)
     train_text_template: str | None = None  # set: training text is this template (train_text_field unused)
     details_format: str = "parquet"  # "jsonl": one stats/overlap_details.jsonl.gz (ngrams.details)
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row (eval or training) is unreadable (--max-row-bytes)
+    verify_inputs_by_content: bool = False  # train_files.jsonl records each training file's sha256
     min_eval_tokens: int = DEFAULT_MIN_EVAL_TOKENS  # shorter eval rows are not indexed (--min-eval-tokens)
+
+    def row_cap(self) -> dict:
+        """What a stage config records of the row cap: nothing at the default (the hashes of
+        outputs made before --max-row-bytes are kept)."""
+        return {"max_row_bytes": self.max_row_bytes} if self.max_row_bytes != DEFAULT_MAX_ROW_BYTES else {}
 
     @property
     def eval_text(self) -> TextSpec:
@@ -161,6 +175,8 @@ class DeconSettings:
             raise ValueError("--report-examples must be >= 0")
         if self.max_ngram_details is not None and self.max_ngram_details < 1:
             raise ValueError("--max-ngram-details must be >= 1 (or none)")
+        if self.max_row_bytes < 1:
+            raise ValueError("--max-row-bytes must be at least 1")
         if self.min_eval_tokens < 0:
             raise ValueError("--min-eval-tokens must be >= 0")
         ng.get_tokenizer(self.tokenizer)
@@ -177,12 +193,16 @@ _EVAL_LOCK = threading.Lock()
 
 @lru_cache(maxsize=2)
 def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
-                ns: tuple[int, ...], partitions: int, min_eval_tokens: int = 0) -> ng.NgramIndex:
+                ns: tuple[int, ...], partitions: int, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+                min_eval_tokens: int = 0) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
+
+    def read(path: str) -> Iterator[tuple[int, dict | None, str | None]]:
+        return iter_rows(path, max_row_bytes=max_row_bytes)
+
     with gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], iter_rows, text, id_field,
-                                      ng.get_tokenizer(tokenizer))
+        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field, ng.get_tokenizer(tokenizer))
         # the later rows of a text several rows have are not indexed: they share the first's records
         # nor are the rows of fewer than min_eval_tokens tokens (the merge names them)
         skip = set(ng.same_text(rows).first) | {r.eval_idx for r in short_rows(rows, min_eval_tokens)}
@@ -230,7 +250,7 @@ class IndexStage(Stage):
     def config(self) -> dict:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
-                "id_field": self.s.id_field, "partitions": self.s.partitions,
+                "id_field": self.s.id_field, "partitions": self.s.partitions, **self.s.row_cap(),
                 "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": self.s.min_eval_tokens}
 
     def fingerprints(self) -> list:
@@ -246,7 +266,7 @@ class IndexStage(Stage):
         files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
             return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
-                               self.s.partitions, self.s.min_eval_tokens)
+                               self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         index = self._index(ctx.run)
@@ -304,8 +324,10 @@ class ScanStage(Stage):
         self.index_stage = index_stage
 
     def config(self) -> dict:
+        # unread_rows: each unit lists the rows it could not read (unread_file), for the drop list's side file
         return {"format": FORMAT_VERSION, **self.s.train_text.identity(), "id_field": self.s.id_field,
-                "slice_bytes": self.s.slice_bytes, "text_normalization": TEXT_NORMALIZATION}
+                "slice_bytes": self.s.slice_bytes, "unread_rows": 1, **self.s.row_cap(),
+                "text_normalization": TEXT_NORMALIZATION}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.train_files]
@@ -346,19 +368,31 @@ class ScanStage(Stage):
             return load_partition_file(storage.join(index_parts, partition_file(p)))
 
         pl = unit.payload
+        cap = self.s.max_row_bytes
         if pl["kind"] == "bytes":
-            rows = iter_rows(pl["path"], byte_range=(pl["lo"], pl["hi"]))
+            rows = iter_rows(pl["path"], byte_range=(pl["lo"], pl["hi"]), max_row_bytes=cap)
         elif pl["kind"] == "row_groups":
-            rows = iter_rows(pl["path"], row_groups=(pl["lo"], pl["hi"]))
+            rows = iter_rows(pl["path"], row_groups=(pl["lo"], pl["hi"]), max_row_bytes=cap)
         else:
-            rows = iter_rows(pl["path"])
+            rows = iter_rows(pl["path"], max_row_bytes=cap)
         stats = ng.ScanStats()
         rows = _reporting(rows, ctx, lambda: {"rows": stats.rows, "text_bytes": stats.text_bytes})
+        unread = 0
         tok = ng.get_tokenizer(self.s.tokenizer)
         held: list[ng.HitGroups] = []
         frames: list[list[int]] = []
         size = 0
-        with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, gc_paused():
+        with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, \
+                ctx.open_write(ctx.part_path(unread_file(unit.id))) as unread_out, gc_paused():
+            def listed(rows: Iterator) -> Iterator:
+                """``rows``, each one the reader could not read written to ``unread_out`` first."""
+                nonlocal unread
+                for row in rows:
+                    if row[2] is not None:
+                        unread_out.write(json.dumps([row[0], row[2]]).encode() + b"\n")
+                        unread += 1
+                    yield row
+
             def flush() -> None:
                 nonlocal size
                 if held:
@@ -370,7 +404,7 @@ class ScanStage(Stage):
                 held.clear()
 
             chars = 0
-            for hits in ng.scan_rows(rows, text_field=self.s.train_text, tokenizer=tok, membership=membership,
+            for hits in ng.scan_rows(listed(rows), text_field=self.s.train_text, tokenizer=tok, membership=membership,
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
                 # a hit-dense batch has many more snippet characters than text: made a piece at a time
                 for piece in ng.split_hits(hits, HELD_CHARS // 4):
@@ -380,7 +414,7 @@ class ScanStage(Stage):
                         flush()
                         chars = 0
             flush()
-        return {**stats.__dict__, "frames": frames, "seconds": time.perf_counter() - t0,
+        return {**stats.__dict__, "frames": frames, "unread_rows": unread, "seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.thread_time() - c0,
                 "peak_rss_mb": _peak_rss_mb(), "membership_loaded_bytes": membership.nbytes,
                 "test_ngrams": len(membership)}
@@ -403,6 +437,12 @@ def _reporting(rows: Iterator, ctx: UnitContext, counts: Callable[[], dict]) -> 
 def details_file(p: int) -> str:
     """Eval partition ``p``'s detail records: one complete gzip member (the merge concatenates them)."""
     return f"details/part-{p:05d}.jsonl.gz"
+
+
+def unread_file(unit_id: str) -> str:
+    """A scan unit's training rows that could not be read (too large, not JSON, a corrupt
+    file's end): one JSON line ``[row, reason]`` each, rows numbered as the unit read them."""
+    return f"unread/{unit_id}.jsonl"
 
 
 def results_file(p: int) -> str:
@@ -535,7 +575,9 @@ class MergeReportsStage(Stage):
         self.reduce_stage = reduce_stage
 
     def config(self) -> dict:
-        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples}
+        # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read
+        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 2,
+                **({"inputs_sha256": True} if self.s.verify_inputs_by_content else {})}
 
     def make_plan(self) -> list[Unit]:
         return [Unit("merge", {})]
@@ -585,7 +627,10 @@ class MergeReportsStage(Stage):
             with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
                 for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
                     out.write(chunk)
-            ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run)))
+            with ctx.open_write(ctx.output_path(UNREAD_ROWS)) as out:
+                for chunk in unread_rows(scan_run):
+                    out.write(chunk)
+            ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run, self.s)))
             ctx.write_bytes(ctx.output_path("stats/report.md"),
                             ng.render_report(result, scan_totals, self.s.max_train_count,
                                              max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows)
@@ -604,12 +649,26 @@ class MergeReportsStage(Stage):
                 "scan": scan_totals}
 
     @staticmethod
-    def train_files(scan_run: StageRun) -> list[TrainFile]:
+    def train_files(scan_run: StageRun, settings: DeconSettings) -> list[TrainFile]:
         """``stats/train_files.jsonl``: every training file scanned (``scan_run``'s inputs), as
         given and resolved (a local path made absolute, links followed), with the size and
-        version it was scanned at: what ``prep --exclude-overlaps`` matches its inputs against."""
-        return [{"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
-                 "version": f["version"]} for f in scan_run.input_fingerprints()]
+        version it was scanned at, how its text was read (:class:`ReadSpec`: text field or
+        template, normalization version, row cap) and, with ``verify_inputs_by_content``, the
+        sha256 of its bytes (read again here; a file whose size or version changed since the
+        scan is an error): what ``prep --exclude-overlaps`` matches its inputs against."""
+        spec = ReadSpec(settings.train_text.identity(), TEXT_NORMALIZATION, settings.max_row_bytes).record()
+        out: list[TrainFile] = []
+        for f in scan_run.input_fingerprints():
+            row: TrainFile = {"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
+                              "version": f["version"], **spec}  # type: ignore[typeddict-item]
+            if settings.verify_inputs_by_content:
+                row["sha256"] = file_sha256(f["path"])
+                now = storage.expand_inputs([f["path"]])
+                if [(g.size, g.version) for g in now] != [(f["size"], f["version"])]:
+                    raise storage.InputError(f"{f['path']}: changed since decon scanned it (size {f['size']:,}, "
+                                             f"version {f['version']}); run the same decon command again")
+            out.append(row)
+        return out
 
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
@@ -625,6 +684,36 @@ class MergeReportsStage(Stage):
     def report_inputs(index_run: StageRun, scan_run: StageRun) -> tuple[tuple[str, str, str], ...]:
         return tuple((side, f["path"], fingerprint_text(f["size"], f["version"], storage.is_remote(f["path"])))
                      for side, run in (("eval", index_run), ("train", scan_run)) for f in run.input_fingerprints())
+
+
+def unread_rows(scan_run: StageRun) -> Iterator[bytes]:
+    """``stats/unread_train_rows.jsonl``, a few lines at a time: the rows each scan unit could
+    not read (:func:`unread_file`, checked against the unit's receipt), in plan order, each
+    ``{"train_path", "train_row", "reason"}`` with its row numbered in its file (the rows of
+    the byte slices before it added)."""
+    plan = scan_run.stage.plan()
+    receipts = scan_run.completed_receipts(plan)
+    rows_before: dict[int, int] = {}
+    for u in plan:
+        receipt = receipts.get(u.id)
+        if receipt is None:
+            raise RuntimeError(f"scan unit {u.id} is not complete")
+        f = u.payload["file"]
+        base = rows_before.get(f, 0) if u.payload["kind"] == "bytes" else 0
+        rows_before[f] = rows_before.get(f, 0) + int(receipt["stats"].get("rows", 0))
+        path = storage.join(scan_run.parts_dir, unread_file(u.id))
+        data = storage.read_bytes(path)
+        rel = path[len(scan_run.output.rstrip("/")) + 1:]
+        want = next((e["sha256"] for e in receipt["files"] if e["path"] == rel), None)
+        if want is None or hashlib.sha256(data).hexdigest() != want:
+            raise ValueError(f"{path}: not what its scan unit wrote (its receipt records "
+                             f"{'no such file' if want is None else 'another sha256'}); {REBUILD_HINT}")
+        out = []
+        for line in data.splitlines():
+            row, reason = json.loads(line)
+            out.append({"train_path": u.payload["path"], "train_row": base + int(row), "reason": reason})
+        if out:
+            yield jsonl(out)
 
 
 def remove_stale_details(output: str, current: set[str]) -> None:

@@ -5,64 +5,185 @@ decon writes them (its merge stage), ``prep --exclude-overlaps`` reads them
 
 - :data:`CONTAMINATED_DOCS`: one :class:`DropEntry` per training row with an overlap, sorted
   by path and row;
-- :data:`TRAIN_FILES`: one :class:`TrainFile` per training file decon scanned;
+- :data:`UNREAD_ROWS`: one :class:`UnreadRow` per training row decon could not read (too
+  large, not JSON, a corrupt file's end), in scan order: its overlaps are unknown;
+- :data:`TRAIN_FILES`: one :class:`TrainFile` per training file decon scanned, with how
+  decon read its text (:class:`ReadSpec`: the header prep checks its own against);
 - :data:`OVERLAP_STATS`: one line per (eval dataset, n), which says the n decon ran at.
+
+The readers stream (:func:`hashed_lines`): a drop list is read a line at a time, keeping
+only the row numbers, so a reader's memory grows with the rows listed, not the file.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Any, TypedDict
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, TypedDict
 
 from refinery.transforms.core import storage
 
 CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
+UNREAD_ROWS = "stats/unread_train_rows.jsonl"
 TRAIN_FILES = "stats/train_files.jsonl"
 OVERLAP_STATS = "stats/overlap_stats.jsonl"
+READ_SPEC_KEYS = ("text", "normalization", "max_row_bytes")  # a TrainFile's record of how decon read it
 
 
 class DropEntry(TypedDict):
-    """A training row with an overlap: where it is (as decon was given it), its document id,
-    the n it overlaps at, and per eval dataset and n the instances it overlaps (``overlaps``:
-    see ``docs/FORMATS.md``; prep reads only the first four)."""
+    """A training row with an overlap: where it is (as decon was given it), its document id and
+    the n it overlaps at. (The drop lists of older decons also carry ``overlaps``, the eval
+    instances per row; readers drop it as they read.)"""
 
     train_path: str
     train_row: int
     train_doc_id: str
     ns: list[int]
-    overlaps: list[dict[str, Any]]
 
 
-class TrainFile(TypedDict):
-    """A training file decon scanned: as given, resolved, and the version it read."""
+class UnreadRow(TypedDict):
+    """A training row decon could not read: where it is and the reader's reason."""
 
+    train_path: str
+    train_row: int
+    reason: str
+
+
+class _TrainFileBase(TypedDict):
     train_path: str
     resolved: str
     size: int
     version: str
 
 
+class TrainFile(_TrainFileBase, total=False):
+    """A training file decon scanned: as given, resolved, the version it read, how it read its
+    text (:data:`READ_SPEC_KEYS`; absent in outputs of older decons) and, with
+    ``--verify-inputs-by-content``, the sha256 of its bytes."""
+
+    text: dict[str, str]     # TextSpec.identity(): {"text_field": F} or {"text_template": T}
+    normalization: str       # refinery.transforms.core.text.TEXT_NORMALIZATION
+    max_row_bytes: int       # the row cap (--max-row-bytes)
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """How training rows were read into text: the text spec's identity, the normalization
+    version and the row cap. decon records it per training file; prep compares its own."""
+
+    text: dict[str, str]
+    normalization: str
+    max_row_bytes: int
+
+    def record(self) -> dict[str, Any]:
+        """The :class:`TrainFile` keys that record it."""
+        return {"text": dict(self.text), "normalization": self.normalization, "max_row_bytes": self.max_row_bytes}
+
+    @classmethod
+    def of(cls, f: dict[str, Any]) -> ReadSpec | None:
+        """The spec a ``train_files.jsonl`` row records, or None if it records none (an older decon)."""
+        if not all(k in f for k in READ_SPEC_KEYS):
+            return None
+        return cls(dict(f["text"]), str(f["normalization"]), int(f["max_row_bytes"]))
+
+
+def _text_words(text: dict[str, str]) -> tuple[str, str, str]:
+    """(what, value as typed, the flag suffix) of a text spec identity."""
+    if "text_template" in text:
+        template = text["text_template"].replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+        return "template", template, "template"
+    return "field", text.get("text_field", "text"), "field"
+
+
+def read_spec_mismatch(decon: ReadSpec, prep: ReadSpec) -> str | None:
+    """One line naming both sides of the first way ``decon`` (the spec a decon run recorded)
+    and ``prep`` (this prep's) read training text differently, with the flags that make them
+    agree; None when they agree."""
+    if decon.text != prep.text:
+        (dw, dv, df), (pw, pv, pf) = _text_words(decon.text), _text_words(prep.text)
+        return (f"decon read the training text from {dw} {dv!r}; this prep reads {pw} {pv!r}: rerun decon with "
+                f"--train-text-{pf} {_shell(pv)}, or prep with --text-{df} {_shell(dv)}")
+    if decon.normalization != prep.normalization:
+        return (f"decon read the training text normalized as {decon.normalization!r}; this prep normalizes it as "
+                f"{prep.normalization!r}: rerun decon with this refinery")
+    if decon.max_row_bytes != prep.max_row_bytes:
+        return (f"decon read training rows of up to {decon.max_row_bytes:,} bytes; this prep reads rows of up to "
+                f"{prep.max_row_bytes:,}: rerun decon with --max-row-bytes {prep.max_row_bytes}, or prep with "
+                f"--max-row-bytes {decon.max_row_bytes}")
+    return None
+
+
+def _shell(value: str) -> str:
+    """``value`` as typed on a command line: bare when it is a plain word, else single-quoted."""
+    return value if value and all(c.isalnum() or c in "-_." for c in value) else "'" + value.replace("'", "'\\''") + "'"
+
+
+def parse_line(path: str, i: int, line: bytes) -> dict[str, Any] | None:
+    """The JSON object of line ``i`` of ``path`` (None for a blank line);
+    :class:`storage.InputError` naming the line when it is not JSON."""
+    if not line.strip():
+        return None
+    try:
+        value: dict[str, Any] = json.loads(line)
+    except ValueError as e:
+        raise storage.InputError(f"{path}: row {i} is not JSON ({e})") from None
+    return value
+
+
 def read_jsonl(path: str, data: bytes) -> list[dict[str, Any]]:
     """The JSON lines of ``data``, the bytes of ``path``; :class:`storage.InputError` naming
     the first line that is not JSON."""
-    out = []
-    for i, line in enumerate(data.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError as e:
-                raise storage.InputError(f"{path}: row {i} is not JSON ({e})") from None
-    return out
+    return [d for i, line in enumerate(data.splitlines(), 1) if (d := parse_line(path, i, line)) is not None]
 
 
-def drop_rows(docs_path: str, data: bytes, files: list[dict[str, Any]], n: int) -> dict[str, set[int]]:
-    """The rows a drop list (``data``, the bytes of ``docs_path``) lists at ``n``, by the resolved
-    path of their file (``files``: decon's ``train_files.jsonl`` rows, which resolve the paths
-    as decon named them); :class:`storage.InputError` naming a row that is not an entry."""
+class HashedLines:
+    """The lines of a file, read a piece at a time, and the sha256 of all of them: iterate
+    to the end, then :attr:`sha256` is the file's. With ``want``, a file whose sha256 differs
+    raises :class:`storage.InputError` at the end (``path: {changed} (sha256 ...); {hint}``):
+    a caller uses what it read only after the last line."""
+
+    def __init__(self, path: str, want: str | None = None, changed: str = "changed", hint: str = ""):
+        self.path, self.want, self.changed, self.hint = path, want, changed, hint
+        self.sha256 = ""
+
+    def __iter__(self) -> Iterator[bytes]:
+        h = hashlib.sha256()
+        with storage.open_read(self.path) as f:
+            for line in f:
+                h.update(line)
+                yield line
+        self.sha256 = h.hexdigest()
+        if self.want is not None and self.sha256 != self.want:
+            raise storage.InputError(f"{self.path}: {self.changed} (sha256 {self.sha256[:16]}..., recorded "
+                                     f"{self.want[:16]}...){'; ' + self.hint if self.hint else ''}")
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of the bytes of ``path`` (local or remote), read a piece at a time."""
+    h = hashlib.sha256()
+    with storage.open_read(path) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def drop_rows(docs_path: str, lines: bytes | Iterable[bytes], files: list[dict[str, Any]],
+              n: int | None) -> dict[str, set[int]]:
+    """The rows a drop list (``lines``, those of ``docs_path``, or its bytes) lists at ``n``
+    (None: at any n; an :data:`UNREAD_ROWS` file has no ``ns`` and is read with None), by
+    the resolved path of their file (``files``: decon's ``train_files.jsonl`` rows, which
+    resolve the paths as decon named them). One line at a time, keeping only row numbers (a
+    line's other keys, e.g. an older drop list's ``overlaps``, are dropped as it is read);
+    :class:`storage.InputError` naming a row that is not an entry."""
     by_given = {f["train_path"]: f["resolved"] for f in files}
     rows: dict[str, set[int]] = {}
-    for i, doc in enumerate(read_jsonl(docs_path, data), 1):
+    for i, line in enumerate(lines.splitlines() if isinstance(lines, bytes) else lines, 1):
+        doc = parse_line(docs_path, i, line)
+        if doc is None:
+            continue
         try:
-            if n not in doc["ns"]:
+            if n is not None and n not in doc["ns"]:
                 continue
             path = by_given.get(doc["train_path"]) or storage.resolved(doc["train_path"])
             rows.setdefault(path, set()).add(int(doc["train_row"]))

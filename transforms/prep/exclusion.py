@@ -1,18 +1,27 @@
 """Training rows that prep leaves out: the drop lists of finished decon runs.
 
 ``refinery decon`` writes, beside its reports, ``stats/contaminated_train_docs.jsonl`` (one
-line per training row with an overlap: ``train_path``, ``train_row``, ``train_doc_id``, the
-``ns`` it overlaps at and, per eval dataset and n, the instances) and
-``stats/train_files.jsonl`` (every training file it scanned: as given, resolved, size and
-version). ``refinery prep --exclude-overlaps DECON_OUTPUT [--exclude-n N]`` reads them
-(:func:`load_exclusion`) and drops the rows that overlap at n (default: the decon run's
-largest n) from the shards; rows are matched by resolved file path and row number, the
-numbering both commands' row reader gives.
+line per training row with an overlap: ``train_path``, ``train_row``, ``train_doc_id`` and
+the ``ns`` it overlaps at), ``stats/unread_train_rows.jsonl`` (the training rows it could
+not read: too large, not JSON) and ``stats/train_files.jsonl`` (every training file it
+scanned: as given, resolved, size, version, how it read the text and, with
+``--verify-inputs-by-content``, its sha256). ``refinery prep --exclude-overlaps
+DECON_OUTPUT [--exclude-n N]`` reads them (:func:`load_exclusion`, a line at a time: its
+memory grows with the rows listed, not the drop list's size) and drops the rows that
+overlap at n (default: the decon run's largest n), and every row decon could not read,
+from the shards; rows are matched by resolved file path and row number, the numbering both
+commands' row reader gives.
 
 Nothing leaks in silence (:meth:`Exclusion.check_inputs`, :func:`load_exclusion`):
 
 - the files read are the files decon wrote: their sha256 must be what decon's merge receipt
   records (an edited drop list is refused);
+- decon read the training text as this prep does: the same text field or template,
+  normalization version and row cap (:func:`~refinery.transforms.formats.droplist.read_spec_mismatch`;
+  a decon output that does not record them, from an older decon, is refused: its text was
+  not this prep's);
+- with ``--verify-inputs-by-content``, every input's sha256 must be the one decon recorded
+  (a corpus copied with its sizes and mtimes kept, rows swapped, is refused);
 - every prep input must be a file each decon run scanned, unchanged since (same resolved path,
   size and version): a renamed file, another copy of the corpus or a file changed since decon
   is refused, naming the first few (``--allow-unscanned-inputs`` keeps unscanned files that
@@ -31,7 +40,18 @@ from dataclasses import dataclass, field
 
 from refinery.transforms.core import storage
 from refinery.transforms.core.receipts import META_DIR, check_receipt
-from refinery.transforms.formats.droplist import CONTAMINATED_DOCS, OVERLAP_STATS, TRAIN_FILES, drop_rows, read_jsonl
+from refinery.transforms.formats.droplist import (
+    CONTAMINATED_DOCS,
+    OVERLAP_STATS,
+    TRAIN_FILES,
+    UNREAD_ROWS,
+    HashedLines,
+    ReadSpec,
+    drop_rows,
+    file_sha256,
+    read_jsonl,
+    read_spec_mismatch,
+)
 
 UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 SHOWN = 3  # paths named in a refusal
@@ -46,6 +66,8 @@ class DropSource:
     sha256: str   # of its contaminated_train_docs.jsonl
     listed: int   # training rows its drop list holds at n
     files_sha256: str = ""  # of its train_files.jsonl (which resolves the drop list's paths)
+    unread_sha256: str = ""  # of its unread_train_rows.jsonl (rows decon could not read: left out at any n)
+    unread: int = 0          # training rows it could not read
 
 
 def _checked(path: str, sha256: str) -> bytes:
@@ -57,13 +79,39 @@ def _checked(path: str, sha256: str) -> bytes:
     return data
 
 
+EDITED = ("edited after decon wrote it (its merge receipt)",
+          "a changed drop list may keep contaminated rows: run the same decon command with --verify-checksums to "
+          "write it again")
+PLANNED = ("changed since this job was planned", "run the same command again to plan with it")
+
+
+def _streamed_rows(path: str, sha256: str, files: list[dict], n: int | None,
+                   why: tuple[str, str]) -> dict[str, set[int]]:
+    """:func:`drop_rows` of ``path`` read a line at a time, refused (at its end, before any row
+    is used: ``why`` says how) unless its sha256 is ``sha256``; a line that is not an entry
+    in a file that is not the one recorded is refused as changed."""
+    try:
+        return drop_rows(path, HashedLines(path, sha256, *why), files, n)
+    except storage.InputError:
+        got = file_sha256(path)
+        if got != sha256:
+            raise storage.InputError(f"{path}: {why[0]} (sha256 {got[:16]}..., recorded {sha256[:16]}...); "
+                                     f"{why[1]}") from None
+        raise
+
+
 @functools.lru_cache(maxsize=4)
 def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
-    """A decon output's rows to leave out, read in a worker (once per process) from the files
-    the driver checked: the same bytes (sha256), or an error."""
-    docs = storage.join(source.output, CONTAMINATED_DOCS)
+    """A decon output's rows to leave out (those listed at its n and those it could not read),
+    read in a worker (once per process) from the files the driver checked: the same bytes
+    (sha256), or an error."""
     files = read_jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
-    return {p: frozenset(r) for p, r in drop_rows(docs, _checked(docs, source.sha256), files, source.n).items()}
+    rows = _streamed_rows(storage.join(source.output, CONTAMINATED_DOCS), source.sha256, files, source.n, PLANNED)
+    if source.unread_sha256:
+        unread = _streamed_rows(storage.join(source.output, UNREAD_ROWS), source.unread_sha256, files, None, PLANNED)
+        for p, r in unread.items():
+            rows.setdefault(p, set()).update(r)
+    return {p: frozenset(r) for p, r in rows.items()}
 
 
 @dataclass
@@ -74,18 +122,21 @@ class Exclusion:
     rows: dict[str, frozenset[int]] | None = field(default_factory=dict)  # None in a worker: read when asked
     # per decon output (as given): resolved path -> (size, version) of every training file it scanned
     scanned: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
+    # per decon output (as given): resolved path -> the sha256 decon recorded ("" if none)
+    contents: dict[str, dict[str, str]] = field(default_factory=dict)
     unscanned: int = 0  # inputs kept without an overlap check (--allow-unscanned-inputs)
     expected: int | None = None  # listed rows in the inputs: what a full run excludes (set by check_inputs)
 
     def identity(self) -> list[dict]:
         """What enters the tokenize stage's hash: each drop list's content and n (not its path)."""
-        return [{"sha256": s.sha256, "n": s.n} for s in self.sources]
+        return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {})}
+                for s in self.sources]
 
     def __getstate__(self) -> dict:
         """What a job carries: where the drop lists are and their sha256, not their rows nor what
         decon scanned; a worker reads the rows (:meth:`rows_of`), so the job does not grow with
         them."""
-        return {**self.__dict__, "rows": None, "scanned": {}}
+        return {**self.__dict__, "rows": None, "scanned": {}, "contents": {}}
 
     def rows_of(self, path: str) -> frozenset[int]:
         """The rows of the input file ``path`` to leave out."""
@@ -101,7 +152,8 @@ class Exclusion:
             self.rows = {p: frozenset(r) for p, r in rows.items()}
         return self.rows
 
-    def check_inputs(self, inputs: list[storage.InputFile], allow_unscanned: bool = False) -> list[str]:
+    def check_inputs(self, inputs: list[storage.InputFile], allow_unscanned: bool = False,
+                     by_content: bool = False) -> list[str]:
         """Refuse (:class:`storage.InputError`, one line naming the first few) prep inputs that a
         decon run did not scan as they are now, and listed rows in files prep does not read.
 
@@ -112,6 +164,10 @@ class Exclusion:
           without an overlap check and returned (the caller says so loudly).
         - A listed row in a file that is not among the inputs is refused: its document may be
           in the inputs under another name.
+        - ``by_content`` (``--verify-inputs-by-content``): each input a decon run scanned must
+          have the sha256 it recorded (read here, in full); one it did not record is refused
+          (rerun decon with the flag). Without it, a file whose rows were swapped but whose
+          size and mtime were kept (``cp -p``, ``rsync -t``) passes: the documented limit.
 
         Sets :attr:`expected` (the listed rows of the inputs) and :attr:`unscanned`."""
         listed = self._all_rows()
@@ -149,16 +205,39 @@ class Exclusion:
                 f"the drop list names {n:,} contaminated row(s) in {len(elsewhere)} file(s) this prep does not "
                 f"read: {shown}; they would match no input (a renamed file or another copy would keep them): "
                 "give prep every training file decon scanned, as decon read it")
+        if by_content:
+            self._check_contents(keys, set(unscanned))
         self.unscanned = len(unscanned)
         self.expected = sum(len(self.rows_of(f.path)) for f in inputs)
         return list(unscanned)
 
+    def _check_contents(self, keys: dict[str, storage.InputFile], unscanned: set[str]) -> None:
+        """Each input a decon run scanned read in full: its sha256 must be the one recorded."""
+        for output, recorded in self.contents.items():
+            for key, f in keys.items():
+                if f.path in unscanned or key not in recorded:
+                    continue
+                want = recorded[key]
+                if not want:
+                    raise storage.InputError(
+                        f"--verify-inputs-by-content: the decon run {output} recorded no sha256 of {f.path}: run "
+                        "that decon command again with --verify-inputs-by-content")
+                got = file_sha256(f.path)
+                if got != want:
+                    raise storage.InputError(
+                        f"{f.path}: its content is not what the decon run {output} scanned (sha256 {got[:16]}..., "
+                        f"decon recorded {want[:16]}...; same size and version): its rows may now be other "
+                        "documents: run decon again, then prep")
+
     def manifest(self, excluded: int) -> dict:
-        """The manifest's ``excluded_overlaps``: how many rows were left out, and from which runs."""
+        """The manifest's ``excluded_overlaps``: how many rows were left out, and from which runs
+        (each run's ``unread``: the rows it could not read, left out whatever their overlap)."""
         return {"documents": excluded,
                 "decon_runs": [{"path": s.output, "contaminated_train_docs_sha256": s.sha256, "n": s.n,
-                                "listed": s.listed} for s in self.sources],
+                                "listed": s.listed, **({"unread": s.unread} if s.unread else {})}
+                               for s in self.sources],
                 **({"unscanned_inputs": self.unscanned} if self.unscanned else {})}
+
 
 
 def recorded_sha256(output: str) -> dict[str, str]:
@@ -190,20 +269,26 @@ def recorded_sha256(output: str) -> dict[str, str]:
     return {f["path"]: f["sha256"] for f in done.done_receipt()["files"]}
 
 
-def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes:
-    """The bytes of ``output/relpath``, refused (:class:`storage.InputError`) unless their sha256
-    is what decon's merge receipt recorded."""
+def _recorded_file(output: str, relpath: str, recorded: dict[str, str]) -> tuple[str, str]:
+    """(path, the sha256 decon's merge receipt records) of ``output/relpath``;
+    :class:`storage.InputError` when it is missing or not recorded."""
     path = storage.join(output, relpath)
-    try:
-        data = storage.read_bytes(path)
-    except FileNotFoundError:
+    if not storage.exists(path):
         raise storage.InputError(f"--exclude-overlaps {output}: no {relpath} (written by a refinery decon older "
-                                 "than --exclude-overlaps?); run the same decon command again") from None
+                                 "than --exclude-overlaps?); run the same decon command again")
     want = recorded.get(relpath)
-    got = hashlib.sha256(data).hexdigest()
     if want is None:
         raise storage.InputError(f"--exclude-overlaps {output}: decon's merge receipt does not list {relpath}; "
                                  "run the same decon command again")
+    return path, want
+
+
+def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes:
+    """The bytes of ``output/relpath`` (a small file), refused (:class:`storage.InputError`)
+    unless their sha256 is what decon's merge receipt recorded."""
+    path, want = _recorded_file(output, relpath, recorded)
+    data = storage.read_bytes(path)
+    got = hashlib.sha256(data).hexdigest()
     if got != want:
         raise storage.InputError(f"{path}: edited after decon wrote it (sha256 {got[:16]}..., its merge receipt "
                                  f"records {want[:16]}...); a changed drop list may keep contaminated rows: run the "
@@ -211,14 +296,32 @@ def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes
     return data
 
 
-def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
+def check_read_spec(output: str, files: list[dict], read_spec: ReadSpec) -> None:
+    """Refuse (:class:`storage.InputError`, one line naming both sides) a decon output that read
+    the training text otherwise than ``read_spec`` (this prep's), or that does not record how
+    it read it (an older decon: its text was not this prep's, so its drop list is not proof)."""
+    for f in files:
+        theirs = ReadSpec.of(f)
+        if theirs is None:
+            raise storage.InputError(
+                f"--exclude-overlaps {output}: its {TRAIN_FILES} does not record how decon read the training text "
+                "(text field or template, normalization, row cap): written by an older refinery decon, whose "
+                "text may not be the text this prep trains on; run the same decon command again")
+        if problem := read_spec_mismatch(theirs, read_spec):
+            raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
+
+
+def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadSpec) -> Exclusion:
     """The rows to leave out from the decon ``outputs`` (each finished: ``.SUCCESS`` and its
     merge receipt), at ``n`` (default: each run's largest n; a given n must be one each run
-    computed). Every file read must have the sha256 decon recorded. Raises
-    :class:`storage.InputError` naming the output and what is wrong with it."""
+    computed), and the rows each could not read. Every file read must have the sha256 decon
+    recorded, and each run must have read the training text as ``read_spec`` (this prep's)
+    says. The drop lists are read a line at a time. Raises :class:`storage.InputError`
+    naming the output and what is wrong with it."""
     sources: list[DropSource] = []
     rows: dict[str, set[int]] = {}
     scanned: dict[str, dict[str, tuple[int, str]]] = {}
+    contents: dict[str, dict[str, str]] = {}
     for output in outputs:
         output = output.rstrip("/")
         if storage.offline_state() is not None and storage.is_remote(output):
@@ -229,22 +332,28 @@ def load_exclusion(outputs: list[str], n: int | None = None) -> Exclusion:
             raise storage.InputError(f"--exclude-overlaps {output}: not a finished decon output (no .SUCCESS); "
                                      "run refinery decon to the end first")
         recorded = recorded_sha256(output)
-        data = _read_recorded(output, CONTAMINATED_DOCS, recorded)
         files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
             stats = read_jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))
             ns = sorted({int(s["n"]) for s in stats})
             files = read_jsonl(TRAIN_FILES, files_data)
             scanned[output] = {f["resolved"]: (int(f["size"]), str(f["version"])) for f in reversed(files)}
+            contents[output] = {f["resolved"]: str(f.get("sha256", "")) for f in reversed(files)}
         except (KeyError, TypeError, ValueError) as e:
             raise storage.InputError(f"--exclude-overlaps {output}: unreadable decon stats ({e!r})") from None
+        check_read_spec(output, files, read_spec)
         at = ns[-1] if n is None and ns else n
         if at not in ns:
             raise storage.InputError(f"--exclude-n {n}: the decon run {output} computed n = "
                                      f"{', '.join(map(str, ns)) or 'none'}")
-        mine = drop_rows(storage.join(output, CONTAMINATED_DOCS), data, files, at)
-        for path, listed_rows in mine.items():
-            rows.setdefault(path, set()).update(listed_rows)
-        sources.append(DropSource(storage.resolved(output), at, hashlib.sha256(data).hexdigest(),
-                                  sum(len(r) for r in mine.values()), hashlib.sha256(files_data).hexdigest()))
-    return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned)
+        docs_path, docs_sha = _recorded_file(output, CONTAMINATED_DOCS, recorded)
+        mine = _streamed_rows(docs_path, docs_sha, files, at, EDITED)
+        unread_path, unread_sha = _recorded_file(output, UNREAD_ROWS, recorded)
+        unread = _streamed_rows(unread_path, unread_sha, files, None, EDITED)
+        for listed in (mine, unread):
+            for path, listed_rows in listed.items():
+                rows.setdefault(path, set()).update(listed_rows)
+        sources.append(DropSource(storage.resolved(output), at, docs_sha, sum(len(r) for r in mine.values()),
+                                  hashlib.sha256(files_data).hexdigest(), unread_sha,
+                                  sum(len(r) for r in unread.values())))
+    return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned, contents=contents)
