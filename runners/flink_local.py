@@ -324,7 +324,7 @@ class LocalFlinkCluster:
     def beam_args(self) -> list[str]:
         """What ``refinery ... --runner flink`` needs to run on this cluster."""
         return [f"--flink_master={self.master}", "--environment_type=EXTERNAL",
-                f"--environment_config=localhost:{self.pool_port}"]
+                f"--environment_config=127.0.0.1:{self.pool_port}"]
 
     def _flink_env(self) -> dict[str, Any]:
         log = self.workdir / "log"
@@ -381,7 +381,8 @@ class LocalFlinkCluster:
         self.start_taskmanager()
         bin_dir = os.path.dirname(self.python)
         pool_env = {**os.environ, **self.worker_env, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-        self._start("worker_pool", [self.python, "-m", "apache_beam.runners.worker.worker_pool_main",
+        # Beam's worker_pool_main, on loopback and for this user only (it runs whatever code it is sent)
+        self._start("worker_pool", [self.python, "-m", "refinery.runners.worker_pool",
                                     f"--service_port={self.pool_port}"], pool_env)
         self.wait_for_slots(timeout)
         return self

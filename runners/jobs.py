@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import portable
 from .local import in_process, runnable
 
 
@@ -12,9 +13,15 @@ def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = Fal
     On the local runner, a job of only light steps runs in the driver's process
     (:func:`~.local.in_process`: there is nothing to share between worker processes, and
     starting them would cost more than the work), and every job on
-    :class:`~refinery.runners.local_runner.LocalRunner` (:func:`~.local.runnable`)."""
+    :class:`~refinery.runners.local_runner.LocalRunner` (:func:`~.local.runnable`). A job's
+    LOOPBACK worker pool, on any runner, listens on loopback and serves this user only
+    (:func:`~.same_user.private_loopback_workers`); on the embedded portable job service
+    there is none (:func:`~.portable.runnable`)."""
     from refinery.transforms.core.pipeline import light_job, run_on_beam  # Beam, imported when a job runs
+
+    from .same_user import private_loopback_workers
 
     if light_job(steps):
         beam_args = in_process(beam_args)
-    return run_on_beam(steps, runnable(beam_args), verify_checksums)
+    with private_loopback_workers():
+        return run_on_beam(steps, portable.runnable(runnable(beam_args)), verify_checksums)

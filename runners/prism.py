@@ -15,6 +15,11 @@ prism-cache``), else one line naming ``make prism-cache`` (Beam would try to dow
 it). A command's Beam jobs then share one Prism process (:func:`prism_job_service`),
 started for the command and stopped at its end; it also ends if the refinery process is
 killed. With ``--job_endpoint HOST:PORT`` the jobs go to a Prism already running there.
+
+No socket of the run serves another user: that Prism listens on a unix socket in a folder
+only this user can enter (the binary built here is patched to, see :mod:`.prism_local`),
+and the LOOPBACK worker pool Prism calls back listens on loopback and refuses any other
+uid's call (:mod:`.same_user`).
 """
 from __future__ import annotations
 

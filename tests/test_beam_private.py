@@ -15,7 +15,7 @@ def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
     assert major_minor in beam_private.CHECKED_BEAM, (
         f"apache-beam {apache_beam.__version__}: check transforms/core/beam_private.py against it "
         f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address, "
-        f"the dead-letter error, the setup_file sdist build), "
+        f"the LOOPBACK worker pool's address, the dead-letter error, the setup_file sdist build), "
         f"then add it to CHECKED_BEAM")
 
 
@@ -136,3 +136,34 @@ def test_argparse_actions_flags_and_subcommands():
     assert {"--num-shards", "-h", "--help"} <= beam_private.option_flags(parser)
     assert [a.dest for a in beam_private.parser_actions(parser)][:2] == ["help", "num_shards"]
     assert beam_private.subcommands(parser) == [("cmd", {"grade": child})]
+
+
+def test_the_loopback_worker_pool_listens_where_it_is_told():
+    """Beam's PortableRunner starts a LOOPBACK environment's worker pool with
+    ``BeamFnExternalWorkerPoolServicer.start`` (on ``[::]``, any caller): inside
+    ``loopback_worker_pool_at`` it listens on the host given, behind the interceptors given."""
+    import grpc
+    from apache_beam.runners.worker import worker_pool_main
+
+    seen: list[str] = []
+
+    class Record(grpc.ServerInterceptor):
+        def intercept_service(self, continuation, details):
+            seen.append(details.method)
+            return continuation(details)
+
+    pool = worker_pool_main.BeamFnExternalWorkerPoolServicer
+    real = pool.start
+    with beam_private.loopback_worker_pool_at("127.0.0.1", [Record()]):
+        # as PortableRunner.start_and_replace_loopback_environments calls it (Beam 2.77)
+        address, server = pool.start(state_cache_size=0, data_buffer_time_limit_ms=0, use_process=False)
+    try:
+        assert pool.start == real
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        method = "/org.apache.beam.model.fn_execution.v1.BeamFnExternalWorkerPool/StopWorker"
+        with grpc.insecure_channel(address) as channel:
+            assert channel.unary_unary(method)(b"", timeout=10) == b""
+        assert seen == [method]
+    finally:
+        server.stop(0)

@@ -54,6 +54,7 @@ def _fake_cache(root: Path, version: str | None) -> Path:
     (root / prism.BINARY).chmod(0o755)
     if version is not None:
         (root / prism.VERSION_FILE).write_text(version + "\n")
+        (root / prism.PATCH_FILE).write_text(prism.PATCH_ID + "\n")  # as built here (listening privately)
     return root
 
 
@@ -76,6 +77,10 @@ def test_the_cache_is_reused_only_at_the_installed_beam_version(tmp_path, monkey
     assert re.fullmatch(rf"the Prism in {old} was built for Beam 2.60.0, not the installed {re.escape(beam)}: "
                         r"build it with 'make prism-cache' .*", prism.missing_reason(old))
     assert prism.find_prism(_fake_cache(tmp_path / "unrecorded", None)) is None  # no version: not trusted
+    unpatched = _fake_cache(tmp_path / "unpatched", beam)
+    (unpatched / prism.PATCH_FILE).unlink()  # Prism as Beam publishes it: it would listen on every interface
+    assert prism.find_prism(unpatched) is None
+    assert f"the Prism in {unpatched} was built without refinery's patch" in prism.missing_reason(unpatched)
     assert prism.missing_reason(tmp_path / "empty").startswith(f"no Prism binary in {tmp_path / 'empty'}: ")
 
     monkeypatch.setattr(prism.shutil, "which", lambda name: None)

@@ -28,6 +28,12 @@ and ``test_local_runner_isolation`` run them.)
   every interface of the machine, and take any caller: whoever reaches them can read the
   job (its pickled DoFns) or pose as a worker. The local runner has them listen on unix
   sockets in a folder only its user can enter (``runners/local_runner.py``).
+- :func:`loopback_worker_pool_at`, :func:`worker_pool_on`: the worker pool Beam's
+  PortableRunner starts in this process for a LOOPBACK environment (``--runner prism``,
+  ``portable`` with a job server, ``flink`` on an embedded Flink) listens on every interface
+  and runs the code of whoever asks it to start a worker. refinery has it listen on loopback
+  behind a check that refuses another user's calls (``runners/same_user.py``); the local
+  Flink cluster's pool process is the same (``runners/worker_pool.py``).
 - :func:`setup_builds_captured`: Beam's stager builds the ``--setup_file`` sdist in a child
   process whose stderr is this process's: every Dataflow ``--dry-run`` would print build's
   progress (``* Building sdist...``). refinery captures it with the child's stdout, which Beam
@@ -44,7 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -153,6 +159,63 @@ class _ServerAt:
         where = self._address()
         port = self._server.add_insecure_port(where)
         return where if where.startswith("unix:") else f"{where.rsplit(':', 1)[0]}:{port}"
+
+
+@contextlib.contextmanager
+def loopback_worker_pool_at(host: str, interceptors: Sequence[Any]) -> Iterator[None]:
+    """While inside: the worker pool Beam's PortableRunner starts in this process for a
+    LOOPBACK environment (``BeamFnExternalWorkerPoolServicer.start``, which listens on
+    ``[::]``, every interface, and takes any caller) listens on ``host`` only, behind
+    ``interceptors`` (gRPC server interceptors: ``runners/same_user.py`` refuses another
+    user's calls), and is reached at ``host:PORT``. Checked against Beam 2.77:
+    ``PortableRunner.start_and_replace_loopback_environments`` calls
+    ``worker_pool_main.BeamFnExternalWorkerPoolServicer.start(state_cache_size=...,
+    data_buffer_time_limit_ms=..., use_process=...)`` and uses the ``(address, server)`` it
+    returns; this replaces that classmethod while inside (what it does besides listening,
+    the pool's servicer and its worker processes' clean-up at exit, is done as Beam does)."""
+    from apache_beam.runners.worker import worker_pool_main
+
+    pool = worker_pool_main.BeamFnExternalWorkerPoolServicer
+    real = pool.__dict__["start"]
+
+    def start(cls: Any, use_process: bool = False, port: int = 0, state_cache_size: int = 0,
+              data_buffer_time_limit_ms: int = -1, container_executable: str | None = None) -> tuple[str, Any]:
+        return worker_pool_on(host, port, interceptors, cls(
+            use_process=use_process, container_executable=container_executable, state_cache_size=state_cache_size,
+            data_buffer_time_limit_ms=data_buffer_time_limit_ms))
+
+    pool.start = classmethod(start)  # type: ignore[method-assign, assignment]  # Beam's untyped classmethod
+    try:
+        yield
+    finally:
+        pool.start = real  # type: ignore[method-assign]
+
+
+def worker_pool_on(host: str, port: int, interceptors: Sequence[Any], servicer: Any) -> tuple[str, Any]:
+    """(``host:PORT``, started gRPC server) of Beam's worker pool ``servicer`` (a
+    ``BeamFnExternalWorkerPoolServicer``) listening at ``host:port`` (0: a free port) behind
+    ``interceptors``, with Beam's server options and its clean-up of the pool's worker
+    processes at exit (as ``BeamFnExternalWorkerPoolServicer.start`` of Beam 2.77 does)."""
+    import atexit
+
+    import grpc
+    from apache_beam.portability.api import beam_fn_api_pb2_grpc
+    from apache_beam.runners.worker import worker_pool_main
+    from apache_beam.utils import thread_pool_executor
+
+    options = [("grpc.http2.max_pings_without_data", 0), ("grpc.http2.max_ping_strikes", 0)]
+    server = grpc.server(thread_pool_executor.shared_unbounded_instance(), options=options,
+                         interceptors=list(interceptors))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
+    server.start()
+
+    def kill_worker_processes() -> None:
+        for process in servicer._worker_processes.values():
+            worker_pool_main.kill_process_gracefully(process)
+
+    atexit.register(kill_worker_processes)
+    return f"{host}:{bound}", server
 
 
 @contextlib.contextmanager
