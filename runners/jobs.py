@@ -16,12 +16,14 @@ def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = Fal
     :class:`~refinery.runners.local_runner.LocalRunner` (:func:`~.local.runnable`). A job's
     LOOPBACK worker pool, on any runner, listens on loopback and serves this user only
     (:func:`~.same_user.private_loopback_workers`); on the embedded portable job service
-    there is none (:func:`~.portable.runnable`)."""
+    there is none (:func:`~.portable.runnable`). The SDK workers' tracebacks of a data plane
+    hung up at the end of a job are said only if the job failed (:mod:`.shutdown_noise`)."""
     from refinery.transforms.core.pipeline import light_job, run_on_beam  # Beam, imported when a job runs
 
     from .same_user import private_loopback_workers
+    from .shutdown_noise import held_shutdown_noise
 
     if light_job(steps):
         beam_args = in_process(beam_args)
-    with private_loopback_workers():
+    with private_loopback_workers(), held_shutdown_noise():
         return run_on_beam(steps, portable.runnable(runnable(beam_args)), verify_checksums)

@@ -280,6 +280,19 @@ def test_embedded_flink_generate_equals_local(flink_jar, tmp_path):
     assert len((flink / "generations.jsonl").read_text().splitlines()) == 5
 
 
+def test_embedded_flink_decon_succeeds_quietly(flink_jar, small_corpus, tmp_path):
+    """A successful embedded-Flink run printed `ERROR ... Failed to read inputs in the data
+    plane` and gRPC CANCELLED tracebacks (the SDK workers' data plane hung up at the job's end),
+    then exited 0: now only its own lines (runners/shutdown_noise.py)."""
+    ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": f"q{i}", "question": t}
+                                                          for i, t in enumerate(gsm8k_texts(40))])
+    r = ok(run_cli("decon", "--eval", ev, "--eval-text-field", "question", "--train", small_corpus,
+                   "--output", tmp_path / "d", "--ngrams", "13",
+                   "--no-progress", *EMBEDDED))
+    assert "data plane" not in r.stderr and "Traceback" not in r.stderr and "ERROR" not in r.stderr, r.stderr
+    assert "decon done" in r.stdout + r.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # A standalone session cluster
 # ---------------------------------------------------------------------------------------
