@@ -142,8 +142,9 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
     problem = storage.output_folder_problem(output, probe=not dry_run)
     if problem:
         raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
+    spellings = [output] if storage.is_remote(output) else local_spellings(output)
     for arg in inputs:
-        if storage.listing_reaches(arg, output):
+        if any(storage.listing_reaches(arg, spelled) for spelled in spellings) or same_folder_above(arg, output):
             raise UsageError(f"refinery {command}: {flag} {output} is inside the input {arg}, whose listing would "
                              f"read the run's own outputs back; give an output folder outside it")
     if not (dry_run and storage.is_remote(output)):  # a dry run reads nothing remote
@@ -152,6 +153,88 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
             raise UsageError(f"refinery {command}: {flag} {output} holds the output of 'refinery {other}' "
                              f"({storage.join(output, '.refinery', 'run.json')}); the two would mix: give another "
                              f"{flag}, or remove that folder first")
+
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def mount_aliases(path: str, mountinfo: str) -> list[str]:
+    """Every spelling of the resolved local ``path`` through the mounts of its filesystem
+    (``mountinfo``: the text of ``/proc/self/mountinfo``): a bind mount shows one folder at two
+    paths, and a check on spelled paths alone sees two folders. ``path`` itself first."""
+    import os
+    import re
+
+    def unescape(field: str) -> str:  # mountinfo writes a space as \040, a tab as \011, ...
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+    def under(p: str, top: str) -> str | None:  # p's part below top, or None when p is not under it
+        if top == "/":
+            return p
+        return p[len(top):] or "/" if p == top or p.startswith(top + "/") else None
+
+    mounts = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) >= 5:
+            mounts.append((fields[2], unescape(fields[3]), unescape(fields[4])))  # device, root, mount point
+    real = os.path.realpath(path)
+    home = max((m for m in mounts if under(real, m[2]) is not None), key=lambda m: len(m[2]), default=None)
+    if home is None:
+        return [real]
+    device, root, point = home
+    below = under(real, point) or "/"
+    inside = root.rstrip("/") + below if below != "/" else root  # the path within the filesystem
+    out = [real]
+    for dev, other_root, other_point in mounts:
+        rest = under(inside, other_root) if dev == device else None
+        if rest is not None:
+            spelled = os.path.normpath(other_point.rstrip("/") + rest if rest != "/" else other_point)
+            if spelled not in out:
+                out.append(spelled)
+    return out
+
+
+def local_spellings(output: str) -> list[str]:
+    """:func:`mount_aliases` of the local ``output`` (just its resolved path where the mount
+    table cannot be read: not Linux)."""
+    import os
+
+    from refinery.transforms.core import storage
+
+    path = storage.paths._local(output)
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
+            return mount_aliases(path, f.read())
+    except OSError:
+        return [os.path.realpath(path)]
+
+
+def same_folder_above(arg: str, output: str) -> bool:
+    """Whether the local input folder ``arg`` (no glob) is ``output`` or one of its existing
+    parents by device and inode (``os.stat``), whatever the spelling of either."""
+    import glob as globlib
+    import os
+
+    from refinery.transforms.core import storage
+
+    if storage.is_remote(arg) or storage.is_remote(output) or globlib.has_magic(arg):
+        return False
+    try:
+        folder = os.stat(storage.paths._local(arg))
+    except OSError:
+        return False
+    current = os.path.abspath(storage.paths._local(output))
+    while True:
+        try:
+            if os.path.samestat(os.stat(current), folder):
+                return True
+        except OSError:
+            pass
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
 
 
 def command_family(command: str) -> str:

@@ -13,10 +13,13 @@ Beam's), :mod:`.checks` (inputs, outputs and reject rates, checked up front).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from refinery.beam_pipelines.interrupt import interrupted, resume_hint
 
@@ -91,22 +94,21 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     if p.header:
         print(p.header, file=sys.stderr)
     t0 = time.time()
+    full = DiskFull()
     try:
-        with job_service(beam_args) as job_args:
+        with job_service(beam_args) as job_args, full.watching(verbose=getattr(args, "verbose", False)):
             result = run_stages(p.stages, p.output, job_args,
                                 verify_checksums=getattr(args, "verify_checksums", False),
                                 force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
                                 run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
                                 on_plan=p.on_plan, runner=p.runner or run_job)
-    except StageFailed as e:
-        print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
-              f"  {resume_hint()}", file=sys.stderr)
-        return 1
-    except JobFailed as e:
-        if interrupted():  # a job stopped by Ctrl-C: the interruption, not a failure
-            raise
-        print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
-              f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
+    except (StageFailed, JobFailed, OSError) as e:
+        if not (full.seen or is_disk_full(e)) or (isinstance(e, JobFailed) and interrupted()):
+            if isinstance(e, OSError):
+                raise
+            return _failed(p, e, beam_args)
+        print(f"refinery {p.command}: {disk_full_line(p.output)}; finished units are kept: free some space and run "
+              f"the same command again: {resume_hint()}", file=sys.stderr)
         return 1
     except (InputError, PathError, RunnerOptionsError) as e:  # the last: a job server that did not start
         return usage_error(f"refinery {p.command}: {e}")
@@ -117,6 +119,91 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         print(f"refinery {p.command}: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def _failed(p: Pipeline, e: Exception, beam_args: list[str]) -> int:
+    """The failure of a run whose units failed (:class:`StageFailed`) or whose Beam job failed
+    (:class:`JobFailed`), with the command that resumes it; exit 1."""
+    from refinery.transforms.core.stages import JobFailed
+
+    if not isinstance(e, JobFailed):
+        print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
+              f"  {resume_hint()}", file=sys.stderr)
+        return 1
+    if interrupted():  # a job stopped by Ctrl-C: the interruption, not a failure
+        raise e
+    print(f"refinery {p.command}: {e}\nFinished units are kept (-v shows {beam_runner_name(beam_args)}'s whole "
+          f"error); fix the cause and run the same command again:\n  {resume_hint()}", file=sys.stderr)
+    return 1
+
+
+NO_SPACE = ("[Errno 28]", "No space left on device")  # how an ENOSPC reads once a worker turned it into text
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e``, its causes or its text (a unit's failure, a runner's error: text by the
+    time it reaches the driver) say a disk is full (``ENOSPC``)."""
+    seen: set[int] = set()
+    current: BaseException | None = e
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        if any(mark in str(current) for mark in NO_SPACE):
+            return True
+        current = getattr(current, "cause", None) or current.__cause__ or current.__context__
+    return False
+
+
+def disk_full_line(output: str) -> str:
+    """One line naming the disk ``output`` is on (its mount point, free and total space), or the
+    output alone where it is not a local folder."""
+    import os
+    import shutil
+
+    from refinery.transforms.core import storage
+
+    if storage.is_remote(output):
+        return f"no space left on a disk while writing {output} (a worker's local disk, or its spool)"
+    folder = os.path.abspath(output)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    mount = os.path.realpath(folder)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    usage = shutil.disk_usage(folder)
+    return (f"no space left on device: the disk of {output} (mounted at {mount}) has {usage.free / 1e6:,.1f} MB free "
+            f"of {usage.total / 1e6:,.1f} MB")
+
+
+class DiskFull:
+    """While :meth:`watching`: the log records that say a disk is full (each failed unit's
+    line, a runner's tracebacks, every worker's copy of them) are held back, and ``seen`` says
+    whether there was one: the run then ends in one line (:func:`disk_full_line`), not a
+    screenful of the same error. With ``verbose``, the records are printed as well."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if any(mark in text for mark in NO_SPACE) or (exc is not None and is_disk_full(exc)):
+            self.seen = True
+            return self.verbose
+        return True
+
+    @contextlib.contextmanager
+    def watching(self, verbose: bool = False) -> Iterator[None]:
+        self.verbose = verbose
+        handlers = logging.getLogger().handlers
+        for h in handlers:
+            h.addFilter(self.filter)
+        try:
+            yield
+        finally:
+            for h in handlers:
+                h.removeFilter(self.filter)
 
 
 def beam_runner_name(beam_args: list[str]) -> str:

@@ -173,7 +173,8 @@ def run(args, beam_args: list[str]) -> int:
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.transforms.core import storage
-    from refinery.transforms.decon.stages import build_stages, input_stages
+    from refinery.transforms.decon.ngrams import details as dt
+    from refinery.transforms.decon.stages import build_stages, foreign_details, input_stages, remove_stale_details
 
     output = args.output.rstrip("/")
     if problem := bad_reject_rate(args):
@@ -207,6 +208,10 @@ def run(args, beam_args: list[str]) -> int:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery decon: {e}")
+    if not (args.dry_run and storage.is_remote(output)) and (foreign := foreign_details(output)):
+        return usage_error(f"refinery decon: {storage.join(output, foreign[0])}: not a file decon writes, in its "
+                           f"detail records' folder (a reader would take its rows for details); move it out of "
+                           f"{output}" + (f" ({len(foreign) - 1} more such file(s))" if len(foreign) > 1 else ""))
     if pending_hf:
         print(f"  (--dry-run: {', '.join(pending_hf)} would be loaded first; not counted below)")
 
@@ -214,6 +219,12 @@ def run(args, beam_args: list[str]) -> int:
         # a run whose reduce is not done yet must not leave an old .SUCCESS behind
         if not runs[-1].check(plans[-1][0].id).done:
             storage.remove(storage.join(output, ".SUCCESS"), root=output)
+        # a part not of this plan (more partitions before, or a planted copy) is read as detail rows
+        parquet = settings.details_format == "parquet"
+        current = {dt.details_part(u.payload["p"]) for u in plans[-2]} if parquet else set()
+        if removed := remove_stale_details(output, current, jsonl_too=False):
+            print(f"decon: removed {len(removed)} detail part(s) not of this run's plan: {', '.join(removed[:5])}",
+                  file=sys.stderr)
 
     bad_rows = "unreadable or without text"
 

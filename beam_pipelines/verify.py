@@ -43,6 +43,38 @@ def _report(problems: list[str], notes: list[str]) -> int:
     return 0
 
 
+def unlisted_details(output: str) -> list[str]:
+    """One problem per file under a decon output's ``stats/overlap_details/`` that no receipt of
+    its recorded run lists (temp files aside: :func:`verify_run` names them): a reader of the
+    folder takes every file's rows for detail records, so a planted or left-over file means
+    duplicate or foreign rows."""
+    import json
+
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.receipts import META_DIR
+    from refinery.transforms.decon.ngrams.details import DETAILS_DIR
+
+    folder = storage.join(output, DETAILS_DIR)
+    files = [p for p in storage.listdir(folder) if not storage.is_temp_name(storage.basename(p))]
+    if not files:
+        return []
+    listed: set[str] = set()
+    try:
+        info = storage.read_json(storage.join(output, META_DIR, "run.json"))
+    except (OSError, ValueError):
+        return []  # verify_run names it
+    for st in info.get("stages", []) if isinstance(info, dict) else []:
+        for path in storage.listdir(storage.join(output, META_DIR, st["name"], st["stage_hash"], "receipts")):
+            try:
+                receipt = json.loads(storage.read_bytes(path))
+                listed.update(f["path"] for f in receipt.get("files", []) if isinstance(f, dict))
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue  # verify_run names a receipt it cannot read
+    return [f"{p}: not written by this run (no receipt lists it), yet read as detail records by every reader of "
+            f"{folder}/; run the same decon command again to remove a stale part, or move the file out"
+            for p in files if f"{DETAILS_DIR}/{storage.basename(p)}" not in listed]
+
+
 def _missing_manifest(path: str, output: str) -> int:
     """A manifest named on the command line that is not there: one line saying so, and what its
     folder holds (no run; an unfinished or damaged run, with how many problems; a finished run
@@ -85,7 +117,7 @@ def run(args, beam_args: list[str]) -> int:
             print(f"refinery verify: {path}: not found, and no {run_json} (give a prep output folder or its "
                   "manifest.json, or a decon, generate or hydra output folder)", file=sys.stderr)
             return 2
-        if failed := _report(verify_run(output, args.checksums, notes), notes):
+        if failed := _report(verify_run(output, args.checksums, notes) + unlisted_details(output), notes):
             return failed
         info = storage.read_json(run_json)
         receipts = sum(int(st.get("units", 0)) for st in info.get("stages", []))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -111,13 +112,20 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = now_iso()
     failure = storage.join(run.failures_dir, unit.id)
-    if receipt["status"] == "completed":
-        if repair:  # before the receipt: a kill between the two leaves the unit pending, not unrecorded
-            run.record_repair(unit.id, repair)
-        storage.remove(failure, root=run.output)
-    else:
-        storage.atomic_write_bytes(failure, f"{receipt['error']['type']}: {receipt['error']['message']}"[:500].encode())
-    storage.atomic_write_json(run.receipt_path(unit.id), receipt)
+    try:
+        if receipt["status"] == "completed":
+            if repair:  # before the receipt: a kill between the two leaves the unit pending, not unrecorded
+                run.record_repair(unit.id, repair)
+            storage.remove(failure, root=run.output)
+        else:
+            storage.atomic_write_bytes(failure,
+                                       f"{receipt['error']['type']}: {receipt['error']['message']}"[:500].encode())
+        storage.atomic_write_json(run.receipt_path(unit.id), receipt)
+    except OSError as e:  # a full disk: the unit stays pending (no receipt), said in one line, not a traceback
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.error("unit %s/%s: its receipt could not be written: %s", run.name, unit.id, e)
+        return {**receipt, "status": "failed"}
     if ctx.progress_written or receipt["status"] != "completed":  # its counts are in the receipt now
         with contextlib.suppress(OSError):
             storage.remove(run.progress_path(unit.id), root=run.output)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import re
 import resource
 import threading
 import time
@@ -53,6 +54,7 @@ from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.core.text import TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams.compact import Records
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
     note_short_rows,
@@ -280,7 +282,7 @@ class IndexStage(Stage):
                     "membership_loaded_bytes": membership.nbytes,
                     "lengths": list(membership.lengths)}
         p = unit.payload["p"]
-        recs = index.records.get(p, [])
+        recs = index.records[p] if p in index.records else Records.from_lists([])
         ctx.write_bytes(ctx.part_path(partition_file(p)), ng.dumps_partition(recs))
         return {"test_ngrams": len(recs)}
 
@@ -357,6 +359,7 @@ class ScanStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         t0 = time.perf_counter()
         c0 = time.thread_time()
+        _eval_index.cache_clear()  # a process that ran the index too (a direct run): its partitions are read instead
         data = ctx.side.get("membership")
         if data is None:  # run without Beam (tests, local stage runners)
             data = storage.read_bytes(self.membership_path(ctx.run))
@@ -526,6 +529,7 @@ class ReduceStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         p = unit.payload["p"]
+        _eval_index.cache_clear()  # a process that ran the index too (the driver, a light reduce): not read here
         index_run, scan_run = ctx.upstream("index"), ctx.upstream("scan")
         table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
         records = load_partition_file(storage.join(index_run.parts_dir, partition_file(p))).records
@@ -583,6 +587,10 @@ class MergeReportsStage(Stage):
         return [Unit("merge", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        # the eval index and the partitions are not read here: a process that built or read them (the driver
+        # runs the index, a direct run everything) lets them go before the merge's own peak
+        _eval_index.cache_clear()
+        load_partition_file.cache_clear()
         storage.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
         index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
         plan = reduce_run.stage.plan()
@@ -716,15 +724,33 @@ def unread_rows(scan_run: StageRun) -> Iterator[bytes]:
             yield jsonl(out)
 
 
-def remove_stale_details(output: str, current: set[str]) -> None:
-    """Remove what ``--details-format jsonl`` wrote and every Parquet part under
-    ``OUTPUT/stats/overlap_details/`` not in ``current`` (relative paths: the current plan's
-    parts; a run with more partitions wrote more)."""
-    storage.remove(storage.join(output, dt.DETAILS_JSONL), root=output)
+def remove_stale_details(output: str, current: set[str], jsonl_too: bool = True) -> list[str]:
+    """Remove what ``--details-format jsonl`` wrote (unless not ``jsonl_too``) and every Parquet
+    part under ``OUTPUT/stats/overlap_details/`` not in ``current`` (relative paths: the current
+    plan's parts; a run with more partitions wrote more, a copy of a part was planted). Only
+    names decon writes there (:data:`DETAILS_PART`) are removed: another file is not decon's
+    to delete (:func:`foreign_details` names it). Returns the relative paths removed."""
+    if jsonl_too:
+        storage.remove(storage.join(output, dt.DETAILS_JSONL), root=output)
+    removed = []
     for path in storage.listdir(storage.join(output, dt.DETAILS_DIR)):
-        name = storage.basename(path)
-        if name.endswith(".parquet") and f"{dt.DETAILS_DIR}/{name}" not in current:
+        rel = f"{dt.DETAILS_DIR}/{storage.basename(path)}"
+        if DETAILS_PART.fullmatch(storage.basename(path)) and rel not in current:
             storage.remove(path, root=output)
+            removed.append(rel)
+    return removed
+
+
+DETAILS_PART = re.compile(r"part-\d{5,}\.parquet")  # the names of dt.details_part: all decon writes there
+
+
+def foreign_details(output: str) -> list[str]:
+    """The files under ``OUTPUT/stats/overlap_details/`` whose names decon never writes there
+    (not a part, nor a temp file of a write): a reader of the folder takes their rows for
+    detail records, and decon does not delete what is not its own."""
+    names = [storage.basename(path) for path in storage.listdir(storage.join(output, dt.DETAILS_DIR))]
+    return sorted(f"{dt.DETAILS_DIR}/{name}" for name in names
+                  if not DETAILS_PART.fullmatch(name) and not storage.is_temp_name(name))
 
 
 def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:

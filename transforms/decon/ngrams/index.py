@@ -8,7 +8,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable, Collection, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 import msgpack
 
@@ -16,6 +16,7 @@ from refinery.transforms.core.gc_pause import gc_paused
 from refinery.transforms.core.jsonl import json_line
 from refinery.transforms.core.text import TextSpec
 
+from .compact import HashFind, Records, build_records, pack_records, unpack_records
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, record_id
 from .membership import Membership
@@ -217,26 +218,26 @@ class NgramIndex:
     tokenizer: str
     num_partitions: int
     membership: Membership
-    records: dict[int, list[list]]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
+    records: Mapping[int, Records]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
     num_ngrams: int = 0
 
     @classmethod
     def build(cls, rows: list[EvalRow], bad: dict[str, dict], ns: Iterable[int], tokenizer: str,
               num_partitions: int, skip: Collection[int] = ()) -> "NgramIndex":
-        """The index of ``rows``; the records leave out the rows in ``skip`` (:func:`build_index`)."""
+        """The index of ``rows``; the records leave out the rows in ``skip``: those of
+        :func:`build_index` and :func:`partition_records`, built in columns (:func:`.compact.build_records`:
+        no Python object per n-gram, whatever the size of an eval row)."""
         ns = sorted(set(int(n) for n in ns))
-        index = build_index(rows, ns, get_tokenizer(tokenizer), skip)
-        membership = Membership((v[0] for v in index.values()), {k[0] for k in index},
-                                {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
-        return cls(rows, bad, ns, tokenizer, num_partitions, membership,
-                   dict(partition_records(index, num_partitions)), len(index))
+        records, hashes, lengths = build_records(rows, ns, get_tokenizer(tokenizer), num_partitions, skip)
+        membership = Membership(hashes, lengths, {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
+        return cls(rows, bad, ns, tokenizer, num_partitions, membership, records, len(hashes))
 
     def lookup(self, p: int) -> Partition:
         """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
         cache = self.__dict__.setdefault("_parts", {})
         part = cache.get(p)
         if part is None:
-            part = cache[p] = Partition(self.records.get(p, []))
+            part = cache[p] = Partition(self.records.get(p) or Records.from_lists([]))
         return part
 
     def to_bytes(self) -> bytes:
@@ -244,7 +245,8 @@ class NgramIndex:
             return msgpack.packb({
                 "rows": [list(r.__dict__.values()) for r in self.rows], "bad": self.bad, "ns": self.ns,
                 "tokenizer": self.tokenizer, "partitions": self.num_partitions,
-                "membership": self.membership.to_bytes(), "records": self.records, "num_ngrams": self.num_ngrams,
+                "membership": self.membership.to_bytes(),
+                "records": {p: recs.to_lists() for p, recs in self.records.items()}, "num_ngrams": self.num_ngrams,
             }, use_bin_type=True, unicode_errors="surrogatepass")
 
     @classmethod
@@ -252,7 +254,8 @@ class NgramIndex:
         with gc_paused():
             d = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         return cls([EvalRow(*r) for r in d["rows"]], d["bad"], d["ns"], d["tokenizer"], d["partitions"],
-                   Membership.from_bytes(d["membership"]), {int(k): v for k, v in d["records"].items()},
+                   Membership.from_bytes(d["membership"]),
+                   {int(k): Records.from_lists(v) for k, v in d["records"].items()},
                    d["num_ngrams"])
 
 
@@ -274,27 +277,22 @@ def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
 
 class Partition:
     """One hash partition of the test index: its records ``[n, ngram, hash, [[eval_idx,
-    [[start, end], ...]], ...]]`` ordered by hash, and (built on first use) the lookup the
-    scan verifies hash hits against: ``(n, UTF-8 n-gram) -> record index``."""
+    [[start, end], ...]], ...]]`` ordered by hash (:class:`.compact.Records`: columns, a record
+    read as a list), and the lookup the scan verifies hash hits against: ``(n, UTF-8 n-gram) ->
+    record index`` (by hash, then text: no dict with a key per n-gram)."""
 
-    def __init__(self, records: list[list]):
-        self.records = records
-        self._find: dict[tuple[int, bytes], int] | None = None
-
-    @property
-    def find(self) -> dict[tuple[int, bytes], int]:
-        if self._find is None:
-            self._find = {(r[0], r[1].encode("utf-8", "surrogatepass")): i for i, r in enumerate(self.records)}
-        return self._find
+    def __init__(self, records: Records | list[list]):
+        self.records = records if isinstance(records, Records) else Records.from_lists(records)
+        self.find = HashFind(self.records)
 
 
-def dumps_partition(records: list[list]) -> bytes:
-    """Partition detail records (:func:`partition_records`) -> msgpack bytes."""
+def dumps_partition(records: Records | list[list]) -> bytes:
+    """Partition detail records (:func:`partition_records`) -> msgpack bytes (of the lists)."""
     with gc_paused():
-        return msgpack.packb(records, use_bin_type=True, unicode_errors="surrogatepass")
+        return pack_records(records)
 
 
 def load_partition(data: bytes) -> Partition:
-    """Partition file bytes -> :class:`Partition`."""
+    """Partition file bytes -> :class:`Partition` (read a record at a time, into columns)."""
     with gc_paused():
-        return Partition(msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False))
+        return Partition(unpack_records(data))

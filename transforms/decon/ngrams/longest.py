@@ -23,13 +23,13 @@ the partitioning.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from .arrays import batches, i64, i64_bytes, ranges, run_starts
+from .compact import token_starts
 from .index import EvalRow
-from .normalized import tokens_with_offsets
 from .tokenizers import Tokenizer
 
 WINDOWS_AT_ONCE = 1 << 17  # (training row, eval window) pairs the merge expands at once
@@ -52,7 +52,7 @@ def longest_run(windows: Iterable[tuple[int, int]]) -> int:
 EMPTY_WINDOWS = {"lens": b"", "starts": i64_bytes([0]), "evals": b"", "chars": b""}
 
 
-def record_windows(records: list[list], kept: dict[int, list]) -> dict:
+def record_windows(records: Sequence[Sequence[Any]], kept: dict[int, list]) -> dict:
     """A reduce unit's share for the longest match: per record it saw counted hits of, in
     ascending record index (the order of the records of :meth:`.droplist.RowHits.result`),
     its effective length (``lens``) and its eval windows ``starts[j]`` to ``starts[j + 1]``:
@@ -81,9 +81,9 @@ def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarr
     big = max(len(eval_rows[i].text) for i in rows) + 2
     keys, positions = [], []
     for i in rows:
-        _, spans = tokens_with_offsets(tokenizer, eval_rows[i].text)  # as the index's offsets are
-        keys.append(np.array([s for s, _ in spans], dtype=np.int64) + i * big)
-        positions.append(np.arange(len(spans), dtype=np.int64))
+        starts = token_starts(tokenizer, eval_rows[i].text)  # as the index's offsets are (an array: a long row)
+        keys.append(starts + i * big)
+        positions.append(np.arange(len(starts), dtype=np.int64))
     key, position = np.concatenate(keys), np.concatenate(positions)
     want = evals * big + chars
     at = np.minimum(np.searchsorted(key, want), len(key) - 1)

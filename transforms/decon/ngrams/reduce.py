@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TypedDict
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypedDict
 
 import numpy as np
 
@@ -42,13 +42,17 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
     if not overlap_counts:
         return {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0, "token_weighted": 0.0}
     length = min(n, len(tokens))
-    grams = [" ".join(tokens[i:i + length]) for i in range(len(tokens) - length + 1)]
-    total = len(grams) - grams.count(" " * (length - 1))  # the all-empty window is not an n-gram
+    blank = " " * (length - 1)  # the all-empty window is not an n-gram
+    total = 0
     cover = [0.0] * len(tokens)
     covered = [False] * len(tokens)
     hits = 0
     wsum = 0.0
-    for i, gram in enumerate(grams):
+    for i in range(len(tokens) - length + 1):  # a window's n-gram at a time: none kept (a long row has millions)
+        gram = " ".join(tokens[i:i + length])
+        if gram == blank:
+            continue
+        total += 1
         c = overlap_counts.get(overlap_key(gram))
         if not c:
             continue
@@ -207,7 +211,7 @@ class PartitionResult(TypedDict):
     samples: dict[int, dict[int, list[Any]]]         # eval_idx -> n-gram length -> first two training rows
 
 
-def reduce_partition(records: list[list], eval_rows: list[EvalRow], ns: list[int],
+def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow], ns: list[int],
                      blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
                      write: Callable[[bytes], None] | None, max_ngram_details: int | None = None,
                      same: SameText | None = None, rows_out: DetailRows | None = None) -> PartitionResult:

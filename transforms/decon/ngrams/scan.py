@@ -10,6 +10,7 @@ import numpy as np
 
 from refinery.transforms.core.text import TextSpec, normalize_text
 
+from .compact import HashFind
 from .hashes import _U, batch_all_window_hashes, batch_prefix, tokenize_batch, window_hashes_at, window_in_row
 from .index import Partition
 from .membership import Membership
@@ -129,7 +130,7 @@ def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], le
         known.clear()
     raws = [buf[s:e] for s, e in zip(starts, ends)]
     ids = np.fromiter(map(known.get, raws, repeat(_UNKNOWN)), dtype=np.int64, count=len(raws))
-    finds: dict[int, dict] = {}
+    finds: dict[int, HashFind] = {}
     for k in np.flatnonzero(ids == _UNKNOWN).tolist():
         raw, part = raws[k], parts[k]
         find = finds.get(part)

@@ -1,0 +1,430 @@
+"""Eval n-gram records without a Python object per n-gram: memory bounded by the eval text.
+
+A hash partition's detail records ``[n, ngram, hash, [[eval_idx, [[start, end], ...]], ...]]``
+(:func:`.index.partition_records`) as :class:`Records`: a few numpy arrays and one bytes
+buffer of the n-grams' UTF-8 text, about 60 bytes per n-gram beside its text (a list of
+lists costs about 2 KB per n-gram: the figure issue 46 measured for one eval row of 20 MB).
+A record is built as a list only when it is read (:class:`Record`).
+
+:func:`build_records` builds every partition's records from the eval rows with numpy (no
+dict keyed by n-gram); :func:`pack_records` / :func:`unpack_records` write and read the
+msgpack of the lists, one record at a time: the partition files are the same bytes as
+``msgpack.packb`` of the lists.
+"""
+from __future__ import annotations
+
+import re
+from array import array
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, overload
+
+import msgpack
+import numpy as np
+
+from refinery.transforms.core.text import normalize_text
+
+from .hashes import batch_all_window_hashes, batch_prefix, ngram_hash, tokenize_batch
+from .normalized import prepare, to_raw, tokens_with_offsets
+from .tokenizers import Tokenizer, effective_lengths
+
+_SPACES = re.compile(b" {2,}")
+WINDOWS_AT_ONCE = 1 << 18  # windows of one row and length whose columns are made at once
+
+
+class Record(Sequence[Any]):
+    """Record ``i`` of a :class:`Records`, read as the list ``[n, ngram, hash, evals]``: each
+    field built when asked for (``evals``, ``[[eval_idx, [[start, end], ...]], ...]``, may be
+    long: a record of an n-gram many eval rows share)."""
+
+    __slots__ = ("_of", "_i")
+
+    def __init__(self, of: "Records", i: int):
+        self._of, self._i = of, i
+
+    def __len__(self) -> int:
+        return 4
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Any]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return [self[j] for j in range(4)[k]]
+        k = k + 4 if k < 0 else k
+        of, i = self._of, self._i
+        if k == 0:
+            return int(of.n[i])
+        if k == 1:
+            return of.gram_bytes(i).decode("utf-8", "surrogatepass")
+        if k == 2:
+            return int(of.hashes[i])
+        if k == 3:
+            return of.evals(i)
+        raise IndexError(k)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([self[0], self[1], self[2], self[3]])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, tuple, Record)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class Records(Sequence[Record]):
+    """A partition's records as columns: ``n`` (int32), ``hashes`` (uint64), the n-grams'
+    UTF-8 text ``grams`` cut at ``gram_at``; per record its eval entries ``ev_at[i]:ev_at[i+1]``,
+    each an eval row ``ev_idx`` and its offsets ``offs[2 * off_at[e]:2 * off_at[e + 1]]``
+    (start, end, start, end, ...)."""
+
+    def __init__(self, n: np.ndarray, hashes: np.ndarray, gram_at: np.ndarray, grams: bytes, ev_at: np.ndarray,
+                 ev_idx: np.ndarray, off_at: np.ndarray, offs: np.ndarray):
+        self.n, self.hashes, self.gram_at, self.grams = narrow(n), hashes, narrow(gram_at), grams
+        self.ev_at, self.ev_idx, self.off_at, self.offs = narrow(ev_at), narrow(ev_idx), narrow(off_at), narrow(offs)
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.grams) + sum(a.nbytes for a in (self.n, self.hashes, self.gram_at, self.ev_at, self.ev_idx,
+                                                          self.off_at, self.offs))
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    @overload
+    def __getitem__(self, i: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Record]: ...
+
+    def __getitem__(self, i: int | slice) -> Record | list[Record]:
+        if isinstance(i, slice):
+            return [Record(self, j) for j in range(len(self))[i]]
+        j = i + len(self) if i < 0 else i
+        if not 0 <= j < len(self):
+            raise IndexError(i)
+        return Record(self, j)
+
+    def __iter__(self) -> Iterator[Record]:
+        return (Record(self, i) for i in range(len(self)))
+
+    def gram_bytes(self, i: int) -> bytes:
+        return self.grams[int(self.gram_at[i]):int(self.gram_at[i + 1])]
+
+    def evals(self, i: int) -> list[list]:
+        """Record ``i``'s ``[[eval_idx, [[start, end], ...]], ...]``."""
+        a, b = int(self.ev_at[i]), int(self.ev_at[i + 1])
+        at = self.off_at[a:b + 1].tolist()
+        flat = self.offs[2 * at[0]:2 * at[-1]].tolist()
+        pairs = [flat[k:k + 2] for k in range(0, len(flat), 2)]
+        base = at[0]
+        return [[e, pairs[s - base:t - base]] for e, s, t in zip(self.ev_idx[a:b].tolist(), at, at[1:])]
+
+    def to_lists(self) -> list[list]:
+        return [list(r) for r in self]
+
+    def find(self, n: int, gram: bytes) -> int | None:
+        """The index of the record of n-gram ``gram`` (UTF-8) of ``n`` tokens, or None: found by
+        its hash, then checked by its text."""
+        try:
+            h = ngram_hash(n, gram.decode("utf-8", "surrogatepass"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if self._sorted is None:
+            order = np.argsort(self.hashes, kind="stable")
+            self._sorted = (self.hashes[order], order)
+        keys, order = self._sorted
+        at = int(np.searchsorted(keys, np.uint64(h)))
+        while at < len(keys) and int(keys[at]) == h:
+            i = int(order[at])
+            if int(self.n[i]) == n and self.gram_bytes(i) == gram:
+                return i
+            at += 1
+        return None
+
+    @classmethod
+    def from_lists(cls, records: Iterable[Sequence[Any]]) -> "Records":
+        """:class:`Records` of ``[n, ngram, hash, evals]`` lists (or :class:`Record`\\ s), in order."""
+        b = _Builder()
+        for rec in records:
+            b.add(rec)
+        return b.done()
+
+
+class HashFind:
+    """``(n, UTF-8 n-gram) -> record index`` of a :class:`Records` (what the scan's
+    ``Partition.find`` answers), looked up by hash: no dict with a key per n-gram."""
+
+    def __init__(self, records: Records):
+        self.records = records
+
+    def get(self, key: tuple[int, bytes], default: int | None = None) -> int | None:
+        i = self.records.find(*key)
+        return default if i is None else i
+
+    def __getitem__(self, key: tuple[int, bytes]) -> int:
+        i = self.records.find(*key)
+        if i is None:
+            raise KeyError(key)
+        return i
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and len(key) == 2 and self.records.find(*key) is not None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+class _Builder:
+    """Records appended one at a time into flat arrays (``array``, ``bytearray``: no object per value)."""
+
+    def __init__(self) -> None:
+        self.n, self.hashes = array("q"), array("Q")
+        self.gram_at, self.grams = array("q", [0]), bytearray()
+        self.ev_at, self.ev_idx, self.off_at, self.offs = array("q", [0]), array("q"), array("q", [0]), array("q")
+
+    def add(self, rec: Sequence[Any]) -> None:
+        n, gram, h, evals = rec
+        self.n.append(n)
+        self.hashes.append(h)
+        self.grams += gram.encode("utf-8", "surrogatepass")
+        self.gram_at.append(len(self.grams))
+        for eval_idx, offsets in evals:
+            self.ev_idx.append(eval_idx)
+            for s, e in offsets:
+                self.offs.append(s)
+                self.offs.append(e)
+            self.off_at.append(len(self.offs) // 2)
+        self.ev_at.append(len(self.ev_idx))
+
+    def done(self) -> Records:
+        return Records(np.frombuffer(self.n, dtype=np.int64).astype(np.int32), np.frombuffer(self.hashes, np.uint64),
+                       np.frombuffer(self.gram_at, np.int64), bytes(self.grams), np.frombuffer(self.ev_at, np.int64),
+                       np.frombuffer(self.ev_idx, np.int64), np.frombuffer(self.off_at, np.int64),
+                       np.frombuffer(self.offs, np.int64))
+
+
+def pack_records(records: Sequence[Sequence[Any]]) -> bytes:
+    """``msgpack.packb`` of the records as lists (the same bytes), packed one record at a time."""
+    packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass")
+    out = [packer.pack_array_header(len(records))]
+    out.extend(packer.pack(list(r)) for r in records)
+    return b"".join(out)
+
+
+def unpack_records(data: bytes) -> Records:
+    """:class:`Records` of a :func:`pack_records` (or ``msgpack.packb``) buffer, read one record at
+    a time: the lists of one record at a time are all that is ever held."""
+    unpacker = msgpack.Unpacker(raw=False, unicode_errors="surrogatepass", strict_map_key=False,
+                                max_buffer_size=max(len(data), 1 << 20))
+    unpacker.feed(data)
+    b = _Builder()
+    for _ in range(unpacker.read_array_header()):
+        b.add(unpacker.unpack())
+    return b.done()
+
+
+# ---------------------------------------------------------------------------------------
+# Building: the eval rows' n-grams, in columns
+# ---------------------------------------------------------------------------------------
+
+def narrow(values: np.ndarray) -> np.ndarray:
+    """``values`` (integers) as int32 when they all fit (offsets, counts, row numbers almost
+    always do), else as they are."""
+    if values.dtype == np.int32 or not len(values):
+        return values.astype(np.int32)
+    lo, hi = int(values.min()), int(values.max())
+    return values.astype(np.int32) if -(1 << 31) <= lo and hi < (1 << 31) else values
+
+
+def _token_spans(tokenizer: Tokenizer, text: str, prepared: bytes, starts: np.ndarray, ends: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's ``[start, end)`` code-point span in ``text`` (the row's text as read), from
+    its byte span in ``prepared`` (:func:`.normalized.prepare` of ``text``): what
+    :func:`.normalized.tokens_with_offsets` gives, without a Python object per token."""
+    norm = normalize_text(text)
+    same = norm is text or norm == text
+    if len(prepared) == len(norm):  # ASCII: bytes are characters
+        s, e = starts, ends
+    elif len(norm.lower() if tokenizer.lowercase else norm) == len(norm):
+        lead = (np.frombuffer(prepared, dtype=np.uint8) & 0xC0) != 0x80
+        chars = np.zeros(len(lead) + 1, dtype=np.int64)
+        np.cumsum(lead, out=chars[1:])
+        s, e = chars[starts], chars[ends]
+    else:  # lowering changed the length ('İ'): the exact tokenizer's offsets (rare)
+        spans = np.array(tokens_with_offsets(tokenizer, text)[1], dtype=np.int64).reshape(-1, 2)
+        return spans[:, 0].copy(), spans[:, 1].copy()
+    if not same:
+        return to_raw(text, norm, np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
+    return np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64)
+
+
+def token_starts(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """The code-point offset in ``text`` where each of its tokens starts (the starts of
+    :func:`.normalized.tokens_with_offsets`), as one array: no Python object per token."""
+    prepared = prepare(tokenizer, text)
+    batch = tokenize_batch([prepared], tokenizer.byte_table)
+    return _token_spans(tokenizer, text, prepared, batch.starts - 1, batch.ends - 1)[0]
+
+
+def _collapse(raw: bytes) -> bytes:
+    """A window's bytes (separators already spaces) as its n-gram: tokens joined by one space."""
+    return _SPACES.sub(b" ", raw) if b"  " in raw else raw
+
+
+def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: Tokenizer, partitions: int,
+                  skip: Collection[int] = (), chunk: int = 4096) -> tuple[Mapping[int, Records], np.ndarray, list[int]]:
+    """(partition -> :class:`Records` (:class:`BuiltIndex`), the n-grams' hashes, their lengths) of the eval rows
+    ``rows`` (:class:`.index.EvalRow`), those in ``skip`` left out: the records
+    :func:`.index.partition_records` gives of :func:`.index.build_index`, the same lists in the
+    same order (a partition's records by hash, ties in index order; a record's eval rows in row
+    order, each with its offsets in text order), built from columns of every window (hash, eval
+    row, length, offsets, where its text lies): about 80 bytes per window while building."""
+    ns = sorted(set(int(n) for n in ns))
+    if skip:
+        rows = [r for r in rows if r.eval_idx not in skip]
+    bufs: list[bytes] = []
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("h", "length", "eval_idx", "s", "e", "buf", "bs", "be")}
+    for c in range(0, len(rows), chunk):
+        part = rows[c:c + chunk]
+        prepared = [prepare(tokenizer, r.text) for r in part]
+        batch = tokenize_batch(prepared, tokenizer.byte_table)
+        row_first, row_base = batch.row_first, batch.row_base
+        sizes = np.diff(row_first).tolist()
+        lengths = {length for r, t in zip(part, sizes) if not r.empty for length in effective_lengths(ns, t)}
+        prefix = batch_prefix(batch)
+        window_hashes = {length: batch_all_window_hashes(batch, prefix, length) for length in sorted(lengths)}
+        del prefix
+        all_starts, all_ends, b = batch.starts, batch.ends, len(bufs)
+        bufs.append(batch.buf)
+        del batch  # its token hashes and row numbers: not needed past the window hashes
+        nonempty = np.zeros(len(all_starts) + 1, dtype=np.int64)
+        np.cumsum(all_ends > all_starts, out=nonempty[1:])
+        ts = te = span_s = span_e = nonempty[:0]
+        for k, r in enumerate(part):
+            if r.empty:
+                continue
+            first, last = int(row_first[k]), int(row_first[k + 1])
+            base = int(row_base[k]) + 1
+            ts, te = all_starts[first:last], all_ends[first:last]
+            span_s, span_e = _token_spans(tokenizer, r.text, prepared[k], ts - base, te - base)
+            t = last - first
+            for length in effective_lengths(ns, t):
+                w = t - length + 1
+                for a in range(0, w, WINDOWS_AT_ONCE):  # a long row's windows a block at a time: bounded temporaries
+                    pos = np.arange(a, min(w, a + WINDOWS_AT_ONCE), dtype=np.int64)
+                    keep = nonempty[first + pos + length] - nonempty[first + pos] > 0  # all-empty windows: no n-gram
+                    pos = pos[keep]
+                    cols["h"].append(window_hashes[length][first + pos])
+                    cols["length"].append(np.full(len(pos), length, dtype=np.int32))
+                    cols["eval_idx"].append(narrow(np.full(len(pos), r.eval_idx, dtype=np.int64)))
+                    cols["s"].append(narrow(span_s[pos]))
+                    cols["e"].append(narrow(span_e[pos + length - 1]))
+                    cols["buf"].append(np.full(len(pos), b, dtype=np.int32))
+                    cols["bs"].append(narrow(ts[pos]))
+                    cols["be"].append(narrow(te[pos + length - 1]))
+        # before the next chunk's, and before the sort (a row's views would keep the chunk's arrays)
+        del window_hashes, nonempty, all_starts, all_ends, ts, te, span_s, span_e
+    if not cols["h"]:
+        return {}, np.zeros(0, dtype=np.uint64), []
+    col: dict[str, np.ndarray] = {}
+    for name in list(cols):  # a column at a time: its pieces go as it is made
+        col[name] = np.concatenate(cols.pop(name))
+
+    def gram(o: int) -> bytes:  # the n-gram of window o
+        return _collapse(bufs[int(col["buf"][o])][int(col["bs"][o]):int(col["be"][o])])
+
+    # occurrences by (hash, length, index order): a record is a run, unless two n-grams share a hash
+    order = np.lexsort((np.arange(len(col["h"])), col["length"], col["h"]))
+    h_sorted, len_sorted = col["h"][order], col["length"][order]
+    new = np.ones(len(order), dtype=np.bool_)
+    new[1:] = (h_sorted[1:] != h_sorted[:-1]) | (len_sorted[1:] != len_sorted[:-1])
+    del h_sorted, len_sorted
+    rec_of = np.cumsum(new) - 1
+    group = np.flatnonzero(new)
+    sizes = np.diff(np.append(group, len(order)))
+    split = False
+    next_id = int(rec_of[-1]) + 1
+    for g in np.flatnonzero(sizes > 1).tolist():  # several windows of one hash: the same n-gram?
+        a, z = int(group[g]), int(group[g] + sizes[g])
+        texts = [gram(int(o)) for o in order[a:z].tolist()]
+        if texts.count(texts[0]) == len(texts):
+            continue
+        split = True  # a hash shared by different n-grams: a record per n-gram, by first window
+        ids: dict[bytes, int] = {texts[0]: int(rec_of[a])}
+        for j, text in enumerate(texts):
+            if text not in ids:
+                ids[text] = next_id
+                next_id += 1
+            rec_of[a + j] = ids[text]
+    if split:
+        perm = np.lexsort((order, rec_of))
+        order, rec_of = order[perm], rec_of[perm]
+        starts = np.flatnonzero(np.diff(rec_of, prepend=-1) != 0)
+    else:
+        starts = group
+    del rec_of, new, sizes, group
+    rec_first = order[starts]  # each record's first window (index order)
+    rec_end = np.append(starts[1:], len(order))
+    # what a record needs of its first window; the windows keep their eval row and offsets only
+    rec_h, rec_len = col.pop("h")[rec_first], col.pop("length")[rec_first]
+    rec_buf, rec_bs, rec_be = col.pop("buf")[rec_first], col.pop("bs")[rec_first], col.pop("be")[rec_first]
+    built = BuiltIndex(partitions, bufs, narrow(order), narrow(starts), narrow(rec_end), narrow(rec_first), rec_h,
+                       rec_len, narrow(rec_buf), narrow(rec_bs), narrow(rec_be), col.pop("eval_idx"), col.pop("s"),
+                       col.pop("e"))
+    return built, rec_h, np.unique(rec_len).tolist()
+
+
+class BuiltIndex(Mapping[int, Records]):
+    """partition -> :class:`Records` of :func:`build_records`, each partition's made when it is
+    read (then not kept): what is held is a few columns per window and per n-gram, about 80
+    bytes per n-gram, not every partition's records at once."""
+
+    def __init__(self, partitions: int, bufs: list[bytes], order: np.ndarray, starts: np.ndarray, rec_end: np.ndarray,
+                 rec_first: np.ndarray, rec_h: np.ndarray, rec_len: np.ndarray, rec_buf: np.ndarray,
+                 rec_bs: np.ndarray, rec_be: np.ndarray, eval_idx: np.ndarray, s: np.ndarray, e: np.ndarray):
+        self.bufs, self.order, self.starts, self.rec_end, self.rec_first = bufs, order, starts, rec_end, rec_first
+        self.rec_h, self.rec_len, self.rec_buf, self.rec_bs, self.rec_be = rec_h, rec_len, rec_buf, rec_bs, rec_be
+        self.eval_idx, self.s, self.e = eval_idx, s, e
+        self.rec_part = narrow((rec_h % np.uint64(partitions)).astype(np.int64))
+        self._keys = np.unique(self.rec_part).tolist()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __contains__(self, p: object) -> bool:
+        return isinstance(p, int) and p in self._keys
+
+    def __getitem__(self, p: int) -> Records:
+        if p not in self:
+            raise KeyError(p)
+        recs = np.flatnonzero(self.rec_part == p)
+        recs = recs[np.lexsort((self.rec_first[recs], self.rec_h[recs]))]  # by hash, ties in index order
+        counts = self.rec_end[recs] - self.starts[recs]
+        occ = np.repeat(self.starts[recs] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        occ = self.order[occ]  # the windows of each record, in index order (row order, then text order)
+        ev = self.eval_idx[occ]
+        rec_at = np.zeros(len(recs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=rec_at[1:])
+        entry = np.ones(len(occ), dtype=np.bool_)  # a new eval entry: a new record, or another eval row
+        entry[1:] = ev[1:] != ev[:-1]
+        entry[rec_at[:-1]] = True
+        entry_at = np.flatnonzero(entry)
+        ev_at = np.searchsorted(entry_at, rec_at)
+        grams = bytearray()
+        gram_at = np.zeros(len(recs) + 1, dtype=np.int64)
+        bufs = self.bufs
+        for j, (b, lo, hi) in enumerate(zip(self.rec_buf[recs].tolist(), self.rec_bs[recs].tolist(),
+                                            self.rec_be[recs].tolist())):
+            grams += _collapse(bufs[b][lo:hi])
+            gram_at[j + 1] = len(grams)
+        offs = np.empty(2 * len(occ), dtype=np.int64)
+        offs[0::2], offs[1::2] = self.s[occ], self.e[occ]
+        return Records(self.rec_len[recs], self.rec_h[recs], gram_at, bytes(grams), ev_at.astype(np.int64),
+                       ev[entry_at], np.append(entry_at, len(occ)).astype(np.int64), offs)
