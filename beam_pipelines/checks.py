@@ -155,6 +155,63 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
                              f"{flag}, or remove that folder first")
 
 
+def named_inputs(given: list[str]) -> list[str]:
+    """The inputs as the user named them (``--input`` arguments, a ``--hf-dataset`` name), local
+    paths resolved: what run.json records as ``inputs``, and what :func:`replaced_inputs_problem`
+    compares."""
+    from refinery.transforms.core import storage
+
+    return sorted({g if storage.is_remote(g) or not storage.exists(g) else storage.resolved(g) for g in given})
+
+
+def recorded_inputs(output: str) -> tuple[list[str], list[str]] | None:
+    """(the input files, the inputs as named: :func:`named_inputs`) of the run recorded in
+    ``output``: its first stage's recorded input fingerprints (``.refinery/fingerprints/``) and
+    run.json's ``inputs``; None when the folder records no run, or a run of a refinery that did
+    not record what it was given (nothing to compare)."""
+    from refinery.transforms.core import storage
+    from refinery.transforms.core.receipts import fingerprints_path
+
+    try:
+        info = storage.read_json(storage.join(output, ".refinery", "run.json"))
+        named = [str(x) for x in info["inputs"]]
+        stage = next(st for st in info["stages"] if "inputs_hash" in st)
+        files = storage.read_json(fingerprints_path(output, stage["name"], stage["stage_hash"]))
+        paths = sorted({storage.resolved(f["path"]) for f in files})
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None  # a damaged record is named by verify and rewritten by the run: no basis to refuse here
+    return paths, named
+
+
+def replaced_inputs_problem(command: str, output: str, inputs: list, given: list[str], force: bool) -> str | None:
+    """One line when ``output`` holds the output of OTHER inputs: named otherwise than ``given``
+    (this run's ``--input`` arguments) AND holding other files than ``inputs`` (its
+    :class:`~refinery.transforms.core.storage.InputFile` s): a mistyped ``--input`` or
+    ``--output`` would replace hours of work. The same inputs with other settings, or with
+    files edited, added or removed since (the run says which and replaces what changed), and
+    the same files named another way, are no problem. ``force``: the user asked for it."""
+    from refinery.transforms.core import storage
+
+    recorded = None if force else recorded_inputs(output)
+    if recorded is None:
+        return None
+    before, before_named = recorded
+    now = sorted({storage.resolved(f.path) for f in inputs})
+    if before_named == named_inputs(given) or before == now:
+        return None
+    gone, new = sorted(set(before) - set(now)), sorted(set(now) - set(before))
+
+    def some(paths: list[str]) -> str:
+        return ", ".join(paths[:2]) + (f" and {len(paths) - 2} more" if len(paths) > 2 else "")
+
+    diff = "; ".join(part for part in (f"{len(gone)} of its {len(before)} file(s) are not inputs now ({some(gone)})"
+                                       if gone else "",
+                                       f"{len(new)} input file(s) are new ({some(new)})" if new else "") if part)
+    return (f"refinery {command}: --output {output} holds the output of other inputs ({' '.join(before_named)}; "
+            f"now {' '.join(named_inputs(given))}): {diff}. Nothing was touched: give another --output, or --force "
+            f"to replace that output")
+
+
 MOUNTINFO = "/proc/self/mountinfo"
 
 

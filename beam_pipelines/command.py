@@ -112,13 +112,31 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
         return 1
     except (InputError, PathError, RunnerOptionsError) as e:  # the last: a job server that did not start
         return usage_error(f"refinery {p.command}: {e}")
-    if p.summary:
-        print(p.summary(result, time.time() - t0))
+    said = p.summary(result, time.time() - t0) if p.summary else None
     failure = p.verdict(result) if p.verdict else None
+    if said is not None:
+        print(failed_summary(p.command, said) if failure else said)
     if failure:
         print(f"refinery {p.command}: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def failed_summary(command: str, summary: str) -> str:
+    """A run's summary once its verdict failed it: never "done", and never a path it did not
+    leave: ``COMMAND done in`` reads ``COMMAND failed after``, and a line naming an output
+    (``  manifest: PATH``, ``  report: PATH ...``) that does not exist says there is none."""
+    from refinery.transforms.core import storage
+
+    lines = summary.splitlines()
+    if lines and lines[0].startswith(f"{command} done in "):
+        lines[0] = f"{command} failed after " + lines[0][len(f"{command} done in "):]
+    for k, line in enumerate(lines):
+        label, sep, rest = line.partition(": ")
+        path = rest.split(" ", 1)[0]
+        if sep and line.startswith("  ") and " " not in label.strip() and "/" in path and not storage.exists(path):
+            lines[k] = f"{label}: none (the run failed; `refinery status` shows what is unfinished)"
+    return "\n".join(lines)
 
 
 def _failed(p: Pipeline, e: Exception, beam_args: list[str]) -> int:

@@ -92,8 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="text field of training rows (default: --text-field / --text-template)")
     g.add_argument("--train-text-template", metavar="TEMPLATE",
                    help="text template of training rows (default: --text-field / --text-template)")
-    g.add_argument("--id-field", default="id",
-                   help="id field (default: id); absent or null -> blake2b hash of the whole record")
+    g.add_argument("--id-field", default=None,
+                   help="id field of eval and training rows (default: id; absent or null -> blake2b hash of the "
+                        "whole record); given, it must be in some row of each input file (else exit 2)")
     g.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
                    help="an eval or training row larger than N bytes is unreadable (counted, and each training one "
                         "listed in stats/unread_train_rows.jsonl, which prep --exclude-overlaps leaves out); the "
@@ -152,7 +153,7 @@ def settings_from_args(args):
         eval_paths=list(args.eval), train_paths=list(args.train), ns=list(args.ngrams),
         eval_text_field=eval_text.field or "text", eval_text_template=eval_text.template,
         train_text_field=train_text.field or "text", train_text_template=train_text.template,
-        id_field=args.id_field, tokenizer=args.tokenizer, partitions=args.partitions,
+        id_field=args.id_field or "id", tokenizer=args.tokenizer, partitions=args.partitions,
         max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples, details_format=args.details_format,
@@ -166,6 +167,7 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
+        check_field,
         check_output,
         check_text,
         reject_rate_failure,
@@ -204,6 +206,8 @@ def run(args, beam_args: list[str]) -> int:
         for side, spec, files in (("eval", settings.eval_text, index.eval_files),
                                   ("train", settings.train_text, scan.train_files)):
             check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
+            if args.id_field is not None:  # given: a field no row has would silently id every row by a hash
+                check_field("decon", "--id-field", args.id_field, [f.path for f in files])
     except UsageError as e:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:

@@ -57,7 +57,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, docids_only: bool = Fal
                        help="files, folders or globs of .jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow rows "
                             "(any case; other files in a folder are skipped and named)")
         g.add_argument("--text-field", default="text", help="text field of input rows (default: text)")
-        g.add_argument("--id-field", default="id", help="id field (default: id; absent -> '{relpath}:{row}')")
+        g.add_argument("--id-field", default=None,
+                       help="id field (default: id; absent -> '{relpath}:{row}'); given, it must be in some row of "
+                            "each input file (else exit 2)")
     g.add_argument("--input-docids", nargs="+", metavar="FILE", required=docids_only,
                    help="doc-id files (JSONL rows with doc_id, or one doc id per line)")
     g.add_argument("--data-root", metavar="DIR", help="folder the doc ids' relpaths start from (prep output)")
@@ -100,7 +102,7 @@ def document_source(args):
 
     return DocumentSource(paths=list(getattr(args, "input", None) or []), docid_files=list(args.input_docids or []),
                           data_root=args.data_root, text_field=getattr(args, "text_field", "text"),
-                          id_field=getattr(args, "id_field", "id"), docs_per_unit=args.docs_per_unit)
+                          id_field=getattr(args, "id_field", None) or "id", docs_per_unit=args.docs_per_unit)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +165,8 @@ def run(args, beam_args: list[str]) -> int:
         source = stages[0].source
         if args.input:
             check_field("generate", "--text-field", args.text_field, [f.path for f in source.files])
+            if args.id_field is not None:
+                check_field("generate", "--id-field", args.id_field, [f.path for f in source.files])
         units = len(stages[0].plan())
     except UsageError as e:
         return usage_error(str(e))

@@ -67,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--text-template", metavar="TEMPLATE",
                      help="build the text from several fields instead, e.g. '{question}\\n\\n{answer}' "
                           "(\\n, \\t, \\\\ interpreted; see below); not with --text-field")
-    src.add_argument("--id-field", default="id",
-                     help="field holding the document id (default: id; absent -> '{relpath}:{row}')")
+    src.add_argument("--id-field", default=None,
+                     help="field holding the document id (default: id; a row without it -> '{relpath}:{row}'); "
+                          "given, it must be in some row of each input file (else exit 2, listing their fields)")
     src.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
                      help="reject a row larger than N bytes (a JSONL line, a .json array element, a parquet/"
                           "arrow row) as 'row too large', reading past it without holding it in memory "
@@ -200,10 +201,13 @@ def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.checks import (
         UsageError,
         bad_reject_rate,
+        check_field,
         check_output,
         check_text,
+        named_inputs,
         reject_rate_failure,
         rejects_hint,
+        replaced_inputs_problem,
         text_spec,
         warn_if_mostly_rejected,
     )
@@ -243,6 +247,11 @@ def run(args, beam_args: list[str]) -> int:
         else:
             inputs = storage.expand_inputs(args.input, skipped=skipped)
         check_text("prep", text, [f.path for f in inputs])
+        if args.id_field is not None:  # given: a field no row has would silently id every row by its place
+            check_field("prep", "--id-field", args.id_field, [f.path for f in inputs])
+        if problem := replaced_inputs_problem("prep", args.output, inputs, args.input or [args.hf_dataset],
+                                              getattr(args, "force", False)):
+            raise UsageError(problem)
         exclude = None
         unscanned: list[str] = []
         if args.exclude_overlaps:
@@ -265,7 +274,7 @@ def run(args, beam_args: list[str]) -> int:
     workers = args.workers or os.cpu_count() or 1
     cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
                      num_shards=args.num_shards, text_field=text.field or "text", text_template=text.template,
-                     id_field=args.id_field,
+                     id_field=args.id_field or "id",
                      max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
                      unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes,
                      tokenizer=tokenizer, encoder=args.encoder, exclude=exclude)
@@ -316,4 +325,6 @@ def run(args, beam_args: list[str]) -> int:
                  if unscanned else "")
               + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
     return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
-                                 on_plan=clear_stale_manifest), args, beam_args)
+                                 on_plan=clear_stale_manifest,
+                                 run_info={"inputs": named_inputs(args.input or [args.hf_dataset])}),
+                        args, beam_args)

@@ -390,3 +390,74 @@ def test_a_derived_dataset_name_is_made_valid_and_never_blames_an_option_not_giv
     assert run_prep([folder], tmp_path / "out2", "--num-shards", 1) == 0
     assert json.loads((tmp_path / "out2" / "manifest.json").read_text())["dataset"] == "v2"
     assert "--dataset" not in capsys.readouterr().err
+
+
+def test_an_output_of_other_inputs_is_not_replaced_without_force(tmp_path, small_corpus, capsys):
+    """`prep --input OTHER --output OUT` over OUT of another corpus replaced its shards with a
+    warning (an hour of tokenization gone to one mistyped path). Now: exit 2, one line naming
+    the old and new inputs, nothing touched; --force replaces; the same inputs with other
+    settings still replace in one line, as before."""
+    out = tmp_path / "out"
+    other = tmp_path / "other"
+    write_jsonl(other / "z.jsonl", [{"text": t} for t in gsm8k_texts(12, offset=200)])
+    assert run_prep([small_corpus], out, "--num-shards", "2") == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert run_prep([other], out, "--num-shards", "2") == 2
+    line = _one_line(capsys)
+    assert f"--output {out} holds the output of other inputs ({small_corpus}; now {other})" in line
+    assert f"2 of its 2 file(s) are not inputs now ({small_corpus}/x.jsonl, {small_corpus}/y.jsonl)" in line
+    assert f"1 input file(s) are new ({other}/z.jsonl)" in line
+    assert "--force" in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+    assert run_prep([small_corpus / "x.jsonl"], out, "--num-shards", "2") == 2  # a part of it is other inputs too
+    capsys.readouterr()
+    assert run_prep([small_corpus / "*.jsonl"], out, "--num-shards", "2") == 0  # the same files, named otherwise
+    assert run_prep([small_corpus], out, "--num-shards", "3") == 0  # same files, other settings: replaced
+    assert run_prep([other], out, "--num-shards", "2", "--force") == 0
+    assert json.loads((out / "manifest.json").read_text())["total_documents"] == 12
+
+
+def test_an_id_field_no_row_has_is_refused_like_a_text_field(tmp_path, small_corpus, capsys, ckpt):
+    """A wrong --id-field was silent: every id fell back to relpath:row (prep, generate) or a
+    hash (decon), and the shards differed. Given, it must be in some row of each file; rows
+    without it are fine (small/y.jsonl has no id at all, x.jsonl has one)."""
+    assert main(["prep", "--input", str(small_corpus / "x.jsonl"), "--output", str(tmp_path / "p"),
+                 "--id-field", "doc_id"]) == 2
+    line = _one_line(capsys)
+    assert "--id-field 'doc_id': no row of" in line and "their fields: id, text" in line
+    assert not (tmp_path / "p").exists()
+    write_jsonl(tmp_path / "ev" / "e.jsonl", [{"id": "1", "text": "a question of some length here"}])
+    assert main(["decon", "--eval", str(tmp_path / "ev"), "--train", str(small_corpus / "x.jsonl"),
+                 "--output", str(tmp_path / "d"), "--id-field", "uid"]) == 2
+    assert "--id-field 'uid': no row of" in _one_line(capsys)
+    assert main(["generate", "--checkpoint", ckpt, "--input", str(small_corpus / "x.jsonl"), "--id-field", "uid",
+                 "--output", str(tmp_path / "g")]) == 2
+    assert "--id-field 'uid': no row of" in _one_line(capsys)
+    # the field some rows have: accepted (run as a dry run: nothing written)
+    assert main(["prep", "--input", str(small_corpus / "x.jsonl"), "--output", str(tmp_path / "p"),
+                 "--id-field", "id", "--dry-run"]) == 0
+
+
+def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(tmp_path, capsys):
+    """Plain text saved as .jsonl: the hint and exit 1, but the summary said `prep done ...
+    manifest: OUT/manifest.json` with no manifest there. Now it says the run failed, and status
+    and verify name the output as an unfinished run."""
+    from refinery.beam_pipelines.command import failed_summary
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text("This is plain text.\nNot JSON at all.\n")
+    out = tmp_path / "o"
+    assert run_prep([tmp_path / "c"], out, "--num-shards", "2") == 1
+    said = capsys.readouterr()
+    assert "prep failed after" in said.out and " done " not in said.out
+    assert "  manifest: none (the run failed" in said.out and not (out / "manifest.json").exists()
+    assert "no rows accepted of 2 read" in said.err
+    assert main(["verify", str(out / "manifest.json")]) == 1
+    assert "holds an unfinished or damaged refinery prep run" in capsys.readouterr().err
+    # the rule itself: only the first line's "done", only a path that is not there
+    kept = str(tmp_path / "c" / "a.jsonl")
+    assert failed_summary("decon", f"decon done in 1.0s; units run: x\n  rows: read 3 = used 0\n  report: {out}/r.html"
+                          f" (and r.md)\n  input: {kept}").splitlines() == [
+        "decon failed after 1.0s; units run: x", "  rows: read 3 = used 0",
+        "  report: none (the run failed; `refinery status` shows what is unfinished)", f"  input: {kept}"]
