@@ -128,6 +128,12 @@ def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path):
             top = sorted((m for m in metrics if m["eval_dataset"] == ds and m["n"] == n and m["binary"]),
                          key=lambda m: (-m["longest_match"], -m["token"]))  # ConTAM's order, then HELM's
             assert [a.find_all("code")[0].text() for a in arts] == [shown_id(m) for m in top[:1]]
+    # report.md shows the same K instances per dataset and n (it showed 5 whatever --report-examples said)
+    md = open(os.path.join(out, "stats/report.md"), encoding="utf-8").read()
+    tables = [part.split("\n\n")[1] for part in md.split("Longest matches at n = ")[1:]]
+    assert tables and all(len(t.splitlines()) == 2 + 1 for t in tables)  # a head, a rule, one instance
+    assert max(sum(1 for m in metrics if m["eval_dataset"] == ds and m["n"] == n and m["binary"])
+               for ds, n in {(m["eval_dataset"], m["n"]) for m in metrics}) > 1  # where a cap of 1 bites
 
 
 def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):

@@ -641,6 +641,7 @@ class MergeReportsStage(Stage):
             ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run, self.s)))
             ctx.write_bytes(ctx.output_path("stats/report.md"),
                             ng.render_report(result, scan_totals, self.s.max_train_count,
+                                             top=self.s.report_examples,  # the HTML page's count of instances
                                              max_ngram_details=self.s.max_ngram_details, eval_rows=eval_rows)
                             .encode() + (f"\n**Warning:** {short_warning}\n".encode() if short_warning else b""))
             report = ng.contamination_report(result, eval_rows, self.s.ns, self.s.report_examples,
