@@ -160,6 +160,7 @@ def test_prep_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_
 
 
 def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path):
+    from refinery.transforms.core.text import TEXT_NORMALIZATION
     from refinery.transforms.decon.stages import DeconSettings, build_stages
 
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": 1, "question": "a b c", "answer": "d"}])
@@ -170,9 +171,10 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
 
     index, scan = stages(eval_text_field="question")[:2]
     assert index.config() == {"format": index.config()["format"], "ns": [3], "text_field": "question",
-                              "id_field": "id", "partitions": 64}
+                              "id_field": "id", "partitions": 64, "text_normalization": TEXT_NORMALIZATION,
+                              "min_eval_tokens": 5}
     assert scan.config() == {"format": scan.config()["format"], "text_field": "text", "id_field": "id",
-                             "slice_bytes": 256 << 20}
+                             "slice_bytes": 256 << 20, "unread_rows": 1, "text_normalization": TEXT_NORMALIZATION}
     index, scan, _, merge = stages(eval_text_template=QA)
     assert index.config()["text_template"] == QA and "text_field" not in index.config()
     assert "text_template" not in scan.config()
