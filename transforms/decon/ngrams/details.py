@@ -17,7 +17,7 @@ import gzip
 import json
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Iterator
+from typing import Callable, Collection, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 from refinery.transforms.core import storage
 from refinery.transforms.core.jsonl import JSON_ERRORS
 
+from .arrays import ranges
+from .compact import Records
 from .index import EvalRow, SameText
 
 DETAILS_FORMATS = ("parquet", "jsonl")
@@ -36,7 +38,13 @@ ROW_GROUP_ROWS = 1 << 15   # rows of a row group, at most (fewer in a partition'
 HELD_CHARS = 4 << 20       # string characters of the rows of a row group, at most (a row's own count)
 CACHE_EVALS = 1024         # records with at most this many eval rows keep their eval columns
 COMPRESSION_LEVEL = 3      # zstd
+NGRAM_MAX_CHARS = 1000     # a detail record's n-gram is cut there: ``ngram_truncated`` says so
+PREFIX_CACHE_EVALS = 1024  # JSON lines: records with at most this many eval rows keep their line heads
+WRITE_LINES = 1024         # JSON lines: lines built at once for a record with many eval rows
+WRITE_CHARS = 1 << 20      # JSON lines: text (characters) held before it is handed to ``write``
 
+# The DetailRecord schema, in one place: a detail record's fields in their order (the keys of a
+# JSON line, the columns of a Parquet part); the OPTIONAL ones are left out of a JSON line when unset.
 PAIRS = pa.list_(pa.list_(pa.int32()))  # [[start, end], ...]
 NAMES = pa.dictionary(pa.int32(), pa.string())
 SCHEMA = pa.schema([
@@ -220,7 +228,15 @@ class DetailRows:
         if not self.held_rows:
             return
         h = dict(zip(self._HIT_COLUMNS, self._columns))
-        rep = pa.array(np.repeat(np.arange(len(h["rows"]), dtype=np.int64), h["rows"]))
+        self.write_group(h, np.asarray(self.eval_idx, dtype=np.int64), np.asarray(self.eval_pairs, dtype=np.int64),
+                         np.asarray(self.eval_flat, dtype=np.int64))
+        self._clear()
+
+    def write_group(self, h: dict, eval_idx: np.ndarray, eval_pairs: np.ndarray, eval_flat: np.ndarray) -> None:
+        """One row group: ``h`` the hit columns (:data:`_HIT_COLUMNS`, one entry per piece of a
+        hit, ``rows`` its rows), the eval side one entry per row."""
+        rows = np.asarray(h["rows"], dtype=np.int64)
+        rep = pa.array(np.repeat(np.arange(len(rows), dtype=np.int64), rows))
         hit_cols = {
             "n": pa.array(h["n"], pa.int32()), "ngram": strings(h["ngram"]),
             "ngram_truncated": pa.array(h["ngram_truncated"], pa.bool_()),
@@ -233,17 +249,241 @@ class DetailRows:
             "train_snippet_truncated": pa.array(h["train_snippet_truncated"], pa.bool_()),
         }
         eval_cols = dict(zip(("eval_dataset", "eval_path", "eval_row", "instance_id", "same_text"),
-                             self.evals.take(np.asarray(self.eval_idx, dtype=np.int64))))
-        eval_cols["eval_offsets"] = pairs_array(np.asarray(self.eval_pairs, dtype=np.int64),
-                                                np.asarray(self.eval_flat, dtype=np.int64))
+                             self.evals.take(eval_idx)))
+        eval_cols["eval_offsets"] = pairs_array(eval_pairs, eval_flat)
         columns = [eval_cols[f.name] if f.name in eval_cols else hit_cols[f.name].take(rep) for f in SCHEMA]
-        self.writer.write_table(pa.Table.from_arrays(columns, schema=SCHEMA), row_group_size=self.held_rows)
-        self.rows += self.held_rows
-        self._clear()
+        held = int(rows.sum())
+        self.writer.write_table(pa.Table.from_arrays(columns, schema=SCHEMA), row_group_size=held)
+        self.rows += held
 
     def close(self) -> None:
         self.flush()
         self.writer.close()
+
+
+# -- the reduce's detail records, a block of hits at a time ----------------------------
+
+class RecordSide:
+    """A partition's records as their detail rows see them: per record its n, its n-gram and
+    its eval entries kept (the first row of each text: :class:`SameText`), in columns: record
+    ``r``'s kept entries are ``entry[at[r]:at[r + 1]]`` (indices into ``records``' eval
+    entries, in order)."""
+
+    def __init__(self, records: Records, first: Collection[int]):
+        self.records = records
+        self.ev_idx = records.ev_idx.astype(np.int64)
+        self.off_at = records.off_at.astype(np.int64)
+        self.offs = records.offs.astype(np.int64)
+        keep = ~np.isin(self.ev_idx, np.fromiter(first, np.int64, len(first)))
+        self.entry = np.flatnonzero(keep)
+        self.at = np.append(0, np.cumsum(keep, dtype=np.int64))[records.ev_at.astype(np.int64)]
+        self.size = np.diff(self.at)  # kept eval entries per record
+        self._grams: dict[int, str] = {}
+        self._evals: dict[int, list] = {}
+
+    def gram(self, rec: int) -> str:
+        got = self._grams.get(rec)
+        if got is None:
+            got = self._grams[rec] = self.records.gram_bytes(rec).decode("utf-8", "surrogatepass")
+        return got
+
+    def evals(self, rec: int) -> list:
+        """Record ``rec``'s kept ``[[eval_idx, [[start, end], ...]], ...]``."""
+        got = self._evals.get(rec)
+        if got is None:
+            keep = set(self.ev_idx[self.entry[self.at[rec]:self.at[rec + 1]]].tolist())
+            got = self._evals[rec] = [e for e in self.records.evals(rec) if e[0] in keep]
+        return got
+
+    def eval_side(self, rec: np.ndarray, a: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(eval_idx, pairs per row, flat offsets) of entries ``a`` to ``a + size`` of each record."""
+        lo = self.at[rec] + a
+        entry = self.entry[ranges(lo, lo + size)]
+        lo2, hi2 = self.off_at[entry], self.off_at[entry + 1]
+        return self.ev_idx[entry], hi2 - lo2, self.offs[ranges(2 * lo2, 2 * hi2)]
+
+
+@dataclass
+class HitBatch:
+    """The hits of one block that write detail rows, in scan order, as columns: hit ``k``
+    writes ``room[k]`` rows (its record's first kept eval entries); its occurrences are
+    ``flat[2 * occ_at[k]:2 * occ_at[k + 1]]`` (start, end, ...)."""
+
+    path: str
+    rec: np.ndarray
+    room: np.ndarray
+    row: np.ndarray
+    doc_id: list[str]
+    occ: np.ndarray
+    flat: np.ndarray
+    snippet_start: np.ndarray
+    snippet: list[str]
+    snippet_truncated: np.ndarray
+
+    @property
+    def occ_at(self) -> np.ndarray:
+        return np.append(0, np.cumsum(self.occ))
+
+
+class DetailSink(Protocol):
+    """Where the reduce's detail records go, a block of hits at a time."""
+
+    def add(self, batch: HitBatch) -> None: ...
+
+    def end_block(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class ParquetSink:
+    """Detail records into a :class:`DetailRows` (its writer, eval columns and row group
+    size) as columns: the row groups :meth:`DetailRows.add` would make for the same hits,
+    the same bytes (a hit cut into pieces of at most ``row_group_rows`` rows and
+    :data:`HELD_CHARS` characters; a group written when either is reached)."""
+
+    def __init__(self, rows: DetailRows, side: RecordSide):
+        self.rows, self.side = rows, side
+        self.pending: list[tuple] = []
+        self.held_rows = self.held_chars = 0
+
+    def add(self, batch: HitBatch) -> None:
+        if not len(batch.rec):
+            return
+        h = len(batch.rec)
+        gram = [self.side.gram(r)[:NGRAM_MAX_CHARS] for r in batch.rec.tolist()]
+        per_row = (np.fromiter(map(len, gram), np.int64, h) + np.fromiter(map(len, batch.doc_id), np.int64, h)
+                   + np.fromiter(map(len, batch.snippet), np.int64, h) + 1)
+        step = np.maximum(1, np.minimum(self.rows.row_group_rows, HELD_CHARS // per_row))
+        pieces = -(-batch.room // step)
+        hit = np.repeat(np.arange(h, dtype=np.int64), pieces)
+        a = (np.arange(len(hit), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * step[hit]
+        size = np.minimum(step[hit], batch.room[hit] - a)
+        cum_rows, cum_chars = np.cumsum(size), np.cumsum(size * per_row[hit])
+        s = 0
+        while s < len(hit):
+            before_r, before_c = (int(cum_rows[s - 1]), int(cum_chars[s - 1])) if s else (0, 0)
+            j = min(int(np.searchsorted(cum_rows, before_r + self.rows.row_group_rows - self.held_rows)),
+                    int(np.searchsorted(cum_chars, before_c + HELD_CHARS - self.held_chars)))
+            e = min(j + 1, len(hit))
+            self.pending.append((batch, gram, hit[s:e], a[s:e], size[s:e]))
+            self.held_rows += int(cum_rows[e - 1]) - before_r
+            self.held_chars += int(cum_chars[e - 1]) - before_c
+            if j < len(hit):
+                self._write()
+            s = e
+
+    def end_block(self) -> None:
+        pass
+
+    def _write(self) -> None:
+        cols: dict[str, list] = {k: [] for k in DetailRows._HIT_COLUMNS}
+        ev: list[list[np.ndarray]] = [[], [], []]
+        for batch, gram, hit, a, size in self.pending:
+            hl = hit.tolist()
+            rec = batch.rec[hit]
+            occ_at = batch.occ_at
+            cols["n"].append(self.side.records.n[rec])
+            cols["ngram"].append([gram[k] for k in hl])
+            cols["ngram_truncated"].append([len(self.side.gram(r)) > NGRAM_MAX_CHARS for r in rec.tolist()])
+            cols["train_path"].append([batch.path] * len(hl))
+            cols["train_row"].append(batch.row[hit])
+            cols["train_doc_id"].append([batch.doc_id[k] for k in hl])
+            cols["train_pairs"].append(batch.occ[hit])
+            cols["train_flat"].append(batch.flat[ranges(2 * occ_at[hit], 2 * occ_at[hit + 1])])
+            cols["train_snippet_start"].append(batch.snippet_start[hit])
+            cols["train_snippet"].append([batch.snippet[k] for k in hl])
+            cols["train_snippet_truncated"].append(batch.snippet_truncated[hit])
+            cols["rows"].append(size)
+            for got, part in zip(ev, self.side.eval_side(rec, a, size)):
+                got.append(part)
+        h = {k: list(chain.from_iterable(v)) if isinstance(v[0], list) else np.concatenate(v)
+             for k, v in cols.items()}
+        self.rows.write_group(h, *(np.concatenate(x) for x in ev))
+        self.pending.clear()
+        self.held_rows = self.held_chars = 0
+
+    def finish(self) -> None:
+        if self.pending:
+            self._write()
+
+
+SNIPPET_CUT = ', "train_snippet_truncated": true'
+
+
+def pairs_text(flat: list[int]) -> str:
+    """``[[1, 2], [3, 4]]`` (as ``json.dumps`` writes it) of flat ``[1, 2, 3, 4]``."""
+    if len(flat) == 2:
+        return f"[[{flat[0]}, {flat[1]}]]"
+    return "[" + ", ".join(f"[{flat[k]}, {flat[k + 1]}]" for k in range(0, len(flat), 2)) + "]"
+
+
+class JsonLinesSink:
+    """Detail records as UTF-8 JSON lines (keys in :data:`SCHEMA` order, the optional ones only
+    when set) handed to ``write`` a few at a time: at most about :data:`WRITE_CHARS`
+    characters, whatever the fan-out, and what a block of hits left at its end (the gzip
+    member's bytes depend on those cuts: they are those of the code before the columns)."""
+
+    def __init__(self, write: Callable[[bytes], None], side: RecordSide, eval_rows: list[EvalRow], same: SameText):
+        self.write, self.side, self.eval_rows, self.same = write, side, eval_rows, same
+        self.heads: dict[int, str] = {}
+        self.middles: dict[int, str] = {}
+        self.prefixes: dict[int, list[str]] = {}  # record -> its lines up to the training part (few eval rows)
+        self.out: list[bytes] = []
+        self.held = 0
+
+    def _head(self, eval_idx: int) -> str:
+        h = self.heads.get(eval_idx)
+        if h is None:
+            er, quote = self.eval_rows[eval_idx], json.encoder.encode_basestring  # type: ignore[attr-defined]
+            h = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": {quote(er.eval_path)}, '
+                 f'"eval_row": {er.eval_row}, "instance_id": {quote(er.instance_id)}')
+            if eval_idx in self.same.others:
+                h = f'{h}, "same_text": {len(self.same.others[eval_idx])}'
+            self.heads[eval_idx] = h
+        return h
+
+    def _lines(self, rec: int, evals: list) -> list[str]:
+        middle = self.middles.get(rec)
+        if middle is None:
+            gram, quote = self.side.gram(rec), json.encoder.encode_basestring  # type: ignore[attr-defined]
+            cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
+            middle = self.middles[rec] = (f'"n": {int(self.side.records.n[rec])}, "ngram": '
+                                          f'{quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": ')
+        return [f'{self._head(e)}, {middle}{pairs_text([x for p in offs for x in p])}, ' for e, offs in evals]
+
+    def add(self, batch: HitBatch) -> None:
+        quote = json.encoder.encode_basestring  # type: ignore[attr-defined]
+        path = quote(batch.path)
+        flat, occ_at = batch.flat.tolist(), batch.occ_at.tolist()
+        for k, (rec, room, row, start, cut) in enumerate(zip(batch.rec.tolist(), batch.room.tolist(),
+                                                             batch.row.tolist(), batch.snippet_start.tolist(),
+                                                             batch.snippet_truncated.tolist())):
+            evals = self.side.evals(rec)
+            cached = self.prefixes.get(rec)
+            if cached is None and len(evals) <= PREFIX_CACHE_EVALS:
+                cached = self.prefixes[rec] = self._lines(rec, evals)
+            tail = (f'"train_path": {path}, "train_row": {row}, "train_doc_id": {quote(batch.doc_id[k])}, '
+                    f'"train_offsets": {pairs_text(flat[2 * occ_at[k]:2 * occ_at[k + 1]])}, '
+                    f'"train_snippet_start": {start}, "train_snippet": {quote(batch.snippet[k])}'
+                    f'{SNIPPET_CUT if cut else ""}}}\n')
+            for c in range(0, room, WRITE_LINES):
+                lines = cached[c:room] if cached is not None else self._lines(rec, evals[c:min(room, c + WRITE_LINES)])
+                # encoded a few lines at a time: most are ASCII (a copy), where one non-ASCII
+                # character would make a whole joined chunk a slow encode
+                text = tail.join(lines) + tail
+                self.out.append(text.encode("utf-8", JSON_ERRORS))
+                self.held += len(text)
+                if self.held >= WRITE_CHARS:
+                    self.end_block()
+
+    def end_block(self) -> None:
+        if self.out:
+            self.write(b"".join(self.out))
+            self.out.clear()
+            self.held = 0
+
+    def finish(self) -> None:
+        self.end_block()
 
 
 def record_of(row: dict) -> dict:

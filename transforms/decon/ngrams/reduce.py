@@ -3,17 +3,25 @@ document counts), and the whole run's stats and HELM metrics."""
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypedDict
 
 import numpy as np
 
-from refinery.transforms.core.jsonl import JSON_ERRORS
-
 from . import normalized
-from .details import DetailRows
+from .arrays import ranges, run_starts
+from .compact import Records
+from .details import (
+    NGRAM_MAX_CHARS,
+    WRITE_CHARS,  # noqa: F401 (the package's name for it)
+    DetailRows,
+    DetailSink,
+    HitBatch,
+    JsonLinesSink,
+    ParquetSink,
+    RecordSide,
+)
 from .droplist import DropList, RowHits
 from .ids import record_id
 from .index import EvalRow, SameText, same_text
@@ -77,7 +85,6 @@ def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) 
 
 SNIPPET_CONTEXT = 50  # characters of training text kept on each side of a hit's first occurrence
 SNIPPET_MAX_CHARS = 1000  # a snippet is cut there (a huge token): ``train_snippet_truncated`` says so
-NGRAM_MAX_CHARS = 1000  # a detail record's n-gram is cut there: ``ngram_truncated`` says so
 
 
 def _i64(data: bytes) -> list[int]:
@@ -173,14 +180,6 @@ def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
 
 # -- reduce: one eval partition ---------------------------------------------------------
 
-def _pairs(offsets: list) -> str:
-    """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
-    if len(offsets) == 1:
-        (s, e), = offsets
-        return f"[[{s}, {e}]]"
-    return "[" + ", ".join(f"[{s}, {e}]" for s, e in offsets) + "]"
-
-
 def overlap_key(gram: str) -> str:
     """An n-gram's key in the results' ``overlaps``: the n-gram itself, or, past
     :data:`NGRAM_MAX_CHARS`, its first characters and a blake2b digest of it (bounded, and
@@ -192,9 +191,6 @@ def overlap_key(gram: str) -> str:
 
 
 DEFAULT_MAX_NGRAM_DETAILS = 100_000  # detail records written per n-gram (--max-ngram-details)
-PREFIX_CACHE_EVALS = 1024  # records with at most this many eval rows keep their detail-line heads
-WRITE_LINES = 1024         # detail lines built at once for a record with many eval rows
-WRITE_CHARS = 1 << 20      # detail text (characters) held before it is handed to ``write``
 
 
 class PartitionResult(TypedDict):
@@ -211,19 +207,20 @@ class PartitionResult(TypedDict):
     samples: dict[int, dict[int, list[Any]]]         # eval_idx -> n-gram length -> first two training rows
 
 
-def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow], ns: list[int],
-                     blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
-                     write: Callable[[bytes], None] | None, max_ngram_details: int | None = None,
-                     same: SameText | None = None, rows_out: DetailRows | None = None) -> PartitionResult:
+Blocks = Callable[[], Iterable[tuple[int, str, int, dict]]]
+
+
+def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow], ns: list[int], blocks: Blocks,
+                     max_train_count: int | None, write: Callable[[bytes], None] | None,
+                     max_ngram_details: int | None = None, same: SameText | None = None,
+                     rows_out: DetailRows | None = None) -> PartitionResult:
     """Join one eval partition's records with the scan's hit blocks of that partition.
 
     ``blocks()`` yields ``(scan unit index, training path, row base, block)`` in scan order
     (the row base makes a byte slice's rows file-global); it is called twice when
     ``max_train_count`` is set (document counts first). ``write`` receives the detail records
-    as UTF-8 bytes of JSON lines each ending in a newline, a few at a time (at most about
-    :data:`WRITE_CHARS` characters, whatever the fan-out; keys in the documented order; a lone
-    surrogate written as :data:`JSON_ERRORS` says). With ``rows_out``, the same records go to
-    its :meth:`~.details.DetailRows.add` instead (Parquet), and ``write`` is not used.
+    as UTF-8 bytes of JSON lines (:class:`.details.JsonLinesSink`); with ``rows_out``, the same
+    records go to it as Parquet (:class:`.details.ParquetSink`), and ``write`` is not used.
 
     Eval rows with the same text (``same``, default :func:`same_text`) get one detail record
     per (training row, n-gram): the first row's, with ``same_text`` (how many others). At most
@@ -232,179 +229,239 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
     :data:`NGRAM_MAX_CHARS` / :data:`SNIPPET_MAX_CHARS`, marked ``ngram_truncated`` /
     ``train_snippet_truncated``.
 
-    Returns the partition's share of the results (msgpack-able), where an eval row stands
-    for every row with its text when it is the first of them (:class:`SameText`; the others
-    share its state, so nothing here grows with the number of rows of one text):
-    ``details`` (written), ``ignored`` (n-grams over ``max_train_count``), ``capped`` ([n,
-    n-gram (cut), written, all] per n-gram over ``max_ngram_details``), ``overlaps``
-    (eval_idx -> n -> {:func:`overlap_key`: training documents}; first rows only),
-    ``by_path`` ([train_path, eval_dataset, n, first rows of the texts with rows of that
-    dataset, train rows]), ``train_rows`` (the training rows with an overlap and what they
-    overlap: :meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> n-gram length -> eval
-    offsets of its overlapping n-grams of that length; first rows only) and ``samples``
-    (eval_idx -> n-gram length -> its first two training rows sharing an n-gram of that
-    length, each ``[unit, row, train_path, [[ngram hash, offsets, snippet_start, snippet],
-    ...]]``; first rows only): the report's evidence at every configured n (an eval row's
-    n-gram length at configured n is ``min(n, its tokens)``), and ``windows`` (the eval
-    windows of each record in ``train_rows``, for the longest match:
-    :func:`.longest.record_windows`).
+    The steps, each a pass of its own over a block's hits as columns: which hits count
+    (:func:`counted_hits`: ``--max-train-count``), what each counted hit writes
+    (:class:`Tally`: per-record counts with ``--max-ngram-details``), the detail records (a
+    :class:`.details.DetailSink`), the samples (:class:`Sampler`), and once at the end the
+    partition's share (:func:`partition_result`): ``details`` (written), ``ignored``
+    (n-grams over ``max_train_count``), ``capped`` ([n, n-gram (cut), written, all] per
+    n-gram over ``max_ngram_details``), ``overlaps`` (eval_idx -> n -> {:func:`overlap_key`:
+    training documents}; first rows only), ``by_path`` ([train_path, eval_dataset, n, first
+    rows of the texts with rows of that dataset, train rows]), ``train_rows``
+    (:meth:`.droplist.RowHits.result`), ``spans`` (eval_idx -> n-gram length -> eval offsets
+    of its overlapping n-grams of that length; first rows only), ``samples`` (eval_idx ->
+    n-gram length -> its first two training rows sharing an n-gram of that length, each
+    ``[unit, row, train_path, [[ngram hash, offsets, snippet_start, snippet], ...]]``; first
+    rows only) and ``windows`` (:func:`.longest.record_windows`).
     """
-    ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
-    write = write if write is not None else _no_writer
-    ignored = None
-    if max_train_count is not None:
-        seen = np.zeros(len(records), dtype=np.int64)
-        for _, _, _, block in blocks():
-            seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=len(records))
-        ignored = (seen > max_train_count).tolist()
-    counts = [0] * len(records)   # training documents holding each n-gram
-    written = [0] * len(records)  # detail records written of each n-gram
-    quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
-    heads: dict[int, str] = {}
-    kept: dict[int, list] = {}                # record -> its [eval_idx, offsets], one per distinct text
-    middles: dict[int, str] = {}              # record -> its detail lines' n-gram part
-    prefixes: dict[int, list[str]] = {}       # record -> its detail lines up to the training part (few eval rows)
-    sampled: dict[int, list[int]] = {}        # record -> eval rows it is an n-gram of, still sampling
-    samples: dict[tuple[int, int], dict[tuple[int, int], list]] = {}  # (eval row, n-gram length) -> rows
-    hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
+    recs = records if isinstance(records, Records) else Records.from_lists(records)
+    side = RecordSide(recs, same.first)
+    skip = ignored_records(len(recs), blocks, max_train_count)
+    sink: DetailSink = (ParquetSink(rows_out, side) if rows_out is not None
+                        else JsonLinesSink(write if write is not None else _no_writer, side, eval_rows, same))
+    tally = Tally(side, max_ngram_details)
+    sampler = Sampler(side)
     row_hits = RowHits()  # every counted hit's (training row, record): the drop list
-    skip = None if ignored is None else np.asarray(ignored, dtype=bool)
-    out: list[bytes] = []
-    held = 0
-
-    def head(eval_idx: int) -> str:
-        h = heads.get(eval_idx)
-        if h is None:
-            er = eval_rows[eval_idx]
-            h = heads[eval_idx] = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": '
-                                   f'{quote(er.eval_path)}, "eval_row": {er.eval_row}, '
-                                   f'"instance_id": {quote(er.instance_id)}')
-            if eval_idx in same.others:
-                h = heads[eval_idx] = f'{h}, "same_text": {len(same.others[eval_idx])}'
-        return h
-
-    def lines_of(rec: int, evals: list) -> list[str]:
-        middle = middles[rec]
-        return [f'{head(eval_idx)}, {middle}{_pairs(eval_offsets)}, ' for eval_idx, eval_offsets in evals]
-
     for unit, path, base, block in blocks():
-        path_json = quote(path)
-        recs, occ = _i64(block["record"]), _i64(block["occurrences"])
-        starts, ends, snip = _i64(block["start"]), _i64(block["end"]), _i64(block["snippet_start"])
-        rows, doc_ids, snippets = _i64(block["row"]), block["doc_id"], block["snippet"]
-        recs_np = np.frombuffer(block["record"], dtype="<i8")
-        row_hits.add(path, base, np.frombuffer(block["row"], dtype="<i8"), recs_np, doc_ids,
-                     None if skip is None else ~skip[recs_np])
-        o = 0
-        rows_of_rec = hit_rows[path]
-        for k, rec in enumerate(recs):
-            a, o = o, o + occ[k]
-            if ignored is not None and ignored[rec]:
-                continue
-            counts[rec] += 1
-            row = base + rows[k]
-            rows_of_rec[rec].append(row)
-            evals = kept.get(rec)
-            if evals is None:
-                n, gram, _, evals = records[rec]
-                if same.first:
-                    evals = [e for e in evals if e[0] not in same.first]
-                kept[rec] = evals
-                if rows_out is None:  # JSON lines: the parts of a record's lines that do not change
-                    cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
-                    middles[rec] = f'"n": {n}, "ngram": {quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": '
-                    if len(evals) <= PREFIX_CACHE_EVALS:
-                        prefixes[rec] = lines_of(rec, evals)
-                sampled[rec] = [eval_idx for eval_idx, _ in evals]
-            offs = list(zip(starts[a:o], ends[a:o]))
-            room = len(evals) if max_ngram_details is None else min(len(evals), max_ngram_details - written[rec])
-            if room > 0 and rows_out is not None:  # Parquet: columns, no JSON
-                written[rec] += room
-                gram = records[rec][1]
-                rows_out.add(rec, records[rec][0], gram[:NGRAM_MAX_CHARS], len(gram) > NGRAM_MAX_CHARS, evals, room,
-                             path, row, doc_ids[k], offs, snip[k], snippets[k],
-                             offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS)
-            elif room > 0:
-                written[rec] += room
-                cut = (', "train_snippet_truncated": true'
-                       if offs[0][1] + SNIPPET_CONTEXT - snip[k] > SNIPPET_MAX_CHARS else "")
-                tail = (f'"train_path": {path_json}, "train_row": {row}, "train_doc_id": {quote(doc_ids[k])}, '
-                        f'"train_offsets": {_pairs(offs)}, "train_snippet_start": {snip[k]}, '
-                        f'"train_snippet": {quote(snippets[k])}{cut}}}\n')
-                cached = prefixes.get(rec)
-                for c in range(0, room, WRITE_LINES):
-                    lines = cached[c:room] if cached is not None else lines_of(rec, evals[c:min(room, c + WRITE_LINES)])
-                    # encoded here, a few lines at a time: most are ASCII (a copy), where one
-                    # non-ASCII character would make a whole joined chunk a slow encode
-                    text = tail.join(lines) + tail
-                    out.append(text.encode("utf-8", JSON_ERRORS))
-                    held += len(text)
-                    if held >= WRITE_CHARS:
-                        write(b"".join(out))
-                        out.clear()
-                        held = 0
-            if sampled[rec]:
-                row_key = (unit, row)
-                hit = [records[rec][2], offs, snip[k], snippets[k]]
-                n = records[rec][0]
-                for eval_idx in sampled[rec]:
-                    rows_of = samples.setdefault((eval_idx, n), {})
-                    if row_key in rows_of or len(rows_of) < 2:
-                        rows_of.setdefault(row_key, [unit, row, path, []])[3].append(hit)
-                # rows come in scan order: an eval row with two rows takes no later one from this record
-                sampled[rec] = [eval_idx for eval_idx in sampled[rec] if len(samples[(eval_idx, n)]) < 2]
-        if out:
-            write(b"".join(out))
-            out.clear()
-            held = 0
-    overlaps: dict[int, dict[int, dict[str, int]]] = {}
-    spans: dict[int, dict[int, list]] = {}
-    capped = []
-    for rec, evals in kept.items():  # the first row of each text only: the others share its state
-        n, gram = records[rec][0], records[rec][1]
-        key = overlap_key(gram)
-        for eval_idx, eval_offsets in evals:
-            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = counts[rec]
-            spans.setdefault(eval_idx, {}).setdefault(n, []).extend(eval_offsets)
-        if counts[rec] * len(evals) > written[rec]:
-            capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(evals)])
-    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
-    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
-    # record -> (eval_dataset, n) -> the first rows of the texts with rows of that dataset
-    keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}
-    for path, rows_of_rec in hit_rows.items():
-        for rec, rows in rows_of_rec.items():
-            keys = keys_of.get(rec)
-            if keys is None:
-                keys = keys_of[rec] = {}
-                n_rec = records[rec][0]
-                for eval_idx, _ in kept[rec]:
-                    er = eval_rows[eval_idx]
-                    for ds in same.datasets.get(eval_idx, (er.eval_dataset,)):
-                        for n in configured_ns(ns, er.num_tokens, n_rec):
-                            keys.setdefault((ds, n), []).append(eval_idx)
-            for (ds, n), ids in keys.items():
-                path_ids[(path, ds, n)].update(ids)
-                path_rows[(path, ds, n)].update(rows)
-    return {"details": sum(written), "ignored": int(sum(ignored)) if ignored is not None else 0, "capped": capped,
-            "overlaps": overlaps, "spans": spans,
-            "by_path": [[*key, sorted(ids), sorted(path_rows[key])] for key, ids in sorted(path_ids.items())],
-            "train_rows": row_hits.result(keys_of, len(eval_rows)),
-            "windows": record_windows(records, kept),
-            "samples": _by_row_and_length(samples)}
+        hits = counted_hits(block, base, skip)
+        row_hits.add(path, base, hits.block_rows, hits.block_recs, block["doc_id"], hits.keep)
+        room = tally.add(path, hits)
+        sink.add(hits.batch(path, block, room))
+        sink.end_block()
+        sampler.add(unit, path, hits, block)
+    sink.finish()
+    return partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
+                            int(skip.sum()) if skip is not None else 0)
 
 
 def _no_writer(data: bytes) -> None:
     raise ValueError("reduce_partition: detail records to write, but neither write nor rows_out was given")
 
 
-def _by_row_and_length(samples: dict[tuple[int, int], dict]) -> dict[int, dict[int, list]]:
-    """``{(eval row, length): {key: training row}}`` as ``{eval row: {length: [training rows]}}``."""
-    out: dict[int, dict[int, list]] = {}
-    for (eval_idx, n), rows_of in samples.items():
-        out.setdefault(eval_idx, {})[n] = list(rows_of.values())
-    return out
+def ignored_records(num_records: int, blocks: Blocks, max_train_count: int | None) -> np.ndarray | None:
+    """The counting pass: which records more than ``max_train_count`` hits name (None: no limit)."""
+    if max_train_count is None:
+        return None
+    seen = np.zeros(num_records, dtype=np.int64)
+    for _, _, _, block in blocks():
+        seen += np.bincount(np.frombuffer(block["record"], dtype="<i8"), minlength=num_records)
+    return seen > max_train_count
+
+
+@dataclass
+class CountedHits:
+    """A block's hits as columns (``block_*``: all of them; the rest: those that count, in
+    scan order, ``at`` their positions in the block)."""
+
+    block_rows: np.ndarray
+    block_recs: np.ndarray
+    keep: np.ndarray | None
+    at: np.ndarray
+    rec: np.ndarray
+    row: np.ndarray        # file-global
+    occ_at: np.ndarray     # the block's occurrences: hit k's are occ_at[k] to occ_at[k + 1]
+    starts: np.ndarray
+    ends: np.ndarray
+    snippet_start: np.ndarray
+
+    def batch(self, path: str, block: dict, room: np.ndarray) -> HitBatch:
+        """The hits that write detail records (``room`` each, 0: none)."""
+        w = np.flatnonzero(room)
+        at = self.at[w]
+        lo, hi = self.occ_at[at], self.occ_at[at + 1]
+        occ = ranges(lo, hi)
+        flat = np.empty(2 * len(occ), dtype=np.int64)
+        flat[0::2], flat[1::2] = self.starts[occ], self.ends[occ]
+        snip = self.snippet_start[w]
+        doc_ids, snippets = block["doc_id"], block["snippet"]
+        listed = at.tolist()
+        return HitBatch(path, self.rec[w], room[w], self.row[w], [doc_ids[k] for k in listed], hi - lo, flat, snip,
+                        [snippets[k] for k in listed], self.ends[lo] + SNIPPET_CONTEXT - snip > SNIPPET_MAX_CHARS)
+
+
+def counted_hits(block: dict, base: int, skip: np.ndarray | None) -> CountedHits:
+    """A block's hits as :class:`CountedHits`; ``skip``: records over ``--max-train-count``."""
+    recs, rows = np.frombuffer(block["record"], dtype="<i8"), np.frombuffer(block["row"], dtype="<i8")
+    occ = np.frombuffer(block["occurrences"], dtype="<i8")
+    keep = None if skip is None else ~skip[recs]
+    at = np.arange(len(recs), dtype=np.int64) if keep is None else np.flatnonzero(keep)
+    return CountedHits(rows, recs, keep, at, recs[at].astype(np.int64), rows[at] + base,
+                       np.append(0, np.cumsum(occ)), np.frombuffer(block["start"], dtype="<i8"),
+                       np.frombuffer(block["end"], dtype="<i8"),
+                       np.frombuffer(block["snippet_start"], dtype="<i8")[at])
+
+
+class Tally:
+    """Per record: the training documents that hold it (``counts``), the detail records it
+    wrote (``written``), the order records were first counted in (``order``), and the
+    counted hits' (record, row) per training path."""
+
+    def __init__(self, side: RecordSide, max_ngram_details: int | None):
+        self.side, self.cap = side, max_ngram_details
+        self.counts = np.zeros(len(side.size), dtype=np.int64)
+        self.firsts: list[np.ndarray] = []
+        self.path_hits: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def add(self, path: str, hits: CountedHits) -> np.ndarray:
+        """Count a block's hits; the detail records each writes (the n-gram's next ones, up to
+        ``max_ngram_details`` over all its hits)."""
+        rec = hits.rec
+        self.path_hits.setdefault(path, []).append((rec, hits.row))
+        if not len(rec):
+            return np.zeros(0, dtype=np.int64)
+        order = np.argsort(rec, kind="stable")
+        starts = run_starts(rec[order])
+        within = np.empty(len(rec), dtype=np.int64)
+        within[order] = np.arange(len(rec)) - np.repeat(starts, np.diff(np.append(starts, len(rec))))
+        before = self.counts[rec] + within  # this n-gram's hits before each
+        new = rec[order[starts]][self.counts[rec[order[starts]]] == 0]
+        if len(new):
+            first_at = order[starts][self.counts[rec[order[starts]]] == 0]
+            self.firsts.append(new[np.argsort(first_at, kind="stable")])
+        np.add.at(self.counts, rec, 1)
+        size = self.side.size[rec]
+        if self.cap is None:
+            return size.copy()
+        return np.clip(self.cap - before * size, 0, size)
+
+    @property
+    def order(self) -> list[int]:
+        return np.concatenate(self.firsts).tolist() if self.firsts else []
+
+    @property
+    def written(self) -> np.ndarray:
+        full = self.counts * self.side.size
+        return full if self.cap is None else np.minimum(full, self.cap)
+
+
+class Sampler:
+    """The first two training rows (scan order) of each (eval row, n-gram length) among the
+    counted hits: a record stops sampling once each of its eval rows has two."""
+
+    def __init__(self, side: RecordSide):
+        self.side = side
+        self.open = np.ones(len(side.size), dtype=bool)  # records still sampling
+        self.sampled: dict[int, list[int]] = {}
+        self.samples: dict[tuple[int, int], dict[tuple[int, int], list]] = {}
+
+    def add(self, unit: int, path: str, hits: CountedHits, block: dict) -> None:
+        recs = self.side.records
+        for k in np.flatnonzero(self.open[hits.rec]).tolist():
+            rec = int(hits.rec[k])
+            todo = self.sampled.get(rec)
+            if todo is None:
+                todo = self.sampled[rec] = [e for e, _ in self.side.evals(rec)]
+            if not todo:
+                self.open[rec] = False
+                continue
+            at, row = int(hits.at[k]), int(hits.row[k])
+            lo, hi = int(hits.occ_at[at]), int(hits.occ_at[at + 1])
+            hit = [int(recs.hashes[rec]), list(zip(hits.starts[lo:hi].tolist(), hits.ends[lo:hi].tolist())),
+                   int(hits.snippet_start[k]), block["snippet"][at]]
+            n = int(recs.n[rec])
+            for eval_idx in todo:
+                rows_of = self.samples.setdefault((eval_idx, n), {})
+                if (unit, row) in rows_of or len(rows_of) < 2:
+                    rows_of.setdefault((unit, row), [unit, row, path, []])[3].append(hit)
+            # rows come in scan order: an eval row with two rows takes no later one from this record
+            todo = self.sampled[rec] = [e for e in todo if len(self.samples[(e, n)]) < 2]
+            if not todo:
+                self.open[rec] = False
+
+    def result(self) -> dict[int, dict[int, list]]:
+        """``{eval row: {length: [training rows]}}``."""
+        out: dict[int, dict[int, list]] = {}
+        for (eval_idx, n), rows_of in self.samples.items():
+            out.setdefault(eval_idx, {})[n] = list(rows_of.values())
+        return out
+
+
+def partition_result(side: RecordSide, tally: Tally, sampler: Sampler, row_hits: RowHits, eval_rows: list[EvalRow],
+                     ns: list[int], same: SameText, ignored: int) -> PartitionResult:
+    """The partition's share of the results, once its blocks are through (:func:`reduce_partition`)."""
+    order = tally.order
+    kept = {rec: side.evals(rec) for rec in order}
+    written = tally.written
+    overlaps: dict[int, dict[int, dict[str, int]]] = {}
+    spans: dict[int, dict[int, list]] = {}
+    capped = []
+    for rec, evals in kept.items():  # the first row of each text only: the others share its state
+        n, gram, count = int(side.records.n[rec]), side.gram(rec), int(tally.counts[rec])
+        key = overlap_key(gram)
+        for eval_idx, eval_offsets in evals:
+            overlaps.setdefault(eval_idx, {}).setdefault(n, {})[key] = count
+            spans.setdefault(eval_idx, {}).setdefault(n, []).extend(eval_offsets)
+        if count * len(evals) > written[rec]:
+            capped.append([n, gram[:NGRAM_MAX_CHARS], int(written[rec]), count * len(evals)])
+    keys_of = {rec: record_keys(int(side.records.n[rec]), evals, eval_rows, ns, same) for rec, evals in kept.items()}
+    return {"details": int(written.sum()), "ignored": ignored, "capped": capped, "overlaps": overlaps,
+            "spans": spans, "by_path": by_path(tally.path_hits, keys_of),
+            "train_rows": row_hits.result(keys_of, len(eval_rows)), "windows": record_windows(side.records, kept),
+            "samples": sampler.result()}
+
+
+def record_keys(n_rec: int, evals: list, eval_rows: list[EvalRow], ns: list[int], same: SameText
+                ) -> dict[tuple[str, int], list[int]]:
+    """A record's eval rows by (eval dataset, configured n): the first rows of the texts with
+    rows of that dataset."""
+    keys: dict[tuple[str, int], list[int]] = {}
+    for eval_idx, _ in evals:
+        er = eval_rows[eval_idx]
+        for ds in same.datasets.get(eval_idx, (er.eval_dataset,)):
+            for n in configured_ns(ns, er.num_tokens, n_rec):
+                keys.setdefault((ds, n), []).append(eval_idx)
+    return keys
+
+
+def by_path(path_hits: dict[str, list[tuple[np.ndarray, np.ndarray]]],
+            keys_of: dict[int, dict[tuple[str, int], list[int]]]) -> list[list[Any]]:
+    """``[train_path, eval_dataset, n, first rows, train rows]`` sorted: per training path and
+    key of :func:`record_keys`, the eval rows of the records its counted hits name and its rows."""
+    out: dict[tuple[str, str, int], tuple[set, np.ndarray]] = {}
+    for path, parts in path_hits.items():
+        rec = np.concatenate([r for r, _ in parts])
+        row = np.concatenate([w for _, w in parts])
+        urec, inv = np.unique(rec, return_inverse=True)
+        ids: dict[tuple[str, int], set] = {}
+        has: dict[tuple[str, int], np.ndarray] = {}
+        for i, r in enumerate(urec.tolist()):
+            for key, evals in keys_of[r].items():
+                ids.setdefault(key, set()).update(evals)
+                has.setdefault(key, np.zeros(len(urec), dtype=bool))[i] = True
+        for key, mask in has.items():
+            out[(path, *key)] = (ids[key], np.unique(row[mask[inv]]))
+    return [[*key, sorted(got), rows.tolist()] for key, (got, rows) in sorted(out.items())]
 
 
 # -- merge: all partitions --------------------------------------------------------------
