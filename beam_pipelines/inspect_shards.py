@@ -6,6 +6,9 @@ Per shard: tokens, EOS, documents; issues: double EOS, empty documents, ``.idx``
 mismatch, tokens after the last EOS, ids outside the vocabulary. ``--stats`` adds document
 lengths, distinct tokens, vocabulary coverage and the most frequent tokens; ``--histogram
 PNG`` draws document lengths. ``--sample N`` prints N consecutive tokens from a random place.
+``--doc SHARD:I`` prints document I of a shard (a shard number or a ``.npy`` path): its tokens,
+its decoded text and, from the shard's ``.docs.parquet`` sidecar, its id, source file and row
+(and that row as the file holds it, when the file is readable here).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ examples:
   refinery inspect --manifest /data/fineweb/train/manifest.json --all --verbose
   refinery inspect --data-dir /data/fineweb --eos-token-id 199999 --num-shards 3 --stats
   refinery inspect --manifest out/manifest.json --stats --histogram /tmp/lengths.png --sample 100
+  refinery inspect --manifest out/manifest.json --doc 0:3
 
 Exit code: 0 when no issue is found, 1 when any is, 2 for bad arguments.
 """
@@ -47,6 +51,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", type=int, default=0, metavar="N",
                         help="print N consecutive tokens from a random place in each shard (decoded)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
+    parser.add_argument("--doc", metavar="SHARD:I", type=_doc_address,
+                        help="print document I of SHARD (a shard number, or a .npy path) with its source file and "
+                             "row, from the shard's .docs.parquet sidecar")
+    parser.add_argument("--chars", type=int, default=500, metavar="N",
+                        help="with --doc: print the first N characters of the text and of the source row "
+                             "(default: 500)")
+
+
+def _doc_address(value: str) -> tuple[str, int]:
+    shard, sep, doc = value.rpartition(":")
+    if not sep or not shard or not doc.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected SHARD:I (a shard number or .npy path, a document "
+                                         "index), e.g. 0:3")
+    return shard, int(doc)
 
 
 def _decode(tokens, manifest_path: str | None = None) -> str | None:
@@ -73,6 +91,8 @@ def run(args, beam_args: list[str]) -> int:
         write_length_histogram,
     )
 
+    if args.doc is not None:
+        return show_document(args)
     stats = args.stats or bool(args.histogram)
     if args.histogram:  # checked before any shard is scanned
         from refinery.beam_pipelines.checks import missing_extra
@@ -148,4 +168,83 @@ def run(args, beam_args: list[str]) -> int:
     if total_issues:
         print(f"refinery inspect: {total_issues} issue(s) found", file=sys.stderr)
         return 1
+    return 0
+
+
+def _find_shard(shard: str, refs: list, base: str) -> str | None:
+    """The ``.npy`` a ``--doc`` SHARD names: a shard number (the manifest's entry, or the
+    ``*-shard-NNNNNN.npy`` of a data dir), else a path (as given, or under ``base``)."""
+    import os
+
+    from refinery.transforms.core import storage
+
+    if shard.isdigit():
+        suffix = f"-shard-{int(shard):06d}.npy"
+        found = [r.npy_path for r in refs if r.npy_path.endswith(suffix)]
+        return found[0] if len(found) == 1 else None
+    for path in (shard, storage.join(base, shard)):
+        if path.endswith(".npy") and (storage.is_remote(path) or os.path.exists(path)):
+            return path
+    return None
+
+
+def show_document(args) -> int:
+    """``--doc SHARD:I``: a document, its text and its source; exit 1 when its sidecar or row is missing."""
+    from refinery.transforms.core import storage
+    from refinery.transforms.formats import provenance, shards
+    from refinery.transforms.formats.inspect import shards_from_manifest, shards_in_dir
+
+    shard, i = args.doc
+    try:
+        refs, eos, _ = shards_from_manifest(args.manifest) if args.manifest else (shards_in_dir(args.data_dir), None,
+                                                                                  None)
+    except FileNotFoundError:
+        print(f"refinery inspect: {args.manifest}: not found", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as e:
+        print(f"refinery inspect: {args.manifest}: not a manifest ({e})", file=sys.stderr)
+        return 2
+    eos = args.eos_token_id if args.eos_token_id is not None else (eos if eos is not None else EOS_TOKEN_ID)
+    base = storage.dirname(args.manifest) if args.manifest else args.data_dir
+    npy = _find_shard(shard, refs, base)
+    if npy is None:
+        print(f"refinery inspect: --doc {shard}:{i}: no such shard in {args.manifest or args.data_dir} "
+              f"({len(refs)} shard(s); give a shard number or a .npy path)", file=sys.stderr)
+        return 2
+    try:
+        tokens = shards.ShardReader(npy).document(i)
+    except (IndexError, ValueError, FileNotFoundError) as e:
+        print(f"refinery inspect: {e}", file=sys.stderr)
+        return 1
+    body = tokens[:-1] if len(tokens) and int(tokens[-1]) == eos else tokens
+    print(f"{npy} document {i}: {len(tokens):,} tokens (EOS included)")
+    text = _decode([int(t) for t in body], args.manifest)
+    if text is not None:
+        more = f" ... ({len(text):,} characters)" if len(text) > args.chars else ""
+        print(f"  text:   {text[:args.chars]!r}{more}")
+    docs_path = provenance.docs_path_for(npy)
+    try:
+        doc = provenance.read_doc(docs_path, i)
+    except FileNotFoundError:
+        print(f"refinery inspect: {docs_path}: missing: this shard has no provenance sidecar (written before "
+              "sidecars, or removed); prep it again to have one", file=sys.stderr)
+        return 1
+    except (IndexError, ValueError, OSError) as e:
+        print(f"refinery inspect: {e}", file=sys.stderr)
+        return 1
+    if doc["num_tokens"] != len(tokens):
+        print(f"refinery inspect: {docs_path}: document {i} has {doc['num_tokens']} tokens, the shard "
+              f"{len(tokens)}: the sidecar is not this shard's", file=sys.stderr)
+        return 1
+    print(f"  id:     {doc['doc_id']}")
+    print(f"  source: {doc['source'] or '(a row given without its file)'}, row {doc['row']}")
+    if doc["source"]:
+        record, why = provenance.source_row(doc["source"], doc["row"])
+        if record is None:
+            print(f"  row:    (not shown: {why})")
+        else:
+            import json
+
+            raw = json.dumps(record, ensure_ascii=False, default=str)
+            print(f"  row:    {raw[:args.chars]}" + (" ..." if len(raw) > args.chars else ""))
     return 0

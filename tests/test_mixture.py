@@ -219,7 +219,8 @@ def test_prep_mixture_dry_run_run_resume_and_loader(tmp_path, capsys):
         assert m["dataset"] == sid and m["max_tokens"] == budget and 0 < m["total_tokens"] <= budget
         assert m["rows"]["over_budget"] > 0  # the budget cut the source
         assert sorted(str(p.relative_to(root)) for p in root.glob("shard_*/*")) == [
-            f"shard_0000/{sid}-v1-shard-000000.idx", f"shard_0000/{sid}-v1-shard-000000.npy",
+            f"shard_0000/{sid}-v1-shard-000000.docs.parquet", f"shard_0000/{sid}-v1-shard-000000.idx",
+            f"shard_0000/{sid}-v1-shard-000000.npy", f"shard_0001/{sid}-v1-shard-000001.docs.parquet",
             f"shard_0001/{sid}-v1-shard-000001.idx", f"shard_0001/{sid}-v1-shard-000001.npy"]
         assert main(["verify", str(root / "manifest.json"), "--checksums"]) == 0
     assert not (data / "beta" / "valid").exists()

@@ -1,11 +1,13 @@
 """One order rule and one writer: the ``WriteTokenShards`` sink over the command's documents
 writes ``refinery prep``'s bytes, inputs given out of order and a file split by byte range
-included."""
+included: the shards and their provenance sidecars (``.docs.parquet``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import apache_beam as beam
+import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import gsm8k_rows
 
@@ -28,7 +30,7 @@ def _corpus(root):
 
 def _shard_files(out):
     return {p.relative_to(out).as_posix(): p.read_bytes()
-            for p in sorted(out.glob("shard_*/*")) if p.suffix in (".npy", ".idx")}
+            for p in sorted(out.glob("shard_*/*")) if p.name.endswith((".npy", ".idx", ".docs.parquet"))}
 
 
 def test_the_sink_writes_the_commands_bytes(tmp_path):
@@ -46,9 +48,12 @@ def test_the_sink_writes_the_commands_bytes(tmp_path):
         _ = docs | Tokenize() | AssignShard(SHARDS) | WriteTokenShards(str(sink), dataset="web", num_shards=SHARDS)
 
     want = _shard_files(command)
-    assert len(want) == 2 * SHARDS and _shard_files(sink) == want
+    assert len(want) == 3 * SHARDS and _shard_files(sink) == want
+    sidecar = pq.read_table(command / "shard_0001" / "web-v1-shard-000001.docs.parquet").to_pylist()
+    assert {Path(d["source"]).name for d in sidecar} == {"z.jsonl", "a.jsonl", "m.jsonl"}
+
     def entries(out):
-        return [(s["sha256"], s["index_sha256"], s["num_documents"])
+        return [(s["sha256"], s["index_sha256"], s["docs_sha256"], s["num_documents"])
                 for s in json.loads((out / "manifest.json").read_text())["shards"]]
 
     assert entries(command) == entries(sink)

@@ -194,8 +194,9 @@ def test_config_change_semantics(small_corpus, tmp_path):
     assert h2["tokenize"] == h1["tokenize"] and h2["pack"] != h1["pack"]
     assert {p: p.stat().st_mtime_ns for p in out.glob(".refinery/tokenize/*/parts/*")} == spill_mtimes
     names = sorted(p.name for p in out.glob("shard_*/*"))
-    assert names == ["second-v1-shard-000000.idx", "second-v1-shard-000000.npy",
-                     "second-v1-shard-000001.idx", "second-v1-shard-000001.npy"]  # old names removed
+    assert names == ["second-v1-shard-000000.docs.parquet", "second-v1-shard-000000.idx", "second-v1-shard-000000.npy",
+                     "second-v1-shard-000001.docs.parquet", "second-v1-shard-000001.idx",
+                     "second-v1-shard-000001.npy"]  # old names removed
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
     # an earlier-stage change (num_shards) invalidates everything after it

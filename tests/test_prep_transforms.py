@@ -96,7 +96,7 @@ def test_sink_gives_the_cli_bytes_verifies_and_is_idempotent(tmp_path, corpus_wi
     random.Random(1).shuffle(rows)  # arrival order must not matter: the sink orders by (source, row)
     _write_with_transforms(rows, tf_out, 4)
 
-    assert _shard_bytes(tf_out) == _shard_bytes(cli_out) and len(_shard_bytes(tf_out)) == 8
+    assert _shard_bytes(tf_out) == _shard_bytes(cli_out) and len(_shard_bytes(tf_out)) == 12  # npy, idx, docs
     assert (tf_out / "rejects/rejects.jsonl").read_bytes() == (cli_out / "rejects/rejects.jsonl").read_bytes()
     cli_m, tf_m = (json.loads((d / "manifest.json").read_text()) for d in (cli_out, tf_out))
     assert tf_m["rows"] == cli_m["rows"] == {"read": 72, "accepted": 70, "empty": 1, "rejected": 1, "over_budget": 0}

@@ -25,12 +25,18 @@ MANIFEST = "manifest.json"
 def entry_from_receipt(shard: int, receipt: Mapping[str, Any]) -> dict[str, Any]:
     """A manifest's entry for one shard, from the receipt of the unit that wrote it: its
     file records (path, bytes, sha256) of the ``.npy`` and ``.idx`` and its stats (tokens,
-    docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts."""
+    docs). ``refinery prep``'s pack units and ``WriteTokenShards`` write the same receipts.
+    With a provenance sidecar (``.docs.parquet``) in the receipt: ``docs_path`` and
+    ``docs_sha256`` too (a receipt of before sidecars has none, and its entry none)."""
     by_ext = {f["path"].rsplit(".", 1)[1]: f for f in receipt["files"]}
     npy, idx, stats = by_ext["npy"], by_ext["idx"], receipt["stats"]
-    return {"shard": shard, "path": npy["path"], "index_path": idx["path"],
-            "num_tokens": int(stats["tokens"]), "num_documents": int(stats["docs"]),
-            "sha256": npy["sha256"], "checksum": npy["sha256"], "index_sha256": idx["sha256"]}
+    entry = {"shard": shard, "path": npy["path"], "index_path": idx["path"],
+             "num_tokens": int(stats["tokens"]), "num_documents": int(stats["docs"]),
+             "sha256": npy["sha256"], "checksum": npy["sha256"], "index_sha256": idx["sha256"]}
+    docs = by_ext.get("parquet")
+    if docs is not None:
+        entry.update({"docs_path": docs["path"], "docs_sha256": docs["sha256"]})
+    return entry
 
 
 def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int,
@@ -136,8 +142,17 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
                                 manifest.get("dtype", "uint32"))
         total_tokens += entry["num_tokens"]
         total_docs += entry["num_documents"]
+        checked = [(npy, "sha256"), (idx, "index_sha256")]
+        if "docs_path" in entry:  # the provenance sidecar (a manifest of before sidecars names none)
+            try:
+                docs = storage.join(root, storage.safe_relpath(entry["docs_path"]))
+            except ValueError as e:
+                problems.append(f"{manifest_path}: {e}")
+            else:
+                problems += _check_docs(docs, idx, entry["num_documents"])
+                checked.append((docs, "docs_sha256"))
         if checksums:
-            for path, key in ((npy, "sha256"), (idx, "index_sha256")):
+            for path, key in checked:
                 if storage.exists(path) and storage.sha256_file(path) != entry[key]:
                     problems.append(f"{path}: sha256 does not match the manifest")
         if "checksum" in entry and entry["checksum"] != entry.get("sha256"):
@@ -153,7 +168,8 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
     if rows and rows.get("read") != sum(rows.get(k, 0) for k in ("accepted", "empty", "rejected", "over_budget",
                                                                   "excluded")):
         problems.append(f"{manifest_path}: row accounting does not add up: {rows}")
-    listed = {storage.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path")}
+    listed = {storage.join(root, e[k]) for e in manifest.get("shards", []) for k in ("path", "index_path", "docs_path")
+              if k in e}
     for stray in shard_files(root):
         if stray not in listed:
             problems.append(f"{stray}: shard file not listed in the manifest")
@@ -161,6 +177,18 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
         problems.append(f"{tmp}: stray temporary file (an interrupted write)")
     problems += verify_run_record(root, manifest, checksums, notes)
     return problems
+
+
+def _check_docs(docs: str, idx: str, num_documents: int) -> list[str]:
+    """A sidecar's problems, its token counts compared with the ``.idx`` when that is readable."""
+    from refinery.transforms.formats.provenance import check_docs
+    from refinery.transforms.formats.shards import IndexReader
+
+    try:
+        lengths = IndexReader(idx).lengths()
+    except (FileNotFoundError, ValueError):  # check_shard named it
+        lengths = None
+    return check_docs(docs, lengths, num_documents)
 
 
 def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = False,

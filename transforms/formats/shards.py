@@ -21,7 +21,9 @@ both ``sha256`` and ``checksum``, the name nmoe's ``load_manifest`` reads), plus
 - Regenerating: :func:`regenerate_index` rebuilds an ``.idx`` from EOS positions.
 - Verifying: :func:`check_shard` (a manifest and its shards: :mod:`.manifests`).
 - Finding: :func:`find_shards` (every ``.npy`` under a folder, hidden folders skipped) and
-  :func:`shard_files` (the ``.npy``/``.idx`` of the ``shard_*`` folders of an output).
+  :func:`shard_files` (the ``.npy``/``.idx``/``.docs.parquet`` of the ``shard_*`` folders of an output).
+
+Each shard also has a provenance sidecar, ``.docs.parquet``: :mod:`.provenance`.
 """
 from __future__ import annotations
 
@@ -509,9 +511,10 @@ def find_shards(root: str) -> list[str]:
 
 
 def shard_files(root: str) -> list[str]:
-    """Every ``.npy``/``.idx`` directly under the ``shard_*`` folders of an output root."""
+    """Every ``.npy``/``.idx``/``.docs.parquet`` (a shard's provenance sidecar) directly under the
+    ``shard_*`` folders of an output root."""
     out = []
     for d in storage.listdir(root):
         if storage.basename(d).startswith("shard_"):
-            out += [p for p in storage.listdir(d) if p.endswith((".npy", ".idx"))]
+            out += [p for p in storage.listdir(d) if p.endswith((".npy", ".idx", ".docs.parquet"))]
     return out

@@ -55,7 +55,7 @@ from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.rows import SourceRow, iter_rows
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats import manifests, shards
+from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, resolve_tokenizer
 from refinery.transforms.prep.documents import (
@@ -336,7 +336,7 @@ class ShardSinkStage(Stage):
 
     def config(self) -> dict:
         return {"dataset": self.dataset, "num_shards": self.num_shards, "version": self.version,
-                "format": shards.FORMAT_VERSION}
+                "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
     def identity(self) -> dict:
         return self.tokenizer.identity()
@@ -385,11 +385,20 @@ class _SortedShard:
         if buf:
             yield b"".join(buf)
 
+    def doc_batches(self, size: int = 1 << 16) -> Iterable[provenance.DocBatch]:
+        """The documents' (ids, sources, rows, lengths) in shard order, for the sidecar."""
+        for lo in range(0, len(self.keys), size):
+            part = self.keys[lo:lo + size]
+            yield [k[2] for k in part], [k[0] for k in part], [k[1] for k in part], self.lengths[lo:lo + size]
+
     def digest(self) -> str:
-        """sha256 of what the shard's files will hold (lengths, then tokens)."""
+        """sha256 of what the shard's files will hold (lengths, then tokens, then each
+        document's source, row and id: the sidecar's)."""
         h = hashlib.sha256(self.lengths.astype("<u8").tobytes())
         for chunk in self.chunks():
             h.update(chunk)
+        for source, row, doc_id, *_ in self.keys:
+            h.update(msgpack.packb((source, row, doc_id), use_bin_type=True, unicode_errors="surrogatepass"))
         return h.hexdigest()
 
     def close(self) -> None:
@@ -397,7 +406,7 @@ class _SortedShard:
 
 
 class _ShardWrite(ShardSinkStage):
-    """One shard's unit of the sink: writes a sorted shard's ``.npy`` and ``.idx``."""
+    """One shard's unit of the sink: writes a sorted shard's ``.npy``, ``.idx`` and ``.docs.parquet``."""
 
     def __init__(self, dataset: str, num_shards: int, version: str, tokenizer: TokenizerSpec, data: _SortedShard,
                  content: str):
@@ -407,8 +416,10 @@ class _ShardWrite(ShardSinkStage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
         npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
-        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+        npy_path = ctx.output_path(npy_rel)
+        written = shards.write_shard(ctx.open_write, npy_path, ctx.output_path(idx_rel),
                                      self.data.lengths, self.data.chunks(), dtype=self.tokenizer.dtype)
+        provenance.write_docs(ctx.open_write, provenance.docs_path_for(npy_path), self.data.doc_batches())
         return {"shard": shard, **written, "content_sha256": self.content}
 
 
@@ -481,8 +492,9 @@ class WriteTokenShards(beam.PTransform):
     """The token-shard sink. Input: ``(shard, TokenizedDocument)``. Output: a PCollection
     holding one ``str``, the path of ``manifest.json``, written last.
 
-    Writes ``OUTPUT/shard_NNNN/{dataset}-{version}-shard-NNNNNN.npy`` + ``.idx`` for every
-    shard ``0..num_shards-1`` (empty ones too) and ``OUTPUT/manifest.json``, in the layout of
+    Writes ``OUTPUT/shard_NNNN/{dataset}-{version}-shard-NNNNNN.npy`` + ``.idx`` + ``.docs.parquet``
+    (each document's id, source and row: ``formats.provenance``) for every shard
+    ``0..num_shards-1`` (empty ones too) and ``OUTPUT/manifest.json``, in the layout of
     ``refinery prep``. Inside a shard documents are ordered by ``(source, row, doc_id)``, so
     the bytes do not depend on bundling, runner or worker count. Each shard has a receipt
     (``OUTPUT/.refinery/write_token_shards/<hash>/receipts/``): running the same pipeline

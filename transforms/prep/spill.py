@@ -15,11 +15,20 @@ Three files per unit (none ends in ``.npy``: only shards may):
   this and all earlier documents of the unit in input order: what ``--max-tokens`` cuts on).
 - ``<unit>.spillshards``: NPY uint64[num_shards + 1], where each shard's rows start in the
   documents table, so a pack unit reads only its own shard's rows.
+
+And two that carry each document's provenance to pack (its sidecar, ``formats.provenance``):
+
+- ``<unit>.spillmeta``: an NPY structured array aligned row for row with ``.spilldocs``:
+  ``row`` (u8, the row's number in its file), ``names`` (u8, byte offset in ``.spillnames``),
+  ``id_bytes`` and ``source_bytes`` (u4).
+- ``<unit>.spillnames``: per document, its id then its source path (UTF-8, surrogates passed),
+  at ``names``; written like the tokens, run by run and shard by shard, so a shard's names
+  are a few contiguous ranges.
 """
 from __future__ import annotations
 
 from array import array
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 import numpy as np
 
@@ -27,6 +36,9 @@ from refinery.transforms.core.storage import BinaryWriter
 from refinery.transforms.formats.shards import u32_bytes
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
+META_DTYPE = np.dtype([("row", "<u8"), ("names", "<u8"), ("id_bytes", "<u4"), ("source_bytes", "<u4")])
+SPILL_FORMAT = "spill/2: names"  # enters tokenize's hash: spills of before carry no names
+NAMES_BATCH = 1 << 16  # documents whose names pack reads at once
 READ_CHUNK_TOKENS = 1 << 22
 
 
@@ -37,8 +49,19 @@ class SpillWriter:
     shard's buffer as it comes) and two small arrays (shard and length per document, in
     input order), so a flush writes each shard's bytes once, with no per-document work."""
 
-    def __init__(self, tokens_out: BinaryWriter, run_tokens: int = 1 << 24):
+    def __init__(self, tokens_out: BinaryWriter, run_tokens: int = 1 << 24, names_out: BinaryWriter | None = None):
+        """``names_out``: where the documents' names go (``.spillnames``); then every document
+        is added with its (row, doc id, source) and :attr:`meta` is its table after ``close()``."""
         self._out = tokens_out
+        self._names_out = names_out
+        self._name_runs: dict[int, bytearray] = {}  # shard -> its names in this run, in input order
+        self._rows = array("Q")                     # per document of the run, in input order
+        self._id_bytes = array("I")
+        self._source_bytes = array("I")
+        self._names_written = 0
+        self._meta_tables: list[np.ndarray] = []
+        self._source_cache: tuple[str, bytes] = ("", b"")
+        self.meta = np.zeros(0, META_DTYPE)
         self._run_tokens = run_tokens
         self._written = 0                      # tokens already flushed
         self._buffered = 0                     # tokens in the current run
@@ -49,10 +72,20 @@ class SpillWriter:
         self._tables: list[np.ndarray] = []
         self._cum = 0
 
-    def add(self, shard: int, tokens, cum_end: int | None = None) -> None:
+    def add(self, shard: int, tokens, cum_end: int | None = None,
+            name: tuple[int, str, str] | None = None) -> None:
         """Append one document's tokens (a uint32 ``array('I')`` or numpy array). ``cum_end``:
         its position in the whole input, when it is known already (merging spills); then
-        every document must be given one, and those of a shard must come in input order."""
+        every document must be given one, and those of a shard must come in input order.
+        ``name``: its (row, doc id, source), required with ``names_out``."""
+        if self._names_out is not None:
+            if name is None:
+                raise ValueError("SpillWriter.add: this spill records names: give each document its (row, id, source)")
+            id_b, source_b = self._encode(name[1], name[2])
+            self._name_run(shard).extend(id_b + source_b)
+            self._rows.append(name[0])
+            self._id_bytes.append(len(id_b))
+            self._source_bytes.append(len(source_b))
         if cum_end is not None:
             self._ends.append(cum_end)
         run = self._runs.get(shard)
@@ -66,17 +99,32 @@ class SpillWriter:
         if self._buffered >= self._run_tokens:
             self._flush()
 
-    def add_batch(self, shards: np.ndarray, order: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
+    def add_batch(self, shards: np.ndarray, order: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+                  names: tuple[Sequence[int], Sequence[str], Sequence[str]] | None = None) -> None:
         """Append a batch of documents of the unit, next in input order, as buffers.
         ``shards``: each document's shard, in input order. ``order``: the stable argsort of
         ``shards`` (:func:`~refinery.transforms.prep.documents.encode_by_shard`'s); ``tokens``
         and ``lengths`` (uint32, EOS included) are the documents' in that order, so each
-        shard's tokens are one slice, appended to its run as it is."""
+        shard's tokens are one slice, appended to its run as it is. ``names``: (rows, doc ids,
+        sources) in input order, required with ``names_out``."""
         n = len(shards)
         if n == 0:
             return
         if self._ends:
             raise ValueError("add_batch: this spill's documents are given input positions (add with cum_end)")
+        if self._names_out is not None:
+            if names is None or not len(names[0]) == len(names[1]) == len(names[2]) == n:
+                raise ValueError(f"add_batch: this spill records names: give the {n} documents' rows, ids, sources")
+            rows, ids, sources = names
+            records = []
+            for doc_id, source in zip(ids, sources):
+                id_b, source_b = self._encode(doc_id, source)
+                records.append(id_b + source_b)
+                self._id_bytes.append(len(id_b))
+                self._source_bytes.append(len(source_b))
+            self._rows.extend(rows)
+            for i, shard in zip(order.tolist(), shards[order].tolist()):  # a shard's names in input order
+                self._name_run(shard).extend(records[i])
         sorted_shards = shards[order]
         cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1  # where a shard's documents start
         doc_lo = np.concatenate(([0], cuts))
@@ -119,9 +167,38 @@ class SpillWriter:
         self._written += self._buffered
         self._tables.append(table)
         self._runs, self._shards, self._lengths, self._buffered = {}, array("I"), array("I"), 0
+        if self._names_out is not None:
+            meta = np.zeros(n, META_DTYPE)
+            meta["row"] = np.frombuffer(self._rows, f"=u{self._rows.itemsize}")
+            meta["id_bytes"] = np.frombuffer(self._id_bytes, f"=u{self._id_bytes.itemsize}")
+            meta["source_bytes"] = np.frombuffer(self._source_bytes, f"=u{self._source_bytes.itemsize}")
+            sizes = meta["id_bytes"].astype(np.uint64) + meta["source_bytes"]
+            names = np.zeros(n, np.uint64)  # the same order as the tokens: run, shard, input order
+            names[order] = self._names_written + np.concatenate(([0], np.cumsum(sizes[order], dtype=np.uint64)[:-1]))
+            meta["names"] = names
+            for shard in sorted(self._name_runs):
+                self._names_out.write(self._name_runs[shard])
+            self._names_written += int(sizes.sum(dtype=np.uint64))
+            self._meta_tables.append(meta)
+            self._name_runs, self._rows, self._id_bytes, self._source_bytes = {}, array("Q"), array("I"), array("I")
+
+    def _name_run(self, shard: int) -> bytearray:
+        run = self._name_runs.get(shard)
+        if run is None:
+            run = self._name_runs[shard] = bytearray()
+        return run
+
+    def _encode(self, doc_id: str, source: str) -> tuple[bytes, bytes]:
+        if source != self._source_cache[0]:  # a unit's documents mostly share their file
+            self._source_cache = (source, source.encode("utf-8", "surrogatepass"))
+        return doc_id.encode("utf-8", "surrogatepass"), self._source_cache[1]
 
     def close(self) -> np.ndarray:
+        """Flush; the documents table (in input order). With ``names_out``, :attr:`meta` is
+        then the names table aligned with it."""
         self._flush()
+        if self._names_out is not None:
+            self.meta = np.concatenate(self._meta_tables) if self._meta_tables else np.zeros(0, META_DTYPE)
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
 
 
@@ -145,16 +222,48 @@ def by_shard(table: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray
     return table, starts
 
 
+def by_shard_with_meta(table: np.ndarray, meta: np.ndarray,
+                       num_shards: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`by_shard`, and the names table aligned with ``table`` put in the same order."""
+    if len(meta) != len(table):
+        raise ValueError(f"the names table has {len(meta)} rows, the documents table {len(table)}")
+    order = np.argsort(table["shard"], kind="stable")
+    sorted_table, starts = by_shard(table, num_shards)
+    return sorted_table, meta[order], starts
+
+
 def write_array(out: BinaryWriter, array: np.ndarray) -> None:
     np.lib.format.write_array(out, array, allow_pickle=False)
 
 
-def read_table(docs_file: IO[bytes]) -> np.ndarray:
-    """A whole documents table (``.spilldocs``)."""
+def read_table(docs_file: IO[bytes], dtype: np.dtype = DOC_DTYPE) -> np.ndarray:
+    """A whole documents table (``.spilldocs``), or names table (``.spillmeta``, ``dtype``
+    :data:`META_DTYPE`)."""
     table = np.load(docs_file, allow_pickle=False)
-    if table.dtype != DOC_DTYPE or table.ndim != 1:
-        raise ValueError(f"spill documents table has dtype {table.dtype} shape {table.shape}, expected {DOC_DTYPE}")
+    if table.dtype != dtype or table.ndim != 1:
+        what = "documents" if dtype == DOC_DTYPE else "names"
+        raise ValueError(f"spill {what} table has dtype {table.dtype} shape {table.shape}, expected {dtype}")
     return table
+
+
+def iter_named_documents(tokens_file: IO[bytes], names_file: IO[bytes], table: np.ndarray,
+                         meta: np.ndarray) -> Iterator[tuple[int, np.ndarray, int, tuple[int, str, str]]]:
+    """(shard, tokens, cum_end, (row, doc id, source)) of every document of a spill, reading
+    the ``.spill`` and ``.spillnames`` front to back once each (a document's names lie in the
+    same order as its tokens)."""
+    by_offset = np.argsort(table["offset"], kind="stable").tolist()
+    docs = iter_documents(tokens_file, table)
+    pos = 0
+    for i, (shard, tokens, cum_end) in zip(by_offset, docs):
+        off, id_n, src_n = int(meta["names"][i]), int(meta["id_bytes"][i]), int(meta["source_bytes"][i])
+        if off != pos:
+            names_file.seek(off)
+        raw = names_file.read(id_n + src_n)
+        if len(raw) != id_n + src_n:
+            raise ValueError(f"spill names file is truncated at byte {off}")
+        yield shard, tokens, cum_end, (int(meta["row"][i]), raw[:id_n].decode("utf-8", "surrogatepass"),
+                                       raw[id_n:].decode("utf-8", "surrogatepass"))
+        pos = off + id_n + src_n
 
 
 def iter_documents(tokens_file: IO[bytes], table: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
@@ -190,26 +299,81 @@ def write_contiguous(local: IO[bytes], table: np.ndarray, out: BinaryWriter) -> 
     return table
 
 
-def read_shard_rows(docs_file: IO[bytes], starts: np.ndarray, shard: int) -> np.ndarray:
-    """The documents-table rows of one shard, read with one seek (not the whole table)."""
+def write_contiguous_names(local: IO[bytes], meta: np.ndarray, out: BinaryWriter) -> np.ndarray:
+    """:func:`write_contiguous` of the names: copy each document's names (``meta`` in table
+    order) from the local ``.spillnames`` to ``out``; returns ``meta`` with its offsets into ``out``."""
+    local.flush()
+    meta = meta.copy()
+    pos = 0
+    offsets = np.empty(len(meta), np.uint64)
+    for k, (off, n) in enumerate(zip(meta["names"].tolist(),
+                                     (meta["id_bytes"].astype(np.uint64) + meta["source_bytes"]).tolist())):
+        local.seek(off)
+        out.write(local.read(n))
+        offsets[k] = pos
+        pos += n
+    meta["names"] = offsets
+    return meta
+
+
+def read_names(names_file: IO[bytes], meta: np.ndarray) -> tuple[list[str], list[str]]:
+    """(doc ids, sources) of the documents of ``meta`` (rows of a names table), reading
+    their coalesced byte ranges of ``.spillnames`` (give it a bounded batch of rows:
+    :data:`NAMES_BATCH`)."""
+    offs, id_ns = meta["names"].tolist(), meta["id_bytes"].tolist()
+    sizes = (meta["id_bytes"].astype(np.uint64) + meta["source_bytes"]).tolist()
+    ids: list[str] = []
+    sources: list[str] = []
+    i, n = 0, len(offs)
+    while i < n:
+        j, end = i + 1, offs[i] + sizes[i]
+        while j < n and offs[j] == end:
+            end += sizes[j]
+            j += 1
+        names_file.seek(offs[i])
+        blob = names_file.read(end - offs[i])
+        if len(blob) != end - offs[i]:
+            raise ValueError(f"spill names file is truncated at byte {offs[i]}")
+        for k in range(i, j):
+            lo = offs[k] - offs[i]
+            ids.append(blob[lo:lo + id_ns[k]].decode("utf-8", "surrogatepass"))
+            sources.append(blob[lo + id_ns[k]:lo + sizes[k]].decode("utf-8", "surrogatepass"))
+        i = j
+    return ids, sources
+
+
+def read_shard_rows(docs_file: IO[bytes], starts: np.ndarray, shard: int, dtype: np.dtype = DOC_DTYPE) -> np.ndarray:
+    """The rows of one shard of a documents table (or, ``dtype`` :data:`META_DTYPE`, of its
+    names table), read with one seek (not the whole table)."""
     version = np.lib.format.read_magic(docs_file)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(docs_file)
-    if dtype != DOC_DTYPE or len(shape) != 1:
-        raise ValueError(f"spill documents table has dtype {dtype} shape {shape}, expected {DOC_DTYPE}")
+    shape, _, got = read_header(docs_file)
+    what = "documents" if dtype == DOC_DTYPE else "names"
+    if got != dtype or len(shape) != 1:
+        raise ValueError(f"spill {what} table has dtype {got} shape {shape}, expected {dtype}")
     lo, hi = int(starts[shard]), int(starts[shard + 1])
-    docs_file.seek(docs_file.tell() + lo * DOC_DTYPE.itemsize)
-    data = docs_file.read((hi - lo) * DOC_DTYPE.itemsize)
-    if len(data) != (hi - lo) * DOC_DTYPE.itemsize:
-        raise ValueError("spill documents table is truncated")
-    return np.frombuffer(data, DOC_DTYPE)
+    if hi > shape[0]:
+        raise ValueError(f"spill {what} table has {shape[0]} rows, the shard's end at {hi}")
+    docs_file.seek(docs_file.tell() + lo * dtype.itemsize)
+    data = docs_file.read((hi - lo) * dtype.itemsize)
+    if len(data) != (hi - lo) * dtype.itemsize:
+        raise ValueError(f"spill {what} table is truncated")
+    return np.frombuffer(data, dtype)
+
+
+def budget_mask(rows: np.ndarray, budget_left: int | None) -> np.ndarray | None:
+    """Which rows stay within the remaining token budget (by their cumulative unit position);
+    None: all of them."""
+    if budget_left is None:
+        return None
+    mask: np.ndarray = rows["cum_end"] <= np.uint64(max(budget_left, 0))
+    return mask
 
 
 def within_budget(rows: np.ndarray, budget_left: int | None) -> np.ndarray:
     """Rows whose cumulative unit position stays within the remaining token budget."""
-    if budget_left is None:
-        return rows
-    return rows[rows["cum_end"] <= np.uint64(max(budget_left, 0))]
+    mask = budget_mask(rows, budget_left)
+    return rows if mask is None else rows[mask]
 
 
 def contiguous_ranges(docs: np.ndarray) -> list[tuple[int, int]]:

@@ -8,7 +8,8 @@ Stages (each resumable, see ``refinery.transforms.core.stages``)::
               md5(doc_id) -> one spill per unit, grouped by shard; rejects with reasons
     pack      unit = an output shard: read the shard's rows from every spill in unit
               (= input) order -> shard_NNNN/{dataset}-v1-shard-NNNNNN.npy + .idx, in the
-              tokenizer's dtype (spills hold uint32)
+              tokenizer's dtype (spills hold uint32), + .docs.parquet (each document's id,
+              source file and row: ``formats.provenance``)
     manifest  one unit: rows accounting, per-shard sha256 -> manifest.json (last),
               rejects/rejects.jsonl
 
@@ -23,7 +24,7 @@ import logging
 import re
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypedDict, cast
+from typing import Any, Iterator, Mapping, TypedDict, cast
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from refinery.transforms.core.receipts import Receipt
 from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
 from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats import manifests, shards
+from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
 from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec
@@ -278,7 +279,8 @@ def tokenize_stats(receipt: Receipt) -> TokenizeStats:
 
 
 class TokenizeStage(Stage):
-    """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.rejects.jsonl``.
+    """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.spillmeta`` +
+    ``.spillnames`` (each document's row, id and source, for the shard's sidecar) + ``.rejects.jsonl``.
 
     A unit holds about :data:`UNIT_BYTES` of input, so that the cores have units to share
     whatever the layout: consecutive small files are grouped into one unit, a big local
@@ -315,7 +317,7 @@ class TokenizeStage(Stage):
         return [f.fingerprint() for f in self.cfg.inputs]
 
     def identity(self) -> dict:
-        return self.cfg.tokenizer.identity()
+        return {**self.cfg.tokenizer.identity(), "spill": spill.SPILL_FORMAT}
 
     def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, Piece]] | None:
         """(unit id, piece) for a file that is split into several units, else None."""
@@ -396,22 +398,27 @@ class TokenizeStage(Stage):
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
+                ctx.open_write(ctx.part_path(f"{unit.id}.spillnames")) as names_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
-            writer = spill.SpillWriter(tokens_out)
+            writer = spill.SpillWriter(tokens_out, names_out=names_out)
             texts: list[str] = []  # a batch of documents, in input order, their shards, whether plain
             shards = array("I")
             plain: list[bool] = []
+            rows = array("Q")  # the batch's provenance (the shard's sidecar): rows, ids, source paths
+            ids: list[str] = []
+            sources: list[str] = []
             batch_chars = 0
 
             def encode_batch() -> None:
-                nonlocal accepted, tokens_total, chars, texts, shards, plain, batch_chars
+                nonlocal accepted, tokens_total, chars, texts, shards, plain, batch_chars, rows, ids, sources
                 doc_shards = np.frombuffer(shards, np.uint32)
                 order, tokens, lengths = encode_by_shard(enc, texts, doc_shards, plain)
-                writer.add_batch(doc_shards, order, tokens, lengths)
+                writer.add_batch(doc_shards, order, tokens, lengths, (rows, ids, sources))
                 accepted += len(texts)
                 tokens_total += len(tokens)
                 chars += batch_chars
                 texts, shards, plain, batch_chars = [], array("I"), [], 0
+                rows, ids, sources = array("Q"), [], []
                 ctx.report_progress({"rows_read": rows_read, "accepted": accepted, "tokens": tokens_total,
                                      "chars": chars})
 
@@ -440,12 +447,15 @@ class TokenizeStage(Stage):
                     texts.append(doc.text)
                     plain.append(normalize.plain)
                     shards.append(shard_of(doc.doc_id, num_shards))
+                    rows.append(doc.row)
+                    ids.append(doc.doc_id)
+                    sources.append(doc.source)
                     batch_chars += len(doc.text)
                     if batch_chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
                         encode_batch()
             if texts:
                 encode_batch()
-            table, starts = spill.by_shard(writer.close(), num_shards)
+            table, meta, starts = spill.by_shard_with_meta(writer.close(), writer.meta, num_shards)
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
         stats: TokenizeStats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
@@ -458,6 +468,8 @@ class TokenizeStage(Stage):
             stats["encoder_fallbacks"] = fast.fallbacks - fallbacks
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
+        with ctx.open_write(ctx.part_path(f"{unit.id}.spillmeta")) as f:
+            spill.write_array(f, meta)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillshards")) as f:
             spill.write_array(f, starts)
         return stats
@@ -505,9 +517,11 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
 
 
 def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
-    """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts."""
+    """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts,
+    and the documents' names table and names (their provenance)."""
     return {k: storage.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
-            (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"))}
+            (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"), ("meta", "spillmeta"),
+             ("names", "spillnames"))}
 
 
 # A pack unit reads 3 files of every spill it draws from: 3 x M x N requests for M spills and
@@ -573,28 +587,36 @@ class MergeSpillsStage(Stage):
         mine = set(unit.payload["units"])
         included = ctx.side.get("included") or self.included(ctx.run)
         chosen = [(uid, before) for uid, before in included if uid in mine]
-        with tempfile.TemporaryFile(prefix="refinery-merge-") as local:
-            writer = spill.SpillWriter(local)
+        with tempfile.TemporaryFile(prefix="refinery-merge-") as local, \
+                tempfile.TemporaryFile(prefix="refinery-merge-names-") as local_names:
+            writer = spill.SpillWriter(local, names_out=local_names)
             for uid, before in chosen:  # units in input order; each spill read once, front to back
                 files = spill_files(tk.parts_dir, uid)
                 with storage.open_read(files["docs"]) as f:
                     table = spill.read_table(f)
-                with storage.open_read(files["tokens"]) as f:
-                    for doc_shard, tokens, cum_end in spill.iter_documents(f, table):
-                        writer.add(doc_shard, tokens, before + cum_end)
-            table, starts = spill.by_shard(writer.close(), self.cfg.num_shards)
+                with storage.open_read(files["meta"]) as f:
+                    meta = spill.read_table(f, spill.META_DTYPE)
+                with storage.open_read(files["tokens"]) as f, storage.open_read(files["names"]) as names:
+                    for doc_shard, tokens, cum_end, name in spill.iter_named_documents(f, names, table, meta):
+                        writer.add(doc_shard, tokens, before + cum_end, name)
+            table, meta, starts = spill.by_shard_with_meta(writer.close(), writer.meta, self.cfg.num_shards)
             out = spill_files(ctx.parts_dir, unit.id)
             with ctx.open_write(out["tokens"]) as f:
                 table = spill.write_contiguous(local, table, f)
+            with ctx.open_write(out["names"]) as f:
+                meta = spill.write_contiguous_names(local_names, meta, f)
         with ctx.open_write(out["docs"]) as f:
             spill.write_array(f, table)
+        with ctx.open_write(out["meta"]) as f:
+            spill.write_array(f, meta)
         with ctx.open_write(out["shards"]) as f:
             spill.write_array(f, starts)
         return {"units": len(chosen), "docs": int(len(table)), "tokens": int(table["length"].sum(dtype=np.uint64))}
 
 
 class PackStage(Stage):
-    """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx``."""
+    """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx`` + ``.docs.parquet``
+    (its provenance sidecar: :mod:`~refinery.transforms.formats.provenance`), in one receipt."""
 
     name = "pack"
     title = "Pack shards"
@@ -608,7 +630,7 @@ class PackStage(Stage):
 
     def config(self) -> dict:
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
-                "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION}
+                "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
     def make_plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
@@ -634,14 +656,19 @@ class PackStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
 
-        def shard_rows(source: tuple[dict[str, str], int | None]) -> np.ndarray | None:
+        def shard_rows(source: tuple[dict[str, str], int | None]) -> tuple[np.ndarray, np.ndarray] | None:
+            """(documents rows, names rows) of this shard in one spill, within the budget."""
             files, budget_left = source
             with storage.open_read(files["shards"]) as f:
                 starts = np.load(f, allow_pickle=False)
             if starts[shard] == starts[shard + 1]:
                 return None  # no document of this shard: the table and tokens need no read
             with storage.open_read(files["docs"]) as f:
-                return spill.within_budget(spill.read_shard_rows(f, starts, shard), budget_left)
+                rows = spill.read_shard_rows(f, starts, shard)
+            with storage.open_read(files["meta"]) as f:
+                meta = spill.read_shard_rows(f, starts, shard, spill.META_DTYPE)
+            keep = spill.budget_mask(rows, budget_left)
+            return (rows, meta) if keep is None else (rows[keep], meta[keep])
 
         sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
         if storage.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
@@ -651,18 +678,31 @@ class PackStage(Stage):
                 tables = list(pool.map(shard_rows, sources))
         else:
             tables = [shard_rows(src) for src in sources]
-        pieces = [(files["tokens"], rows) for (files, _), rows in zip(sources, tables)
-                  if rows is not None and len(rows)]
-        lengths = np.concatenate([r["length"] for _, r in pieces]) if pieces else np.zeros(0, np.uint32)
+        pieces = [(files, rows, meta) for (files, _), found in zip(sources, tables)
+                  if found is not None and len(found[0]) for rows, meta in [found]]
+        lengths = np.concatenate([r["length"] for _, r, _ in pieces]) if pieces else np.zeros(0, np.uint32)
 
         def chunks():
-            for spill_path, rows in pieces:
-                with storage.open_read(spill_path) as f:
+            for files, rows, _ in pieces:
+                with storage.open_read(files["tokens"]) as f:
                     yield from spill.iter_token_chunks(f, spill.contiguous_ranges(rows))
 
+        def doc_batches() -> Iterator[provenance.DocBatch]:  # the same documents, in the same order
+            for files, rows, meta in pieces:
+                with storage.open_read(files["names"]) as f:
+                    for lo in range(0, len(meta), spill.NAMES_BATCH):
+                        part = meta[lo:lo + spill.NAMES_BATCH]
+                        ids, sources = spill.read_names(f, part)
+                        yield ids, sources, part["row"], rows["length"][lo:lo + spill.NAMES_BATCH]
+
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
-        written = shards.write_shard(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel), lengths,
+        npy_path = ctx.output_path(npy_rel)
+        written = shards.write_shard(ctx.open_write, npy_path, ctx.output_path(idx_rel), lengths,
                                      chunks(), dtype=self.cfg.tokenizer.dtype)
+        docs = provenance.write_docs(ctx.open_write, provenance.docs_path_for(npy_path), doc_batches())
+        if docs != written["docs"]:
+            raise ValueError(f"{provenance.docs_path_for(npy_path)}: {docs} documents named, the shard holds "
+                             f"{written['docs']}")
         return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
@@ -727,7 +767,7 @@ class ManifestStage(Stage):
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
             created_at=manifests.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
             extra=extra)
-        remove_stale_shards(cfg.output, {s[k] for s in entries for k in ("path", "index_path")})
+        remove_stale_shards(cfg.output, {s[k] for s in entries for k in ("path", "index_path", "docs_path")})
         ctx.write_bytes(ctx.output_path(manifests.MANIFEST), manifests.manifest_json(manifest))
         return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
 
