@@ -185,7 +185,8 @@ def test_changing_settings_on_an_output_says_what_is_replaced_and_another_comman
     assert r.returncode == 0, r.stderr
     err = r.stderr  # the console, the workers' lines included
     replaced = [ln for ln in err.splitlines() if "shard" in ln and "removing" in ln or "replaced the shards" in ln]
-    assert len(replaced) == 1 and "removed 8 file(s) in 4 shard folder(s) not part of this one" in replaced[0], err
+    # 3 files a shard: .npy, .idx, .docs.parquet
+    assert len(replaced) == 1 and "removed 12 file(s) in 4 shard folder(s) not part of this one" in replaced[0], err
     assert sorted(p.name for p in out.glob("shard_*")) == ["shard_0000", "shard_0001"]  # no empty folder left
     assert main(["verify", str(out)]) == 0
 
