@@ -7,10 +7,11 @@ decon outputs there), then
 
 For each corpus, in this one process (no Beam, no profiler): the rows read from the JSON
 lines file, then the scan over those rows held in memory, its CPU seconds split by step
-(each step's function wrapped with a timer): lowering and encoding the text; tokenizing a
-batch; hashing the windows; probing the membership set; verifying each hash hit against the
-test n-gram's text (the per-hit Python part); making the hit groups and blocks a scan unit
-writes; and the rest (batching, offsets, sorting). The stage's figure in ``bench/decon.py``
+(each step's function wrapped with a timer, the steps it calls not counted in it): lowering
+and encoding the text; tokenizing a batch; hashing the windows; probing the membership set;
+loading the index partitions the hits fall in; verifying the hash hits against the test
+n-grams' text; their offsets into the rows' text; making the hit groups and blocks a scan
+unit writes; and the rest (batching, normalizing, sorting). The stage's figure in ``bench/decon.py``
 is about the read plus the scan plus writing its frames.
 """
 from __future__ import annotations
@@ -33,18 +34,27 @@ STEPS = {  # (module or class, function) -> the step it is
     (scan, "batch_all_window_hashes"): "window hashes",
     (scan, "window_hashes_at"): "window hashes",
     (membership.Membership, "contains"): "probe the membership set",
-    (scan, "_verify"): "verify hits (per hit)",
+    (scan, "verify_windows"): "verify hits",
+    (scan, "char_offsets"): "offsets into the text",
 }
 
 
+_INNER = [0.0]  # seconds of the timed steps running inside the current one
+
+
 def timed(seconds: dict[str, float], step: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, its CPU seconds added to ``seconds[step]``, less those of the timed steps it calls
+    (loading a partition inside verification counts as loading)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
+        t0, outer = time.process_time(), _INNER[0]
+        _INNER[0] = 0.0
         try:
             return fn(*args, **kwargs)
         finally:
-            seconds[step] = seconds.get(step, 0.0) + time.process_time() - t0
+            took = time.process_time() - t0
+            seconds[step] = seconds.get(step, 0.0) + took - _INNER[0]
+            _INNER[0] = outer + took
     return wrapper
 
 
@@ -78,8 +88,9 @@ def measure(workdir: str, corpus: str) -> None:
     stats, groups_s = ng.ScanStats(), 0.0
     try:
         t0 = time.process_time()
+        load = timed(seconds, "load index partitions", load_partition_file)
         for hits in ng.scan_rows(iter(rows), text_field="text", tokenizer=tokenizer, membership=members,
-                                 lookup=lambda p: load_partition_file(os.path.join(index_dir, partition_file(p))),
+                                 lookup=lambda p: load(os.path.join(index_dir, partition_file(p))),
                                  partitions=int(members.meta["partitions"]), stats=stats):
             t1 = time.process_time()
             list(ng.hit_blocks([ng.hit_groups(hits, "id")]))

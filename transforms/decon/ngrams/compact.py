@@ -84,7 +84,7 @@ class Records(Sequence[Record]):
                  ev_idx: np.ndarray, off_at: np.ndarray, offs: np.ndarray):
         self.n, self.hashes, self.gram_at, self.grams = narrow(n), hashes, narrow(gram_at), grams
         self.ev_at, self.ev_idx, self.off_at, self.offs = narrow(ev_at), narrow(ev_idx), narrow(off_at), narrow(offs)
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self._sorted: tuple[np.ndarray, np.ndarray | None, bool] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -126,6 +126,20 @@ class Records(Sequence[Record]):
     def to_lists(self) -> list[list]:
         return [list(r) for r in self]
 
+    def by_hash(self) -> tuple[np.ndarray, np.ndarray | None, bool]:
+        """(the records' hashes ascending, the record of each or None where that is its
+        position (a partition's records are in hash order: no copy), whether no two records
+        share a hash): ties in record order. Made on first use, then kept."""
+        if self._sorted is None:
+            h = self.hashes
+            if len(h) < 2 or bool((h[1:] >= h[:-1]).all()):
+                keys, order = h, None
+            else:
+                order = np.argsort(h, kind="stable")
+                keys = h[order]
+            self._sorted = (keys, order, len(keys) < 2 or bool((keys[1:] != keys[:-1]).all()))
+        return self._sorted
+
     def find(self, n: int, gram: bytes) -> int | None:
         """The index of the record of n-gram ``gram`` (UTF-8) of ``n`` tokens, or None: found by
         its hash, then checked by its text."""
@@ -133,13 +147,10 @@ class Records(Sequence[Record]):
             h = ngram_hash(n, gram.decode("utf-8", "surrogatepass"))
         except (ValueError, UnicodeDecodeError):
             return None
-        if self._sorted is None:
-            order = np.argsort(self.hashes, kind="stable")
-            self._sorted = (self.hashes[order], order)
-        keys, order = self._sorted
+        keys, order, _ = self.by_hash()
         at = int(np.searchsorted(keys, np.uint64(h)))
         while at < len(keys) and int(keys[at]) == h:
-            i = int(order[at])
+            i = at if order is None else int(order[at])
             if int(self.n[i]) == n and self.gram_bytes(i) == gram:
                 return i
             at += 1

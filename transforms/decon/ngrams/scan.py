@@ -1,17 +1,24 @@
 """The training side: the scan (batching, probing, verification, offsets)."""
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from refinery.transforms.core.text import TextSpec, normalize_text
 
-from .compact import HashFind
-from .hashes import _U, batch_all_window_hashes, batch_prefix, tokenize_batch, window_hashes_at, window_in_row
+from .arrays import ranges, run_starts
+from .compact import Records
+from .hashes import (
+    _U,
+    TokenBatch,
+    batch_all_window_hashes,
+    batch_prefix,
+    tokenize_batch,
+    window_hashes_at,
+    window_in_row,
+)
 from .index import Partition
 from .membership import Membership
 from .normalized import to_raw
@@ -73,15 +80,14 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     row's normalized text (:func:`~refinery.transforms.core.text.normalize_text`, the text
     prep trains on), the offsets into the row's text (:mod:`.normalized`).
     """
-    loaded: dict[int, Partition] = {}
+    loaded: dict[int, Records] = {}
 
-    def partition(p: int) -> Partition:
-        part = loaded.get(p)
-        if part is None:
-            part = loaded[p] = lookup(p)
-        return part
+    def records(p: int) -> Records:
+        recs = loaded.get(p)
+        if recs is None:
+            recs = loaded[p] = lookup(p).records
+        return recs
 
-    known: dict[int, dict[bytes, int]] = defaultdict(dict)  # verified windows, see _verify
     prepare = tokenizer.prepare
     extract = TextSpec.of(text_field).extract
 
@@ -89,7 +95,7 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
         normed = [normalize_text(text) for _, _, text in pending]
         prepared = [prepare(text) for text in normed]
         stats.text_bytes += sum(map(len, prepared))
-        return _scan_batch(pending, prepared, tokenizer, membership, partition, partitions, stats, known, normed)
+        return _scan_batch(pending, prepared, normed, tokenizer, membership, records, partitions, stats)
 
     pending: list[tuple[int, dict, str]] = []
     size = 0
@@ -112,50 +118,22 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
             yield hits
 
 
-MAX_KNOWN_WINDOWS = 1 << 20  # per length; the cache of verified windows is cleared past this
-_NOT_FOUND = -1
-_UNKNOWN = -2
-
-
-def _verify(buf: bytes, starts: list[int], ends: list[int], parts: list[int], length: int,
-            known: dict[bytes, int], lookup: Callable[[int], Partition]) -> np.ndarray:
-    """``partition << 32 | record`` of each window ``buf[starts[k]:ends[k]]`` of ``length``
-    tokens, or -1 where its n-gram is not in the test index.
-
-    A window's bytes, from its first token's start to its last token's end (separator runs
-    included), determine its n-gram when neither end token is empty (tokens never contain a
-    separator): ``known`` caches the answer by those bytes.
-    """
-    if len(known) > MAX_KNOWN_WINDOWS:
-        known.clear()
-    raws = [buf[s:e] for s, e in zip(starts, ends)]
-    ids = np.fromiter(map(known.get, raws, repeat(_UNKNOWN)), dtype=np.int64, count=len(raws))
-    finds: dict[int, HashFind] = {}
-    for k in np.flatnonzero(ids == _UNKNOWN).tolist():
-        raw, part = raws[k], parts[k]
-        find = finds.get(part)
-        if find is None:
-            find = finds[part] = lookup(part).find
-        rec = find.get((length, b" ".join(raw.split())))
-        ids[k] = known[raw] = _NOT_FOUND if rec is None else part << 32 | rec
-    return ids
-
-
-def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, stats, known, normed
-                ) -> ScanHits | None:
-    batch = tokenize_batch(prepared, tokenizer.byte_table)
+def probe_windows(batch: TokenBatch, membership: Membership, stats: ScanStats
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first token, length, hash) of each window of the batch, in one row, whose hash is in
+    ``membership``: the candidates :func:`verify_windows` checks, a length at a time."""
     prefix = batch_prefix(batch)
-    buf, starts, ends = batch.buf, batch.starts, batch.ends
-    pos_l, len_l, id_l = [], [], []
+    t = len(batch.hashes)
+    pos_l, len_l, h_l = [], [], []
     n0 = min(membership.meta.get("ns") or [1])
     first_hits = None  # positions whose n0-gram is in the set
     for length in membership.lengths:
-        stats.windows += max(0, len(batch.hashes) - length + 1)
+        stats.windows += max(0, t - length + 1)
         if first_hits is not None and length > n0:
             # An eval n-gram longer than n0 comes from an eval row of more than n0 tokens, whose
             # first n0 tokens are an eval n-gram too (n0 >= 2: never all empty): only windows
             # whose n0-gram is in the set need probing.
-            pos = first_hits[first_hits + length <= len(batch.hashes)]
+            pos = first_hits[first_hits + length <= t]
             h = window_hashes_at(batch, prefix, pos, length)
             found = membership.contains(h)
             pos, h = pos[found], h[found]
@@ -166,45 +144,123 @@ def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, st
             if length == n0 >= 2:
                 first_hits = pos
         inrow = window_in_row(batch, pos, length)
-        pos, h = pos[inrow], h[inrow]
-        if not len(pos):
-            continue
-        stats.hash_hits += len(pos)
-        last = pos + length - 1
-        parts = (h % _U(partitions)).astype(np.int64)
-        edge = (starts[pos] == ends[pos]) | (starts[last] == ends[last])
-        ids = np.empty(len(pos), dtype=np.int64)
-        inner = ~edge
-        ids[inner] = _verify(buf, starts[pos[inner]].tolist(), ends[last[inner]].tolist(), parts[inner].tolist(),
-                             length, known[length], lookup)
-        for k in np.flatnonzero(edge).tolist():  # an empty token at an end: join the tokens
-            p = int(pos[k])
-            gram = b" ".join(buf[a:b] for a, b in zip(starts[p:p + length].tolist(), ends[p:p + length].tolist()))
-            rec = lookup(int(parts[k])).find.get((length, gram))
-            ids[k] = _NOT_FOUND if rec is None else int(parts[k]) << 32 | rec
-        pos_l.append(pos)
-        len_l.append(np.full(len(pos), length, dtype=np.int64))
-        id_l.append(ids)
+        pos_l.append(pos[inrow])
+        h_l.append(h[inrow])
+        len_l.append(np.full(len(pos_l[-1]), length, dtype=np.int64))
     if not pos_l:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
+    return np.concatenate(pos_l).astype(np.int64), np.concatenate(len_l), np.concatenate(h_l)
+
+
+def verify_windows(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, h: np.ndarray, partitions: int,
+                   records: Callable[[int], Records]) -> np.ndarray:
+    """``partition << 32 | record`` of each window of ``lens[k]`` tokens at token ``pos[k]``
+    (its hash ``h[k]``), or -1 where its n-gram is not in the test index: exact, as arrays.
+
+    A window's n-gram is its tokens joined by one space. Its candidate records are those of
+    its hash in partition ``h % partitions`` (found by ``searchsorted``; several where
+    n-grams share a hash); a candidate of the window's length whose text is as long as the
+    n-gram is compared with it byte for byte (a record's text is unique in its partition).
+    """
+    ids = np.full(len(pos), -1, dtype=np.int64)
+    if not len(pos):
+        return ids
+    starts, ends = batch.starts, batch.ends
+    span = np.zeros(len(starts) + 1, dtype=np.int64)  # a token's bytes and the space after it, cumulated
+    np.cumsum(ends - starts + 1, out=span[1:])
+    width = span[pos + lens] - span[pos] - 1  # each window's n-gram, in bytes
+    parts = (h % _U(partitions)).astype(np.int64)
+    by_part = np.argsort(parts, kind="stable")
+    cuts = np.flatnonzero(np.diff(parts[by_part])) + 1
+    cand, rec, part, size, same_n, grams = [], [], [], [], [], []
+    for sel in np.split(by_part, cuts):  # a partition at a time: its records' own arrays
+        p = int(parts[sel[0]])
+        recs = records(p)
+        keys, order, unique = recs.by_hash()
+        if not len(keys):
+            continue
+        hs = h[sel]
+        lo = np.searchsorted(keys, hs)
+        if unique:  # a record per hash: the one at lo, if any (its text tells)
+            c, k = sel, np.minimum(lo, len(keys) - 1)
+        else:  # each record of the window's hash
+            hi = np.searchsorted(keys, hs, "right")
+            c, k = np.repeat(sel, hi - lo), ranges(lo, hi)
+        if order is not None:
+            k = order[k]
+        g0, g1 = recs.gram_at[k], recs.gram_at[k + 1]
+        cand.append(c)
+        rec.append(k)
+        part.append(np.full(len(c), p, dtype=np.int64))
+        size.append(g1 - g0)
+        same_n.append(recs.n[k] == lens[c])
+        grams.append(np.frombuffer(recs.grams, dtype=np.uint8)[ranges(g0, g1)])
+    if not cand:
+        return ids
+    c, k, p_of, glen, gram = (np.concatenate(x) for x in (cand, rec, part, size, grams))
+    same = (glen == width[c]) & np.concatenate(same_n)
+    if not same.all():  # candidates of another length or size: not compared
+        gram = gram[np.repeat(same, glen)]
+        c, k, p_of = c[same], k[same], p_of[same]
+    # each candidate's window, a token and the byte after it at a time; those bytes are spaces
+    tok = ranges(pos[c], pos[c] + lens[c])
+    got = np.frombuffer(batch.buf, dtype=np.uint8)[ranges(starts[tok], ends[tok] + 1)]
+    got[np.cumsum(ends[tok] - starts[tok] + 1) - 1] = 0x20
+    last = np.cumsum(width[c] + 1) - 1  # the space after each window's last token: not in its n-gram
+    keep = np.ones(len(got), dtype=np.bool_)
+    keep[last] = False
+    differ = np.zeros(len(got) - len(last) + 1, dtype=np.int64)  # bytes that differ, cumulated
+    np.cumsum(got[keep] != gram, out=differ[1:])
+    at = np.zeros(len(c) + 1, dtype=np.int64)
+    np.cumsum(width[c], out=at[1:])
+    ok = differ[at[1:]] == differ[at[:-1]]
+    ids[c[ok]] = p_of[ok] << 32 | k[ok]
+    return ids
+
+
+def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: Tokenizer,
+                membership: Membership, records: Callable[[int], Records], partitions: int, stats: ScanStats
+                ) -> ScanHits | None:
+    batch = tokenize_batch(prepared, tokenizer.byte_table)
+    pos, lens, h = probe_windows(batch, membership, stats)
+    if not len(pos):
         return None
-    ids = np.concatenate(id_l)
+    stats.hash_hits += len(pos)
+    ids = verify_windows(batch, pos, lens, h, partitions, records)
     ok = ids >= 0
-    stats.false_hits += int(len(ok) - ok.sum())
-    stats.verified_hits += int(ok.sum())
-    if not ok.any():
+    found = int(ok.sum())
+    stats.false_hits += len(ok) - found
+    stats.verified_hits += found
+    if not found:
         return None
-    pos, lens, ids = np.concatenate(pos_l)[ok], np.concatenate(len_l)[ok], ids[ok]
-    last = pos + lens - 1
+    pos, lens, ids = pos[ok], lens[ok], ids[ok]
     rows = batch.row_of[pos]
+    start, end = char_offsets(batch, pos, lens, rows, pending, prepared, normed, tokenizer)
+    part, rec = ids >> 32, ids & 0xFFFFFFFF
+    order = np.lexsort((start, rec, rows, part))
+    stats.rows_with_hits += len(np.unique(rows))
+    return ScanHits(pending, rows[order], part[order], rec[order], start[order], end[order])
+
+
+def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.ndarray,
+                 pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: Tokenizer
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
+    ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where
+    those are not code points (non-ASCII text, lowering that changes the length, a text the
+    normalization changed)."""
     base = batch.row_base[rows] + 1
-    start = starts[pos] - base
-    end = ends[last] - base
-    for r in np.unique(rows).tolist():  # rows whose byte offsets are not code-point offsets of their text
+    start = batch.starts[pos] - base
+    end = batch.ends[pos + lens - 1] - base
+    by_row = np.argsort(rows, kind="stable")
+    firsts = run_starts(rows[by_row])
+    bounds = np.append(firsts, len(rows)).tolist()
+    for j, r in enumerate(rows[by_row[firsts]].tolist()):  # rows whose byte offsets are not code points
         raw, text = pending[r][2], normed[r]
         same = text is raw or text == raw  # (normalize_text hands a clean text back as it is)
         if len(prepared[r]) == len(text) and same:
             continue
-        at = np.flatnonzero(rows == r)
+        at = by_row[bounds[j]:bounds[j + 1]]  # the row's hits
         if len(prepared[r]) == len(text):
             pass
         elif len(text.lower() if tokenizer.lowercase else text) == len(text):
@@ -213,15 +269,9 @@ def _scan_batch(pending, prepared, tokenizer, membership, lookup, partitions, st
             np.cumsum(lead, out=chars[1:])
             start[at], end[at] = chars[start[at]], chars[end[at]]
         else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
-            spans = tokenizer.tokenize_with_offsets(text)[1]
-            first = int(batch.row_first[r])
-            for k in at.tolist():
-                i = int(pos[k]) - first
-                start[k], end[k] = spans[i][0], spans[i + int(lens[k]) - 1][1]
+            spans = np.array(tokenizer.tokenize_with_offsets(text)[1], dtype=np.int64).reshape(-1, 2)
+            i = pos[at] - batch.row_first[r]
+            start[at], end[at] = spans[i, 0], spans[i + lens[at] - 1, 1]
         if not same:  # offsets into the normalized text -> into the row's text
             start[at], end[at] = to_raw(raw, text, start[at], end[at])
-    part, rec = ids >> 32, ids & 0xFFFFFFFF
-    order = np.lexsort((start, rec, rows, part))
-    hits = ScanHits(pending, rows[order], part[order], rec[order], start[order], end[order])
-    stats.rows_with_hits += len(np.unique(rows))
-    return hits
+    return start, end
