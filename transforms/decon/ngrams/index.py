@@ -20,8 +20,7 @@ from .compact import HashFind, Records, build_records, pack_records, unpack_reco
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, record_id
 from .membership import Membership
-from .normalized import prepare, tokens_with_offsets
-from .normalized import tokens as text_tokens
+from .normalized import prepare, token_count, tokens_with_offsets
 from .tokenizers import Tokenizer, effective_lengths, get_tokenizer
 
 
@@ -92,8 +91,8 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
         if text is None or record is None:  # a text only of a row (never of None)
             bad[ds]["bad_rows"] += 1
             continue
-        tokens = text_tokens(tokenizer, text)
-        rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, len(tokens), not any(tokens),
+        num_tokens, empty = token_count(tokenizer, text)
+        rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, num_tokens, empty,
                             record.get(id_field) is None))
     return rows, bad
 

@@ -28,6 +28,17 @@ def prepare(tokenizer: Tokenizer, text: str) -> bytes:
     return tokenizer.prepare(normalize_text(text))
 
 
+def token_count(tokenizer: Tokenizer, text: str) -> tuple[int, bool]:
+    """(``len(tokens(tokenizer, text))``, whether every one of them is empty), without making
+    the tokens: one more than the runs of separators in the fast path's bytes (an eval row of
+    20 MB is 3 million token strings, ~180 MB, where this needs two arrays of its size)."""
+    sep = np.frombuffer(prepare(tokenizer, text).translate(tokenizer.byte_table), dtype=np.uint8) == 0x20
+    if not len(sep):
+        return 1, True
+    runs = int(sep[0]) + int(np.count_nonzero(sep[1:] & ~sep[:-1]))
+    return runs + 1, bool(sep.all())
+
+
 def tokens_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """(tokens, spans): :func:`tokens`, with each token's ``[start, end)`` in ``text`` (the row's
     text, before normalization; :func:`to_raw`)."""
