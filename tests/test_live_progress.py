@@ -163,3 +163,36 @@ def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_pat
     progress._update(lambda i, done, post, ended: shown.append((done, ended, progress._seconds(ended))), final=True)
     (done, ended, seconds), = shown
     assert done == 2 and ended and seconds <= finished - progress._step_start + 0.05
+
+
+def test_a_running_step_says_its_time_left_from_the_units_this_run_finished():
+    from refinery.transforms.core.progress import _eta
+
+    assert _eta(30.0, 3, 1) == "ETA 1m30s" and _eta(10.0, 1, 4) == "ETA 2s" and _eta(3600.0, 2, 1) == "ETA 2h00m"
+    assert _eta(30.0, 3, 0) == "" and _eta(30.0, 0, 5) == ""  # nothing finished yet, or nothing left: no guess
+
+
+def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path):
+    """`infer: 0/2 units, 151s` said nothing while a unit ran: RunInference's batches now count
+    each unit's documents and tokens (UnitProgress), which the display adds up with rates."""
+    import pytest
+
+    pytest.importorskip("apache_beam")
+    from types import SimpleNamespace
+
+    from refinery.transforms.inference import stages as inference
+
+    stage = Counting()
+    [run] = bind_stages([stage], str(tmp_path / "out"))
+    progress = Progress([(run, 2)], interval=1.0, enabled=False)
+    counts = inference.UnitProgress(run)
+    batch = [(("a", i), SimpleNamespace(inference={"generated_tokens": 5})) for i in range(3)]
+    counts(batch + [(("b", 0), SimpleNamespace(inference={"generated_tokens": 7}))])
+    running = sorted(progress._running(run, set()), key=lambda c: c["documents"])  # what the display adds up
+    assert running == [{"documents": 1, "generated_tokens": 7}, {"documents": 3, "generated_tokens": 15}]
+    published = {p.name: json.loads(p.read_text())["stats"] for p in (tmp_path / "out").glob("**/progress/*.json")}
+    assert published == {"a.json": {"documents": 3, "generated_tokens": 15},
+                         "b.json": {"documents": 1, "generated_tokens": 7}}
+    task = inference.GenerateTask.__new__(inference.GenerateTask)
+    assert task.progress({"documents": 4, "generated_tokens": 22}, 2.0) == "4 docs, 22 tokens, 2.0 docs/s, 11.0 tok/s"
+    assert task.progress({"documents": 4, "generated_tokens": 22}, 0.2) == "4 docs, 22 tokens"

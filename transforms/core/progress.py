@@ -36,6 +36,7 @@ class Progress:
         self._current = 0
         self._start = self._step_start = time.time()
         self._last_end: float | None = None  # the latest finish of a unit of this run, of the step polled last
+        self._eta = ""  # the step polled last: its time left, from the units this run finished ('' unknown)
         self._started_iso = _dt.datetime.fromtimestamp(self._start, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
     def __enter__(self) -> Progress:
@@ -77,6 +78,7 @@ class Progress:
         for counts in self._running(run, ended):
             _add(stats, counts)
         self._last_end = _dt.datetime.fromisoformat(last).timestamp() if last else None
+        self._eta = _eta(self._seconds(False), total - min(done, total), done - resumed)
         seconds = self._seconds(done >= total)
         post = run.stage.describe_progress(stats, seconds) if stats else ""
         extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
@@ -134,7 +136,7 @@ class Progress:
                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} units "
                                           "[{elapsed}]{postfix}")
             bars[i].n = done
-            bars[i].set_postfix_str(post, refresh=False)
+            bars[i].set_postfix_str(post + (f" {self._eta}" if self._eta and not ended else ""), refresh=False)
             bars[i].refresh()
             if ended:
                 bars[i].close()
@@ -154,7 +156,8 @@ class Progress:
             if (ended and i not in printed) or time.time() - last >= self.LOG_EVERY_S:
                 run, total = self.steps[i]
                 print(f"{run.name}: {done}/{total} units, {self._seconds(ended):.1f}s"
-                      + (f", {post}" if post else ""), file=sys.stderr, flush=True)
+                      + (f", {post}" if post else "") + (f", {self._eta}" if self._eta and not ended else ""),
+                      file=sys.stderr, flush=True)
                 last = time.time()
                 if ended:
                     printed.add(i)
@@ -196,6 +199,16 @@ class Progress:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+
+
+def _eta(seconds: float, left: int, finished: int) -> str:
+    """``ETA 1m05s``: the units ``left`` at the pace of the ``finished`` ones of this run (none
+    finished yet, or none left: '' - no guess)."""
+    if finished <= 0 or left <= 0:
+        return ""
+    eta = round(seconds * left / finished)
+    return f"ETA {eta // 3600}h{eta // 60 % 60:02d}m" if eta >= 3600 else \
+        f"ETA {eta // 60}m{eta % 60:02d}s" if eta >= 60 else f"ETA {eta}s"
 
 
 def human_bytes(n: float) -> str:

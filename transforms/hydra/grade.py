@@ -19,6 +19,7 @@ import threading
 from typing import Any, Iterator, Mapping, Sequence, TypedDict
 
 from refinery.transforms.core import storage
+from refinery.transforms.core.progress import rate
 from refinery.transforms.hydra.calibrate import decide, load_calibration
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
@@ -176,7 +177,9 @@ class GradeTask(Task):
         return stats
 
     def progress(self, stats: dict, seconds: float) -> str:
-        return f"{stats.get('documents', 0):.0f} docs, {stats.get('documents', 0) / max(seconds, 1e-9):.1f} docs/s"
+        docs = stats.get("documents", 0)
+        per_s = rate(docs, seconds, "docs")
+        return f"{docs:,.0f} docs" + (f", {per_s}" if per_s else "")
 
 
 _GRADERS: dict = {}

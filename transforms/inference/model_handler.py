@@ -10,7 +10,7 @@ engine, its settings and the sampling are in :mod:`.handler`, which imports neit
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
@@ -138,12 +138,23 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
 class KeyedGptOssModelHandler(KeyedModelHandler):
     """Beam's ``KeyedModelHandler`` over one :class:`GptOssModelHandler` that also passes the
     worker setup (:meth:`GptOssModelHandler.set_environment_vars`) on to it, which Beam's does
-    not. Input: ``(key, example)``; output: ``(key, PredictionResult)``."""
+    not. Input: ``(key, example)``; output: ``(key, PredictionResult)``. ``on_batch`` (picklable),
+    when given, is called with each batch's results as it is done."""
 
-    def __init__(self, unkeyed: GptOssModelHandler):
+    def __init__(self, unkeyed: GptOssModelHandler, on_batch: Callable[[Sequence[tuple[Any, PredictionResult]]], None]
+                 | None = None):
         super().__init__(unkeyed)
         self.unkeyed = unkeyed
+        self.on_batch = on_batch  # told each batch's results as they come (progress while a long unit runs)
 
     def set_environment_vars(self) -> None:
         super().set_environment_vars()
         self.unkeyed.set_environment_vars()
+
+    def run_inference(self, batch: Sequence[tuple[Any, Any]], model: Any,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[tuple[Any, PredictionResult]]:
+        results = super().run_inference(batch, model, inference_args)
+        if self.on_batch is not None:
+            results = list(results)
+            self.on_batch(results)
+        return results

@@ -29,6 +29,7 @@ row with an ``error`` and no generation (nothing is dropped silently).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,7 +45,8 @@ from refinery.transforms.core.beam_private import dead_letter_error
 from refinery.transforms.core.jsonl import jsonl
 from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
 from refinery.transforms.core.plans import PlanRef
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, short_hash
+from refinery.transforms.core.progress import rate
+from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, now_iso, short_hash
 from refinery.transforms.formats.docids import read_doc_tokens, read_docid_file
 from refinery.transforms.inference.handler import (
     EngineSettings,
@@ -282,8 +284,9 @@ class Task:
         raise NotImplementedError
 
     def progress(self, stats: dict, seconds: float) -> str:
-        toks = stats.get("generated_tokens", 0)
-        return f"{stats.get('documents', 0):.0f} docs, {toks:.0f} tokens, {toks / max(seconds, 1e-9):.1f} tok/s"
+        docs, toks = stats.get("documents", 0), stats.get("generated_tokens", 0)
+        rates = ", ".join(filter(None, [rate(docs, seconds, "docs"), rate(toks, seconds, "tok")]))
+        return f"{docs:,.0f} docs, {toks:,.0f} tokens" + (f", {rates}" if rates else "")
 
 
 def checkpoint_fingerprint(checkpoint: str) -> list:
@@ -591,8 +594,50 @@ class WriteUnitFn(beam.DoFn):
         results = {i: inf for i, inf in grouped["results"]}
         side = {"docs": info["docs"], "error": info["error"], "results": results, "failed": list(grouped["failed"])}
         receipt = execute_unit(self.run, Unit(unit_id, info.get("payload") or {}), self.verify_checksums, side)
+        with contextlib.suppress(OSError):  # RunInference's counts of the unit (UnitProgress): in its receipt now
+            storage.remove(self.run.progress_path(unit_id), root=self.run.output)
         count_receipt(self.run.name, receipt)
         yield summary(receipt)
+
+
+class UnitProgress:
+    """Counts of the infer units that RunInference is working on, in this worker process,
+    published as each unit's progress (:meth:`StageRun.progress_path`, read by the driver's
+    progress display) at most every :data:`~refinery.transforms.core.stage.PROGRESS_EVERY_S`:
+    ``documents`` and ``generated_tokens`` so far, so that a long unit shows documents and
+    tokens per second before it ends. A unit whose documents are batched in several worker
+    processes shows the counts of the last one to write (a display, never a figure)."""
+
+    def __init__(self, run: StageRun):
+        self.run = run
+        self._counts: dict[str, dict[str, float]] = {}
+        self._next: dict[str, float] = {}
+
+    def __getstate__(self) -> dict:
+        return {"run": self.run}  # a worker's counts start at zero
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["run"])  # type: ignore[misc]  # the same fields as a new one
+
+    def __call__(self, results: Sequence[tuple[Any, Any]]) -> None:
+        from refinery.transforms.core import stage as core_stage
+
+        now = time.monotonic()
+        touched = set()
+        for (unit_id, _), prediction in results:
+            counts = self._counts.setdefault(unit_id, {"documents": 0, "generated_tokens": 0})
+            counts["documents"] += 1
+            inference = prediction.inference
+            counts["generated_tokens"] += int(inference.get("generated_tokens", 0)) if isinstance(inference, Mapping) \
+                else 0
+            touched.add(unit_id)
+        for unit_id in touched:
+            if now >= self._next.get(unit_id, 0.0):
+                self._next[unit_id] = now + core_stage.PROGRESS_EVERY_S
+                with contextlib.suppress(OSError):
+                    storage.atomic_write_json(self.run.progress_path(unit_id),
+                                              {"unit": unit_id, "stats": dict(self._counts[unit_id]),
+                                               "updated_at": now_iso()})
 
 
 class InferWave(beam.PTransform):
@@ -624,7 +669,8 @@ class InferWave(beam.PTransform):
                     | "Spread" >> beam.Reshuffle()
                     | "Expand" >> beam.ParDo(ExpandUnitFn(self.run), **wait).with_outputs("info", main="examples"))
         inferred, dead = (expanded.examples
-                          | "Infer" >> RunInference(KeyedGptOssModelHandler(self.run.stage.task.handler()),
+                          | "Infer" >> RunInference(KeyedGptOssModelHandler(self.run.stage.task.handler(),
+                                                                            on_batch=UnitProgress(self.run)),
                                                     model_identifier=self.tag).with_exception_handling())
         if dead.failed_preprocessing or dead.failed_postprocessing:  # the handlers have neither
             raise ValueError("the inference handler has pre- or postprocessing functions: their failures "
