@@ -16,6 +16,7 @@ import pytest
 from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.formats.row_ids import content_id
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DEFAULT = ng.TOKENIZERS["default"]
@@ -317,7 +318,10 @@ def test_hit_blocks_snippets_and_doc_ids():
     batches, _, parts = _scan(rows, [text], [3])
     (p, block), = ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches])
     assert parts[p].records[np.frombuffer(block["record"], "<i8")[0]][1] == "quick brown fox"
-    assert block["doc_id"] == [ng.record_hash_id({"text": text})]
+    assert block["doc_id"] == [content_id({"text": text})]  # a row with no file: prep's rule for a bare dict
+    (_, marked), = ng.hit_blocks([ng.hit_groups(hits, "id", "sub/t.jsonl") for hits in batches])
+    # in a file: relpath:row as prep names it, the row file-global once the reduce knows the slice's row base
+    assert ng.row_ids_at(marked, 40)["doc_id"] == [f"sub/t.jsonl:{40 + batches[0].rows[0][0]}"]
     assert np.frombuffer(block["occurrences"], "<i8").tolist() == [2]
     assert np.frombuffer(block["start"], "<i8").tolist() == [81, 178]
     lo = int(np.frombuffer(block["snippet_start"], "<i8")[0])

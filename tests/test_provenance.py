@@ -236,3 +236,23 @@ def test_inspect_doc_prints_the_document_and_its_source(corpus, prepped, capsys)
     assert f"{prepped / npy} document 0:" in capsys.readouterr().out
     assert main(["inspect", "--manifest", str(prepped / "manifest.json"), "--doc", "7:0"]) == 2
     assert "--doc 7:0: no such shard" in capsys.readouterr().err
+
+
+def test_an_id_less_training_row_has_one_id_in_prep_shards_and_decon_drop_list(tmp_path):
+    """prep named an id-less row `relpath:row` and decon named it by a blake2b number: one rule
+    now (transforms/formats/row_ids.py), so a drop list's train_doc_id is the shard's doc_id."""
+    train = tmp_path / "corpus"
+    texts = gsm8k_texts(12)
+    write_jsonl(train / "sub" / "noid.jsonl", [{"text": t} for t in texts])
+    write_jsonl(tmp_path / "ev" / "gsm8k" / "test.jsonl", [{"question": texts[4]}, {"question": texts[9]}])
+    decon = tmp_path / "decon"
+    assert main(["decon", "--eval", str(tmp_path / "ev"), "--eval-text-field", "question", "--train", str(train),
+                 "--output", str(decon), "--ngrams", "13", "--runner", "direct", "--no-progress"]) == 0
+    listed = {(d["train_row"], d["train_doc_id"]) for d in map(json.loads, (
+        decon / "stats" / "contaminated_train_docs.jsonl").read_text().splitlines())}
+    assert listed == {(4, "sub/noid.jsonl:4"), (9, "sub/noid.jsonl:9")}
+    out = tmp_path / "prep"
+    assert run_prep([train], out, "--num-shards", "1") == 0
+    m = json.loads((out / "manifest.json").read_text())
+    ids = {d["row"]: d["doc_id"] for d in pq.read_table(out / m["shards"][0]["docs_path"]).to_pylist()}
+    assert {(row, ids[row]) for row, _ in listed} == listed

@@ -42,6 +42,7 @@ from refinery.transforms.core.coders import TupleCoder
 from refinery.transforms.core.rows import SourceRow
 from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.formats.row_ids import doc_id_for
 
 NAMESPACE = "refinery_decon"
 
@@ -161,20 +162,20 @@ class BuildNgramIndex(beam.PTransform):
                 | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
 
 
-def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int], where: list[tuple[str, int]],
-                     id_field: str):
+def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int],
+                     where: list[tuple[str, int, str | None]], id_field: str):
     """The :class:`Overlap` records of one batch's verified hits; ``where[i]`` is the
-    (path, row) of the batch's i-th input row."""
+    (path, row, relpath) of the batch's i-th input row."""
     doc_ids: dict[int, str] = {}
     g = hits.group_starts()
     for a, b in zip(g[:-1].tolist(), g[1:].tolist()):
         r = int(hits.row[a])
         row, record, _ = hits.rows[r]
-        if r not in doc_ids:
-            doc_ids[r] = ng.record_id(record, id_field)
+        if r not in doc_ids:  # the row id rule of prep's shards (formats.row_ids)
+            doc_ids[r] = doc_id_for(record, id_field, where[row][2], where[row][1])
         n_eff, gram, _, evals = index.lookup(int(hits.partition[a])).records[int(hits.record[a])]
         train_offsets = tuple(zip(hits.start[a:b].tolist(), hits.end[a:b].tolist()))
-        path, file_row = where[row]
+        path, file_row, _ = where[row]
         for eval_idx, eval_offsets in evals:
             er = index.rows[eval_idx]
             offsets = tuple(tuple(o) for o in eval_offsets)
@@ -199,7 +200,7 @@ class _FindOverlapsFn(beam.DoFn):
         for i, element in enumerate(batch):
             _, path, row, record = _provenance(element, "")
             records.append((i, record, None if isinstance(record, dict) else "not a row"))
-            where.append((path, row))
+            where.append((path, row, element.relpath if isinstance(element, SourceRow) else None))
         stats = ng.ScanStats()
         for hits in ng.scan_rows(records, text_field=self.text, tokenizer=ng.get_tokenizer(index.tokenizer),
                                  membership=index.membership, lookup=index.lookup, partitions=index.num_partitions,
@@ -222,7 +223,8 @@ class FindOverlaps(beam.PTransform):
 
     ``index``: the output of ``BuildNgramIndex``. ``ngrams``: the n to report (default: the
     index's). ``text_field`` or ``text_template``: as ``BuildNgramIndex``'s. Training ids are
-    ``str(row[id_field])``, else a hash of the whole row. Rows are batched within bundles
+    prep's (:mod:`refinery.transforms.formats.row_ids`): ``str(row[id_field])``, else
+    ``relpath:row`` of a ``SourceRow``, else ``sha256:...`` of a ``dict`` row. Rows are batched within bundles
     (``BatchElements``), never shuffled.
     """
 

@@ -298,16 +298,18 @@ def plan_train_units(files: list[storage.InputFile], slice_bytes: int) -> list[U
             k = -(-f.size // slice_bytes)
             for si in range(k):
                 lo, hi = si * slice_bytes, min(f.size, (si + 1) * slice_bytes)
-                units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "bytes", "file": fi, "slice": si,
-                                                         "lo": lo, "hi": hi}))
+                units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "relpath": f.relpath, "kind": "bytes",
+                                                         "file": fi, "slice": si, "lo": lo, "hi": hi}))
         elif storage.has_suffix(f.path, ".parquet") and f.size > slice_bytes:
             groups = parquet_row_groups(f.path)
             per = max(1, int(len(groups) * slice_bytes // max(1, f.size)))
             for si, g in enumerate(range(0, len(groups), per)):
-                units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "kind": "row_groups", "file": fi,
-                                                         "slice": si, "lo": g, "hi": min(len(groups), g + per)}))
+                units.append(Unit(f"f{fi:05d}-s{si:04d}", {"path": f.path, "relpath": f.relpath,
+                                                         "kind": "row_groups", "file": fi, "slice": si, "lo": g,
+                                                         "hi": min(len(groups), g + per)}))
         else:
-            units.append(Unit(f"f{fi:05d}-s0000", {"path": f.path, "kind": "file", "file": fi, "slice": 0}))
+            units.append(Unit(f"f{fi:05d}-s0000", {"path": f.path, "relpath": f.relpath, "kind": "file", "file": fi,
+                                                   "slice": 0}))
     return units
 
 
@@ -329,7 +331,7 @@ class ScanStage(Stage):
         # unread_rows: each unit lists the rows it could not read (unread_file), for the drop list's side file
         return {"format": FORMAT_VERSION, **self.s.train_text.identity(), "id_field": self.s.id_field,
                 "slice_bytes": self.s.slice_bytes, "unread_rows": 1, **self.s.row_cap(),
-                "text_normalization": TEXT_NORMALIZATION}
+                "text_normalization": TEXT_NORMALIZATION, "row_ids": "relpath:row"}  # row_ids: formats.row_ids
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.train_files]
@@ -411,7 +413,7 @@ class ScanStage(Stage):
                                      lookup=lookup, partitions=partitions, stats=stats, batch_bytes=self.s.batch_bytes):
                 # a hit-dense batch has many more snippet characters than text: made a piece at a time
                 for piece in ng.split_hits(hits, HELD_CHARS // 4):
-                    held.append(ng.hit_groups(piece, self.s.id_field))
+                    held.append(ng.hit_groups(piece, self.s.id_field, pl.get("relpath")))
                     chars += sum(map(len, held[-1].snippet))
                     if chars > HELD_CHARS:
                         flush()

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 import unicodedata
 from array import array
@@ -51,6 +50,7 @@ from typing import NamedTuple, Protocol, Sequence, cast
 import numpy as np
 
 from refinery.transforms.core.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
+from refinery.transforms.formats.row_ids import content_id, doc_id_for  # noqa: F401  # THE row id rule, re-exported
 from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
 
 EMPTY = "empty after normalization"
@@ -152,23 +152,6 @@ def _unit_flags() -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # Ids and shards
 # ---------------------------------------------------------------------------------------
-
-def content_id(record: dict) -> str:
-    """``"sha256:"`` + 32 hex digits of the row's canonical JSON (sorted keys, no spaces,
-    UTF-8; values JSON cannot hold, such as a parquet timestamp, written as ``str()``)."""
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def doc_id_for(record: dict, id_field: str, relpath: str | None, row: int | None) -> str:
-    """A document's id: the id field, else ``relpath:row``, else :func:`content_id`."""
-    value = record.get(id_field)
-    if value is not None:
-        return str(value)
-    if relpath:
-        return f"{relpath}:{row}"
-    return content_id(record)
-
 
 def order_key(doc: Document | TokenizedDocument) -> tuple[str, int, str]:
     """THE order of the documents inside a shard: (source file, row in it, doc id). The

@@ -89,6 +89,7 @@ from .reduce import (
     instance_metrics,
     merge_partitions,
     reduce_partition,
+    row_ids_at,
     split_hits,
 )
 from .reference import reference_overlap
@@ -114,5 +115,6 @@ __all__ = [
     "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "longest_matches", "longest_run",
     "make_eval_rows", "merge_partitions", "merged_snippet", "ngram_hash", "overlap_instances", "partition_of",
     "partition_records", "record_hash_id", "record_windows", "record_id", "reduce_partition", "reference_overlap",
+    "row_ids_at",
     "render_report", "same_text", "scan_rows", "split_hits", "token_hash", "tokenize_batch",
 ]

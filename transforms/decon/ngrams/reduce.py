@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypedDict
 
 import numpy as np
 
+from refinery.transforms.formats.row_ids import doc_id_for
+
 from . import normalized
 from .arrays import ranges, run_starts
 from .compact import Records
@@ -23,7 +25,6 @@ from .details import (
     RecordSide,
 )
 from .droplist import DropList, RowHits
-from .ids import record_id
 from .index import EvalRow, SameText, same_text
 from .longest import EMPTY_WINDOWS, longest_at, longest_matches, record_windows
 from .scan import ScanHits
@@ -115,8 +116,14 @@ class HitGroups:
     snippet: list[str]
 
 
-def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
-    """The :class:`HitGroups` of a batch's hits."""
+ROW_ID_MARK = "\x00"  # a hit group's doc id "\x00RELPATH": RELPATH:ROW once the row is file-global
+
+
+def hit_groups(hits: ScanHits, id_field: str, relpath: str | None = None) -> HitGroups:
+    """The :class:`HitGroups` of a batch's hits, in rows of the file at ``relpath`` (relative to
+    the input the user named: a row without an id is ``relpath:row``, as in prep's shards;
+    :func:`~refinery.transforms.formats.row_ids.doc_id_for`; here ``ROW_ID_MARK + relpath``,
+    finished by :func:`row_ids_at` where the row's number in its file is known)."""
     g = hits.group_starts()
     first = g[:-1]
     grow = hits.row[first].tolist()
@@ -125,7 +132,11 @@ def hit_groups(hits: ScanHits, id_field: str) -> HitGroups:
     doc_ids: dict[int, str] = {}
     for r in grow:
         if r not in doc_ids:
-            doc_ids[r] = record_id(rows[r][1], id_field)
+            record = rows[r][1]
+            # an id-less row's id is relpath:ROW, ROW file-global: a byte slice's row base is known
+            # only to the reduce (row_ids_at), which the marker tells which ids to finish
+            doc_ids[r] = doc_id_for(record, id_field, None, None) if record.get(id_field) is not None or not relpath \
+                else ROW_ID_MARK + relpath
     texts = [text for _, _, text in rows]
     hi = np.minimum(hits.end[first] + SNIPPET_CONTEXT, lo + SNIPPET_MAX_CHARS).tolist()
     return HitGroups(hits.partition[first], np.array([rows[r][0] for r in grow], dtype=np.int64),
@@ -254,6 +265,7 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
     sampler = Sampler(side)
     row_hits = RowHits()  # every counted hit's (training row, record): the drop list
     for unit, path, base, block in blocks():
+        block = row_ids_at(block, base)
         hits = counted_hits(block, base, skip)
         row_hits.add(path, base, hits.block_rows, hits.block_recs, block["doc_id"], hits.keep)
         room = tally.add(path, hits)
@@ -263,6 +275,17 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
     sink.finish()
     return partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
                             int(skip.sum()) if skip is not None else 0)
+
+
+def row_ids_at(block: dict, base: int) -> dict:
+    """``block`` with each marked doc id (:data:`ROW_ID_MARK`: a row without an id) made
+    ``relpath:row``, the row file-global (``base``: the rows of the file before the block's
+    byte slice)."""
+    ids = block["doc_id"]
+    if not any(d.startswith(ROW_ID_MARK) for d in ids):
+        return block
+    rows = np.frombuffer(block["row"], dtype="<i8") + base
+    return {**block, "doc_id": [f"{d[1:]}:{r}" if d.startswith(ROW_ID_MARK) else d for d, r in zip(ids, rows.tolist())]}
 
 
 def _no_writer(data: bytes) -> None:
