@@ -217,7 +217,10 @@ def check_docs(path: str, lengths: np.ndarray | None = None, expected_docs: int 
         return [f"{path}: {n} documents, the shard's .idx holds {len(lengths)}"]
     lo = 0
     for g in range(f.num_row_groups):
-        t = f.read_row_group(g, columns=["doc", "num_tokens"])
+        try:
+            t = f.read_row_group(g, columns=["doc", "num_tokens"])
+        except Exception as e:  # noqa: BLE001 - a damaged page (a flipped byte): reported, never a crash
+            return [f"{path}: not a readable Parquet file (row group {g}: {type(e).__name__}: {e})"]
         doc = t.column("doc").to_numpy()
         if not np.array_equal(doc, np.arange(lo, lo + len(doc), dtype=np.uint64)):
             return [f"{path}: the doc column is not 0..{n - 1} in order (row group {g})"]
