@@ -462,3 +462,14 @@ def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(tmp_path
                           f" (and r.md)\n  input: {kept}").splitlines() == [
         "decon failed after 1.0s; units run: x", "  rows: read 3 = used 0",
         "  report: none (the run failed; `refinery status` shows what is unfinished)", f"  input: {kept}"]
+
+
+def test_documents_without_an_id_are_counted_in_the_manifest(tmp_path, small_corpus):
+    """Some rows without the id field are fine (named relpath:row), and said: the manifest
+    counts them; a corpus whose rows all have one gets no such entry."""
+    out = tmp_path / "o"
+    assert run_prep([small_corpus], out, "--num-shards", "2") == 0  # x.jsonl: 40 rows with an id, y.jsonl: 30 without
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["documents_without_id"] == {"id_field": "id", "documents": 30, "named": "relpath:row"}
+    assert run_prep([small_corpus / "x.jsonl"], tmp_path / "ids", "--num-shards", "2") == 0
+    assert "documents_without_id" not in json.loads((tmp_path / "ids" / "manifest.json").read_text())

@@ -271,6 +271,7 @@ class TokenizeStats(_TokenizeStatsBase, total=False):
     excluded: int  # rows dropped by --exclude-overlaps (only with it)
     corrupt_files: list[CorruptFile]  # files cut short or corrupt (only when there are)
     encoder_fallbacks: int  # documents the fast encoder refused, encoded by tiktoken
+    without_id: int  # accepted documents whose row has no --id-field value: named relpath:row (only when there are)
 
 
 def tokenize_stats(receipt: Receipt) -> TokenizeStats:
@@ -390,7 +391,7 @@ class TokenizeStage(Stage):
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fast = enc if isinstance(enc, FastTiktokenTokenizer) else None  # counts what tiktoken encoded for it
         fallbacks = fast.fallbacks if fast is not None else 0
-        rows_read = accepted = empty = rejected = excluded = tokens_total = chars = 0
+        rows_read = accepted = empty = rejected = excluded = tokens_total = chars = without_id = 0
         corrupt: list[CorruptFile] = []  # files cut short or corrupt
         num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
         normalize = row_normalizer(text, id_field)
@@ -444,6 +445,8 @@ class TokenizeStage(Stage):
                             if error is not None and error.startswith(CORRUPT):  # the file's last row read
                                 corrupt.append({"path": path, "reason": error})
                         continue
+                    if record.get(id_field) is None:  # type: ignore[union-attr]  # a document is of a dict row
+                        without_id += 1
                     texts.append(doc.text)
                     plain.append(normalize.plain)
                     shards.append(shard_of(doc.doc_id, num_shards))
@@ -466,6 +469,8 @@ class TokenizeStage(Stage):
             stats["corrupt_files"] = corrupt
         if fast is not None:  # documents the fast encoder refused, encoded by tiktoken
             stats["encoder_fallbacks"] = fast.fallbacks - fallbacks
+        if without_id:
+            stats["without_id"] = without_id
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillmeta")) as f:
@@ -730,7 +735,7 @@ class ManifestStage(Stage):
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
-        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0}
+        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0, "without_id": 0}
         corrupt: list[dict] = []
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
@@ -763,6 +768,9 @@ class ManifestStage(Stage):
             extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
         if corrupt:  # each also counted as a rejected row (the rows before the damage were read)
             extra["corrupt_files"] = sorted(corrupt, key=lambda c: c["path"])
+        if counts["without_id"]:  # said, not an error: such a row is named relpath:row (formats.row_ids)
+            extra["documents_without_id"] = {"id_field": cfg.id_field, "documents": counts["without_id"],
+                                             "named": "relpath:row"}
         manifest = manifests.build_manifest(
             dataset=cfg.dataset, entries=entries, rows=rows, num_shards=cfg.num_shards,
             created_at=manifests.keep_created_at(storage.join(ctx.run.dir, "created_at")), tokenizer=cfg.tokenizer,
