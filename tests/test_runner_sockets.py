@@ -103,6 +103,28 @@ out = {"connect": {a: connect(k, a) for k, a in targets}, "planted": {a: plant(a
 print(json.dumps(out))
 """
 
+# Run first, as root: what the probe needs is imported (one in-process pipeline loads what Beam
+# imports lazily), then the process becomes uid 65534 with no groups, as setpriv would make it.
+# Imported before the change, the venv need not be readable by 65534 (a fresh clone in a 0700
+# folder is not), and every socket the probe opens after it is 65534's.
+AS_NOBODY = rf"""
+import os
+import apache_beam as beam
+import grpc
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.transforms import environments
+for warm in (environments.EmbeddedPythonGrpcEnvironment.default(), None):  # gRPC's server side too
+    with beam.Pipeline(runner=fn_runner.FnApiRunner(default_environment=warm)) as p:
+        p | beam.Create([1]) | beam.Map(lambda x: x)
+from apache_beam.runners.portability.fn_api_runner import worker_handlers  # noqa: F401  # ExternalEnvironment's
+os.setgroups([])
+os.setresgid({NOBODY}, {NOBODY}, {NOBODY})
+os.setresuid({NOBODY}, {NOBODY}, {NOBODY})
+assert os.getuid() == os.geteuid() == {NOBODY} and os.getgroups() == []
+import tempfile
+tempfile.tempdir = None  # chosen again, as 65534 (a folder root chose may not be 65534's to write)
+"""
+
 REFUSED = ("refused", "permission denied", "grpc PERMISSION_DENIED")
 
 
@@ -112,9 +134,8 @@ def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path,
                     f"{os.getuid()} it would check nothing")
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(scratch), "TMPDIR": str(scratch),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    r = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
-                        sys.executable, "-c", PROBE, json.dumps(targets), json.dumps(planted), str(marker)],
-                       env=env, capture_output=True, text=True, timeout=120, cwd=str(scratch))
+    r = subprocess.run([sys.executable, "-c", AS_NOBODY + PROBE, json.dumps(targets), json.dumps(planted),
+                        str(marker)], env=env, capture_output=True, text=True, timeout=120, cwd=str(scratch))
     assert r.returncode == 0, r.stderr[-3000:]
     answer: dict = json.loads(r.stdout.strip().splitlines()[-1])
     return answer

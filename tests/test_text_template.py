@@ -174,7 +174,8 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
                               "id_field": "id", "partitions": 64, "text_normalization": TEXT_NORMALIZATION,
                               "min_eval_tokens": 5}
     assert scan.config() == {"format": scan.config()["format"], "text_field": "text", "id_field": "id",
-                             "slice_bytes": 256 << 20, "unread_rows": 1, "text_normalization": TEXT_NORMALIZATION}
+                             "slice_bytes": 256 << 20, "unread_rows": 1, "text_normalization": TEXT_NORMALIZATION,
+                             "row_ids": "relpath:row"}
     index, scan, _, merge = stages(eval_text_template=QA)
     assert index.config()["text_template"] == QA and "text_field" not in index.config()
     assert "text_template" not in scan.config()
