@@ -154,6 +154,24 @@ class Attempt:
     stop_seconds: float = 0.0       # from the signal until no process of the group was left
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (by the parent pids in ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [pid], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def _group_alive(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group."""
     alive = []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from helpers import gsm8k_texts, write_jsonl
-from reliability_helpers import child_env, read_unit_log, refinery_cmd, run_attempt, spawn
+from reliability_helpers import child_env, process_tree, read_unit_log, refinery_cmd, run_attempt, spawn
 
 from refinery.runners import warm_workers
 
@@ -53,23 +53,6 @@ def _prep(corpus: Path, out: Path) -> list[str]:
 
 
 # --- the sockets of a process tree ----------------------------------------------------
-
-def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [pid], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
 
 def _socket_inodes(pids: list[int]) -> set[str]:
     found = set()
@@ -146,7 +129,7 @@ def test_a_local_run_listens_on_no_network_address(tmp_path, private_tmp):
     refused: dict[str, bool] = {}
     try:
         while p.poll() is None:
-            for kind, addr in listening(_tree(p.pid)):
+            for kind, addr in listening(process_tree(p.pid)):
                 seen.add((kind, addr))
                 if kind == "unix" and addr not in refused and os.getuid() == 0:
                     refused[addr] = _refused_to_another_user(addr)
@@ -182,13 +165,13 @@ def test_a_multi_threading_job_listens_on_no_network_address():
     from refinery.runners.local import runnable
 
     args = ["--runner=DirectRunner", "--direct_running_mode=multi_threading", "--direct_num_workers=2"]
-    before = set(listening(_tree(os.getpid())))
+    before = set(listening(process_tree(os.getpid())))
     seen: set[tuple[str, str]] = set()
     done = threading.Event()
 
     def watch():
         while not done.is_set():
-            seen.update(set(listening(_tree(os.getpid()))) - before)
+            seen.update(set(listening(process_tree(os.getpid()))) - before)
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)

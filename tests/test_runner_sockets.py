@@ -35,7 +35,7 @@ from typing import Iterator
 
 import pytest
 from helpers import gsm8k_texts, write_jsonl
-from reliability_helpers import refinery_cmd
+from reliability_helpers import process_tree, refinery_cmd
 
 from refinery.runners import prism_local
 from refinery.runners.same_user import SameUserOnly, peer_address, refusal, socket_owner
@@ -143,23 +143,6 @@ def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path,
 
 # --- the sockets of a process tree ----------------------------------------------------
 
-def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [pid], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _socket_inodes(pid: int) -> set[str]:
     found: set[str] = set()
     try:
@@ -262,11 +245,11 @@ def _probe_paused_prep(tmp_path: Path, scratch: Path, runner_args: list[str]) ->
     fd = None
     try:
         deadline = time.time() + 120
-        while not _waiting_on_fifo(_tree(p.pid)):
+        while not _waiting_on_fifo(process_tree(p.pid)):
             assert p.poll() is None, f"prep ended before its first unit: {b''.join(err).decode()[-3000:]}"
             assert time.time() < deadline, "prep did not reach its first unit within 120 s"
             time.sleep(0.05)
-        sockets = listening(_tree(p.pid))
+        sockets = listening(process_tree(p.pid))
         targets = [(kind, addr) for _, kind, addr in sockets]
         planted = [_dialable(addr) for pid, kind, addr in sockets if pid == p.pid and kind == "tcp"]
         answer = _as_nobody(targets, planted, marker, scratch / "nobody")
