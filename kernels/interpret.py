@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .ops import Kernels
@@ -28,6 +28,8 @@ def interpreted_triton_kernels() -> Kernels:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    _index_scalars_as_triton_3_7()
+
     for name, module in list(sys.modules.items()):
         if name == "triton.language" or name.startswith("triton.language."):
             for attr, value in list(vars(module).items()):
@@ -42,3 +44,29 @@ def interpreted_triton_kernels() -> Kernels:
         if any(isinstance(v, JITFunction) for v in vars(module).values()):
             importlib.reload(module)
     return ops.triton_kernels()
+
+
+def _index_scalars_as_triton_3_7() -> None:
+    """Make Triton 3.6's interpreter index with a loaded scalar as 3.7's does.
+
+    A loop bounded by loaded values (``range(lo, hi, BLOCK)`` in the attention kernels) calls
+    the scalar's ``__index__``, which 3.6 writes as ``int(array)`` of a 1-element array, refused
+    by NumPy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars"); 3.7
+    squeezes the array first. The GPU image has Triton 3.6 (issue 45's lease: 40 kernel tests
+    failed there for this alone). Newer Triton is left untouched."""
+    import triton
+    from triton.runtime import interpreter
+
+    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if major_minor >= (3, 7) or original is None or getattr(original, "__name__", "") == _SQUEEZING:
+        return
+
+    def _patch_lang_tensor_squeezing_index(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    vars(interpreter)["_patch_lang_tensor"] = _patch_lang_tensor_squeezing_index
+
+
+_SQUEEZING = "_patch_lang_tensor_squeezing_index"
