@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import urllib.error
 import urllib.request
 from typing import Any, Iterator
@@ -198,12 +199,46 @@ def flink_job_service(args: list[str]) -> Iterator[list[str]]:
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
     from apache_beam.runners.portability.flink_runner import FlinkRunner
 
+    from .flink_local import cache_dir, private_job_server
+    from .flink_private import PatchError, embedded_flink_conf
+
     options = PipelineOptions(args)
     flink = options.view_as(FlinkRunnerOptions)
     flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)  # as FlinkRunner does for its own
+    try:  # the jar Beam would run (downloaded by Beam if it is a URL or not given), patched
+        flink.flink_job_server_jar = str(private_job_server(flink.flink_job_server_jar or beam_jar_path(
+            flink.flink_version)[0], log=_note))
+        conf = embedded_flink_conf(cache_dir(), log=_note) if master in LOCAL_MASTERS else None
+    except PatchError as e:
+        raise RunnerOptionsError(f"{e} (--runner flink runs only a job server that serves this user alone: "
+                                 "see refinery.runners.flink_private)") from None
     server = beam_private.flink_job_server(options)
-    server.start()
+    with _env("FLINK_CONF_DIR", str(conf) if conf else None):  # the JVM reads it once, at its start
+        server.start()
     try:
         yield args + [f"--job_endpoint={server.endpoint}"]
     finally:
         server.stop()
+
+
+def _note(line: str) -> None:
+    print(f"refinery: {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block (nothing when ``value`` is None), restored after."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    if before is not None and before != value:
+        _note(f"{name}={before} is set; the embedded Flink uses refinery's private configuration instead")
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

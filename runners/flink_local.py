@@ -46,6 +46,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from . import tool_cache
+from .flink_private import PatchError, is_patched, patch_jar
 from .tool_cache import free_port, installed_beam_version
 
 CACHE_ENV = "REFINERY_FLINK_CACHE"
@@ -195,7 +196,7 @@ def fetch_job_server(flink_minor: str, beam_versions: list[str] | None = None, c
     default the installed one, then :data:`FALLBACK_BEAM_JAVA`."""
     found = find_job_server_jar(flink_minor, cache)
     if found:
-        return found
+        return private_job_server(str(found), cache, log)
     folder = (cache or cache_dir()) / "job-server"
     folder.mkdir(parents=True, exist_ok=True)
     versions = beam_versions or [installed_beam_version(), *FALLBACK_BEAM_JAVA.get(flink_minor, [])]
@@ -207,9 +208,30 @@ def fetch_job_server(flink_minor: str, beam_versions: list[str] | None = None, c
             why = fetch(flink_minor, beam, dest)
             if why is None:
                 log(f"  -> {dest}")
-                return dest
+                return private_job_server(str(dest), cache, log)
             tried.append(f"Beam {beam} {how}: {why}")
     raise FetchError(f"no Flink {flink_minor} job server could be fetched ({'; '.join(tried)})")
+
+
+def private_job_server(jar: str, cache: Path | None = None, log: Callable[[str], object] = print) -> Path:
+    """The job server ``jar`` (a path, or a URL Beam downloads into its own jar cache), patched
+    to serve this user only (:mod:`.flink_private`): the jar itself when it carries the patch,
+    else a patched copy of the same name in the cache's ``job-server`` folder (made once, about
+    20 s). Raises :class:`~.flink_private.PatchError`."""
+    if "://" in jar:
+        from apache_beam.utils.subprocess_server import JavaJarServer
+
+        jar = JavaJarServer.local_jar(jar)
+    path = Path(jar)
+    if not path.is_file():
+        raise PatchError(f"{path}: no such job server jar")
+    if is_patched(path):
+        return path
+    dest = (cache or cache_dir()) / "job-server" / path.name
+    if dest.resolve() != path.resolve() and is_patched(dest):
+        return dest
+    patch_jar(path, dest, log=log)
+    return dest
 
 
 def _pip_download(args: list[str], dest: Path) -> Path:
@@ -521,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("fetch", help="fetch Beam's Flink job server jar and a Flink distribution into the cache")
     u = sub.add_parser("up", help="start a local session cluster and a worker pool until Ctrl-C (or SIGTERM)")
     d = sub.add_parser("demo", help="start a cluster, run refinery prep on it, verify, stop")
+    pt = sub.add_parser("patch", help="patch a Flink job server jar in place to serve this user only "
+                        "(see refinery.runners.flink_private; fetch does it to what it fetches)")
+    pt.add_argument("jar", type=Path, help="the job server jar")
     for s in (f, u, d):
         s.add_argument("--flink", default=DEFAULT_FLINK, help=f"Flink version (default {DEFAULT_FLINK})")
     f.add_argument("--beam-version", action="append", help="Beam version(s) of the job server to try "
@@ -537,13 +562,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _stop_on_sigterm()
     try:
+        if args.cmd == "patch":
+            counts = patch_jar(args.jar)
+            print(f"{args.jar}: " + (f"patched ({sum(counts.values())} server builder calls)" if counts
+                                     else "already patched"))
+            return 0
         if args.cmd == "fetch":
             jar = fetch_job_server(minor_version(args.flink), args.beam_version)
             home = None if args.jar_only else fetch_flink(args.flink)
             print(f"cache: {cache_dir()}\n  job server: {jar}" + (f"\n  FLINK_HOME: {home}" if home else ""))
             return 0
         return _up(args) if args.cmd == "up" else _demo(args)
-    except (FetchError, RuntimeError) as e:
+    except (FetchError, PatchError, RuntimeError) as e:
         print(f"flink_local {args.cmd}: {e}", file=sys.stderr)
         return 1
 

@@ -79,7 +79,40 @@ def connect(kind, address):
         return "error " + type(e).__name__
     finally:
         s.close()
-    return call(target)
+    answer = call(target)
+    return tls(where) if answer == "grpc UNAVAILABLE" and kind == "tcp" else answer
+
+def tls(where):  # a port that is not plain gRPC: does it serve HTTP, or a TLS client without the run's key?
+    import ssl
+    s = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
+    s.settimeout(5)
+    try:
+        s.connect(where)
+        s.sendall(b"GET /v1/config HTTP/1.0\r\n\r\n")
+        head = s.recv(300)
+        if head.startswith(b"HTTP/") and not (b" 301 " in head.split(b"\r\n")[0] and b"location: https://"
+                                              in head.lower()):  # Flink's TLS REST server redirects plain HTTP
+            return "http served: " + head.split(b"\r\n")[0].decode(errors="replace")
+    except OSError:
+        pass
+    finally:
+        s.close()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    s = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
+    s.settimeout(5)
+    try:
+        s.connect(where)
+        with ctx.wrap_socket(s) as t:
+            t.sendall(b"GET /v1/config HTTP/1.0\r\n\r\n")
+            data = t.recv(64)
+        return "tls served: " + repr(data[:40]) if data else "tls closed"
+    except ssl.SSLError as e:
+        return "tls refused: " + (e.reason or type(e).__name__)
+    except OSError as e:
+        return "tls closed: " + type(e).__name__
+    finally:
+        s.close()
 
 def plant(address, marker):
     import apache_beam as beam
@@ -126,7 +159,7 @@ import tempfile
 tempfile.tempdir = None  # chosen again, as 65534 (a folder root chose may not be 65534's to write)
 """
 
-REFUSED = ("refused", "permission denied", "grpc PERMISSION_DENIED")
+REFUSED = ("refused", "permission denied", "grpc PERMISSION_DENIED", "tls refused", "tls closed")
 
 
 def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path, scratch: Path) -> dict:
@@ -269,7 +302,7 @@ def _probe_paused_prep(tmp_path: Path, scratch: Path, runner_args: list[str]) ->
 def _assert_nothing_let_in(sockets: list, answer: dict, marker: Path) -> None:
     print(f"listening: {sockets}\nas uid {NOBODY}: {answer}")
     assert not marker.exists(), f"uid {NOBODY}'s planted pipeline ran in the run (uid, pid): {marker.read_text()}"
-    let_in = {a: outcome for a, outcome in answer["connect"].items() if outcome not in REFUSED}
+    let_in = {a: outcome for a, outcome in answer["connect"].items() if not outcome.startswith(REFUSED)}
     assert let_in == {}, f"uid {NOBODY} was let in: {let_in}"
     assert all(v.startswith("failed") for v in answer["planted"].values()), answer["planted"]
 
@@ -399,13 +432,12 @@ def test_the_patch_applies_to_the_module_of_the_installed_beam(tmp_path):
     assert "refineryListen" in (copy / prism_local._SERVER_GO).read_text()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known hole (RELIABILITY.md, round 4 item 1): Beam's Flink job server JVM listens on every interface, and "
-    "its job, artifact and Fn API servers and the embedded Flink's REST server answer any local user"))
 @pytest.mark.usefixtures("flink_jar")
 def test_a_flink_run(tmp_path, scratch):
-    """An embedded Flink: Beam's job server JVM (job, artifact, expansion and Fn API servers, and
-    the embedded Flink's own). Measured 2026-11-27: 10 TCP ports on ``[::]`` and one on loopback,
-    9 answering gRPC to uid 65534 and 2 not gRPC; strict, so that closing the hole is noticed."""
+    """An embedded Flink: Beam's job server JVM, patched (:mod:`refinery.runners.flink_private`):
+    its job, artifact, expansion and Fn API servers on loopback for this uid only, the embedded
+    Flink's REST and blob servers behind TLS with a key only this user reads. Before: 10 TCP
+    ports on ``[::]`` and one on loopback, 9 answering gRPC to uid 65534, and Flink's REST
+    server (which takes jobs) among the 2 others."""
     sockets, answer, marker = _probe_paused_prep(tmp_path, scratch, ["--runner", "flink"])
     _assert_nothing_let_in(sockets, answer, marker)
