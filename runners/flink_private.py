@@ -195,7 +195,7 @@ CONF = "config.yaml"
 
 def embedded_flink_conf(root: Path, log: Callable[[str], object] = print) -> Path:
     """A ``FLINK_CONF_DIR`` for the Flink that Beam's job server embeds (``--flink_master
-    [auto]`` or ``[local]``): ``root/tls``, a folder only this user can enter (0700).
+    [auto]`` or ``[local]``): ``root/tls-<uid>``, a folder only this user can enter (0700).
 
     That Flink starts a REST server (which takes job submissions) and a blob server, on every
     interface and for anyone. The configuration binds both to localhost and turns on Flink's
@@ -203,9 +203,16 @@ def embedded_flink_conf(root: Path, log: Callable[[str], object] = print) -> Pat
     only this user can read (a self-signed PKCS12 keystore, its own truststore, made once with
     the JDK's ``keytool``): a caller without the key fails the TLS handshake. Nothing of the
     job itself goes over these ports (Beam submits to the embedded Flink in-process)."""
-    folder = root / TLS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    folder = root / f"{TLS_DIR}-{os.getuid()}"  # one per user: a cache may be shared
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        info = folder.stat()
+        if info.st_uid != os.getuid():
+            raise PatchError(f"{folder} belongs to uid {info.st_uid}, not to this user: the embedded Flink's key "
+                             "must be this user's alone (remove the folder)")
+        folder.chmod(0o700)
+    except OSError as e:
+        raise PatchError(f"{folder}: cannot keep the embedded Flink's key there ({e.strerror})") from None
     keystore, conf = folder / KEYSTORE, folder / CONF
     if not (keystore.exists() and conf.exists()):
         keytool = _jdk_tool("keytool")

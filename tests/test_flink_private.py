@@ -3,6 +3,7 @@ checks, and the embedded Flink's private TLS configuration. The whole patched JV
 another user in tests/test_runner_sockets.py::test_a_flink_run."""
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -106,6 +107,7 @@ def test_the_embedded_flinks_configuration_is_private_and_made_once(tmp_path):
         assert line in text.splitlines(), line
     key = keystore.read_bytes()
     assert embedded_flink_conf(tmp_path, log=lambda line: None) == folder and keystore.read_bytes() == key
+    assert folder.name == f"tls-{os.getuid()}"  # one per user: a shared cache keeps each user's key apart
 
 
 def test_the_fetched_job_server_is_patched(flink_jar):  # noqa: F811  # the fixture
