@@ -32,7 +32,10 @@ otherwise report as a Java stack trace, and says it in one line instead:
   straight to the cluster (``--flink_submit_uber_jar``).
 
 A command's Beam jobs share one job server (:func:`flink_job_service`): Beam would start a
-JVM for each job and stop them all only when the process exits.
+JVM for each job and stop them all only when the process exits. That JVM runs only patched to
+serve this user (:mod:`refinery.runners.flink_private`: loopback, other uids refused; an
+embedded Flink's REST and blob servers behind TLS with a private key); a jar that cannot be
+patched is refused in one line.
 
 Beam flags worth knowing: ``--flink_master=HOST:8081`` (the JobManager's REST address;
 ``[local]`` starts an embedded Flink), ``--flink_version`` (1.19, 1.20, 2.0, 2.1, 2.2),
