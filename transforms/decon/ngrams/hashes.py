@@ -79,23 +79,29 @@ def _mix64_np(z: np.ndarray) -> np.ndarray:
 
 
 class _Powers:
-    """Cached arrays of M^k and M^-k mod 2**64, grown on demand."""
+    """Cached arrays of M^k and M^-k mod 2**64, grown on demand up to ``keep`` entries; a
+    larger batch's (one eval row of 3 million tokens) are made for it and not kept: 55 MB a
+    process would otherwise hold through every later stage it runs (the local runner's driver)."""
 
-    def __init__(self, m: int):
+    def __init__(self, m: int, keep: int = 1 << 20):
         self.m = m
         self.minv = pow(m, -1, 1 << 64)
+        self.keep = keep
         self.fwd = np.ones(0, dtype=np.uint64)
         self.inv = np.ones(0, dtype=np.uint64)
 
+    def _make(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        fwd = np.full(k, _U(self.m), dtype=np.uint64)
+        fwd[0] = 1
+        inv = np.full(k, _U(self.minv), dtype=np.uint64)
+        inv[0] = 1
+        return np.multiply.accumulate(fwd), np.multiply.accumulate(inv)
+
     def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if size > self.keep:
+            return self._make(size)
         if len(self.fwd) < size:
-            k = max(size, 2 * len(self.fwd), 1 << 16)
-            fwd = np.full(k, _U(self.m), dtype=np.uint64)
-            fwd[0] = 1
-            inv = np.full(k, _U(self.minv), dtype=np.uint64)
-            inv[0] = 1
-            self.fwd = np.multiply.accumulate(fwd)
-            self.inv = np.multiply.accumulate(inv)
+            self.fwd, self.inv = self._make(min(max(size, 2 * len(self.fwd), 1 << 16), max(size, self.keep)))
         return self.fwd[:size], self.inv[:size]
 
 

@@ -19,8 +19,9 @@ from .tokenizers import Tokenizer
 
 
 def tokens(tokenizer: Tokenizer, text: str) -> list[str]:
-    """The tokens of ``text`` as decon counts them: :meth:`Tokenizer.tokenize` of its normalized form."""
-    return tokenizer.tokenize(normalize_text(text))
+    """The tokens of ``text`` as decon counts them: :meth:`Tokenizer.tokenize` of its normalized
+    form (equal tokens of a long text one string: :meth:`Tokenizer.tokenize_shared`)."""
+    return tokenizer.tokenize_shared(normalize_text(text))
 
 
 def prepare(tokenizer: Tokenizer, text: str) -> bytes:
