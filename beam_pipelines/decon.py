@@ -44,6 +44,12 @@ newline, tab and backslash (as typed in single quotes). A field holding a chat m
 ([{"role": ..., "content": ...}, ...]) is flattened to one "role: content" per message,
 joined by a blank line. Rows without text (a missing field, not a string) are counted as
 bad rows.
+
+Datasets: an eval row's dataset is its file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k),
+or with --eval-dataset-field FIELD its own FIELD; AI2 decon's reference files, one file of
+several benchmarks, read as they are:
+  refinery decon --eval ai2_eval.jsonl --eval-dataset-field eval_key \\
+      --eval-text-template '{question}' --train corpus/ --output out/decon
 """
 
 
@@ -72,7 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="eval (test) data: files, folders (recursive) or globs; local or gs://; "
                         ".jsonl .jsonl.gz .jsonl.zst .json .parquet .arrow (any case; other files in a folder "
                         "are skipped and named). The eval dataset name comes from "
-                        "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k)")
+                        "each file's folder (gsm8k-dolma-3fa9c1/test.jsonl -> gsm8k), or --eval-dataset-field")
+    g.add_argument("--eval-dataset-field", metavar="FIELD",
+                   help="name each eval row's dataset by the value of its FIELD (e.g. eval_key: one file holding "
+                        "several benchmarks, as AI2 decon's reference files do), not by its file's folder; a row "
+                        "whose FIELD is missing, not a string or not a name (empty, a '/') is a bad row of its "
+                        "file's dataset, listed with its reason in stats/eval_bad_rows.jsonl; no row of an eval "
+                        "file having FIELD: exit 2")
     g.add_argument("--eval-hf", nargs="+", default=[], metavar="NAME[:SUBSET]:SPLIT",
                    help="eval sets by Hugging Face name (or a local dataset folder), e.g. openai/gsm8k:main:test; "
                         "loaded with `datasets` at a pinned revision (--eval-hf-revision) and kept under "
@@ -158,7 +170,7 @@ def settings_from_args(args):
         slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
         report_examples=args.report_examples, details_format=args.details_format,
         max_row_bytes=args.max_row_bytes, verify_inputs_by_content=args.verify_inputs_by_content,
-        min_eval_tokens=args.min_eval_tokens,
+        min_eval_tokens=args.min_eval_tokens, eval_dataset_field=args.eval_dataset_field,
     )
 
 
@@ -208,6 +220,8 @@ def run(args, beam_args: list[str]) -> int:
             check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
             if args.id_field is not None:  # given: a field no row has would silently id every row by a hash
                 check_field("decon", "--id-field", args.id_field, [f.path for f in files])
+        if args.eval_dataset_field is not None:  # a field no row has would make every row a bad row
+            check_field("decon", "--eval-dataset-field", args.eval_dataset_field, [f.path for f in index.eval_files])
     except UsageError as e:
         return usage_error(str(e))
     except (storage.InputError, ValueError) as e:
@@ -257,6 +271,9 @@ def run(args, beam_args: list[str]) -> int:
             lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                          f"{s['num_instances']:<7} instances overlap")
         lines.append(f"  report: {storage.join(output, 'stats', 'report.html')} (and report.md)")
+        catalog = result.runs[0].check("catalog").receipt or {"stats": {}}  # the index's
+        if catalog["stats"].get("bad_rows_warning"):
+            print(f"WARNING refinery decon: {catalog['stats']['bad_rows_warning']}", file=sys.stderr)
         for receipt in result.runs[-1].completed_receipts().values():
             if receipt["stats"].get("capped_warning"):
                 print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)

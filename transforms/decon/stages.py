@@ -57,6 +57,8 @@ from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams.compact import Records
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
+    bad_row_reasons,
+    bad_rows_warning,
     note_short_rows,
     short_rows,
     short_rows_warning,
@@ -77,6 +79,7 @@ FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, c
 MEMBERSHIP_FILE = "membership.bin"
 EVAL_ROWS_FILE = "eval_rows.jsonl.gz"
 EVAL_SUMMARY_FILE = "eval_bad_rows.json"
+EVAL_BAD_ROWS = "stats/eval_bad_rows.jsonl"  # with --eval-dataset-field: the bad eval rows and their reasons
 
 
 def hits_file(unit_id: str) -> str:
@@ -153,6 +156,7 @@ class DeconSettings:
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row (eval or training) is unreadable (--max-row-bytes)
     verify_inputs_by_content: bool = False  # train_files.jsonl records each training file's sha256
     min_eval_tokens: int = DEFAULT_MIN_EVAL_TOKENS  # shorter eval rows are not indexed (--min-eval-tokens)
+    eval_dataset_field: str | None = None  # set: an eval row's dataset is this field's value (--eval-dataset-field)
 
     def row_cap(self) -> dict:
         """What a stage config records of the row cap: nothing at the default (the hashes of
@@ -196,7 +200,7 @@ _EVAL_LOCK = threading.Lock()
 @lru_cache(maxsize=2)
 def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
                 ns: tuple[int, ...], partitions: int, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                min_eval_tokens: int = 0) -> ng.NgramIndex:
+                min_eval_tokens: int = 0, dataset_field: str | None = None) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
 
@@ -204,7 +208,8 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_fiel
         return iter_rows(path, max_row_bytes=max_row_bytes)
 
     with gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field, ng.get_tokenizer(tokenizer))
+        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field, ng.get_tokenizer(tokenizer),
+                                      dataset_field)
         # the later rows of a text several rows have are not indexed: they share the first's records
         # nor are the rows of fewer than min_eval_tokens tokens (the merge names them)
         skip = set(ng.same_text(rows).first) | {r.eval_idx for r in short_rows(rows, min_eval_tokens)}
@@ -269,7 +274,9 @@ class IndexStage(Stage):
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
                 "id_field": self.s.id_field, "partitions": self.s.partitions, **self.s.row_cap(),
-                "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": self.s.min_eval_tokens}
+                "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": self.s.min_eval_tokens,
+                # absent without the flag: the hashes of outputs made before it are kept
+                **({"dataset_field": self.s.eval_dataset_field} if self.s.eval_dataset_field is not None else {})}
 
     def fingerprints(self) -> list:
         return [f.fingerprint() for f in self.eval_files]
@@ -284,7 +291,8 @@ class IndexStage(Stage):
         files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
             return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
-                               self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens)
+                               self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens,
+                               self.s.eval_dataset_field)
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         index = self._index(ctx.run)
@@ -296,7 +304,8 @@ class IndexStage(Stage):
             return {"eval_rows": len(index.rows), "test_ngrams": index.num_ngrams,
                     "membership_bytes": membership.hashes.nbytes,
                     "membership_loaded_bytes": membership.nbytes,
-                    "lengths": list(membership.lengths)}
+                    "lengths": list(membership.lengths),
+                    **({"bad_rows_warning": warning} if (warning := bad_rows_warning(index.bad)) else {})}
         p = unit.payload["p"]
         recs = index.records[p] if p in index.records else Records.from_lists([])
         ctx.write_bytes(ctx.part_path(partition_file(p)), ng.dumps_partition(recs))
@@ -649,6 +658,10 @@ class MergeReportsStage(Stage):
             ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
             ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
             ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))
+            if reasons := bad_row_reasons(bad):  # --eval-dataset-field: each bad eval row with its reason
+                ctx.write_bytes(ctx.output_path(EVAL_BAD_ROWS), jsonl(reasons))
+            else:  # none of an earlier run stays
+                storage.remove(ctx.output_path(EVAL_BAD_ROWS), root=ctx.output)
             with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
                 for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
                     out.write(chunk)

@@ -1,4 +1,4 @@
-"""Names and ids: an eval file's dataset name, a row's id."""
+"""Names and ids: an eval file's (or row's) dataset name, a row's id."""
 from __future__ import annotations
 
 import hashlib
@@ -25,6 +25,41 @@ def eval_dataset_name(path: str) -> str:
     if name.endswith("-dolma"):
         name = name[: -len("-dolma")]
     return name
+
+
+def dataset_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an eval dataset's name, or None. A name is what
+    :func:`eval_dataset_name` gives: one path component (a dataset's output files may be
+    named by it, and reports show it on a line): not empty, not ``.`` or
+    ``..``, no ``/`` or ``\\``, no control character, no space at either end, at most
+    200 bytes in UTF-8."""
+    if not name:
+        return "empty"
+    if name in (".", ".."):
+        return f"{name!r} is not a name"
+    if bad := next((c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127), None):
+        return f"{name!r} has {bad!r} (a dataset name is one path component)"
+    if name != name.strip():
+        return f"{name!r} begins or ends with a space"
+    if len(name.encode("utf-8", "surrogatepass")) > 200:
+        return f"{name[:40]!r}... is over 200 bytes"
+    return None
+
+
+def field_dataset(record: object, field: str) -> tuple[str | None, str | None]:
+    """``(dataset, None)``: the eval dataset a row names in its ``field``
+    (``refinery decon --eval-dataset-field``); else ``(None, reason)``, the reason naming the
+    field: no such field, not a string, or not a name (:func:`dataset_name_problem`)."""
+    if not isinstance(record, dict):
+        return None, f"not a row: a {type(record).__name__}, expected a JSON object"
+    if field not in record:
+        return None, f"no field {field!r} (--eval-dataset-field)"
+    value = record[field]
+    if not isinstance(value, str):
+        return None, f"field {field!r} (--eval-dataset-field) is {type(value).__name__}, not a string"
+    if problem := dataset_name_problem(value):
+        return None, f"field {field!r} (--eval-dataset-field): {problem}"
+    return value, None
 
 
 _NESTED = (dict, list, tuple)

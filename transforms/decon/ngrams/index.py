@@ -18,7 +18,7 @@ from refinery.transforms.core.text import TextSpec
 
 from .compact import HashFind, Records, build_records, pack_records, unpack_records
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
-from .ids import eval_dataset_name, record_id
+from .ids import eval_dataset_name, field_dataset, record_id
 from .membership import Membership
 from .normalized import prepare, token_count, tokens_with_offsets
 from .tokenizers import Tokenizer, effective_lengths, get_tokenizer
@@ -76,25 +76,66 @@ def same_text(eval_rows: list[EvalRow]) -> SameText:
 
 
 def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str | TextSpec, id_field: str,
-                 tokenizer: Tokenizer, bad: dict[str, dict] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
+                 tokenizer: Tokenizer, bad: dict[str, dict] | None = None, dataset_field: str | None = None,
+                 read_errors: Mapping[tuple[str, int], str] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
     bad rows (a record that could not be read, None, or without text: a missing field, not a
     string); ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows);
     ``bad``: counts to add to (datasets already named, with 0). ``text`` is the row's text
-    as read; ``num_tokens`` and ``empty`` are of its normalized form (:mod:`.normalized`)."""
+    as read; ``num_tokens`` and ``empty`` are of its normalized form (:mod:`.normalized`).
+
+    ``dataset_field`` (``refinery decon --eval-dataset-field``): a row's dataset is that field's
+    value (:func:`.ids.field_dataset`), not the ``dataset`` given with it; a row without a good
+    one is a bad row of the given ``dataset`` (its file's). Then each dataset's counts also
+    list its bad rows, ``"reasons": [[path, row, reason], ...]`` (the first
+    :data:`LISTED_BAD_ROWS`; ``read_errors``: the reader's reason for an unread row)."""
     rows: list[EvalRow] = []
     bad = {} if bad is None else bad
     extract = TextSpec.of(text_field).extract
     for ds, path, row, record in records:
-        bad.setdefault(ds, {"bad_rows": 0})
-        text, _ = extract(record)
-        if text is None or record is None:  # a text only of a row (never of None)
-            bad[ds]["bad_rows"] += 1
+        reason = None
+        if dataset_field is not None and record is not None:
+            named, reason = field_dataset(record, dataset_field)
+            ds = named or ds
+        counts = bad.setdefault(ds, {"bad_rows": 0})
+        text, why = extract(record)
+        if reason is not None or text is None or record is None:  # a text only of a row (never of None)
+            counts["bad_rows"] += 1
+            if dataset_field is not None:
+                listed = counts.setdefault("reasons", [])
+                if len(listed) < LISTED_BAD_ROWS:
+                    unread = record is None and (read_errors or {}).get((path, row))
+                    listed.append([path, row, reason or unread or why or "unreadable"])
             continue
         num_tokens, empty = token_count(tokenizer, text)
         rows.append(EvalRow(len(rows), ds, path, row, record_id(record, id_field), text, num_tokens, empty,
                             record.get(id_field) is None))
     return rows, bad
+
+
+LISTED_BAD_ROWS = 1000  # with --eval-dataset-field, the bad rows listed per dataset (all are counted)
+
+
+def bad_row_reasons(bad: Mapping[str, dict]) -> list[dict]:
+    """The bad eval rows :func:`eval_rows_of` listed (with ``dataset_field``), in eval order:
+    ``{"eval_path", "eval_row", "eval_dataset", "reason"}`` each (``stats/eval_bad_rows.jsonl``);
+    ``eval_dataset``: the dataset it is counted in. Empty without ``dataset_field``."""
+    out = [{"eval_path": path, "eval_row": row, "eval_dataset": ds, "reason": reason}
+           for ds, counts in bad.items() for path, row, reason in counts.get("reasons", ())]
+    return sorted(out, key=lambda r: (r["eval_path"], r["eval_row"]))
+
+
+def bad_rows_warning(bad: Mapping[str, dict], shown: int = 5) -> str | None:
+    """One line: how many eval rows were bad and the first ``shown`` with their reasons, or
+    None when none is listed (:func:`bad_row_reasons`)."""
+    listed = bad_row_reasons(bad)
+    if not listed:
+        return None
+    count = sum(int(counts["bad_rows"]) for counts in bad.values() if "reasons" in counts)
+    named = "; ".join(f"{r['eval_path']} row {r['eval_row']}: {r['reason']}" for r in listed[:shown])
+    more = f" and {count - shown:,} more" if count > shown else ""
+    return (f"{count:,} eval row(s) left out, counted as bad rows (listed in stats/eval_bad_rows.jsonl): "
+            f"{named}{more}")
 
 
 DEFAULT_MIN_EVAL_TOKENS = 5  # ``refinery decon --min-eval-tokens``: see docs/DECON.md
@@ -136,13 +177,26 @@ def note_short_rows(overlap_stats: list[dict], summary: list[dict], short: list[
 
 
 def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
-                   text_field: str | TextSpec, id_field: str, tokenizer: Tokenizer
+                   text_field: str | TextSpec, id_field: str, tokenizer: Tokenizer, dataset_field: str | None = None
                    ) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``files`` (in the given order, each file's rows in order) + per-dataset
-    counts of bad rows (:func:`eval_rows_of`)."""
+    counts of bad rows (:func:`eval_rows_of`). A row's dataset is its file's
+    (:func:`.ids.eval_dataset_name`), or with ``dataset_field`` the one the row names (its
+    file's only for a row that names none: no file's dataset is listed without a row)."""
     datasets = [(path, eval_dataset_name(path if "/" in path else os.path.abspath(path))) for path in files]
-    records = ((ds, path, row, record) for path, ds in datasets for row, record, _error in read_rows(path))
-    return eval_rows_of(records, text_field, id_field, tokenizer, {ds: {"bad_rows": 0} for _, ds in datasets})
+    if dataset_field is None:
+        records = ((ds, path, row, record) for path, ds in datasets for row, record, _error in read_rows(path))
+        return eval_rows_of(records, text_field, id_field, tokenizer, {ds: {"bad_rows": 0} for _, ds in datasets})
+    errors: dict[tuple[str, int], str] = {}
+
+    def read() -> Iterator[tuple[str, str, int, dict | None]]:
+        for path, ds in datasets:
+            for row, record, error in read_rows(path):
+                if record is None and error is not None:
+                    errors[(path, row)] = error
+                yield ds, path, row, record
+
+    return eval_rows_of(read(), text_field, id_field, tokenizer, {}, dataset_field, errors)
 
 
 def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer, skip: Collection[int] = ()
