@@ -20,9 +20,10 @@ from refinery.transforms.decon.stages import DeconSettings, build_stages
 
 
 def stats_files(out: Path) -> dict[str, bytes]:
-    """The bytes of every file under ``out/stats`` but the details."""
-    return {p.name: p.read_bytes() for p in sorted((out / "stats").iterdir())
-            if p.name not in ("overlap_details", "overlap_details.jsonl.gz")}
+    """The bytes of every file under ``out/stats`` (the clean subsets' folders too) but the details."""
+    stats = out / "stats"
+    return {str(p.relative_to(stats)): p.read_bytes() for p in sorted(stats.rglob("*"))
+            if p.is_file() and p.relative_to(stats).parts[0] not in ("overlap_details", "overlap_details.jsonl.gz")}
 
 
 def run_both(tmp_path, *extra: str) -> tuple[Path, Path]:
@@ -43,7 +44,7 @@ def test_parquet_and_jsonl_give_the_same_stats_drop_list_and_records(tmp_path):
     assert not (jsonl / "stats/overlap_details").exists() and (jsonl / "stats/overlap_details.jsonl.gz").exists()
     # every stats file (the drop list, instance sets, metrics, report.md, report.html) the same bytes
     ours, theirs = stats_files(parquet), stats_files(jsonl)
-    assert "contaminated_train_docs.jsonl" in ours and "overlap_stats.jsonl" in ours
+    assert {"contaminated_train_docs.jsonl", "overlap_stats.jsonl", "clean/mmlu/n=13.jsonl.gz"} <= set(ours)
     assert ours == theirs
     records = list(dt.read_details(str(parquet)))
     assert len(records) > 10 and records == list(dt.read_details(str(jsonl)))

@@ -210,6 +210,9 @@ def test_formats_matrix_and_rows(tmp_path):
     assert rc == 0
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
     assert all(s.pop("num_short_instances") == 0 and s.pop("short_instance_ids") == [] for s in stats)
+    # the clean subsets' ids, rows and the ids never checked (mmlu's empty row): the rest of num_instances
+    assert [(s.pop("num_clean_instances"), s.pop("num_clean_rows"), s.pop("num_unchecked_instances"))
+            for s in stats] == [(0, 0, 0)] * 2 + [(1, 1, 0)] * 2 + [(1, 1, 1)] * 2
     short_id = ng.record_hash_id({"id": None, "text": "Short one."})
     gsm_id = ng.record_hash_id({"text": GSM_Q, "answer": "7", "level": 1})  # every parquet column
     assert stats == [

@@ -23,7 +23,8 @@ stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
   partitions (and a jsonl file); jsonl: the members, each inflated to check its CRC first,
   concatenated in partition order into
   ``stats/overlap_details.jsonl.gz``; then ``stats/overlap_instances.jsonl.gz``,
-  ``stats/overlap_stats.jsonl``, ``stats/overlap_stats_by_train_path.jsonl``,
+  ``stats/overlap_stats.jsonl``, ``stats/clean/<dataset>/n=<n>.jsonl.gz`` (the clean eval subsets:
+  :mod:`~refinery.transforms.decon.ngrams.clean`), ``stats/overlap_stats_by_train_path.jsonl``,
   ``stats/overlap_metrics.jsonl``, ``stats/eval_summary.jsonl``,
   ``stats/contaminated_train_docs.jsonl`` (the drop list), ``stats/train_files.jsonl``,
   ``stats/report.md``, ``stats/report.html``, and ``.SUCCESS`` last.
@@ -53,6 +54,7 @@ from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parq
 from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
 from refinery.transforms.core.text import TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams.compact import Records
 from refinery.transforms.decon.ngrams.index import (
@@ -608,6 +610,7 @@ class MergeReportsStage(Stage):
     def config(self) -> dict:
         # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read
         return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 2,
+                "clean_subsets": 1,  # stats/clean/<dataset>/n=<n>.jsonl.gz (ngrams.clean)
                 **({"inputs_sha256": True} if self.s.verify_inputs_by_content else {})}
 
     def make_plan(self) -> list[Unit]:
@@ -652,9 +655,14 @@ class MergeReportsStage(Stage):
             short = short_rows(eval_rows, self.s.min_eval_tokens)  # not indexed: counted and named
             note_short_rows(result.overlap_stats, result.summary, short)
             short_warning = short_rows_warning(short, self.s.min_eval_tokens)
+            cl.note_clean(result.overlap_stats, eval_rows, self.s.min_eval_tokens)
             ctx.write_bytes(ctx.output_path("stats/overlap_instances.jsonl.gz"),
                             ng.dumps_jsonl_gz(ng.overlap_instances(eval_rows, result.overlaps, same, result.metrics)))
             ctx.write_bytes(ctx.output_path("stats/overlap_stats.jsonl"), jsonl(result.overlap_stats))
+            clean = cl.write_clean_subsets(eval_rows, result.overlap_stats, self.s.min_eval_tokens,
+                                           cl.unchanged_reader(index_run.input_fingerprints(), self.s.max_row_bytes),
+                                           self.s.id_field, lambda rel: ctx.open_write(ctx.output_path(rel)))
+            cl.remove_stale_clean(ctx.output, {cl.clean_file(ds, n) for ds, n in clean})
             ctx.write_bytes(ctx.output_path("stats/overlap_stats_by_train_path.jsonl"), jsonl(result.by_train_path))
             ctx.write_bytes(ctx.output_path("stats/overlap_metrics.jsonl"), jsonl(result.metrics))
             ctx.write_bytes(ctx.output_path("stats/eval_summary.jsonl"), jsonl(result.summary))

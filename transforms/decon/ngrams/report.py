@@ -183,6 +183,11 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
         tops = ", ".join(f"{f.path} ({f.instances})" for f in at_n[:top]) or "-"
         lines.append(f"| {ds} | {n} | {k} | {total} | {pct:.2f} | {sum(f.train_rows for f in at_n)} | {tops} |")
     lines.append("")
+    clean = [s for s in result.overlap_stats if "num_clean_instances" in s]  # ngrams.clean.note_clean
+    if clean:
+        lines += ["clean instances (no overlap at n; rows too short or empty are not checked, so not clean), "
+                  "in stats/clean/<eval_dataset>/n=<n>.jsonl.gz: " + ", ".join(
+                      f"{s['eval_dataset']} {s['num_clean_instances']} at n = {s['n']}" for s in clean), ""]
     for ds, s in sorted(summary.items()):
         if s["num_empty_instances"] or s["num_bad_rows"]:
             lines.append(f"- {ds}: {s['num_empty_instances']} empty/punctuation-only instances (never counted "
