@@ -615,27 +615,12 @@ def decode_kernel_times(model: Transformer, batch: int, prompt_len: int, steps: 
     g = torch.Generator().manual_seed(seed)
     for prompt in torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g).tolist():
         gen.add(prompt, max_tokens=steps + 1)
-    first: dict[int, int] = {}
-    while len(first) < batch:
-        result = gen.step()
-        if result is None:
-            raise RuntimeError("the generator stalled during prefill")
-        logits, ids = result
-        first.update(zip(ids, sample(logits, 0.0)))
-    for sid, token in first.items():
+    for sid, token in bench.prefill_first_tokens(gen, batch).items():
         gen.update(sid, token)
     _free(model.device)
-    done = 0
     with profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
-        while not gen.idle and done < steps:
-            result = gen.step()
-            if result is None:
-                break
-            logits, ids = result
-            for sid, token in zip(ids, sample(logits, 0.0)):
-                gen.update(sid, token)
-            done += 1
+        done, _ = bench.greedy_decode(gen, steps)
         _free(model.device)
         wall = time.perf_counter() - t
     rows = sorted(((getattr(e, "self_device_time_total", 0) if on_cuda else e.self_cpu_time_total, e.key, e.count)

@@ -230,6 +230,34 @@ class CompileCounter:
             self._knobs.runtime.jit_post_compile_hook = self._saved
 
 
+def prefill_first_tokens(gen: BatchedGenerator, batch: int) -> dict[int, int]:
+    """Step ``gen`` until each of its ``batch`` sequences has its first (greedy) token, holding
+    them back so no decode mixes in; {sequence id: first token}, not yet given to ``gen``."""
+    first: dict[int, int] = {}
+    while len(first) < batch:
+        result = gen.step()
+        if result is None:
+            raise RuntimeError("the generator stalled during prefill")
+        logits, ids = result
+        first.update(zip(ids, sample(logits, 0.0)))
+    return first
+
+
+def greedy_decode(gen: BatchedGenerator, max_steps: int | None = None) -> tuple[int, int]:
+    """Decode greedily until ``gen`` is idle or ``max_steps`` steps ran; (steps, tokens decoded)."""
+    steps = decoded = 0
+    while not gen.idle and (max_steps is None or steps < max_steps):
+        result = gen.step()
+        if result is None:
+            break
+        logits, ids = result
+        for sid, token in zip(ids, sample(logits, 0.0)):
+            gen.update(sid, token)
+        steps += 1
+        decoded += len(ids)
+    return steps, decoded
+
+
 def run_batch(
     model: Transformer, batch: int, prompt_len: int, new_tokens: int, prefill_chunk: int, path: str, seed: int = 0,
     cuda_graph: bool = False, decode_steps: int | None = None,
@@ -249,27 +277,12 @@ def run_batch(
     compiles = CompileCounter()
     compiles.__enter__()
     t0 = time.perf_counter()
-    first: dict[int, int] = {}
-    while len(first) < batch:  # prefill: hold every first token back so no decode mixes in
-        result = gen.step()
-        if result is None:
-            raise RuntimeError("the generator stalled during prefill")
-        logits, ids = result
-        first.update(zip(ids, sample(logits, 0.0)))
+    first = prefill_first_tokens(gen, batch)
     _sync(device)
     t1 = time.perf_counter()
     for sid, token in first.items():
         gen.update(sid, token)
-    steps = decoded = 0
-    while not gen.idle and (decode_steps is None or steps < decode_steps):
-        result = gen.step()
-        if result is None:
-            break
-        logits, ids = result
-        for sid, token in zip(ids, sample(logits, 0.0)):
-            gen.update(sid, token)
-        steps += 1
-        decoded += len(ids)
+    steps, decoded = greedy_decode(gen, decode_steps)
     _sync(device)
     t2 = time.perf_counter()
     compiles.__exit__(None, None, None)
