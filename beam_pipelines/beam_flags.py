@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from refinery.beam_pipelines.checks import UsageError
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 # ---------------------------------------------------------------------------------------
 # Flags: what is not ours must be Beam's

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 
 class UsageError(ValueError):
@@ -52,8 +52,8 @@ def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str
     (``runners.dataflow.option_problems``) and every local data path (its workers cannot
     see this machine's files); the bucket name of every ``gs://`` path. Reads nothing remote."""
     from refinery.runners.dataflow import is_dataflow, option_problems
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.gcs import bucket_problem
+    from refinery.transforms.io import storage
+    from refinery.transforms.io.gcs import bucket_problem
 
     problems = []
     if is_dataflow(beam_args):
@@ -81,7 +81,7 @@ def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: li
     rows do have. A file whose first rows are all unreadable is left to the run (its rows
     are rejected with reasons). A tuple of fields (a text template's, ``shown`` as the
     template): each must be in some row."""
-    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.io.rows import iter_rows
 
     wanted = (field,) if isinstance(field, str) else tuple(field)
     for path in paths[:files]:
@@ -105,11 +105,11 @@ def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: li
 
 def text_spec(command: str, field: str | None, template: str | None, field_flag: str = "--text-field",
               template_flag: str = "--text-template", default: str | None = "text"):
-    """The :class:`~refinery.transforms.core.text.TextSpec` of a text field / text template
+    """The :class:`~refinery.transforms.io.text.TextSpec` of a text field / text template
     pair of flags (the template as typed: ``\\n``, ``\\t``, ``\\\\`` interpreted), or None
     when neither is given and there is no ``default``; :class:`UsageError` (one line) for
     both, or for a bad template."""
-    from refinery.transforms.core.text import TextSpec, unescape
+    from refinery.transforms.io.text import TextSpec, unescape
 
     if field is not None and template is not None:
         raise UsageError(f"refinery {command}: give {field_flag} or {template_flag}, not both")
@@ -137,7 +137,7 @@ def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False,
     except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
     would list it (a run reading its own outputs back as input). Every command that takes
     ``--output`` calls it (``flag``: how the message names the output)."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     problem = storage.output_folder_problem(output, probe=not dry_run)
     if problem:
@@ -159,7 +159,7 @@ def named_inputs(given: list[str]) -> list[str]:
     """The inputs as the user named them (``--input`` arguments, a ``--hf-dataset`` name), local
     paths resolved: what run.json records as ``inputs``, and what :func:`replaced_inputs_problem`
     compares."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     return sorted({g if storage.is_remote(g) or not storage.exists(g) else storage.resolved(g) for g in given})
 
@@ -169,8 +169,8 @@ def recorded_inputs(output: str) -> tuple[list[str], list[str]] | None:
     ``output``: its first stage's recorded input fingerprints (``.refinery/fingerprints/``) and
     run.json's ``inputs``; None when the folder records no run, or a run of a refinery that did
     not record what it was given (nothing to compare)."""
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import fingerprints_path
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable.ledger import fingerprints_path
 
     try:
         info = storage.read_json(storage.join(output, ".refinery", "run.json"))
@@ -186,11 +186,11 @@ def recorded_inputs(output: str) -> tuple[list[str], list[str]] | None:
 def replaced_inputs_problem(command: str, output: str, inputs: list, given: list[str], force: bool) -> str | None:
     """One line when ``output`` holds the output of OTHER inputs: named otherwise than ``given``
     (this run's ``--input`` arguments) AND holding other files than ``inputs`` (its
-    :class:`~refinery.transforms.core.storage.InputFile` s): a mistyped ``--input`` or
+    :class:`~refinery.transforms.io.storage.InputFile` s): a mistyped ``--input`` or
     ``--output`` would replace hours of work. The same inputs with other settings, or with
     files edited, added or removed since (the run says which and replaces what changed), and
     the same files named another way, are no problem. ``force``: the user asked for it."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     recorded = None if force else recorded_inputs(output)
     if recorded is None:
@@ -257,7 +257,7 @@ def local_spellings(output: str) -> list[str]:
     table cannot be read: not Linux)."""
     import os
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     path = storage.paths._local(output)
     try:
@@ -273,7 +273,7 @@ def same_folder_above(arg: str, output: str) -> bool:
     import glob as globlib
     import os
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     if storage.is_remote(arg) or storage.is_remote(output) or globlib.has_magic(arg):
         return False
@@ -301,7 +301,7 @@ def command_family(command: str) -> str:
 
 def recorded_command(output: str) -> str | None:
     """The command of the run recorded in ``output`` (``.refinery/run.json``), or None."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     try:
         info = storage.read_json(storage.join(output, ".refinery", "run.json"))
@@ -376,7 +376,7 @@ def rejects_hint(rejects_path: str, limit: int = 10_000) -> str | None:
     """:func:`rejection_hint` of the first ``limit`` rows of a rejects file (None if unreadable)."""
     import json
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     reasons: list[str] = []
     try:

@@ -19,7 +19,7 @@ import importlib
 import logging
 import sys
 
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 COMMANDS = {
     "prep": "refinery.beam_pipelines.prep",
@@ -126,8 +126,8 @@ def _main(argv: list[str] | None) -> int:
     from refinery.beam_pipelines.beam_flags import check_beam_args
     from refinery.beam_pipelines.checks import UsageError, gs_paths, location_problems
     from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.gcs import credentials_problem
+    from refinery.transforms.io import storage
+    from refinery.transforms.io.gcs import credentials_problem
 
     parser, subparsers = build_parser()
     args, unknown = parser.parse_known_args(argv)

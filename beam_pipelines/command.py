@@ -83,8 +83,8 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     the verdict failed."""
     from refinery.runners import RunnerOptionsError, job_service
     from refinery.runners.jobs import run_job
-    from refinery.transforms.core.stages import JobFailed, StageFailed, run_stages
-    from refinery.transforms.core.storage import InputError, PathError
+    from refinery.transforms.io.storage import InputError, PathError
+    from refinery.transforms.resumable import JobFailed, StageFailed, run_stages
 
     if getattr(args, "dry_run", False):
         try:
@@ -126,7 +126,7 @@ def failed_summary(command: str, summary: str) -> str:
     """A run's summary once its verdict failed it: never "done", and never a path it did not
     leave: ``COMMAND done in`` reads ``COMMAND failed after``, and a line naming an output
     (``  manifest: PATH``, ``  report: PATH ...``) that does not exist says there is none."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     lines = summary.splitlines()
     if lines and lines[0].startswith(f"{command} done in "):
@@ -142,7 +142,7 @@ def failed_summary(command: str, summary: str) -> str:
 def _failed(p: Pipeline, e: Exception, beam_args: list[str]) -> int:
     """The failure of a run whose units failed (:class:`StageFailed`) or whose Beam job failed
     (:class:`JobFailed`), with the command that resumes it; exit 1."""
-    from refinery.transforms.core.stages import JobFailed
+    from refinery.transforms.resumable import JobFailed
 
     if not isinstance(e, JobFailed):
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
@@ -179,7 +179,7 @@ def disk_full_line(output: str) -> str:
     import os
     import shutil
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     if storage.is_remote(output):
         return f"no space left on a disk while writing {output} (a worker's local disk, or its spool)"
@@ -237,9 +237,9 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     Inside ``storage.offline`` (the CLI's dry runs) it says which remote inputs it did not list
     and, for a remote output, that it did not read the receipts."""
     from refinery.runners.dataflow import is_dataflow
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import repairs_of
-    from refinery.transforms.core.stages import bind_stages, demanded
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable import bind_stages, demanded
+    from refinery.transforms.resumable.ledger import repairs_of
 
     force = getattr(args, "force", False)
     verify = getattr(args, "verify_checksums", False)

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
     from refinery.beam_pipelines.checks import add_reject_rate_arg
     from refinery.beam_pipelines.command import add_runner_args
-    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
+    from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -146,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def text_specs(args):
-    """(eval, train) :class:`~refinery.transforms.core.text.TextSpec` of the text flags: a
+    """(eval, train) :class:`~refinery.transforms.io.text.TextSpec` of the text flags: a
     side's own flag, else the shared one, else the field ``text``; :class:`UsageError` for a
     bad template or two flags of one side."""
     from refinery.beam_pipelines.checks import text_spec
@@ -186,9 +186,9 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.core import storage
     from refinery.transforms.decon.ngrams import details as dt
     from refinery.transforms.decon.stages import build_stages, foreign_details, input_stages, remove_stale_details
+    from refinery.transforms.io import storage
 
     output = args.output.rstrip("/")
     if problem := bad_reject_rate(args):
@@ -201,8 +201,8 @@ def run(args, beam_args: list[str]) -> int:
         check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
         pending_hf = []
         for spec in args.eval_hf:
-            from refinery.transforms.core.hf import materialize_split
-            from refinery.transforms.core.receipts import META_DIR
+            from refinery.transforms.io.hf import materialize_split
+            from refinery.transforms.resumable.ledger import META_DIR
 
             path = materialize_split(spec, storage.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
                                      write=not args.dry_run)

@@ -151,8 +151,8 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import run_pipeline, usage_error
-    from refinery.transforms.core import storage
     from refinery.transforms.inference.stages import GenerateTask
+    from refinery.transforms.io import storage
 
     output = args.output.rstrip("/")
     try:

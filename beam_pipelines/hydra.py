@@ -105,8 +105,8 @@ def _slices(args, beam_args: list[str]) -> int:
     """Through the command runner, like every step: failed units exit 1 with the resume command."""
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
     from refinery.runners import pipeline_args
-    from refinery.transforms.core import storage
     from refinery.transforms.hydra.slices import SlicesStage
+    from refinery.transforms.io import storage
 
     output = args.output.rstrip("/")
     try:
@@ -127,10 +127,10 @@ def _slices(args, beam_args: list[str]) -> int:
 def _oracle(args, beam_args) -> int:
     from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.core import storage
     from refinery.transforms.hydra.oracle import OracleTask
     from refinery.transforms.inference.handler import GenerationParams
     from refinery.transforms.inference.stages import build_stages
+    from refinery.transforms.io import storage
 
     output = args.output.rstrip("/")
     try:
@@ -194,9 +194,9 @@ def _train(args) -> int:
 def _grade(args, beam_args) -> int:
     from refinery.beam_pipelines.command import run_pipeline, usage_error
     from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.core import storage
     from refinery.transforms.hydra.grade import GradeTask
     from refinery.transforms.inference.stages import build_stages
+    from refinery.transforms.io import storage
 
     output = args.output.rstrip("/")
     try:

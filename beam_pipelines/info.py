@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args, beam_args: list[str]) -> int:
     from refinery.beam_pipelines.verify import manifest_path
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     path = manifest_path(args.manifest)
     try:

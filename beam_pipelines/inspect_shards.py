@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
 
 HELP = "check shards for double EOS, empty documents, idx/npy mismatch; token statistics (exit 1 on issues)"
 
@@ -71,9 +71,9 @@ def _decode(tokens, manifest_path: str | None = None) -> str | None:
     """The text of ``tokens`` by the manifest's tokenizer (o200k_harmony without a manifest),
     or None when that tokenizer cannot be loaded here."""
     try:
-        from refinery.transforms.core import storage
         from refinery.transforms.formats.encoders import load_tokenizer
-        from refinery.transforms.formats.tokenizers import DEFAULT, spec_from_manifest
+        from refinery.transforms.formats.tokenizer_choice import DEFAULT, spec_from_manifest
+        from refinery.transforms.io import storage
 
         spec = spec_from_manifest(storage.read_json(manifest_path)) if manifest_path else DEFAULT
         return None if spec is None else load_tokenizer(spec).decode(tokens)
@@ -176,7 +176,7 @@ def _find_shard(shard: str, refs: list, base: str) -> str | None:
     ``*-shard-NNNNNN.npy`` of a data dir), else a path (as given, or under ``base``)."""
     import os
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     if shard.isdigit():
         suffix = f"-shard-{int(shard):06d}.npy"
@@ -190,9 +190,9 @@ def _find_shard(shard: str, refs: list, base: str) -> str | None:
 
 def show_document(args) -> int:
     """``--doc SHARD:I``: a document, its text and its source; exit 1 when its sidecar or row is missing."""
-    from refinery.transforms.core import storage
     from refinery.transforms.formats import provenance, shards
     from refinery.transforms.formats.inspect import shards_from_manifest, shards_in_dir
+    from refinery.transforms.io import storage
 
     shard, i = args.doc
     try:

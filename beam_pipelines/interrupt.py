@@ -78,7 +78,7 @@ def _on_stop_signal(signum: int) -> None:
     """Bookkeeping of SIGINT/SIGTERM: a second one exits at once; the first is acknowledged
     at once (the progress bar stops, "stopping…" is printed), arms a watchdog (Beam can
     swallow a KeyboardInterrupt and wait forever) and stops Beam's workers."""
-    from refinery.transforms.core.progress import halt_progress
+    from refinery.transforms.resumable.progress import halt_progress
 
     _INTERRUPTED.append(signum)
     if len(_INTERRUPTED) > 1:

@@ -7,8 +7,8 @@ Killing the job and running the same command again finishes it.
 
 The job's shape, in one place: :func:`refinery.transforms.prep.stages.build_stages` lists its
 steps in order ([count] -> tokenize -> [merge] -> pack -> manifest, each a stage of units);
-:func:`refinery.transforms.core.pipeline.build_pipeline` makes them one Beam job (a step per
-stage, each after the one before), and :func:`refinery.transforms.core.orchestration.run_stages`
+:func:`refinery.transforms.resumable.beam_steps.build_pipeline` makes them one Beam job (a step per
+stage, each after the one before), and :func:`refinery.transforms.resumable.orchestration.run_stages`
 plans and runs it. The public PTransforms (``refinery.transforms.prep.beam``: ``Normalize |
 Tokenize | AssignShard | WriteTokenShards``) are the same per-document steps for a user's own
 pipeline, not this command's job; they write the same bytes (one order rule,
@@ -49,7 +49,7 @@ Killing the job and running the same command again finishes it: finished units a
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from refinery.beam_pipelines.checks import add_reject_rate_arg
     from refinery.beam_pipelines.command import add_runner_args
-    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
+    from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
 
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     """``--tokenizer``, ``--eos-token``, ``--vocab-file`` (prep and prep-mixture)."""
-    from refinery.transforms.formats.tokenizer import TIKTOKEN_FILES
+    from refinery.transforms.formats.tiktoken_vocab import TIKTOKEN_FILES
 
     tok = parser.add_argument_group("tokenizer")
     tok.add_argument("--tokenizer", default="o200k_harmony", metavar="NAME_OR_PATH",
@@ -143,9 +143,9 @@ def resolve_tokenizer_args(args, command: str):
     """(TokenizerSpec, None) or (None, exit code 2 after one line on stderr) for the
     ``--tokenizer``/``--eos-token``/``--vocab-file`` of ``args``."""
     from refinery.beam_pipelines.command import usage_error
-    from refinery.transforms.core import storage
-    from refinery.transforms.formats.tokenizer import VocabError
-    from refinery.transforms.formats.tokenizers import TokenizerError, TokenizerSpec, resolve_tokenizer
+    from refinery.transforms.formats.tiktoken_vocab import VocabError
+    from refinery.transforms.formats.tokenizer_choice import TokenizerError, TokenizerSpec, resolve_tokenizer
+    from refinery.transforms.io import storage
 
     if args.vocab_file and args.tokenizer not in ("o200k_harmony", "o200k_base"):
         return None, usage_error(f"refinery {command}: --vocab-file is the o200k_base vocab; "
@@ -212,10 +212,10 @@ def run(args, beam_args: list[str]) -> int:
         warn_if_mostly_rejected,
     )
     from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.text import TEXT_NORMALIZATION
     from refinery.transforms.formats.droplist import ReadSpec
     from refinery.transforms.formats.shards import check_name
+    from refinery.transforms.io import storage
+    from refinery.transforms.io.text import TEXT_NORMALIZATION
     from refinery.transforms.prep.exclusion import UNREAD, load_exclusion
     from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 
@@ -240,7 +240,7 @@ def run(args, beam_args: list[str]) -> int:
         check_output("prep", args.output, args.input or [], dry_run=args.dry_run)
         max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
         if args.hf_dataset:
-            from refinery.transforms.core.hf import resolve_hf_parquet
+            from refinery.transforms.io.hf import resolve_hf_parquet
             hf = resolve_hf_parquet(args.hf_dataset, args.hf_subset, args.hf_split, args.hf_revision)
             inputs = storage.expand_inputs(list(hf.files))
             source = hf.describe()

@@ -77,7 +77,7 @@ def hf_split_files(source, split: str, fs=None, api=None):
     """The :class:`HfSource` of a source's split, its files cut to the split's percent slice."""
     from dataclasses import replace
 
-    from refinery.transforms.core.hf import resolve_hf_parquet
+    from refinery.transforms.io.hf import resolve_hf_parquet
 
     sl = source.hf_splits[split]
     hf = resolve_hf_parquet(source.hf_dataset, source.hf_subset, sl.name, source.hf_revision, fs=fs, api=api)
@@ -87,7 +87,7 @@ def hf_split_files(source, split: str, fs=None, api=None):
 def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
     """(input files, source description for the plan hash) of one source/split; the files of
     its folders skipped for their extension are appended to ``skipped``."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     s = plan.source
     if s.is_hf:
@@ -97,7 +97,7 @@ def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
 
 
 def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokenizer=None, encoder: str = "fast"):
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
     from refinery.transforms.prep.stages import PrepConfig
 
     return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
@@ -120,8 +120,8 @@ def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None 
 def receipt_status(cfg) -> tuple[str, str]:
     """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
     pack and manifest, verifies) | partial | pending."""
-    from refinery.transforms.core.stages import bind_stages
     from refinery.transforms.prep.stages import build_stages
+    from refinery.transforms.resumable import bind_stages
 
     runs = bind_stages(build_stages(cfg), cfg.output)
     parts, any_done, final_pending = [], False, False
@@ -203,7 +203,7 @@ def run(args, beam_args: list[str]) -> int:
 
 
 def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     from refinery.transforms.loader import mixture as mx
 
     offline = storage.offline_state()  # the CLI's dry run: nothing remote is listed or read
@@ -232,10 +232,10 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
     from refinery.beam_pipelines.checks import reject_rate_failure
     from refinery.beam_pipelines.interrupt import interrupted, resume_hint
     from refinery.runners.jobs import run_job
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.stages import run_stages
+    from refinery.transforms.io import storage
     from refinery.transforms.loader import mixture as mx
     from refinery.transforms.prep.stages import clear_stale_manifest
+    from refinery.transforms.resumable import run_stages
 
     failed: dict[str, str] = {}
     t0 = time.time()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
 
 HELP = "rebuild a shard's lost .idx from its EOS positions (byte-identical)"
 
@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def shard_manifest(shard: str) -> dict:
     """The manifest two folders up from a shard ({} if there is none or it is unreadable)."""
-    from refinery.transforms.core import storage
     from refinery.transforms.formats.manifests import MANIFEST
+    from refinery.transforms.io import storage
 
     try:
         m = storage.read_json(storage.join(storage.dirname(storage.dirname(shard)), MANIFEST))
@@ -55,8 +55,8 @@ def manifest_eos(shard: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import storage
     from refinery.transforms.formats.shards import index_path_for, regenerate_index
+    from refinery.transforms.io import storage
 
     if shard_manifest(args.shard).get("eos_token_is_ordinary"):
         print(f"refinery regenerate-index: {args.shard}: its prep output's EOS is an ordinary token "

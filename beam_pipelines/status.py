@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.stages import stage_status
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable import stage_status
 
     output = args.output.rstrip("/")
     if storage.basename(output) == "manifest.json" and not storage.isdir(output):

@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_path(path: str) -> str:
     """A manifest path from a manifest or a prep output folder (whichever the user gave)."""
-    from refinery.transforms.core import storage
     from refinery.transforms.formats.manifests import MANIFEST
+    from refinery.transforms.io import storage
 
     path = path.rstrip("/")
     return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
@@ -50,9 +50,9 @@ def unlisted_details(output: str) -> list[str]:
     duplicate or foreign rows."""
     import json
 
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import META_DIR
     from refinery.transforms.decon.ngrams.details import DETAILS_DIR
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable.ledger import META_DIR
 
     folder = storage.join(output, DETAILS_DIR)
     files = [p for p in storage.listdir(folder) if not storage.is_temp_name(storage.basename(p))]
@@ -79,8 +79,8 @@ def _missing_manifest(path: str, output: str) -> int:
     """A manifest named on the command line that is not there: one line saying so, and what its
     folder holds (no run; an unfinished or damaged run, with how many problems; a finished run
     of a command that writes no manifest). 1 when its folder holds a run with problems, else 2."""
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import META_DIR, verify_run
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable.ledger import META_DIR, verify_run
 
     run_json = storage.join(output, META_DIR, "run.json")
     if not storage.exists(run_json):
@@ -102,9 +102,9 @@ def _missing_manifest(path: str, output: str) -> int:
 
 
 def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import META_DIR, verify_run
     from refinery.transforms.formats.manifests import MANIFEST, verify_manifest
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable.ledger import META_DIR, verify_run
 
     path = manifest_path(args.manifest)
     notes: list[str] = []

@@ -43,8 +43,8 @@ from datetime import datetime
 from statistics import median
 
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.io.rows import iter_rows
 
 GSM8K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "gsm8k")
 ONE_WORKER = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -144,8 +144,8 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int],
 
 WORKER_SCRIPT = r"""
 import json, sys, time
-from refinery.transforms.core import storage
-from refinery.transforms.core.rows import iter_rows
+from refinery.transforms.io import storage
+from refinery.transforms.io.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.stages import load_partition_file, membership_from_bytes, partition_file
 

@@ -5,7 +5,7 @@ Each case builds its inputs (a few MB at most; their size is printed), then
 - runs ``refinery decon --runner direct`` end to end in a fresh process: the peak RSS of the
   largest process (the run is one process: driver and worker);
 - runs the four stages again on a fresh output, each stage in a fresh process of its own
-  (its units in that process, without Beam, as :func:`~refinery.transforms.core.stages.run_in_driver`
+  (its units in that process, without Beam, as :func:`~refinery.transforms.resumable.run_in_driver`
   does): the peak RSS of each stage's process (Python, numpy and refinery's imports included).
 
 A watchdog kills a process past ``--limit-gb`` (the figure then reads ``>LIMIT (killed)``).
@@ -47,7 +47,7 @@ STAGES = ("index", "scan", "reduce", "merge")
 STAGE_SCRIPT = r"""
 import json, sys
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.stages import bind_stages, execute_unit
+from refinery.transforms.resumable import bind_stages, execute_unit
 from refinery.transforms.decon.stages import build_stages
 stage, argv = sys.argv[1], sys.argv[2:]
 args = decon.build_parser().parse_args(argv)

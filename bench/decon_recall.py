@@ -63,9 +63,9 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Callable, Iterable, Iterator
 
-from refinery.transforms.core.text import normalize_text
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.details import read_details
+from refinery.transforms.io.text import normalize_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GSM8K = os.path.join(HERE, "..", "tests", "data", "gsm8k")

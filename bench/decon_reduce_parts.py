@@ -26,8 +26,6 @@ from typing import Any, Callable
 
 import msgpack
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams import droplist, reduce
@@ -39,6 +37,8 @@ from refinery.transforms.decon.stages import (
     membership_from_bytes,
     partition_file,
 )
+from refinery.transforms.io import storage
+from refinery.transforms.io.rows import iter_rows
 
 STEPS = {  # (module or class, function) -> the step it is
     (reduce, "counted_hits"): "a block's hits as columns",

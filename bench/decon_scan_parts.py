@@ -22,11 +22,11 @@ import os
 import time
 from typing import Any, Callable
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import membership, scan
 from refinery.transforms.decon.stages import load_partition_file, membership_from_bytes, partition_file
+from refinery.transforms.io import storage
+from refinery.transforms.io.rows import iter_rows
 
 STEPS = {  # (module or class, function) -> the step it is
     (scan, "tokenize_batch"): "tokenize, hash tokens",

@@ -79,10 +79,10 @@ def rss_mb() -> float:
 
 
 def speed(args) -> None:
-    from refinery.transforms.formats import tokenizer as tk
+    from refinery.transforms.formats import tiktoken_vocab as tk
     from refinery.transforms.formats.bpe_encoder import _bpe_bindings
     from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
 
     texts = corpus(args.corpus, args.mb)
     parts = batches(texts)
@@ -124,7 +124,7 @@ import sys, time
 sys.path.insert(0, {here!r})
 import encoders
 from refinery.transforms.formats.gigatoken_encoder import gigatoken_backend
-from refinery.transforms.formats.tokenizers import DEFAULT
+from refinery.transforms.formats.tokenizer_choice import DEFAULT
 parts = encoders.batches(encoders.corpus({kind!r}, {mb}))
 fast = gigatoken_backend(DEFAULT, {budget})
 
@@ -152,10 +152,10 @@ def exact(args) -> None:
     import numpy as np
     from encoder_fuzz import fuzz_texts
 
-    from refinery.transforms.formats import tokenizer as tk
+    from refinery.transforms.formats import tiktoken_vocab as tk
     from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
     from refinery.transforms.formats.encoders import load_tokenizer
-    from refinery.transforms.formats.tokenizers import resolve_tokenizer
+    from refinery.transforms.formats.tokenizer_choice import resolve_tokenizer
 
     sets = {f"{kind} {args.mb:.0f} MB": corpus(kind, args.mb) for kind in args.corpora}
     if args.fuzz:  # any code point (those holding an unassigned one go to tiktoken), then assigned ones only
@@ -191,9 +191,9 @@ CONTEXTS = ["{c}", "a{c}", "A{c}", "{c}a", "{c}A", "%{c}", "{c}%", "1{c}", "{c}1
 def scan(args) -> None:
     import unicodedata
 
-    from refinery.transforms.formats import tokenizer as tk
+    from refinery.transforms.formats import tiktoken_vocab as tk
     from refinery.transforms.formats.gigatoken_encoder import batch_buffers, gigatoken_backend
-    from refinery.transforms.formats.tokenizers import resolve_tokenizer
+    from refinery.transforms.formats.tokenizer_choice import resolve_tokenizer
 
     spec = resolve_tokenizer(args.encoding)
     giga = gigatoken_backend(spec)

@@ -209,12 +209,12 @@ def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) ->
     documents' normalized text, already in memory."""
     import gc
 
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.stages import UnitContext, bind_stages
     from refinery.transforms.formats.encoders import load_tokenizer
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
+    from refinery.transforms.io import storage
     from refinery.transforms.prep.documents import BATCH_CHARS, encode_documents, normalize_text
     from refinery.transforms.prep.stages import PrepConfig, build_stages
+    from refinery.transforms.resumable import UnitContext, bind_stages
 
     tok = load_tokenizer(DEFAULT, "fast")
     normalized = [normalize_text(t) for t in texts]
@@ -251,7 +251,7 @@ def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) ->
 def simulate_scale(units: int, num_shards: int) -> None:
     """Tiny tokenize units on memory://: files pack opens without and with the merge stage."""
     from refinery.beam_pipelines.cli import main
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     from refinery.transforms.prep import stages
 
     work = Path(tempfile.mkdtemp(prefix="refinery-scale-"))
@@ -312,7 +312,7 @@ def main() -> None:
         simulate_scale(args.units, 64)
         return
 
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import get_encoding
     from refinery.transforms.prep.documents import normalize_text
 
     load = os.getloadavg()[0]

@@ -49,10 +49,10 @@ MEASURE = r'''
 import json, sys, time
 which, folder, out = sys.argv[1], sys.argv[2], sys.argv[3]
 t0 = time.perf_counter()
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 result = {}
 if which == "plan":
-    from refinery.transforms.core.stages import bind_stages, record_inputs, write_plans
+    from refinery.transforms.resumable import bind_stages, record_inputs, write_plans
     from refinery.transforms.prep.stages import PrepConfig, build_stages
     t0 = time.perf_counter()
     inputs = storage.expand_inputs([folder])

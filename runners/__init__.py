@@ -60,7 +60,7 @@ def check_runner_name(runner: str) -> None:
     """Raise :class:`RunnerOptionsError` unless ``runner`` is one of :data:`RUNNERS`, a runner
     Beam knows by name (``FlinkRunner``, ``PrismRunner``, ``flink`` ...), or a dotted path to
     a runner class: checked before anything is planned or written."""
-    from refinery.transforms.core.beam_private import beam_runner_names
+    from refinery.transforms.io.beam_private import beam_runner_names
 
     name, beam = runner.lower(), beam_runner_names()
     if name in RUNNERS or "." in runner or name in beam or name + "runner" in beam:

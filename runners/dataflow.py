@@ -102,7 +102,7 @@ def option_problems(args: list[str]) -> list[str]:
     """One line per Dataflow option of ``args`` that is missing or malformed ([] when all are
     usable): ``--project``, ``--region``, ``--temp_location`` (or ``--staging_location``),
     ``--job_name``. Reads nothing remote."""
-    from refinery.transforms.core.gcs import bucket_problem
+    from refinery.transforms.io.gcs import bucket_problem
 
     problems = []
     project = value(args, "--project")

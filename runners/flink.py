@@ -53,7 +53,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator
 
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 from .args import RunnerOptionsError, docker_image_config, has, value, with_defaults
 from .package import setup_file

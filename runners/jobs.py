@@ -1,5 +1,5 @@
 """A command's Beam job, on whichever runner its flags name: the step runner every command
-gives :func:`~refinery.transforms.core.orchestration.run_stages`."""
+gives :func:`~refinery.transforms.resumable.orchestration.run_stages`."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +18,7 @@ def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = Fal
     (:func:`~.same_user.private_loopback_workers`); on the embedded portable job service
     there is none (:func:`~.portable.runnable`). The SDK workers' tracebacks of a data plane
     hung up at the end of a job are said only if the job failed (:mod:`.shutdown_noise`)."""
-    from refinery.transforms.core.pipeline import light_job, run_on_beam  # Beam, imported when a job runs
+    from refinery.transforms.resumable.beam_steps import light_job, run_on_beam  # Beam, imported when a job runs
 
     from .same_user import private_loopback_workers
     from .shutdown_noise import held_shutdown_noise

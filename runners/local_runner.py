@@ -42,7 +42,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 
-from refinery.transforms.core.beam_private import fn_api_servers_at, provision_info
+from refinery.transforms.io.beam_private import fn_api_servers_at, provision_info
 
 from . import warm_workers
 

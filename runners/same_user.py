@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import grpc
 
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 LOOPBACK_HOST = "127.0.0.1"
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")

@@ -1,8 +1,8 @@
 """Build a command's Beam job without running it: runner-API protos and Dataflow dry runs.
 
-Every command is a list of stages (``refinery.transforms.core.stages``) run as ONE Beam job:
+Every command is a list of stages (``refinery.transforms.resumable``) run as ONE Beam job:
 each stage a named step over its units, each step after the one before
-(``refinery.transforms.core.pipeline``). These helpers build that job for a whole plan, so
+(``refinery.transforms.resumable.beam_steps``). These helpers build that job for a whole plan, so
 that it can be checked before anything runs:
 
 - :func:`command_pipeline`: the built Beam pipeline of every stage with every unit of its
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from refinery.transforms.core.stages import Stage, bind_stages
+from refinery.transforms.resumable import Stage, bind_stages
 
 from .args import has
 from .dataflow import check_options
@@ -34,8 +34,8 @@ def command_pipeline(stages: list[Stage], output: str, beam_args: list[str],
                      verify_checksums: bool = False) -> beam.Pipeline | None:
     """The command's Beam pipeline, built, not run: every stage a step over its whole plan
     (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
-    from refinery.transforms.core.pipeline import build_pipeline
-    from refinery.transforms.core.planning import Step
+    from refinery.transforms.resumable.beam_steps import build_pipeline
+    from refinery.transforms.resumable.planner import Step
 
     steps = [Step(run, units, run.stage.plan_ref) for run in bind_stages(stages, output)
              if (units := run.stage.plan())]  # the job reads its units from the output: not written here
@@ -67,7 +67,7 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
     """
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
-    from refinery.transforms.core.beam_private import setup_builds_captured
+    from refinery.transforms.io.beam_private import setup_builds_captured
 
     check_options(beam_args)  # Beam would raise a traceback, or look for a default bucket online
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
@@ -123,7 +123,7 @@ def job_environment(job: Any) -> Any:
     from apache_beam.options.pipeline_options import GoogleCloudOptions
     from apache_beam.runners.dataflow.internal import apiclient
 
-    from refinery.transforms.core.beam_private import fnapi_environment_major_version
+    from refinery.transforms.io.beam_private import fnapi_environment_major_version
 
     staging = job.options.view_as(GoogleCloudOptions).staging_location.rstrip("/")
     return apiclient.Environment(

@@ -49,7 +49,7 @@ from typing import Callable, Iterator
 MODULE = "refinery.runners.warm_workers"
 WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 # What every warm process imports: Beam's worker and the per-unit machinery of every step.
-BASE_PRELOAD = (WORKER_MAIN, "refinery.transforms.core.pipeline")
+BASE_PRELOAD = (WORKER_MAIN, "refinery.transforms.resumable.beam_steps")
 _PR_SET_PDEATHSIG = 1
 SOCKET_PATH_MAX = 103  # bytes of a unix socket's path (Linux allows 107, macOS 103)
 

@@ -20,7 +20,7 @@ import time
 def main(argv: list[str] | None = None) -> int:
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
 
-    from refinery.transforms.core.beam_private import worker_pool_on
+    from refinery.transforms.io.beam_private import worker_pool_on
 
     from .same_user import LOOPBACK_HOST, SameUserOnly
 

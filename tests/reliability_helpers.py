@@ -2,7 +2,7 @@
 
 A run under test is a real ``refinery`` process started in its own session (process group),
 with ``$REFINERY_UNIT_LOG`` pointing at an append-only log of unit start/end/skip events
-(written by :func:`refinery.transforms.core.stages.execute_unit`). Kills are triggered by that
+(written by :func:`refinery.transforms.resumable.execute_unit`). Kills are triggered by that
 log: "the k-th unit start of this attempt, plus a seeded delay", then ``SIGKILL`` to the
 whole process group (driver and Beam worker processes alike).
 """
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from helpers import gsm8k_texts, tree_digest, write_jsonl
 
-from refinery.transforms.core import rows, storage
 from refinery.transforms.formats import shards
+from refinery.transforms.io import rows, storage
 from refinery.transforms.prep.documents import normalize_text
 
 META = ".refinery"
@@ -58,7 +58,7 @@ def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.C
 
 def shard_texts(out: Path) -> collections.Counter:
     """Every document in the shards listed by ``out/manifest.json``, decoded (a multiset)."""
-    from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID, get_encoding
 
     enc = get_encoding()
     manifest = json.loads((out / "manifest.json").read_text())
@@ -312,7 +312,7 @@ def _serve_forks(preload: list[str]) -> None:
     import traceback
 
     from refinery.beam_pipelines import cli
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import get_encoding
 
     for name in ("apache_beam", "apache_beam.runners.portability.fn_api_runner.fn_runner",
                  "refinery.transforms.prep.stages", "refinery.beam_pipelines.decon", "refinery.transforms.decon.stages",

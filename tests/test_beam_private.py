@@ -1,4 +1,4 @@
-"""refinery's uses of Beam's private parts (transforms/core/beam_private.py) still work with
+"""refinery's uses of Beam's private parts (transforms/io/beam_private.py) still work with
 the installed Beam, and that Beam is one they were checked against."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 import apache_beam
 import pytest
 
-from refinery.transforms.core import beam_private
+from refinery.transforms.io import beam_private
 
 
 def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
     major_minor = ".".join(apache_beam.__version__.split(".")[:2])
     assert major_minor in beam_private.CHECKED_BEAM, (
-        f"apache-beam {apache_beam.__version__}: check transforms/core/beam_private.py against it "
+        f"apache-beam {apache_beam.__version__}: check transforms/io/beam_private.py against it "
         f"(the shared-model key and folder, the Dataflow environment version, the FnApiRunner servers' address, "
         f"the LOOPBACK worker pool's address, the dead-letter error, the setup_file sdist build), "
         f"then add it to CHECKED_BEAM")

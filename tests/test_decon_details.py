@@ -13,10 +13,10 @@ import pytest
 from test_decon_pipeline import make_matrix_inputs, run_cli
 
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.stages import bind_stages
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.stages import DeconSettings, build_stages
+from refinery.transforms.resumable import bind_stages
 
 
 def stats_files(out: Path) -> dict[str, bytes]:

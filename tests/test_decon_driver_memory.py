@@ -10,12 +10,12 @@ import sys
 import numpy as np
 from helpers import write_jsonl
 
-from refinery.transforms.core.gc_pause import release_freed_memory
-from refinery.transforms.core.planning import bind_stages
-from refinery.transforms.core.stages import execute_unit
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon import stages as ds
 from refinery.transforms.decon.ngrams import hashes, normalized
+from refinery.transforms.io.gc_pause import release_freed_memory
+from refinery.transforms.resumable import execute_unit
+from refinery.transforms.resumable.planner import bind_stages
 
 
 def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_given_back(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_g
 
 FRAGMENTED = """
 import sys
-from refinery.transforms.core.gc_pause import release_freed_memory
+from refinery.transforms.io.gc_pause import release_freed_memory
 
 def rss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))

@@ -84,7 +84,7 @@ def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind, fmt):
 STAGES = """
 import json, os, sys
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.stages import bind_stages, execute_unit
+from refinery.transforms.resumable import bind_stages, execute_unit
 from refinery.transforms.decon.stages import build_stages
 kind, rows_n, n_train, common, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 texts = [common + " and dreams"] * rows_n if kind == "identical" else [f"{common} row{i}" for i in range(rows_n)]
@@ -369,9 +369,9 @@ def test_the_drop_list_names_each_row_once_whatever_the_eval_rows_sharing_its_te
     from helpers import write_jsonl
     from test_decon_pipeline import run_cli
 
-    from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
-    from refinery.transforms.core.text import TEXT_NORMALIZATION
     from refinery.transforms.formats.droplist import ReadSpec
+    from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+    from refinery.transforms.io.text import TEXT_NORMALIZATION
     from refinery.transforms.prep.exclusion import load_exclusion
 
     shared, own, other = "the cat sat on the mat", "a dog ran far away", "birds sing in the morning"

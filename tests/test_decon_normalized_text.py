@@ -12,10 +12,10 @@ import numpy as np
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core.text import normalize_text, normalized_offsets, raw_spans
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.normalized import tokens_with_offsets
-from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.io.text import normalize_text, normalized_offsets, raw_spans
 from refinery.transforms.prep import documents
 
 DEFAULT = ng.TOKENIZERS["default"]
@@ -198,7 +198,7 @@ def test_token_count_is_the_length_and_emptiness_of_the_tokens():
     import random
 
     from refinery.transforms.decon.ngrams.normalized import token_count, tokens
-    from refinery.transforms.decon.ngrams.tokenizers import get_tokenizer
+    from refinery.transforms.decon.ngrams.word_split import get_tokenizer
 
     rng = random.Random(46)
     alphabet = ["a", "B", "z", " ", "  ", ".", ",", "\n", "\t", "\r\n", "\x85", "\x9f", "\u00a0", "\u3000",

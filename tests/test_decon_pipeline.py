@@ -15,11 +15,11 @@ import zstandard
 from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.rows import iter_rows
-from refinery.transforms.core.stages import run_stages
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.stages import DeconSettings, build_stages
+from refinery.transforms.io.rows import iter_rows
+from refinery.transforms.resumable import run_stages
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -307,7 +307,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
 
     from helpers import tree_digest
 
-    from refinery.transforms.core.stages import StageFailed
+    from refinery.transforms.resumable import StageFailed
 
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")

@@ -19,14 +19,14 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import gsm8k_texts
 
-from refinery.transforms.core.jsonl import JSON_ERRORS
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams.droplist import RowHits
 from refinery.transforms.decon.ngrams.index import EvalRow, SameText, same_text
 from refinery.transforms.decon.ngrams.longest import record_windows
 from refinery.transforms.decon.ngrams.reduce import NGRAM_MAX_CHARS, SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, overlap_key
-from refinery.transforms.decon.ngrams.tokenizers import configured_ns
+from refinery.transforms.decon.ngrams.word_split import configured_ns
+from refinery.transforms.io.jsonl import JSON_ERRORS
 
 DEFAULT = ng.TOKENIZERS["default"]
 # the reference's cuts, set with the module's (the ``small_cuts`` fixture makes them small)

@@ -97,7 +97,7 @@ def test_n_grams_that_share_a_hash_stay_apart_in_index_order(monkeypatch):
 STAGE = """
 import sys
 from refinery.beam_pipelines import decon
-from refinery.transforms.core.stages import bind_stages, execute_unit
+from refinery.transforms.resumable import bind_stages, execute_unit
 from refinery.transforms.decon.stages import build_stages
 stage, argv = sys.argv[1], sys.argv[2:]
 args = decon.build_parser().parse_args(argv)
@@ -262,7 +262,7 @@ def test_a_planted_detail_part_is_named_by_verify_and_removed_by_the_next_run(tm
 # (a disk that fills up mid-run); in this process: the direct runner
 FULL_DISK = """
 import errno, sys
-from refinery.transforms.core.storage import atomic
+from refinery.transforms.io.storage import atomic
 from refinery.beam_pipelines.cli import main
 budget = [int(sys.argv[1])]
 write = atomic.HashingWriter.write

@@ -59,7 +59,7 @@ def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok:
     for r in rows:
         toks = tokens_with_offsets(tok, r.text)[0]
         for length in ng.effective_lengths(ns, len(toks)):
-            grams.update((length, g) for _, g in ng.tokenizers.iter_ngrams(toks, length))
+            grams.update((length, g) for _, g in ng.word_split.iter_ngrams(toks, length))
     lengths = sorted({n for n, _ in grams})
     out: Counter = Counter()
     for j, text in enumerate(train):

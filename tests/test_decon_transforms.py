@@ -12,11 +12,11 @@ from apache_beam.testing.util import assert_that, equal_to
 from helpers import GSM8K_TEST, gsm8k_rows, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core.rows import SourceRow, iter_rows
 from refinery.transforms.decon import BuildNgramIndex, FindOverlaps, Overlap
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.beam import NgramIndexCoder, OverlapCoder
 from refinery.transforms.decon.ngrams.details import read_details
+from refinery.transforms.io.rows import SourceRow, iter_rows
 
 NS = [5, 9, 13]
 

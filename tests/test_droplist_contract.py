@@ -21,9 +21,6 @@ import pytest
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
-from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES
-from refinery.transforms.core.text import TEXT_NORMALIZATION
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
     TRAIN_FILES,
@@ -31,6 +28,9 @@ from refinery.transforms.formats.droplist import (
     ReadSpec,
     read_spec_mismatch,
 )
+from refinery.transforms.io import storage
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+from refinery.transforms.io.text import TEXT_NORMALIZATION
 from refinery.transforms.prep import exclusion
 
 

@@ -20,12 +20,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, SourceRow, iter_rows
-from refinery.transforms.core.text import TEXT_NORMALIZATION
 from refinery.transforms.decon import BuildNgramIndex, DropOverlaps, FindOverlaps
 from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.formats.droplist import ReadSpec
-from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES, SourceRow, iter_rows
+from refinery.transforms.io.text import TEXT_NORMALIZATION
 
 ROOT = Path(__file__).resolve().parents[1]
 PREP_SPEC = ReadSpec({"text_field": "text"}, TEXT_NORMALIZATION, DEFAULT_MAX_ROW_BYTES)  # a plain prep's
@@ -332,7 +332,7 @@ def test_a_job_carries_where_the_drop_lists_are_not_their_rows(tmp_path):
     the same ones, and refuses a drop list that changed since the job was planned."""
     import pickle
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     from refinery.transforms.prep import exclusion
 
     corpus, _ = _planted_corpus(tmp_path)

@@ -22,10 +22,10 @@ import pytest
 from encoder_fuzz import fuzz_texts, long_texts
 from helpers import gsm8k_rows, run_prep, tree_digest
 
-from refinery.transforms.formats import tokenizer as tk
+from refinery.transforms.formats import tiktoken_vocab as tk
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizers import DEFAULT, TiktokenTokenizer, resolve_tokenizer
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, TiktokenTokenizer, resolve_tokenizer
 from refinery.transforms.formats.unassigned import has_unassigned
 from refinery.transforms.prep.documents import encode_document, encode_documents, normalize_text
 
@@ -193,8 +193,8 @@ def test_prep_writes_the_same_shards_with_every_encoder(tmp_path):
 FORK_CHILD = """
 import os, sys, time
 import numpy as np
-from refinery.transforms.formats import tokenizer as tk
-from refinery.transforms.formats.tokenizers import DEFAULT
+from refinery.transforms.formats import tiktoken_vocab as tk
+from refinery.transforms.formats.tokenizer_choice import DEFAULT
 from refinery.transforms.formats.encoders import load_tokenizer
 import apache_beam  # what a worker has imported (its threads are its own)
 
@@ -233,7 +233,7 @@ def test_gigatoken_encodes_in_a_forked_child_without_threads():
 
 CACHE_RSS = """
 import random, sys
-from refinery.transforms.formats.tokenizers import DEFAULT
+from refinery.transforms.formats.tokenizer_choice import DEFAULT
 from refinery.transforms.formats.gigatoken_encoder import gigatoken_backend, batch_buffers
 import gigatoken
 
@@ -290,7 +290,8 @@ def test_array_and_buffer_agree():
 
 
 def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch, caplog):
-    from refinery.transforms.formats import encoders, gigatoken_encoder, tokenizers
+    from refinery.transforms.formats import encoders, gigatoken_encoder
+    from refinery.transforms.formats import tokenizer_choice as tokenizers
 
     spec = resolve_tokenizer("o200k_base")
     monkeypatch.setattr(gigatoken_encoder, "_PRELOADED", {})

@@ -13,10 +13,10 @@ from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 from helpers import write_jsonl  # noqa: E402
 
 from refinery.beam_pipelines import generate  # noqa: E402
-from refinery.transforms.core.stages import bind_stages, run_stages  # noqa: E402
 from refinery.transforms.inference import stages as gs  # noqa: E402
 from refinery.transforms.inference.handler import GptOssEngine, decode, doc_seed  # noqa: E402
 from refinery.transforms.inference.stages import Doc, fit_prompt, load_template, render_template  # noqa: E402
+from refinery.transforms.resumable import bind_stages, run_stages  # noqa: E402
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 TEXTS = ["Natalia sold clips to 48 of her friends in April.", "Weng earns $12 an hour for babysitting.",

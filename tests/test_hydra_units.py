@@ -15,7 +15,7 @@ GOOD = {"helpfulness": 3, "correctness": 4, "coherence": 2, "complexity": 1, "de
 
 
 def _completion(text: str) -> list[int]:
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import get_encoding
 
     return get_encoding().encode(text, allowed_special="all")
 

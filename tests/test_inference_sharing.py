@@ -21,7 +21,7 @@ import multiprocessing.managers as mm, os, pickle, stat, sys, tempfile
 import apache_beam as beam
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
-from refinery.transforms.core.beam_private import shared_models_setting
+from refinery.transforms.io.beam_private import shared_models_setting
 from refinery.transforms.inference.model_handler import KeyedGptOssModelHandler
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -99,9 +99,9 @@ def test_securing_is_idempotent_and_pure_predicates_stay_pure(tmp_path, monkeypa
 
     from apache_beam.utils import multi_process_shared as mps
 
-    from refinery.transforms.core.beam_private import shared_models_setting
     from refinery.transforms.inference.handler import EngineSettings, sharing_is_secured
     from refinery.transforms.inference.model_handler import GptOssModelHandler, KeyedGptOssModelHandler
+    from refinery.transforms.io.beam_private import shared_models_setting
 
     monkeypatch.setattr(mps, "AUTH_KEY", mps.AUTH_KEY)  # restored after the test
     monkeypatch.setitem(mps.MultiProcessShared.__init__.__kwdefaults__, "path",

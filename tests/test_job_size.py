@@ -11,9 +11,9 @@ from helpers import run_prep, tree_digest, write_jsonl
 
 from refinery.beam_pipelines.cli import main
 from refinery.runners.translate import command_pipeline, runner_api
-from refinery.transforms.core import plans, storage
-from refinery.transforms.core.stages import Unit, bind_stages, write_plans
+from refinery.transforms.io import storage
 from refinery.transforms.prep.stages import PrepConfig, build_stages
+from refinery.transforms.resumable import Unit, bind_stages, unit_lists, write_plans
 
 
 def _files(root, n: int):
@@ -62,8 +62,8 @@ def test_plan_parts_are_written_once_and_a_lost_or_cut_part_again(tmp_path, caps
     (part,) = out.glob(".refinery/tokenize/*/plan/part-00000.jsonl")
     units = [json.loads(line) for line in part.read_text().splitlines()]
     assert len(units) > 1 and all(isinstance(uid, str) and "pieces" in payload for uid, payload in units)
-    ref = plans.PlanRef(str(part.parent), len(units))
-    assert plans.write_units(ref, [Unit(uid, payload) for uid, payload in units])[1] == 0  # already there
+    ref = unit_lists.PlanRef(str(part.parent), len(units))
+    assert unit_lists.write_units(ref, [Unit(uid, payload) for uid, payload in units])[1] == 0  # already there
 
     # a unit lost, and its plan part cut: the next run writes the part again and redoes the unit
     part.write_text(part.read_text()[:-20])

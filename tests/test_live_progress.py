@@ -7,9 +7,9 @@ import threading
 
 from helpers import gsm8k_rows
 
-from refinery.transforms.core import stage as stages  # where the Stage API lives
-from refinery.transforms.core.progress import Progress
-from refinery.transforms.core.stages import Stage, Unit, bind_stages, execute_unit
+from refinery.transforms.resumable import Stage, Unit, bind_stages, execute_unit
+from refinery.transforms.resumable import base as stages  # where the Stage API lives
+from refinery.transforms.resumable.progress import Progress
 
 
 class Counting(Stage):
@@ -61,7 +61,7 @@ def test_running_units_counts_show_before_they_finish_and_their_files_go(tmp_pat
 
 def test_a_file_left_by_a_killed_run_is_not_counted(tmp_path):
     [run] = bind_stages([Counting()], str(tmp_path / "out"))
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     storage.atomic_write_json(run.progress_path("a"), {"unit": "a", "stats": {"docs": 7},
                                                        "updated_at": "2020-01-01T00:00:00.000+00:00"})
@@ -133,9 +133,9 @@ def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path, monkeypatch):
 def test_progress_lines_never_show_a_rate_over_nothing():
     """`scan: 3/3 units, 0s, 0 MB, 2121.8 MB/s` was printed: a rate over a few ms, and a size
     rounded to 0. A rate needs an amount and at least a second; a size is in its own unit."""
-    from refinery.transforms.core.progress import human_bytes, rate
     from refinery.transforms.decon.stages import ScanStage
     from refinery.transforms.prep.stages import TokenizeStage
+    from refinery.transforms.resumable.progress import human_bytes, rate
 
     assert rate(0, 30.0, "MB") == "" and rate(5.0, 0.004, "MB") == "" and rate(5.0, 2.0, "MB") == "2.5 MB/s"
     assert [human_bytes(n) for n in (0, 812, 4_100, 3_200_000, 1.5e9)] == ["0 B", "812 B", "4.1 KB", "3.2 MB",
@@ -166,7 +166,7 @@ def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_pat
 
 
 def test_a_running_step_says_its_time_left_from_the_units_this_run_finished():
-    from refinery.transforms.core.progress import _eta
+    from refinery.transforms.resumable.progress import _eta
 
     assert _eta(30.0, 3, 1) == "ETA 1m30s" and _eta(10.0, 1, 4) == "ETA 2s" and _eta(3600.0, 2, 1) == "ETA 2h00m"
     assert _eta(30.0, 3, 0) == "" and _eta(30.0, 0, 5) == ""  # nothing finished yet, or nothing left: no guess

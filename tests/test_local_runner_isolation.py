@@ -281,7 +281,7 @@ def test_a_workers_log_line_is_its_message_on_the_logger_of_who_logged_it():
     from refinery.runners.local_runner import BEAM_WORKER_LOG, WORKER_LOG, worker_log_record
 
     unit = "unit tokenize/00003 failed: InputError: /data/f03.jsonl: no such file, folder or glob match"
-    assert worker_log_record(40, unit, "", "/src/refinery/transforms/core/stages.py:377") == (WORKER_LOG, 40, unit)
+    assert worker_log_record(40, unit, "", "/src/refinery/transforms/stages.py:377") == (WORKER_LOG, 40, unit)
     beam = worker_log_record(40, "Error processing instruction bundle_6", "Traceback ...\nValueError: x\n",
                              "/venv/lib/python3.11/site-packages/apache_beam/runners/worker/sdk_worker.py:320")
     assert beam == (BEAM_WORKER_LOG, 40, "Error processing instruction bundle_6\nTraceback ...\nValueError: x")

@@ -109,7 +109,7 @@ def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(small_corpus, t
 
 def test_prep_pipeline_in_a_users_pipeline_writes_what_the_command_writes(small_corpus, tmp_path, monkeypatch,
                                                                           capsys):
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     from refinery.transforms.prep import PrepPipeline
     from refinery.transforms.prep.stages import PrepConfig
 

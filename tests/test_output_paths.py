@@ -11,7 +11,7 @@ import pytest
 from helpers import run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 
 def _one_line(capsys) -> str:
@@ -129,7 +129,7 @@ def test_listing_reaches_through_links(tmp_path):
 
 def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path, small_corpus, capsys,
                                                                             monkeypatch):
-    from refinery.transforms.core import gcs
+    from refinery.transforms.io import gcs
 
     monkeypatch.setattr(gcs, "credentials_problem", lambda: None)  # as if this machine had them
     out = small_corpus / "out"

@@ -15,10 +15,11 @@ import pytest
 from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
-from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
-from refinery.transforms.formats import shards, tokenizer
+from refinery.transforms.formats import shards
+from refinery.transforms.formats import tiktoken_vocab as tokenizer
 from refinery.transforms.formats.docids import parse_doc_id, read_doc_tokens
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, check_receipt
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import gsm8k_texts, tree_digest, write_jsonl
 
 from refinery.runners import RunnerOptionsError, pipeline_args
-from refinery.transforms.core.hf import resolve_hf_parquet
+from refinery.transforms.io.hf import resolve_hf_parquet
 
 
 def _prep_cmd(corpus, out, *extra):
@@ -52,7 +52,7 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
 
 
 def test_prep_and_cli_do_not_import_torch():
-    code = ("import sys, refinery.beam_pipelines.cli, refinery.transforms.prep.stages, refinery.transforms.core.stages;"
+    code = ("import sys, refinery.beam_pipelines.cli, refinery.transforms.prep.stages, refinery.transforms.resumable;"
             "refinery.beam_pipelines.cli.build_parser();"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -115,7 +115,7 @@ def test_prep_on_an_object_store_path(small_corpus):
     import fsspec
 
     from refinery.beam_pipelines.cli import main
-    from refinery.transforms.core.stages import stage_status
+    from refinery.transforms.resumable import stage_status
 
     out = "memory://bucket/prep-out"
     args = ["prep", "--input", str(small_corpus), "--output", out, "--runner", "direct", "--no-progress",

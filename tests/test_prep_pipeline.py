@@ -10,9 +10,9 @@ import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import rows, storage
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.io import rows, storage
 from refinery.transforms.prep.documents import normalize_text, shard_of
 
 EOS = 199999

@@ -16,7 +16,9 @@ import pytest
 from helpers import gsm8k_texts, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.formats import encoders, shards, tokenizer, tokenizers
+from refinery.transforms.formats import encoders, shards
+from refinery.transforms.formats import tiktoken_vocab as tokenizer
+from refinery.transforms.formats import tokenizer_choice as tokenizers
 from refinery.transforms.prep.documents import normalize_text
 
 SPECIAL_TEXT = "a literal <|endoftext|> stays text"
@@ -191,7 +193,7 @@ def test_worker_load_checks_the_planned_sha256(trained, tmp_path):
 
 
 def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     def chunks():
         yield np.array([1, 70000], dtype="<u4").tobytes()
@@ -255,7 +257,7 @@ def test_loader_reads_uint16_and_refuses_mixed_tokenizers(trained, docs_corpus, 
 def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
     import apache_beam as beam
 
-    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.io.rows import iter_rows
     from refinery.transforms.prep import AssignShard, Normalize, SourceRow, Tokenize, WriteTokenShards
 
     inputs, _ = docs_corpus
@@ -276,7 +278,7 @@ def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
 
 def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
     """A gs:// folder: tokenizer.json and the EOS of its tokenizer_config.json, read through storage."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     folder = f"{gcs_bucket}/models/tok"
     storage.atomic_write_bytes(f"{folder}/tokenizer.json", (trained / "tokenizer.json").read_bytes())
@@ -293,7 +295,7 @@ def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
 
 
 def test_a_hub_name_is_its_tokenizer_json_at_a_pinned_commit(monkeypatch, capsys, tmp_path, docs_corpus):
-    from refinery.transforms.formats.tokenizers import hub_tokenizer_path
+    from refinery.transforms.formats.tokenizer_choice import hub_tokenizer_path
 
     class Api:
         asked: list = []
@@ -342,7 +344,7 @@ def test_an_ordinary_eos_only_when_asked_recorded_and_regenerate_index_refuses(d
 
 
 def test_a_remote_tokenizer_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, capsys):
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     real = storage.exists
 

@@ -13,10 +13,10 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline  # a 
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.formats import manifests, shards
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID, get_encoding
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID, get_encoding
+from refinery.transforms.io import storage
+from refinery.transforms.io.rows import iter_rows
 from refinery.transforms.prep import (
     AssignShard,
     Document,

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from refinery.transforms.core import receipts, rows, stages, storage
-from refinery.transforms.core.receipts import check_receipt
-from refinery.transforms.core.stages import Stage, StageRun, Unit, execute_unit
-from refinery.transforms.core.text import TextSpec
-from refinery.transforms.formats import shards, tokenizer
+from refinery.transforms import resumable as stages
+from refinery.transforms.formats import shards
+from refinery.transforms.formats import tiktoken_vocab as tokenizer
+from refinery.transforms.io import rows, storage
+from refinery.transforms.io.text import TextSpec
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import (
     doc_id_for,
@@ -25,6 +25,9 @@ from refinery.transforms.prep.documents import (
     shard_of,
 )
 from refinery.transforms.prep.stages import included_units, parse_token_count
+from refinery.transforms.resumable import Stage, StageRun, Unit, execute_unit
+from refinery.transforms.resumable import ledger as receipts
+from refinery.transforms.resumable.ledger import check_receipt
 
 # --- tokenizer -------------------------------------------------------------------------
 
@@ -305,7 +308,7 @@ def test_spill_writer_takes_arrays_numpy_and_lists_alike():
 
 def test_spill_writer_batches_write_what_documents_one_by_one_write():
     from refinery.transforms.formats.encoders import load_tokenizer
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
     from refinery.transforms.prep.documents import encode_by_shard, encode_document, encode_documents
 
     tok = load_tokenizer(DEFAULT, "fast")

@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 from refinery.transforms.prep import stages as prep_stages
 from refinery.transforms.prep.stages import PrepConfig, TokenizeStage
 
@@ -19,7 +19,7 @@ def _tokenize_units(out) -> list[str]:
 
 
 def test_rows_before_each_range_are_counted_like_the_reader(tmp_path):
-    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.io.rows import iter_rows
 
     p = tmp_path / "x.jsonl"
     lines = [b'{"text": "a"}', b"", b'{"text": "bb"}\r', b"not json", b'{"text": "' + b"c" * 100 + b'"}', b'{"t": 1}']

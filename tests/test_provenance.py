@@ -16,10 +16,10 @@ import pytest
 from helpers import gsm8k_texts, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core.rows import iter_rows
 from refinery.transforms.formats import provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizers import DEFAULT
+from refinery.transforms.formats.tokenizer_choice import DEFAULT
+from refinery.transforms.io.rows import iter_rows
 from refinery.transforms.prep import spill, stages
 from refinery.transforms.prep.documents import Document, encode_document, normalize_row
 
@@ -146,7 +146,7 @@ def test_check_docs_compares_counts_with_the_idx(tmp_path):
     path = str(tmp_path / "x.docs.parquet")
 
     def opened(p):
-        from refinery.transforms.core import storage
+        from refinery.transforms.io import storage
         return storage.atomic_open(p)
 
     assert provenance.write_docs(opened, path, [(["a", "b"], ["f", "f"], [0, 2], [3, 5])]) == 2

@@ -258,7 +258,7 @@ def test_generate_bad_rows_become_error_rows(tmp_path):
     pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
     from engine_fixtures import write_harmony_checkpoint
 
-    from refinery.transforms.core import rows
+    from refinery.transforms.io import rows
 
     ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
     inp = tmp_path / "in"

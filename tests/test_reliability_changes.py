@@ -9,9 +9,9 @@ import pytest
 from helpers import run_prep, write_jsonl
 from reliability_helpers import expected_texts, make_corpus, read_unit_log, shard_texts
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.stages import StageFailed, run_stages
+from refinery.transforms.io import storage
 from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
+from refinery.transforms.resumable import StageFailed, run_stages
 
 
 def _hashes(out):

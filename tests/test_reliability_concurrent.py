@@ -25,7 +25,7 @@ from reliability_helpers import (
 )
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 forks = reliability_helpers.forks
 

@@ -16,7 +16,7 @@ from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, temp_files, write_figures
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 SHARDS = 6
 
@@ -114,8 +114,8 @@ def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(fi
     OK while that shard is there: first it names the spill, and once the spill alone is
     rebuilt, the pack receipts built before that repair. A rerun with --verify-checksums
     then rebuilds every shard packed from the spill, and the outputs equal a clean run's."""
-    from refinery.transforms.core.stages import bind_stages, execute_unit, run_stages
     from refinery.transforms.prep.stages import PrepConfig, build_stages
+    from refinery.transforms.resumable import bind_stages, execute_unit, run_stages
 
     corpus, _, want = finished
     out = tmp_path / "out"
@@ -171,7 +171,7 @@ def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatc
 
 
 def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
-    from refinery.transforms.core.receipts import RECEIPT_SCHEMA, check_receipt
+    from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, check_receipt
 
     path = tmp_path / "r.json"
     for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):

@@ -242,7 +242,7 @@ def _download(gs_path: str, local):
     """A fresh local copy of everything under ``gs_path``."""
     import shutil
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)

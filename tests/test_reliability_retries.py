@@ -18,9 +18,10 @@ import pytest
 from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
 
-from refinery.transforms.core import stages, storage
-from refinery.transforms.core.stages import StageFailed, run_stages
+from refinery.transforms import resumable as stages
+from refinery.transforms.io import storage
 from refinery.transforms.prep.stages import PrepConfig, build_stages
+from refinery.transforms.resumable import StageFailed, run_stages
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
     """A step runner: the command's one pipeline, whose units run in the real RunUnitFn
     failing once where told, on BundleBasedDirectRunner (which retries a failed bundle up to
     4 times)."""
-    from refinery.transforms.core import pipeline
+    from refinery.transforms.resumable import beam_steps as pipeline
 
     class FlakyRunUnitFn(pipeline.RunUnitFn):
         def process(self, element, upstream=(), **side):

@@ -15,9 +15,10 @@ from helpers import gsm8k_texts, run_prep, write_jsonl
 from reliability_helpers import final_digest, make_corpus, read_unit_log
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import plans, storage
-from refinery.transforms.core.stages import Stage, Unit, bind_stages, record_inputs
 from refinery.transforms.formats.manifests import keep_created_at
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import Stage, Unit, bind_stages, record_inputs
+from refinery.transforms.resumable import unit_lists as plans
 
 SHARDS = 3
 ARGS = ("--num-shards", SHARDS, "--dataset", "c", "--unit-mb", 0)
@@ -122,8 +123,8 @@ def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path
     (path,) = (tmp_path / "out" / ".refinery" / "fingerprints").iterdir()
     good = path.read_bytes()
     entry: Any = {"name": run.name, "stage_hash": run.stage_hash, "units": 1, "inputs_hash": run.inputs_hash}
-    from refinery.transforms.core import stage as stage_module
-    from refinery.transforms.core.receipts import recorded_plan_problems
+    from refinery.transforms.resumable import base as stage_module
+    from refinery.transforms.resumable.ledger import recorded_plan_problems
 
     for damaged, said in ((good.replace(b"1001", b"9001"), "not the input fingerprints of"),
                           (good[:len(good) // 2], "not valid JSON")):

@@ -31,7 +31,7 @@ from reliability_helpers import (
     write_figures,
 )
 
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 forks = reliability_helpers.forks
 STOP_LIMIT_S = 10.0  # the CLI watchdog kills the workers and exits 5 s after the signal at the latest
@@ -98,8 +98,8 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
     """First signal: the bar stops drawing and "stopping… (Ctrl-C again to quit now)" is
     printed, at once; a second signal exits saying so, not "Beam did not stop within 5s"."""
     from refinery.beam_pipelines import interrupt
-    from refinery.transforms.core.progress import Progress
-    from refinery.transforms.core.stages import Stage, bind_stages
+    from refinery.transforms.resumable import Stage, bind_stages
+    from refinery.transforms.resumable.progress import Progress
 
     class One(Stage):
         name = "one"

@@ -16,7 +16,7 @@ import pytest
 from helpers import write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import gcs
+from refinery.transforms.io import gcs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 DATAFLOW = ["--runner", "dataflow", "--project", "my-project", "--region", "us-central1",
@@ -127,7 +127,7 @@ def test_dataflow_dry_run_reads_nothing_remote(capfd, no_credentials):
     assert "machine n2-standard-8, max workers 3" in out and "workflow.tar.gz" in out
     assert "gcloud auth application-default login" in err and "Traceback" not in err
     assert "No module named build" not in err  # Beam's stager builds the sdist with `build` (installed with refinery)
-    assert "Building sdist" not in out + err  # build's progress: captured (transforms/core/beam_private.py)
+    assert "Building sdist" not in out + err  # build's progress: captured (transforms/io/beam_private.py)
 
 
 def _readme_commands(runner: str) -> list[str]:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from refinery.transforms.core import stage as stage_api
-from refinery.transforms.core import stages
-from refinery.transforms.core.stages import Stage, StageFailed, Unit, run_in_driver, run_stages
+from refinery.transforms import resumable as stages
+from refinery.transforms.resumable import Stage, StageFailed, Unit, run_in_driver, run_stages
+from refinery.transforms.resumable import base as stage_api
 
 N_PARTS = 40
 
@@ -173,8 +173,8 @@ def test_the_same_flow_through_a_beam_job(tmp_path):
 
 
 def test_progress_counts_receipts_found_at_the_start_as_resumed_without_reading_them(tmp_path, monkeypatch):
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.progress import Progress
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable.progress import Progress
 
     out = tmp_path / "out"
     runs = run_stages([Parts(), Sums()], str(out), [], runner=run_in_driver, progress=False).runs

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from refinery.transforms.core import rows
+from refinery.transforms.io import rows
 
 CAP = 100
 TOO_LARGE = f"row too large: more than {CAP} bytes"
@@ -221,7 +221,7 @@ def write_huge_line_zst(path, line_bytes: int, before: bytes = b'{"text": "befor
 
 READ_AND_MEASURE = """
 import resource, sys
-from refinery.transforms.core import rows
+from refinery.transforms.io import rows
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 got = [(row, err) for row, _, err in rows.iter_rows(sys.argv[1], max_row_bytes=int(sys.argv[2]))]
 print(repr(got), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
@@ -267,7 +267,7 @@ def test_blank_lines_that_end_a_file_are_not_rows_and_other_blank_lines_still_ar
     """An editor's final empty line was counted as a rejected row ("blank line"). Now the blank
     lines that end a JSONL file are not rows; one with a row after it still is (row numbers stay
     the file's lines), read whole or by any byte range."""
-    from refinery.transforms.core.rows import iter_rows
+    from refinery.transforms.io.rows import iter_rows
 
     ending = tmp_path / "ending.jsonl"
     ending.write_bytes(b'{"text": "a"}\n{"text": "b"}\n\n  \r\n')

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from refinery.transforms.core import rows
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.io import rows
 from refinery.transforms.prep.documents import doc_id_for
 
 LONG_NUMBER = b'{"id": 1' + b"0" * 5000 + b', "text": "x"}'

@@ -215,7 +215,7 @@ PREP_STEPS = ["Tokenize units", "Pack shards", "Write manifest"]
 
 
 def prep_pipeline(root: Path) -> list[Jobs]:
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     from refinery.transforms.prep.stages import PrepConfig, build_stages
 
     write_jsonl(root / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
@@ -435,7 +435,7 @@ def _check_job(proto, jobs: Jobs, bound: dict, env_urn: str | None, image: str |
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_each_command_is_one_job_for_each_runner(pipeline, tmp_path, no_network):
-    from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.resumable import bind_stages
 
     for jobs in PIPELINES[pipeline](tmp_path):
         bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
@@ -463,7 +463,7 @@ def _pool(job):
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network):
-    from refinery.transforms.core.stages import bind_stages
+    from refinery.transforms.resumable import bind_stages
 
     first_job = None
     for jobs in PIPELINES[pipeline](tmp_path):
@@ -484,7 +484,7 @@ def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network
         first_job = first_job or job
     # the sdist that workers would pip-install holds every package of this project
     names = _staged_sdist_names(first_job.proto_pipeline)
-    for module in ("setup.py", "runners/dataflow.py", "transforms/core/stages.py", "beam_pipelines/cli.py",
+    for module in ("setup.py", "runners/dataflow.py", "transforms/resumable/__init__.py", "beam_pipelines/cli.py",
                    "kernels/model.py"):
         assert any(n.endswith(module) for n in names), module
     assert no_network == []
@@ -524,9 +524,9 @@ def test_dataflow_gpu_dry_run(tmp_path, no_network):
 
 def test_progress_reads_each_completed_receipt_once(tmp_path):
     """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
-    from refinery.transforms.core import storage
-    from refinery.transforms.core.receipts import RECEIPT_SCHEMA
-    from refinery.transforms.core.stages import Stage, bind_stages
+    from refinery.transforms.io import storage
+    from refinery.transforms.resumable import Stage, bind_stages
+    from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA
 
     class One(Stage):
         name = "one"

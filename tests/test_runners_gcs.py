@@ -21,8 +21,8 @@ import pytest
 from helpers import gsm8k_texts, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
-from refinery.transforms.core.stages import stage_status
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import stage_status
 
 pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
 

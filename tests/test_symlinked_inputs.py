@@ -11,7 +11,7 @@ from pathlib import Path
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 OLD = 1_600_000_000  # the targets' mtime: far from the links' own
 

@@ -1,5 +1,5 @@
 """Text from several fields (--text-template) and chat rows, for prep and decon: the one
-extraction rule (transforms.core.text), its reasons, its CLI flags, and the stage hashes it
+extraction rule (transforms.io.text), its reasons, its CLI flags, and the stage hashes it
 must leave alone when only --text-field is used."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.checks import UsageError, check_field, text_spec
-from refinery.transforms.core.stages import short_hash
-from refinery.transforms.core.text import TemplateError, TextSpec, escape, unescape
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import get_encoding
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.io.text import TemplateError, TextSpec, escape, unescape
 from refinery.transforms.prep.documents import Document, Rejected, encode_document, normalize_row, normalize_text
+from refinery.transforms.resumable import short_hash
 
 QA = "{question}\n\n{answer}"
 QA_TYPED = r"{question}\n\n{answer}"  # as typed in bash single quotes
@@ -160,8 +160,8 @@ def test_prep_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_
 
 
 def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path):
-    from refinery.transforms.core.text import TEXT_NORMALIZATION
     from refinery.transforms.decon.stages import DeconSettings, build_stages
+    from refinery.transforms.io.text import TEXT_NORMALIZATION
 
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": 1, "question": "a b c", "answer": "d"}])
     tr = write_jsonl(tmp_path / "train.jsonl", [{"id": 1, "text": "a b c"}])

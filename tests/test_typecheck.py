@@ -12,7 +12,7 @@ pytest.importorskip("mypy")
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = '''\
-from refinery.transforms.core.receipts import Receipt
+from refinery.transforms.resumable.ledger import Receipt
 
 
 def stats_of(r: Receipt) -> object:

@@ -38,11 +38,11 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from refinery.transforms.core.coders import TupleCoder
-from refinery.transforms.core.rows import SourceRow
-from refinery.transforms.core.text import TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.formats.row_ids import doc_id_for
+from refinery.transforms.io.coders import TupleCoder
+from refinery.transforms.io.rows import SourceRow
+from refinery.transforms.io.text import TextSpec
 
 NAMESPACE = "refinery_decon"
 
@@ -123,13 +123,13 @@ class BuildNgramIndex(beam.PTransform):
     """Eval rows -> the hash-partitioned test-side n-gram index.
 
     Input: eval rows, ``dict`` (with ``text_field`` and optionally ``id_field``) or
-    :class:`~refinery.transforms.core.rows.SourceRow`. Output: a PCollection holding
+    :class:`~refinery.transforms.io.rows.SourceRow`. Output: a PCollection holding
     one :class:`~refinery.transforms.decon.ngrams.NgramIndex`, to pass to ``FindOverlaps``
     (it is used there as a singleton side input).
 
     ``text_template``: build the text from several fields instead of ``text_field`` (e.g.
     ``"{question}\\n\\n{answer}"``; a chat message list is flattened to ``"role: content"``
-    messages joined by blank lines: :mod:`refinery.transforms.core.text`).
+    messages joined by blank lines: :mod:`refinery.transforms.io.text`).
     ``eval_dataset``: the name of the eval set (default: from each SourceRow's folder, as
     ``refinery decon`` names it, else ``"eval"``). Instance ids are ``str(row[id_field])``,
     else a hash of the whole row. ``tokenizer``: ``default`` (HELM's), ``no_lowercase`` or
@@ -216,7 +216,7 @@ class _FindOverlapsFn(beam.DoFn):
 class FindOverlaps(beam.PTransform):
     """Training rows -> overlap records, joined with the index through a side input.
 
-    Input: training rows, ``dict`` or :class:`~refinery.transforms.core.rows.SourceRow`
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.io.rows.SourceRow`
     (then each record also carries ``train_path`` and ``train_row``). Output: :class:`Overlap`
     (instance_id, eval_dataset, n, ngram, eval_offsets, train_doc_id, train_offsets,
     train_path, train_row), one per (instance, n, n-gram, training row).
@@ -261,7 +261,7 @@ def row_key(element, id_field: str = "id") -> tuple[str, object]:
 class DropOverlaps(beam.PTransform):
     """Training rows -> the same rows, less those with an overlap (a decontaminated corpus).
 
-    Input: training rows, ``dict`` or :class:`~refinery.transforms.core.rows.SourceRow`,
+    Input: training rows, ``dict`` or :class:`~refinery.transforms.io.rows.SourceRow`,
     the rows given to ``FindOverlaps``. Output: the same elements, unchanged, except the rows
     that ``overlaps`` (``FindOverlaps``' output, a side input) names at one of ``ngrams``
     (default: any n). A SourceRow is matched by (path, row); a dict by
@@ -310,7 +310,7 @@ class DeconPipeline(beam.PTransform):
         self.settings, self.output = settings, output.rstrip("/")
 
     def expand(self, pbegin):
-        from refinery.transforms.core.pipeline import RunStages
         from refinery.transforms.decon.stages import build_stages
+        from refinery.transforms.resumable.beam_steps import RunStages
 
         return pbegin | "Stages" >> RunStages(build_stages(self.settings), self.output)

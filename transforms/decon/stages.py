@@ -1,7 +1,7 @@
 """The four stages of ``refinery decon``: index -> scan -> reduce -> merge (thin wiring).
 
 The logic lives in :mod:`refinery.transforms.decon.ngrams`; this module binds it to the
-stage/receipt machinery of :mod:`refinery.transforms.core.stages`.
+stage/receipt machinery of :mod:`refinery.transforms.resumable`.
 
 - ``index`` (units: ``catalog`` + one per hash partition): eval rows -> n-grams. The
   ``catalog`` unit writes the compact membership file (``membership.bin``: sorted uint64
@@ -46,13 +46,6 @@ import msgpack
 import zstandard
 from isal import igzip, isal_zlib
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.gc_pause import gc_paused, release_freed_memory
-from refinery.transforms.core.jsonl import jsonl
-from refinery.transforms.core.progress import human_bytes, rate
-from refinery.transforms.core.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext
-from refinery.transforms.core.text import TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
@@ -74,6 +67,13 @@ from refinery.transforms.formats.droplist import (
     TrainFile,
     file_sha256,
 )
+from refinery.transforms.io import storage
+from refinery.transforms.io.gc_pause import gc_paused, release_freed_memory
+from refinery.transforms.io.jsonl import jsonl
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
+from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext
+from refinery.transforms.resumable.progress import human_bytes, rate
 
 FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
 # 4: reduce results carry their records' eval windows; longest match and coverage per instance

@@ -11,7 +11,7 @@ from array import array
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from refinery.transforms.formats.tokenizers import (
+from refinery.transforms.formats.tokenizer_choice import (
     _PROBE_SHA256,
     _PROBES,
     FAST_ENCODINGS,

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from refinery.transforms.core import storage
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
+from refinery.transforms.io import storage
 
 DOCID_RE = re.compile(r"^(?P<source>.*?)//(?P<relpath>.+)#s=(?P<start>\d+):e=(?P<end>\d+)$")
 

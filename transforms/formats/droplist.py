@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, TypedDict
 
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
 UNREAD_ROWS = "stats/unread_train_rows.jsonl"
@@ -62,7 +62,7 @@ class TrainFile(_TrainFileBase, total=False):
     ``--verify-inputs-by-content``, the sha256 of its bytes."""
 
     text: dict[str, str]     # TextSpec.identity(): {"text_field": F} or {"text_template": T}
-    normalization: str       # refinery.transforms.core.text.TEXT_NORMALIZATION
+    normalization: str       # refinery.transforms.io.text.TEXT_NORMALIZATION
     max_row_bytes: int       # the row cap (--max-row-bytes)
     sha256: str
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer, _fast_backend
 from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
-from refinery.transforms.formats.tokenizers import (
+from refinery.transforms.formats.tokenizer_choice import (
     TiktokenTokenizer,
     Tokenizer,
     TokenizerError,
@@ -28,11 +28,11 @@ ENCODERS = ("fast", "bpe-openai", "tiktoken")
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
     """The tokenizer ``spec`` names, once per process. For a tiktoken encoding the fast
-    encoders know (:data:`~.tokenizers.FAST_ENCODINGS`), ``encoder="fast"`` gives gigatoken's
+    encoders know (:data:`~.tokenizer_choice.FAST_ENCODINGS`), ``encoder="fast"`` gives gigatoken's
     (:class:`~refinery.transforms.formats.gigatoken_encoder.GigatokenTokenizer`) when it is
     installed and passes the probes, else bpe-openai's (:class:`FastTiktokenTokenizer`), and
     ``"bpe-openai"`` the latter: the same tokens as tiktoken, which encodes what they refuse.
-    Otherwise, and for a ``tokenizer.json``, :func:`~.tokenizers.plain_tokenizer`. Raises
+    Otherwise, and for a ``tokenizer.json``, :func:`~.tokenizer_choice.plain_tokenizer`. Raises
     :class:`TokenizerError` for an unknown encoder, or when a ``tokenizer.json`` is missing
     or no longer has the planned sha256."""
     if encoder not in ENCODERS:

@@ -26,7 +26,7 @@ How it is used, and why each rule is there:
   a character assigned since (``U+1ACF``) is a letter to one and unassigned to the other, and
   the text around it splits differently. A document holding a code point unassigned in Unicode
   14.0 (:mod:`.unassigned`; every differing code point found is one) goes to tiktoken.
-- **Checked.** At load, the probes of :mod:`~refinery.transforms.formats.tokenizers` must give
+- **Checked.** At load, the probes of :mod:`~refinery.transforms.formats.tokenizer_choice` must give
   tiktoken's tokens (their sha256), else a warning and the next encoder. A batch the encoder
   raises on is encoded document by document, and a document it refuses by tiktoken. Every
   document tiktoken encodes is counted in ``fallbacks`` (the tokenize receipts'
@@ -42,9 +42,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from refinery.transforms.formats import tokenizer as tk
+from refinery.transforms.formats import tiktoken_vocab as tk
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
-from refinery.transforms.formats.tokenizers import (
+from refinery.transforms.formats.tokenizer_choice import (
     _PROBE_SHA256,
     _PROBES,
     FAST_ENCODINGS,
@@ -135,7 +135,7 @@ def batch_buffers(result: Any, count: int) -> tuple[np.ndarray, np.ndarray]:
 def vocab_file(spec: TokenizerSpec) -> str:
     """The verified, decompressed ``.tiktoken`` file of ``spec``'s encoding in tiktoken's cache
     (put there from the offline sources first, as the tiktoken path does); raises
-    :class:`~refinery.transforms.formats.tokenizer.VocabError` when there is none."""
+    :class:`~refinery.transforms.formats.tiktoken_vocab.VocabError` when there is none."""
     base = FAST_ENCODINGS[spec.name]
     if base == "o200k_base":
         tk.resolve_vocab()  # --vocab-file / $REFINERY_VOCAB_FILE, the cache, bpe-openai's copy
@@ -163,7 +163,7 @@ def preload(spec: TokenizerSpec | None = None) -> bool:
     """Build the encoder of ``spec`` (default: prep's default tokenizer) now, for the processes
     forked from this one (the warm worker pool) to share; returns whether it was built. Quiet:
     where it cannot be, a worker builds its own and says why."""
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
 
     spec = spec or DEFAULT
     base = FAST_ENCODINGS.get(spec.name)

@@ -3,7 +3,7 @@ parsed back (the engine in :mod:`refinery.kernels` only sees token ids).
 
 ``openai-harmony`` loads the o200k vocab from ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``
 when that variable is set, else downloads it. :func:`harmony_encoding` points it at a folder
-holding the project's verified vocab (``refinery.transforms.formats.tokenizer.write_vocab_file``), so
+holding the project's verified vocab (``refinery.transforms.formats.tiktoken_vocab.write_vocab_file``), so
 nothing touches the network.
 """
 from __future__ import annotations
@@ -27,14 +27,14 @@ _ENV = "TIKTOKEN_ENCODINGS_BASE"
 
 def _vocab_dir() -> Path:
     """A folder holding the verified ``o200k_base.tiktoken`` (written on first use)."""
-    from refinery.transforms.formats.tokenizer import VOCAB_SHA256, write_vocab_file
+    from refinery.transforms.formats.tiktoken_vocab import VOCAB_SHA256, write_vocab_file
 
     current = os.environ.get(_ENV)
     if current:
         existing = Path(current) / "o200k_base.tiktoken"
         if existing.exists() and hashlib.sha256(existing.read_bytes()).hexdigest() == VOCAB_SHA256:
             return Path(current)
-    from refinery.transforms.formats.tokenizer import user_cache_dir
+    from refinery.transforms.formats.tiktoken_vocab import user_cache_dir
 
     folder = Path(os.environ.get("REFINERY_HARMONY_VOCAB_DIR") or user_cache_dir("harmony-vocab"))
     folder.mkdir(parents=True, exist_ok=True)

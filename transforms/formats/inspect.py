@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from refinery.transforms.core import storage
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.shards import (
     SCAN_CHUNK_TOKENS,
@@ -28,7 +27,8 @@ from refinery.transforms.formats.shards import (
     find_shards,
     index_path_for,
 )
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
+from refinery.transforms.io import storage
 
 
 @dataclass

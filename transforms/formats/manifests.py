@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-from refinery.transforms.core import storage
 from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
+from refinery.transforms.io import storage
 
 if TYPE_CHECKING:
-    from refinery.transforms.formats.tokenizers import TokenizerSpec
+    from refinery.transforms.formats.tokenizer_choice import TokenizerSpec
 
 MANIFEST = "manifest.json"
 
@@ -61,10 +61,10 @@ def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[st
     eos_token_id, dtype, created_at, totals, num_shards, shards[] with path, index_path,
     num_tokens, num_documents, checksum) plus ours (vocab_sha256, rows, per-shard sha256 and
     index_sha256, and ``extra``: the run's plan). ``tokenizer``: a
-    :class:`~refinery.transforms.formats.tokenizers.TokenizerSpec` (default: o200k_harmony),
+    :class:`~refinery.transforms.formats.tokenizer_choice.TokenizerSpec` (default: o200k_harmony),
     whose :meth:`manifest_fields` give the tokenizer, vocab, EOS and dtype fields.
     """
-    from refinery.transforms.formats.tokenizers import DEFAULT
+    from refinery.transforms.formats.tokenizer_choice import DEFAULT
 
     return {
         "dataset": dataset, "version": version, **(tokenizer or DEFAULT).manifest_fields(), "created_at": created_at,
@@ -196,7 +196,7 @@ def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = Fal
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""
-    from refinery.transforms.core.receipts import META_DIR, verify_receipts
+    from refinery.transforms.resumable.ledger import META_DIR, verify_receipts
 
     run_json = storage.join(root, META_DIR, "run.json")
     try:

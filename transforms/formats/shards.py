@@ -37,8 +37,8 @@ from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Iterable, I
 
 import numpy as np
 
-from refinery.transforms.core import storage
-from refinery.transforms.formats.tokenizer import EOS_TOKEN_ID
+from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
+from refinery.transforms.io import storage
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from refinery.transforms.core import storage
 from refinery.transforms.hydra.oracle import DIMENSIONS
+from refinery.transforms.io import storage
 
 
 def read_labels(paths: Sequence[str]) -> tuple[list[str], np.ndarray]:

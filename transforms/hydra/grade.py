@@ -18,13 +18,13 @@ import json
 import threading
 from typing import Any, Iterator, Mapping, Sequence, TypedDict
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.progress import rate
 from refinery.transforms.hydra.calibrate import decide, load_calibration
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
 from refinery.transforms.inference.model_handler import GptOssModelHandler
 from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.progress import rate
 
 
 class HydraGrader:

@@ -161,8 +161,8 @@ def train_judge(states: Sequence[torch.Tensor], targets: torch.Tensor, cfg: Trai
 
 
 def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) -> None:
-    from refinery.transforms.core import storage
     from refinery.transforms.hydra.oracle import DIMENSIONS
+    from refinery.transforms.io import storage
 
     blob = {"kind": kind, "layer": int(layer), "hidden_size": head.hidden_size,
             "mid_dim": getattr(head, "mid_dim", None), "heads": getattr(head, "heads", None),
@@ -176,7 +176,7 @@ def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) ->
 def load_head(path: str) -> tuple[nn.Module, dict]:
     import io
 
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
     try:
         blob = torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
     except FileNotFoundError:

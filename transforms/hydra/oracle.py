@@ -118,7 +118,7 @@ def json_answer_choices() -> tuple[tuple[int, ...], ...]:
     ``<|channel|>final<|message|>{"helpfulness": D, "correctness": D, ...}<|return|>`` where
     every position is forced (one token) except each score D, one of the tokens ``0``..``4``."""
     from refinery.transforms.formats.harmony import RETURN_TOKEN
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import get_encoding
 
     enc = get_encoding()
     digits = tuple(enc.encode_single_token(d) for d in SCORE_DIGITS)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.stages import Stage, Unit, UnitContext
 from refinery.transforms.formats.docids import find_shards, shard_doc_ids
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import Stage, Unit, UnitContext
 
 SPLITS = ("train", "val", "test")
 

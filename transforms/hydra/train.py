@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from refinery.transforms.core import storage
 from refinery.transforms.formats.docids import read_doc_tokens
 from refinery.transforms.hydra.calibrate import read_labels
 from refinery.transforms.hydra.heads import (
@@ -29,6 +28,7 @@ from refinery.transforms.hydra.heads import (
     train_probe,
 )
 from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
+from refinery.transforms.io import storage
 
 
 @dataclass

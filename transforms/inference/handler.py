@@ -105,7 +105,7 @@ def example_length(element: Any) -> int:
 
 def decode(tokens: Sequence[int]) -> str:
     """o200k_harmony text of tokens (special tokens spelled out)."""
-    from refinery.transforms.formats.tokenizer import get_encoding
+    from refinery.transforms.formats.tiktoken_vocab import get_encoding
 
     return get_encoding().decode([int(t) for t in tokens])
 
@@ -350,7 +350,7 @@ def secure_model_sharing(secret: bytes) -> str:
     travels inside the pickled handler), before RunInference starts or reaches the server
     (the handler's ``set_environment_vars``); calling it again changes nothing. Returns the
     folder."""
-    from refinery.transforms.core.beam_private import secure_shared_models
+    from refinery.transforms.io.beam_private import secure_shared_models
 
     folder = sharing_folder(secret)
     secure_shared_models(secret, folder)
@@ -360,6 +360,6 @@ def secure_model_sharing(secret: bytes) -> str:
 def sharing_is_secured(secret: bytes) -> bool:
     """Whether this process's shared-model server is the one :func:`secure_model_sharing` made
     private with ``secret`` (its key, and a folder named after it)."""
-    from refinery.transforms.core.beam_private import shared_models_setting
+    from refinery.transforms.io.beam_private import shared_models_setting
 
     return shared_models_setting() == (secret, sharing_folder_path(secret))

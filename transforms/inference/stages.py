@@ -11,7 +11,7 @@ ModelHandler runs it, how a result becomes an output row, and what the merge wri
 - ``infer`` units run in waves, each a part of the command's one Beam job, after the one before:
   ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedGptOssModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
-  through :func:`refinery.transforms.core.stages.execute_unit` (the one completion check).
+  through :func:`refinery.transforms.resumable.execute_unit` (the one completion check).
   RunInference has a dead-letter output: a batch that raises fails the units of its
   documents (:class:`InferenceFailed` in their receipts, the error's type and message),
   the rest of the wave completes, and the command exits 1 naming the failed units; the
@@ -40,13 +40,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
-from refinery.transforms.core import rows, storage
-from refinery.transforms.core.beam_private import dead_letter_error
-from refinery.transforms.core.jsonl import jsonl
-from refinery.transforms.core.pipeline import ReadUnits, count_receipt, summary
-from refinery.transforms.core.plans import PlanRef
-from refinery.transforms.core.progress import rate
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, execute_unit, now_iso, short_hash
 from refinery.transforms.formats.docids import read_doc_tokens, read_docid_file
 from refinery.transforms.inference.handler import (
     EngineSettings,
@@ -57,6 +50,13 @@ from refinery.transforms.inference.handler import (
     doc_seed,
     run_generation,
 )
+from refinery.transforms.io import rows, storage
+from refinery.transforms.io.beam_private import dead_letter_error
+from refinery.transforms.io.jsonl import jsonl
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, execute_unit, now_iso, short_hash
+from refinery.transforms.resumable.beam_steps import ReadUnits, count_receipt, summary
+from refinery.transforms.resumable.progress import rate
+from refinery.transforms.resumable.unit_lists import PlanRef
 
 log = logging.getLogger("refinery")
 
@@ -79,7 +79,7 @@ class Doc:
 
     def get_tokens(self) -> list[int]:
         if self.tokens is None:
-            from refinery.transforms.formats.tokenizer import get_encoding
+            from refinery.transforms.formats.tiktoken_vocab import get_encoding
 
             self.tokens = get_encoding().encode_ordinary(self.text or "")
         return self.tokens
@@ -368,7 +368,7 @@ def failed_batch_units(failed: tuple) -> list[tuple[str, tuple[tuple[int, ...], 
     """RunInference's dead letter ``(batch, error)``, the batch of ``((unit_id, i), example)``
     -> ``(unit_id, (indexes, batch size, error))`` for each unit with a document in the
     batch: the indexes of its documents there, the batch's size and ``Type: message`` of
-    what it raised (:func:`~refinery.transforms.core.beam_private.dead_letter_error`)."""
+    what it raised (:func:`~refinery.transforms.io.beam_private.dead_letter_error`)."""
     batch, error_info = failed
     docs: dict[str, list[int]] = defaultdict(list)
     for (unit_id, i), _example in batch:
@@ -603,7 +603,7 @@ class WriteUnitFn(beam.DoFn):
 class UnitProgress:
     """Counts of the infer units that RunInference is working on, in this worker process,
     published as each unit's progress (:meth:`StageRun.progress_path`, read by the driver's
-    progress display) at most every :data:`~refinery.transforms.core.stage.PROGRESS_EVERY_S`:
+    progress display) at most every :data:`~refinery.transforms.resumable.base.PROGRESS_EVERY_S`:
     ``documents`` and ``generated_tokens`` so far, so that a long unit shows documents and
     tokens per second before it ends. A unit whose documents are batched in several worker
     processes shows the counts of the last one to write (a display, never a figure)."""
@@ -620,7 +620,7 @@ class UnitProgress:
         self.__init__(state["run"])  # type: ignore[misc]  # the same fields as a new one
 
     def __call__(self, results: Sequence[tuple[Any, Any]]) -> None:
-        from refinery.transforms.core import stage as core_stage
+        from refinery.transforms.resumable import base as core_stage
 
         now = time.monotonic()
         touched = set()

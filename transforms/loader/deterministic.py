@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refinery.transforms.core import storage
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.shards import find_shards
+from refinery.transforms.io import storage
 from refinery.transforms.loader.mixture import (
     WEIGHT_SCALE,
     fixed_point_weights,

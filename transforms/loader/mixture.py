@@ -39,8 +39,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats.shards import NAME_RULE
+from refinery.transforms.io.text import TextSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -262,7 +262,7 @@ def parse_mixture_file(data: dict, path: str) -> MixtureFile:
 
 def load_mixture_file(path: str) -> MixtureFile:
     """Read and parse a mixture TOML (local or gs://)."""
-    from refinery.transforms.core import storage
+    from refinery.transforms.io import storage
 
     try:
         data = tomllib.loads(storage.read_bytes(path).decode("utf-8"))

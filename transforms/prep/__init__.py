@@ -12,7 +12,7 @@ Importing this package does not import Beam until a transform is used.
 """
 from __future__ import annotations
 
-from refinery.transforms.core.rows import SourceRow
+from refinery.transforms.io.rows import SourceRow
 from refinery.transforms.prep.documents import Document, Rejected, TokenizedDocument
 
 _TRANSFORMS = ("AssignShard", "Normalize", "PrepPipeline", "ReadRows", "RejectedRowError", "Tokenize",

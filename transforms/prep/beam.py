@@ -8,7 +8,7 @@
 
 ``Tokenize(tokenizer)`` and ``WriteTokenShards(..., tokenizer=...)`` take the same tokenizer
 (default ``o200k_harmony``; a tiktoken encoding name, a ``tokenizer.json`` path or folder, or
-a :class:`~refinery.transforms.formats.tokenizers.TokenizerSpec`): the sink writes its dtype
+a :class:`~refinery.transforms.formats.tokenizer_choice.TokenizerSpec`): the sink writes its dtype
 and EOS into the manifest.
 
 ======================  ===================================  =====================================
@@ -49,15 +49,14 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.coders import TupleCoder
-from refinery.transforms.core.jsonl import jsonl
-from refinery.transforms.core.rows import SourceRow, iter_rows
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
-from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec, resolve_tokenizer
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec, resolve_tokenizer
+from refinery.transforms.io import storage
+from refinery.transforms.io.coders import TupleCoder
+from refinery.transforms.io.jsonl import jsonl
+from refinery.transforms.io.rows import SourceRow, iter_rows
+from refinery.transforms.io.text import TextSpec
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
     BATCH_DOCS,
@@ -69,6 +68,7 @@ from refinery.transforms.prep.documents import (
     shard_of,
     tokenize_documents,
 )
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
 
 NAMESPACE = "refinery_prep"
 REJECTED = "rejected"
@@ -202,7 +202,7 @@ class Normalize(beam.PTransform):
 
     The text is ``row[text_field]``, or ``text_template`` filled from the row's fields (e.g.
     ``"{question}\\n\\n{answer}"``; a chat message list is flattened to ``"role: content"``
-    messages joined by blank lines: :mod:`refinery.transforms.core.text`), normalized (NFC,
+    messages joined by blank lines: :mod:`refinery.transforms.io.text`), normalized (NFC,
     newlines, control characters, strip);
     the id is ``str(row[id_field])``, else ``"{relpath}:{row}"`` for a :class:`SourceRow`,
     else a hash of the row's canonical JSON. ``(source, row)`` is the order key the sink
@@ -556,8 +556,8 @@ class PrepPipeline(beam.PTransform):
         self.config = config
 
     def expand(self, pbegin):
-        from refinery.transforms.core.pipeline import RunStages
         from refinery.transforms.prep.stages import build_stages
+        from refinery.transforms.resumable.beam_steps import RunStages
 
         return pbegin | "Stages" >> RunStages(build_stages(self.config), self.config.output)
 

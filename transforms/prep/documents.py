@@ -7,8 +7,8 @@ WriteTokenShards``) and the CLI's resumable ``tokenize`` stage
 
 Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``):
 
-- :class:`~refinery.transforms.core.rows.SourceRow` ``(path, row, record, relpath)``: a row
-  with its provenance, as :func:`refinery.transforms.core.rows.iter_rows` reads it (defined
+- :class:`~refinery.transforms.io.rows.SourceRow` ``(path, row, record, relpath)``: a row
+  with its provenance, as :func:`refinery.transforms.io.rows.iter_rows` reads it (defined
   there: decon reads such rows too).
 - :class:`Document` ``(doc_id, text, source, row)``: a normalized, non-empty document.
   ``(source, row)`` is its **order key**: inside a shard, documents are ordered by
@@ -22,9 +22,9 @@ Element types (plain ``NamedTuple``s; deterministic Beam coders in ``prep.beam``
 Rules:
 
 - **Text** (:func:`extract_text`): ``record[text_field]``, or a text template over several
-  fields, chat message lists flattened (:class:`refinery.transforms.core.text.TextSpec`);
+  fields, chat message lists flattened (:class:`refinery.transforms.io.text.TextSpec`);
   it must be a string without unpaired surrogates.
-- **Normalize** (:func:`normalize_text`, defined in :mod:`refinery.transforms.core.text`:
+- **Normalize** (:func:`normalize_text`, defined in :mod:`refinery.transforms.io.text`:
   decon n-grams the same text): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
   Cc characters are dropped except ``\\n`` and ``\\t``; leading/trailing whitespace stripped.
 - **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
@@ -32,7 +32,7 @@ Rules:
   of the row's canonical JSON.
 - **Tokenize** (:func:`encode_document`): the tokenizer's ordinary encoding (special-token
   text stays ordinary text; o200k_harmony ``encode_ordinary`` by default, see
-  :mod:`refinery.transforms.formats.tokenizers`), then one EOS, the tokenizer's. Many
+  :mod:`refinery.transforms.formats.tokenizer_choice`), then one EOS, the tokenizer's. Many
   documents at once (:func:`encode_documents`, :func:`encode_by_shard`): the same tokens,
   encoded in one call and handed back as one uint32 buffer with the documents' lengths.
 - **Shard** (:func:`shard_of`): ``int(md5(doc_id).hexdigest()[:16], 16) % num_shards``: it
@@ -49,9 +49,9 @@ from typing import NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 
-from refinery.transforms.core.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
 from refinery.transforms.formats.row_ids import content_id, doc_id_for  # noqa: F401  # THE row id rule, re-exported
-from refinery.transforms.formats.tokenizers import Tokenizer, wrap_encoding
+from refinery.transforms.formats.tokenizer_choice import Tokenizer, wrap_encoding
+from refinery.transforms.io.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
 
 EMPTY = "empty after normalization"
 try:  # CPython's own MD5: half the cost of OpenSSL's per short id (no EVP context), the same digest
@@ -97,7 +97,7 @@ class Rejected(NamedTuple):
 
 def extract_text(record: object, text_field: str | TextSpec) -> tuple[str | None, str | None]:
     """(text, None) or (None, reason) for a parsed record; ``text_field``: a field name or a
-    :class:`TextSpec` (a template, chat rows: :mod:`refinery.transforms.core.text`)."""
+    :class:`TextSpec` (a template, chat rows: :mod:`refinery.transforms.io.text`)."""
     text, error = TextSpec.of(text_field).extract(record)
     if error is not None or text is None:  # a text, or else the reason there is none
         return None, error
@@ -244,7 +244,7 @@ def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
 def encode_document(tok: Tokenizer, text: str) -> array:
     """Tokens of a normalized document (uint32): the tokenizer's ordinary encoding
     (special-token text stays ordinary text) followed by exactly one EOS, the tokenizer's.
-    ``tok``: a :class:`~refinery.transforms.formats.tokenizers.Tokenizer`, or a tiktoken
+    ``tok``: a :class:`~refinery.transforms.formats.tokenizer_choice.Tokenizer`, or a tiktoken
     ``Encoding`` (its ``<|endoftext|>`` is the EOS)."""
     if not isinstance(tok, Tokenizer):
         tok = wrap_encoding(tok)

@@ -38,8 +38,6 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.receipts import META_DIR, check_receipt
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
     OVERLAP_STATS,
@@ -52,6 +50,8 @@ from refinery.transforms.formats.droplist import (
     read_jsonl,
     read_spec_mismatch,
 )
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import META_DIR, check_receipt
 
 UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 SHOWN = 3  # paths named in a refusal

@@ -32,8 +32,8 @@ from typing import IO, Iterator, Sequence
 
 import numpy as np
 
-from refinery.transforms.core.storage import BinaryWriter
 from refinery.transforms.formats.shards import u32_bytes
+from refinery.transforms.io.storage import BinaryWriter
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
 META_DTYPE = np.dtype([("row", "<u8"), ("names", "<u8"), ("id_bytes", "<u4"), ("source_bytes", "<u4")])

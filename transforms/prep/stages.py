@@ -1,6 +1,6 @@
 """prep: corpora -> uint32 (or uint16) token shards (.npy + .idx) with a checksummed manifest.
 
-Stages (each resumable, see ``refinery.transforms.core.stages``)::
+Stages (each resumable, see ``refinery.transforms.resumable``)::
 
     tokenize  unit = an input slice (a file, or a range of parquet row groups):
               read rows -> normalize -> the tokenizer's ordinary encoding + EOS (o200k_harmony
@@ -28,18 +28,15 @@ from typing import Any, Iterator, Mapping, TypedDict, cast
 
 import numpy as np
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.gc_pause import gc_paused
-from refinery.transforms.core.jsonl import json_line
-from refinery.transforms.core.progress import rate
-from refinery.transforms.core.receipts import Receipt
-from refinery.transforms.core.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
-from refinery.transforms.core.stages import Stage, StageRun, Unit, UnitContext, short_hash
-from refinery.transforms.core.text import TextSpec
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizers import DEFAULT, TokenizerSpec
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec
+from refinery.transforms.io import storage
+from refinery.transforms.io.gc_pause import gc_paused
+from refinery.transforms.io.jsonl import json_line
+from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
+from refinery.transforms.io.text import TextSpec
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
@@ -50,6 +47,9 @@ from refinery.transforms.prep.documents import (
     shard_of,
 )
 from refinery.transforms.prep.exclusion import Exclusion
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.resumable.ledger import Receipt
+from refinery.transforms.resumable.progress import rate
 
 log = logging.getLogger("refinery")
 
@@ -72,7 +72,7 @@ class PrepConfig:
     source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
-    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizers.resolve_tokenizer)
+    tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizer_choice.resolve_tokenizer)
     encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.encoders.ENCODERS)
     num_inputs: int = -1  # len(inputs); kept when a job carries the config without its input list
 

@@ -9,7 +9,7 @@ up each of its n-grams; an eval instance overlaps at n when it shares at least o
 See ``docs/DECON.md`` for the exact facts these modules implement. One module a step, in
 the order the pipeline uses them:
 
-- :mod:`.tokenizers` (:data:`TOKENIZERS`): ``default`` is exactly
+- :mod:`.word_split` (:data:`TOKENIZERS`): ``default`` is exactly
   ``re.compile(rf"[\\s{re.escape(string.punctuation)}]+").split(text.lower())`` with empty
   strings kept; ``no_lowercase`` is the same split without ``lower()``; ``whitespace``
   lowercases and splits on runs of ``\\s`` only. :meth:`Tokenizer.tokenize_with_offsets`
@@ -56,7 +56,7 @@ then ``ng.scan_rows(...)``.
 """
 from __future__ import annotations
 
-from refinery.transforms.core.jsonl import JSON_ERRORS
+from refinery.transforms.io.jsonl import JSON_ERRORS
 
 from .hashes import batch_window_hashes, ngram_hash, partition_of, token_hash, tokenize_batch
 from .ids import eval_dataset_name, record_hash_id, record_id
@@ -95,7 +95,7 @@ from .reduce import (
 from .reference import reference_overlap
 from .report import capped_warning, contamination_report, merged_snippet, overlap_instances, render_report
 from .scan import ScanHits, ScanStats, scan_rows
-from .tokenizers import (
+from .word_split import (
     DEFAULT_SEPARATORS,
     TOKENIZERS,
     Tokenizer,

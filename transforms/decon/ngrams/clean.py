@@ -23,9 +23,9 @@ import re
 from collections import defaultdict
 from typing import IO, Callable, ContextManager, Iterable, Iterator, cast
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.jsonl import JSON_ERRORS
-from refinery.transforms.core.rows import Row, iter_rows
+from refinery.transforms.io import storage
+from refinery.transforms.io.jsonl import JSON_ERRORS
+from refinery.transforms.io.rows import Row, iter_rows
 
 from .ids import record_id
 from .index import EvalRow, short_rows
@@ -120,7 +120,7 @@ def clean_line(record: dict, row: EvalRow) -> bytes:
 def rows_as_read(rows: list[EvalRow], read_rows: Callable[[str], Iterable[Row]], id_field: str
                  ) -> Iterator[tuple[EvalRow, dict]]:
     """Each of ``rows`` (eval order) with its record read again by ``read_rows`` (path -> the
-    rows of that file, as the index read them: :func:`~refinery.transforms.core.rows.iter_rows`),
+    rows of that file, as the index read them: :func:`~refinery.transforms.io.rows.iter_rows`),
     each file read once per run of its rows. ValueError naming the file and row where a
     record is not the one decon indexed (unreadable now, or another id) or the file ends first."""
     i = 0
@@ -214,7 +214,7 @@ def remove_stale_clean(output: str, current: set[str]) -> list[str]:
 
 def unchanged_reader(fingerprints: list[dict], max_row_bytes: int) -> Callable[[str], Iterator[Row]]:
     """A ``read_rows`` for :func:`write_clean_subsets`: the rows of an eval file as the index
-    read them (:func:`~refinery.transforms.core.rows.iter_rows`, the same row cap), after
+    read them (:func:`~refinery.transforms.io.rows.iter_rows`, the same row cap), after
     checking the file still has the size and version the index recorded
     (``fingerprints``: its input fingerprints); InputError naming the file if not."""
     recorded = {f["path"]: (f["size"], f["version"]) for f in fingerprints}

@@ -20,11 +20,11 @@ from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, overl
 import msgpack
 import numpy as np
 
-from refinery.transforms.core.text import normalize_text
+from refinery.transforms.io.text import normalize_text
 
 from .hashes import batch_all_window_hashes, batch_prefix, ngram_hash, tokenize_batch
 from .normalized import prepare, to_raw, tokens_with_offsets
-from .tokenizers import Tokenizer, effective_lengths
+from .word_split import Tokenizer, effective_lengths
 
 _SPACES = re.compile(b" {2,}")
 WINDOWS_AT_ONCE = 1 << 18  # windows of one row and length whose columns are made at once

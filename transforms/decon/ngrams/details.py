@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.jsonl import JSON_ERRORS
+from refinery.transforms.io import storage
+from refinery.transforms.io.jsonl import JSON_ERRORS
 
 from .arrays import ranges
 from .compact import Records

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from refinery.transforms.core.jsonl import JSON_ERRORS
+from refinery.transforms.io.jsonl import JSON_ERRORS
 
 from .arrays import i64, i64_bytes, run_starts
 from .index import EvalRow, SameText
@@ -121,7 +121,7 @@ class DropList:
         time: one JSON line per training row with an overlap, sorted by path and row:
         ``train_path``, ``train_row``, ``train_doc_id`` (from the first partition that lists
         the row) and ``ns`` (the n it overlaps at, ascending): the bytes
-        :func:`~refinery.transforms.core.jsonl.jsonl` writes for those dicts. The work is on
+        :func:`~refinery.transforms.io.jsonl.jsonl` writes for those dicts. The work is on
         each share's records (what n each overlaps), never on (training row, eval instance)
         pairs: a row's n are those of its records."""
         lines_at_once = LINES_AT_ONCE if lines_at_once is None else lines_at_once

@@ -12,16 +12,16 @@ from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 import msgpack
 
-from refinery.transforms.core.gc_pause import gc_paused
-from refinery.transforms.core.jsonl import json_line
-from refinery.transforms.core.text import TextSpec
+from refinery.transforms.io.gc_pause import gc_paused
+from refinery.transforms.io.jsonl import json_line
+from refinery.transforms.io.text import TextSpec
 
 from .compact import HashFind, Records, build_records, pack_records, unpack_records
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, field_dataset, record_id
 from .membership import Membership
 from .normalized import prepare, token_count, tokens_with_offsets
-from .tokenizers import Tokenizer, effective_lengths, get_tokenizer
+from .word_split import Tokenizer, effective_lengths, get_tokenizer
 
 
 @dataclass(frozen=True)

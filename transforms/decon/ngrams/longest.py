@@ -30,7 +30,7 @@ import numpy as np
 from .arrays import batches, i64, i64_bytes, ranges, run_starts
 from .compact import token_starts
 from .index import EvalRow
-from .tokenizers import Tokenizer
+from .word_split import Tokenizer
 
 WINDOWS_AT_ONCE = 1 << 17  # (training row, eval window) pairs the merge expands at once
 

@@ -1,21 +1,21 @@
 """decon reads the text prep trains on: n-grams of the normalized text, offsets into the row's.
 
-prep trains on :func:`~refinery.transforms.core.text.normalize_text` of a row's text (NFC,
+prep trains on :func:`~refinery.transforms.io.text.normalize_text` of a row's text (NFC,
 ``\\r\\n`` and ``\\r`` as ``\\n``, Cc controls but ``\\t`` ``\\n`` dropped, ends stripped). decon
 tokenizes that same text, on both sides, so a row that differs from an eval question only
 in what the normalization removes (NFD accents, a C1 control inside each word, CR LF line
 ends) is the same text to both commands. Offsets stay code-point offsets into the row's text
 as read (``docs/FORMATS.md``): a span of the normalized text is mapped back through
-:func:`~refinery.transforms.core.text.normalized_offsets` (only for a text the normalization
+:func:`~refinery.transforms.io.text.normalized_offsets` (only for a text the normalization
 changes; a clean text is its own normalized form).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from refinery.transforms.core.text import normalize_text, normalized_offsets, raw_spans
+from refinery.transforms.io.text import normalize_text, normalized_offsets, raw_spans
 
-from .tokenizers import Tokenizer
+from .word_split import Tokenizer
 
 
 def tokens(tokenizer: Tokenizer, text: str) -> list[str]:

@@ -28,7 +28,7 @@ from .droplist import DropList, RowHits
 from .index import EvalRow, SameText, same_text
 from .longest import EMPTY_WINDOWS, longest_at, longest_matches, record_windows
 from .scan import ScanHits
-from .tokenizers import Tokenizer, configured_ns
+from .word_split import Tokenizer, configured_ns
 
 
 def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:

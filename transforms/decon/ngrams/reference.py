@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from refinery.transforms.core.text import normalize_text
+from refinery.transforms.io.text import normalize_text
 
 from .index import EvalRow
-from .tokenizers import Tokenizer, effective_lengths, iter_ngrams
+from .word_split import Tokenizer, effective_lengths, iter_ngrams
 
 
 def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, str]], ns: list[int],
@@ -16,7 +16,7 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
     """Straightforward implementation of the same method.
 
     ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized first
-    (:func:`~refinery.transforms.core.text.normalize_text`, as decon and prep do). Returns (instance ids per
+    (:func:`~refinery.transforms.io.text.normalize_text`, as decon and prep do). Returns (instance ids per
     (dataset, configured n), sorted; the set of detail keys
     ``(eval_idx, train_path, train_row, effective n, ngram)``).
     """

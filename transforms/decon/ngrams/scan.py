@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from refinery.transforms.core.text import TextSpec, normalize_text
+from refinery.transforms.io.text import TextSpec, normalize_text
 
 from .arrays import ranges, run_starts
 from .compact import Records
@@ -22,7 +22,7 @@ from .hashes import (
 from .index import Partition
 from .membership import Membership
 from .normalized import to_raw
-from .tokenizers import Tokenizer
+from .word_split import Tokenizer
 
 
 @dataclass
@@ -77,7 +77,7 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     text (unreadable, a missing field, not a string) is counted in ``stats.bad_rows``.
     ``lookup(p)`` returns hash partition ``p`` (:func:`load_partition`); a hash hit counts
     only if its exact n-gram is in it (no false positives). The n-grams are those of the
-    row's normalized text (:func:`~refinery.transforms.core.text.normalize_text`, the text
+    row's normalized text (:func:`~refinery.transforms.io.text.normalize_text`, the text
     prep trains on), the offsets into the row's text (:mod:`.normalized`).
     """
     loaded: dict[int, Records] = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.receipts import fingerprints_path
-from refinery.transforms.core.run_record import RunRecord, StageEntry
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import fingerprints_path
+from refinery.transforms.resumable.run_record import RunRecord, StageEntry
 
 
 def fingerprints_bytes(fingerprints: list[Any]) -> bytes:

@@ -1,7 +1,7 @@
 """The run record, ``OUTPUT/.refinery/run.json``: what a run planned, stage by stage.
 
-Written by :func:`~refinery.transforms.core.orchestration.run_stages` before any unit runs;
-read by ``refinery status`` and ``verify`` (:mod:`.receipts`), by :mod:`.plan_changes` (why a
+Written by :func:`~refinery.transforms.resumable.orchestration.run_stages` before any unit runs;
+read by ``refinery status`` and ``verify`` (:mod:`.ledger`), by :mod:`.hash_changes` (why a
 plan changed since the previous run), by ``prep --exclude-overlaps`` and the manifest checks.
 Only the shape is here (JSON as written; older records may lack ``final``).
 """

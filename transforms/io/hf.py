@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 T = TypeVar("T")
 

@@ -7,14 +7,14 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.execution import next_repair
-from refinery.transforms.core.hashing import short_hash
-from refinery.transforms.core.plan_changes import fingerprints_bytes
-from refinery.transforms.core.plans import PlanRef, write_units
-from refinery.transforms.core.receipts import META_DIR, Receipt, fingerprints_path, repairs_of
-from refinery.transforms.core.stage import Stage, StageRun, compute_stage_hash
-from refinery.transforms.core.units import Unit
+from refinery.transforms.io import storage
+from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.resumable.base import Stage, StageRun, compute_stage_hash
+from refinery.transforms.resumable.execution import next_repair
+from refinery.transforms.resumable.hash_changes import fingerprints_bytes
+from refinery.transforms.resumable.ledger import META_DIR, Receipt, fingerprints_path, repairs_of
+from refinery.transforms.resumable.unit_lists import PlanRef, write_units
+from refinery.transforms.resumable.units import Unit
 
 log = logging.getLogger("refinery")
 

@@ -1,7 +1,7 @@
 """Storage: local or ``gs://`` paths, output folders, atomic writes, input listing.
 
 One module per concern; this package is their API (``storage.join``, ``storage.atomic_write_json``,
-``storage.expand_inputs``, ...). Reading rows out of data files is :mod:`refinery.transforms.core.rows`.
+``storage.expand_inputs``, ...). Reading rows out of data files is :mod:`refinery.transforms.io.rows`.
 
 - :mod:`.paths`: reach and read a file whatever its scheme; :func:`offline` for dry runs.
 - :mod:`.outputs`: whether a path can be an output folder; removal that stays inside it.

@@ -1,6 +1,6 @@
 """One Beam pipeline per command: every stage's pending units, as named steps of one graph.
 
-:func:`refinery.transforms.core.stages.run_stages` plans (which units of which stage are
+:func:`refinery.transforms.resumable.run_stages` plans (which units of which stage are
 pending, by their receipts) and hands the steps to :func:`build_pipeline`, which makes one
 Beam pipeline of them::
 
@@ -9,7 +9,7 @@ Beam pipeline of them::
     ...
 
 The units a step runs are not in the job: the driver writes them under OUTPUT
-(:mod:`.plans`) and the job reads them back in its workers (:class:`ReadUnits`: the part
+(:mod:`.unit_lists`) and the job reads them back in its workers (:class:`ReadUnits`: the part
 numbers are all the job holds), so its size does not grow with the corpus.
 
 Each step is a :class:`RunStage` (or a stage's own transform, see ``Stage.step_transform``)
@@ -28,13 +28,13 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.typehints.decorators import no_annotations
 
-from refinery.transforms.core import beam_private
-from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
-from refinery.transforms.core.planning import Step, bind_stages, record_inputs, write_plans
-from refinery.transforms.core.plans import PART_UNITS, PlanRef, read_part
-from refinery.transforms.core.receipts import Receipt
-from refinery.transforms.core.stage import Stage, StageRun
-from refinery.transforms.core.units import Unit
+from refinery.transforms.io import beam_private
+from refinery.transforms.resumable.base import Stage, StageRun
+from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.resumable.ledger import Receipt
+from refinery.transforms.resumable.planner import Step, bind_stages, record_inputs, write_plans
+from refinery.transforms.resumable.unit_lists import PART_UNITS, PlanRef, read_part
+from refinery.transforms.resumable.units import Unit
 
 BLOCKED = "blocked"  # a unit not run because a unit upstream of it did not complete
 

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from refinery.transforms.core import storage
-from refinery.transforms.formats import tokenizer as tk
+from refinery.transforms.formats import tiktoken_vocab as tk
+from refinery.transforms.io import storage
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -299,7 +299,7 @@ def hub_tokenizer_path(value: str, api: HfApi | None = None) -> str:
     revision (default: the current commit) resolved to its commit sha once, in the driver, so
     every worker reads the same file and a rerun names the same plan. Raises
     :class:`TokenizerError` with one line when the hub cannot be reached (no network)."""
-    from refinery.transforms.core.hf import HubError, _hub_call
+    from refinery.transforms.io.hf import HubError, _hub_call
 
     name, _, revision = value.partition("@")
     if (state := storage.offline_state()) is not None:

@@ -3,7 +3,7 @@
 A unit's receipt (``OUTPUT/.refinery/<stage>/<stage_hash>/receipts/<unit>.json``) is written
 last, after the unit's files: ``{schema, stage, stage_hash, unit, status: completed|failed,
 files: [{path, bytes, sha256}], stats, ...}`` (:class:`Receipt`, written by
-:func:`~refinery.transforms.core.execution.execute_unit`). :func:`check_receipt` judges one, for
+:func:`~refinery.transforms.resumable.execution.execute_unit`). :func:`check_receipt` judges one, for
 the planner, the worker, ``refinery status`` and ``refinery verify`` alike.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator, TypedDict
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.hashing import short_hash
-from refinery.transforms.core.plans import check_parts
-from refinery.transforms.core.run_record import RunRecord, StageEntry
+from refinery.transforms.io import storage
+from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.resumable.run_record import RunRecord, StageEntry
+from refinery.transforms.resumable.unit_lists import check_parts
 
 RECEIPT_SCHEMA = "refinery.receipt/1"
 
@@ -25,7 +25,7 @@ META_DIR = ".refinery"
 
 def fingerprints_path(output: str, stage: str, stage_hash: str) -> str:
     """Where the input fingerprints of one plan of a stage are kept (to explain a later change,
-    and the input list a worker reads: :meth:`~.stage.StageRun.input_fingerprints`)."""
+    and the input list a worker reads: :meth:`~.base.StageRun.input_fingerprints`)."""
     return storage.join(output, META_DIR, "fingerprints", f"{stage}-{stage_hash}.json")
 
 
@@ -56,7 +56,7 @@ class _ReceiptBase(TypedDict):
 
 
 class Receipt(_ReceiptBase, total=False):
-    """A unit's receipt, as :func:`~refinery.transforms.core.execution.execute_unit` writes it
+    """A unit's receipt, as :func:`~refinery.transforms.resumable.execution.execute_unit` writes it
     (keys in this order): ``status`` ("completed" or "failed"), ``files``, ``stats`` (the stage's
     own, e.g. prep's ``TokenizeStats``) and ``finished_at`` are always there once written;
     ``repair``, ``upstream_repairs`` when set, ``error`` when failed. ``skipped`` is never
@@ -201,7 +201,7 @@ def verify_receipts(output: str, checksums: bool = False, notes: list[str] | Non
 def recorded_plan_problems(output: str, st: StageEntry) -> list[str]:
     """Problems with what the driver recorded of one stage of a run beside its receipts, each
     checked by content: its plan parts and the units of its steps against their
-    ``index.json`` (:func:`~.plans.check_parts`), and its input fingerprints against the
+    ``index.json`` (:func:`~.unit_lists.check_parts`), and its input fingerprints against the
     ``inputs_hash`` of run.json. A missing one is no problem: a run that needs it writes it."""
     stage_dir = storage.join(output, META_DIR, st["name"], st["stage_hash"])
     problems = check_parts(storage.join(stage_dir, "plan"))

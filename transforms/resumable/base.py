@@ -3,8 +3,8 @@ and what a unit writes through (:class:`UnitContext`).
 
 Resumable stages: plan -> units -> idempotent unit outputs -> receipts -> barrier.
 
-Every pipeline (prep, decon, generate, hydra) is a list of :class:`Stage` objects run by
-:func:`~refinery.transforms.core.orchestration.run_stages`. A stage has a JSON config, a deterministic plan (a list of
+Every pipeline (prep, decon, generate, hydra) is a list of :class:`Stage` objects run
+by :func:`~refinery.transforms.resumable.orchestration.run_stages`. A stage has a JSON config, a plan (a list of
 :class:`Unit`), and ``run_unit(unit, ctx) -> stats`` which writes its files through a
 :class:`UnitContext` so that they are recorded in the unit's receipt.
 
@@ -22,8 +22,8 @@ Stage hash = sha256 of (stage name, config, input fingerprints, identity such as
 tokenizer, upstream stage hash). Hashes chain: changing stage k re-runs k and what follows
 and keeps what precedes. Outputs of different plans never mix: parts live under the hash.
 
-"Done" is decided by ONE function, :func:`~refinery.transforms.core.receipts.check_receipt`
-(in :mod:`.receipts`, with the receipt schema below), used both by the planner (which
+"Done" is decided by ONE function, :func:`~refinery.transforms.resumable.ledger.check_receipt`
+(in :mod:`.ledger`, with the receipt schema below), used both by the planner (which
 units are pending) and by the worker right before it runs a unit: the receipt says
 completed, its stage hash matches, every listed file exists with the recorded size
 (and sha256 with ``verify_checksums``), and no unit of an earlier stage was repaired
@@ -41,7 +41,7 @@ Stages run backward-demand-driven: if every unit of the last stages is done, ear
 stages are not run at all, even if their intermediate parts were deleted.
 
 Each run first removes temp files left under OUTPUT by dead writers (``storage.remove_dead_temp_files``)
-and, when a stage's hash differs from the previous run's, logs why (:mod:`.plan_changes`).
+and, when a stage's hash differs from the previous run's, logs why (:mod:`.hash_changes`).
 While a job runs, :mod:`.progress` draws its steps from their receipts.
 ``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
 trail the fault-injection tests use (see RELIABILITY.md).
@@ -63,11 +63,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.hashing import short_hash
-from refinery.transforms.core.plans import PlanRef, read_units
-from refinery.transforms.core.receipts import META_DIR, Completion, FileEntry, Receipt, check_receipt, fingerprints_path
-from refinery.transforms.core.units import Unit
+from refinery.transforms.io import storage
+from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.resumable.ledger import (
+    META_DIR,
+    Completion,
+    FileEntry,
+    Receipt,
+    check_receipt,
+    fingerprints_path,
+)
+from refinery.transforms.resumable.unit_lists import PlanRef, read_units
+from refinery.transforms.resumable.units import Unit
 
 if TYPE_CHECKING:
     import apache_beam as beam
@@ -86,7 +93,7 @@ class Stage:
     - ``identity()``: other identities, e.g. the tokenizer's (enters the hash).
     - ``make_plan()``: the deterministic list of units (subclasses implement it; callers use
       ``plan()``, which makes it once in the driver, and in a worker reads what the driver
-      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.plans`).
+      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.unit_lists`).
     - ``driver_only``: attributes a worker never needs (input lists, plans): left out when
       the stage is pickled into a job once its plan is written, so that the job's size does
       not grow with the corpus.
@@ -213,7 +220,7 @@ CHECK_THREADS = 32  # receipt checks in flight at once on an object store
 def _recorded_fingerprints(path: str, inputs_hash: str | None) -> list[Any]:
     """The input fingerprints recorded at ``path``, once per process; ValueError naming the file
     when it is not JSON, or not the list whose short hash the driver put in the job
-    (``inputs_hash``: :func:`~.planning.record_inputs`; None, from an older driver: not judged)."""
+    (``inputs_hash``: :func:`~.planner.record_inputs`; None, from an older driver: not judged)."""
     try:
         fingerprints: list[Any] = json.loads(storage.read_bytes(path))
     except FileNotFoundError:
@@ -265,7 +272,7 @@ class StageRun:
 
     def recorded_repairs(self) -> dict[str, str]:
         """``{"stage/unit": token}`` of the stage's units rebuilt over damaged files, from
-        ``repairs_dir`` (what :func:`~.receipts.repairs_of` gives from their receipts)."""
+        ``repairs_dir`` (what :func:`~.ledger.repairs_of` gives from their receipts)."""
         out = {}
         for path in storage.listdir(self.repairs_dir):
             name = storage.basename(path)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.planning import demanded
-from refinery.transforms.core.receipts import META_DIR, check_recorded_run
-from refinery.transforms.core.run_record import RunRecord
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import META_DIR, check_recorded_run
+from refinery.transforms.resumable.planner import demanded
+from refinery.transforms.resumable.run_record import RunRecord
 
 
 class StageStatus(TypedDict):

@@ -48,7 +48,7 @@ from typing import IO, Any, Callable, Iterator, NamedTuple, cast
 
 import orjson
 
-from refinery.transforms.core import storage
+from refinery.transforms.io import storage
 
 
 class SourceRow(NamedTuple):

@@ -9,8 +9,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 if TYPE_CHECKING:
-    from refinery.transforms.core.receipts import Receipt
-    from refinery.transforms.core.stage import StageRun
+    from refinery.transforms.resumable.base import StageRun
+    from refinery.transforms.resumable.ledger import Receipt
 
 # show(step index, units done, postfix, step ended): draws one step's progress
 Show = Callable[[int, int, str, bool], None]
@@ -92,10 +92,10 @@ class Progress:
 
     def _running(self, run: StageRun, ended: set[str]) -> list[dict[str, Any]]:
         """The counts so far that this run's running units published (``progress/``, see
-        :meth:`~refinery.transforms.core.stage.UnitContext.report_progress`): one listing,
+        :meth:`~refinery.transforms.resumable.base.UnitContext.report_progress`): one listing,
         and a read per running unit; a unit that has ended is counted from its receipt, and
         a file left by an earlier, killed run is ignored."""
-        from refinery.transforms.core import storage
+        from refinery.transforms.io import storage
 
         out: list[dict[str, Any]] = []
         for path in storage.listdir(run.progress_dir):
@@ -169,7 +169,7 @@ class Progress:
         listing of each step's receipts and ``failures/`` (a unit whose last attempt failed is
         not done), not a read per receipt of a resumed run. Only the receipts that appear
         (or are rewritten as completed) during the job are read."""
-        from refinery.transforms.core import storage
+        from refinery.transforms.io import storage
 
         for run, _ in self.steps:
             failed = run.listed_failures()

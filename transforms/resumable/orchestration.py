@@ -8,11 +8,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.execution import execute_unit, span_key, unit_counters, unit_times_ms
-from refinery.transforms.core.hashing import short_hash
-from refinery.transforms.core.plan_changes import explain_plan_changes
-from refinery.transforms.core.planning import (
+from refinery.transforms.io import storage
+from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.resumable.base import CHECK_THREADS, Stage, StageRun
+from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.resumable.hash_changes import explain_plan_changes
+from refinery.transforms.resumable.ledger import META_DIR, Receipt
+from refinery.transforms.resumable.planner import (
     Planned,
     Step,
     bind_stages,
@@ -24,11 +26,9 @@ from refinery.transforms.core.planning import (
     record_inputs,
     write_plans,
 )
-from refinery.transforms.core.progress import Progress
-from refinery.transforms.core.receipts import META_DIR, Receipt
-from refinery.transforms.core.run_record import RUN_SCHEMA, RunRecord, StageEntry
-from refinery.transforms.core.stage import CHECK_THREADS, Stage, StageRun
-from refinery.transforms.core.units import Unit
+from refinery.transforms.resumable.progress import Progress
+from refinery.transforms.resumable.run_record import RUN_SCHEMA, RunRecord, StageEntry
+from refinery.transforms.resumable.units import Unit
 
 log = logging.getLogger("refinery")
 
@@ -229,7 +229,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     finished are kept for the next run.
     """
     if runner is None:
-        from refinery.transforms.core.pipeline import run_on_beam
+        from refinery.transforms.resumable.beam_steps import run_on_beam
 
         runner = run_on_beam
     runs, plans = _start_run(stages, output, force, run_info)

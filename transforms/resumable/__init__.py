@@ -2,38 +2,20 @@
 modules that hold it, one concern each (imports point down this list):
 
 - :mod:`.units`: :class:`Unit`; :mod:`.hashing`: the canonical JSON that hashes are taken of;
-- :mod:`.stage`: the Stage API (:class:`Stage`, :class:`StageRun`, :class:`UnitContext`),
+- :mod:`.base`: the Stage API (:class:`Stage`, :class:`StageRun`, :class:`UnitContext`),
   the output layout, the stage hash and the receipt schema;
 - :mod:`.execution`: one unit run and recorded (:func:`execute_unit`), its counters;
-- :mod:`.planning`: stages bound to an output (:func:`bind_stages`), what is done and what is
+- :mod:`.planner`: stages bound to an output (:func:`bind_stages`), what is done and what is
   pending (backward demand, repairs), plans written for the workers;
 - :mod:`.orchestration`: a command's run (:func:`run_stages`), and how it fails;
 - :mod:`.status`: ``refinery status`` (:func:`stage_status`).
 
-The Beam job itself is built in :mod:`.pipeline`.
+The Beam job itself is built in :mod:`.beam_steps`.
 """
 from __future__ import annotations
 
-from refinery.transforms.core.execution import execute_unit, next_repair, span_key, unit_counters, unit_times_ms
-from refinery.transforms.core.hashing import canonical_json, short_hash
-from refinery.transforms.core.orchestration import (
-    JobFailed,
-    JobResult,
-    StageFailed,
-    run_in_driver,
-    run_stages,
-)
-from refinery.transforms.core.planning import (
-    bind_stages,
-    demanded,
-    final_stages_done,
-    plans_by_listing,
-    record_inputs,
-    step_ref,
-    write_plans,
-)
-from refinery.transforms.core.run_record import RUN_SCHEMA
-from refinery.transforms.core.stage import (
+from refinery.transforms.io.hashing import canonical_json, short_hash
+from refinery.transforms.resumable.base import (
     CHECK_THREADS,
     PROGRESS_EVERY_S,
     REMOTE_PROGRESS_EVERY_S,
@@ -43,8 +25,26 @@ from refinery.transforms.core.stage import (
     compute_stage_hash,
     now_iso,
 )
-from refinery.transforms.core.status import stage_status
-from refinery.transforms.core.units import Unit
+from refinery.transforms.resumable.execution import execute_unit, next_repair, span_key, unit_counters, unit_times_ms
+from refinery.transforms.resumable.orchestration import (
+    JobFailed,
+    JobResult,
+    StageFailed,
+    run_in_driver,
+    run_stages,
+)
+from refinery.transforms.resumable.planner import (
+    bind_stages,
+    demanded,
+    final_stages_done,
+    plans_by_listing,
+    record_inputs,
+    step_ref,
+    write_plans,
+)
+from refinery.transforms.resumable.run_record import RUN_SCHEMA
+from refinery.transforms.resumable.status import stage_status
+from refinery.transforms.resumable.units import Unit
 
 __all__ = [
     "CHECK_THREADS", "PROGRESS_EVERY_S", "REMOTE_PROGRESS_EVERY_S", "RUN_SCHEMA", "JobFailed", "JobResult", "Stage",

@@ -26,8 +26,8 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.units import Unit
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.units import Unit
 
 log = logging.getLogger("refinery")
 

@@ -13,11 +13,11 @@ import time
 import traceback
 from typing import Any, Callable, Mapping
 
-from refinery.transforms.core import storage
-from refinery.transforms.core.hashing import short_hash
-from refinery.transforms.core.receipts import RECEIPT_SCHEMA, Completion, Receipt, UnitError
-from refinery.transforms.core.stage import StageRun, UnitContext, now_iso
-from refinery.transforms.core.units import Unit
+from refinery.transforms.io import storage
+from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.resumable.base import StageRun, UnitContext, now_iso
+from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Completion, Receipt, UnitError
+from refinery.transforms.resumable.units import Unit
 
 log = logging.getLogger("refinery")
 

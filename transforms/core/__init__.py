@@ -1,1 +1,0 @@
-"""refinery.transforms.core."""

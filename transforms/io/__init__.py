@@ -1,0 +1,1 @@
+"""refinery.transforms.io."""
