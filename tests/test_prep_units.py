@@ -168,7 +168,7 @@ def test_parse_token_count_rejects_garbage():
 
 
 def test_included_units_budget_waves():
-    units = [Unit(f"{i}") for i in range(6)]
+    units = [Unit(f"{i}", {}) for i in range(6)]
     rec = lambda t: {"stats": {"tokens": t}}  # noqa: E731
     assert included_units(units, {}, None) == (units, True)
     # nothing known yet: ask for a wave of 2

@@ -106,7 +106,7 @@ class _Listed(Stage):
         return self.files
 
     def make_plan(self) -> list[Unit]:
-        return [Unit("0")]
+        return [Unit("0", {})]
 
 
 def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path):

@@ -730,7 +730,7 @@ class ManifestStage(Stage):
         return {"manifest": 1}
 
     def make_plan(self) -> list[Unit]:
-        return [Unit("manifest")]
+        return [Unit("manifest", {})]
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         cfg = self.cfg
