@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from refinery.transforms.io.hashing import canonical_json, short_hash
 from refinery.transforms.resumable.base import (
-    CHECK_THREADS,
     PROGRESS_EVERY_S,
     REMOTE_PROGRESS_EVERY_S,
     Stage,
@@ -25,7 +24,8 @@ from refinery.transforms.resumable.base import (
     compute_stage_hash,
     now_iso,
 )
-from refinery.transforms.resumable.execution import execute_unit, next_repair, span_key, unit_counters, unit_times_ms
+from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
+from refinery.transforms.resumable.ledger import CHECK_THREADS, next_repair
 from refinery.transforms.resumable.orchestration import (
     JobFailed,
     JobResult,

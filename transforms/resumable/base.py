@@ -57,8 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import functools
-import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -69,9 +67,8 @@ from refinery.transforms.resumable.ledger import (
     META_DIR,
     Completion,
     FileEntry,
+    Ledger,
     Receipt,
-    check_receipt,
-    fingerprints_path,
 )
 from refinery.transforms.resumable.unit_lists import PlanRef, read_units
 from refinery.transforms.resumable.units import Unit
@@ -213,31 +210,12 @@ def compute_stage_hash(stage: Stage, upstream_hash: str | None) -> str:
     })
 
 
-CHECK_THREADS = 32  # receipt checks in flight at once on an object store
-
-
-@functools.lru_cache(maxsize=8)
-def _recorded_fingerprints(path: str, inputs_hash: str | None) -> list[Any]:
-    """The input fingerprints recorded at ``path``, once per process; ValueError naming the file
-    when it is not JSON, or not the list whose short hash the driver put in the job
-    (``inputs_hash``: :func:`~.planner.record_inputs`; None, from an older driver: not judged)."""
-    try:
-        fingerprints: list[Any] = json.loads(storage.read_bytes(path))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: missing (the input fingerprints written by the driver of this job)") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}): damaged, not used (the next run writes it again)") from None
-    if inputs_hash is not None and short_hash(fingerprints) != inputs_hash:
-        raise ValueError(f"{path}: not the input fingerprints of this plan (hash {short_hash(fingerprints)}, the "
-                         f"driver recorded {inputs_hash}): damaged, not used (the next run writes it again)")
-    return fingerprints
-
-
 @dataclass
 class StageRun:
-    """A stage bound to an output directory and its (chained) hash. Picklable.
+    """A stage bound to an output directory and its (chained) hash: what the planner made of
+    it for one run. Picklable (a job carries it). Its records are its :attr:`ledger`'s.
 
-    ``upstream_repairs``: the :func:`repairs_of` the earlier stages' done units, set by the
+    ``upstream_repairs``: the repair tokens of the earlier stages' done units, set by the
     planner; its units' receipts record it and :meth:`check` compares (None: not judged)."""
 
     stage: Stage
@@ -253,73 +231,22 @@ class StageRun:
         return self.stage.name
 
     @property
-    def dir(self) -> str:
-        return storage.join(self.output, META_DIR, self.stage.name, self.stage_hash)
+    def ledger(self) -> Ledger:
+        return Ledger(self.output, self.stage.name, self.stage_hash)
 
     @property
-    def receipts_dir(self) -> str:
-        return storage.join(self.dir, "receipts")
+    def dir(self) -> str:
+        return storage.join(self.output, META_DIR, self.stage.name, self.stage_hash)
 
     @property
     def parts_dir(self) -> str:
         return storage.join(self.dir, "parts")
 
-    @property
-    def repairs_dir(self) -> str:
-        """One file per unit whose receipt carries a ``repair`` token, holding the token: the
-        stage's repairs, known from one listing instead of every receipt."""
-        return storage.join(self.dir, "repairs")
-
-    def recorded_repairs(self) -> dict[str, str]:
-        """``{"stage/unit": token}`` of the stage's units rebuilt over damaged files, from
-        ``repairs_dir`` (what :func:`~.ledger.repairs_of` gives from their receipts)."""
-        out = {}
-        for path in storage.listdir(self.repairs_dir):
-            name = storage.basename(path)
-            if not storage.is_temp_name(name):
-                out[f"{self.name}/{name}"] = storage.read_bytes(path).decode(errors="replace")  # damaged: no match
-        return out
-
-    def record_repair(self, unit_id: str, token: str) -> None:
-        storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
-
-    @property
-    def failures_dir(self) -> str:
-        """One file per unit whose last attempt failed, holding why: the failures of a job,
-        known from one listing instead of every receipt (removed when the unit completes)."""
-        return storage.join(self.dir, "failures")
-
-    def listed_units(self) -> set[str]:
-        """Ids of the units that have a receipt file, whatever it says: one listing of the
-        receipts folder (a LIST call per 1,000 receipts on an object store), no receipt read."""
-        return {storage.basename(p)[:-len(".json")] for p in storage.listdir(self.receipts_dir)
-                if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))}
-
-    def listed_failures(self) -> set[str]:
-        """Ids of the units whose last attempt failed (``failures_dir``), from one listing."""
-        return {storage.basename(p) for p in storage.listdir(self.failures_dir)
-                if not storage.is_temp_name(storage.basename(p))}
-
-    def listed_upstream_repairs(self) -> dict[str, str]:
-        """The repair tokens of every earlier stage's units, from their ``repairs`` listings:
-        what this stage's receipts are judged against once those stages have finished."""
-        out: dict[str, str] = {}
-        for up in self.upstream.values():
-            out.update(up.recorded_repairs())
-        return dict(sorted(out.items()))
-
     def receipt_path(self, unit_id: str) -> str:
-        return storage.join(self.receipts_dir, f"{unit_id}.json")
-
-    @property
-    def progress_dir(self) -> str:
-        """One file per running unit that has reported its counts so far
-        (:meth:`UnitContext.report_progress`): what the progress display adds to the finished
-        units' receipts. Never read to decide what is done."""
-        return storage.join(self.dir, "progress")
+        return self.ledger.receipt_path(unit_id)
 
     def progress_path(self, unit_id: str) -> str:
-        return storage.join(self.progress_dir, f"{unit_id}.json")
+        return self.ledger.progress_path(unit_id)
 
     def input_fingerprints(self) -> list[Any]:
         """The stage's input fingerprints (``Stage.fingerprints``): its own in the driver, else,
@@ -329,54 +256,40 @@ class StageRun:
         try:
             return self.stage.fingerprints()
         except AttributeError:  # a driver_only input list, left out of the job
-            return _recorded_fingerprints(fingerprints_path(self.output, self.name, self.stage_hash), self.inputs_hash)
+            return self.ledger.recorded_fingerprints(self.inputs_hash)
+
+    def listed_upstream_repairs(self) -> dict[str, str]:
+        """The repair tokens of every earlier stage's units, from their ``repairs`` listings:
+        what this stage's receipts are judged against once those stages have finished."""
+        out: dict[str, str] = {}
+        for up in self.upstream.values():
+            out.update(up.ledger.recorded_repairs())
+        return dict(sorted(out.items()))
 
     def check(self, unit_id: str, verify_checksums: bool = False) -> Completion:
         """:func:`check_receipt` of one unit, judged against ``upstream_repairs``, or in a job
         planned from listings against the earlier stages' repairs listed once they finished."""
         if self.listing_job is not None:
             self.upstream_repairs = _listed_repairs(self.listing_job, self)
-        return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
-                             self.upstream_repairs)
+        return self.ledger.check(unit_id, verify_checksums, self.upstream_repairs)
 
     def check_all(self, unit_ids: list[str], verify_checksums: bool = False) -> dict[str, Completion]:
-        """:meth:`check` of many units. On an object store every check is a few requests of
-        tens of milliseconds each, so they are made CHECK_THREADS at a time."""
-        if not storage.is_remote(self.output) or len(unit_ids) < 2:
-            return {u: self.check(u, verify_checksums) for u in unit_ids}
-        from concurrent.futures import ThreadPoolExecutor
+        """:meth:`check` of many units (CHECK_THREADS at a time on an object store)."""
+        return self.ledger.check_all(unit_ids, lambda u: self.check(u, verify_checksums))
 
-        with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            return dict(zip(unit_ids, pool.map(lambda u: self.check(u, verify_checksums), unit_ids)))
-
-    def pending(self, units: list[Unit], verify_checksums: bool = False) -> list[Unit]:
+    def pending(self, units: list[Unit[Any]], verify_checksums: bool = False) -> list[Unit[Any]]:
         checks = self.check_all([u.id for u in units], verify_checksums)
         return [u for u in units if not checks[u.id].done]
 
-    def completed_receipts(self, units: list[Unit] | None = None, verify_checksums: bool = False) -> dict[str, Receipt]:
+    def completed_receipts(self, units: list[Unit[Any]] | None = None,
+                           verify_checksums: bool = False) -> dict[str, Receipt]:
         """Receipts of the completed units (of ``units``, default: the whole plan)."""
         units = self.stage.plan() if units is None else units
         checks = self.check_all([u.id for u in units], verify_checksums)
         return {u.id: c.receipt for u in units if (c := checks[u.id]).done and c.receipt is not None}
 
     def read_receipts(self, cache: dict[str, Receipt] | None = None) -> Iterator[Receipt]:
-        """Every parseable receipt of this stage hash, whatever its status (for status/progress).
-
-        ``cache`` (path -> receipt): completed receipts read before are taken from it and new
-        ones added, so a progress poll on GCS reads only the receipts that appeared since
-        the last poll (one listing + one GET per new receipt, not one GET per unit).
-        """
-        for path in storage.listdir(self.receipts_dir):
-            if path.endswith(".json") and not storage.is_temp_name(storage.basename(path)):
-                if cache is not None and path in cache:
-                    yield cache[path]
-                    continue
-                with contextlib.suppress(ValueError, OSError):
-                    r: Receipt = storage.read_json(path)
-                    if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
-                        if cache is not None and r.get("status") == "completed":
-                            cache[path] = r
-                        yield r
+        return self.ledger.read_receipts(cache)
 
 
 # How often a running unit publishes its counts (:meth:`UnitContext.report_progress`), in
@@ -389,7 +302,7 @@ REMOTE_PROGRESS_EVERY_S = 10.0
 class UnitContext:
     """What ``run_unit`` writes through. Every file written here is listed in the receipt."""
 
-    def __init__(self, run: StageRun, unit: Unit, side: dict[str, Any] | None = None):
+    def __init__(self, run: StageRun, unit: Unit[Any], side: dict[str, Any] | None = None):
         self.run = run
         self.unit = unit
         self.output = run.output

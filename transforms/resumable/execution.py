@@ -2,9 +2,7 @@
 and what a runner reports of it (counters and times)."""
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import errno
 import json
 import logging
 import os
@@ -13,10 +11,8 @@ import time
 import traceback
 from typing import Any, Callable, Mapping
 
-from refinery.transforms.io import storage
-from refinery.transforms.io.hashing import short_hash
 from refinery.transforms.resumable.base import StageRun, UnitContext, now_iso
-from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Completion, Receipt, UnitError
+from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Receipt, UnitError, next_repair
 from refinery.transforms.resumable.units import Unit
 
 log = logging.getLogger("refinery")
@@ -87,7 +83,7 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
     done = run.check(unit.id, verify_checksums)
     if done.done and done.receipt is not None and not (stale and stale(done.receipt)):
         if token := done.receipt.get("repair"):
-            keep_repair_recorded(run, unit.id, token)
+            run.ledger.keep_repair_recorded(unit.id, token)
         _log_unit_event("skip", run, unit.id)
         return {**done.receipt, "skipped": True}
     _log_unit_event("start", run, unit.id)
@@ -111,53 +107,9 @@ def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
         receipt.update({"status": "failed", "files": ctx.files, "stats": {}, "error": error})
         log.error("unit %s/%s failed: %s: %s", run.name, unit.id, type(e).__name__, e)
     receipt["finished_at"] = now_iso()
-    failure = storage.join(run.failures_dir, unit.id)
-    try:
-        if receipt["status"] == "completed":
-            if repair:  # before the receipt: a kill between the two leaves the unit pending, not unrecorded
-                run.record_repair(unit.id, repair)
-            storage.remove(failure, root=run.output)
-        else:
-            storage.atomic_write_bytes(failure,
-                                       f"{receipt['error']['type']}: {receipt['error']['message']}"[:500].encode())
-        storage.atomic_write_json(run.receipt_path(unit.id), receipt)
-    except OSError as e:  # a full disk: the unit stays pending (no receipt), said in one line, not a traceback
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        log.error("unit %s/%s: its receipt could not be written: %s", run.name, unit.id, e)
-        return {**receipt, "status": "failed"}
-    if ctx.progress_written or receipt["status"] != "completed":  # its counts are in the receipt now
-        with contextlib.suppress(OSError):
-            storage.remove(run.progress_path(unit.id), root=run.output)
+    receipt = run.ledger.record(receipt, ctx.progress_written)
     _log_unit_event("end-" + receipt["status"], run, unit.id)
     return receipt
-
-
-def keep_repair_recorded(run: StageRun, unit_id: str, token: str) -> None:
-    """Record ``token`` under ``run.repairs_dir`` for a done unit whose receipt carries it, if
-    that file is missing or says otherwise (deleted, or edited): the listing the later stages'
-    receipts are judged against is derived from the receipts, and a run rebuilds it, so a
-    lost one neither makes them be rebuilt without it nor leaves ``verify`` failing."""
-    path = storage.join(run.repairs_dir, unit_id)
-    try:
-        if storage.read_bytes(path) == token.encode():
-            return
-    except FileNotFoundError:
-        pass
-    log.warning("%s: the repair recorded in the receipt of %s/%s was lost: recorded again", path, run.name, unit_id)
-    run.record_repair(unit_id, token)
-
-
-def next_repair(done: Completion) -> str | None:
-    """The ``repair`` token a unit gets when it is run now, given its :func:`check_receipt`:
-    a unit redone over damaged files gets a new one (derived from the previous one and the
-    damage, so two runs repairing the same damage agree); otherwise it keeps the previous
-    receipt's token. The planner uses it to know, before anything runs, what the later
-    stages' receipts will record as ``upstream_repairs``."""
-    repair = done.receipt.get("repair") if done.receipt else None
-    if done.damaged:
-        repair = short_hash({"after": repair, "damage": done.reason})
-    return repair
 
 
 def unit_counters(stage: str, receipt: Receipt) -> dict[str, int]:

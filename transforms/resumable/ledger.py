@@ -8,14 +8,22 @@ the planner, the worker, ``refinery status`` and ``refinery verify`` alike.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, TypedDict
+from typing import Any, Callable, Iterator, TypedDict, TypeVar, cast
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
 from refinery.transforms.resumable.run_record import RunRecord, StageEntry
 from refinery.transforms.resumable.unit_lists import check_parts
+
+log = logging.getLogger("refinery")
+_T = TypeVar("_T")
 
 RECEIPT_SCHEMA = "refinery.receipt/1"
 
@@ -146,6 +154,219 @@ def check_receipt(output: str, receipt_path: str, stage_hash: str,
                                  f"{' ...' if len(changed) > 3 else ''} (damaged files rebuilt since)", receipt,
                           stale=True)
     return Completion(True, "completed", receipt)
+
+
+def next_repair(done: Completion) -> str | None:
+    """The ``repair`` token a unit gets when it is run now, given its :func:`check_receipt`:
+    a unit redone over damaged files gets a new one (derived from the previous one and the
+    damage, so two runs repairing the same damage agree); otherwise it keeps the previous
+    receipt's token. The planner uses it to know, before anything runs, what the later
+    stages' receipts will record as ``upstream_repairs``."""
+    repair = done.receipt.get("repair") if done.receipt else None
+    if done.damaged:
+        repair = short_hash({"after": repair, "damage": done.reason})
+    return repair
+
+
+CHECK_THREADS = 32  # receipt checks in flight at once on an object store
+
+
+class Ledger:
+    """The records of one plan of one stage on one output, and the only code that writes them:
+
+    ``OUTPUT/.refinery/<stage>/<stage_hash>/``
+        ``receipts/<unit>.json``  a unit's receipt (:class:`Receipt`), written last
+        ``repairs/<unit>``        the repair token of a unit rebuilt over damaged files
+        ``failures/<unit>``       why a unit's last attempt failed (removed when it completes)
+        ``progress/<unit>.json``  a running unit's counts so far (a display; never read to decide)
+        ``parts/``                the units' intermediate files (written through ``UnitContext``)
+
+    Repairs and failures are files of their own so that the planner learns them from one
+    listing each, never a receipt read per unit. Whether a unit is done is
+    :func:`check_receipt`'s call alone (:meth:`check`)."""
+
+    def __init__(self, output: str, stage: str, stage_hash: str) -> None:
+        self.output = output
+        self.stage = stage
+        self.stage_hash = stage_hash
+        self.dir = storage.join(output, META_DIR, stage, stage_hash)
+
+    @property
+    def receipts_dir(self) -> str:
+        return storage.join(self.dir, "receipts")
+
+    @property
+    def repairs_dir(self) -> str:
+        return storage.join(self.dir, "repairs")
+
+    @property
+    def failures_dir(self) -> str:
+        return storage.join(self.dir, "failures")
+
+    @property
+    def progress_dir(self) -> str:
+        return storage.join(self.dir, "progress")
+
+    @property
+    def parts_dir(self) -> str:
+        return storage.join(self.dir, "parts")
+
+    def receipt_path(self, unit_id: str) -> str:
+        return storage.join(self.receipts_dir, f"{unit_id}.json")
+
+    def progress_path(self, unit_id: str) -> str:
+        return storage.join(self.progress_dir, f"{unit_id}.json")
+
+    def failure_path(self, unit_id: str) -> str:
+        return storage.join(self.failures_dir, unit_id)
+
+    # -- what one listing says (no receipt read) --
+
+    def listed_units(self) -> set[str]:
+        """Ids of the units that have a receipt file, whatever it says: one listing of the
+        receipts folder (a LIST call per 1,000 receipts on an object store), no receipt read."""
+        return {storage.basename(p)[:-len(".json")] for p in storage.listdir(self.receipts_dir)
+                if p.endswith(".json") and not storage.is_temp_name(storage.basename(p))}
+
+    def listed_failures(self) -> set[str]:
+        """Ids of the units whose last attempt failed, from one listing of ``failures/``."""
+        return {storage.basename(p) for p in storage.listdir(self.failures_dir)
+                if not storage.is_temp_name(storage.basename(p))}
+
+    def recorded_repairs(self) -> dict[str, str]:
+        """``{"stage/unit": token}`` of the units rebuilt over damaged files, from ``repairs/``
+        (what :func:`repairs_of` gives from their receipts)."""
+        out = {}
+        for path in storage.listdir(self.repairs_dir):
+            name = storage.basename(path)
+            if not storage.is_temp_name(name):
+                out[f"{self.stage}/{name}"] = storage.read_bytes(path).decode(errors="replace")  # damaged: no match
+        return out
+
+    # -- judging receipts --
+
+    def check(self, unit_id: str, verify_checksums: bool = False,
+              upstream_repairs: dict[str, str] | None = None) -> Completion:
+        """:func:`check_receipt` of one unit's receipt."""
+        return check_receipt(self.output, self.receipt_path(unit_id), self.stage_hash, verify_checksums,
+                             upstream_repairs)
+
+    def check_all(self, unit_ids: list[str], check: Callable[[str], Completion]) -> dict[str, Completion]:
+        """``check`` of many units: :meth:`check` with the caller's upstream repairs."""
+        return dict(zip(unit_ids, self._each(check, unit_ids)))
+
+    def read_receipts_of(self, unit_ids: list[str]) -> list[Receipt]:
+        """The receipts of ``unit_ids`` that can be read, as stored (not judged)."""
+        return [r for r in self._each(self.read_receipt, unit_ids) if r is not None]
+
+    def _each(self, fn: Callable[[str], _T], unit_ids: list[str]) -> list[_T]:
+        """``fn`` of each unit id, in order. On an object store every call is a few requests of
+        tens of milliseconds each, so they are made CHECK_THREADS at a time."""
+        if not storage.is_remote(self.output) or len(unit_ids) < 2:
+            return [fn(u) for u in unit_ids]
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            return list(pool.map(fn, unit_ids))
+
+    def read_receipt(self, unit_id: str) -> Receipt | None:
+        """The receipt of ``unit_id`` as stored, if it can be read (not judged)."""
+        try:
+            r = storage.read_json(self.receipt_path(unit_id))
+        except (OSError, ValueError):
+            return None
+        return cast(Receipt, r) if isinstance(r, dict) else None
+
+    def read_receipts(self, cache: dict[str, Receipt] | None = None) -> Iterator[Receipt]:
+        """Every parseable receipt of this plan, whatever its status (for status and progress).
+
+        ``cache`` (path -> receipt): completed receipts read before are taken from it and new
+        ones added, so a progress poll on GCS reads only the receipts that appeared since
+        the last poll (one listing + one GET per new receipt, not one GET per unit)."""
+        for path in storage.listdir(self.receipts_dir):
+            if path.endswith(".json") and not storage.is_temp_name(storage.basename(path)):
+                if cache is not None and path in cache:
+                    yield cache[path]
+                    continue
+                with contextlib.suppress(ValueError, OSError):
+                    r: Receipt = storage.read_json(path)
+                    if isinstance(r, dict) and r.get("stage_hash") == self.stage_hash:
+                        if cache is not None and r.get("status") == "completed":
+                            cache[path] = r
+                        yield r
+
+    # -- writing records --
+
+    def record_repair(self, unit_id: str, token: str) -> None:
+        storage.atomic_write_bytes(storage.join(self.repairs_dir, unit_id), token.encode())
+
+    def keep_repair_recorded(self, unit_id: str, token: str) -> None:
+        """Record ``token`` for a done unit whose receipt carries it, if that file is missing or
+        says otherwise (deleted, or edited): the listing the later stages' receipts are judged
+        against is derived from the receipts, and a run rebuilds it, so a lost one neither makes
+        them be rebuilt without it nor leaves ``verify`` failing."""
+        path = storage.join(self.repairs_dir, unit_id)
+        try:
+            if storage.read_bytes(path) == token.encode():
+                return
+        except FileNotFoundError:
+            pass
+        log.warning("%s: the repair recorded in the receipt of %s/%s was lost: recorded again", path, self.stage,
+                    unit_id)
+        self.record_repair(unit_id, token)
+
+    def record(self, receipt: Receipt, progress_written: bool) -> Receipt:
+        """Write a unit's ``receipt`` (its ``status`` set) and what goes with it, in the order a
+        kill anywhere leaves right: a repair token and the removal of a failure record before a
+        completed receipt (a kill between them leaves the unit pending, not unrecorded), a
+        failure record before a failed one; then the unit's progress file goes. A full disk
+        leaves the unit pending (no receipt), said in one line: the receipt is returned as
+        failed."""
+        unit_id = receipt["unit"]
+        try:
+            if receipt["status"] == "completed":
+                if repair := receipt.get("repair"):
+                    self.record_repair(unit_id, repair)
+                storage.remove(self.failure_path(unit_id), root=self.output)
+            else:
+                error = receipt["error"]
+                storage.atomic_write_bytes(self.failure_path(unit_id),
+                                           f"{error['type']}: {error['message']}"[:500].encode())
+            storage.atomic_write_json(self.receipt_path(unit_id), receipt)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.error("unit %s/%s: its receipt could not be written: %s", self.stage, unit_id, e)
+            return {**receipt, "status": "failed"}
+        if progress_written or receipt["status"] != "completed":  # its counts are in the receipt now
+            with contextlib.suppress(OSError):
+                storage.remove(self.progress_path(unit_id), root=self.output)
+        return receipt
+
+    def forget_failure(self, unit_id: str) -> None:
+        """Remove the failure record of a unit found done (left by a kill after it completed)."""
+        storage.remove(self.failure_path(unit_id), root=self.output)
+
+    def remove_receipt(self, unit_id: str) -> None:
+        storage.remove(self.receipt_path(unit_id), root=self.output)
+
+    def recorded_fingerprints(self, inputs_hash: str | None) -> list[Any]:
+        """The input fingerprints the driver recorded for this plan (:func:`fingerprints_path`),
+        read once per process; ValueError naming the file when it is not JSON, or not the list
+        whose short hash the driver put in the job (``inputs_hash``; None: not judged)."""
+        return _recorded_fingerprints(fingerprints_path(self.output, self.stage, self.stage_hash), inputs_hash)
+
+
+@functools.lru_cache(maxsize=8)
+def _recorded_fingerprints(path: str, inputs_hash: str | None) -> list[Any]:
+    try:
+        fingerprints: list[Any] = json.loads(storage.read_bytes(path))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (the input fingerprints written by the driver of this job)") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}): damaged, not used (the next run writes it again)") from None
+    if inputs_hash is not None and short_hash(fingerprints) != inputs_hash:
+        raise ValueError(f"{path}: not the input fingerprints of this plan (hash {short_hash(fingerprints)}, the "
+                         f"driver recorded {inputs_hash}): damaged, not used (the next run writes it again)")
+    return fingerprints
 
 
 def check_recorded_run(output: str, info: RunRecord,

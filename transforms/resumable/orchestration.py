@@ -10,7 +10,7 @@ from typing import Any, Callable, cast
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
-from refinery.transforms.resumable.base import CHECK_THREADS, Stage, StageRun
+from refinery.transforms.resumable.base import Stage, StageRun
 from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.resumable.hash_changes import explain_plan_changes
 from refinery.transforms.resumable.ledger import META_DIR, Receipt
@@ -82,7 +82,7 @@ def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list[
         run.listing_job = job
         if not plan:
             continue
-        listed = run.listed_units()
+        listed = run.ledger.listed_units()
         fresh[run.name] = [u.id for u in plan if u.id not in listed]
         log.info("stage %s [%s]: %d of %d units have no receipt; the workers check the other %d before running them",
                  run.name, run.stage_hash, len(fresh[run.name]), len(plan), len(plan) - len(fresh[run.name]))
@@ -93,7 +93,7 @@ def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list[
 def _listed_unfinished(run: StageRun, units: list[Unit]) -> list[str]:
     """Ids of ``units`` with no receipt file, or whose last attempt is listed under ``failures/``:
     the units a job planned from listings may not have completed (two listings, no receipt read)."""
-    listed, failed = run.listed_units(), run.listed_failures()
+    listed, failed = run.ledger.listed_units(), run.ledger.listed_failures()
     return [u.id for u in units if u.id not in listed or u.id in failed]
 
 
@@ -105,29 +105,10 @@ def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) 
     out = {}
     for unit_id, c in run.check_all(_listed_unfinished(run, units), verify_checksums).items():
         if c.done:
-            storage.remove(storage.join(run.failures_dir, unit_id), root=run.output)
+            run.ledger.forget_failure(unit_id)
         else:
             out[unit_id] = c.reason
     return out
-
-
-def _read_receipts_of(run: StageRun, unit_ids: list[str]) -> list[Receipt]:
-    """The receipts of ``unit_ids`` that can be read (CHECK_THREADS at a time on an object store)."""
-    def read(unit_id: str) -> Receipt | None:
-        try:
-            r = storage.read_json(run.receipt_path(unit_id))
-        except (OSError, ValueError):
-            return None
-        return cast(Receipt, r) if isinstance(r, dict) else None
-
-    if not storage.is_remote(run.output) or len(unit_ids) < 2:
-        found = [read(u) for u in unit_ids]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            found = list(pool.map(read, unit_ids))
-    return [r for r in found if r is not None]
 
 
 def _span_seconds(receipts: list[Receipt]) -> float:
@@ -181,7 +162,7 @@ def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksu
     if steps:
         for p in job:  # receipts built before an upstream repair go first: a later run, even one
             for unit_id in p.stale:  # killed before these units are redone, sees them pending
-                storage.remove(p.run.receipt_path(unit_id), root=output)
+                p.run.ledger.remove_receipt(unit_id)
     return steps, [p.run for p in job], not job or job[-1].final
 
 
@@ -336,7 +317,7 @@ def _account_step(result: JobResult, step: Step, counters: dict[str, int], fresh
         failures = _listing_failures(step.run, step.units, verify_checksums)
         # the stage's wall time: from the runner's metrics, else from the receipts of the units run
         new = [] if span_key(name) in counters else \
-            _read_receipts_of(step.run, [u for u in fresh[name] if u not in failures])
+            step.run.ledger.read_receipts_of([u for u in fresh[name] if u not in failures])
         if any(k.startswith(f"{name}_units_") for k in counters):
             result.ran[name] += sum(counters.get(f"{name}_units_{k}", 0) for k in ("completed", "failed"))
         else:  # a runner without metrics: the units that had no receipt

@@ -10,9 +10,8 @@ from typing import Any
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
 from refinery.transforms.resumable.base import Stage, StageRun, compute_stage_hash
-from refinery.transforms.resumable.execution import next_repair
 from refinery.transforms.resumable.hash_changes import fingerprints_bytes
-from refinery.transforms.resumable.ledger import META_DIR, Receipt, fingerprints_path, repairs_of
+from refinery.transforms.resumable.ledger import META_DIR, Receipt, fingerprints_path, next_repair, repairs_of
 from refinery.transforms.resumable.unit_lists import PlanRef, write_units
 from refinery.transforms.resumable.units import Unit
 
@@ -95,9 +94,9 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
         needed, final = run.stage.needed(plan, receipts)
         pending = [u for u in needed if u.id not in receipts]
         done_repairs = repairs_of(run.name, receipts)
-        if done_repairs and run.recorded_repairs() != done_repairs:  # a run killed before it recorded one
+        if done_repairs and run.ledger.recorded_repairs() != done_repairs:  # a run killed before it recorded one
             for key, token in done_repairs.items():
-                run.record_repair(key.split("/", 1)[1], token)
+                run.ledger.record_repair(key.split("/", 1)[1], token)
         repairs.update(done_repairs)
         for u in pending:
             if repair := next_repair(checks[u.id]):
@@ -122,7 +121,7 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_chec
                 return False
             repairs.update(repairs_of(run.name, {u: c.receipt for u, c in checks.items() if c.receipt is not None}))
         else:
-            repairs.update(run.recorded_repairs())
+            repairs.update(run.ledger.recorded_repairs())
     return True
 
 

@@ -98,7 +98,7 @@ class Progress:
         from refinery.transforms.io import storage
 
         out: list[dict[str, Any]] = []
-        for path in storage.listdir(run.progress_dir):
+        for path in storage.listdir(run.ledger.progress_dir):
             name = storage.basename(path)
             if not name.endswith(".json") or storage.is_temp_name(name) or name[:-len(".json")] in ended:
                 continue
@@ -172,8 +172,8 @@ class Progress:
         from refinery.transforms.io import storage
 
         for run, _ in self.steps:
-            failed = run.listed_failures()
-            for path in storage.listdir(run.receipts_dir):
+            failed = run.ledger.listed_failures()
+            for path in storage.listdir(run.ledger.receipts_dir):
                 name = storage.basename(path)
                 if path.endswith(".json") and not storage.is_temp_name(name) and name[:-len(".json")] not in failed:
                     # a stand-in: only its status, stats and finished_at are read
