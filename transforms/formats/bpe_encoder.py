@@ -15,8 +15,8 @@ from refinery.transforms.formats.tokenizer_choice import (
     _PROBE_SHA256,
     _PROBES,
     FAST_ENCODINGS,
+    PrepTokenizer,
     TiktokenTokenizer,
-    Tokenizer,
     TokenizerSpec,
 )
 
@@ -33,7 +33,7 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
     _enc: Encoding | Callable[[], Encoding]
 
     def __init__(self, spec: TokenizerSpec, enc: Encoding | Callable[[], Encoding], fast: Any):
-        Tokenizer.__init__(self, spec)
+        PrepTokenizer.__init__(self, spec)
         self.enc = enc  # tiktoken, or what loads it on first use
         self.fast = fast
         self.fallbacks = 0
@@ -55,7 +55,7 @@ class FastTiktokenTokenizer(TiktokenTokenizer):
             self.fallbacks += 1
             return super().encode(text)
 
-    encode_flat = Tokenizer.encode_flat  # each text by :meth:`encode` (not tiktoken's own loop)
+    encode_flat = PrepTokenizer.encode_flat  # each text by :meth:`encode` (not tiktoken's own loop)
 
 
 @functools.lru_cache(maxsize=1)

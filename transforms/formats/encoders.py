@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer, _fast_backend
 from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
 from refinery.transforms.formats.tokenizer_choice import (
+    PrepTokenizer,
     TiktokenTokenizer,
-    Tokenizer,
     TokenizerError,
     TokenizerSpec,
     plain_tokenizer,
@@ -26,7 +26,7 @@ ENCODERS = ("fast", "bpe-openai", "tiktoken")
 
 
 @functools.lru_cache(maxsize=8)
-def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> Tokenizer:
+def load_tokenizer(spec: TokenizerSpec, encoder: str = "tiktoken") -> PrepTokenizer:
     """The tokenizer ``spec`` names, once per process. For a tiktoken encoding the fast
     encoders know (:data:`~.tokenizer_choice.FAST_ENCODINGS`), ``encoder="fast"`` gives gigatoken's
     (:class:`~refinery.transforms.formats.gigatoken_encoder.GigatokenTokenizer`) when it is

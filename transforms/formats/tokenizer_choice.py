@@ -8,7 +8,7 @@ Two steps, so that workers never decide anything:
   absolute when local, or ``gs://``), the sha256 of its file, vocab size, EOS id and the
   shards' dtype. A bad value raises :class:`TokenizerError`, one line for the user.
 - :func:`~refinery.transforms.formats.encoders.load_tokenizer` (each worker process, once per
-  spec): the :class:`Tokenizer` the spec names (:func:`plain_tokenizer`, or a faster encoder
+  spec): the :class:`PrepTokenizer` the spec names (:func:`plain_tokenizer`, or a faster encoder
   giving the same tokens). A ``tokenizer.json`` is read again and checked against the spec's
   sha256, so a worker never encodes with a file other than the one planned.
 
@@ -122,7 +122,7 @@ DEFAULT = TokenizerSpec("tiktoken", tk.ENCODING_NAME, tk.VOCAB_SHA256, tk.VOCAB_
 # Loaded tokenizers
 # ---------------------------------------------------------------------------------------
 
-class Tokenizer:
+class PrepTokenizer:
     """A loaded tokenizer: ``encode(text)`` -> ``array('I')`` of token ids without EOS;
     ``encode_flat(texts)`` -> a batch's tokens as one buffer plus offsets; ``eos_id``,
     ``vocab_size``, ``dtype``, ``name`` and ``identity()`` from its spec."""
@@ -154,7 +154,7 @@ class Tokenizer:
 
 def join_encoded(parts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens uint32, offsets int64) of per-text token buffers (``array('I')`` or uint32
-    arrays): the :meth:`Tokenizer.encode_flat` form."""
+    arrays): the :meth:`PrepTokenizer.encode_flat` form."""
     offsets = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     tokens = np.empty(int(offsets[-1]), np.uint32)
@@ -163,7 +163,7 @@ def join_encoded(parts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-class TiktokenTokenizer(Tokenizer):
+class TiktokenTokenizer(PrepTokenizer):
     def __init__(self, spec: TokenizerSpec, enc: Encoding):
         super().__init__(spec)
         self.enc = enc
@@ -176,7 +176,7 @@ class TiktokenTokenizer(Tokenizer):
         return out
 
     def encode_flat(self, texts: Sequence[str], plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`Tokenizer.encode_flat` with tiktoken's own uint32 buffers, one text at a time
+        """:meth:`PrepTokenizer.encode_flat` with tiktoken's own uint32 buffers, one text at a time
         (tiktoken's batch call would start a thread pool)."""
         enc = self.enc
         return join_encoded([enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts])
@@ -185,7 +185,7 @@ class TiktokenTokenizer(Tokenizer):
         return self.enc.decode([int(t) for t in ids])
 
 
-class HfTokenizer(Tokenizer):
+class HfTokenizer(PrepTokenizer):
     def __init__(self, spec: TokenizerSpec, tok: HfTok):
         super().__init__(spec)
         self.tok = tok
@@ -213,7 +213,7 @@ _PROBES = ("Hello, world! 123 4567 <|endoftext|> ünïcödé 日本語 \U0001F60
 
 
 def wrap_encoding(enc: Encoding) -> TiktokenTokenizer:
-    """A tiktoken ``Encoding`` (e.g. :func:`tokenizer.get_encoding`'s) as a :class:`Tokenizer`
+    """A tiktoken ``Encoding`` (e.g. :func:`tokenizer.get_encoding`'s) as a :class:`PrepTokenizer`
     whose EOS is its ``<|endoftext|>``."""
     if enc.name == tk.ENCODING_NAME:
         return TiktokenTokenizer(DEFAULT, enc)
@@ -234,7 +234,7 @@ def _parse_hf(data: bytes, source: str) -> HfTok:
 
 @functools.lru_cache(maxsize=8)
 def plain_tokenizer(spec: TokenizerSpec) -> TiktokenTokenizer | HfTokenizer:
-    """The reference :class:`Tokenizer` of ``spec``, once per process: tiktoken's for an
+    """The reference :class:`PrepTokenizer` of ``spec``, once per process: tiktoken's for an
     encoding, ``tokenizers``' for a ``tokenizer.json`` (read again and checked against the
     spec's sha256: :class:`TokenizerError` when it is missing or no longer that file). The
     encoder a worker uses, a faster one giving the same tokens included, is

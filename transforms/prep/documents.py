@@ -50,7 +50,7 @@ from typing import NamedTuple, Protocol, Sequence, cast
 import numpy as np
 
 from refinery.transforms.formats.row_ids import content_id, doc_id_for  # noqa: F401  # THE row id rule, re-exported
-from refinery.transforms.formats.tokenizer_choice import Tokenizer, wrap_encoding
+from refinery.transforms.formats.tokenizer_choice import PrepTokenizer, wrap_encoding
 from refinery.transforms.io.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
 
 EMPTY = "empty after normalization"
@@ -241,19 +241,19 @@ def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
     return normalizer
 
 
-def encode_document(tok: Tokenizer, text: str) -> array:
+def encode_document(tok: PrepTokenizer, text: str) -> array:
     """Tokens of a normalized document (uint32): the tokenizer's ordinary encoding
     (special-token text stays ordinary text) followed by exactly one EOS, the tokenizer's.
-    ``tok``: a :class:`~refinery.transforms.formats.tokenizer_choice.Tokenizer`, or a tiktoken
+    ``tok``: a :class:`~refinery.transforms.formats.tokenizer_choice.PrepTokenizer`, or a tiktoken
     ``Encoding`` (its ``<|endoftext|>`` is the EOS)."""
-    if not isinstance(tok, Tokenizer):
+    if not isinstance(tok, PrepTokenizer):
         tok = wrap_encoding(tok)
     out = tok.encode(text)
     out.append(tok.eos_id)
     return out
 
 
-def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
+def tokenize_document(tok: PrepTokenizer, doc: Document) -> TokenizedDocument:
     """THE tokenize step."""
     return TokenizedDocument(doc.doc_id, encode_document(tok, doc.text), doc.source, doc.row)
 
@@ -267,7 +267,7 @@ def tokenize_document(tok: Tokenizer, doc: Document) -> TokenizedDocument:
 BATCH_CHARS = 1 << 20
 BATCH_DOCS = 1 << 14
 
-def encode_documents(tok: Tokenizer, texts: Sequence[str],
+def encode_documents(tok: PrepTokenizer, texts: Sequence[str],
                      plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, lengths) of normalized documents: every document's tokens followed by one EOS
     (what :func:`encode_document` gives each), back to back as one uint32 array, and each
@@ -275,7 +275,7 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str],
     (``encode_flat``); the EOS is put in by numpy, with no Python object per document.
     ``plain``: per text, True when it is known to hold no code point unassigned in Unicode
     14.0 (``row_normalizer``'s ``plain``), so the encoder need not look."""
-    if not isinstance(tok, Tokenizer):
+    if not isinstance(tok, PrepTokenizer):
         tok = wrap_encoding(tok)
     flat, offsets = tok.encode_flat(texts, plain)
     tokens = np.insert(np.asarray(flat, np.uint32), offsets[1:], np.uint32(tok.eos_id))
@@ -284,7 +284,7 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str],
     return tokens, lengths
 
 
-def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray,
+def encode_by_shard(tok: PrepTokenizer, texts: Sequence[str], shards: np.ndarray,
                     plain: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, tokens, lengths): documents encoded grouped by shard, as a unit's spill wants
     them. ``order``: the stable argsort of ``shards`` (a document's position in ``texts`` for
@@ -298,7 +298,7 @@ def encode_by_shard(tok: Tokenizer, texts: Sequence[str], shards: np.ndarray,
     return order, tokens, lengths
 
 
-def tokenize_documents(tok: Tokenizer, docs: Sequence[Document]) -> list[TokenizedDocument]:
+def tokenize_documents(tok: PrepTokenizer, docs: Sequence[Document]) -> list[TokenizedDocument]:
     """:func:`tokenize_document` of each document, encoded in one batch (:func:`encode_documents`)."""
     tokens, lengths = encode_documents(tok, [d.text for d in docs])
     out, lo = [], 0
