@@ -222,8 +222,8 @@ class _OldDetailRows:
     def __init__(self, out: Any, evals: dt.EvalColumns, row_group_rows: int = dt.ROW_GROUP_ROWS):
         self.evals = evals
         self.row_group_rows = row_group_rows
-        self.writer = pq.ParquetWriter(pa.PythonFile(dt._Position(out), mode="w"), dt.SCHEMA, compression="zstd",
-                                       compression_level=dt.COMPRESSION_LEVEL)
+        self.writer = pq.ParquetWriter(pa.PythonFile(dt._PositionedWriter(out), mode="w"), dt.SCHEMA,
+                                       compression="zstd", compression_level=dt.COMPRESSION_LEVEL)
         self.cache: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.rows = 0  # written, all row groups
         self._clear()

@@ -20,7 +20,7 @@ from refinery.transforms.decon.report_html import (
     NgramCount,
     NResult,
     Span,
-    TrainFile,
+    TrainFileCount,
     TrainHit,
     render_html,
 )
@@ -112,7 +112,7 @@ def result(n: int, instances: int, contaminated: int, **evidence) -> NResult:
 def dataset(name: str, instances: int, per_n: dict[int, int], examples=(), top=(), paths=None) -> DatasetReport:
     """A dataset with ``examples`` and ``top`` (training path, instances) files at its smallest n."""
     first = min(per_n, default=None)
-    evidence = dict(examples=tuple(examples), top_train_files=tuple(TrainFile(p, c, c) for p, c in top))
+    evidence = dict(examples=tuple(examples), top_train_files=tuple(TrainFileCount(p, c, c) for p, c in top))
     return DatasetReport(name=name, eval_paths=paths if paths is not None else (f"eval/{name}/test.jsonl",),
                          num_rows=instances, num_instances=instances, num_empty_instances=0, num_bad_rows=0,
                          results=tuple(result(n, instances, c, **(evidence if n == first else {}))
@@ -448,7 +448,7 @@ def per_n_report() -> ContaminationReport:
         exs = tuple(example(t, [(0, 7)], [hit(t, [(0, 7)], row=100 + i)], instance_id=f"n{n}-{i}", row=i)
                     for i, t in enumerate(texts))
         return result(n, 1319, contaminated, train_rows=rows,
-                      top_train_files=tuple(TrainFile(p, c, r) for p, c, r in files),
+                      top_train_files=tuple(TrainFileCount(p, c, r) for p, c, r in files),
                       top_ngrams=tuple(NgramCount(g, c, r) for g, c, r in grams), examples=exs)
 
     boiler = [(f"the total amount of money {k}", 40 - k, 90 - k) for k in range(rh.MAX_TOP_NGRAMS + 5)]
@@ -515,7 +515,7 @@ def dense_report(datasets: int = 3, examples: int = 200, text_chars: int = 50_00
                             (TrainHit(f"gs://b/train-{i:05d}.jsonl.zst", i * 3, snippet, snippet_spans, 40),
                              TrainHit(f"gs://b/train-{i + 1:05d}.jsonl.zst", i * 5, snippet, snippet_spans, 12)))
                     for i in range(examples))
-        files = tuple(TrainFile(f"gs://b/train-{i:05d}.jsonl.zst", 500 - i, 600 - i) for i in range(40))
+        files = tuple(TrainFileCount(f"gs://b/train-{i:05d}.jsonl.zst", 500 - i, 600 - i) for i in range(40))
         grams = tuple(NgramCount(f"a frequent {k} n-gram", 400 - k, 900 - k) for k in range(30))
         out.append(DatasetReport(f"eval-{d}", (f"eval/eval-{d}/test.jsonl",), 5000, 5000, 3, 1,
                                  tuple(result(n, 5000, 5000 // n, train_rows=999, top_train_files=files,

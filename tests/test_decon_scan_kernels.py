@@ -45,14 +45,14 @@ def corpus(seed: int) -> tuple[list[str], list[str]]:
     return evals, train
 
 
-def eval_rows(texts: list[str], tok: ng.Tokenizer) -> list[ng.EvalRow]:
+def eval_rows(texts: list[str], tok: ng.WordSplitter) -> list[ng.EvalRow]:
     def read(path):
         for i, t in enumerate(texts):
             yield i, {"text": t, "id": f"e{i}"}, None
     return ng.make_eval_rows(["x/ds/test.jsonl"], read, "text", "id", tok)[0]
 
 
-def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.Tokenizer) -> Counter:
+def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.WordSplitter) -> Counter:
     """(training row, n, n-gram, start, end) of every window whose n-gram an eval row has: a
     plain loop over tokens, offsets from the exact tokenizer (into the row's text)."""
     grams: set[tuple[int, str]] = set()
@@ -72,7 +72,7 @@ def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok:
     return out
 
 
-def scan_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.Tokenizer, partitions: int,
+def scan_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.WordSplitter, partitions: int,
               batch_bytes: int) -> tuple[Counter, ng.ScanStats]:
     index = ng.NgramIndex.build(rows, {}, ns, tok.name, partitions)
     stats = ng.ScanStats()
@@ -128,12 +128,12 @@ def test_n_grams_that_share_a_hash_are_told_apart_by_their_text(monkeypatch):
 
 
 def test_the_scan_verifies_hits_without_a_lookup_per_hit(monkeypatch):
-    """Before: each hash hit was looked up by its text, one at a time (``Records.find``: a
+    """Before: each hash hit was looked up by its text, one at a time (``RecordColumns.find``: a
     hash and a search per n-gram). Now the hits of a batch are checked together."""
     def per_hit(*_args):
         raise AssertionError("a lookup per hit")
 
-    monkeypatch.setattr(compact.Records, "find", per_hit)
+    monkeypatch.setattr(compact.RecordColumns, "find", per_hit)
     tok = ng.TOKENIZERS["default"]
     evals, train = corpus(7)
     rows = eval_rows(evals, tok)

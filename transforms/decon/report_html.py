@@ -107,7 +107,7 @@ class Example:
 
 
 @dataclass(frozen=True)
-class TrainFile:
+class TrainFileCount:
     """A training file and what it overlaps at one n."""
     path: str
     instances: int                      # instances of the dataset it overlaps at this n
@@ -134,7 +134,7 @@ class NResult:
     jaccard_weighted: float
     token_weighted: float
     train_rows: int = 0                             # training rows overlapping its instances at this n
-    top_train_files: tuple[TrainFile, ...] = ()     # most instances first
+    top_train_files: tuple[TrainFileCount, ...] = ()     # most instances first
     top_ngrams: tuple[NgramCount, ...] = ()         # most instances first
     examples: tuple[Example, ...] = ()              # most contaminated at this n first
 

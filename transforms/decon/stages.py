@@ -49,7 +49,7 @@ from isal import igzip, isal_zlib
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
-from refinery.transforms.decon.ngrams.compact import Records
+from refinery.transforms.decon.ngrams.compact import RecordColumns
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
     bad_row_reasons,
@@ -309,7 +309,7 @@ class IndexStage(Stage):
                     "lengths": list(membership.lengths),
                     **({"bad_rows_warning": warning} if (warning := bad_rows_warning(index.bad)) else {})}
         p = unit.payload["p"]
-        recs = index.records[p] if p in index.records else Records.from_lists([])
+        recs = index.records[p] if p in index.records else RecordColumns.from_lists([])
         ctx.write_bytes(ctx.part_path(partition_file(p)), ng.dumps_partition(recs))
         return {"test_ngrams": len(recs)}
 

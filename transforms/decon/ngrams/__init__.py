@@ -12,7 +12,7 @@ the order the pipeline uses them:
 - :mod:`.word_split` (:data:`TOKENIZERS`): ``default`` is exactly
   ``re.compile(rf"[\\s{re.escape(string.punctuation)}]+").split(text.lower())`` with empty
   strings kept; ``no_lowercase`` is the same split without ``lower()``; ``whitespace``
-  lowercases and splits on runs of ``\\s`` only. :meth:`Tokenizer.tokenize_with_offsets`
+  lowercases and splits on runs of ``\\s`` only. :meth:`WordSplitter.tokenize_with_offsets`
   returns the same tokens plus ``[start, end)`` code-point offsets into the ORIGINAL text
   (``str.lower()`` can change length: ``'İ'.lower()`` has 2 characters). N-grams
   (:func:`eval_ngrams`): tokens joined by one space; an eval row with fewer than n tokens
@@ -98,7 +98,7 @@ from .scan import ScanHits, ScanStats, scan_rows
 from .word_split import (
     DEFAULT_SEPARATORS,
     TOKENIZERS,
-    Tokenizer,
+    WordSplitter,
     configured_ns,
     default_tokenize,
     effective_lengths,
@@ -109,7 +109,7 @@ from .word_split import (
 __all__ = [
     "DEFAULT_MAX_NGRAM_DETAILS", "DEFAULT_SEPARATORS", "JSON_ERRORS", "NGRAM_MAX_CHARS", "SNIPPET_CONTEXT",
     "SNIPPET_MAX_CHARS", "TOKENIZERS", "WRITE_CHARS", "EvalRow", "HitGroups", "Membership", "NgramIndex", "Partition",
-    "SameText", "ScanHits", "ScanStats", "Tokenizer", "batch_window_hashes", "build_index", "capped_warning",
+    "SameText", "ScanHits", "ScanStats", "WordSplitter", "batch_window_hashes", "build_index", "capped_warning",
     "configured_ns", "contamination_report", "default_tokenize", "dumps_jsonl_gz", "dumps_partition",
     "effective_lengths", "eval_dataset_name", "eval_ngrams", "eval_rows_of", "get_tokenizer", "hit_blocks",
     "hit_groups", "instance_metrics", "load_partition", "loads_jsonl_gz", "longest_matches", "longest_run",

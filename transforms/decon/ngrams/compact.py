@@ -1,10 +1,10 @@
 """Eval n-gram records without a Python object per n-gram: memory bounded by the eval text.
 
 A hash partition's detail records ``[n, ngram, hash, [[eval_idx, [[start, end], ...]], ...]]``
-(:func:`.index.partition_records`) as :class:`Records`: a few numpy arrays and one bytes
+(:func:`.index.partition_records`) as :class:`RecordColumns`: a few numpy arrays and one bytes
 buffer of the n-grams' UTF-8 text, about 60 bytes per n-gram beside its text (a list of
 lists costs about 2 KB per n-gram: the figure issue 46 measured for one eval row of 20 MB).
-A record is built as a list only when it is read (:class:`Record`).
+A record is built as a list only when it is read (:class:`RecordView`).
 
 :func:`build_records` builds every partition's records from the eval rows with numpy (no
 dict keyed by n-gram); :func:`pack_records` / :func:`unpack_records` write and read the
@@ -24,20 +24,20 @@ from refinery.transforms.io.text import normalize_text
 
 from .hashes import batch_all_window_hashes, batch_prefix, ngram_hash, tokenize_batch
 from .normalized import prepare, to_raw, tokens_with_offsets
-from .word_split import Tokenizer, effective_lengths
+from .word_split import WordSplitter, effective_lengths
 
 _SPACES = re.compile(b" {2,}")
 WINDOWS_AT_ONCE = 1 << 18  # windows of one row and length whose columns are made at once
 
 
-class Record(Sequence[Any]):
-    """Record ``i`` of a :class:`Records`, read as the list ``[n, ngram, hash, evals]``: each
-    field built when asked for (``evals``, ``[[eval_idx, [[start, end], ...]], ...]``, may be
+class RecordView(Sequence[Any]):
+    """Record ``i`` of a :class:`RecordColumns`, read as the list ``[n, ngram, hash, evals]``:
+    each field built when asked for (``evals``, ``[[eval_idx, [[start, end], ...]], ...]``, may be
     long: a record of an n-gram many eval rows share)."""
 
     __slots__ = ("_of", "_i")
 
-    def __init__(self, of: "Records", i: int):
+    def __init__(self, of: "RecordColumns", i: int):
         self._of, self._i = of, i
 
     def __len__(self) -> int:
@@ -68,13 +68,13 @@ class Record(Sequence[Any]):
         return iter([self[0], self[1], self[2], self[3]])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, (list, tuple, Record)) and list(self) == list(other)
+        return isinstance(other, (list, tuple, RecordView)) and list(self) == list(other)
 
     def __repr__(self) -> str:
         return repr(list(self))
 
 
-class Records(Sequence[Record]):
+class RecordColumns(Sequence[RecordView]):
     """A partition's records as columns: ``n`` (int32), ``hashes`` (uint64), the n-grams'
     UTF-8 text ``grams`` cut at ``gram_at``; per record its eval entries ``ev_at[i]:ev_at[i+1]``,
     each an eval row ``ev_idx`` and its offsets ``offs[2 * off_at[e]:2 * off_at[e + 1]]``
@@ -95,21 +95,21 @@ class Records(Sequence[Record]):
         return len(self.n)
 
     @overload
-    def __getitem__(self, i: int) -> Record: ...
+    def __getitem__(self, i: int) -> RecordView: ...
 
     @overload
-    def __getitem__(self, i: slice) -> list[Record]: ...
+    def __getitem__(self, i: slice) -> list[RecordView]: ...
 
-    def __getitem__(self, i: int | slice) -> Record | list[Record]:
+    def __getitem__(self, i: int | slice) -> RecordView | list[RecordView]:
         if isinstance(i, slice):
-            return [Record(self, j) for j in range(len(self))[i]]
+            return [RecordView(self, j) for j in range(len(self))[i]]
         j = i + len(self) if i < 0 else i
         if not 0 <= j < len(self):
             raise IndexError(i)
-        return Record(self, j)
+        return RecordView(self, j)
 
-    def __iter__(self) -> Iterator[Record]:
-        return (Record(self, i) for i in range(len(self)))
+    def __iter__(self) -> Iterator[RecordView]:
+        return (RecordView(self, i) for i in range(len(self)))
 
     def gram_bytes(self, i: int) -> bytes:
         return self.grams[int(self.gram_at[i]):int(self.gram_at[i + 1])]
@@ -157,8 +157,8 @@ class Records(Sequence[Record]):
         return None
 
     @classmethod
-    def from_lists(cls, records: Iterable[Sequence[Any]]) -> "Records":
-        """:class:`Records` of ``[n, ngram, hash, evals]`` lists (or :class:`Record`\\ s), in order."""
+    def from_lists(cls, records: Iterable[Sequence[Any]]) -> "RecordColumns":
+        """:class:`RecordColumns` of ``[n, ngram, hash, evals]`` lists (or :class:`RecordView`\\ s), in order."""
         b = _Builder()
         for rec in records:
             b.add(rec)
@@ -166,10 +166,10 @@ class Records(Sequence[Record]):
 
 
 class HashFind:
-    """``(n, UTF-8 n-gram) -> record index`` of a :class:`Records` (what the scan's
+    """``(n, UTF-8 n-gram) -> record index`` of a :class:`RecordColumns` (what the scan's
     ``Partition.find`` answers), looked up by hash: no dict with a key per n-gram."""
 
-    def __init__(self, records: Records):
+    def __init__(self, records: RecordColumns):
         self.records = records
 
     def get(self, key: tuple[int, bytes], default: int | None = None) -> int | None:
@@ -211,11 +211,12 @@ class _Builder:
             self.off_at.append(len(self.offs) // 2)
         self.ev_at.append(len(self.ev_idx))
 
-    def done(self) -> Records:
-        return Records(np.frombuffer(self.n, dtype=np.int64).astype(np.int32), np.frombuffer(self.hashes, np.uint64),
-                       np.frombuffer(self.gram_at, np.int64), bytes(self.grams), np.frombuffer(self.ev_at, np.int64),
-                       np.frombuffer(self.ev_idx, np.int64), np.frombuffer(self.off_at, np.int64),
-                       np.frombuffer(self.offs, np.int64))
+    def done(self) -> RecordColumns:
+        return RecordColumns(np.frombuffer(self.n, dtype=np.int64).astype(np.int32),
+                             np.frombuffer(self.hashes, np.uint64), np.frombuffer(self.gram_at, np.int64),
+                             bytes(self.grams), np.frombuffer(self.ev_at, np.int64),
+                             np.frombuffer(self.ev_idx, np.int64), np.frombuffer(self.off_at, np.int64),
+                             np.frombuffer(self.offs, np.int64))
 
 
 def pack_records(records: Sequence[Sequence[Any]]) -> bytes:
@@ -226,8 +227,8 @@ def pack_records(records: Sequence[Sequence[Any]]) -> bytes:
     return b"".join(out)
 
 
-def unpack_records(data: bytes) -> Records:
-    """:class:`Records` of a :func:`pack_records` (or ``msgpack.packb``) buffer, read one record at
+def unpack_records(data: bytes) -> RecordColumns:
+    """:class:`RecordColumns` of a :func:`pack_records` (or ``msgpack.packb``) buffer, read one record at
     a time: the lists of one record at a time are all that is ever held."""
     unpacker = msgpack.Unpacker(raw=False, unicode_errors="surrogatepass", strict_map_key=False,
                                 max_buffer_size=max(len(data), 1 << 20))
@@ -251,7 +252,7 @@ def narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32) if -(1 << 31) <= lo and hi < (1 << 31) else values
 
 
-def _token_spans(tokenizer: Tokenizer, text: str, prepared: bytes, starts: np.ndarray, ends: np.ndarray
+def _token_spans(tokenizer: WordSplitter, text: str, prepared: bytes, starts: np.ndarray, ends: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Each token's ``[start, end)`` code-point span in ``text`` (the row's text as read), from
     its byte span in ``prepared`` (:func:`.normalized.prepare` of ``text``): what
@@ -273,7 +274,7 @@ def _token_spans(tokenizer: Tokenizer, text: str, prepared: bytes, starts: np.nd
     return np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64)
 
 
-def token_starts(tokenizer: Tokenizer, text: str) -> np.ndarray:
+def token_starts(tokenizer: WordSplitter, text: str) -> np.ndarray:
     """The code-point offset in ``text`` where each of its tokens starts (the starts of
     :func:`.normalized.tokens_with_offsets`), as one array: no Python object per token."""
     prepared = prepare(tokenizer, text)
@@ -286,69 +287,102 @@ def _collapse(raw: bytes) -> bytes:
     return _SPACES.sub(b" ", raw) if b"  " in raw else raw
 
 
-def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: Tokenizer, partitions: int,
-                  skip: Collection[int] = (), chunk: int = 4096) -> tuple[Mapping[int, Records], np.ndarray, list[int]]:
-    """(partition -> :class:`Records` (:class:`BuiltIndex`), the n-grams' hashes, their lengths) of the eval rows
-    ``rows`` (:class:`.index.EvalRow`), those in ``skip`` left out: the records
+WINDOW_COLUMNS = ("h", "length", "eval_idx", "s", "e", "buf", "bs", "be")
+
+
+def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: WordSplitter, partitions: int,
+                  skip: Collection[int] = (), chunk: int = 4096
+                  ) -> tuple[Mapping[int, RecordColumns], np.ndarray, list[int]]:
+    """(partition -> :class:`RecordColumns` (:class:`BuiltIndex`), the n-grams' hashes, their lengths) of the
+    eval rows ``rows`` (:class:`.index.EvalRow`), those in ``skip`` left out: the records
     :func:`.index.partition_records` gives of :func:`.index.build_index`, the same lists in the
     same order (a partition's records by hash, ties in index order; a record's eval rows in row
     order, each with its offsets in text order), built from columns of every window (hash, eval
-    row, length, offsets, where its text lies): about 80 bytes per window while building."""
+    row, length, offsets, where its text lies: :func:`window_columns`), grouped into records
+    (:func:`record_runs`): about 80 bytes per window while building."""
     ns = sorted(set(int(n) for n in ns))
     if skip:
         rows = [r for r in rows if r.eval_idx not in skip]
-    bufs: list[bytes] = []
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("h", "length", "eval_idx", "s", "e", "buf", "bs", "be")}
-    for c in range(0, len(rows), chunk):
-        part = rows[c:c + chunk]
-        prepared = [prepare(tokenizer, r.text) for r in part]
-        batch = tokenize_batch(prepared, tokenizer.byte_table)
-        row_first, row_base = batch.row_first, batch.row_base
-        sizes = np.diff(row_first).tolist()
-        lengths = {length for r, t in zip(part, sizes) if not r.empty for length in effective_lengths(ns, t)}
-        prefix = batch_prefix(batch)
-        window_hashes = {length: batch_all_window_hashes(batch, prefix, length) for length in sorted(lengths)}
-        del prefix
-        all_starts, all_ends, b = batch.starts, batch.ends, len(bufs)
-        bufs.append(batch.buf)
-        del batch  # its token hashes and row numbers: not needed past the window hashes
-        nonempty = np.zeros(len(all_starts) + 1, dtype=np.int64)
-        np.cumsum(all_ends > all_starts, out=nonempty[1:])
-        ts = te = span_s = span_e = nonempty[:0]
-        for k, r in enumerate(part):
-            if r.empty:
-                continue
-            first, last = int(row_first[k]), int(row_first[k + 1])
-            base = int(row_base[k]) + 1
-            ts, te = all_starts[first:last], all_ends[first:last]
-            span_s, span_e = _token_spans(tokenizer, r.text, prepared[k], ts - base, te - base)
-            t = last - first
-            for length in effective_lengths(ns, t):
-                w = t - length + 1
-                for a in range(0, w, WINDOWS_AT_ONCE):  # a long row's windows a block at a time: bounded temporaries
-                    pos = np.arange(a, min(w, a + WINDOWS_AT_ONCE), dtype=np.int64)
-                    keep = nonempty[first + pos + length] - nonempty[first + pos] > 0  # all-empty windows: no n-gram
-                    pos = pos[keep]
-                    cols["h"].append(window_hashes[length][first + pos])
-                    cols["length"].append(np.full(len(pos), length, dtype=np.int32))
-                    cols["eval_idx"].append(narrow(np.full(len(pos), r.eval_idx, dtype=np.int64)))
-                    cols["s"].append(narrow(span_s[pos]))
-                    cols["e"].append(narrow(span_e[pos + length - 1]))
-                    cols["buf"].append(np.full(len(pos), b, dtype=np.int32))
-                    cols["bs"].append(narrow(ts[pos]))
-                    cols["be"].append(narrow(te[pos + length - 1]))
-        # before the next chunk's, and before the sort (a row's views would keep the chunk's arrays)
-        del window_hashes, nonempty, all_starts, all_ends, ts, te, span_s, span_e
-    if not cols["h"]:
+    bufs, col = window_columns(rows, ns, tokenizer, chunk)
+    if not col:
         return {}, np.zeros(0, dtype=np.uint64), []
+    order, starts = record_runs(col, bufs)
+    rec_first = order[starts]  # each record's first window (index order)
+    rec_end = np.append(starts[1:], len(order))
+    # what a record needs of its first window; the windows keep their eval row and offsets only
+    rec_h, rec_len = col.pop("h")[rec_first], col.pop("length")[rec_first]
+    rec_buf, rec_bs, rec_be = col.pop("buf")[rec_first], col.pop("bs")[rec_first], col.pop("be")[rec_first]
+    built = BuiltIndex(partitions, bufs, narrow(order), narrow(starts), narrow(rec_end), narrow(rec_first), rec_h,
+                       rec_len, narrow(rec_buf), narrow(rec_bs), narrow(rec_be), col.pop("eval_idx"), col.pop("s"),
+                       col.pop("e"))
+    return built, rec_h, np.unique(rec_len).tolist()
+
+
+def window_columns(rows: Sequence[Any], ns: list[int], tokenizer: WordSplitter, chunk: int
+                   ) -> tuple[list[bytes], dict[str, np.ndarray]]:
+    """(each chunk's prepared bytes, the columns :data:`WINDOW_COLUMNS` of every window of the
+    eval rows ``rows``, in index order; no column when no row has a window): ``h`` its hash,
+    ``length`` its tokens, ``eval_idx`` its row, ``s``/``e`` its code-point offsets in the row's
+    text, ``buf``/``bs``/``be`` where its bytes lie in the chunks' buffers."""
+    bufs: list[bytes] = []
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in WINDOW_COLUMNS}
+    for c in range(0, len(rows), chunk):
+        bufs.append(_chunk_windows(rows[c:c + chunk], ns, tokenizer, len(bufs), cols))
+    if not cols["h"]:
+        return bufs, {}
     col: dict[str, np.ndarray] = {}
     for name in list(cols):  # a column at a time: its pieces go as it is made
         col[name] = np.concatenate(cols.pop(name))
+    return bufs, col
 
-    def gram(o: int) -> bytes:  # the n-gram of window o
-        return _collapse(bufs[int(col["buf"][o])][int(col["bs"][o]):int(col["be"][o])])
 
-    # occurrences by (hash, length, index order): a record is a run, unless two n-grams share a hash
+def _chunk_windows(part: Sequence[Any], ns: list[int], tokenizer: WordSplitter, b: int,
+                   cols: dict[str, list[np.ndarray]]) -> bytes:
+    """Append the columns of every window of the eval rows ``part`` (one chunk, buffer ``b``)
+    to ``cols``; the chunk's prepared bytes (its windows' ``bs``/``be`` index them)."""
+    prepared = [prepare(tokenizer, r.text) for r in part]
+    batch = tokenize_batch(prepared, tokenizer.byte_table)
+    row_first, row_base = batch.row_first, batch.row_base
+    sizes = np.diff(row_first).tolist()
+    lengths = {length for r, t in zip(part, sizes) if not r.empty for length in effective_lengths(ns, t)}
+    prefix = batch_prefix(batch)
+    window_hashes = {length: batch_all_window_hashes(batch, prefix, length) for length in sorted(lengths)}
+    del prefix
+    all_starts, all_ends, buf = batch.starts, batch.ends, batch.buf
+    del batch  # its token hashes and row numbers: not needed past the window hashes
+    nonempty = np.zeros(len(all_starts) + 1, dtype=np.int64)
+    np.cumsum(all_ends > all_starts, out=nonempty[1:])
+    for k, r in enumerate(part):
+        if r.empty:
+            continue
+        first, last = int(row_first[k]), int(row_first[k + 1])
+        base = int(row_base[k]) + 1
+        ts, te = all_starts[first:last], all_ends[first:last]
+        span_s, span_e = _token_spans(tokenizer, r.text, prepared[k], ts - base, te - base)
+        t = last - first
+        for length in effective_lengths(ns, t):
+            w = t - length + 1
+            for a in range(0, w, WINDOWS_AT_ONCE):  # a long row's windows a block at a time: bounded temporaries
+                pos = np.arange(a, min(w, a + WINDOWS_AT_ONCE), dtype=np.int64)
+                keep = nonempty[first + pos + length] - nonempty[first + pos] > 0  # all-empty windows: no n-gram
+                pos = pos[keep]
+                cols["h"].append(window_hashes[length][first + pos])
+                cols["length"].append(np.full(len(pos), length, dtype=np.int32))
+                cols["eval_idx"].append(narrow(np.full(len(pos), r.eval_idx, dtype=np.int64)))
+                cols["s"].append(narrow(span_s[pos]))
+                cols["e"].append(narrow(span_e[pos + length - 1]))
+                cols["buf"].append(np.full(len(pos), b, dtype=np.int32))
+                cols["bs"].append(narrow(ts[pos]))
+                cols["be"].append(narrow(te[pos + length - 1]))
+    # the chunk's arrays go when it returns, before the next chunk's and before the sort (a row's
+    # views would keep them)
+    return buf
+
+
+def record_runs(col: dict[str, np.ndarray], bufs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(the windows of :func:`window_columns` in record order, where each record's run starts):
+    occurrences by (hash, length, index order), a record a run, unless two n-grams share a hash
+    (then a record per n-gram, in the order of their first windows)."""
     order = np.lexsort((np.arange(len(col["h"])), col["length"], col["h"]))
     h_sorted, len_sorted = col["h"][order], col["length"][order]
     new = np.ones(len(order), dtype=np.bool_)
@@ -357,6 +391,21 @@ def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: Tokenizer, 
     rec_of = np.cumsum(new) - 1
     group = np.flatnonzero(new)
     sizes = np.diff(np.append(group, len(order)))
+    if not _split_shared_hashes(col, bufs, order, rec_of, group, sizes):
+        return order, group
+    perm = np.lexsort((order, rec_of))
+    order, rec_of = order[perm], rec_of[perm]
+    return order, np.flatnonzero(np.diff(rec_of, prepend=-1) != 0)
+
+
+def _split_shared_hashes(col: dict[str, np.ndarray], bufs: list[bytes], order: np.ndarray, rec_of: np.ndarray,
+                         group: np.ndarray, sizes: np.ndarray) -> bool:
+    """Give each different n-gram of a run of one hash a record of its own (``rec_of``, in
+    place: new ids past the last, by first window); whether any run was split."""
+
+    def gram(o: int) -> bytes:  # the n-gram of window o
+        return _collapse(bufs[int(col["buf"][o])][int(col["bs"][o]):int(col["be"][o])])
+
     split = False
     next_id = int(rec_of[-1]) + 1
     for g in np.flatnonzero(sizes > 1).tolist():  # several windows of one hash: the same n-gram?
@@ -371,26 +420,11 @@ def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: Tokenizer, 
                 ids[text] = next_id
                 next_id += 1
             rec_of[a + j] = ids[text]
-    if split:
-        perm = np.lexsort((order, rec_of))
-        order, rec_of = order[perm], rec_of[perm]
-        starts = np.flatnonzero(np.diff(rec_of, prepend=-1) != 0)
-    else:
-        starts = group
-    del rec_of, new, sizes, group
-    rec_first = order[starts]  # each record's first window (index order)
-    rec_end = np.append(starts[1:], len(order))
-    # what a record needs of its first window; the windows keep their eval row and offsets only
-    rec_h, rec_len = col.pop("h")[rec_first], col.pop("length")[rec_first]
-    rec_buf, rec_bs, rec_be = col.pop("buf")[rec_first], col.pop("bs")[rec_first], col.pop("be")[rec_first]
-    built = BuiltIndex(partitions, bufs, narrow(order), narrow(starts), narrow(rec_end), narrow(rec_first), rec_h,
-                       rec_len, narrow(rec_buf), narrow(rec_bs), narrow(rec_be), col.pop("eval_idx"), col.pop("s"),
-                       col.pop("e"))
-    return built, rec_h, np.unique(rec_len).tolist()
+    return split
 
 
-class BuiltIndex(Mapping[int, Records]):
-    """partition -> :class:`Records` of :func:`build_records`, each partition's made when it is
+class BuiltIndex(Mapping[int, RecordColumns]):
+    """partition -> :class:`RecordColumns` of :func:`build_records`, each partition's made when it is
     read (then not kept): what is held is a few columns per window and per n-gram, about 80
     bytes per n-gram, not every partition's records at once."""
 
@@ -412,7 +446,7 @@ class BuiltIndex(Mapping[int, Records]):
     def __contains__(self, p: object) -> bool:
         return isinstance(p, int) and p in self._keys
 
-    def __getitem__(self, p: int) -> Records:
+    def __getitem__(self, p: int) -> RecordColumns:
         if p not in self:
             raise KeyError(p)
         recs = np.flatnonzero(self.rec_part == p)
@@ -437,5 +471,5 @@ class BuiltIndex(Mapping[int, Records]):
             gram_at[j + 1] = len(grams)
         offs = np.empty(2 * len(occ), dtype=np.int64)
         offs[0::2], offs[1::2] = self.s[occ], self.e[occ]
-        return Records(self.rec_len[recs], self.rec_h[recs], gram_at, bytes(grams), ev_at.astype(np.int64),
+        return RecordColumns(self.rec_len[recs], self.rec_h[recs], gram_at, bytes(grams), ev_at.astype(np.int64),
                        ev[entry_at], np.append(entry_at, len(occ)).astype(np.int64), offs)

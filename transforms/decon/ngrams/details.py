@@ -27,7 +27,7 @@ from refinery.transforms.io import storage
 from refinery.transforms.io.jsonl import JSON_ERRORS
 
 from .arrays import ranges
-from .compact import Records
+from .compact import RecordColumns
 from .index import EvalRow, SameText
 
 DETAILS_FORMATS = ("parquet", "jsonl")
@@ -120,7 +120,7 @@ class EvalColumns:
                                      self.same_text)]
 
 
-class _Position:
+class _PositionedWriter:
     """A write-only file that knows its position (what pyarrow asks of a Python file)."""
 
     def __init__(self, out: storage.BinaryWriter):
@@ -152,7 +152,7 @@ class DetailRows:
     def __init__(self, out: storage.BinaryWriter, evals: EvalColumns, row_group_rows: int = ROW_GROUP_ROWS):
         self.evals = evals
         self.row_group_rows = row_group_rows
-        self.writer = pq.ParquetWriter(pa.PythonFile(_Position(out), mode="w"), SCHEMA, compression="zstd",
+        self.writer = pq.ParquetWriter(pa.PythonFile(_PositionedWriter(out), mode="w"), SCHEMA, compression="zstd",
                                        compression_level=COMPRESSION_LEVEL)
         self.cache: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.rows = 0  # written, all row groups
@@ -269,7 +269,7 @@ class RecordSide:
     ``r``'s kept entries are ``entry[at[r]:at[r + 1]]`` (indices into ``records``' eval
     entries, in order)."""
 
-    def __init__(self, records: Records, first: Collection[int]):
+    def __init__(self, records: RecordColumns, first: Collection[int]):
         self.records = records
         self.ev_idx = records.ev_idx.astype(np.int64)
         self.off_at = records.off_at.astype(np.int64)

@@ -125,7 +125,7 @@ class TokenBatch:
 
 
 def tokenize_batch(prepared: list[bytes], table: bytes) -> TokenBatch:
-    """Tokenize many rows at once (rows as :meth:`Tokenizer.prepare` returns them).
+    """Tokenize many rows at once (rows as :meth:`WordSplitter.prepare` returns them).
 
     The buffer is ``\\0 row0 \\0 ␠ \\0 row1 \\0 ...`` translated with ``table``. A token is a
     maximal run of non-space bytes; the marker bytes at each row's ends (found by position,

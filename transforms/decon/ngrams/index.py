@@ -16,12 +16,12 @@ from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.text import TextSpec
 
-from .compact import HashFind, Records, build_records, pack_records, unpack_records
+from .compact import HashFind, RecordColumns, build_records, pack_records, unpack_records
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
 from .ids import eval_dataset_name, field_dataset, record_id
 from .membership import Membership
 from .normalized import prepare, token_count, tokens_with_offsets
-from .word_split import Tokenizer, effective_lengths, get_tokenizer
+from .word_split import WordSplitter, effective_lengths, get_tokenizer
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def same_text(eval_rows: list[EvalRow]) -> SameText:
 
 
 def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str | TextSpec, id_field: str,
-                 tokenizer: Tokenizer, bad: dict[str, dict] | None = None, dataset_field: str | None = None,
+                 tokenizer: WordSplitter, bad: dict[str, dict] | None = None, dataset_field: str | None = None,
                  read_errors: Mapping[tuple[str, int], str] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
     bad rows (a record that could not be read, None, or without text: a missing field, not a
@@ -177,7 +177,7 @@ def note_short_rows(overlap_stats: list[dict], summary: list[dict], short: list[
 
 
 def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
-                   text_field: str | TextSpec, id_field: str, tokenizer: Tokenizer, dataset_field: str | None = None
+                   text_field: str | TextSpec, id_field: str, tokenizer: WordSplitter, dataset_field: str | None = None
                    ) -> tuple[list[EvalRow], dict[str, dict]]:
     """Eval rows of ``files`` (in the given order, each file's rows in order) + per-dataset
     counts of bad rows (:func:`eval_rows_of`). A row's dataset is its file's
@@ -199,7 +199,7 @@ def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[i
     return eval_rows_of(read(), text_field, id_field, tokenizer, {}, dataset_field, errors)
 
 
-def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: Tokenizer, skip: Collection[int] = ()
+def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: WordSplitter, skip: Collection[int] = ()
                 ) -> dict[tuple[int, str], tuple[int, list[list]]]:
     """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
     the eval rows, in row order, but those whose ``eval_idx`` is in ``skip`` (``refinery
@@ -271,7 +271,7 @@ class NgramIndex:
     tokenizer: str
     num_partitions: int
     membership: Membership
-    records: Mapping[int, Records]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
+    records: Mapping[int, RecordColumns]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
     num_ngrams: int = 0
 
     @classmethod
@@ -290,7 +290,7 @@ class NgramIndex:
         cache = self.__dict__.setdefault("_parts", {})
         part = cache.get(p)
         if part is None:
-            part = cache[p] = Partition(self.records.get(p) or Records.from_lists([]))
+            part = cache[p] = Partition(self.records.get(p) or RecordColumns.from_lists([]))
         return part
 
     def to_bytes(self) -> bytes:
@@ -308,7 +308,7 @@ class NgramIndex:
             d = msgpack.unpackb(data, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         return cls([EvalRow(*r) for r in d["rows"]], d["bad"], d["ns"], d["tokenizer"], d["partitions"],
                    Membership.from_bytes(d["membership"]),
-                   {int(k): Records.from_lists(v) for k, v in d["records"].items()},
+                   {int(k): RecordColumns.from_lists(v) for k, v in d["records"].items()},
                    d["num_ngrams"])
 
 
@@ -330,16 +330,16 @@ def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
 
 class Partition:
     """One hash partition of the test index: its records ``[n, ngram, hash, [[eval_idx,
-    [[start, end], ...]], ...]]`` ordered by hash (:class:`.compact.Records`: columns, a record
+    [[start, end], ...]], ...]]`` ordered by hash (:class:`.compact.RecordColumns`: columns, a record
     read as a list), and the lookup the scan verifies hash hits against: ``(n, UTF-8 n-gram) ->
     record index`` (by hash, then text: no dict with a key per n-gram)."""
 
-    def __init__(self, records: Records | list[list]):
-        self.records = records if isinstance(records, Records) else Records.from_lists(records)
+    def __init__(self, records: RecordColumns | list[list]):
+        self.records = records if isinstance(records, RecordColumns) else RecordColumns.from_lists(records)
         self.find = HashFind(self.records)
 
 
-def dumps_partition(records: Records | list[list]) -> bytes:
+def dumps_partition(records: RecordColumns | list[list]) -> bytes:
     """Partition detail records (:func:`partition_records`) -> msgpack bytes (of the lists)."""
     with gc_paused():
         return pack_records(records)

@@ -30,7 +30,7 @@ import numpy as np
 from .arrays import batches, i64, i64_bytes, ranges, run_starts
 from .compact import token_starts
 from .index import EvalRow
-from .word_split import Tokenizer
+from .word_split import WordSplitter
 
 WINDOWS_AT_ONCE = 1 << 17  # (training row, eval window) pairs the merge expands at once
 
@@ -70,7 +70,7 @@ def record_windows(records: Sequence[Sequence[Any]], kept: dict[int, list]) -> d
     return {"lens": i64_bytes(lens), "starts": i64_bytes(starts), "evals": i64_bytes(evals), "chars": i64_bytes(chars)}
 
 
-def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarray, tokenizer: Tokenizer
+def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarray, tokenizer: WordSplitter
                     ) -> np.ndarray:
     """The token index of each window start: ``chars[i]`` is the character offset where a
     token of eval row ``evals[i]`` starts (:func:`.normalized.tokens_with_offsets`; token
@@ -93,7 +93,7 @@ def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarr
 
 
 def longest_matches(shares: list[tuple[dict, dict]], eval_rows: list[EvalRow], ns: list[int],
-                    tokenizer: Tokenizer, windows_at_once: int = WINDOWS_AT_ONCE) -> np.ndarray:
+                    tokenizer: WordSplitter, windows_at_once: int = WINDOWS_AT_ONCE) -> np.ndarray:
     """The longest match of every eval row: an array ``[eval_idx, k]`` for effective length
     ``L`` at ``k = searchsorted(ns, L)`` (the first configured n with ``min(n, tokens) ==
     L``; see :func:`longest_at`), 0 where nothing overlaps; rows whose text an earlier row

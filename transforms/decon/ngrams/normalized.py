@@ -15,21 +15,21 @@ import numpy as np
 
 from refinery.transforms.io.text import normalize_text, normalized_offsets, raw_spans
 
-from .word_split import Tokenizer
+from .word_split import WordSplitter
 
 
-def tokens(tokenizer: Tokenizer, text: str) -> list[str]:
-    """The tokens of ``text`` as decon counts them: :meth:`Tokenizer.tokenize` of its normalized
-    form (equal tokens of a long text one string: :meth:`Tokenizer.tokenize_shared`)."""
+def tokens(tokenizer: WordSplitter, text: str) -> list[str]:
+    """The tokens of ``text`` as decon counts them: :meth:`WordSplitter.tokenize` of its normalized
+    form (equal tokens of a long text one string: :meth:`WordSplitter.tokenize_shared`)."""
     return tokenizer.tokenize_shared(normalize_text(text))
 
 
-def prepare(tokenizer: Tokenizer, text: str) -> bytes:
-    """:meth:`Tokenizer.prepare` of the normalized form of ``text`` (the fast path's bytes)."""
+def prepare(tokenizer: WordSplitter, text: str) -> bytes:
+    """:meth:`WordSplitter.prepare` of the normalized form of ``text`` (the fast path's bytes)."""
     return tokenizer.prepare(normalize_text(text))
 
 
-def token_count(tokenizer: Tokenizer, text: str) -> tuple[int, bool]:
+def token_count(tokenizer: WordSplitter, text: str) -> tuple[int, bool]:
     """(``len(tokens(tokenizer, text))``, whether every one of them is empty), without making
     the tokens: one more than the runs of separators in the fast path's bytes (an eval row of
     20 MB is 3 million token strings, ~180 MB, where this needs two arrays of its size)."""
@@ -40,7 +40,7 @@ def token_count(tokenizer: Tokenizer, text: str) -> tuple[int, bool]:
     return runs + 1, bool(sep.all())
 
 
-def tokens_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
+def tokens_with_offsets(tokenizer: WordSplitter, text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """(tokens, spans): :func:`tokens`, with each token's ``[start, end)`` in ``text`` (the row's
     text, before normalization; :func:`to_raw`)."""
     norm = normalize_text(text)

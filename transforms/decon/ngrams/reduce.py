@@ -13,7 +13,7 @@ from refinery.transforms.formats.row_ids import doc_id_for
 
 from . import normalized
 from .arrays import ranges, run_starts
-from .compact import Records
+from .compact import RecordColumns
 from .details import (
     NGRAM_MAX_CHARS,
     WRITE_CHARS,  # noqa: F401 (the package's name for it)
@@ -28,7 +28,7 @@ from .droplist import DropList, RowHits
 from .index import EvalRow, SameText, same_text
 from .longest import EMPTY_WINDOWS, longest_at, longest_matches, record_windows
 from .scan import ScanHits
-from .word_split import Tokenizer, configured_ns
+from .word_split import WordSplitter, configured_ns
 
 
 def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:
@@ -256,7 +256,7 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
     rows only) and ``windows`` (:func:`.longest.record_windows`).
     """
     same = same_text(eval_rows) if same is None else same
-    recs = records if isinstance(records, Records) else Records.from_lists(records)
+    recs = records if isinstance(records, RecordColumns) else RecordColumns.from_lists(records)
     side = RecordSide(recs, same.first)
     skip = ignored_records(len(recs), blocks, max_train_count)
     sink: DetailSink = (ParquetSink(rows_out, side) if rows_out is not None
@@ -508,8 +508,9 @@ class ReduceResult:
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
 
 
-def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: Tokenizer,
-                     eval_bad_rows: dict[str, dict] | None = None, same: SameText | None = None) -> ReduceResult:
+def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: WordSplitter,
+                     eval_bad_rows: dict[str, dict[str, Any]] | None = None, same: SameText | None = None
+                     ) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
     instance are the union of its partitions' (metrics need all of them). Rows with the
@@ -519,42 +520,77 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     only (:meth:`SameText.first_of`); the stats and metrics list every row."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
-    overlaps: dict[int, dict[int, dict[str, int]]] = defaultdict(dict)
-    spans: dict[int, dict[int, list]] = defaultdict(dict)
-    samples: dict[tuple[int, int], dict[tuple[int, int], list]] = defaultdict(dict)
-    by_path: dict[tuple[str, str, int], tuple[set, set]] = {}
-    train_rows: list[dict] = []
-    windows: list[tuple[dict, dict]] = []  # (train_rows share, its records' eval windows) per partition
-    doc_ids: dict[str, str] = {}
-    ignored = 0
-    capped: list = []
+    got = MergedParts()
     for part in parts:
-        ignored += part["ignored"]
-        capped += part.get("capped", [])
+        got.add(part)
+    datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
+    stats, all_ids, empty_ids = overlap_stats(eval_rows, ns, datasets, got.overlaps, same)
+    longest = longest_matches(got.windows, eval_rows, ns, tokenizer)
+    summary = [{"eval_dataset": ds,
+                "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
+                "num_instances": len(all_ids[ds]),
+                "num_empty_instances": len(empty_ids[ds]),
+                "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0)} for ds in datasets]
+    first_rows: dict[int, dict[int, list[Any]]] = defaultdict(dict)
+    for (eval_idx, n), rows_of in got.samples.items():
+        first_rows[eval_idx][n] = [rows_of[k] for k in sorted(rows_of)[:2]]
+    return ReduceResult(stats, train_path_stats(got.by_path, eval_rows, same),
+                        instance_metrics_rows(eval_rows, ns, got.overlaps, longest, tokenizer, same), summary,
+                        got.ignored, dict(got.overlaps), dict(got.spans), dict(first_rows),
+                        sorted(got.capped, key=lambda c: (-c[3], c[0], c[1])),
+                        DropList(got.train_rows, eval_rows, same), train_rows_at_n(got.by_path, ns))
+
+
+@dataclass
+class MergedParts:
+    """The partitions' shares (:class:`PartitionResult`) gathered, one partition at a time
+    (:func:`merge_partitions`)."""
+
+    overlaps: dict[int, dict[int, dict[str, int]]] = field(default_factory=lambda: defaultdict(dict))
+    spans: dict[int, dict[int, list[Any]]] = field(default_factory=lambda: defaultdict(dict))
+    samples: dict[tuple[int, int], dict[tuple[int, int], list[Any]]] = field(
+        default_factory=lambda: defaultdict(dict))
+    by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]] = field(default_factory=dict)
+    train_rows: list[dict[str, Any]] = field(default_factory=list)
+    # (train_rows share, its records' eval windows) per partition
+    windows: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    doc_ids: dict[str, str] = field(default_factory=dict)
+    ignored: int = 0
+    capped: list[list[Any]] = field(default_factory=list)
+
+    def add(self, part: PartitionResult) -> None:
+        self.ignored += part["ignored"]
+        self.capped += part.get("capped", [])
         for eval_idx, grams_by_n in part["overlaps"].items():
             for n, grams in grams_by_n.items():
-                overlaps[eval_idx].setdefault(n, {}).update(grams)
+                self.overlaps[eval_idx].setdefault(n, {}).update(grams)
         for eval_idx, offsets_by_n in part["spans"].items():
             for n, offsets in offsets_by_n.items():
-                spans[eval_idx].setdefault(n, []).extend(offsets)
+                self.spans[eval_idx].setdefault(n, []).extend(offsets)
         for eval_idx, sampled_by_n in part["samples"].items():
             for n, sampled in sampled_by_n.items():
                 for unit, row, path, hits in sampled:
-                    samples[(eval_idx, n)].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
+                    self.samples[(eval_idx, n)].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
         for path, ds, n, ids, rows in part["by_path"]:
-            got = by_path.setdefault((path, ds, n), (set(), set()))
+            got = self.by_path.setdefault((path, ds, n), (set(), set()))
             got[0].update(ids)
             got[1].update(rows)
         if "train_rows" in part:
             share = part["train_rows"]
             # a training row's doc id comes once from every partition it hits: held once
-            share["docs"] = [doc_ids.setdefault(d, d) for d in share["docs"]]
-            train_rows.append(share)
-            windows.append((share, part.get("windows", EMPTY_WINDOWS)))
-    datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
-    all_ids: dict[str, set] = defaultdict(set)
-    empty_ids: dict[str, set] = defaultdict(set)
-    hit_ids: dict[tuple[str, int], set] = defaultdict(set)
+            share["docs"] = [self.doc_ids.setdefault(d, d) for d in share["docs"]]
+            self.train_rows.append(share)
+            self.windows.append((share, part.get("windows", EMPTY_WINDOWS)))
+
+
+def overlap_stats(eval_rows: list[EvalRow], ns: list[int], datasets: list[str],
+                  overlaps: dict[int, dict[int, dict[str, int]]], same: SameText
+                  ) -> tuple[list[dict[str, Any]], dict[str, set[str]], dict[str, set[str]]]:
+    """(the lines of ``overlap_stats.jsonl``: per eval dataset and configured n its instances and
+    the overlapping ones, each dataset's instance ids, its empty ones)."""
+    all_ids: dict[str, set[str]] = defaultdict(set)
+    empty_ids: dict[str, set[str]] = defaultdict(set)
+    hit_ids: dict[tuple[str, int], set[str]] = defaultdict(set)
     for r in eval_rows:
         all_ids[r.eval_dataset].add(r.instance_id)
         if r.empty:
@@ -564,19 +600,36 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
                 hit_ids[(r.eval_dataset, n)].add(r.instance_id)
     stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
               "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
-    rows_at_n: dict[tuple[str, int], set] = defaultdict(set)  # (training path, n) -> its rows overlapping at n
+    return stats, all_ids, empty_ids
+
+
+def train_rows_at_n(by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]], ns: list[int]) -> dict[int, int]:
+    """Configured n -> the training rows overlapping at it (each row once, whatever its datasets)."""
+    rows_at_n: dict[tuple[str, int], set[int]] = defaultdict(set)  # (training path, n) -> its rows overlapping at n
     for (path, _, n), (_, rows) in by_path.items():
         rows_at_n[(path, n)].update(rows)
-    train_rows_at_n = {n: sum(len(rows) for (_, m), rows in rows_at_n.items() if m == n) for n in ns}
+    return {n: sum(len(rows) for (_, m), rows in rows_at_n.items() if m == n) for n in ns}
+
+
+def train_path_stats(by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]], eval_rows: list[EvalRow],
+                     same: SameText) -> list[dict[str, Any]]:
+    """The lines of ``by_train_path.jsonl``: per training path, eval dataset and n, the instances
+    its rows overlap (every row of a shared text) and its rows that do."""
     paths = []
     for (path, ds, n), (ids, rows) in sorted(by_path.items()):
         instance_ids = sorted({eval_rows[j].instance_id for i in ids for j in same.rows_of(i)
                                if eval_rows[j].eval_dataset == ds})
         paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
                       "instance_ids": instance_ids, "num_train_rows": len(rows)})
-    longest = longest_matches(windows, eval_rows, ns, tokenizer)
+    return paths
+
+
+def instance_metrics_rows(eval_rows: list[EvalRow], ns: list[int], overlaps: dict[int, dict[int, dict[str, int]]],
+                          longest: np.ndarray, tokenizer: WordSplitter, same: SameText) -> list[dict[str, Any]]:
+    """Per eval row and configured n its metrics (:func:`instance_metrics`, ``longest_match``,
+    ``coverage``): a text several rows have is measured once, on its first row."""
     metrics = []
-    shared: dict[int, list[dict]] = {}  # first row of a text several rows have -> its metrics per n
+    shared: dict[int, list[dict[str, Any]]] = {}  # first row of a text several rows have -> its metrics per n
     for r in eval_rows:
         first = same.first_of(r.eval_idx)
         per_n = shared.get(first)
@@ -594,18 +647,4 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
         for n, m in zip(ns, per_n):
             metrics.append({"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
                             "instance_id": r.instance_id, "n": n, **m})
-    summary = []
-    for ds in datasets:
-        summary.append({
-            "eval_dataset": ds,
-            "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
-            "num_instances": len(all_ids[ds]),
-            "num_empty_instances": len(empty_ids[ds]),
-            "num_bad_rows": (eval_bad_rows or {}).get(ds, {}).get("bad_rows", 0),
-        })
-    first_rows: dict[int, dict[int, list]] = defaultdict(dict)
-    for (eval_idx, n), rows_of in samples.items():
-        first_rows[eval_idx][n] = [rows_of[k] for k in sorted(rows_of)[:2]]
-    return ReduceResult(stats, paths, metrics, summary, ignored, dict(overlaps), dict(spans), dict(first_rows),
-                        sorted(capped, key=lambda c: (-c[3], c[0], c[1])), DropList(train_rows, eval_rows, same),
-                        train_rows_at_n)
+    return metrics

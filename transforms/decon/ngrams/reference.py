@@ -8,11 +8,11 @@ from typing import Iterable
 from refinery.transforms.io.text import normalize_text
 
 from .index import EvalRow
-from .word_split import Tokenizer, effective_lengths, iter_ngrams
+from .word_split import WordSplitter, effective_lengths, iter_ngrams
 
 
 def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, str]], ns: list[int],
-                      tokenizer: Tokenizer) -> tuple[dict[tuple[str, int], list[str]], set]:
+                      tokenizer: WordSplitter) -> tuple[dict[tuple[str, int], list[str]], set]:
     """Straightforward implementation of the same method.
 
     ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized first

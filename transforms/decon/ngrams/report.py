@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from refinery.transforms.decon import report_html as rh
 
@@ -105,13 +105,13 @@ def frequent_ngrams(result: ReduceResult, rows: list[EvalRow], n: int, same: Sam
     return [rh.NgramCount(g, len(instances[g]), train_rows[g]) for g in ranked]
 
 
-def top_train_files(result: ReduceResult) -> dict[tuple[str, int], list[rh.TrainFile]]:
+def top_train_files(result: ReduceResult) -> dict[tuple[str, int], list[rh.TrainFileCount]]:
     """Per (eval dataset, n): its training files, by the instances they overlap at n (most
     first), then path, with the training rows that overlap them at n."""
-    files: dict[tuple[str, int], list[rh.TrainFile]] = defaultdict(list)
+    files: dict[tuple[str, int], list[rh.TrainFileCount]] = defaultdict(list)
     for row in result.by_train_path:
         files[(row["eval_dataset"], row["n"])].append(
-            rh.TrainFile(row["train_path"], row["num_instances"], row["num_train_rows"]))
+            rh.TrainFileCount(row["train_path"], row["num_instances"], row["num_train_rows"]))
     return {key: sorted(fs, key=lambda f: (-f.instances, f.path)) for key, fs in files.items()}
 
 
@@ -150,13 +150,37 @@ def _md_evidence(result: ReduceResult, rows: dict[tuple[str, int], EvalRow], sam
     return lines
 
 
-def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int | None, top: int = 5,
+def render_report(result: ReduceResult, scan_stats: dict[str, Any], max_train_count: int | None, top: int = 5,
                   max_ngram_details: int | None = None, eval_rows: list[EvalRow] | None = None) -> str:
     """A short human-readable report. Every count names its n: per dataset and n the
     contaminated instances, the training rows and files behind them; then per dataset and n
-    (a section each) the most frequent overlapping n-grams, the ``top`` instances with the
-    longest match (:func:`longest_examples`) and, given ``eval_rows``, their evidence
-    (spans and training rows, offsets and text on both sides)."""
+    (a section each: :func:`_md_section`) the most frequent overlapping n-grams, the ``top``
+    instances with the longest match (:func:`longest_examples`) and, given ``eval_rows``, their
+    evidence (spans and training rows, offsets and text on both sides)."""
+    files = top_train_files(result)
+    lines = _md_counts(result, scan_stats, max_train_count, max_ngram_details, top, files)
+    if not any(s["instance_ids"] for s in result.overlap_stats):
+        return "\n".join(lines) + "\n"
+    lines += ["", "longest match: the longest run of eval tokens covered by the n-grams of one training row; "
+              "coverage: the share of the eval tokens covered by any overlapping n-gram (HELM's token metric). "
+              "Offsets are [start, end) characters; rows count from 0."]
+    same = same_text(eval_rows) if eval_rows is not None else SameText({}, {})
+    by_ds: dict[str, list[EvalRow]] = defaultdict(list)
+    for r in eval_rows or []:
+        by_ds[r.eval_dataset].append(r)
+    rows = {(r.eval_path, r.eval_row): r for r in eval_rows or []}
+    for s in result.overlap_stats:
+        if s["num_instances"]:
+            lines += _md_section(result, s, files.get((s["eval_dataset"], s["n"]), []),
+                                 by_ds[s["eval_dataset"]] if eval_rows is not None else None, rows, same, top)
+    return "\n".join(lines) + "\n"
+
+
+def _md_counts(result: ReduceResult, scan_stats: dict[str, Any], max_train_count: int | None,
+               max_ngram_details: int | None, top: int, files: dict[tuple[str, int], list[rh.TrainFileCount]]
+               ) -> list[str]:
+    """The report's head: what was scanned, the table of contaminated instances per dataset and
+    n, the clean instances, the empty and unreadable rows."""
     ns = sorted({s["n"] for s in result.overlap_stats})
     lines = ["# Train/test overlap report", ""]
     lines.append(f"training rows scanned: {scan_stats.get('rows', 0)}, "
@@ -170,8 +194,6 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
     if result.capped:
         lines.append(f"detail records capped: {capped_warning(result.capped, max_ngram_details)}")
     lines.append("")
-    summary = {s["eval_dataset"]: s for s in result.summary}
-    files = top_train_files(result)
     lines.append("| eval_dataset | n | contaminated instances at n | instances | % | training rows at n "
                  "| top training files at n (instances at n) |")
     lines.append("|---|---|---|---|---|---|---|")
@@ -188,50 +210,44 @@ def render_report(result: ReduceResult, scan_stats: dict, max_train_count: int |
         lines += ["clean instances (no overlap at n; rows too short or empty are not checked, so not clean), "
                   "in stats/clean/<eval_dataset>/n=<n>.jsonl.gz: " + ", ".join(
                       f"{s['eval_dataset']} {s['num_clean_instances']} at n = {s['n']}" for s in clean), ""]
-    for ds, s in sorted(summary.items()):
+    for ds, s in sorted({s["eval_dataset"]: s for s in result.summary}.items()):
         if s["num_empty_instances"] or s["num_bad_rows"]:
             lines.append(f"- {ds}: {s['num_empty_instances']} empty/punctuation-only instances (never counted "
                          f"as overlapping), {s['num_bad_rows']} unreadable rows or rows without text")
-    if not any(s["instance_ids"] for s in result.overlap_stats):
-        return "\n".join(lines) + "\n"
-    lines += ["", "longest match: the longest run of eval tokens covered by the n-grams of one training row; "
-              "coverage: the share of the eval tokens covered by any overlapping n-gram (HELM's token metric). "
-              "Offsets are [start, end) characters; rows count from 0."]
-    same = same_text(eval_rows) if eval_rows is not None else SameText({}, {})
-    by_ds: dict[str, list[EvalRow]] = defaultdict(list)
-    for r in eval_rows or []:
-        by_ds[r.eval_dataset].append(r)
-    rows = {(r.eval_path, r.eval_row): r for r in eval_rows or []}
-    for s in result.overlap_stats:
-        ds, n = s["eval_dataset"], s["n"]
-        k, total = len(s["instance_ids"]), s["num_instances"]
-        if not total:
-            continue
-        lines += ["", f"## {ds} at n = {n}", ""]
-        if not k:
-            lines.append(f"No instance overlaps the training data at n = {n}.")
-            continue
-        at_n = files.get((ds, n), [])
-        lines.append(f"{k} of {total} instances ({100.0 * k / total:.2f}%) share an n-gram with "
-                     f"{sum(f.train_rows for f in at_n)} training rows at n = {n}.")
-        grams = frequent_ngrams(result, by_ds[ds], n, same) if eval_rows is not None else []
-        if grams:
-            lines += ["", f"Most frequent overlapping n-grams at n = {n}:", "",
-                      f"| n-gram | instances at n = {n} | training rows |", "|---|---|---|"]
-            lines += [f"| {_md_cell(g.ngram)} | {g.instances} | {g.train_rows} |" for g in grams]
-        chosen = [m for m in longest_examples(result.metrics, top, n) if m["eval_dataset"] == ds]
-        lines += ["", f"Longest matches at n = {n}:", "",
-                  "| eval_dataset | instance_id | eval_row | longest match (tokens) | coverage |",
-                  "|---|---|---|---|---|"]
-        for m in chosen:
-            found = rows.get((m["eval_path"], m["eval_row"]))
-            cell = _md_cell(row_id(found) if found is not None else str(m["instance_id"]), 200)
-            lines.append(f"| {m['eval_dataset']} | {cell} | {m['eval_row']} | {m['longest_match']} | "
-                         f"{m['coverage']:.4f} |")
-        evidence = _md_evidence(result, rows, same, chosen, n)
-        if evidence:
-            lines += ["", f"Evidence at n = {n}:", "", *evidence]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _md_section(result: ReduceResult, s: dict[str, Any], at_n: list[rh.TrainFileCount], ds_rows: list[EvalRow] | None,
+                rows: dict[tuple[str, int], EvalRow], same: SameText, top: int) -> list[str]:
+    """The section of one line ``s`` of the overlap stats (an eval dataset at n, with instances):
+    its frequent n-grams (of its eval rows ``ds_rows``, when known), its ``top`` longest matches
+    and their evidence."""
+    ds, n = s["eval_dataset"], s["n"]
+    k, total = len(s["instance_ids"]), s["num_instances"]
+    lines = ["", f"## {ds} at n = {n}", ""]
+    if not k:
+        lines.append(f"No instance overlaps the training data at n = {n}.")
+        return lines
+    lines.append(f"{k} of {total} instances ({100.0 * k / total:.2f}%) share an n-gram with "
+                 f"{sum(f.train_rows for f in at_n)} training rows at n = {n}.")
+    grams = frequent_ngrams(result, ds_rows, n, same) if ds_rows is not None else []
+    if grams:
+        lines += ["", f"Most frequent overlapping n-grams at n = {n}:", "",
+                  f"| n-gram | instances at n = {n} | training rows |", "|---|---|---|"]
+        lines += [f"| {_md_cell(g.ngram)} | {g.instances} | {g.train_rows} |" for g in grams]
+    chosen = [m for m in longest_examples(result.metrics, top, n) if m["eval_dataset"] == ds]
+    lines += ["", f"Longest matches at n = {n}:", "",
+              "| eval_dataset | instance_id | eval_row | longest match (tokens) | coverage |",
+              "|---|---|---|---|---|"]
+    for m in chosen:
+        found = rows.get((m["eval_path"], m["eval_row"]))
+        cell = _md_cell(row_id(found) if found is not None else str(m["instance_id"]), 200)
+        lines.append(f"| {m['eval_dataset']} | {cell} | {m['eval_row']} | {m['longest_match']} | "
+                     f"{m['coverage']:.4f} |")
+    evidence = _md_evidence(result, rows, same, chosen, n)
+    if evidence:
+        lines += ["", f"Evidence at n = {n}:", "", *evidence]
+    return lines
 
 
 @dataclass(frozen=True)

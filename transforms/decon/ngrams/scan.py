@@ -9,7 +9,7 @@ import numpy as np
 from refinery.transforms.io.text import TextSpec, normalize_text
 
 from .arrays import ranges, run_starts
-from .compact import Records
+from .compact import RecordColumns
 from .hashes import (
     _U,
     TokenBatch,
@@ -22,7 +22,7 @@ from .hashes import (
 from .index import Partition
 from .membership import Membership
 from .normalized import to_raw
-from .word_split import Tokenizer
+from .word_split import WordSplitter
 
 
 @dataclass
@@ -67,8 +67,9 @@ class ScanHits:
         return np.append(np.flatnonzero(new), k)
 
 
-def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str | TextSpec, tokenizer: Tokenizer,
-              membership: Membership, lookup: Callable[[int], Partition], partitions: int, stats: ScanStats,
+def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str | TextSpec,
+              tokenizer: WordSplitter, membership: Membership, lookup: Callable[[int], Partition], partitions: int,
+              stats: ScanStats,
               batch_bytes: int = 1 << 20) -> Iterator[ScanHits]:
     """Stream training rows ``(row, record, error)`` in batches; yield the :class:`ScanHits` of
     each batch that has any.
@@ -80,9 +81,9 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     row's normalized text (:func:`~refinery.transforms.io.text.normalize_text`, the text
     prep trains on), the offsets into the row's text (:mod:`.normalized`).
     """
-    loaded: dict[int, Records] = {}
+    loaded: dict[int, RecordColumns] = {}
 
-    def records(p: int) -> Records:
+    def records(p: int) -> RecordColumns:
         recs = loaded.get(p)
         if recs is None:
             recs = loaded[p] = lookup(p).records
@@ -153,7 +154,7 @@ def probe_windows(batch: TokenBatch, membership: Membership, stats: ScanStats
 
 
 def verify_windows(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, h: np.ndarray, partitions: int,
-                   records: Callable[[int], Records]) -> np.ndarray:
+                   records: Callable[[int], RecordColumns]) -> np.ndarray:
     """``partition << 32 | record`` of each window of ``lens[k]`` tokens at token ``pos[k]``
     (its hash ``h[k]``), or -1 where its n-gram is not in the test index: exact, as arrays.
 
@@ -218,8 +219,8 @@ def verify_windows(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, h: np.n
     return ids
 
 
-def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: Tokenizer,
-                membership: Membership, records: Callable[[int], Records], partitions: int, stats: ScanStats
+def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter,
+                membership: Membership, records: Callable[[int], RecordColumns], partitions: int, stats: ScanStats
                 ) -> ScanHits | None:
     batch = tokenize_batch(prepared, tokenizer.byte_table)
     pos, lens, h = probe_windows(batch, membership, stats)
@@ -243,7 +244,7 @@ def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], nor
 
 
 def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.ndarray,
-                 pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: Tokenizer
+                 pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter
                  ) -> tuple[np.ndarray, np.ndarray]:
     """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
     ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where

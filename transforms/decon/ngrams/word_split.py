@@ -12,7 +12,7 @@ WHITESPACE_SEPARATORS = r"\s"
 
 
 @dataclass(frozen=True)
-class Tokenizer:
+class WordSplitter:
     """``pattern.split(text.lower() if lowercase else text)``, empty strings kept.
 
     ``separators`` is the body of a regex character class; a run of such characters
@@ -147,14 +147,14 @@ def _map_spans_to_original(text: str, low: str, spans: list[tuple[int, int]]) ->
     return out
 
 
-TOKENIZERS: dict[str, Tokenizer] = {
-    "default": Tokenizer("default", True, DEFAULT_SEPARATORS),
-    "no_lowercase": Tokenizer("no_lowercase", False, DEFAULT_SEPARATORS),
-    "whitespace": Tokenizer("whitespace", True, WHITESPACE_SEPARATORS),
+TOKENIZERS: dict[str, WordSplitter] = {
+    "default": WordSplitter("default", True, DEFAULT_SEPARATORS),
+    "no_lowercase": WordSplitter("no_lowercase", False, DEFAULT_SEPARATORS),
+    "whitespace": WordSplitter("whitespace", True, WHITESPACE_SEPARATORS),
 }
 
 
-def get_tokenizer(name: str) -> Tokenizer:
+def get_tokenizer(name: str) -> WordSplitter:
     try:
         return TOKENIZERS[name]
     except KeyError:
