@@ -22,8 +22,9 @@ transform               input element                        output element
 ======================  ===================================  =====================================
 
 Each step calls the same per-element code as ``refinery prep``
-(:mod:`refinery.transforms.prep.documents`); the sink writes with the same shard writer and
-manifest builder (:mod:`refinery.transforms.formats.shards`). So the same rows with the same
+(:mod:`refinery.transforms.prep.documents`); the sink writes with the same packer
+(:mod:`refinery.transforms.prep.pack`: a shard's documents spilled in the command's spill
+format, then one function writes its files) and manifest builder. So the same rows with the same
 order keys give byte-identical shards either way, and ``refinery verify --checksums``
 accepts the sink's output.
 
@@ -38,10 +39,9 @@ Beam metrics (namespace ``refinery_prep``): ``rows``, ``documents``, ``empty``, 
 """
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from array import array
-from typing import Iterable, Tuple
+from typing import Tuple
 
 import apache_beam as beam
 import msgpack
@@ -57,13 +57,13 @@ from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.jsonl import jsonl
 from refinery.transforms.io.rows import SourceRow, iter_rows
 from refinery.transforms.io.text import TextSpec
+from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
     BATCH_DOCS,
     Document,
     Rejected,
     TokenizedDocument,
-    order_key,
     row_normalizer,
     shard_of,
     tokenize_documents,
@@ -327,7 +327,9 @@ class AssignShard(beam.PTransform):
 
 class ShardSinkStage(Stage):
     """The sink's receipts: one unit per shard under ``OUTPUT/.refinery/write_token_shards/<hash>/``.
-    The units are written by :class:`_WriteShardFn`, not planned by ``run_stages``."""
+    The units are run by :class:`_WriteShardFn`, not planned by ``run_stages``: each with its
+    shard's documents, spilled and sorted (:func:`pack.sorted_spill`), as the side input
+    ``pieces`` and their :func:`pack.content_digest` as ``content``."""
 
     name = "write_token_shards"
 
@@ -344,83 +346,20 @@ class ShardSinkStage(Stage):
     def make_plan(self) -> list[Unit]:
         return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.num_shards)]
 
+    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+        """One shard's ``.npy``, ``.idx`` and ``.docs.parquet``, by the command's packer."""
+        shard = unit.payload["shard"]
+        npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
+        written = pack.write_shard_files(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+                                         ctx.side["pieces"], self.tokenizer.dtype)
+        return {"shard": shard, **written, "content_sha256": ctx.side["content"]}
+
 
 def sink_run(output: str, dataset: str, num_shards: int, version: str,
              tokenizer: TokenizerSpec = DEFAULT) -> StageRun:
     """The sink's receipts, hashed as every stage's (:func:`compute_stage_hash`)."""
     stage = ShardSinkStage(dataset, num_shards, version, tokenizer)
     return StageRun(stage, output.rstrip("/"), compute_stage_hash(stage, None))
-
-
-class _SortedShard:
-    """A shard's documents spilled to a local temp file, then read back in
-    :func:`~refinery.transforms.prep.documents.order_key` order (the command's order): memory
-    holds only (key, offset, length) per document, never the tokens."""
-
-    def __init__(self, docs: Iterable):
-        self._f = tempfile.TemporaryFile(prefix="refinery-shard-")
-        keys = []
-        offset = 0
-        for doc in docs:
-            if doc is None:  # the marker that makes an empty shard a group too
-                continue
-            data = shards.u32_bytes(doc.tokens)
-            self._f.write(data)
-            n = len(data) // 4
-            keys.append((*order_key(doc), hashlib.sha1(data).digest(), offset, n))
-            offset += n
-        keys.sort()
-        self.keys = keys
-        self.lengths = np.fromiter((k[5] for k in keys), dtype=np.uint64, count=len(keys))
-
-    def chunks(self, max_bytes: int = 1 << 22) -> Iterable[bytes]:
-        buf, size = [], 0
-        for k in self.keys:
-            self._f.seek(4 * k[4])
-            buf.append(self._f.read(4 * k[5]))
-            size += 4 * k[5]
-            if size >= max_bytes:
-                yield b"".join(buf)
-                buf, size = [], 0
-        if buf:
-            yield b"".join(buf)
-
-    def doc_batches(self, size: int = 1 << 16) -> Iterable[provenance.DocBatch]:
-        """The documents' (ids, sources, rows, lengths) in shard order, for the sidecar."""
-        for lo in range(0, len(self.keys), size):
-            part = self.keys[lo:lo + size]
-            yield [k[2] for k in part], [k[0] for k in part], [k[1] for k in part], self.lengths[lo:lo + size]
-
-    def digest(self) -> str:
-        """sha256 of what the shard's files will hold (lengths, then tokens, then each
-        document's source, row and id: the sidecar's)."""
-        h = hashlib.sha256(self.lengths.astype("<u8").tobytes())
-        for chunk in self.chunks():
-            h.update(chunk)
-        for source, row, doc_id, *_ in self.keys:
-            h.update(msgpack.packb((source, row, doc_id), use_bin_type=True, unicode_errors="surrogatepass"))
-        return h.hexdigest()
-
-    def close(self) -> None:
-        self._f.close()
-
-
-class _ShardWrite(ShardSinkStage):
-    """One shard's unit of the sink: writes a sorted shard's ``.npy``, ``.idx`` and ``.docs.parquet``."""
-
-    def __init__(self, dataset: str, num_shards: int, version: str, tokenizer: TokenizerSpec, data: _SortedShard,
-                 content: str):
-        super().__init__(dataset, num_shards, version, tokenizer)
-        self.data, self.content = data, content
-
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
-        shard = unit.payload["shard"]
-        npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
-        npy_path = ctx.output_path(npy_rel)
-        written = shards.write_shard(ctx.open_write, npy_path, ctx.output_path(idx_rel),
-                                     self.data.lengths, self.data.chunks(), dtype=self.tokenizer.dtype)
-        provenance.write_docs(ctx.open_write, provenance.docs_path_for(npy_path), self.data.doc_batches())
-        return {"shard": shard, **written, "content_sha256": self.content}
 
 
 class _WriteShardFn(beam.DoFn):
@@ -437,15 +376,12 @@ class _WriteShardFn(beam.DoFn):
     def process(self, element):
         shard, docs = element
         run = sink_run(self.output, self.dataset, self.num_shards, self.version, self.tokenizer)
-        data = _SortedShard(docs)
-        try:
-            content = data.digest()
-            writer = StageRun(_ShardWrite(self.dataset, self.num_shards, self.version, self.tokenizer, data, content),
-                              run.output, run.stage_hash)
-            receipt = execute_unit(writer, Unit(f"{shard:04d}", {"shard": shard}),
+        with tempfile.TemporaryDirectory(prefix="refinery-shard-") as local:
+            pieces = pack.sorted_spill(docs, spill.spill_files(local, "shard"))
+            content = pack.content_digest(pieces)
+            receipt = execute_unit(run, Unit(f"{shard:04d}", {"shard": shard}),
+                                   side={"pieces": pieces, "content": content},
                                    stale=lambda r: r.get("stats", {}).get("content_sha256") != content)
-        finally:
-            data.close()
         if receipt.get("status") != "completed":
             err = receipt.get("error") or {}
             raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
@@ -500,7 +436,8 @@ class WriteTokenShards(beam.PTransform):
     (``OUTPUT/.refinery/write_token_shards/<hash>/receipts/``): running the same pipeline
     again rewrites no shard whose receipt verifies and whose content is unchanged, and a
     deleted or truncated shard comes back byte-identical. A shard's documents are spilled
-    to a local temp file while it is sorted, so memory stays flat in shard size.
+    to a local folder (the command's spill format) while it is sorted, so memory holds
+    only their table rows, never their tokens.
 
     ``rejected`` (the second output of ``Normalize().with_rejected()``): also write
     ``rejects/rejects.jsonl`` and the row accounting ``read = accepted + empty + rejected``

@@ -33,6 +33,7 @@ from typing import IO, Iterator, Sequence
 import numpy as np
 
 from refinery.transforms.formats.shards import u32_bytes
+from refinery.transforms.io import storage
 from refinery.transforms.io.storage import BinaryWriter
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
@@ -40,6 +41,14 @@ META_DTYPE = np.dtype([("row", "<u8"), ("names", "<u8"), ("id_bytes", "<u4"), ("
 SPILL_FORMAT = "spill/2: names"  # enters tokenize's hash: spills of before carry no names
 NAMES_BATCH = 1 << 16  # documents whose names pack reads at once
 READ_CHUNK_TOKENS = 1 << 22
+
+
+def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
+    """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts,
+    and the documents' names table and names (their provenance)."""
+    return {k: storage.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
+            (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"), ("meta", "spillmeta"),
+             ("names", "spillnames"))}
 
 
 class SpillWriter:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import re
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, TypedDict, cast
+from typing import Any, Mapping, TypedDict, cast
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
 from refinery.transforms.io.text import TextSpec
-from refinery.transforms.prep import spill
+from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
     BATCH_DOCS,
@@ -521,14 +522,6 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
     return out
 
 
-def spill_files(parts_dir: str, unit_id: str) -> dict[str, str]:
-    """The spill of one tokenize (or merge) unit: tokens, documents table, per-shard starts,
-    and the documents' names table and names (their provenance)."""
-    return {k: storage.join(parts_dir, f"{unit_id}.{ext}") for k, ext in
-            (("tokens", "spill"), ("docs", "spilldocs"), ("shards", "spillshards"), ("meta", "spillmeta"),
-             ("names", "spillnames"))}
-
-
 # A pack unit reads 3 files of every spill it draws from: 3 x M x N requests for M spills and
 # N shards. Above this many (spill, shard) pairs a merge stage first combines consecutive
 # tokenize spills into groups, so that pack reads 3 x G x N (see docs/SCALE.md).
@@ -596,7 +589,7 @@ class MergeSpillsStage(Stage):
                 tempfile.TemporaryFile(prefix="refinery-merge-names-") as local_names:
             writer = spill.SpillWriter(local, names_out=local_names)
             for uid, before in chosen:  # units in input order; each spill read once, front to back
-                files = spill_files(tk.parts_dir, uid)
+                files = spill.spill_files(tk.parts_dir, uid)
                 with storage.open_read(files["docs"]) as f:
                     table = spill.read_table(f)
                 with storage.open_read(files["meta"]) as f:
@@ -605,7 +598,7 @@ class MergeSpillsStage(Stage):
                     for doc_shard, tokens, cum_end, name in spill.iter_named_documents(f, names, table, meta):
                         writer.add(doc_shard, tokens, before + cum_end, name)
             table, meta, starts = spill.by_shard_with_meta(writer.close(), writer.meta, self.cfg.num_shards)
-            out = spill_files(ctx.parts_dir, unit.id)
+            out = spill.spill_files(ctx.parts_dir, unit.id)
             with ctx.open_write(out["tokens"]) as f:
                 table = spill.write_contiguous(local, table, f)
             with ctx.open_write(out["names"]) as f:
@@ -647,9 +640,9 @@ class PackStage(Stage):
         handed to every pack unit as a side input: no pack unit reads the tokenize receipts."""
         if self.merge:
             merge = run.upstream["merge"]
-            return [(spill_files(merge.parts_dir, u.id), self.cfg.max_tokens) for u in self.merge.plan()]
+            return [(spill.spill_files(merge.parts_dir, u.id), self.cfg.max_tokens) for u in self.merge.plan()]
         tokenize, budget = run.upstream["tokenize"], self.cfg.max_tokens
-        return [(spill_files(tokenize.parts_dir, u.id), None if budget is None else budget - before)
+        return [(spill.spill_files(tokenize.parts_dir, u.id), None if budget is None else budget - before)
                 for u, _, before in _tokenize_inputs(tokenize, budget)]
 
     def side_inputs(self, run: StageRun, start) -> dict:
@@ -660,54 +653,19 @@ class PackStage(Stage):
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
-
-        def shard_rows(source: tuple[dict[str, str], int | None]) -> tuple[np.ndarray, np.ndarray] | None:
-            """(documents rows, names rows) of this shard in one spill, within the budget."""
-            files, budget_left = source
-            with storage.open_read(files["shards"]) as f:
-                starts = np.load(f, allow_pickle=False)
-            if starts[shard] == starts[shard + 1]:
-                return None  # no document of this shard: the table and tokens need no read
-            with storage.open_read(files["docs"]) as f:
-                rows = spill.read_shard_rows(f, starts, shard)
-            with storage.open_read(files["meta"]) as f:
-                meta = spill.read_shard_rows(f, starts, shard, spill.META_DTYPE)
-            keep = spill.budget_mask(rows, budget_left)
-            return (rows, meta) if keep is None else (rows[keep], meta[keep])
-
         sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
+
+        def piece(source: tuple[dict[str, str], int | None]) -> pack.ShardPiece | None:
+            return pack.read_shard_piece(source[0], shard, source[1])
+
         if storage.is_remote(ctx.output) and len(sources) > 1:  # small reads, tens of ms each: many in flight
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(PACK_READ_THREADS) as pool:
-                tables = list(pool.map(shard_rows, sources))
+                found = list(pool.map(piece, sources))
         else:
-            tables = [shard_rows(src) for src in sources]
-        pieces = [(files, rows, meta) for (files, _), found in zip(sources, tables)
-                  if found is not None and len(found[0]) for rows, meta in [found]]
-        lengths = np.concatenate([r["length"] for _, r, _ in pieces]) if pieces else np.zeros(0, np.uint32)
-
-        def chunks():
-            for files, rows, _ in pieces:
-                with storage.open_read(files["tokens"]) as f:
-                    yield from spill.iter_token_chunks(f, spill.contiguous_ranges(rows))
-
-        def doc_batches() -> Iterator[provenance.DocBatch]:  # the same documents, in the same order
-            for files, rows, meta in pieces:
-                with storage.open_read(files["names"]) as f:
-                    for lo in range(0, len(meta), spill.NAMES_BATCH):
-                        part = meta[lo:lo + spill.NAMES_BATCH]
-                        ids, sources = spill.read_names(f, part)
-                        yield ids, sources, part["row"], rows["length"][lo:lo + spill.NAMES_BATCH]
-
+            found = [piece(src) for src in sources]
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
-        npy_path = ctx.output_path(npy_rel)
-        written = shards.write_shard(ctx.open_write, npy_path, ctx.output_path(idx_rel), lengths,
-                                     chunks(), dtype=self.cfg.tokenizer.dtype)
-        docs = provenance.write_docs(ctx.open_write, provenance.docs_path_for(npy_path), doc_batches())
-        if docs != written["docs"]:
-            raise ValueError(f"{provenance.docs_path_for(npy_path)}: {docs} documents named, the shard holds "
-                             f"{written['docs']}")
+        written = pack.write_shard_files(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+                                         [p for p in found if p is not None], self.cfg.tokenizer.dtype)
         return {"shard": shard, **written}
 
     def describe_progress(self, stats: dict, seconds: float) -> str:
