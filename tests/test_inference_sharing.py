@@ -58,7 +58,7 @@ if __name__ == "__main__":
 """
 
 
-def test_shared_model_server_takes_only_the_runs_key(tmp_path):
+def test_shared_model_server_takes_only_the_runs_key(tmp_path: Path) -> None:
     """In a fresh process, as a worker: asking the handler whether it shares its model changes
     nothing; RunInference's worker setup makes the sharing private, and the engine is then
     loaded once and served from a server that takes only the run's key, in a 0700 folder."""
@@ -91,7 +91,7 @@ def test_shared_model_server_takes_only_the_runs_key(tmp_path):
     assert not list(temp.glob("probe*"))  # not in TMPDIR itself (the refused run's Beam status server is)
 
 
-def test_securing_is_idempotent_and_pure_predicates_stay_pure(tmp_path, monkeypatch):
+def test_securing_is_idempotent_and_pure_predicates_stay_pure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The predicate RunInference asks (also in the driver, to build the job) has no side
     effect; the worker setup applies the sharing settings, and applying them again changes
     nothing; without sharing, the setup leaves Beam's settings alone."""
@@ -104,8 +104,9 @@ def test_securing_is_idempotent_and_pure_predicates_stay_pure(tmp_path, monkeypa
     from refinery.transforms.io.beam_private import shared_models_setting
 
     monkeypatch.setattr(mps, "AUTH_KEY", mps.AUTH_KEY)  # restored after the test
-    monkeypatch.setitem(mps.MultiProcessShared.__init__.__kwdefaults__, "path",
-                        mps.MultiProcessShared.__init__.__kwdefaults__["path"])
+    kwdefaults = mps.MultiProcessShared.__init__.__kwdefaults__
+    assert kwdefaults is not None
+    monkeypatch.setitem(kwdefaults, "path", kwdefaults["path"])
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = shared_models_setting()
     alone = KeyedGptOssModelHandler(GptOssModelHandler(EngineSettings(str(tmp_path)), share_across_processes=False))
@@ -123,7 +124,7 @@ def test_securing_is_idempotent_and_pure_predicates_stay_pure(tmp_path, monkeypa
     assert shared_models_setting() == secured
 
 
-def test_a_folder_someone_else_prepared_is_refused(tmp_path, monkeypatch):
+def test_a_folder_someone_else_prepared_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import hashlib
 
     from refinery.transforms.inference.handler import sharing_folder

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import run_prep
 
 from refinery.beam_pipelines.cli import main
@@ -13,7 +15,7 @@ from refinery.transforms.formats.inspect import ShardRef, inspect_shard
 EOS = 199999
 
 
-def _write(npy, tokens, lengths):
+def _write(npy: Path, tokens: list[int], lengths: list[int]) -> ShardRef:
     npy.parent.mkdir(parents=True, exist_ok=True)
     np.save(npy, np.asarray(tokens, dtype="<u4"))
     with open(npy.with_suffix(".idx"), "wb") as f:
@@ -21,7 +23,8 @@ def _write(npy, tokens, lengths):
     return ShardRef(str(npy), str(npy.with_suffix(".idx")))
 
 
-def test_clean_prep_output_passes_with_stats_histogram_and_sample(tmp_path, small_corpus, capsys):
+def test_clean_prep_output_passes_with_stats_histogram_and_sample(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep(small_corpus, out, "--num-shards", "2") == 0
     m = json.loads((out / "manifest.json").read_text())
@@ -52,7 +55,7 @@ def test_clean_prep_output_passes_with_stats_histogram_and_sample(tmp_path, smal
         in capsys.readouterr().out
 
 
-def test_double_eos_and_empty_documents_are_issues(tmp_path, capsys):
+def test_double_eos_and_empty_documents_are_issues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a document emptied by a preprocessing bug: EOS EOS, recorded in the idx as a 1-token document
     ref = _write(tmp_path / "d" / "shard_0000" / "x-v1-shard-000000.npy",
                  [5, 6, EOS, EOS, 7, EOS], [3, 1, 2])
@@ -65,7 +68,8 @@ def test_double_eos_and_empty_documents_are_issues(tmp_path, capsys):
     assert "BAD" in out and "1 double EOS" in out and "double EOS at token(s) [3]" in out
 
 
-def test_idx_npy_mismatch_out_of_vocab_and_unterminated_tail(tmp_path, capsys):
+def test_idx_npy_mismatch_out_of_vocab_and_unterminated_tail(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # ShardWriter-style bug: EOS appended twice, but the idx written from the clean lengths
     ref = _write(tmp_path / "m" / "a.npy", [5, EOS, EOS, 6, 7, EOS], [2, 3])
     r = inspect_shard(ref, EOS)
@@ -78,7 +82,7 @@ def test_idx_npy_mismatch_out_of_vocab_and_unterminated_tail(tmp_path, capsys):
     # a clean hand-made shard has no issue at all, also scanned in tiny chunks (chunk edges)
     ref3 = _write(tmp_path / "c" / "c.npy", [1, EOS, 2, 3, EOS, 4, EOS], [2, 3, 2])
     r3 = inspect_shard(ref3, EOS, 201088, stats=True, chunk=2)
-    assert r3.issues == [] and r3.num_eos == 3 and r3.num_docs == 3
+    assert r3.issues == [] and r3.num_eos == 3 and r3.num_docs == 3 and r3.stats is not None
     assert r3.stats["doc_length"]["max"] == 3 and r3.stats["distinct_tokens"] == 5
     assert r3.stats["top_tokens"][0] == (EOS, 3)
     r4 = inspect_shard(_write(tmp_path / "c2" / "c.npy", [1, EOS, EOS, 4, EOS], [2, 1, 2]), EOS, chunk=2)
@@ -88,7 +92,7 @@ def test_idx_npy_mismatch_out_of_vocab_and_unterminated_tail(tmp_path, capsys):
     assert "no shards found" in capsys.readouterr().err
 
 
-def test_manifest_counts_are_checked(tmp_path, small_corpus, capsys):
+def test_manifest_counts_are_checked(tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep(small_corpus, out, "--num-shards", "1") == 0
     mpath = out / "manifest.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 from helpers import run_prep, tree_digest, write_jsonl
@@ -16,13 +17,13 @@ from refinery.transforms.prep.stages import PrepConfig, build_stages
 from refinery.transforms.resumable import Unit, bind_stages, unit_lists, write_plans
 
 
-def _files(root, n: int):
+def _files(root: Path, n: int) -> Path:
     for i in range(n):
         write_jsonl(root / f"{i // 100:03d}" / f"f{i:05d}.jsonl", [{"id": f"d{i}", "text": f"document {i}"}])
     return root
 
 
-def _prep_proto_bytes(folder, out) -> int:
+def _prep_proto_bytes(folder: Path, out: Path) -> int:
     cfg = PrepConfig(inputs=storage.expand_inputs([str(folder)]), output=str(out), dataset="s", num_shards=4,
                      unit_bytes=2000)
     pipeline = command_pipeline(build_stages(cfg), str(out), ["--runner=DirectRunner"])
@@ -30,13 +31,13 @@ def _prep_proto_bytes(folder, out) -> int:
     return len(runner_api(pipeline).SerializeToString())
 
 
-def test_the_prep_job_is_the_same_size_for_10x_the_files(tmp_path):
+def test_the_prep_job_is_the_same_size_for_10x_the_files(tmp_path: Path) -> None:
     small = _prep_proto_bytes(_files(tmp_path / "small", 100), tmp_path / "o1")
     big = _prep_proto_bytes(_files(tmp_path / "big", 1000), tmp_path / "o2")
     assert big < 1.02 * small, (small, big)  # grows by the digits of counts, not per file
 
 
-def test_a_worker_reads_the_plan_from_the_output_and_carries_no_input_list(tmp_path):
+def test_a_worker_reads_the_plan_from_the_output_and_carries_no_input_list(tmp_path: Path) -> None:
     folder = _files(tmp_path / "in", 30)
     out = str(tmp_path / "out")
     cfg = PrepConfig(inputs=storage.expand_inputs([str(folder)]), output=out, dataset="s", num_shards=2,
@@ -54,7 +55,8 @@ def test_a_worker_reads_the_plan_from_the_output_and_carries_no_input_list(tmp_p
     assert worker.stage.plan() == want
 
 
-def test_plan_parts_are_written_once_and_a_lost_or_cut_part_again(tmp_path, capsys):
+def test_plan_parts_are_written_once_and_a_lost_or_cut_part_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = _files(tmp_path / "in", 40)
     out = tmp_path / "out"
     assert run_prep([folder], out, "--num-shards", 2, "--unit-mb", 0.0005) == 0
@@ -74,7 +76,7 @@ def test_plan_parts_are_written_once_and_a_lost_or_cut_part_again(tmp_path, caps
     assert tree_digest(out) == first
 
 
-def test_the_dry_run_says_how_big_the_job_is(tmp_path, capsys):
+def test_the_dry_run_says_how_big_the_job_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = _files(tmp_path / "in", 20)
     capsys.readouterr()
     assert main(["prep", "--input", str(folder), "--output", str(tmp_path / "out"), "--dry-run"]) == 0

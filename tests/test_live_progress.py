@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
+from typing import Any
 
+import pytest
 from helpers import gsm8k_rows
 
-from refinery.transforms.resumable import Stage, Unit, bind_stages, execute_unit
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, bind_stages, execute_unit
 from refinery.transforms.resumable import base as stages  # where the Stage API lives
 from refinery.transforms.resumable.progress import Progress
 
@@ -17,31 +21,33 @@ class Counting(Stage):
 
     name = "counting"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reported = {u: threading.Event() for u in ("a", "b")}
         self.finish = {u: threading.Event() for u in ("a", "b")}
 
-    def make_plan(self):
+    def make_plan(self) -> list[Unit[dict[str, Any]]]:
         return [Unit("a", {}), Unit("b", {})]
 
-    def run_unit(self, unit, ctx):
+    def run_unit(self, unit: Unit[dict[str, Any]], ctx: UnitContext) -> dict[str, int]:
         for docs in (10, 20, 30):
-            ctx.report_progress({"docs": docs, "label": "not a number"})
+            counts: dict[str, Any] = {"docs": docs, "label": "not a number"}  # a stage may report a non-number
+            ctx.report_progress(counts)
         self.reported[unit.id].set()
         assert self.finish[unit.id].wait(30)
         return {"docs": 100}
 
-    def describe_progress(self, stats, seconds):
+    def describe_progress(self, stats: dict[str, Any], seconds: float) -> str:
         return f"docs={int(stats.get('docs', 0))}"
 
 
-def _start(run, unit):
+def _start(run: StageRun, unit: Unit[dict[str, Any]]) -> threading.Thread:
     t = threading.Thread(target=execute_unit, args=(run, unit))
     t.start()
     return t
 
 
-def test_running_units_counts_show_before_they_finish_and_their_files_go(tmp_path, monkeypatch):
+def test_running_units_counts_show_before_they_finish_and_their_files_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # every report is written
     stage = Counting()
     [run] = bind_stages([stage], str(tmp_path / "out"))
@@ -59,7 +65,7 @@ def test_running_units_counts_show_before_they_finish_and_their_files_go(tmp_pat
     assert progress._poll(run, 2) == (2, "docs=200")
 
 
-def test_a_file_left_by_a_killed_run_is_not_counted(tmp_path):
+def test_a_file_left_by_a_killed_run_is_not_counted(tmp_path: Path) -> None:
     [run] = bind_stages([Counting()], str(tmp_path / "out"))
     from refinery.transforms.io import storage
 
@@ -69,20 +75,26 @@ def test_a_file_left_by_a_killed_run_is_not_counted(tmp_path):
     assert progress._poll(run, 2) == (0, "")
 
 
-def test_a_short_unit_writes_no_progress_file(tmp_path, monkeypatch):
+def test_a_short_unit_writes_no_progress_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first write waits PROGRESS_EVERY_S: a unit quicker than that costs no request."""
     stage = Counting()
     stage.finish["a"].set()
     [run] = bind_stages([stage], str(tmp_path / "out"))
-    writes = []
-    real = stages.storage.atomic_write_json
-    monkeypatch.setattr(stages.storage, "atomic_write_json", lambda path, obj: writes.append(path) or real(path, obj))
+    writes: list[str] = []
+    real = storage.atomic_write_json  # the module the Stage API writes through
+
+    def spy_write(path: str, obj: Any) -> None:
+        writes.append(path)
+        real(path, obj)
+
+    monkeypatch.setattr(storage, "atomic_write_json", spy_write)
     execute_unit(run, Unit("a", {}))
     assert [w for w in writes if "/progress/" in w] == []
     assert json.loads(next((tmp_path / "out").glob("**/receipts/a.json")).read_text())["stats"] == {"docs": 100}
 
 
-def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(tmp_path, monkeypatch):
+def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """prep's tokenize unit publishes its documents and tokens batch by batch."""
     from refinery.beam_pipelines.cli import main
 
@@ -90,12 +102,12 @@ def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(tmp_path, monk
     from refinery.transforms.prep import stages as prep_stages
 
     monkeypatch.setattr(prep_stages, "BATCH_DOCS", 16)
-    seen = []
+    seen: list[tuple[str, dict[str, Any]]] = []
     real = stages.UnitContext.report_progress
 
-    def spy(self, counts):
+    def spy(self: UnitContext, counts: dict[str, int | float]) -> None:
         seen.append((self.run.name, dict(counts)))
-        return real(self, counts)
+        real(self, counts)
 
     monkeypatch.setattr(stages.UnitContext, "report_progress", spy)
     src = tmp_path / "in.jsonl"
@@ -108,15 +120,19 @@ def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(tmp_path, monk
     assert list((tmp_path / "out").glob("**/progress/*.json")) == []  # each removed with its receipt
 
 
-def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path, monkeypatch):
+def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """decon's scan publishes rows and text bytes every 1,024 rows, hits or none."""
     from refinery.beam_pipelines.cli import main
 
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)
-    seen = []
+    seen: list[tuple[str, dict[str, Any]]] = []
     real = stages.UnitContext.report_progress
-    monkeypatch.setattr(stages.UnitContext, "report_progress",
-                        lambda self, counts: seen.append((self.run.name, dict(counts))) or real(self, counts))
+
+    def spy(self: UnitContext, counts: dict[str, int | float]) -> None:
+        seen.append((self.run.name, dict(counts)))
+        real(self, counts)
+
+    monkeypatch.setattr(stages.UnitContext, "report_progress", spy)
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"text": f"row {i} of a corpus with no overlap " * 30}) + "\n"
                              for i in range(3000)))
@@ -130,7 +146,7 @@ def test_decon_scan_reports_rows_and_bytes_while_it_runs(tmp_path, monkeypatch):
     assert scan[-1]["text_bytes"] > 0
 
 
-def test_progress_lines_never_show_a_rate_over_nothing():
+def test_progress_lines_never_show_a_rate_over_nothing() -> None:
     """`scan: 3/3 units, 0s, 0 MB, 2121.8 MB/s` was printed: a rate over a few ms, and a size
     rounded to 0. A rate needs an amount and at least a second; a size is in its own unit."""
     from refinery.transforms.decon.stages import ScanStage
@@ -140,12 +156,14 @@ def test_progress_lines_never_show_a_rate_over_nothing():
     assert rate(0, 30.0, "MB") == "" and rate(5.0, 0.004, "MB") == "" and rate(5.0, 2.0, "MB") == "2.5 MB/s"
     assert [human_bytes(n) for n in (0, 812, 4_100, 3_200_000, 1.5e9)] == ["0 B", "812 B", "4.1 KB", "3.2 MB",
                                                                            "1.5 GB"]
-    assert ScanStage.describe_progress(None, {"text_bytes": 8_500}, 0.004) == "8.5 KB"  # type: ignore[arg-type]
-    assert ScanStage.describe_progress(None, {"text_bytes": 8_500_000}, 2.0) == "8.5 MB, 4.2 MB/s"  # type: ignore[arg-type]
-    assert TokenizeStage.describe_progress(None, {"accepted": 3, "tokens": 90}, 0.01) == "docs=3 tokens=90"  # type: ignore[arg-type]
+    scan = ScanStage.__new__(ScanStage)  # describe_progress reads only its arguments: no settings needed
+    tokenize = TokenizeStage.__new__(TokenizeStage)
+    assert scan.describe_progress({"text_bytes": 8_500}, 0.004) == "8.5 KB"
+    assert scan.describe_progress({"text_bytes": 8_500_000}, 2.0) == "8.5 MB, 4.2 MB/s"
+    assert tokenize.describe_progress({"accepted": 3, "tokens": 90}, 0.01) == "docs=3 tokens=90"
 
 
-def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_path):
+def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_path: Path) -> None:
     """`tokenize: 1/1 units, 7s` then `prep done in 6.8s`: the step's time ran until the poll
     that saw it end, and was rounded differently. Now it ends at its last unit's finish."""
     import time
@@ -165,20 +183,20 @@ def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_pat
     assert done == 2 and ended and seconds <= finished - progress._step_start + 0.05
 
 
-def test_a_running_step_says_its_time_left_from_the_units_this_run_finished():
+def test_a_running_step_says_its_time_left_from_the_units_this_run_finished() -> None:
     from refinery.transforms.resumable.progress import _eta
 
     assert _eta(30.0, 3, 1) == "ETA 1m30s" and _eta(10.0, 1, 4) == "ETA 2s" and _eta(3600.0, 2, 1) == "ETA 2h00m"
     assert _eta(30.0, 3, 0) == "" and _eta(30.0, 0, 5) == ""  # nothing finished yet, or nothing left: no guess
 
 
-def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path):
+def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path: Path) -> None:
     """`infer: 0/2 units, 151s` said nothing while a unit ran: RunInference's batches now count
     each unit's documents and tokens (UnitProgress), which the display adds up with rates."""
     import pytest
 
     pytest.importorskip("apache_beam")
-    from types import SimpleNamespace
+    from apache_beam.ml.inference.base import PredictionResult
 
     from refinery.transforms.inference import stages as inference
 
@@ -186,8 +204,8 @@ def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path):
     [run] = bind_stages([stage], str(tmp_path / "out"))
     progress = Progress([(run, 2)], interval=1.0, enabled=False)
     counts = inference.UnitProgress(run)
-    batch = [(("a", i), SimpleNamespace(inference={"generated_tokens": 5})) for i in range(3)]
-    counts(batch + [(("b", 0), SimpleNamespace(inference={"generated_tokens": 7}))])
+    batch = [(("a", i), PredictionResult(None, {"generated_tokens": 5})) for i in range(3)]
+    counts(batch + [(("b", 0), PredictionResult(None, {"generated_tokens": 7}))])
     running = sorted(progress._running(run, set()), key=lambda c: c["documents"])  # what the display adds up
     assert running == [{"documents": 1, "generated_tokens": 7}, {"documents": 3, "generated_tokens": 15}]
     published = {p.name: json.loads(p.read_text())["stats"] for p in (tmp_path / "out").glob("**/progress/*.json")}

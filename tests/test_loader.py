@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from refinery.transforms.formats import shards
 from refinery.transforms.loader.deterministic import (
+    DeterministicLoader,
     LoaderConfig,
     LoaderStateError,
     build_loader,
@@ -21,7 +24,7 @@ SEQ = 8  # each sequence reads SEQ + 1 = 9 tokens
 BASES = {"alpha": 1_000_000, "beta": 2_000_000, "gamma": 3_000_000}
 
 
-def _mix_toml(path, percents=(50.0, 30.0, 20.0)):
+def _mix_toml(path: Path, percents: tuple[float, float, float] = (50.0, 30.0, 20.0)) -> Path:
     lines = ["[mixtures.pre]", "total_tokens_b = 1.0"]
     for sid, pct in zip(BASES, percents):
         lines += ["[[mixtures.pre.sources]]", f'id = "{sid}"', f"percent = {pct}", f'path = "/nowhere/{sid}"']
@@ -29,7 +32,7 @@ def _mix_toml(path, percents=(50.0, 30.0, 20.0)):
     return path
 
 
-def _data_root(root, tokens=None):
+def _data_root(root: Path, tokens: dict[str, int] | None = None) -> Path:
     """Per source, two shards whose token values encode (source, position) in its stream."""
     tokens = tokens or {"alpha": 9 * 40 + 3, "beta": 9 * 25, "gamma": 9 * 30 + 5}
     for sid, n in tokens.items():
@@ -45,13 +48,13 @@ def _data_root(root, tokens=None):
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path: Path) -> LoaderConfig:
     toml = _mix_toml(tmp_path / "mix.toml")
     root = _data_root(tmp_path / "data")
     return LoaderConfig(str(toml), str(root), seq_len=SEQ, batch_size=2, seed=7)
 
 
-def _ident(row) -> tuple[str, int]:
+def _ident(row: npt.NDArray[np.int64]) -> tuple[str, int]:
     """(source, sequence index) of a (SEQ + 1)-token row."""
     for sid, base in BASES.items():
         if base <= row[0] < base + 1_000_000:
@@ -61,7 +64,7 @@ def _ident(row) -> tuple[str, int]:
     raise AssertionError(row)
 
 
-def _take(loader, steps):
+def _take(loader: DeterministicLoader, steps: int) -> list[tuple[str, int]]:
     out = []
     for _ in range(steps):
         x, y = loader.next()
@@ -71,7 +74,7 @@ def _take(loader, steps):
     return out
 
 
-def test_union_of_ranks_is_the_same_global_stream_for_1_2_4_ranks(setup):
+def test_union_of_ranks_is_the_same_global_stream_for_1_2_4_ranks(setup: LoaderConfig) -> None:
     total_steps_w1 = 28  # 56 sequences: crosses the 50-sequence epoch boundary
     streams = {}
     for world in (1, 2, 4):
@@ -87,7 +90,7 @@ def test_union_of_ranks_is_the_same_global_stream_for_1_2_4_ranks(setup):
     assert sorted(streams[1]) == sorted(streams[4]) and len(streams[1]) == 56
 
 
-def test_epoch_has_largest_remainder_quotas_spread_by_swrr(setup):
+def test_epoch_has_largest_remainder_quotas_spread_by_swrr(setup: LoaderConfig) -> None:
     loader, plan = build_loader(setup, 0, 1, "train")
     assert plan.sequences == (40, 25, 30)
     # weights 50/30/20: the epoch is limited by alpha (40 sequences) -> E = 80 would need 24 of beta,
@@ -110,7 +113,7 @@ def test_epoch_has_largest_remainder_quotas_spread_by_swrr(setup):
     assert len({x for x in nxt if x[0] == "beta"}) == 24  # 24 of beta's 25, a fresh choice per epoch
 
 
-def test_exact_resume_mid_epoch_and_across_epochs(setup):
+def test_exact_resume_mid_epoch_and_across_epochs(setup: LoaderConfig) -> None:
     a, _ = build_loader(setup, 1, 2, "train")
     _take(a, 7)  # mid-epoch (28 of 80 global sequences)
     state = json.loads(json.dumps(a.state_dict()))  # survives a JSON checkpoint
@@ -134,7 +137,7 @@ def test_exact_resume_mid_epoch_and_across_epochs(setup):
     assert [s for rr in ranks for s in rr] == cont
 
 
-def test_a_state_of_another_plan_is_refused(setup, tmp_path):
+def test_a_state_of_another_plan_is_refused(setup: LoaderConfig, tmp_path: Path) -> None:
     a, plan = build_loader(setup, 0, 1, "train")
     _take(a, 2)
     state = a.state_dict()
@@ -158,7 +161,7 @@ def test_a_state_of_another_plan_is_refused(setup, tmp_path):
     assert a.state_dict() == state  # refused states change nothing
 
 
-def test_missing_split_and_too_little_data_are_clear_errors(setup, tmp_path):
+def test_missing_split_and_too_little_data_are_clear_errors(setup: LoaderConfig, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"source 'alpha': no shards for split 'valid'"):
         build_loader(setup, 0, 1, "valid")
     with pytest.raises(ValueError, match="fewer than one sequence"):
@@ -167,7 +170,7 @@ def test_missing_split_and_too_little_data_are_clear_errors(setup, tmp_path):
         build_loader(setup, 2, 2, "train")
 
 
-def test_pure_parts():
+def test_pure_parts() -> None:
     for n in (1, 2, 3, 10, 97, 1000):
         assert sorted(permute(j, n, key=12345) for j in range(n)) == list(range(n))
     assert [permute(j, 50, 1) for j in range(50)] != [permute(j, 50, 2) for j in range(50)]
@@ -181,7 +184,7 @@ def test_pure_parts():
     assert largest_remainder([1, 1, 1], 10) == [4, 3, 3]
 
 
-def test_a_plain_prep_output_is_read_without_a_mixture_file(tmp_path, small_corpus):
+def test_a_plain_prep_output_is_read_without_a_mixture_file(tmp_path: Path, small_corpus: Path) -> None:
     """`refinery prep`'s output is one source: no TOML, no `{root}/{id}/train/` layout. Unshuffled,
     the stream is the shards' tokens in path order; the plan hash covers the manifest's sha256s."""
     from helpers import run_prep
@@ -202,7 +205,7 @@ def test_a_plain_prep_output_is_read_without_a_mixture_file(tmp_path, small_corp
         prep_output_loader(str(tmp_path / "nothing"))
 
 
-def test_an_epoch_shorter_than_a_global_batch_is_said(tmp_path):
+def test_an_epoch_shorter_than_a_global_batch_is_said(tmp_path: Path) -> None:
     """Before: two epochs were silently wrapped into one global batch."""
     from refinery.transforms.loader.deterministic import ShortEpochWarning
 

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from helpers import gsm8k_texts, write_jsonl
@@ -33,7 +34,7 @@ from refinery.runners import warm_workers
 
 
 @pytest.fixture
-def private_tmp():
+def private_tmp() -> Iterator[Path]:
     """A TMPDIR of its own (short: unix socket paths are limited to 107 bytes)."""
     d = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
     yield Path(d)
@@ -48,8 +49,9 @@ def _corpus(root: Path, files: int, repeat: int) -> Path:
 
 
 def _prep(corpus: Path, out: Path) -> list[str]:
-    return refinery_cmd("prep", "--input", corpus, "--output", out, "--runner", "local", "--workers", "2",
-                        "--no-progress", "--unit-mb", "0")
+    cmd: list[str] = refinery_cmd("prep", "--input", corpus, "--output", out, "--runner", "local", "--workers", "2",
+                                  "--no-progress", "--unit-mb", "0")
+    return cmd
 
 
 # --- the sockets of a process tree ----------------------------------------------------
@@ -101,6 +103,11 @@ def listening(pids: list[int]) -> list[tuple[str, str]]:
     return out
 
 
+def _slowly(x: int) -> int:
+    time.sleep(0.05)
+    return x
+
+
 def _refused_to_another_user(path: str) -> bool:
     """Whether uid/gid 65534 (nobody) cannot connect to the unix socket ``path`` (a forked
     child that drops to that user tries; this process's Python may not be readable by it)."""
@@ -121,7 +128,7 @@ def _refused_to_another_user(path: str) -> bool:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 3
 
 
-def test_a_local_run_listens_on_no_network_address(tmp_path, private_tmp):
+def test_a_local_run_listens_on_no_network_address(tmp_path: Path, private_tmp: Path) -> None:
     corpus = _corpus(tmp_path / "c", files=8, repeat=10)
     p = subprocess.Popen(_prep(corpus, tmp_path / "o"), env={**os.environ, "TMPDIR": str(private_tmp)},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -154,7 +161,7 @@ def test_a_local_run_listens_on_no_network_address(tmp_path, private_tmp):
     assert not list(private_tmp.iterdir()), "the run's folders outlived it"
 
 
-def test_a_multi_threading_job_listens_on_no_network_address():
+def test_a_multi_threading_job_listens_on_no_network_address() -> None:
     """Beam's ``multi_threading`` mode (worker threads of the driver that reach it over gRPC,
     ``--direct_running_mode multi_threading``): the same unix sockets."""
     import threading
@@ -169,7 +176,7 @@ def test_a_multi_threading_job_listens_on_no_network_address():
     seen: set[tuple[str, str]] = set()
     done = threading.Event()
 
-    def watch():
+    def watch() -> None:
         while not done.is_set():
             seen.update(set(listening(process_tree(os.getpid()))) - before)
             time.sleep(0.01)
@@ -178,7 +185,7 @@ def test_a_multi_threading_job_listens_on_no_network_address():
     watcher.start()
     try:
         with beam.Pipeline(options=PipelineOptions(runnable(args))) as p:
-            p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(lambda x: time.sleep(0.05) or x)
+            p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_slowly)
     finally:
         done.set()
         watcher.join()
@@ -187,7 +194,7 @@ def test_a_multi_threading_job_listens_on_no_network_address():
     assert len(unix) >= 4 and all(Path(a).parent.name.startswith("refinery-workers-") for a in unix), unix
 
 
-def test_the_run_folders_are_private():
+def test_the_run_folders_are_private() -> None:
     folder = warm_workers.private_folder()
     try:
         st = os.lstat(folder)
@@ -199,7 +206,7 @@ def test_the_run_folders_are_private():
 
 # --- folders of killed runs ---------------------------------------------------------
 
-def test_folder_owner_gone():
+def test_folder_owner_gone() -> None:
     started = {10: "500", 11: "0"}.get  # pid -> start time of the live process (None: no such process)
     assert warm_workers.folder_owner_gone("refinery-workers-10-500-abc_12", started) is False
     assert warm_workers.folder_owner_gone("refinery-workers-10-499-abc_12", started) is True   # pid reused
@@ -214,11 +221,11 @@ def _worker_folders(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.glob("refinery-workers-*"))
 
 
-def test_folders_of_killed_runs_are_removed_by_the_next_run(tmp_path, private_tmp):
+def test_folders_of_killed_runs_are_removed_by_the_next_run(tmp_path: Path, private_tmp: Path) -> None:
     corpus = _corpus(tmp_path / "c", files=8, repeat=10)
     log = tmp_path / "units.log"
     env = child_env(log, TMPDIR=private_tmp)
-    kills, left = 2, set()
+    kills, left = 2, set[str]()
     for _ in range(kills):  # SIGKILL to the whole process group, while its workers run units
         a = run_attempt(lambda: spawn(_prep(corpus, tmp_path / "o"), env), log, kill_at_start=1, timeout=60)
         assert a.killed, a.stderr[-2000:]
@@ -232,7 +239,7 @@ def test_folders_of_killed_runs_are_removed_by_the_next_run(tmp_path, private_tm
     assert _worker_folders(private_tmp) == []
 
 
-def test_a_folder_of_a_live_run_is_kept(private_tmp, monkeypatch):
+def test_a_folder_of_a_live_run_is_kept(private_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     mine = warm_workers.private_folder()
     old = private_tmp / "refinery-workers-ab12cd34"  # the old form (no owner): removed once old and unused
@@ -251,7 +258,7 @@ def test_a_folder_of_a_live_run_is_kept(private_tmp, monkeypatch):
 PROTO_TEXT = re.compile(r"log_entries|severity:|instruction_id|transform_id|log_location|message: \"|Worker: ")
 
 
-def test_units_failing_in_workers_print_one_line_each(tmp_path, private_tmp):
+def test_units_failing_in_workers_print_one_line_each(tmp_path: Path, private_tmp: Path) -> None:
     """Inputs removed once the first unit started: the units that had not opened theirs fail
     in the worker processes. stderr: one line per failed unit, then the command's summary."""
     corpus = _corpus(tmp_path / "c", files=12, repeat=5)
@@ -272,12 +279,12 @@ def test_units_failing_in_workers_print_one_line_each(tmp_path, private_tmp):
     assert proto == [], "\n".join(proto[:5])
     summary = next(i for i, ln in enumerate(lines) if "unit(s) not completed" in ln)
     per_unit = [ln for ln in lines[:summary] if re.search(r"unit tokenize/\d+ failed: ", ln)]
-    assert sorted(re.search(r"unit tokenize/(\d+) failed", ln)[1] for ln in per_unit) == failed, err[-3000:]
+    assert sorted(re.findall(r"unit tokenize/(\d+) failed", ln)[0] for ln in per_unit) == failed, err[-3000:]
     for ln in per_unit:  # the error's type and message, on the one line
         assert re.search(r"failed: \w+: .*f\d\d\.jsonl", ln), ln
 
 
-def test_a_workers_log_line_is_its_message_on_the_logger_of_who_logged_it():
+def test_a_workers_log_line_is_its_message_on_the_logger_of_who_logged_it() -> None:
     from refinery.runners.local_runner import BEAM_WORKER_LOG, WORKER_LOG, worker_log_record
 
     unit = "unit tokenize/00003 failed: InputError: /data/f03.jsonl: no such file, folder or glob match"

@@ -16,7 +16,7 @@ from refinery.transforms.loader import mixture as mx
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _parse(text: str, path="/cfg/mix.toml") -> mx.MixtureFile:
+def _parse(text: str, path: str = "/cfg/mix.toml") -> mx.MixtureFile:
     import tomllib
     return mx.parse_mixture_file(tomllib.loads(text), path)
 
@@ -46,7 +46,7 @@ hf_split = "train"
 """
 
 
-def test_seed_example_parses_and_budgets_follow_flows():
+def test_seed_example_parses_and_budgets_follow_flows() -> None:
     mf = _parse(SEED_EXAMPLE)
     m = mx.select_mixture(mf, "pretrain")
     fw, code = m.sources
@@ -67,7 +67,7 @@ def test_seed_example_parses_and_budgets_follow_flows():
     assert skipped and skipped[0].startswith("code/valid: the source defines no valid split")
 
 
-def test_tokens_b_weights_temperature_caps_and_relative_paths():
+def test_tokens_b_weights_temperature_caps_and_relative_paths() -> None:
     mf = _parse("""
 data_root = "out"
 [stages]
@@ -124,7 +124,7 @@ path = "z"
     ("[[mixtures.m.sources]]\nid='a/b'\npercent=100.0\npath='p'", "id must be a name"),
     ("[[mixtures.m.sources]]\nid='a'\npercent='lots'\npath='p'", "percent must be a number"),
 ])
-def test_invalid_mixtures_are_refused_naming_the_entry(body, message):
+def test_invalid_mixtures_are_refused_naming_the_entry(body: str, message: str) -> None:
     with pytest.raises(mx.MixtureError, match=message) as e:
         _parse("[mixtures.m]\n" + body)
     assert "/cfg/mix.toml" in str(e.value)
@@ -133,20 +133,20 @@ def test_invalid_mixtures_are_refused_naming_the_entry(body, message):
 class FakeHub:
     """Stands in for huggingface_hub's HfFileSystem/HfApi (the hub is unreachable here)."""
 
-    def __init__(self, files):
+    def __init__(self, files: list[str]) -> None:
         self.files = files
 
-    def glob(self, pattern):
+    def glob(self, pattern: str) -> list[str]:
         import fnmatch
         return [f for f in self.files if fnmatch.fnmatch(f, pattern)]
 
-    def dataset_info(self, name, revision=None):
+    def dataset_info(self, name: str, revision: str | None = None) -> object:
         class Info:
             sha = "b" * 40
         return Info()
 
 
-def test_hf_split_slices_select_a_share_of_the_pinned_parquet_files():
+def test_hf_split_slices_select_a_share_of_the_pinned_parquet_files() -> None:
     sha = "b" * 40
     hub = FakeHub([f"datasets/org/web@{sha}/sample-10BT/{i:03d}_00000.parquet" for i in range(200)])
     src = _parse("""
@@ -169,7 +169,7 @@ hf_test_split = "train[99%:]"
     assert mx.SplitSlice("train", 0, 1).select(["only"]) == ["only"]  # never empty
 
 
-def _two_source_config(tmp_path, bad_path=False) -> Path:
+def _two_source_config(tmp_path: Path, bad_path: bool = False) -> Path:
     texts = gsm8k_texts(60)
     write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts[:30])])
     write_jsonl(tmp_path / "corpus" / "a_valid.jsonl", [{"text": t} for t in texts[30:40]])
@@ -193,12 +193,12 @@ path = "corpus/b.jsonl"
     return cfg
 
 
-def _mix(cfg, *extra):
+def _mix(cfg: Path, *extra: object) -> int:
     return main(["prep-mixture", "--config", str(cfg), "--flow", "tiny", "--num-shards", "2", "--runner", "direct",
                  "--no-progress", "--valid-percent", "10", *map(str, extra)])
 
 
-def test_prep_mixture_dry_run_run_resume_and_loader(tmp_path, capsys):
+def test_prep_mixture_dry_run_run_resume_and_loader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _two_source_config(tmp_path)
     data = tmp_path / "data"
     assert _mix(cfg, "--dry-run") == 0
@@ -253,7 +253,8 @@ def test_prep_mixture_dry_run_run_resume_and_loader(tmp_path, capsys):
         build_loader(LoaderConfig(str(cfg), seq_len=16), 0, 1, "valid")
 
 
-def test_a_failing_source_stops_the_run_unless_continue_on_error(tmp_path, capsys):
+def test_a_failing_source_stops_the_run_unless_continue_on_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _two_source_config(tmp_path, bad_path=True)
     assert _mix(cfg, "--splits", "train") == 1
     err = capsys.readouterr().err
@@ -265,11 +266,12 @@ def test_a_failing_source_stops_the_run_unless_continue_on_error(tmp_path, capsy
     assert (tmp_path / "data" / "beta" / "train" / "manifest.json").exists()
 
 
-def test_dry_run_lists_hf_sources_without_the_hub(tmp_path, capsys, monkeypatch):
+def test_dry_run_lists_hf_sources_without_the_hub(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
 
     class Unreachable:
-        def dataset_info(self, *a, **k):
+        def dataset_info(self, *a: object, **k: object) -> None:
             raise ConnectionError("hub unreachable (test)")
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Unreachable)
@@ -288,14 +290,14 @@ def test_dry_run_lists_hf_sources_without_the_hub(tmp_path, capsys, monkeypatch)
     assert "unknown flow 'nope'" in capsys.readouterr().err
 
 
-def test_example_mixture_dry_run(tmp_path, capsys):
+def test_example_mixture_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep-mixture", "--config", str(REPO / "examples" / "mix.toml"), "--data-root", str(tmp_path),
                  "--flow", "tiny", "--num-shards", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "gsm8k_a/train" in out and "gsm8k_b/valid" in out and "30K" in out and "20K" in out
 
 
-def test_prep_mixture_on_portable_runner(tmp_path, capsys):
+def test_prep_mixture_on_portable_runner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _two_source_config(tmp_path)
     rc = main(["prep-mixture", "--config", str(cfg), "--flow", "tiny", "--splits", "train", "--mixture", "pretrain",
                "--num-shards", "1", "--runner", "portable", "--no-progress"])
@@ -304,7 +306,8 @@ def test_prep_mixture_on_portable_runner(tmp_path, capsys):
         assert main(["verify", str(tmp_path / "data" / sid / "train" / "manifest.json")]) == 0
 
 
-def test_prep_mixture_shows_rejected_rows_and_fails_a_source_that_accepts_none(tmp_path, capsys):
+def test_prep_mixture_shows_rejected_rows_and_fails_a_source_that_accepts_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _two_source_config(tmp_path)
     with open(tmp_path / "corpus" / "a.jsonl", "a") as f:
         f.write('{"id": "bad", "text": 3}\n')

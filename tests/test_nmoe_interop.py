@@ -15,6 +15,8 @@ import json
 import os
 import struct
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,13 +29,13 @@ NMOE_SHARD_KEYS = ("path", "index_path", "num_tokens", "num_documents", "checksu
 
 
 @pytest.fixture
-def prep_output(tmp_path, small_corpus):
+def prep_output(tmp_path: Path, small_corpus: Path) -> Path:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 3, "--dataset", "s") == 0
     return out
 
 
-def test_manifest_and_index_meet_nmoe_contract(prep_output):
+def test_manifest_and_index_meet_nmoe_contract(prep_output: Path) -> None:
     m = json.loads((prep_output / "manifest.json").read_text())
     assert all(k in m for k in NMOE_MANIFEST_KEYS)
     assert isinstance(m["created_at"], str) and m["created_at"].endswith("Z")
@@ -55,7 +57,7 @@ def test_manifest_and_index_meet_nmoe_contract(prep_output):
     assert (prep_output / "manifest.json").read_bytes() == before
 
 
-def _nmoe():
+def _nmoe() -> tuple[Any, Any]:  # nmoe's modules: not typed
     src = os.environ.get("REFINERY_NMOE_SRC")
     if src and src not in sys.path:
         sys.path.insert(0, src)
@@ -66,7 +68,7 @@ def _nmoe():
     return sinks, index
 
 
-def test_nmoe_reads_our_output(prep_output, tmp_path):
+def test_nmoe_reads_our_output(prep_output: Path, tmp_path: Path) -> None:
     sinks, index = _nmoe()
     manifest = sinks.load_manifest(prep_output / "manifest.json")
     assert manifest.total_documents == json.loads((prep_output / "manifest.json").read_text())["total_documents"]

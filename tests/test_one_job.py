@@ -10,9 +10,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any, Mapping
 
 import apache_beam as beam
 import pytest
+from apache_beam.runners.runner import PipelineResult
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.runners.translate import runner_api, step_names
@@ -21,12 +24,12 @@ DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_
 
 
 @pytest.fixture
-def pipelines_run(monkeypatch):
+def pipelines_run(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The step names of every Beam pipeline run in this process, in order."""
     runs: list[list[str]] = []
     real = beam.Pipeline.run
 
-    def counted(self, *args, **kwargs):
+    def counted(self: beam.Pipeline, *args: Any, **kwargs: Any) -> PipelineResult:
         runs.append(step_names(self.to_runner_api()))
         return real(self, *args, **kwargs)
 
@@ -34,7 +37,7 @@ def pipelines_run(monkeypatch):
     return runs
 
 
-def _decon_inputs(root):
+def _decon_inputs(root: Path) -> tuple[Path, Path]:
     evals = write_jsonl(root / "eval" / "gsm8k" / "test.jsonl",
                         [{"id": f"e{i}", "text": t} for i, t in enumerate(gsm8k_texts(6))])
     train = write_jsonl(root / "train" / "t.jsonl",
@@ -42,7 +45,7 @@ def _decon_inputs(root):
     return evals.parent.parent, train.parent
 
 
-def _decon(inputs, out, runner="direct", *extra) -> int:
+def _decon(inputs: tuple[Path, Path], out: Path, runner: str = "direct", *extra: str) -> int:
     from refinery.beam_pipelines.cli import main
 
     evals, train = inputs
@@ -50,7 +53,8 @@ def _decon(inputs, out, runner="direct", *extra) -> int:
                  "--runner", runner, "--no-progress", *map(str, extra)])
 
 
-def test_prep_and_decon_are_one_pipeline_each_on_the_local_runner(small_corpus, tmp_path, pipelines_run):
+def test_prep_and_decon_are_one_pipeline_each_on_the_local_runner(
+        small_corpus: Path, tmp_path: Path, pipelines_run: list[list[str]]) -> None:
     assert run_prep([small_corpus], tmp_path / "prep", "--num-shards", 3, "--unit-mb", 0, runner="local") == 0
     assert pipelines_run == [["Tokenize units", "Pack shards", "Write manifest"]]
     receipts = list((tmp_path / "prep" / ".refinery").glob("*/*/receipts/*.json"))
@@ -65,8 +69,9 @@ def test_prep_and_decon_are_one_pipeline_each_on_the_local_runner(small_corpus, 
     assert pipelines_run == []
 
 
-def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(small_corpus, tmp_path, pipelines_run, capsys,
-                                                                 monkeypatch):
+def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(
+        small_corpus: Path, tmp_path: Path, pipelines_run: list[list[str]], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """One tokenize unit fails inside the job: pack and manifest run none of their units
     (no receipt), the command exits 1 naming the unit; the rerun runs that unit and the
     stages after it, and no other tokenize unit."""
@@ -77,7 +82,7 @@ def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(small_corpus, t
     out = tmp_path / "out"
     real = prep_stages.check_unchanged
 
-    def mount_gone(piece):
+    def mount_gone(piece: Mapping[str, Any]) -> None:
         if piece["path"].endswith("y.jsonl"):
             raise OSError(f"{piece['path']}: injected: the mount went away")
         return real(piece)
@@ -107,8 +112,9 @@ def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(small_corpus, t
     assert tree_digest(out) == tree_digest(ref)
 
 
-def test_prep_pipeline_in_a_users_pipeline_writes_what_the_command_writes(small_corpus, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_prep_pipeline_in_a_users_pipeline_writes_what_the_command_writes(
+        small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.transforms.io import storage
     from refinery.transforms.prep import PrepPipeline
     from refinery.transforms.prep.stages import PrepConfig
@@ -131,7 +137,7 @@ def test_prep_pipeline_in_a_users_pipeline_writes_what_the_command_writes(small_
     assert not log.exists()  # the planner found every receipt valid: no unit started
 
 
-def test_decon_pipeline_in_a_users_pipeline_writes_what_the_command_writes(tmp_path):
+def test_decon_pipeline_in_a_users_pipeline_writes_what_the_command_writes(tmp_path: Path) -> None:
     from refinery.beam_pipelines import decon
     from refinery.transforms.decon import DeconPipeline
 

@@ -18,7 +18,7 @@ from refinery.transforms.prep.documents import Document, order_key
 SHARDS = 4
 
 
-def _corpus(root):
+def _corpus(root: Path) -> list[str]:
     rows = [{"id": f"q{i}", "text": r["question"] + "\n\n" + r["answer"]} for i, r in enumerate(gsm8k_rows("train"))]
     (root / "sub").mkdir(parents=True)
     files = {"z.jsonl": rows[:150], "a.jsonl": rows[150:300], "sub/m.jsonl": rows[300:1200]}
@@ -28,12 +28,12 @@ def _corpus(root):
     return [str(root / "z.jsonl"), str(root / "a.jsonl"), str(root / "sub")]
 
 
-def _shard_files(out):
+def _shard_files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes()
             for p in sorted(out.glob("shard_*/*")) if p.name.endswith((".npy", ".idx", ".docs.parquet"))}
 
 
-def test_the_sink_writes_the_commands_bytes(tmp_path):
+def test_the_sink_writes_the_commands_bytes(tmp_path: Path) -> None:
     inputs = _corpus(tmp_path / "in")
     command = tmp_path / "command"
     assert main(["prep", "--input", *inputs, "--output", str(command), "--dataset", "web",
@@ -52,13 +52,13 @@ def test_the_sink_writes_the_commands_bytes(tmp_path):
     sidecar = pq.read_table(command / "shard_0001" / "web-v1-shard-000001.docs.parquet").to_pylist()
     assert {Path(d["source"]).name for d in sidecar} == {"z.jsonl", "a.jsonl", "m.jsonl"}
 
-    def entries(out):
+    def entries(out: Path) -> list[tuple[str, str, str, int]]:
         return [(s["sha256"], s["index_sha256"], s["docs_sha256"], s["num_documents"])
                 for s in json.loads((out / "manifest.json").read_text())["shards"]]
 
     assert entries(command) == entries(sink)
 
 
-def test_the_order_key_is_source_then_row_then_id():
+def test_the_order_key_is_source_then_row_then_id() -> None:
     docs = [Document("b", "x", "f2", 0), Document("a", "x", "f1", 10), Document("c", "x", "f1", 2)]
     assert [d.doc_id for d in sorted(docs, key=order_key)] == ["c", "a", "b"]  # row 2 before row 10: numbers

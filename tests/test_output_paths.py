@@ -4,7 +4,9 @@ before anything is written, for every command that takes --output."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,14 +16,14 @@ from refinery.beam_pipelines.cli import main
 from refinery.transforms.io import storage
 
 
-def _one_line(capsys) -> str:
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     return err[0]
 
 
 @pytest.fixture
-def victim(tmp_path) -> Path:
+def victim(tmp_path: Path) -> Path:
     """A folder outside every output, with files a cleanup would take for its own."""
     v = tmp_path / "victim"
     (v / "sub").mkdir(parents=True)
@@ -37,7 +39,7 @@ def _untouched(victim: Path) -> bool:
 
 # --- removal ------------------------------------------------------------------------------
 
-def test_removal_refuses_a_path_reached_through_a_link_out_of_the_root(tmp_path, victim):
+def test_removal_refuses_a_path_reached_through_a_link_out_of_the_root(tmp_path: Path, victim: Path) -> None:
     out = tmp_path / "out"
     (out / ".refinery").mkdir(parents=True)
     (out / "shard_9999").symlink_to(victim)
@@ -51,7 +53,7 @@ def test_removal_refuses_a_path_reached_through_a_link_out_of_the_root(tmp_path,
         storage.remove(str(victim / "sub" / "keep.txt"), root=str(out))
 
 
-def test_removal_removes_a_link_itself_and_follows_links_that_stay_inside(tmp_path, victim):
+def test_removal_removes_a_link_itself_and_follows_links_that_stay_inside(tmp_path: Path, victim: Path) -> None:
     out = tmp_path / "out"
     (out / "real" / "x").mkdir(parents=True)
     (out / "real" / "x" / "f").write_text("x")
@@ -67,19 +69,20 @@ def test_removal_removes_a_link_itself_and_follows_links_that_stay_inside(tmp_pa
     assert not (out / "tree").exists() and _untouched(victim)
 
 
-def test_remove_tree_raises_what_it_cannot_remove(tmp_path, monkeypatch):
+def test_remove_tree_raises_what_it_cannot_remove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t").mkdir()
 
-    def refuse(path, *a, **k):
+    def refuse(path: str, *a: object, **k: object) -> None:
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(storage.outputs.shutil, "rmtree", refuse)
+    monkeypatch.setattr(shutil, "rmtree", refuse)  # the module storage.outputs removes with
     with pytest.raises(PermissionError):
         storage.remove_tree(str(tmp_path / "t"), root=str(tmp_path))
     storage.remove_tree(str(tmp_path / "missing"), root=str(tmp_path))  # nothing there: nothing to say
 
 
-def test_prep_cleanup_never_follows_links_out_of_the_output(tmp_path, small_corpus, victim, capsys):
+def test_prep_cleanup_never_follows_links_out_of_the_output(
+        tmp_path: Path, small_corpus: Path, victim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 1, "--dataset", "a") == 0
     # a shard folder of "an earlier plan" that is a link: its files are not deleted, the link is named
@@ -116,19 +119,20 @@ def test_prep_cleanup_never_follows_links_out_of_the_output(tmp_path, small_corp
     ("gs://b/d", "gs://b/d/out", True), ("gcs://b/d/", "gs://b/d/out", True), ("gs://b/d", "gs://b/dd", False),
     ("gs://b/*.jsonl", "gs://b/out", False), ("gs://b/d", "d/out", False),
 ])
-def test_listing_reaches(tmp_path, monkeypatch, arg, folder, reaches):
+def test_listing_reaches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arg: str, folder: str, reaches: bool) -> None:
     monkeypatch.chdir(tmp_path)
     assert storage.listing_reaches(arg, folder) is reaches
 
 
-def test_listing_reaches_through_links(tmp_path):
+def test_listing_reaches_through_links(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "d")
     assert storage.listing_reaches(str(tmp_path / "alias"), str(tmp_path / "d" / "out"))
 
 
-def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path, small_corpus, capsys,
-                                                                            monkeypatch):
+def test_output_inside_an_input_folder_is_refused_before_anything_is_written(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from refinery.transforms.io import gcs
 
     monkeypatch.setattr(gcs, "credentials_problem", lambda: None)  # as if this machine had them
@@ -147,7 +151,8 @@ def test_output_inside_an_input_folder_is_refused_before_anything_is_written(tmp
     assert run_prep([f"{small_corpus}/*.jsonl"], out, "--num-shards", 1, "--dry-run") == 0
 
 
-def test_prep_mixture_output_inside_a_source_folder_is_refused(tmp_path, capsys):
+def test_prep_mixture_output_inside_a_source_folder_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"text": "one two three"}])
     cfg = tmp_path / "mix.toml"
     cfg.write_text('data_root = "corpus/data"\n[flows.tiny]\ntotal_tokens_b = 0.000004\n[mixtures.pretrain]\n'
@@ -165,7 +170,9 @@ if sys.platform.startswith("linux"):
 
 
 @pytest.mark.parametrize("output, says", BAD_OUTPUTS)
-def test_bad_output_paths_are_one_line_for_every_command(tmp_path, monkeypatch, small_corpus, capsys, output, says):
+def test_bad_output_paths_are_one_line_for_every_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_corpus: Path, capsys: pytest.CaptureFixture[str],
+        output: str, says: str) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file.txt").write_text("x")
     commands = [["prep", "--input", str(small_corpus)], ["decon", "--eval", str(small_corpus), "--train",
@@ -183,7 +190,7 @@ def test_bad_output_paths_are_one_line_for_every_command(tmp_path, monkeypatch, 
             f"--output {output}" in line and says in line, (command, line)
 
 
-def test_bad_prep_mixture_data_root_is_one_line(tmp_path, capsys):
+def test_bad_prep_mixture_data_root_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"text": "one two three"}])
     (tmp_path / "file.txt").write_text("x")
     cfg = tmp_path / "mix.toml"
@@ -194,11 +201,16 @@ def test_bad_prep_mixture_data_root_is_one_line(tmp_path, capsys):
     assert f"{tmp_path / 'file.txt'} is a file, not a folder" in _one_line(capsys)
 
 
-def test_check_output_writes_nothing_on_a_dry_run(tmp_path, monkeypatch):
+def test_check_output_writes_nothing_on_a_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from refinery.beam_pipelines.checks import UsageError, check_output
 
-    made = []
-    monkeypatch.setattr(storage.outputs.tempfile, "mkdtemp", lambda **k: made.append(k) or str(tmp_path / "probe"))
+    made: list[dict[str, object]] = []
+
+    def mkdtemp(**k: object) -> str:
+        made.append(k)
+        return str(tmp_path / "probe")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)  # the module storage.outputs makes folders with
     check_output("prep", str(tmp_path / "new" / "out"), dry_run=True)
     assert made == []
     with pytest.raises(UsageError, match="is inside the input"):

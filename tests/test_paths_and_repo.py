@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("doc_id", ["x///etc/passwd.npy#s=0:e=4", "x//../other/shard.npy#s=0:e=4",
                                     "x//shard_0000/../../../secret.npy#s=0:e=4", "x//shard_0000/notes.txt#s=0:e=4",
                                     "x//gs://bucket/a.npy#s=0:e=4"])
-def test_doc_ids_leaving_the_data_root_are_refused(doc_id):
+def test_doc_ids_leaving_the_data_root_are_refused(doc_id: str) -> None:
     with pytest.raises(ValueError, match="doc id"):
         parse_doc_id(doc_id)
 
 
-def test_a_bad_doc_id_is_an_error_row_naming_it(tmp_path, small_corpus):
+def test_a_bad_doc_id_is_an_error_row_naming_it(tmp_path: Path, small_corpus: Path) -> None:
     pytest.importorskip("torch")
     from engine_fixtures import write_harmony_checkpoint
 
@@ -56,13 +56,15 @@ def test_a_bad_doc_id_is_an_error_row_naming_it(tmp_path, small_corpus):
     assert "error" not in rows[0] and all("refusing path" in r["error"] and r["id"] in r["error"] for r in rows[1:])
 
 
-def test_dataset_names_cannot_escape_the_output(tmp_path, small_corpus, capsys):
+def test_dataset_names_cannot_escape_the_output(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--dataset", "../escape"]) == 2
     assert "dataset name '../escape'" in capsys.readouterr().err
     assert not (tmp_path / "escape").exists() and not (tmp_path / "o").exists()
 
 
-def test_receipts_and_manifests_naming_outside_paths_are_refused(tmp_path, small_corpus, capsys):
+def test_receipts_and_manifests_naming_outside_paths_are_refused(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "secret").write_bytes(b"x" * 10)
     receipt = tmp_path / "out" / "r.json"
     receipt.parent.mkdir()
@@ -81,7 +83,7 @@ def test_receipts_and_manifests_naming_outside_paths_are_refused(tmp_path, small
     assert "refusing path '../secret'" in capsys.readouterr().out
 
 
-def test_checkpoint_index_naming_outside_files_is_refused(tmp_path):
+def test_checkpoint_index_naming_outside_files_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from refinery.kernels.checkpoint import checkpoint_files
 
@@ -93,13 +95,13 @@ def test_checkpoint_index_naming_outside_files_is_refused(tmp_path):
             checkpoint_files(folder)
 
 
-def test_caches_are_per_user(monkeypatch, tmp_path):
+def test_caches_are_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
     monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     path = tokenizer.tiktoken_cache_path()
-    assert str(path).startswith(str(tmp_path / "home" / ".cache" / "refinery" / "tiktoken"))
+    assert path is not None and str(path).startswith(str(tmp_path / "home" / ".cache" / "refinery" / "tiktoken"))
     assert os.environ["TIKTOKEN_CACHE_DIR"] == str(path.parent)  # tiktoken and workers use the same folder
     assert tokenizer.user_cache_dir("harmony-vocab") == tmp_path / "home" / ".cache" / "refinery" / "harmony-vocab"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -108,16 +110,21 @@ def test_caches_are_per_user(monkeypatch, tmp_path):
 
 # --- remote shards ------------------------------------------------------------------------
 
-def test_remote_shards_are_read_by_range(tmp_path, small_corpus, monkeypatch):
+def test_remote_shards_are_read_by_range(tmp_path: Path, small_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import fsspec
 
     out = "memory://ranges/prep"
     assert run_prep([small_corpus], out, "--num-shards", 1, "--dataset", "r", runner="direct") == 0
     try:
         npy = f"{out}/shard_0000/r-v1-shard-000000.npy"
-        ranges = []
+        ranges: list[tuple[int, int]] = []
         real = storage.read_range
-        monkeypatch.setattr(storage, "read_range", lambda p, a, b: ranges.append((a, b)) or real(p, a, b))
+
+        def read_range(p: str, a: int, b: int) -> bytes:
+            ranges.append((a, b))
+            return real(p, a, b)
+
+        monkeypatch.setattr(storage, "read_range", read_range)
         reader = shards.ShardReader(npy)
         local = np.load(__import__("io").BytesIO(fsspec.filesystem("memory").cat_file("/ranges/prep/shard_0000/"
                                                                                          "r-v1-shard-000000.npy")))
@@ -140,7 +147,7 @@ def test_remote_shards_are_read_by_range(tmp_path, small_corpus, monkeypatch):
 
 # --- noise --------------------------------------------------------------------------------
 
-def test_gcsfs_bucket_type_warning_is_said_once(caplog):
+def test_gcsfs_bucket_type_warning_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     storage.paths._quiet_gcsfs()
     logger = logging.getLogger("gcsfs")
     with caplog.at_level(logging.WARNING, logger="gcsfs"):
@@ -155,7 +162,7 @@ def test_gcsfs_bucket_type_warning_is_said_once(caplog):
 
 # --- the repo itself ------------------------------------------------------------------------
 
-def test_the_repo_names_no_path_outside_itself():
+def test_the_repo_names_no_path_outside_itself() -> None:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
@@ -166,7 +173,7 @@ def test_the_repo_names_no_path_outside_itself():
     assert hits == []
 
 
-def test_make_demo_writes_inside_the_checkout():
+def test_make_demo_writes_inside_the_checkout() -> None:
     dry = subprocess.run(["make", "--no-print-directory", "-n", "demo"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert f"--output {ROOT}/out/demo" in dry
@@ -174,7 +181,7 @@ def test_make_demo_writes_inside_the_checkout():
     assert absolute and all(p.startswith(f"{ROOT}/") for p in absolute), absolute
 
 
-def test_make_test_and_ci_fail_when_no_test_runs(tmp_path):
+def test_make_test_and_ci_fail_when_no_test_runs(tmp_path: Path) -> None:
     """A suite that collects nothing proves nothing: ``make test``'s own pytest line, run where
     there are no tests, exits 5 (not 0), and ``.ci/run`` passes a failing ``make test``'s
     status on."""
@@ -198,7 +205,7 @@ def test_make_test_and_ci_fail_when_no_test_runs(tmp_path):
     assert subprocess.run(["bash", str(ci / ".ci" / "run")], env=env, timeout=60).returncode == 5
 
 
-def test_make_test_fast_leaves_out_only_modules_that_exist():
+def test_make_test_fast_leaves_out_only_modules_that_exist() -> None:
     """A renamed slow module must not silently join `make test-fast`."""
     from conftest import SLOW_MODULES
 
@@ -208,7 +215,7 @@ def test_make_test_fast_leaves_out_only_modules_that_exist():
     assert '-m "not slow"' in dry
 
 
-def test_an_editable_install_says_no_caution_that_does_not_apply(tmp_path):
+def test_an_editable_install_says_no_caution_that_does_not_apply(tmp_path: Path) -> None:
     """setuptools' "folders ... with the same name as your package" caution (a
     BuildBackendWarning in `make demo`) does not apply to this checkout and is not printed;
     the editable wheel is still built."""

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import gsm8k_texts, tree_digest, write_jsonl
@@ -15,13 +16,13 @@ from refinery.runners import RunnerOptionsError, pipeline_args
 from refinery.transforms.io.hf import resolve_hf_parquet
 
 
-def _prep_cmd(corpus, out, *extra):
+def _prep_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(corpus), "--output", str(out),
             "--num-shards", "2", "--workers", "1", "--no-progress", *extra]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
+def test_signal_stops_cleanly_and_resumes(tmp_path: Path, sig: signal.Signals) -> None:
     """The signal is sent when the second of 20 tokenize units starts (the unit log says so),
     so the run cannot have finished first: this test has no way to skip itself."""
     corpus = tmp_path / "c"
@@ -51,7 +52,7 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     assert not list(out.rglob(".*.tmp-*"))
 
 
-def test_prep_and_cli_do_not_import_torch():
+def test_prep_and_cli_do_not_import_torch() -> None:
     code = ("import sys, refinery.beam_pipelines.cli, refinery.transforms.prep.stages, refinery.transforms.resumable;"
             "refinery.beam_pipelines.cli.build_parser();"
             "assert 'torch' not in sys.modules, 'torch was imported'")
@@ -61,22 +62,22 @@ def test_prep_and_cli_do_not_import_torch():
 class FakeHub:
     """Stands in for huggingface_hub's HfFileSystem/HfApi (the hub is unreachable here)."""
 
-    def __init__(self, files):
+    def __init__(self, files: list[str]) -> None:
         self.files = files
-        self.asked = []
+        self.asked: list[str] = []
 
-    def glob(self, pattern):
+    def glob(self, pattern: str) -> list[str]:
         import fnmatch
         self.asked.append(pattern)
         return [f for f in self.files if fnmatch.fnmatch(f, pattern)]
 
-    def dataset_info(self, name, revision=None):
+    def dataset_info(self, name: str, revision: str | None = None) -> object:
         class Info:
             sha = "a" * 40
         return Info()
 
 
-def test_hf_dataset_resolves_to_pinned_parquet_files():
+def test_hf_dataset_resolves_to_pinned_parquet_files() -> None:
     sha = "a" * 40
     hub = FakeHub([f"datasets/org/web@{sha}/sample-10BT/000_00000.parquet",
                    f"datasets/org/web@{sha}/sample-10BT/001_00000.parquet",
@@ -92,7 +93,7 @@ def test_hf_dataset_resolves_to_pinned_parquet_files():
         resolve_hf_parquet("org/web", "missing", "test", fs=hub, api=hub)
 
 
-def test_runner_options():
+def test_runner_options() -> None:
     assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
                                          "--direct_num_workers=3", "--beam_plugins=refinery.runners.worker_exit"]
     assert "--direct_running_mode=in_memory" in pipeline_args("local", 1)
@@ -106,7 +107,7 @@ def test_runner_options():
         pipeline_args("SomeRunner")
 
 
-def test_prep_on_an_object_store_path(small_corpus):
+def test_prep_on_an_object_store_path(small_corpus: Path) -> None:
     """Remote code paths (spooled atomic uploads, listings, receipts) on fsspec's memory://.
 
     Regression: a listing spelled memory:///x while joined paths were memory://x, and the
