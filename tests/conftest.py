@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from helpers import gsm8k_texts, write_jsonl
@@ -17,11 +21,11 @@ SLOW_MODULES = frozenset({
 })
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: left out by `make test-fast` (CI runs it: `make test`)")
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
@@ -31,7 +35,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def corpus(tmp_path) -> Path:
+def corpus(tmp_path: Path) -> Path:
     """A corpus folder with .jsonl, .jsonl.gz, .jsonl.zst, .json and multi-row-group .parquet."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -50,7 +54,7 @@ def corpus(tmp_path) -> Path:
 
 
 @pytest.fixture
-def small_corpus(tmp_path) -> Path:
+def small_corpus(tmp_path: Path) -> Path:
     root = tmp_path / "small"
     write_jsonl(root / "x.jsonl", [{"id": f"x{i}", "text": t} for i, t in enumerate(gsm8k_texts(40))])
     write_jsonl(root / "y.jsonl", [{"text": t} for t in gsm8k_texts(30, offset=40)])
@@ -64,13 +68,14 @@ class _PipFreezeOnce:
     time it turns a pipeline into a portable or Dataflow job; the runner tests build over a
     hundred. The staged artifact is the same, only the repeated subprocess is saved."""
 
-    def __init__(self, real):
-        self._real, self._frozen = real, None
+    def __init__(self, real: ModuleType) -> None:
+        self._real = real
+        self._frozen: Any = None  # what pip freeze printed (bytes or str, as the caller asked)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def check_output(self, cmd, *args, **kwargs):
+    def check_output(self, cmd: list[str], *args: Any, **kwargs: Any) -> Any:
         if list(cmd[1:]) == ["-m", "pip", "freeze"]:
             if self._frozen is None:
                 self._frozen = self._real.check_output(cmd, *args, **kwargs)
@@ -79,34 +84,32 @@ class _PipFreezeOnce:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _pip_freeze_once():
-    import subprocess
-
+def _pip_freeze_once() -> Iterator[None]:
     try:
         from apache_beam.runners.portability import stager
     except ImportError:
         yield
         return
-    stager.subprocess = _PipFreezeOnce(subprocess)
-    yield
-    stager.subprocess = subprocess
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stager, "subprocess", _PipFreezeOnce(subprocess))
+        yield
 
 
 @pytest.fixture
-def no_network(monkeypatch):
+def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
     """Refuse (and record) every connection and name lookup that is not to this machine; the
     test fails if any was tried."""
-    attempts: list = []
+    attempts: list[object] = []
     local = ("127.0.0.1", "::1", "localhost")
     real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
 
-    def connect(self, address):
+    def connect(self: socket.socket, address: tuple[Any, ...] | str) -> None:
         if isinstance(address, tuple) and address[0] not in local:
             attempts.append(address)
             raise OSError(f"test: network refused ({address})")
         return real_connect(self, address)
 
-    def getaddrinfo(host, *args, **kwargs):
+    def getaddrinfo(host: str | None, *args: Any, **kwargs: Any) -> Any:
         if host not in local and host is not None:
             attempts.append(host)
             raise socket.gaierror(f"test: name lookup refused ({host})")

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import numpy.typing as npt
+
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|im_start|>",
             "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>", "<|constrain|>", "<|call|>",
             "<|endoftext", "|endoftext|>", "<|", "|>", "<|reserved_200010|>"]
@@ -38,7 +41,7 @@ def _from(rnd: random.Random, ranges: list[tuple[int, int]], assigned: bool = Fa
             return chr(cp)
 
 
-def _unassigned():
+def _unassigned() -> npt.NDArray[np.bool_]:
     from refinery.transforms.formats.unassigned import table
 
     return table()

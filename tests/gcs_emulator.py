@@ -37,7 +37,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Iterator
+from typing import Iterator, TypedDict
 
 import pytest
 
@@ -48,10 +48,10 @@ _bucket_numbers = itertools.count()
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -74,7 +74,12 @@ def create_bucket(endpoint: str, name: str) -> None:
             raise RuntimeError(f"emulator refused to create bucket {name}: HTTP {r.status}")
 
 
-_server: dict = {}
+class _Server(TypedDict, total=False):
+    proc: subprocess.Popen[bytes]
+    endpoint: str
+
+
+_server: _Server = {}
 
 
 def _stop() -> None:
@@ -98,7 +103,7 @@ def start_emulator() -> str:
         [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
          "--in-memory", "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _server.update(proc=proc, endpoint=endpoint)
+    _server["proc"], _server["endpoint"] = proc, endpoint
     atexit.register(_stop)
     try:
         _wait_ready(endpoint, proc)
@@ -115,7 +120,7 @@ def _drop_gcsfs_instances() -> None:
 
 
 @pytest.fixture
-def gcs_bucket(monkeypatch) -> Iterator[str]:
+def gcs_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh, empty bucket on the local emulator: ``gs://refinery-test-<pid>-<n>``."""
     import fsspec.config
 

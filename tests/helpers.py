@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 GSM8K = Path(__file__).resolve().parent / "data" / "gsm8k"  # shipped with the repo (MIT, see its LICENSE)
 GSM8K_TEST = GSM8K / "test.jsonl.gz"
 GSM8K_TRAIN = GSM8K / "train.jsonl.gz"
 
 
-def gsm8k_rows(split: str) -> list[dict]:
+def gsm8k_rows(split: str) -> list[dict[str, Any]]:
     """The GSM8K ``test`` or ``train`` rows ({"question", "answer"}), in file order."""
     with gzip.open(GSM8K / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
@@ -22,7 +24,7 @@ def gsm8k_texts(n: int, offset: int = 0) -> list[str]:
     return [r["question"] + "\n\n" + r["answer"] for r in gsm8k_rows("train")[offset:offset + n]]
 
 
-def write_jsonl(path: Path, rows: list, raw_lines: dict[int, str] | None = None) -> Path:
+def write_jsonl(path: Path, rows: list[Any], raw_lines: dict[int, str] | None = None) -> Path:
     """Rows as JSON lines; ``raw_lines`` inserts verbatim (possibly broken) lines at positions."""
     lines = [json.dumps(r) for r in rows]
     for pos, raw in sorted((raw_lines or {}).items()):
@@ -38,7 +40,8 @@ def write_jsonl(path: Path, rows: list, raw_lines: dict[int, str] | None = None)
     return path
 
 
-def run_prep(inputs, output, *extra, runner: str = "direct") -> int:
+def run_prep(inputs: str | Path | Sequence[str | Path], output: str | Path, *extra: object,
+             runner: str = "direct") -> int:
     from refinery.beam_pipelines.cli import main
 
     args = ["prep", "--input", *map(str, inputs if isinstance(inputs, (list, tuple)) else [inputs]),

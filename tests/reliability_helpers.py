@@ -12,12 +12,15 @@ import atexit
 import collections
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
@@ -25,7 +28,7 @@ from helpers import gsm8k_texts, tree_digest, write_jsonl
 
 from refinery.transforms.formats import shards
 from refinery.transforms.io import rows, storage
-from refinery.transforms.prep.documents import normalize_text
+from refinery.transforms.io.text import normalize_text
 
 META = ".refinery"
 
@@ -42,9 +45,9 @@ def make_corpus(root: Path, files: int, docs_per_file: int, offset: int = 0) -> 
     return root
 
 
-def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.Counter:
+def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.Counter[str]:
     """Normalized text of every accepted row of the inputs (a multiset)."""
-    out: collections.Counter = collections.Counter()
+    out: collections.Counter[str] = collections.Counter()
     for f in storage.expand_inputs([str(corpus_root)]):
         for _, rec, err in rows.iter_rows(f.path):
             if err is None and rec is not None and isinstance(rec.get(text_field), str):
@@ -56,13 +59,13 @@ def expected_texts(corpus_root: Path, text_field: str = "text") -> collections.C
 
 # --- outputs -----------------------------------------------------------------------
 
-def shard_texts(out: Path) -> collections.Counter:
+def shard_texts(out: Path) -> collections.Counter[str]:
     """Every document in the shards listed by ``out/manifest.json``, decoded (a multiset)."""
     from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID, get_encoding
 
     enc = get_encoding()
     manifest = json.loads((out / "manifest.json").read_text())
-    found: collections.Counter = collections.Counter()
+    found: collections.Counter[str] = collections.Counter()
     for s in manifest["shards"]:
         tokens = np.load(out / s["path"])
         for a, b in shards.read_idx(str(out / s["index_path"])):
@@ -85,7 +88,7 @@ def current_receipts(out: Path) -> dict[str, bytes]:
         info = json.loads((out / META / "run.json").read_text())
     except FileNotFoundError:
         return {}
-    found = {}
+    found: dict[str, bytes] = {}
     for st in info["stages"]:
         d = out / META / st["name"] / st["stage_hash"] / "receipts"
         if d.is_dir():
@@ -95,7 +98,7 @@ def current_receipts(out: Path) -> dict[str, bytes]:
 
 
 def completed(receipts: dict[str, bytes]) -> dict[str, bytes]:
-    out = {}
+    out: dict[str, bytes] = {}
     for k, v in receipts.items():
         try:
             if json.loads(v).get("status") == "completed":
@@ -107,17 +110,17 @@ def completed(receipts: dict[str, bytes]) -> dict[str, bytes]:
 
 # --- the unit log ------------------------------------------------------------------
 
-def read_unit_log(path: Path) -> list[dict]:
+def read_unit_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def recomputed_units(events: list[dict]) -> list[tuple[str, str, str]]:
+def recomputed_units(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(stage, stage_hash, unit) of every unit that started again after a completed receipt
     of it had been written (in any earlier attempt). Must be empty."""
     done: set[tuple[str, str, str]] = set()
-    bad = []
+    bad: list[tuple[str, str, str]] = []
     for e in events:
         key = (e["stage"], e["stage_hash"], e["unit"])
         if e["event"] == "end-completed":
@@ -129,11 +132,11 @@ def recomputed_units(events: list[dict]) -> list[tuple[str, str, str]]:
 
 # --- running and killing -------------------------------------------------------------
 
-def refinery_cmd(*args) -> list[str]:
+def refinery_cmd(*args: object) -> list[str]:
     return [sys.executable, "-m", "refinery.beam_pipelines.cli", *map(str, args)]
 
 
-def child_env(unit_log: Path, **extra) -> dict:
+def child_env(unit_log: Path, **extra: object) -> dict[str, str]:
     env = dict(os.environ)
     env["REFINERY_UNIT_LOG"] = str(unit_log)
     env.pop("PYTEST_CURRENT_TEST", None)
@@ -148,7 +151,7 @@ class Attempt:
     returncode: int
     killed: bool
     phase: str = ""                 # stage of the last unit event before the kill
-    events_before_kill: list = field(default_factory=list)
+    events_before_kill: list[dict[str, Any]] = field(default_factory=list)
     stderr: str = ""
     seconds: float = 0.0
     stop_seconds: float = 0.0       # from the signal until no process of the group was left
@@ -202,12 +205,12 @@ class Proc:
     """A started run: its pid (= its process group), ``poll()`` and ``wait()`` (exit codes
     as subprocess gives them: -9 for SIGKILL) and ``stderr()``."""
 
-    def __init__(self, popen: subprocess.Popen):
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._p = popen
         self.pid = popen.pid
         self._err = b""
 
-    def poll(self):
+    def poll(self) -> int | None:
         return self._p.poll()
 
     def wait(self, timeout: float) -> int:
@@ -217,13 +220,29 @@ class Proc:
             os.killpg(self.pid, signal.SIGKILL)
             self._p.communicate()
             raise AssertionError(f"run {self._p.args!r} did not finish within {timeout}s") from None
-        return self._p.returncode
+        return int(self._p.returncode)
 
     def stderr(self) -> str:
         return self._err.decode(errors="replace")
 
 
-def spawn(cmd: list[str], env: dict) -> Proc:
+class Run(Protocol):
+    """A started run, as :func:`run_attempt` watches it: :class:`Proc` or :class:`ForkedProc`."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float) -> int: ...
+
+    def stderr(self) -> str: ...
+
+
+# where the next kill of a cycle lands: (k-th unit event or None for no kill, delay, stage, event)
+Pick = Callable[[random.Random, Path], tuple[int | None, float, str | None, str]]
+
+
+def spawn(cmd: list[str], env: dict[str, str]) -> Proc:
     """A fresh interpreter running ``cmd`` in a new session (its own process group)."""
     return Proc(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True))
@@ -238,7 +257,7 @@ class ForkServer:
     (``--runner direct``): Beam's multi-process workers are started by fresh interpreters.
     ``preload``: more modules to import once (e.g. torch and the inference modules)."""
 
-    def __init__(self, workdir: Path, preload: tuple[str, ...] = ()):
+    def __init__(self, workdir: Path, preload: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self._p = subprocess.Popen([sys.executable, __file__, "--fork-server", *preload], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent),
@@ -251,7 +270,7 @@ class ForkServer:
         assert self._stdout.readline().strip() == "ready"
         self._n = 0
 
-    def start(self, argv: list[str], env: dict) -> "ForkedProc":
+    def start(self, argv: list[str], env: dict[str, str]) -> ForkedProc:
         self._n += 1
         err = self.workdir / f"forked-{self._n}.stderr"
         self._stdin.write(json.dumps({"argv": argv, "env": env, "stderr": str(err)}) + "\n")
@@ -265,10 +284,11 @@ class ForkServer:
 
 
 class ForkedProc:
-    def __init__(self, server: ForkServer, pid: int, err: Path):
-        self.server, self.pid, self._errfile, self._rc = server, pid, err, None
+    def __init__(self, server: ForkServer, pid: int, err: Path) -> None:
+        self.server, self.pid, self._errfile = server, pid, err
+        self._rc: int | None = None
 
-    def poll(self):
+    def poll(self) -> int | None:
         import select
 
         if self._rc is None:
@@ -298,7 +318,7 @@ _SERVER: list[ForkServer] = []
 
 
 @pytest.fixture
-def forks(tmp_path_factory) -> ForkServer:
+def forks(tmp_path_factory: pytest.TempPathFactory) -> ForkServer:
     """The fork server shared by every reliability test of this session (started once)."""
     if not _SERVER:
         _SERVER.append(ForkServer(tmp_path_factory.mktemp("forks")))
@@ -349,7 +369,7 @@ def _serve_forks(preload: list[str]) -> None:
         print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
-def run_attempt(start, unit_log: Path, kill_at_start: int | None = None, delay: float = 0.0,
+def run_attempt(start: Callable[[], Run], unit_log: Path, kill_at_start: int | None = None, delay: float = 0.0,
                 sig: int = signal.SIGKILL, stage: str | None = None, timeout: float = 120.0,
                 event: str = "start", group: bool = True) -> Attempt:
     """Start a run with ``start()`` (-> :class:`Proc` or :class:`ForkedProc`). If
@@ -361,7 +381,7 @@ def run_attempt(start, unit_log: Path, kill_at_start: int | None = None, delay: 
     t0 = time.time()
     proc = start()
 
-    def events() -> list[dict]:
+    def events() -> list[dict[str, Any]]:
         if not unit_log.exists():
             return []
         with open(unit_log, "rb") as f:
@@ -405,16 +425,18 @@ def run_attempt(start, unit_log: Path, kill_at_start: int | None = None, delay: 
     return Attempt(rc, killed, phase, seen, proc.stderr(), time.time() - t0, stop_seconds)
 
 
-def kill_cycle(rng, launch, out, unit_log, want: dict, outputs: list[str], max_kills: int,
-                deadline: float, pick) -> list[str]:
+def kill_cycle(rng: random.Random, launch: Callable[[dict[str, str]], Run], out: Path, unit_log: Path,
+               want: dict[str, str], outputs: list[str], max_kills: int, deadline: float,
+               pick: Pick | None) -> list[str]:
     """Attempts on one output until a run exits 0; returns where each kill landed
     (``stage:event`` of the last unit event before it, or ``startup``)."""
     kills: list[str] = []
+    assert pick is not None or max_kills == 0, "kills asked for, and no pick to place them"
     env = child_env(unit_log)
     for _ in range(max_kills + 10):
         before = completed(current_receipts(out))
-        k, delay, stage, event = (pick(rng, out) if len(kills) < max_kills and time.time() < deadline
-                                  else (None, 0.0, None, "start"))
+        aim = len(kills) < max_kills and time.time() < deadline
+        k, delay, stage, event = pick(rng, out) if pick is not None and aim else (None, 0.0, None, "start")
         a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
         if os.environ.get("RELIABILITY_DEBUG"):
             print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} "
@@ -436,7 +458,7 @@ def kill_cycle(rng, launch, out, unit_log, want: dict, outputs: list[str], max_k
     raise AssertionError("the run never finished")
 
 
-def write_figures(name: str, figures: dict) -> None:
+def write_figures(name: str, figures: dict[str, Any]) -> None:
     """Record a test's figures in ``$REFINERY_RELIABILITY_FIGURES`` (a JSON-lines file), if set."""
     path = os.environ.get("REFINERY_RELIABILITY_FIGURES")
     if path:

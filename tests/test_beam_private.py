@@ -2,7 +2,9 @@
 the installed Beam, and that Beam is one they were checked against."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import apache_beam
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from refinery.transforms.io import beam_private
 
 
-def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
+def test_the_installed_beam_is_one_the_private_hooks_were_checked_against() -> None:
     major_minor = ".".join(apache_beam.__version__.split(".")[:2])
     assert major_minor in beam_private.CHECKED_BEAM, (
         f"apache-beam {apache_beam.__version__}: check transforms/io/beam_private.py against it "
@@ -19,36 +21,38 @@ def test_the_installed_beam_is_one_the_private_hooks_were_checked_against():
         f"then add it to CHECKED_BEAM")
 
 
-def test_the_shared_model_server_takes_the_key_and_folder(tmp_path):
+def test_the_shared_model_server_takes_the_key_and_folder(tmp_path: Path) -> None:
     from apache_beam.utils import multi_process_shared
 
     before = beam_private.shared_models_setting()
     try:
         beam_private.secure_shared_models(b"k" * 32, str(tmp_path))
         assert beam_private.shared_models_setting() == (b"k" * 32, str(tmp_path))
-        shared = multi_process_shared.MultiProcessShared(dict, tag="refinery-test-beam-private")
+        shared: multi_process_shared.MultiProcessShared[dict[str, Any]] = multi_process_shared.MultiProcessShared(
+            dict, tag="refinery-test-beam-private")
         assert shared._path == str(tmp_path)  # where a new sharer puts its address and lock files
     finally:
         beam_private.secure_shared_models(*before)
 
 
-def test_the_dataflow_environment_version_is_a_version():
+def test_the_dataflow_environment_version_is_a_version() -> None:
     assert beam_private.fnapi_environment_major_version().isdigit()
 
 
-def test_the_fn_api_servers_listen_where_they_are_told(tmp_path):
+def test_the_fn_api_servers_listen_where_they_are_told(tmp_path: Path) -> None:
     """Beam's FnApiRunner builds its four worker servers through ``worker_handlers.grpc``:
     inside ``fn_api_servers_at`` each listens at the address given (a unix socket here, or
     loopback), and its port is the address a worker reaches it at."""
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
 
-    real = worker_handlers.grpc
+    real = vars(worker_handlers)["grpc"]
     addresses = iter([f"unix:{tmp_path}/{i}.sock" for i in range(3)] + ["127.0.0.1:0"])
     with beam_private.fn_api_servers_at(lambda: next(addresses)):
         server = worker_handlers.GrpcServer(worker_handlers.StateServicer(), None,
-                                            worker_handlers.WorkerHandlerManager({}, None))
+                                            worker_handlers.WorkerHandlerManager({}, ExtendedProvisionInfo()))
     try:
-        assert worker_handlers.grpc is real
+        assert vars(worker_handlers)["grpc"] is real
         assert [server.control_port, server.data_port, server.state_port] == [
             f"unix:{tmp_path}/{i}.sock" for i in range(3)]
         assert all((tmp_path / f"{i}.sock").is_socket() for i in range(3))
@@ -62,13 +66,13 @@ class Refused(ValueError):
     pass
 
 
-def test_a_dead_letter_says_the_error_type_and_message():
+def test_a_dead_letter_says_the_error_type_and_message() -> None:
     """What ``with_exception_handling`` puts beside a failed input reads as ``Type: message``
     (RunInference's ``failed_inferences`` are made the same way: a failed batch's units)."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
-    def check(x):
+    def check(x: int) -> int:
         if x == 2:
             raise Refused(f"no {x}\nsecond line")
         if x == 3:
@@ -81,7 +85,8 @@ def test_a_dead_letter_says_the_error_type_and_message():
         assert_that(said, equal_to([(2, "Refused: no 2\nsecond line"), (3, "KeyError: 3")]))
 
 
-def test_a_setup_file_build_inside_prints_nothing_and_a_failed_one_says_why(tmp_path, capfd):
+def test_a_setup_file_build_inside_prints_nothing_and_a_failed_one_says_why(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Beam's stager builds the ``--setup_file`` sdist (``Stager._build_setup_package``):
     inside ``setup_builds_captured`` the build's progress is not printed, and a build that
     fails is a RuntimeError that carries what it printed."""
@@ -99,14 +104,14 @@ def test_a_setup_file_build_inside_prints_nothing_and_a_failed_one_says_why(tmp_
             Stager._build_setup_package(str(tmp_path / "bad" / "setup.py"), str(tmp_path), None)
 
 
-def test_the_provision_info_carries_the_options():
+def test_the_provision_info_carries_the_options() -> None:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     info = beam_private.provision_info(PipelineOptions(["--job_name=probe-job"]))
     assert info.provision_info.pipeline_options.fields["beam:option:job_name:v1"].string_value == "probe-job"
 
 
-def test_the_flink_job_server_records_its_endpoint(tmp_path):
+def test_the_flink_job_server_records_its_endpoint(tmp_path: Path) -> None:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     jar = tmp_path / "job-server.jar"
@@ -116,17 +121,17 @@ def test_the_flink_job_server_records_its_endpoint(tmp_path):
     assert server.endpoint == endpoint and endpoint.startswith("localhost:") and str(jar) in cmd
 
 
-def test_shared_subprocess_servers_is_a_context():
+def test_shared_subprocess_servers_is_a_context() -> None:
     with beam_private.shared_subprocess_servers():
         pass
 
 
-def test_beam_knows_its_runners_and_options():
+def test_beam_knows_its_runners_and_options() -> None:
     assert {"directrunner", "flinkrunner", "prismrunner"} <= beam_private.beam_runner_names()
     assert {"--runner", "--temp_location", "--job_name"} <= beam_private.beam_option_flags()
 
 
-def test_argparse_actions_flags_and_subcommands():
+def test_argparse_actions_flags_and_subcommands() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -138,7 +143,7 @@ def test_argparse_actions_flags_and_subcommands():
     assert beam_private.subcommands(parser) == [("cmd", {"grade": child})]
 
 
-def test_the_loopback_worker_pool_listens_where_it_is_told():
+def test_the_loopback_worker_pool_listens_where_it_is_told() -> None:
     """Beam's PortableRunner starts a LOOPBACK environment's worker pool with
     ``BeamFnExternalWorkerPoolServicer.start`` (on ``[::]``, any caller): inside
     ``loopback_worker_pool_at`` it listens on the host given, behind the interceptors given."""
@@ -147,8 +152,8 @@ def test_the_loopback_worker_pool_listens_where_it_is_told():
 
     seen: list[str] = []
 
-    class Record(grpc.ServerInterceptor):
-        def intercept_service(self, continuation, details):
+    class Record:  # a gRPC server interceptor: gRPC calls its intercept_service (grpc's classes are untyped)
+        def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
             seen.append(details.method)
             return continuation(details)
 

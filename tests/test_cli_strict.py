@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import gsm8k_texts, run_prep, write_jsonl
@@ -17,11 +18,11 @@ from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_harmony_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", num_hidden_layers=2))
 
 
-def _one_line(capsys) -> str:
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     return err[0]
@@ -36,13 +37,14 @@ def _one_line(capsys) -> str:
     (["hydra", "grade", "--checkpoint", "c", "--heads-dir", "h", "--calibration", "c", "--input-docids", "d",
       "--output", "o", "--max-ctxx", "5"], "--max-ctxx", "--max-ctx"),
 ])
-def test_unknown_flags_exit_2_with_the_nearest_flag(argv, bad, hint, capsys):
+def test_unknown_flags_exit_2_with_the_nearest_flag(argv: list[str], bad: str, hint: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     line = _one_line(capsys)
     assert f"unknown option {bad}" in line and f"did you mean {hint}?" in line
 
 
-def test_the_recorded_beam_flags_are_the_installed_beams():
+def test_the_recorded_beam_flags_are_the_installed_beams() -> None:
     """The flag check reads Beam's flags from a record (no ``import apache_beam``): the record
     must be the installed Beam's, or a flag Beam added would be refused, one it dropped passed."""
     from refinery.beam_pipelines import beam_flag_names
@@ -53,7 +55,7 @@ def test_the_recorded_beam_flags_are_the_installed_beams():
     assert frozenset(beam_flag_names.FLAGS) == live_beam_flags()
 
 
-def test_a_flag_error_is_answered_before_beam_is_imported(tmp_path, small_corpus):
+def test_a_flag_error_is_answered_before_beam_is_imported(tmp_path: Path, small_corpus: Path) -> None:
     """`refinery prep ... --bad-flag` and `--help` answer without importing Beam (which takes
     1.5-2 s, 5-11 s under load): the process ends with apache_beam never imported."""
     probe = ("import sys\nfrom refinery.beam_pipelines.cli import main\n"
@@ -68,13 +70,14 @@ def test_a_flag_error_is_answered_before_beam_is_imported(tmp_path, small_corpus
     assert helped.stdout.splitlines()[-1] == "NO-BEAM", helped.stderr
 
 
-def test_real_beam_flags_still_pass(tmp_path, small_corpus, capsys):
+def test_real_beam_flags_still_pass(tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "o"), "--job_name=nightly-prep",
                  "--temp_location", str(tmp_path / "tmp"), "--dry-run"]) == 0
     assert "tokenize" in capsys.readouterr().out and not (tmp_path / "o").exists()
 
 
-def test_a_missing_text_field_lists_the_fields_the_rows_have(tmp_path, small_corpus, capsys, ckpt):
+def test_a_missing_text_field_lists_the_fields_the_rows_have(tmp_path: Path, small_corpus: Path,
+                                                             capsys: pytest.CaptureFixture[str], ckpt: str) -> None:
     assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "p"), "--text-field", "nosuch"]) == 2
     line = _one_line(capsys)
     assert "--text-field 'nosuch'" in line and "their fields: id, text" in line and not (tmp_path / "p").exists()
@@ -87,14 +90,15 @@ def test_a_missing_text_field_lists_the_fields_the_rows_have(tmp_path, small_cor
     assert "--text-field 'body'" in _one_line(capsys)
 
 
-def test_mostly_rejected_rows_are_said_loudly(tmp_path, capsys):
+def test_mostly_rejected_rows_are_said_loudly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": "good one"}] + [{"text": 3}] * 5)
     assert run_prep([tmp_path / "c"], tmp_path / "o") == 0
     err = capsys.readouterr().err
     assert "WARNING refinery prep: 5 of 6 rows (83%) were rejected" in err
 
 
-def test_prep_names_skipped_files_and_reads_extensions_in_any_case(tmp_path, capsys):
+def test_prep_names_skipped_files_and_reads_extensions_in_any_case(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "c"
     write_jsonl(d / "a.jsonl", [{"text": "alpha one"}, {"text": "alpha two"}])
     write_jsonl(d / "c.JSONL", [{"text": "upper case name"}])
@@ -105,7 +109,7 @@ def test_prep_names_skipped_files_and_reads_extensions_in_any_case(tmp_path, cap
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["rows"]["read"] == 3
 
 
-def test_a_run_that_accepts_nothing_exits_1(tmp_path, capsys):
+def test_a_run_that_accepts_nothing_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """All rows rejected, or none read: exit 1 with one line saying why (also when the rerun has
     nothing left to do); --max-reject-rate tunes it."""
     write_jsonl(tmp_path / "bad" / "a.jsonl", [{"text": 3}] * 3)
@@ -136,7 +140,7 @@ def test_a_run_that_accepts_nothing_exits_1(tmp_path, capsys):
         assert "--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not 5" in _one_line(capsys)
 
 
-def test_the_rejects_hint_follows_the_most_common_reason(tmp_path, capsys):
+def test_the_rejects_hint_follows_the_most_common_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.beam_pipelines.checks import rejection_hint
 
     (tmp_path / "plain").mkdir()
@@ -145,13 +149,14 @@ def test_the_rejects_hint_follows_the_most_common_reason(tmp_path, capsys):
     warning = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("WARNING"))
     assert "Most are 'malformed JSON' (2 of the 2 reasons read): the files are not JSON rows (plain text?)" in warning
     assert "--text-field" not in warning
-    assert "check --text-field" in rejection_hint(["missing text field 'text'"] * 2 + ["malformed JSON: x"])
+    assert "check --text-field" in str(rejection_hint(["missing text field 'text'"] * 2 + ["malformed JSON: x"]))
     assert rejection_hint(["row too large: 9 bytes"]) == ("The most common reason is 'row too large' (1 of the 1 "
                                                           "reasons read); check the input files.")
     assert rejection_hint([]) is None
 
 
-def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_allows_it(tmp_path, capsys):
+def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_allows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import gzip
 
     data = gzip.compress("".join(json.dumps({"id": str(i), "text": f"hello number {i}"}) + "\n"
@@ -176,7 +181,7 @@ def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_
 
 
 def test_changing_settings_on_an_output_says_what_is_replaced_and_another_commands_output_is_refused(
-        tmp_path, small_corpus, capsys):
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 6) == 0
     capsys.readouterr()
@@ -203,7 +208,8 @@ def test_changing_settings_on_an_output_says_what_is_replaced_and_another_comman
     assert not (decon / "manifest.json").exists()
 
 
-def test_a_dry_run_of_unlisted_remote_inputs_says_their_step_exists(tmp_path, capsys):
+def test_a_dry_run_of_unlisted_remote_inputs_says_their_step_exists(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep", "--input", "gs://my-bucket/crawl", "--output", str(tmp_path / "o"), "--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "not listed (a dry run reads nothing remote)" in said
@@ -211,7 +217,8 @@ def test_a_dry_run_of_unlisted_remote_inputs_says_their_step_exists(tmp_path, ca
     assert not (tmp_path / "o").exists()
 
 
-def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_path, capsys):
+def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "ev" / "gsm" / "test.jsonl", [{"id": "q1", "text": "how many apples are left now"}])
     write_jsonl(tmp_path / "tr" / "t.jsonl", [{"text": 3}] * 3)
     argv = ["decon", "--eval", str(tmp_path / "ev"), "--train", str(tmp_path / "tr"), "--output", str(tmp_path / "d"),
@@ -224,7 +231,8 @@ def test_decon_shows_unreadable_training_rows_and_fails_when_none_is_used(tmp_pa
     assert main([*argv, "--max-reject-rate", "1"]) == 0
 
 
-def test_generate_fails_when_every_document_is_unreadable(tmp_path, capsys, ckpt):
+def test_generate_fails_when_every_document_is_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          ckpt: str) -> None:
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "x", "text": 3}, {"id": "y", "text": None}])
     assert main(["generate", "--checkpoint", ckpt, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "g"),
                  "--text-field", "text", "--id-field", "id", "--max-tokens", "2", "--device", "cpu",
@@ -233,7 +241,8 @@ def test_generate_fails_when_every_document_is_unreadable(tmp_path, capsys, ckpt
         "refinery generate: no documents accepted of 2 read (2 rejected; reasons in the error field of ")
 
 
-def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypatch, ckpt):
+def test_everyday_mistakes_are_one_line(tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch, ckpt: str) -> None:
     (tmp_path / "file").write_text("x")
     assert main(["prep", "--input", str(small_corpus), "--output", str(tmp_path / "file")]) == 2
     assert "is a file" in _one_line(capsys)
@@ -257,7 +266,8 @@ def test_everyday_mistakes_are_one_line(tmp_path, small_corpus, capsys, monkeypa
     assert line.endswith("matplotlib is not installed: pip install -e '.[plots]' (in the refinery checkout)")
 
 
-def test_a_misspelt_runner_is_refused_before_anything_is_planned_or_written(tmp_path, small_corpus, capsys):
+def test_a_misspelt_runner_is_refused_before_anything_is_planned_or_written(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for command in (["prep", "--input", str(small_corpus)], ["decon", "--eval", str(small_corpus), "--train",
                                                               str(small_corpus)]):
         out = tmp_path / command[0]
@@ -271,7 +281,9 @@ def test_a_misspelt_runner_is_refused_before_anything_is_planned_or_written(tmp_
         check_runner_name(name)
 
 
-def test_missing_torch_names_the_extra_as_installed_from_a_clone(tmp_path, small_corpus, capsys, monkeypatch, ckpt):
+def test_missing_torch_names_the_extra_as_installed_from_a_clone(tmp_path: Path, small_corpus: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch, ckpt: str) -> None:
     """refinery is not on PyPI: the hint installs the checkout's extra."""
     import importlib.util
     real = importlib.util.find_spec
@@ -284,7 +296,8 @@ def test_missing_torch_names_the_extra_as_installed_from_a_clone(tmp_path, small
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "g").exists()
 
 
-def test_status_uses_the_one_completion_check(tmp_path, small_corpus, capsys):
+def test_status_uses_the_one_completion_check(tmp_path: Path, small_corpus: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 3) == 0
     capsys.readouterr()
@@ -295,7 +308,8 @@ def test_status_uses_the_one_completion_check(tmp_path, small_corpus, capsys):
     assert rows["pack"] == ["3", "2", "0", "1"]  # units, done, failed, pending: the truncated shard is pending
 
 
-def test_dry_run_on_every_pipeline_command_changes_nothing(tmp_path, small_corpus, capsys, ckpt):
+def test_dry_run_on_every_pipeline_command_changes_nothing(tmp_path: Path, small_corpus: Path,
+                                                           capsys: pytest.CaptureFixture[str], ckpt: str) -> None:
     docids = tmp_path / "docids.jsonl"
     docids.write_text('{"doc_id": "s//shard_0000/s-v1-shard-000000.npy#s=0:e=5"}\n')
     assert run_prep([small_corpus], tmp_path / "prepped", "--num-shards", 1, "--dataset", "s") == 0
@@ -314,14 +328,14 @@ def test_dry_run_on_every_pipeline_command_changes_nothing(tmp_path, small_corpu
         assert not out.exists(), f"{name} --dry-run wrote {out}"
 
 
-def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_corpus):
+def test_progress_off_a_terminal_is_plain_lines(tmp_path: Path, small_corpus: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "prep", "--input", str(small_corpus),
                            "--output", str(tmp_path / "o"), "--runner", "direct"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr and "tokenize: 1/1 units" in proc.stderr
 
 
-def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):
+def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path: Path) -> None:
     """Ctrl-C to the whole process group of a 2-worker run: no traceback, exit 130, the hint last."""
     import signal
     import time
@@ -348,7 +362,7 @@ def test_sigint_is_quiet_and_the_hint_comes_last(tmp_path):
     assert "Resume with:" in err.strip().splitlines()[-2]
 
 
-def test_beams_memory_warning_is_not_shown(monkeypatch, caplog):
+def test_beams_memory_warning_is_not_shown(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """RunInference without scipy logs "Resource module is not available" on the root logger
     at every model load (seen with --runner direct); the CLI's logging drops that line."""
     from apache_beam.ml.inference import base
@@ -366,7 +380,7 @@ def test_beams_memory_warning_is_not_shown(monkeypatch, caplog):
     assert "grpc channel" not in caplog.text and "fontManager" not in caplog.text
 
 
-def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path, capsys):
+def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.kernels.config import load_config
     from refinery.kernels.model import Transformer
 
@@ -378,7 +392,8 @@ def test_tiny_checkpoint_command_writes_a_loadable_model(tmp_path, capsys):
     assert model(torch.tensor([1, 2, 3])).shape == (3, 201088)
 
 
-def test_a_derived_dataset_name_is_made_valid_and_never_blames_an_option_not_given(tmp_path, capsys):
+def test_a_derived_dataset_name_is_made_valid_and_never_blames_an_option_not_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--input w/données` without --dataset: the shards are named from `donnees`; the user gave
     no --dataset, so no error may name it."""
     write_jsonl(tmp_path / "w" / "données.jsonl", [{"id": "a", "text": "bonjour"}])
@@ -393,7 +408,8 @@ def test_a_derived_dataset_name_is_made_valid_and_never_blames_an_option_not_giv
     assert "--dataset" not in capsys.readouterr().err
 
 
-def test_an_output_of_other_inputs_is_not_replaced_without_force(tmp_path, small_corpus, capsys):
+def test_an_output_of_other_inputs_is_not_replaced_without_force(tmp_path: Path, small_corpus: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`prep --input OTHER --output OUT` over OUT of another corpus replaced its shards with a
     warning (an hour of tokenization gone to one mistyped path). Now: exit 2, one line naming
     the old and new inputs, nothing touched; --force replaces; the same inputs with other
@@ -419,7 +435,8 @@ def test_an_output_of_other_inputs_is_not_replaced_without_force(tmp_path, small
     assert json.loads((out / "manifest.json").read_text())["total_documents"] == 12
 
 
-def test_an_id_field_no_row_has_is_refused_like_a_text_field(tmp_path, small_corpus, capsys, ckpt):
+def test_an_id_field_no_row_has_is_refused_like_a_text_field(tmp_path: Path, small_corpus: Path,
+                                                             capsys: pytest.CaptureFixture[str], ckpt: str) -> None:
     """A wrong --id-field was silent: every id fell back to relpath:row (prep, generate) or a
     hash (decon), and the shards differed. Given, it must be in some row of each file; rows
     without it are fine (small/y.jsonl has no id at all, x.jsonl has one)."""
@@ -440,7 +457,8 @@ def test_an_id_field_no_row_has_is_refused_like_a_text_field(tmp_path, small_cor
                  "--id-field", "id", "--dry-run"]) == 0
 
 
-def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(tmp_path, capsys):
+def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Plain text saved as .jsonl: the hint and exit 1, but the summary said `prep done ...
     manifest: OUT/manifest.json` with no manifest there. Now it says the run failed, and status
     and verify name the output as an unfinished run."""
@@ -464,7 +482,7 @@ def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(tmp_path
         "  report: none (the run failed; `refinery status` shows what is unfinished)", f"  input: {kept}"]
 
 
-def test_documents_without_an_id_are_counted_in_the_manifest(tmp_path, small_corpus):
+def test_documents_without_an_id_are_counted_in_the_manifest(tmp_path: Path, small_corpus: Path) -> None:
     """Some rows without the id field are fine (named relpath:row), and said: the manifest
     counts them; a corpus whose rows all have one gets no such entry."""
     out = tmp_path / "o"

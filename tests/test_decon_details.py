@@ -5,6 +5,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ def stats_files(out: Path) -> dict[str, bytes]:
             if p.is_file() and p.relative_to(stats).parts[0] not in ("overlap_details", "overlap_details.jsonl.gz")}
 
 
-def run_both(tmp_path, *extra: str) -> tuple[Path, Path]:
+def run_both(tmp_path: Path, *extra: str) -> tuple[Path, Path]:
     ev, tr = make_matrix_inputs(tmp_path)
     outs = []
     for fmt in ("parquet", "jsonl"):
@@ -37,7 +38,7 @@ def run_both(tmp_path, *extra: str) -> tuple[Path, Path]:
     return outs[0], outs[1]
 
 
-def test_parquet_and_jsonl_give_the_same_stats_drop_list_and_records(tmp_path):
+def test_parquet_and_jsonl_give_the_same_stats_drop_list_and_records(tmp_path: Path) -> None:
     parquet, jsonl = run_both(tmp_path)
     assert sorted(os.listdir(parquet / "stats/overlap_details")) == [f"part-{p:05d}.parquet" for p in range(3)]
     assert not (parquet / "stats/overlap_details.jsonl.gz").exists()
@@ -52,7 +53,7 @@ def test_parquet_and_jsonl_give_the_same_stats_drop_list_and_records(tmp_path):
     assert any("\\ud800" in r["ngram"] for r in records)  # a lone surrogate, as its escape in both
 
 
-def test_the_format_enters_the_reduce_hash_and_its_files_are_final(tmp_path):
+def test_the_format_enters_the_reduce_hash_and_its_files_are_final(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     runs = {}
     for fmt in ("parquet", "jsonl"):
@@ -68,7 +69,7 @@ def test_the_format_enters_the_reduce_hash_and_its_files_are_final(tmp_path):
         DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[13], details_format="csv")
 
 
-def test_no_details_of_another_run_stay_beside_the_current_ones(tmp_path):
+def test_no_details_of_another_run_stay_beside_the_current_ones(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     out = tmp_path / "out"
     base = ["--eval", ev, "--train", tr, "--output", str(out), "--ngrams", "3", "13"]
@@ -95,7 +96,7 @@ def decon_verify(out: Path, *flags: str) -> int:
     return verify.run(parser.parse_args([str(out), *flags]), [])
 
 
-def test_verify_names_a_missing_or_changed_part(tmp_path, capsys):
+def test_verify_names_a_missing_or_changed_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parquet, _ = run_both(tmp_path)
     assert decon_verify(parquet, "--checksums") == 0
     part = parquet / "stats/overlap_details/part-00001.parquet"
@@ -113,7 +114,7 @@ def test_verify_names_a_missing_or_changed_part(tmp_path, capsys):
     assert part.read_bytes() == data and decon_verify(parquet, "--checksums") == 0
 
 
-def test_pyarrow_pandas_and_datasets_read_the_folder_alike(tmp_path, monkeypatch):
+def test_pyarrow_pandas_and_datasets_read_the_folder_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pandas as pd
     import pyarrow.dataset as ds
 
@@ -146,7 +147,7 @@ def eval_rows(k: int) -> list[ng.EvalRow]:
             for i in range(k)]
 
 
-def write_rows(adds: list[tuple], rows_per_group: int, k: int = 10, same=None) -> bytes:
+def write_rows(adds: list[tuple[Any, ...]], rows_per_group: int, k: int = 10, same: ng.SameText | None = None) -> bytes:
     rows = eval_rows(k)
     buf = io.BytesIO()
     out = dt.DetailRows(buf, dt.EvalColumns.of(rows, same or ng.same_text(rows)), rows_per_group)
@@ -156,7 +157,7 @@ def write_rows(adds: list[tuple], rows_per_group: int, k: int = 10, same=None) -
     return buf.getvalue()
 
 
-def hits(k: int) -> list[tuple]:
+def hits(k: int) -> list[tuple[Any, ...]]:
     evals = [[i, [[i, i + 3], [i + 10, i + 13]]] for i in range(k)]
     few = [[1, [[0, 4]]]]
     return [(0, 3, "a b c", False, evals, k - 1, "t/x.jsonl", 7, "doc7", [(2, 5)], 0, "snip", False),
@@ -164,7 +165,7 @@ def hits(k: int) -> list[tuple]:
             (0, 3, "a b c", False, evals, k, "t/x.jsonl", 9, "doc9", [(0, 3)], 0, "other snip", False)]
 
 
-def test_detail_rows_are_the_same_whatever_the_row_groups():
+def test_detail_rows_are_the_same_whatever_the_row_groups() -> None:
     one, many = write_rows(hits(10), 1 << 17), write_rows(hits(10), 4)
     assert pq.ParquetFile(io.BytesIO(one)).metadata.num_row_groups == 1
     assert pq.ParquetFile(io.BytesIO(many)).metadata.num_row_groups > 4  # a fan-out is cut too
@@ -183,24 +184,24 @@ def test_detail_rows_are_the_same_whatever_the_row_groups():
     assert dt.record_of(rows[9])["train_snippet_truncated"] and "same_text" not in dt.record_of(rows[9])
 
 
-def test_same_text_counts_the_other_rows():
+def test_same_text_counts_the_other_rows() -> None:
     same = ng.SameText({0: [2, 3]}, {2: 0, 3: 0})
     data = write_rows([(0, 3, "a b c", False, [[0, [[0, 1]]], [1, [[0, 1]]]], 2, "t", 0, "d", [(0, 1)], 0, "s",
                         False)], 8, k=4, same=same)
     assert [r["same_text"] for r in pq.read_table(io.BytesIO(data)).to_pylist()] == [2, 0]
 
 
-def test_an_empty_partition_has_the_schema_and_no_rows():
+def test_an_empty_partition_has_the_schema_and_no_rows() -> None:
     table = pq.read_table(io.BytesIO(write_rows([], 8)))
     assert table.schema.equals(dt.SCHEMA) and table.num_rows == 0
 
 
-def test_an_offset_past_int32_is_refused():
+def test_an_offset_past_int32_is_refused() -> None:
     with pytest.raises(pa.ArrowInvalid):
         dt.pairs_array(np.array([1]), np.array([0, 1 << 31]))
 
 
-def test_a_damaged_or_foreign_part_is_named(tmp_path):
+def test_a_damaged_or_foreign_part_is_named(tmp_path: Path) -> None:
     folder = tmp_path / "stats/overlap_details"
     folder.mkdir(parents=True)
     (folder / "part-00000.parquet").write_bytes(write_rows(hits(3), 8)[:-20])
@@ -214,7 +215,7 @@ def test_a_damaged_or_foreign_part_is_named(tmp_path):
         list(dt.read_details(str(tmp_path)))
 
 
-def test_the_readme_query_runs_on_a_decon_output(tmp_path, capsys):
+def test_the_readme_query_runs_on_a_decon_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import write_jsonl
 
 from refinery.transforms.decon import ngrams as ng
@@ -18,7 +20,8 @@ from refinery.transforms.resumable import execute_unit
 from refinery.transforms.resumable.planner import bind_stages
 
 
-def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_given_back(tmp_path, monkeypatch):
+def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_given_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the scan's membership and the reduce's eval columns stayed loaded through the
     merge, and the partitions the merge let go (4 MB each on a 20 MB row) stayed in the C heap's
     resident pages, under the merge's own peak."""
@@ -29,13 +32,18 @@ def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_g
     settings = ds.DeconSettings(eval_paths=[str(tmp_path / "eval")], train_paths=[str(tmp_path / "train")],
                                 ns=[13], partitions=4)
     events: list[str] = []
-    monkeypatch.setattr(ds, "release_freed_memory", lambda: events.append("released") or True)
+
+    def release() -> bool:
+        events.append("released")
+        return True
+
+    monkeypatch.setattr(ds, "release_freed_memory", release)
     for cache in (ds._eval_index, ds.load_partition_file, ds.load_eval_rows, ds.load_same_text, ds.load_eval_columns):
         cache.cache_clear()  # a fresh process
     ds._MEMBERSHIP.clear()
     read_rows = ds.load_eval_rows
 
-    def merge_reads_rows(path: str):  # the merge's first read after its let-go
+    def merge_reads_rows(path: str) -> list[ng.EvalRow]:  # the merge's first read after its let-go
         if runs[-1] is current[0]:
             events.append("merge reads" if not (ds._eval_index.cache_info().currsize or ds._MEMBERSHIP
                                                or ds.load_partition_file.cache_info().currsize
@@ -44,7 +52,7 @@ def test_the_merge_starts_with_no_cache_of_the_earlier_stages_and_their_memory_g
 
     monkeypatch.setattr(ds, "load_eval_rows", merge_reads_rows)
     runs = bind_stages(ds.build_stages(settings), str(tmp_path / "out"))
-    current: list = [None]
+    current: list[object] = [None]
     held: dict[str, bool] = {}
     for run in runs:
         current[0] = run
@@ -79,7 +87,7 @@ print(held - freed, freed - rss_kb())
 """
 
 
-def test_memory_freed_in_the_middle_of_the_heap_is_given_back():
+def test_memory_freed_in_the_middle_of_the_heap_is_given_back() -> None:
     """Before, with nothing but ``gc.collect()``: 128 MB of freed 4 MB blocks below a block that
     stays were still resident (glibc gives back only the top of its heap by itself)."""
     if not sys.platform.startswith("linux") or not release_freed_memory():
@@ -91,17 +99,22 @@ def test_memory_freed_in_the_middle_of_the_heap_is_given_back():
     assert by_release > 96 << 10, (by_free, by_release)  # the release gave back most of the 128 MB
 
 
-def test_let_go_of_empty_caches_releases_nothing(monkeypatch):
+def test_let_go_of_empty_caches_releases_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker process that never loaded them (most units): no call into the C library per unit."""
     calls: list[int] = []
-    monkeypatch.setattr(ds, "release_freed_memory", lambda: calls.append(1) or True)
+
+    def release() -> bool:
+        calls.append(1)
+        return True
+
+    monkeypatch.setattr(ds, "release_freed_memory", release)
     ds.load_partition_file.cache_clear()
     ds._MEMBERSHIP.clear()
     assert not ds.let_go(ds.load_partition_file, membership=True)
     assert calls == []
 
 
-def test_a_long_text_is_tokenized_as_before_with_equal_tokens_one_string():
+def test_a_long_text_is_tokenized_as_before_with_equal_tokens_one_string() -> None:
     """Before: the merge's HELM metrics of a 20 MB eval row held its 3 million tokens as as many
     strings (about 200 MB over the list); now one string per word, the same list of tokens."""
     rnd = random.Random(2)
@@ -120,7 +133,7 @@ def test_a_long_text_is_tokenized_as_before_with_equal_tokens_one_string():
     assert normalized.tokens(tok, text) == shared
 
 
-def test_the_powers_of_a_batch_of_millions_of_tokens_are_not_kept():
+def test_the_powers_of_a_batch_of_millions_of_tokens_are_not_kept() -> None:
     """Before: the index of one 3 million token eval row left 55 MB of powers in its process
     (the local runner's driver) through the scan, the reduce and the merge."""
     keep = hashes._Powers(hashes._M_TOKEN, keep=1 << 12)

@@ -9,6 +9,7 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
@@ -29,11 +30,11 @@ def _unstripped(text: str) -> str:
     return "".join(c for c in text if unicodedata.category(c) != "Cc" or c in "\t\n")
 
 
-def test_prep_and_decon_share_one_normalization():
-    assert documents.normalize_text is normalize_text  # prep's name for it is the shared function
+def test_prep_and_decon_share_one_normalization() -> None:
+    assert vars(documents)["normalize_text"] is normalize_text  # prep's name for it is the shared function
 
 
-def test_offset_map_spans_are_the_raw_text_of_the_normalized_text():
+def test_offset_map_spans_are_the_raw_text_of_the_normalized_text() -> None:
     pool = list("abc XY.,\t\n\r<=") + ["\r\n", "e\u0301", "A\u030a", "\u0301", "\u0327", "\u0338", "\x85", "\x9f",
                                         "\x00", "\u200b", "\u212b", "\u1100\u1161", "\u11a8", "\uac00",
                                         "\u0b47\u0b3e", "\u0f73", "\u0344", "é", "\u00a0", "ﬁ", "Ａ"]
@@ -70,7 +71,7 @@ VARIANTS = {  # name -> (the question as a training row holds it, does prep trai
 }
 
 
-def test_scan_finds_normalized_variants_with_offsets_into_the_row():
+def test_scan_finds_normalized_variants_with_offsets_into_the_row() -> None:
     nfd = {"id": "q", "text": unicodedata.normalize("NFD", QUESTION)}
     rows, _ = ng.eval_rows_of([("ds", "x/ds/test.jsonl", 0, nfd)], "text", "id", DEFAULT)
     index = ng.build_index(rows, [5], DEFAULT)
@@ -116,7 +117,7 @@ def _shard_texts(output: Path) -> list[str]:
     return texts
 
 
-def test_decon_and_prep_agree_on_every_variant_end_to_end(tmp_path):
+def test_decon_and_prep_agree_on_every_variant_end_to_end(tmp_path: Path) -> None:
     """Each variant of the eval question planted in a training row is excluded by prep
     --exclude-overlaps exactly when prep's normalized text holds the eval question's n-gram;
     the shards then hold no text with it (decon of the shards' text finds nothing)."""
@@ -147,7 +148,7 @@ def test_decon_and_prep_agree_on_every_variant_end_to_end(tmp_path):
     assert (tmp_path / "decon2/stats/contaminated_train_docs.jsonl").read_text() == ""
 
 
-def test_short_eval_rows_are_named_and_flag_nothing(tmp_path, capsys):
+def test_short_eval_rows_are_named_and_flag_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """F15: eval rows "a", "the", "1" would flag most of 3,800 training rows; decon does not
     index them by default, names them in a warning, overlap_stats and report.md, and still
     finds the real question."""
@@ -182,7 +183,7 @@ def test_short_eval_rows_are_named_and_flag_nothing(tmp_path, capsys):
                                             if any(w in DEFAULT.tokenize(t["text"]) for w in short)})
 
 
-def test_the_cli_default_is_the_library_default():
+def test_the_cli_default_is_the_library_default() -> None:
     from refinery.beam_pipelines.decon import build_parser
     from refinery.transforms.decon.ngrams.index import DEFAULT_MIN_EVAL_TOKENS
     from refinery.transforms.decon.stages import DeconSettings
@@ -191,7 +192,7 @@ def test_the_cli_default_is_the_library_default():
     assert args.min_eval_tokens == DEFAULT_MIN_EVAL_TOKENS == DeconSettings([], [], [13]).min_eval_tokens == 5
 
 
-def test_token_count_is_the_length_and_emptiness_of_the_tokens():
+def test_token_count_is_the_length_and_emptiness_of_the_tokens() -> None:
     """An eval row's token count without its token list (a 20 MB row made 3 million strings):
     the same count and emptiness as the tokens themselves, on texts of separators, controls,
     non-ASCII whitespace, NFD accents and case that lowering changes."""

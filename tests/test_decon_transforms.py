@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import pytest
@@ -21,7 +24,7 @@ from refinery.transforms.io.rows import SourceRow, iter_rows
 NS = [5, 9, 13]
 
 
-def _train_docs(n: int = 1500) -> list[dict]:
+def _train_docs(n: int = 1500) -> list[dict[str, str]]:
     """GSM8K train documents, every 25th with a GSM8K test question planted in it."""
     test = gsm8k_rows("test")
     rnd = random.Random(5)
@@ -34,13 +37,14 @@ def _train_docs(n: int = 1500) -> list[dict]:
     return docs
 
 
-def _collect(pcoll, path, encode=lambda o: json.dumps(list(o))) -> None:
+def _collect(pcoll: beam.pvalue.PCollection[Any], path: Path,
+             encode: Callable[[Any], str] = lambda o: json.dumps(list(o))) -> None:
     """Write a PCollection to one text file (a closure cannot hand elements back: Beam pickles it)."""
     _ = pcoll | f"Encode{path.name}" >> beam.Map(encode) | f"Write{path.name}" >> beam.io.WriteToText(
         str(path), shard_name_template="")
 
 
-def _overlaps(path) -> list[Overlap]:
+def _overlaps(path: Path) -> list[Overlap]:
     return [Overlap(*[tuple(map(tuple, v)) if k in (4, 6) else v for k, v in enumerate(json.loads(line))])
             for line in path.read_text().splitlines()]
 
@@ -50,7 +54,7 @@ def _source_rows(path: str) -> list[SourceRow]:
             if error is None and record is not None]
 
 
-def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path):
+def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path: Path) -> None:
     train_path = str(tmp_path / "train" / "docs.jsonl")
     write_jsonl(tmp_path / "train" / "docs.jsonl", _train_docs())
     eval_rows = _source_rows(str(GSM8K_TEST))
@@ -93,7 +97,7 @@ def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path):
             assert " ".join(tok.tokenize(train_text[o.train_row][s:e])) == o.ngram
 
 
-def test_plain_dicts_short_instances_and_metrics():
+def test_plain_dicts_short_instances_and_metrics() -> None:
     eval_rows = [{"id": "q1", "text": "The quick brown fox jumps over the lazy dog"},
                  {"id": "q2", "text": "Tiny one"},            # 2 tokens: its 2-gram stands for every n
                  {"id": "q3", "text": "?!"},                  # only empty tokens: never overlaps
@@ -113,7 +117,7 @@ def test_plain_dicts_short_instances_and_metrics():
                     label="index")
 
 
-def test_the_index_is_the_same_whatever_the_arrival_order_and_round_trips(tmp_path):
+def test_the_index_is_the_same_whatever_the_arrival_order_and_round_trips(tmp_path: Path) -> None:
     rows = [{"id": f"r{i}", "text": f"row {i} says something about item {i * 7}"} for i in range(40)]
     built = []
     for seed in (1, 2):
@@ -130,14 +134,14 @@ def test_the_index_is_the_same_whatever_the_arrival_order_and_round_trips(tmp_pa
     assert OverlapCoder().decode(OverlapCoder().encode(o)) == o
 
 
-def test_asking_for_an_n_the_index_lacks_is_an_error():
+def test_asking_for_an_n_the_index_lacks_is_an_error() -> None:
     with pytest.raises(Exception, match=r"built for n = \[5\]"):
         with BeamPipeline() as p:
             index = p | "Eval" >> beam.Create([{"text": "a b c d e f"}]) | BuildNgramIndex([5])
             _ = p | "Train" >> beam.Create([{"text": "a b c d e f"}]) | FindOverlaps(index, ngrams=[13])
 
 
-def test_through_portable_runner(tmp_path):
+def test_through_portable_runner(tmp_path: Path) -> None:
     """One run through the job API that Flink's job server speaks (embedded, LOOPBACK)."""
     eval_rows = [{"id": f"q{i}", "text": r["question"]} for i, r in enumerate(gsm8k_rows("test")[:50])]
     train_rows = _train_docs(300)

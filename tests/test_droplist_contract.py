@@ -26,6 +26,7 @@ from refinery.transforms.formats.droplist import (
     TRAIN_FILES,
     UNREAD_ROWS,
     ReadSpec,
+    drop_rows,
     read_spec_mismatch,
 )
 from refinery.transforms.io import storage
@@ -34,7 +35,7 @@ from refinery.transforms.io.text import TEXT_NORMALIZATION
 from refinery.transforms.prep import exclusion
 
 
-def _decon(evals: Path, train: Path, out: Path, *extra) -> int:
+def _decon(evals: Path, train: Path, out: Path, *extra: object) -> int:
     return main(["decon", "--eval", str(evals), "--train", str(train), "--output", str(out), "--ngrams", "13",
                  "--partitions", "2", "--runner", "direct", "--no-progress", *map(str, extra)])
 
@@ -51,13 +52,14 @@ def _planted(tmp_path: Path, field: str = "text", n: int = 40) -> tuple[Path, Pa
     return evals, tmp_path / "train", test[:3]
 
 
-def _one_line_error(capsys) -> str:
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     return err
 
 
-def test_prep_refuses_a_drop_list_read_from_another_text_field(tmp_path, capsys):
+def test_prep_refuses_a_drop_list_read_from_another_text_field(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     # before: decon --train-text-field text, prep --text-field body: 0 excluded, every planted row kept, exit 0
     evals, train, _ = _planted(tmp_path)
     rows = [json.loads(line) for line in (train / "t.jsonl").read_text().splitlines()]
@@ -77,7 +79,7 @@ def test_prep_refuses_a_drop_list_read_from_another_text_field(tmp_path, capsys)
     assert json.loads((tmp_path / "ok" / "manifest.json").read_text())["rows"]["excluded"] == 3
 
 
-def test_read_spec_mismatches_name_both_sides_and_the_flags():
+def test_read_spec_mismatches_name_both_sides_and_the_flags() -> None:
     plain = ReadSpec({"text_field": "text"}, TEXT_NORMALIZATION, DEFAULT_MAX_ROW_BYTES)
     assert read_spec_mismatch(plain, plain) is None
     template = ReadSpec({"text_template": "{q}\n\n{a}"}, TEXT_NORMALIZATION, DEFAULT_MAX_ROW_BYTES)
@@ -85,7 +87,8 @@ def test_read_spec_mismatches_name_both_sides_and_the_flags():
         "decon read the training text from template '{q}\\\\n\\\\n{a}'; this prep reads field 'text': rerun decon "
         "with --train-text-field text, or prep with --text-template '{q}\\n\\n{a}'")
     old = ReadSpec({"text_field": "text"}, "raw", DEFAULT_MAX_ROW_BYTES)
-    assert f"normalized as 'raw'; this prep normalizes it as {TEXT_NORMALIZATION!r}" in read_spec_mismatch(old, plain)
+    assert (f"normalized as 'raw'; this prep normalizes it as {TEXT_NORMALIZATION!r}"
+            in str(read_spec_mismatch(old, plain)))
     capped = ReadSpec({"text_field": "text"}, TEXT_NORMALIZATION, 1000)
     assert read_spec_mismatch(capped, plain) == (
         f"decon read training rows of up to 1,000 bytes; this prep reads rows of up to {DEFAULT_MAX_ROW_BYTES:,}: "
@@ -97,7 +100,7 @@ def test_read_spec_mismatches_name_both_sides_and_the_flags():
                                            "version": "1"}], plain)
 
 
-def test_a_row_decon_could_not_read_is_never_kept_by_prep(tmp_path, capsys):
+def test_a_row_decon_could_not_read_is_never_kept_by_prep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # before: decon had no --max-row-bytes (a 65 MiB row was unreadable to it and kept by prep); here a
     # contaminated row of 2,000 bytes against decon --max-row-bytes 1000
     evals, train, planted = _planted(tmp_path)
@@ -124,7 +127,7 @@ def test_a_row_decon_could_not_read_is_never_kept_by_prep(tmp_path, capsys):
     assert "and 1 it could not read" in said.out + said.err
 
 
-def test_many_eval_rows_sharing_an_ngram_keep_the_drop_list_and_its_reading_small(tmp_path):
+def test_many_eval_rows_sharing_an_ngram_keep_the_drop_list_and_its_reading_small(tmp_path: Path) -> None:
     # before: each line listed every instance it overlaps (50,000 eval rows x 600 rows: 263 MB, prep at 2.8 GB)
     common = "the quick brown fox jumps over the lazy dog near the quiet river bank today"
     write_jsonl(tmp_path / "eval" / "ds" / "test.jsonl",
@@ -147,14 +150,14 @@ def test_many_eval_rows_sharing_an_ngram_keep_the_drop_list_and_its_reading_smal
     assert peak < 1 << 20, peak  # a line at a time and 600 row numbers (the old drop list alone: ~30 MB)
 
 
-def test_an_old_drop_list_with_instances_is_read_a_line_at_a_time():
+def test_an_old_drop_list_with_instances_is_read_a_line_at_a_time() -> None:
     lines = [json.dumps({"train_path": "/t.jsonl", "train_row": r, "train_doc_id": str(r), "ns": [13],
                          "overlaps": [{"eval_dataset": "ds", "n": 13, "instance_ids": [f"e{i}" for i in range(5000)]}]}
                         ).encode() + b"\n" for r in range(50)]
     files = [{"train_path": "/t.jsonl", "resolved": "/t.jsonl"}]
     tracemalloc.start()
     try:
-        rows = exclusion.drop_rows("d.jsonl", iter(lines), files, 13)
+        rows = drop_rows("d.jsonl", iter(lines), files, 13)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -172,7 +175,8 @@ def _swap_rows_keeping_size_and_mtime(path: Path, a: int, b: int) -> None:
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
-def test_verify_inputs_by_content_refuses_rows_swapped_with_size_and_mtime_kept(tmp_path, capsys):
+def test_verify_inputs_by_content_refuses_rows_swapped_with_size_and_mtime_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     evals, train, planted = _planted(tmp_path)
     rows = [{"id": f"d{i:02d}", "text": f"row {i:02d} " + "x" * 20} for i in range(12)]
     rows[5]["text"] = f"row 05 {planted[0]}"

@@ -1,7 +1,12 @@
 """Harmony prompts and completions, offline (openai-harmony reading the local o200k vocab)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding
 
 pytest.importorskip("openai_harmony", reason="the inference extra (openai-harmony) is not installed")
 
@@ -9,22 +14,22 @@ from refinery.transforms.formats import harmony  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def encoding():
+def encoding() -> HarmonyEncoding:
     return harmony.harmony_encoding()
 
 
-def _encode(encoding, text: str) -> list[int]:
+def _encode(encoding: HarmonyEncoding, text: str) -> list[int]:
     return list(encoding.encode(text, allowed_special="all"))
 
 
-def test_stop_tokens(encoding):
+def test_stop_tokens(encoding: HarmonyEncoding) -> None:
     assert sorted(harmony.stop_tokens()) == [200002, 200012]
     assert set(harmony.STOP_TOKENS) == set(harmony.stop_tokens())
     assert _encode(encoding, "<|return|>") == [harmony.RETURN_TOKEN]
     assert _encode(encoding, "<|call|>") == [harmony.CALL_TOKEN]
 
 
-def test_render_prompt(encoding):
+def test_render_prompt(encoding: HarmonyEncoding) -> None:
     tokens = harmony.render_prompt(
         system="You are a careful grader.", developer="Answer with one word.", user="Is water wet?"
     )
@@ -45,7 +50,7 @@ def test_render_prompt(encoding):
         harmony.render_prompt([{"role": "robot", "content": "x"}])
 
 
-def test_parse_final_round_trip(encoding):
+def test_parse_final_round_trip(encoding: HarmonyEncoding) -> None:
     """Both directions through openai-harmony's own renderer and parser, not our strings."""
     import openai_harmony as oh
 
@@ -66,7 +71,7 @@ def test_parse_final_round_trip(encoding):
     assert "One word." in messages[1].content[0].text and "You grade." in messages[0].content[0].text
 
 
-def test_parse_final_defensive(encoding):
+def test_parse_final_defensive(encoding: HarmonyEncoding) -> None:
     truncated = _encode(encoding, "<|channel|>final<|message|>cut off mid")
     assert harmony.parse_final(truncated) == "cut off mid"
     analysis_only = _encode(encoding, "<|channel|>analysis<|message|>still thinking")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,12 @@ def spec_value(nibble: int, scale: int) -> float:
     return FP4_SPEC[nibble] * 2.0 ** (scale - 127)
 
 
-def test_import_without_torch_side_effects():
+def test_import_without_torch_side_effects() -> None:
     code = "import sys, refinery.kernels, refinery.kernels.config; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_every_nibble_and_every_scale():
+def test_every_nibble_and_every_scale() -> None:
     # Row r uses scale r (0..255); its 16 groups hold all 256 byte values, i.e. every
     # (low nibble, high nibble) pair, so each nibble value is seen at even and odd k.
     byte_values = torch.arange(128, dtype=torch.int32).reshape(8, 16).to(torch.uint8)
@@ -48,7 +49,7 @@ def test_every_nibble_and_every_scale():
             assert torch.equal(torch.signbit(got[row][ok]), torch.signbit(want[ok])), f"sign, scale {row}"
 
 
-def test_bf16_decode_is_exact():
+def test_bf16_decode_is_exact() -> None:
     g = torch.Generator().manual_seed(3)
     blocks = torch.randint(0, 256, (8, 4, 16), generator=g, dtype=torch.int32).to(torch.uint8)
     scales = torch.randint(100, 150, (8, 4), generator=g, dtype=torch.int32).to(torch.uint8)
@@ -56,7 +57,7 @@ def test_bf16_decode_is_exact():
     assert torch.equal(mxfp4.dequantize(blocks, scales, torch.bfloat16).float(), wide)
 
 
-def test_element_order():
+def test_element_order() -> None:
     # k even -> low nibble, k odd -> high nibble of byte (k % 32) // 2 of block k // 32.
     blocks = torch.zeros(1, 2, 16, dtype=torch.uint8)
     blocks[0, 1, 3] = 0x71  # low nibble 1 (0.5) -> k = 32 + 6, high nibble 7 (6.0) -> k = 32 + 7
@@ -66,7 +67,7 @@ def test_element_order():
     assert w.abs().sum().item() == 13.0
 
 
-def test_quantize_roundtrip():
+def test_quantize_roundtrip() -> None:
     w = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))
     blocks, scales = mxfp4.quantize(w)
     assert blocks.shape == (6, 2, 16) and scales.shape == (6, 2)
@@ -75,7 +76,7 @@ def test_quantize_roundtrip():
     assert (back - w).abs().max() <= w.abs().max() / 4
 
 
-def test_moe_kernel_matches_dense_spec():
+def test_moe_kernel_matches_dense_spec() -> None:
     g = torch.Generator().manual_seed(1)
     n, h, i, e, k = 9, 64, 32, 5, 2
     x = torch.randn(n, h, generator=g, dtype=torch.float64)
@@ -99,10 +100,10 @@ def test_moe_kernel_matches_dense_spec():
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_kernel_sets_take_replacements():
-    calls = []
+def test_kernel_sets_take_replacements() -> None:
+    calls: list[tuple[int, ...]] = []
 
-    def spy_moe(*args):
+    def spy_moe(*args: Any) -> Any:
         calls.append(tuple(args[0].shape))
         return ops.moe_torch(*args)
 

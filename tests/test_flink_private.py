@@ -17,7 +17,7 @@ from refinery.runners import flink_local
 from refinery.runners.flink_private import (
     MARKER,
     PATCH_ID,
-    PatchError,
+    JarPatchError,
     embedded_flink_conf,
     grpc_package,
     is_patched,
@@ -38,7 +38,7 @@ PROGRAM = {
 
 
 @needs_jdk
-def test_the_redirected_call_runs_the_target_and_nothing_else(tmp_path):
+def test_the_redirected_call_runs_the_target_and_nothing_else(tmp_path: Path) -> None:
     for name, text in PROGRAM.items():
         (tmp_path / name).write_text(text)
     subprocess.run(["javac", "-d", str(tmp_path), *(str(tmp_path / n) for n in PROGRAM)], check=True)
@@ -59,8 +59,8 @@ def test_the_redirected_call_runs_the_target_and_nothing_else(tmp_path):
     assert hits == 0  # another descriptor: left alone
 
 
-def test_not_a_class_file_is_refused():
-    with pytest.raises(PatchError, match="not a class file"):
+def test_not_a_class_file_is_refused() -> None:
+    with pytest.raises(JarPatchError, match="not a class file"):
         redirect_calls(b"PK\x03\x04", "a/B", {"forPort": "(I)V"}, "c/D")
 
 
@@ -71,7 +71,7 @@ def _zip(path: Path, entries: dict[str, bytes]) -> Path:
     return path
 
 
-def test_which_jars_count_as_patched(tmp_path):
+def test_which_jars_count_as_patched(tmp_path: Path) -> None:
     assert not is_patched(_zip(tmp_path / "plain.jar", {"a.class": b"x"}))
     assert is_patched(_zip(tmp_path / "ok.jar", {MARKER: (PATCH_ID + "\n").encode()}))
     assert not is_patched(_zip(tmp_path / "old.jar", {MARKER: b"private-servers-0\n"}))  # an older patch: redone
@@ -80,22 +80,22 @@ def test_which_jars_count_as_patched(tmp_path):
     assert not is_patched(tmp_path / "junk.jar")
 
 
-def test_a_jar_of_an_unknown_beam_is_refused_by_name(tmp_path):
+def test_a_jar_of_an_unknown_beam_is_refused_by_name(tmp_path: Path) -> None:
     builder = "org/apache/beam/vendor/grpc/v1p99p0/io/grpc/netty/NettyServerBuilder.class"
     assert grpc_package([builder, "x.class"]) == "org/apache/beam/vendor/grpc/v1p99p0/io/grpc"
-    with pytest.raises(PatchError, match="expected one vendored gRPC NettyServerBuilder"):
+    with pytest.raises(JarPatchError, match="expected one vendored gRPC NettyServerBuilder"):
         grpc_package(["x.class"])
     jar = _zip(tmp_path / "beam-runners-flink-1.19-job-server-9.9.9.jar", {builder: b"\xca\xfe\xba\xbe"})
     if shutil.which("javac") and shutil.which("jar"):
-        with pytest.raises(PatchError, match=r"no NettyServerBuilder.forPort/forAddress call to redirect in "
+        with pytest.raises(JarPatchError, match=r"no NettyServerBuilder.forPort/forAddress call to redirect in "
                                              r"org/apache/beam/sdk/fn/server/ServerFactory\$InetSocketAddress"):
             patch_jar(jar)
-    with pytest.raises(PatchError, match="no such job server jar"):
+    with pytest.raises(JarPatchError, match="no such job server jar"):
         flink_local.private_job_server(str(tmp_path / "nowhere.jar"), cache=tmp_path / "cache")
 
 
 @needs_jdk
-def test_the_embedded_flinks_configuration_is_private_and_made_once(tmp_path):
+def test_the_embedded_flinks_configuration_is_private_and_made_once(tmp_path: Path) -> None:
     folder = embedded_flink_conf(tmp_path, log=lambda line: None)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     conf, keystore = folder / "config.yaml", folder / "keystore.p12"
@@ -110,7 +110,7 @@ def test_the_embedded_flinks_configuration_is_private_and_made_once(tmp_path):
     assert folder.name == f"tls-{os.getuid()}"  # one per user: a shared cache keeps each user's key apart
 
 
-def test_the_fetched_job_server_is_patched(flink_jar):  # noqa: F811  # the fixture
+def test_the_fetched_job_server_is_patched(flink_jar: Path) -> None:  # noqa: F811  # the fixture
     """make flink-cache patches what it fetches; the server factory calls the private builder."""
     assert is_patched(flink_jar)
     with zipfile.ZipFile(flink_jar) as z:

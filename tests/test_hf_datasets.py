@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -11,17 +12,18 @@ from refinery.beam_pipelines.cli import main
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
 
 
-def _shards(out):  # the tokens and bounds (a shard's .docs.parquet names the files read: other files, other bytes)
+def _shards(out: Path) -> dict[str, bytes]:
+    """The tokens and bounds (a shard's .docs.parquet names the files read: other files, other bytes)."""
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("shard_*/*"))
             if p.suffix in (".npy", ".idx")}
 
 
-def test_save_to_disk_folder_is_an_input(tmp_path):
+def test_save_to_disk_folder_is_an_input(tmp_path: Path) -> None:
     rows = [{"id": f"d{i}", "text": t} for i, t in enumerate(gsm8k_texts(60))]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     write_jsonl(tmp_path / "jsonl" / "rows.jsonl", rows)
@@ -32,7 +34,7 @@ def test_save_to_disk_folder_is_an_input(tmp_path):
     assert m["rows"]["read"] == 60 and m["total_documents"] == 60
 
 
-def test_a_saved_dataset_dict_asks_for_one_split(tmp_path, capsys):
+def test_a_saved_dataset_dict_asks_for_one_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     datasets.DatasetDict({"train": datasets.Dataset.from_list([{"text": "a"}]),
                           "test": datasets.Dataset.from_list([{"text": "b"}])}).save_to_disk(str(tmp_path / "dd"))
     assert run_prep([tmp_path / "dd"], tmp_path / "out") == 2
@@ -40,12 +42,12 @@ def test_a_saved_dataset_dict_asks_for_one_split(tmp_path, capsys):
     assert "DatasetDict" in err and "train" in err and f"{tmp_path / 'dd'}/" in err
 
 
-def _decon(args, out) -> int:
+def _decon(args: list[str], out: Path) -> int:
     return main(["decon", *args, "--train", str(out.parent / "train"), "--output", str(out),
                  "--ngrams", "8", "13", "--runner", "direct", "--no-progress"])
 
 
-def test_decon_eval_set_by_name_equals_the_same_rows_as_files(tmp_path):
+def test_decon_eval_set_by_name_equals_the_same_rows_as_files(tmp_path: Path) -> None:
     test = gsm8k_rows("test")[:100]
     local = tmp_path / "gsm8k"  # a dataset folder as it would come from the hub
     write_jsonl(local / "data" / "test.jsonl", [{"id": f"q{i}", "question": r["question"]} for i, r in enumerate(test)])
@@ -71,7 +73,7 @@ def test_decon_eval_set_by_name_equals_the_same_rows_as_files(tmp_path):
     assert sorted((by_name / ".refinery").rglob("receipts/*.json")) == receipts
 
 
-def test_unreachable_hub_is_one_line(tmp_path, capsys):
+def test_unreachable_hub_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": "x"}])
     assert main(["prep", "--hf-dataset", "no-such-org/no-such-set", "--output", str(tmp_path / "p"),
                  "--runner", "direct"]) == 2
