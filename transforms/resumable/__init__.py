@@ -37,7 +37,7 @@ from refinery.transforms.resumable.planner import (
     bind_stages,
     demanded,
     final_stages_done,
-    plans_by_listing,
+    next_job,
     record_inputs,
     step_ref,
     write_plans,
@@ -49,7 +49,7 @@ from refinery.transforms.resumable.units import Unit
 __all__ = [
     "CHECK_THREADS", "PROGRESS_EVERY_S", "REMOTE_PROGRESS_EVERY_S", "RUN_SCHEMA", "JobFailed", "JobResult", "Stage",
     "StageFailed", "StageRun", "Unit", "UnitContext", "bind_stages", "canonical_json", "compute_stage_hash",
-    "demanded", "execute_unit", "final_stages_done", "next_repair", "now_iso", "plans_by_listing", "record_inputs",
+    "demanded", "execute_unit", "final_stages_done", "next_repair", "now_iso", "next_job", "record_inputs",
     "run_in_driver", "run_stages", "short_hash", "span_key", "stage_status", "step_ref", "unit_counters",
     "unit_times_ms", "write_plans",
 ]

@@ -15,15 +15,13 @@ from refinery.transforms.resumable.execution import execute_unit, span_key, unit
 from refinery.transforms.resumable.hash_changes import explain_plan_changes
 from refinery.transforms.resumable.ledger import META_DIR, Receipt
 from refinery.transforms.resumable.planner import (
-    Planned,
     Step,
     bind_stages,
-    demanded,
     discard_other_plans,
-    final_stages_done,
-    plan_runs,
-    plans_by_listing,
+    first_unfinished,
+    next_job,
     record_inputs,
+    unfinished,
     write_plans,
 )
 from refinery.transforms.resumable.progress import Progress
@@ -69,48 +67,6 @@ class JobResult:
     metrics: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> the runner's refinery counters
 
 
-def _listing_steps(runs: list[StageRun], plans: list[list[Unit]]) -> tuple[list[Step], dict[str, list[str]]]:
-    """The steps of a job planned from listings: every unit of every stage (the workers skip
-    the ones whose receipt verifies), and per stage the ids of the units
-    with no receipt file (run now, for certain)."""
-    import uuid
-
-    job = uuid.uuid4().hex[:16]
-    steps: list[Step] = []
-    fresh: dict[str, list[str]] = {}
-    for run, plan in zip(runs, plans):
-        run.listing_job = job
-        if not plan:
-            continue
-        listed = run.ledger.listed_units()
-        fresh[run.name] = [u.id for u in plan if u.id not in listed]
-        log.info("stage %s [%s]: %d of %d units have no receipt; the workers check the other %d before running them",
-                 run.name, run.stage_hash, len(fresh[run.name]), len(plan), len(plan) - len(fresh[run.name]))
-        steps.append(Step(run, plan, to_run=len(fresh[run.name])))
-    return steps, fresh
-
-
-def _listed_unfinished(run: StageRun, units: list[Unit]) -> list[str]:
-    """Ids of ``units`` with no receipt file, or whose last attempt is listed under ``failures/``:
-    the units a job planned from listings may not have completed (two listings, no receipt read)."""
-    listed, failed = run.ledger.listed_units(), run.ledger.listed_failures()
-    return [u.id for u in units if u.id not in listed or u.id in failed]
-
-
-def _listing_failures(run: StageRun, units: list[Unit], verify_checksums: bool) -> dict[str, str]:
-    """After a job planned from listings: unit id -> why it is not done, of ``units`` of ``run``.
-    Only the units without a receipt file, or listed under ``failures/``, are checked (the
-    workers checked the others); a failure record left by a kill after its unit completed is
-    removed."""
-    out = {}
-    for unit_id, c in run.check_all(_listed_unfinished(run, units), verify_checksums).items():
-        if c.done:
-            run.ledger.forget_failure(unit_id)
-        else:
-            out[unit_id] = c.reason
-    return out
-
-
 def _span_seconds(receipts: list[Receipt]) -> float:
     """Wall time from the first unit's start to the last one's end (0 if none ran)."""
     try:
@@ -139,45 +95,6 @@ def run_in_driver(steps: list[Step], beam_args: list[str] | None = None,
     return counters
 
 
-def _checked_steps(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool,
-                   output: str) -> tuple[list[Step], list[StageRun], bool]:
-    """The steps of a job planned by reading every receipt (a stage with a budget, or one with
-    its own step transform): each stage's pending units up to the last demanded stage, or up
-    to a stage whose ``needed`` will ask for more; the stages of the job; whether the job is
-    the last one. Receipts built before an upstream repair are removed first."""
-    planned = plan_runs(runs, plans, verify_checksums)
-    last = demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
-    job: list[Planned] = []
-    for p in planned[:last + 1]:
-        job.append(p)
-        if not p.final:
-            if not p.pending:
-                raise RuntimeError(f"stage {p.run.name}: needed() asked for more units but none is pending")
-            break
-    for p in job:
-        if p.pending:
-            log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
-                     len(p.pending), len(p.plan))
-    steps = [Step(p.run, p.pending) for p in job if p.pending]
-    if steps:
-        for p in job:  # receipts built before an upstream repair go first: a later run, even one
-            for unit_id in p.stale:  # killed before these units are redone, sees them pending
-                p.run.ledger.remove_receipt(unit_id)
-    return steps, [p.run for p in job], not job or job[-1].final
-
-
-def _first_unfinished(steps: list[Step], by_listing: bool) -> str:
-    """The stage a failed job is reported at: the first step with a unit not done (by listings
-    for a job planned from them: a unit with no receipt or a recorded failure)."""
-    for s in steps:
-        if by_listing:
-            if _listed_unfinished(s.run, s.units):
-                return s.run.name
-        elif not all(c.done for c in s.run.check_all([u.id for u in s.units]).values()):
-            return s.run.name
-    return steps[-1].run.name
-
-
 def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
                run_info: dict[str, Any] | None = None,
@@ -185,23 +102,14 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
                runner: Runner | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
-    The driver plans. Commonly (:func:`plans_by_listing`) it reads only the receipts of the
-    stages with user-facing files (:func:`final_stages_done`); when one has a unit not done,
-    a job runs every unit of every stage, and its workers check each
-    receipt (:func:`check_receipt`, as always) before running the unit: a valid one is
-    skipped there. The driver learns the rest from listings: of each stage's receipts
-    before the job (the units that will run for certain, for the log and the local
-    runner's choice of processes) and, after it, of receipts and ``failures/``; it reads
-    only the receipts of the units that ran, for the time each stage took. A run with a
-    stage that has a budget, or its own step transform (inference), is planned the older
-    way: every receipt checked in the driver, and only the pending units in the job (up
-    to the last one with pending units; a stage after it is done, so what precedes it is
-    not needed again). ``runner(steps, beam_args, verify_checksums)`` then
-    runs those steps (``pipeline.Step``: stage + units) as ONE Beam job, each step after
-    the one before (default: ``pipeline.run_on_beam``; :func:`run_in_driver` runs them here,
-    without Beam) and may return the runner's counters, kept per stage in
-    ``JobResult.metrics``. A stage with a budget (``needed`` not final) ends a job; the
-    next job, planned again, goes on from there.
+    The planner (:func:`~.planner.next_job`) says what each job holds; ``runner(steps,
+    beam_args, verify_checksums)`` runs those steps (:class:`~.planner.Step`: stage + units)
+    as ONE Beam job, each step after the one before (default: ``beam_steps.run_on_beam``;
+    :func:`run_in_driver` runs them here, without Beam) and may return the runner's counters,
+    kept per stage in ``JobResult.metrics``. After each job, what did not complete is learnt
+    from listings (:func:`~.planner.unfinished`); the driver reads only the receipts of the
+    units that ran, for the time each stage took. A wave that does not finish its stage ends
+    a job; the next job, planned again, goes on from there.
 
     ``force`` deletes ``OUTPUT/.refinery`` first (a fresh run). ``on_plan`` is called with
     the bound stages and their plans before anything runs (prep uses it to clear a stale
@@ -218,32 +126,33 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         on_plan(runs, plans)
     result = JobResult(runs, {}, [])
     discarded: set[str] = set()
-    by_listing = plans_by_listing(runs)
+    judged_by_workers = False
     while True:
-        job = _next_job(runs, plans, by_listing, verify_checksums, output)
+        job = next_job(runs, plans, verify_checksums)
         if job is None:
             break
-        steps, fresh, job_runs, final_job = job
-        for run in job_runs:
+        steps = job.steps
+        for run in job.runs:
             result.ran.setdefault(run.name, 0)
             if run.stage.final_outputs and run.name not in discarded:
                 discard_other_plans(run)
                 discarded.add(run.name)
         if not steps:
             break
-        steps = write_plans(job_runs, steps)
+        steps = write_plans(job.runs, steps)
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:
                 counters = runner(steps, beam_args, verify_checksums) or {}
             except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
                 log.info("the Beam job failed", exc_info=True)
-                raise JobFailed(_first_unfinished(steps, by_listing), e) from e
+                raise JobFailed(first_unfinished(steps), e) from e
         for s in steps:
-            _account_step(result, s, counters, fresh, by_listing, verify_checksums)
-        if final_job:
+            _account_step(result, s, counters, verify_checksums)
+            judged_by_workers = judged_by_workers or s.fresh is not None
+        if job.last:
             break
-    if by_listing and not any(result.ran.values()):
+    if judged_by_workers and not any(result.ran.values()):
         result.ran.clear()  # the workers found every unit done (a run with --verify-checksums): nothing ran
     result.skipped_stages = [r.name for r in runs if r.name not in result.ran]
     return result
@@ -285,27 +194,9 @@ def _start_run(stages: list[Stage], output: str, force: bool,
     return runs, plans
 
 
-def _next_job(runs: list[StageRun], plans: list[list[Unit]], by_listing: bool, verify_checksums: bool,
-              output: str) -> tuple[list[Step], dict[str, list[str]], list[StageRun], bool] | None:
-    """(steps, per stage the units with no receipt file, the stages of the job, whether it is
-    the last job) of the next job, or None when there is nothing to do. Planned from listings
-    (:func:`plans_by_listing`), only the final stages' receipts are read here and the workers
-    check the rest; a unit repaired in the job invalidates what was built from it, even in a
-    final stage found done here, so with anything to do every stage is in the job (done units
-    skip). With checksums, every unit's files are verified: by the workers."""
-    if not verify_checksums and final_stages_done(runs, plans):
-        return None  # nothing to do: the earlier stages' receipts are not read
-    if by_listing:
-        steps, fresh = _listing_steps(runs, plans)
-        return steps, fresh, runs, True
-    steps, job_runs, final_job = _checked_steps(runs, plans, verify_checksums, output)
-    return steps, {}, job_runs, final_job
-
-
-def _account_step(result: JobResult, step: Step, counters: dict[str, int], fresh: dict[str, list[str]],
-                  by_listing: bool, verify_checksums: bool) -> None:
+def _account_step(result: JobResult, step: Step, counters: dict[str, int], verify_checksums: bool) -> None:
     """Add one finished step of a job to ``result`` (units run, wall time, the runner's
-    counters), or raise :class:`StageFailed` naming its units not done."""
+    counters), or raise :class:`StageFailed` naming its units not done (:func:`unfinished`)."""
     name = step.run.name
     mine = {k: v for k, v in counters.items() if k.startswith(name + "_")}
     log.info("stage %s: runner counters %s", name, json.dumps(mine, sort_keys=True))
@@ -313,21 +204,19 @@ def _account_step(result: JobResult, step: Step, counters: dict[str, int], fresh
         stage_counters = result.metrics.setdefault(name, {})
         for k, v in mine.items():
             stage_counters[k] = stage_counters.get(k, 0) + v
-    if by_listing:
-        failures = _listing_failures(step.run, step.units, verify_checksums)
-        # the stage's wall time: from the runner's metrics, else from the receipts of the units run
-        new = [] if span_key(name) in counters else \
-            step.run.ledger.read_receipts_of([u for u in fresh[name] if u not in failures])
-        if any(k.startswith(f"{name}_units_") for k in counters):
-            result.ran[name] += sum(counters.get(f"{name}_units_{k}", 0) for k in ("completed", "failed"))
-        else:  # a runner without metrics: the units that had no receipt
-            result.ran[name] += len(fresh[name])
-    else:
-        result.ran[name] += len(step.units)
-        checks = step.run.check_all([u.id for u in step.units], verify_checksums)
-        failures = {u: c.reason for u, c in checks.items() if not c.done}
-        new = [c.receipt for c in checks.values() if c.receipt is not None]
+    failures = unfinished(step, verify_checksums)
     if failures:
         raise StageFailed(name, failures)
-    span = counters[span_key(name)] / 1000 if span_key(name) in counters else _span_seconds(new)
+    if step.fresh is None:  # judged here: the job held exactly the units to run
+        result.ran[name] += len(step.units)
+        ran = [u.id for u in step.units]
+    elif any(k.startswith(f"{name}_units_") for k in counters):
+        result.ran[name] += sum(counters.get(f"{name}_units_{k}", 0) for k in ("completed", "failed"))
+        ran = list(step.fresh)
+    else:  # a runner without metrics: the units that had no receipt
+        result.ran[name] += len(step.fresh)
+        ran = list(step.fresh)
+    # the stage's wall time: from the runner's metrics, else from the receipts of the units run
+    span = counters[span_key(name)] / 1000 if span_key(name) in counters else \
+        _span_seconds(step.run.ledger.read_receipts_of(ran))
     result.seconds[name] = result.seconds.get(name, 0.0) + span

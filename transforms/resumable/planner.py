@@ -1,11 +1,27 @@
-"""What a run must do: stages bound to an output and their chained hashes, which units are
-done and which pending (backward demand, repairs), and the plans written where workers read
-them."""
+"""What a run must do, and what a rerun skips: THE planner.
+
+- :func:`bind_stages`: each stage bound to the output with its chained hash (a changed stage
+  re-runs it and what follows; what precedes is kept).
+- :func:`next_job`: the units of the next Beam job. Nothing, when every unit of the stages
+  with user-facing files verifies (:func:`final_stages_done`: the earlier stages' receipts are
+  not read, backward demand). Otherwise listings decide: every unit of a stage goes into the
+  job and each worker checks the unit's receipt (:func:`~.ledger.check_receipt`) right before
+  running it, so a done unit is skipped there; the driver lists which units have no receipt
+  file (those run for certain). A stage with a wave policy (:class:`Waves`: prep's token
+  budget, inference, whose job must hold exactly the units to run) and the stages before it
+  are judged here instead, from their receipts: the policy picks the units of this wave, and
+  a wave that does not finish the stage ends the job there (the next job is planned again).
+- :func:`write_plans`: the units written where the workers read them (:mod:`.unit_lists`).
+- After a job, :func:`unfinished`: what did not complete, from listings of receipts and
+  ``failures/`` (or the receipts themselves, for stages judged here).
+
+Whether one unit is done is the ledger's call alone (:mod:`.ledger`)."""
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
@@ -20,15 +36,57 @@ log = logging.getLogger("refinery")
 
 @dataclass(frozen=True)
 class Step:
-    """One stage's part of a command's pipeline: the stage, bound, and its units to run;
+    """One stage's part of a command's pipeline: the stage, bound, and its units in the job;
     ``ref``: where the driver wrote those units (None: they travel in the job itself);
-    ``to_run``: how many of them have no receipt (the others are checked, and most likely
-    skipped, by the workers; None: all of them are to run)."""
+    ``fresh``: for a stage judged by listings, the ids of its units with no receipt file (they
+    run for certain; the workers check the others, most likely skipping them); None for a
+    stage judged in the driver, whose units in the job are exactly the ones to run."""
 
     run: StageRun
-    units: list[Unit]
+    units: list[Unit[Any]]
     ref: PlanRef | None = None
-    to_run: int | None = None
+    fresh: tuple[str, ...] | None = None
+
+    @property
+    def to_run(self) -> int | None:
+        """How many of the units run for certain (None: all of them)."""
+        return None if self.fresh is None else len(self.fresh)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The next Beam job of a run: its steps, in order; the stages it covers (a stage with
+    nothing pending among them is in ``runs`` without a step); whether no job follows."""
+
+    steps: list[Step]
+    runs: list[StageRun]
+    last: bool
+
+
+class Waves(Protocol):
+    """A wave policy: which units of a stage the next job runs, given the receipts of its units
+    done so far (``done``, by unit id); returns (units, final), final False when more waves
+    follow once these are done. A stage with one is judged in the driver (its receipts read),
+    and so are the stages before it; a job ends at a wave that is not final."""
+
+    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]: ...
+
+
+class AllPending:
+    """The wave policy of a stage whose job must hold exactly the units to run (inference: a
+    unit's documents are generated before its receipt is checked): every unit, one wave."""
+
+    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]:
+        return units, True
+
+
+def waves_of(stage: Stage) -> Waves | None:
+    """The wave policy of ``stage`` (None: judged by listings)."""
+    if stage.has_budget():
+        return stage
+    if type(stage).step_transform is not Stage.step_transform:
+        return AllPending()
+    return None
 
 
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
@@ -91,7 +149,8 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
         run.upstream_repairs = dict(repairs)
         checks = run.check_all([u.id for u in plan], verify_checksums)
         receipts = {u.id: c.receipt for u in plan if (c := checks[u.id]).done and c.receipt is not None}
-        needed, final = run.stage.needed(plan, receipts)
+        waves = waves_of(run.stage)
+        needed, final = waves.needed(plan, receipts) if waves else (plan, True)
         pending = [u for u in needed if u.id not in receipts]
         done_repairs = repairs_of(run.name, receipts)
         if done_repairs and run.ledger.recorded_repairs() != done_repairs:  # a run killed before it recorded one
@@ -123,13 +182,6 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_chec
         else:
             repairs.update(run.ledger.recorded_repairs())
     return True
-
-
-def plans_by_listing(runs: list[StageRun]) -> bool:
-    """Whether the jobs of ``runs`` are planned from listings (:func:`run_stages`): no stage
-    asks for units by what the done ones hold (``has_budget``) and each is a plain
-    ``pipeline.RunStage`` step whose workers check every unit's receipt before running it."""
-    return all(not r.stage.has_budget() and type(r.stage).step_transform is Stage.step_transform for r in runs)
 
 
 def plan_ref(stage: Stage) -> PlanRef:
@@ -181,3 +233,99 @@ def write_plans(runs: list[StageRun], steps: list[Step]) -> list[Step]:
         ref, _ = write_units(step_ref(s.run, s.units), s.units)
         out.append(replace(s, ref=ref))
     return out
+
+
+def next_job(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_checksums: bool) -> Job | None:
+    """The next job of a run (module docstring), or None when there is nothing to do. With
+    checksums every unit's files are verified, by the workers or here."""
+    if not verify_checksums and final_stages_done(runs, plans):
+        return None  # nothing to do: the earlier stages' receipts are not read
+    here = max((i + 1 for i, r in enumerate(runs) if waves_of(r.stage) is not None), default=0)
+    steps: list[Step] = []
+    if here:
+        steps, job_runs, final = _judged_here(runs[:here], plans[:here], verify_checksums, more=here < len(runs))
+        if not final:
+            return Job(steps, job_runs, last=False)
+    return Job(steps + _judged_by_workers(runs[here:], plans[here:]), runs, last=True)
+
+
+def _judged_by_workers(runs: list[StageRun], plans: list[list[Unit[Any]]]) -> list[Step]:
+    """The steps of stages judged by listings: every unit of every stage (the workers skip the
+    ones whose receipt verifies), each with the ids of its units with no receipt file. A unit
+    repaired in the job invalidates what was built from it, so the workers judge a receipt
+    against the earlier stages' repairs listed once those stages have finished
+    (``StageRun.listing_job``)."""
+    job = uuid.uuid4().hex[:16]
+    steps: list[Step] = []
+    for run, plan in zip(runs, plans):
+        run.listing_job = job
+        if not plan:
+            continue
+        listed = run.ledger.listed_units()
+        fresh = tuple(u.id for u in plan if u.id not in listed)
+        log.info("stage %s [%s]: %d of %d units have no receipt; the workers check the other %d before running them",
+                 run.name, run.stage_hash, len(fresh), len(plan), len(plan) - len(fresh))
+        steps.append(Step(run, plan, fresh=fresh))
+    return steps
+
+
+def _judged_here(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_checksums: bool,
+                 more: bool) -> tuple[list[Step], list[StageRun], bool]:
+    """The steps of stages judged in the driver: each stage's pending units (its wave
+    policy's, :class:`Waves`), up to the last one demanded (every one when ``more`` stages
+    follow, judged by listings: they run, so what precedes them is needed), or up to a stage
+    whose policy asks for more waves; the stages of the job; whether the wave is final.
+    Receipts built before an upstream repair are removed first."""
+    planned = plan_runs(runs, plans, verify_checksums)
+    last = len(planned) - 1 if more else \
+        demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
+    job: list[Planned] = []
+    for p in planned[:last + 1]:
+        job.append(p)
+        if not p.final:
+            if not p.pending:
+                raise RuntimeError(f"stage {p.run.name}: its wave policy asked for more units but none is pending")
+            break
+    for p in job:
+        if p.pending:
+            log.info("stage %s [%s]: %d of %d units pending", p.run.name, p.run.stage_hash,
+                     len(p.pending), len(p.plan))
+    steps = [Step(p.run, p.pending) for p in job if p.pending]
+    if steps:
+        for p in job:  # receipts built before an upstream repair go first: a later run, even one
+            for unit_id in p.stale:  # killed before these units are redone, sees them pending
+                p.run.ledger.remove_receipt(unit_id)
+    return steps, [p.run for p in job], not job or job[-1].final
+
+
+def unfinished(step: Step, verify_checksums: bool = False) -> dict[str, str]:
+    """After a job: unit id -> why it is not done, of ``step``'s units. For a stage judged by
+    listings only the units without a receipt file, or listed under ``failures/``, are checked
+    (the workers checked the others), and a failure record left by a kill after its unit
+    completed is removed; a stage judged here has each unit checked."""
+    run = step.run
+    if step.fresh is None:
+        checks = run.check_all([u.id for u in step.units], verify_checksums)
+        return {u: c.reason for u, c in checks.items() if not c.done}
+    listed, failed = run.ledger.listed_units(), run.ledger.listed_failures()
+    maybe = [u.id for u in step.units if u.id not in listed or u.id in failed]
+    out = {}
+    for unit_id, c in run.check_all(maybe, verify_checksums).items():
+        if c.done:
+            run.ledger.forget_failure(unit_id)
+        else:
+            out[unit_id] = c.reason
+    return out
+
+
+def first_unfinished(steps: list[Step]) -> str:
+    """The stage a failed job is reported at: the first step with a unit not done (for a stage
+    judged by listings: a unit with no receipt or a recorded failure)."""
+    for s in steps:
+        if s.fresh is not None:
+            listed, failed = s.run.ledger.listed_units(), s.run.ledger.listed_failures()
+            if any(u.id not in listed or u.id in failed for u in s.units):
+                return s.run.name
+        elif not all(c.done for c in s.run.check_all([u.id for u in s.units]).values()):
+            return s.run.name
+    return steps[-1].run.name
