@@ -18,9 +18,9 @@ _TRANSFORMS = ("BuildNgramIndex", "DeconPipeline", "DropOverlaps", "FindOverlaps
 __all__ = list(_TRANSFORMS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _TRANSFORMS:
-        from refinery.transforms.decon import beam
+        from refinery.transforms.decon import beam  # lazy: Beam is imported only when a transform is asked for
 
         return getattr(beam, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

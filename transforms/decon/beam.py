@@ -33,16 +33,20 @@ Beam metrics (namespace ``refinery_decon``): ``eval_rows``, ``eval_bad_rows``, `
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
+from apache_beam.coders import typecoders
+from apache_beam.metrics.metric import Metrics
+from apache_beam.transforms import combiners
 
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.stages import DeconSettings, build_stages
 from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.rows import SourceRow
 from refinery.transforms.io.text import TextSpec
+from refinery.transforms.resumable.beam_steps import RunStages
 
 NAMESPACE = "refinery_decon"
 
@@ -82,15 +86,15 @@ class NgramIndexCoder(beam.coders.Coder):
     def is_deterministic(self) -> bool:
         return True
 
-    def to_type_hint(self):
+    def to_type_hint(self) -> type[ng.NgramIndex]:
         return ng.NgramIndex
 
 
-beam.coders.registry.register_coder(Overlap, OverlapCoder)
-beam.coders.registry.register_coder(ng.NgramIndex, NgramIndexCoder)
+typecoders.registry.register_coder(Overlap, OverlapCoder)
+typecoders.registry.register_coder(ng.NgramIndex, NgramIndexCoder)
 
 
-def _provenance(element, default_dataset: str | None) -> tuple[str, str, int, dict | None]:
+def _provenance(element: object, default_dataset: str | None) -> tuple[str, str, int, dict[str, Any] | None]:
     """(eval dataset, path, row, record) of an input row (dict or SourceRow)."""
     if isinstance(element, SourceRow):
         return default_dataset or ng.eval_dataset_name(element.path), element.path, element.row, element.record
@@ -99,7 +103,7 @@ def _provenance(element, default_dataset: str | None) -> tuple[str, str, int, di
     return default_dataset or "eval", "", -1, None
 
 
-def index_of_elements(elements: list, ngrams: list[int], eval_dataset: str | None, tokenizer: str,
+def index_of_elements(elements: list[Any], ngrams: list[int], eval_dataset: str | None, tokenizer: str,
                       text_field: str | TextSpec, id_field: str, partitions: int) -> ng.NgramIndex:
     """The index of eval rows given in any order: rows are ordered by (dataset, path, row,
     instance id, text) first, so the index does not depend on how Beam delivered them.
@@ -107,7 +111,7 @@ def index_of_elements(elements: list, ngrams: list[int], eval_dataset: str | Non
     records = [_provenance(element, eval_dataset) for element in elements]
     spec = TextSpec.of(text_field)
 
-    def order(r: tuple) -> tuple:
+    def order(r: tuple[Any, ...]) -> tuple[Any, ...]:
         ds, path, row, record = r
         text, _ = spec.extract(record)
         if text is None:
@@ -150,7 +154,7 @@ class BuildNgramIndex(beam.PTransform):
         self.id_field, self.partitions = id_field, partitions
 
     def expand(self, rows):
-        def build(elements: list) -> ng.NgramIndex:
+        def build(elements: list[Any]) -> ng.NgramIndex:
             index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text,
                                       self.id_field, self.partitions)
             Metrics.counter(NAMESPACE, "eval_rows").inc(len(index.rows))
@@ -158,12 +162,12 @@ class BuildNgramIndex(beam.PTransform):
             Metrics.counter(NAMESPACE, "test_ngrams").inc(index.num_ngrams)
             return index
 
-        return (rows | "AllEvalRows" >> beam.combiners.ToList()
+        return (rows | "AllEvalRows" >> combiners.ToList()
                 | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
 
 
 def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int],
-                     where: list[tuple[str, int, str | None]], id_field: str):
+                     where: list[tuple[str, int, str | None]], id_field: str) -> Iterator[Overlap]:
     """The :class:`Overlap` records of one batch's verified hits; ``where[i]`` is the
     (path, row, relpath) of the batch's i-th input row."""
     doc_ids: dict[int, str] = {}
@@ -192,7 +196,7 @@ class _FindOverlapsFn(beam.DoFn):
         self.hit_rows = Metrics.counter(NAMESPACE, "train_rows_with_overlaps")
         self.overlaps = Metrics.counter(NAMESPACE, "overlaps")
 
-    def process(self, batch: list, index: ng.NgramIndex):
+    def process(self, batch: list[Any], index: ng.NgramIndex):
         ngrams = self.ngrams or index.ns
         if not set(ngrams) <= set(index.ns):
             raise ValueError(f"FindOverlaps(ngrams={ngrams}): the index was built for n = {index.ns}")
@@ -251,7 +255,7 @@ def overlap_row_key(overlap: Overlap) -> tuple[str, object]:
     return ("id", overlap.train_doc_id)
 
 
-def row_key(element, id_field: str = "id") -> tuple[str, object]:
+def row_key(element: object, id_field: str = "id") -> tuple[str, object]:
     """The key of a training row, as :func:`overlap_row_key` spells it for the overlaps it has."""
     if isinstance(element, SourceRow):
         return ("row", (element.path, element.row))
@@ -282,7 +286,7 @@ class DropOverlaps(beam.PTransform):
                 | "OncePerRow" >> beam.CombinePerKey(any))
         dropped = Metrics.counter(NAMESPACE, "train_rows_dropped")
 
-        def keep(element, drop: dict) -> bool:
+        def keep(element: object, drop: dict[tuple[str, object], bool]) -> bool:
             if row_key(element, id_field) in drop:
                 dropped.inc()
                 return False
@@ -305,12 +309,9 @@ class DeconPipeline(beam.PTransform):
     ``refinery decon`` writes for the same inputs and settings, skips every unit whose
     receipt verifies, and the command resumes from it (and it from the command)."""
 
-    def __init__(self, settings, output: str):
+    def __init__(self, settings: DeconSettings, output: str):
         super().__init__()
         self.settings, self.output = settings, output.rstrip("/")
 
     def expand(self, pbegin):
-        from refinery.transforms.decon.stages import build_stages
-        from refinery.transforms.resumable.beam_steps import RunStages
-
         return pbegin | "Stages" >> RunStages(build_stages(self.settings), self.output)

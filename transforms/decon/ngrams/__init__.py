@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from refinery.transforms.io.jsonl import JSON_ERRORS
 
+from .details import NGRAM_MAX_CHARS, WRITE_CHARS
 from .hashes import batch_window_hashes, ngram_hash, partition_of, token_hash, tokenize_batch
 from .ids import eval_dataset_name, record_hash_id, record_id
 from .index import (
@@ -79,10 +80,8 @@ from .longest import longest_matches, longest_run, record_windows
 from .membership import Membership
 from .reduce import (
     DEFAULT_MAX_NGRAM_DETAILS,
-    NGRAM_MAX_CHARS,
     SNIPPET_CONTEXT,
     SNIPPET_MAX_CHARS,
-    WRITE_CHARS,
     HitGroups,
     hit_blocks,
     hit_groups,

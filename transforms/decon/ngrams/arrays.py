@@ -2,7 +2,7 @@
 ranges of positions, runs of equal tuples, and work-bounded batches of groups."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -12,7 +12,7 @@ def i64(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i8")
 
 
-def i64_bytes(values) -> bytes:
+def i64_bytes(values: np.ndarray | Sequence[int]) -> bytes:
     """``values`` as little-endian int64 bytes (what :func:`i64` reads back)."""
     return np.ascontiguousarray(values, dtype="<i8").tobytes()
 

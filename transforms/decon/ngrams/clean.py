@@ -21,7 +21,7 @@ import gzip
 import json
 import re
 from collections import defaultdict
-from typing import IO, Callable, ContextManager, Iterable, Iterator, cast
+from typing import IO, Any, Callable, ContextManager, Iterable, Iterator, cast
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.jsonl import JSON_ERRORS
@@ -63,7 +63,7 @@ def unchecked_ids(eval_rows: Iterable[EvalRow], min_eval_tokens: int) -> dict[st
     return out
 
 
-def clean_ids(eval_rows: list[EvalRow], overlap_stats: list[dict], min_eval_tokens: int
+def clean_ids(eval_rows: list[EvalRow], overlap_stats: list[dict[str, Any]], min_eval_tokens: int
               ) -> dict[tuple[str, int], set[str]]:
     """Per (eval dataset, n) of ``overlap_stats``: its clean instance ids (every id of the
     dataset but those overlapping at n and those with an unchecked row)."""
@@ -75,7 +75,7 @@ def clean_ids(eval_rows: list[EvalRow], overlap_stats: list[dict], min_eval_toke
             for s in overlap_stats}
 
 
-def note_clean(overlap_stats: list[dict], eval_rows: list[EvalRow], min_eval_tokens: int) -> None:
+def note_clean(overlap_stats: list[dict[str, Any]], eval_rows: list[EvalRow], min_eval_tokens: int) -> None:
     """Add the clean subsets' counts to each ``overlap_stats`` line, in place:
     ``num_clean_instances`` (ids), ``num_clean_rows`` (the lines of its :func:`clean_file`:
     more than the ids where rows share an id) and ``num_unchecked_instances`` (ids with an
@@ -102,7 +102,7 @@ def note_clean(overlap_stats: list[dict], eval_rows: list[EvalRow], min_eval_tok
                              f"instances are not its {s['num_instances']} instances")
 
 
-def clean_line(record: dict, row: EvalRow) -> bytes:
+def clean_line(record: dict[str, Any], row: EvalRow) -> bytes:
     """The line of a clean file for ``row``, read again as ``record``: the record as read (its
     keys in order), with ``"instance_id"`` added for a row without an id (``row.hashed_id``);
     a value JSON cannot hold (a Parquet timestamp or decimal) as its ``str()``. ValueError
@@ -118,7 +118,7 @@ def clean_line(record: dict, row: EvalRow) -> bytes:
 
 
 def rows_as_read(rows: list[EvalRow], read_rows: Callable[[str], Iterable[Row]], id_field: str
-                 ) -> Iterator[tuple[EvalRow, dict]]:
+                 ) -> Iterator[tuple[EvalRow, dict[str, Any]]]:
     """Each of ``rows`` (eval order) with its record read again by ``read_rows`` (path -> the
     rows of that file, as the index read them: :func:`~refinery.transforms.io.rows.iter_rows`),
     each file read once per run of its rows. ValueError naming the file and row where a
@@ -151,7 +151,7 @@ def rows_as_read(rows: list[EvalRow], read_rows: Callable[[str], Iterable[Row]],
         i = j
 
 
-def write_clean_subsets(eval_rows: list[EvalRow], overlap_stats: list[dict], min_eval_tokens: int,
+def write_clean_subsets(eval_rows: list[EvalRow], overlap_stats: list[dict[str, Any]], min_eval_tokens: int,
                         read_rows: Callable[[str], Iterable[Row]], id_field: str,
                         open_write: Callable[[str], ContextManager[storage.BinaryWriter]]
                         ) -> dict[tuple[str, int], int]:
@@ -212,7 +212,7 @@ def remove_stale_clean(output: str, current: set[str]) -> list[str]:
     return removed
 
 
-def unchanged_reader(fingerprints: list[dict], max_row_bytes: int) -> Callable[[str], Iterator[Row]]:
+def unchanged_reader(fingerprints: list[dict[str, Any]], max_row_bytes: int) -> Callable[[str], Iterator[Row]]:
     """A ``read_rows`` for :func:`write_clean_subsets`: the rows of an eval file as the index
     read them (:func:`~refinery.transforms.io.rows.iter_rows`, the same row cap), after
     checking the file still has the size and version the index recorded

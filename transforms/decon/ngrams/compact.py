@@ -114,7 +114,7 @@ class RecordColumns(Sequence[RecordView]):
     def gram_bytes(self, i: int) -> bytes:
         return self.grams[int(self.gram_at[i]):int(self.gram_at[i + 1])]
 
-    def evals(self, i: int) -> list[list]:
+    def evals(self, i: int) -> list[list[Any]]:
         """Record ``i``'s ``[[eval_idx, [[start, end], ...]], ...]``."""
         a, b = int(self.ev_at[i]), int(self.ev_at[i + 1])
         at = self.off_at[a:b + 1].tolist()
@@ -123,7 +123,7 @@ class RecordColumns(Sequence[RecordView]):
         base = at[0]
         return [[e, pairs[s - base:t - base]] for e, s, t in zip(self.ev_idx[a:b].tolist(), at, at[1:])]
 
-    def to_lists(self) -> list[list]:
+    def to_lists(self) -> list[list[Any]]:
         return [list(r) for r in self]
 
     def by_hash(self) -> tuple[np.ndarray, np.ndarray | None, bool]:

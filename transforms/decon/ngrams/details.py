@@ -17,7 +17,7 @@ import gzip
 import json
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Callable, Collection, Iterator, Protocol
+from typing import Any, Callable, Collection, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -162,13 +162,13 @@ class DetailRows:
                     "train_flat", "train_snippet_start", "train_snippet", "train_snippet_truncated", "rows")
 
     def _clear(self) -> None:
-        self._columns: tuple[list, ...] = tuple([] for _ in self._HIT_COLUMNS)  # the hits' columns, in that order
+        self._columns: tuple[list[Any], ...] = tuple([] for _ in self._HIT_COLUMNS)  # the hits' columns, in that order
         self.eval_idx: list[int] = []    # the eval side of the rows held, one entry per row
         self.eval_pairs: list[int] = []
         self.eval_flat: list[int] = []
         self.held_rows = self.held_chars = 0
 
-    def _eval_side(self, key: int, evals: list, a: int, b: int) -> tuple[list[int], list[int], list[int]]:
+    def _eval_side(self, key: int, evals: list[Any], a: int, b: int) -> tuple[list[int], list[int], list[int]]:
         """(eval_idx, pairs per row, flat offsets) of ``evals[a:b]``, as lists of ints (most
         records have one or two eval rows: numpy arrays per hit would cost more than they
         hold); cached by record ``key`` for a record with few eval rows (it comes back with
@@ -189,8 +189,8 @@ class DetailRows:
             return idx, pairs, flat
         return idx[a:b], pairs[a:b], flat[2 * starts[a]:2 * starts[b]]
 
-    def add(self, key: int, n: int, ngram: str, ngram_truncated: bool, evals: list, room: int, train_path: str,
-            train_row: int, train_doc_id: str, train_offsets: list, snippet_start: int, snippet: str,
+    def add(self, key: int, n: int, ngram: str, ngram_truncated: bool, evals: list[Any], room: int, train_path: str,
+            train_row: int, train_doc_id: str, train_offsets: list[Any], snippet_start: int, snippet: str,
             snippet_truncated: bool) -> None:
         """``room`` rows: the hit of record ``key`` (its ``n``, ``ngram`` as written) in a
         training row, for each of ``evals[:room]``. A row group holds at most
@@ -232,7 +232,8 @@ class DetailRows:
                          np.asarray(self.eval_flat, dtype=np.int64))
         self._clear()
 
-    def write_group(self, h: dict, eval_idx: np.ndarray, eval_pairs: np.ndarray, eval_flat: np.ndarray) -> None:
+    def write_group(self, h: dict[str, Any], eval_idx: np.ndarray, eval_pairs: np.ndarray, eval_flat: np.ndarray
+                    ) -> None:
         """One row group: ``h`` the hit columns (:data:`_HIT_COLUMNS`, one entry per piece of a
         hit, ``rows`` its rows), the eval side one entry per row."""
         rows = np.asarray(h["rows"], dtype=np.int64)
@@ -279,7 +280,7 @@ class RecordSide:
         self.at = np.append(0, np.cumsum(keep, dtype=np.int64))[records.ev_at.astype(np.int64)]
         self.size = np.diff(self.at)  # kept eval entries per record
         self._grams: dict[int, str] = {}
-        self._evals: dict[int, list] = {}
+        self._evals: dict[int, list[Any]] = {}
 
     def gram(self, rec: int) -> str:
         got = self._grams.get(rec)
@@ -287,7 +288,7 @@ class RecordSide:
             got = self._grams[rec] = self.records.gram_bytes(rec).decode("utf-8", "surrogatepass")
         return got
 
-    def evals(self, rec: int) -> list:
+    def evals(self, rec: int) -> list[Any]:
         """Record ``rec``'s kept ``[[eval_idx, [[start, end], ...]], ...]``."""
         got = self._evals.get(rec)
         if got is None:
@@ -343,7 +344,7 @@ class ParquetSink:
 
     def __init__(self, rows: DetailRows, side: RecordSide):
         self.rows, self.side = rows, side
-        self.pending: list[tuple] = []
+        self.pending: list[tuple[Any, ...]] = []
         self.held_rows = self.held_chars = 0
 
     def add(self, batch: HitBatch) -> None:
@@ -376,7 +377,7 @@ class ParquetSink:
         pass
 
     def _write(self) -> None:
-        cols: dict[str, list] = {k: [] for k in DetailRows._HIT_COLUMNS}
+        cols: dict[str, list[Any]] = {k: [] for k in DetailRows._HIT_COLUMNS}
         ev: list[list[np.ndarray]] = [[], [], []]
         for batch, gram, hit, a, size in self.pending:
             hl = hit.tolist()
@@ -423,7 +424,7 @@ class JsonLinesSink:
     characters, whatever the fan-out, and what a block of hits left at its end (the gzip
     member's bytes depend on those cuts: they are those of the code before the columns)."""
 
-    def __init__(self, write: Callable[[bytes], None], side: RecordSide, eval_rows: list[EvalRow], same: SameText):
+    def __init__(self, write: Callable[[bytes], object], side: RecordSide, eval_rows: list[EvalRow], same: SameText):
         self.write, self.side, self.eval_rows, self.same = write, side, eval_rows, same
         self.heads: dict[int, str] = {}
         self.middles: dict[int, str] = {}
@@ -434,7 +435,7 @@ class JsonLinesSink:
     def _head(self, eval_idx: int) -> str:
         h = self.heads.get(eval_idx)
         if h is None:
-            er, quote = self.eval_rows[eval_idx], json.encoder.encode_basestring  # type: ignore[attr-defined]
+            er, quote = self.eval_rows[eval_idx], json.encoder.encode_basestring
             h = (f'{{"eval_dataset": {quote(er.eval_dataset)}, "eval_path": {quote(er.eval_path)}, '
                  f'"eval_row": {er.eval_row}, "instance_id": {quote(er.instance_id)}')
             if eval_idx in self.same.others:
@@ -442,17 +443,17 @@ class JsonLinesSink:
             self.heads[eval_idx] = h
         return h
 
-    def _lines(self, rec: int, evals: list) -> list[str]:
+    def _lines(self, rec: int, evals: list[Any]) -> list[str]:
         middle = self.middles.get(rec)
         if middle is None:
-            gram, quote = self.side.gram(rec), json.encoder.encode_basestring  # type: ignore[attr-defined]
+            gram, quote = self.side.gram(rec), json.encoder.encode_basestring
             cut = ', "ngram_truncated": true' if len(gram) > NGRAM_MAX_CHARS else ""
             middle = self.middles[rec] = (f'"n": {int(self.side.records.n[rec])}, "ngram": '
                                           f'{quote(gram[:NGRAM_MAX_CHARS])}{cut}, "eval_offsets": ')
         return [f'{self._head(e)}, {middle}{pairs_text([x for p in offs for x in p])}, ' for e, offs in evals]
 
     def add(self, batch: HitBatch) -> None:
-        quote = json.encoder.encode_basestring  # type: ignore[attr-defined]
+        quote = json.encoder.encode_basestring
         path = quote(batch.path)
         flat, occ_at = batch.flat.tolist(), batch.occ_at.tolist()
         for k, (rec, room, row, start, cut) in enumerate(zip(batch.rec.tolist(), batch.room.tolist(),
@@ -486,12 +487,12 @@ class JsonLinesSink:
         self.end_block()
 
 
-def record_of(row: dict) -> dict:
+def record_of(row: dict[str, Any]) -> dict[str, Any]:
     """A Parquet row as the dict of its JSON line: the optional keys only when set."""
     return {k: v for k, v in row.items() if k not in OPTIONAL or v != OPTIONAL[k]}
 
 
-def read_parquet_part(path: str) -> Iterator[dict]:
+def read_parquet_part(path: str) -> Iterator[dict[str, Any]]:
     """The records of one Parquet part, as :func:`record_of` gives them; ValueError naming
     ``path`` when it is not a Parquet file of :data:`SCHEMA`."""
     with storage.open_read(path) as f:
@@ -517,7 +518,7 @@ def details_format_of(output: str) -> str:
     return has[0]
 
 
-def read_details(output: str) -> Iterator[dict]:
+def read_details(output: str) -> Iterator[dict[str, Any]]:
     """Every detail record of the decon output ``output``, in partition order, whichever the
     format: the dicts of ``overlap_details.jsonl.gz``'s lines (a lone surrogate, from text that
     was not valid UTF-8, given as its ``\\uXXXX`` escape, as Parquet holds it)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class RowHits:
         self.doc.append(at + (len(self.doc_ids) << 32))
         self.doc_ids.append(doc_ids)
 
-    def result(self, keys_of: dict[int, dict[tuple[str, int], list[int]]], num_eval_rows: int) -> dict:
+    def result(self, keys_of: dict[int, dict[tuple[str, int], list[int]]], num_eval_rows: int) -> dict[str, Any]:
         """The partition's share, arrays as little-endian int64 bytes:
 
         - ``paths`` and ``keys``: the training paths and the (eval dataset, n) pairs the
@@ -112,7 +112,7 @@ class DropList:
     details and ``overlap_instances.jsonl.gz``, never repeated per training row, so a line's
     size does not grow with the eval rows that share an n-gram)."""
 
-    parts: list[dict]
+    parts: list[dict[str, Any]]
     eval_rows: list[EvalRow]
     same: SameText
 

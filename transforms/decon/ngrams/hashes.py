@@ -211,7 +211,8 @@ def window_hashes_at(batch: TokenBatch, prefix: np.ndarray, pos: np.ndarray, len
 
 
 def window_in_row(batch: TokenBatch, pos: np.ndarray, length: int) -> np.ndarray:
-    return batch.row_of[pos] == batch.row_of[pos + length - 1]
+    same: np.ndarray = batch.row_of[pos] == batch.row_of[pos + length - 1]
+    return same
 
 
 def batch_window_hashes(batch: TokenBatch, length: int) -> tuple[np.ndarray, np.ndarray]:

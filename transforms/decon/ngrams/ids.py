@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from typing import Any
 
 import msgpack
 
@@ -65,7 +66,7 @@ def field_dataset(record: object, field: str) -> tuple[str | None, str | None]:
 _NESTED = (dict, list, tuple)
 
 
-def sort_keys_recursive(obj):
+def sort_keys_recursive(obj: object) -> object:
     if isinstance(obj, dict):
         return {k: sort_keys_recursive(v) if isinstance(v, _NESTED) else v for k, v in sorted(obj.items())}
     if isinstance(obj, (list, tuple)):
@@ -76,7 +77,7 @@ def sort_keys_recursive(obj):
 _ID_PACKERS = threading.local()  # one msgpack Packer per thread: packb builds a new one per call
 
 
-def record_hash_id(record: dict) -> str:
+def record_hash_id(record: dict[str, Any]) -> str:
     """blake2b-64 (decimal) of the msgpack of the recursively key-sorted record. Values msgpack
     cannot encode (a parquet timestamp or decimal) are hashed as their ``str()``."""
     packer = getattr(_ID_PACKERS, "packer", None)
@@ -86,7 +87,7 @@ def record_hash_id(record: dict) -> str:
     return str(int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big"))
 
 
-def record_id(record: dict, id_field: str = "id") -> str:
+def record_id(record: dict[str, Any], id_field: str = "id") -> str:
     """``str(record[id_field])`` when present and not None, else :func:`record_hash_id` of
     the whole record as read (every field, ``"id": null`` included)."""
     value = record.get(id_field)

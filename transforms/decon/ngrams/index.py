@@ -8,12 +8,13 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping
 
 import msgpack
 
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
+from refinery.transforms.io.rows import Row
 from refinery.transforms.io.text import TextSpec
 
 from .compact import HashFind, RecordColumns, build_records, pack_records, unpack_records
@@ -36,7 +37,7 @@ class EvalRow:
     empty: bool            # only empty tokens: contributes no n-gram
     hashed_id: bool = False  # the row had no id: ``instance_id`` is the hash of the record (:func:`.ids.record_id`)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
 
 
@@ -75,9 +76,10 @@ def same_text(eval_rows: list[EvalRow]) -> SameText:
     return SameText(others, first, datasets)
 
 
-def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_field: str | TextSpec, id_field: str,
-                 tokenizer: WordSplitter, bad: dict[str, dict] | None = None, dataset_field: str | None = None,
-                 read_errors: Mapping[tuple[str, int], str] | None = None) -> tuple[list[EvalRow], dict[str, dict]]:
+def eval_rows_of(records: Iterable[tuple[str, str, int, dict[str, Any] | None]], text_field: str | TextSpec,
+                 id_field: str, tokenizer: WordSplitter, bad: dict[str, dict[str, Any]] | None = None,
+                 dataset_field: str | None = None, read_errors: Mapping[tuple[str, int], str] | None = None
+                 ) -> tuple[list[EvalRow], dict[str, dict[str, Any]]]:
     """Eval rows of ``(dataset, path, row, record)`` in the given order + per-dataset counts of
     bad rows (a record that could not be read, None, or without text: a missing field, not a
     string); ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows);
@@ -116,7 +118,7 @@ def eval_rows_of(records: Iterable[tuple[str, str, int, dict | None]], text_fiel
 LISTED_BAD_ROWS = 1000  # with --eval-dataset-field, the bad rows listed per dataset (all are counted)
 
 
-def bad_row_reasons(bad: Mapping[str, dict]) -> list[dict]:
+def bad_row_reasons(bad: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The bad eval rows :func:`eval_rows_of` listed (with ``dataset_field``), in eval order:
     ``{"eval_path", "eval_row", "eval_dataset", "reason"}`` each (``stats/eval_bad_rows.jsonl``);
     ``eval_dataset``: the dataset it is counted in. Empty without ``dataset_field``."""
@@ -125,7 +127,7 @@ def bad_row_reasons(bad: Mapping[str, dict]) -> list[dict]:
     return sorted(out, key=lambda r: (r["eval_path"], r["eval_row"]))
 
 
-def bad_rows_warning(bad: Mapping[str, dict], shown: int = 5) -> str | None:
+def bad_rows_warning(bad: Mapping[str, dict[str, Any]], shown: int = 5) -> str | None:
     """One line: how many eval rows were bad and the first ``shown`` with their reasons, or
     None when none is listed (:func:`bad_row_reasons`)."""
     listed = bad_row_reasons(bad)
@@ -160,7 +162,7 @@ def short_rows_warning(short: list[EvalRow], min_tokens: int, shown: int = 5) ->
             f"{min_tokens}; their n-grams would flag most training rows): {named}{more}")
 
 
-def note_short_rows(overlap_stats: list[dict], summary: list[dict], short: list[EvalRow]) -> None:
+def note_short_rows(overlap_stats: list[dict[str, Any]], summary: list[dict[str, Any]], short: list[EvalRow]) -> None:
     """Add the short rows (:func:`short_rows`) to the run's stats, in place: each
     ``overlap_stats`` line gets ``num_short_instances`` and ``short_instance_ids`` (sorted) of
     its eval dataset, each ``eval_summary`` line ``num_short_rows``."""
@@ -176,9 +178,9 @@ def note_short_rows(overlap_stats: list[dict], summary: list[dict], short: list[
         e["num_short_rows"] = rows[e["eval_dataset"]]
 
 
-def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[int, dict | None, str | None]]],
+def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[Row]],
                    text_field: str | TextSpec, id_field: str, tokenizer: WordSplitter, dataset_field: str | None = None
-                   ) -> tuple[list[EvalRow], dict[str, dict]]:
+                   ) -> tuple[list[EvalRow], dict[str, dict[str, Any]]]:
     """Eval rows of ``files`` (in the given order, each file's rows in order) + per-dataset
     counts of bad rows (:func:`eval_rows_of`). A row's dataset is its file's
     (:func:`.ids.eval_dataset_name`), or with ``dataset_field`` the one the row names (its
@@ -189,7 +191,7 @@ def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[i
         return eval_rows_of(records, text_field, id_field, tokenizer, {ds: {"bad_rows": 0} for _, ds in datasets})
     errors: dict[tuple[str, int], str] = {}
 
-    def read() -> Iterator[tuple[str, str, int, dict | None]]:
+    def read() -> Iterator[tuple[str, str, int, dict[str, Any] | None]]:
         for path, ds in datasets:
             for row, record, error in read_rows(path):
                 if record is None and error is not None:
@@ -200,13 +202,13 @@ def make_eval_rows(files: list[str], read_rows: Callable[[str], Iterable[tuple[i
 
 
 def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: WordSplitter, skip: Collection[int] = ()
-                ) -> dict[tuple[int, str], tuple[int, list[list]]]:
+                ) -> dict[tuple[int, str], tuple[int, list[list[Any]]]]:
     """(effective length, n-gram) -> (ngram_hash, [[eval_idx, [[start, end], ...]], ...]) over
     the eval rows, in row order, but those whose ``eval_idx`` is in ``skip`` (``refinery
     decon`` skips the later rows of a text several rows have: :attr:`SameText.first`;
     their n-grams and offsets are the first row's). Hashes come from the vectorized twin
     (equal to :func:`ngram_hash`)."""
-    index: dict[tuple[int, str], tuple[int, list]] = {}
+    index: dict[tuple[int, str], tuple[int, list[Any]]] = {}
     ns = list(ns)
     chunk = 4096
     if skip:
@@ -227,7 +229,7 @@ def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: WordSplitter,
                         window_hashes[length] = batch_all_window_hashes(batch, prefix, length).tolist()
                     wh = window_hashes[length]
                     blank = " " * (length - 1)  # the n-gram of empty tokens only: skipped
-                    seen: dict[str, list] = {}
+                    seen: dict[str, list[Any]] = {}
                     for i, gram in enumerate([" ".join(tokens[i:i + length])
                                               for i in range(len(tokens) - length + 1)]):
                         offs = seen.get(gram)
@@ -244,10 +246,11 @@ def build_index(rows: list[EvalRow], ns: Iterable[int], tokenizer: WordSplitter,
     return index
 
 
-def partition_records(index: dict, partitions: int) -> dict[int, list[list]]:
+def partition_records(index: Mapping[tuple[int, str], tuple[int, list[Any]]], partitions: int
+                      ) -> dict[int, list[list[Any]]]:
     """Partition -> detail records ``[n, ngram, hash, [[eval_idx, [[s, e], ...]], ...]]``,
     ordered by hash (ties in index order: deterministic)."""
-    out: dict[int, list[list]] = defaultdict(list)
+    out: dict[int, list[list[Any]]] = defaultdict(list)
     with gc_paused():
         for (length, gram), (h, evals) in index.items():
             out[h % partitions].append([length, gram, h, evals])
@@ -266,7 +269,7 @@ class NgramIndex:
     """
 
     rows: list[EvalRow]
-    bad: dict[str, dict]               # eval dataset -> {"bad_rows": count}
+    bad: dict[str, dict[str, Any]]               # eval dataset -> {"bad_rows": count}
     ns: list[int]
     tokenizer: str
     num_partitions: int
@@ -275,7 +278,7 @@ class NgramIndex:
     num_ngrams: int = 0
 
     @classmethod
-    def build(cls, rows: list[EvalRow], bad: dict[str, dict], ns: Iterable[int], tokenizer: str,
+    def build(cls, rows: list[EvalRow], bad: dict[str, dict[str, Any]], ns: Iterable[int], tokenizer: str,
               num_partitions: int, skip: Collection[int] = ()) -> "NgramIndex":
         """The index of ``rows``; the records leave out the rows in ``skip``: those of
         :func:`build_index` and :func:`partition_records`, built in columns (:func:`.compact.build_records`:
@@ -287,7 +290,7 @@ class NgramIndex:
 
     def lookup(self, p: int) -> Partition:
         """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
-        cache = self.__dict__.setdefault("_parts", {})
+        cache: dict[int, Partition] = self.__dict__.setdefault("_parts", {})
         part = cache.get(p)
         if part is None:
             part = cache[p] = Partition(self.records.get(p) or RecordColumns.from_lists([]))
@@ -295,12 +298,13 @@ class NgramIndex:
 
     def to_bytes(self) -> bytes:
         with gc_paused():
-            return msgpack.packb({
+            data: bytes = msgpack.packb({
                 "rows": [list(r.__dict__.values()) for r in self.rows], "bad": self.bad, "ns": self.ns,
                 "tokenizer": self.tokenizer, "partitions": self.num_partitions,
                 "membership": self.membership.to_bytes(),
                 "records": {p: recs.to_lists() for p, recs in self.records.items()}, "num_ngrams": self.num_ngrams,
             }, use_bin_type=True, unicode_errors="surrogatepass")
+        return data
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "NgramIndex":
@@ -314,7 +318,7 @@ class NgramIndex:
 
 
 
-def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
+def dumps_jsonl_gz(records: Iterable[dict[str, Any]]) -> bytes:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
         for rec in records:
@@ -322,7 +326,7 @@ def dumps_jsonl_gz(records: Iterable[dict]) -> bytes:
     return buf.getvalue()
 
 
-def loads_jsonl_gz(data: bytes) -> Iterator[dict]:
+def loads_jsonl_gz(data: bytes) -> Iterator[dict[str, Any]]:
     for line in gzip.decompress(data).splitlines():
         if line:
             yield json.loads(line)
@@ -334,12 +338,12 @@ class Partition:
     read as a list), and the lookup the scan verifies hash hits against: ``(n, UTF-8 n-gram) ->
     record index`` (by hash, then text: no dict with a key per n-gram)."""
 
-    def __init__(self, records: RecordColumns | list[list]):
+    def __init__(self, records: RecordColumns | list[list[Any]]):
         self.records = records if isinstance(records, RecordColumns) else RecordColumns.from_lists(records)
         self.find = HashFind(self.records)
 
 
-def dumps_partition(records: RecordColumns | list[list]) -> bytes:
+def dumps_partition(records: RecordColumns | list[list[Any]]) -> bytes:
     """Partition detail records (:func:`partition_records`) -> msgpack bytes (of the lists)."""
     with gc_paused():
         return pack_records(records)

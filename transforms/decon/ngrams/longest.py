@@ -52,7 +52,7 @@ def longest_run(windows: Iterable[tuple[int, int]]) -> int:
 EMPTY_WINDOWS = {"lens": b"", "starts": i64_bytes([0]), "evals": b"", "chars": b""}
 
 
-def record_windows(records: Sequence[Sequence[Any]], kept: dict[int, list]) -> dict:
+def record_windows(records: Sequence[Sequence[Any]], kept: dict[int, list[Any]]) -> dict[str, Any]:
     """A reduce unit's share for the longest match: per record it saw counted hits of, in
     ascending record index (the order of the records of :meth:`.droplist.RowHits.result`),
     its effective length (``lens``) and its eval windows ``starts[j]`` to ``starts[j + 1]``:
@@ -89,10 +89,11 @@ def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarr
     at = np.minimum(np.searchsorted(key, want), len(key) - 1)
     if not np.array_equal(key[at], want):
         raise ValueError("an eval window does not start at a token of its eval row")
-    return position[at]
+    found: np.ndarray = position[at]
+    return found
 
 
-def longest_matches(shares: list[tuple[dict, dict]], eval_rows: list[EvalRow], ns: list[int],
+def longest_matches(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_rows: list[EvalRow], ns: list[int],
                     tokenizer: WordSplitter, windows_at_once: int = WINDOWS_AT_ONCE) -> np.ndarray:
     """The longest match of every eval row: an array ``[eval_idx, k]`` for effective length
     ``L`` at ``k = searchsorted(ns, L)`` (the first configured n with ``min(n, tokens) ==

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class Membership:
     verified against the n-gram text (:func:`scan_rows` does).
     """
 
-    def __init__(self, hashes: np.ndarray | Iterable[int], lengths: Iterable[int], meta: dict | None = None):
+    def __init__(self, hashes: np.ndarray | Iterable[int], lengths: Iterable[int], meta: dict[str, Any] | None = None):
         if not isinstance(hashes, np.ndarray):
             hashes = np.fromiter(hashes, dtype=np.uint64)
         self.hashes = _sorted_unique(hashes.astype(np.uint64, copy=False))
@@ -57,7 +57,7 @@ class Membership:
         if len(h) == 0 or len(self.hashes) == 0:
             return np.zeros(len(h), dtype=np.bool_)
         slot = h >> self.shift
-        mask = ((self.bitmap[slot >> _U(3)] >> (slot & _U(7)).astype(np.uint8)) & 1).astype(np.bool_)
+        mask: np.ndarray = ((self.bitmap[slot >> _U(3)] >> (slot & _U(7)).astype(np.uint8)) & 1).astype(np.bool_)
         cand = np.flatnonzero(mask)
         if len(cand):
             hc = h[cand]

@@ -16,7 +16,6 @@ from .arrays import ranges, run_starts
 from .compact import RecordColumns
 from .details import (
     NGRAM_MAX_CHARS,
-    WRITE_CHARS,  # noqa: F401 (the package's name for it)
     DetailRows,
     DetailSink,
     HitBatch,
@@ -31,7 +30,7 @@ from .scan import ScanHits
 from .word_split import WordSplitter, configured_ns
 
 
-def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict:
+def instance_metrics(tokens: list[str], n: int, overlap_counts: dict[str, int]) -> dict[str, float]:
     """HELM metrics of one instance at configured n.
 
     The instance's n-grams are its windows of ``L = min(n, len(tokens))`` tokens (all-empty
@@ -89,7 +88,8 @@ SNIPPET_MAX_CHARS = 1000  # a snippet is cut there (a huge token): ``train_snipp
 
 
 def _i64(data: bytes) -> list[int]:
-    return np.frombuffer(data, dtype="<i8").tolist()
+    values: list[int] = np.frombuffer(data, dtype="<i8").tolist()
+    return values
 
 
 def _b64(values: np.ndarray) -> bytes:
@@ -164,7 +164,7 @@ def split_hits(hits: ScanHits, max_chars: int) -> Iterator[ScanHits]:
         a = b
 
 
-def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict]]:
+def hit_blocks(groups: list[HitGroups]) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(partition, block)`` for each partition of some batches' hit groups, ascending; a
     block holds the partition's groups in scan order, the :class:`HitGroups` columns but
     ``partition``, integer columns as little-endian int64 bytes."""
@@ -218,11 +218,11 @@ class PartitionResult(TypedDict):
     samples: dict[int, dict[int, list[Any]]]         # eval_idx -> n-gram length -> first two training rows
 
 
-Blocks = Callable[[], Iterable[tuple[int, str, int, dict]]]
+Blocks = Callable[[], Iterable[tuple[int, str, int, dict[str, Any]]]]
 
 
 def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow], ns: list[int], blocks: Blocks,
-                     max_train_count: int | None, write: Callable[[bytes], None] | None,
+                     max_train_count: int | None, write: Callable[[bytes], object] | None,
                      max_ngram_details: int | None = None, same: SameText | None = None,
                      rows_out: DetailRows | None = None) -> PartitionResult:
     """Join one eval partition's records with the scan's hit blocks of that partition.
@@ -277,7 +277,7 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
                             int(skip.sum()) if skip is not None else 0)
 
 
-def row_ids_at(block: dict, base: int) -> dict:
+def row_ids_at(block: dict[str, Any], base: int) -> dict[str, Any]:
     """``block`` with each marked doc id (:data:`ROW_ID_MARK`: a row without an id) made
     ``relpath:row``, the row file-global (``base``: the rows of the file before the block's
     byte slice)."""
@@ -318,7 +318,7 @@ class CountedHits:
     ends: np.ndarray
     snippet_start: np.ndarray
 
-    def batch(self, path: str, block: dict, room: np.ndarray) -> HitBatch:
+    def batch(self, path: str, block: dict[str, Any], room: np.ndarray) -> HitBatch:
         """The hits that write detail records (``room`` each, 0: none)."""
         w = np.flatnonzero(room)
         at = self.at[w]
@@ -333,7 +333,7 @@ class CountedHits:
                         [snippets[k] for k in listed], self.ends[lo] + SNIPPET_CONTEXT - snip > SNIPPET_MAX_CHARS)
 
 
-def counted_hits(block: dict, base: int, skip: np.ndarray | None) -> CountedHits:
+def counted_hits(block: dict[str, Any], base: int, skip: np.ndarray | None) -> CountedHits:
     """A block's hits as :class:`CountedHits`; ``skip``: records over ``--max-train-count``."""
     recs, rows = np.frombuffer(block["record"], dtype="<i8"), np.frombuffer(block["row"], dtype="<i8")
     occ = np.frombuffer(block["occurrences"], dtype="<i8")
@@ -374,9 +374,8 @@ class Tally:
             self.firsts.append(new[np.argsort(first_at, kind="stable")])
         np.add.at(self.counts, rec, 1)
         size = self.side.size[rec]
-        if self.cap is None:
-            return size.copy()
-        return np.clip(self.cap - before * size, 0, size)
+        room: np.ndarray = size.copy() if self.cap is None else np.clip(self.cap - before * size, 0, size)
+        return room
 
     @property
     def order(self) -> list[int]:
@@ -396,9 +395,9 @@ class Sampler:
         self.side = side
         self.open = np.ones(len(side.size), dtype=bool)  # records still sampling
         self.sampled: dict[int, list[int]] = {}
-        self.samples: dict[tuple[int, int], dict[tuple[int, int], list]] = {}
+        self.samples: dict[tuple[int, int], dict[tuple[int, int], list[Any]]] = {}
 
-    def add(self, unit: int, path: str, hits: CountedHits, block: dict) -> None:
+    def add(self, unit: int, path: str, hits: CountedHits, block: dict[str, Any]) -> None:
         recs = self.side.records
         for k in np.flatnonzero(self.open[hits.rec]).tolist():
             rec = int(hits.rec[k])
@@ -422,9 +421,9 @@ class Sampler:
             if not todo:
                 self.open[rec] = False
 
-    def result(self) -> dict[int, dict[int, list]]:
+    def result(self) -> dict[int, dict[int, list[Any]]]:
         """``{eval row: {length: [training rows]}}``."""
-        out: dict[int, dict[int, list]] = {}
+        out: dict[int, dict[int, list[Any]]] = {}
         for (eval_idx, n), rows_of in self.samples.items():
             out.setdefault(eval_idx, {})[n] = list(rows_of.values())
         return out
@@ -437,7 +436,7 @@ def partition_result(side: RecordSide, tally: Tally, sampler: Sampler, row_hits:
     kept = {rec: side.evals(rec) for rec in order}
     written = tally.written
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
-    spans: dict[int, dict[int, list]] = {}
+    spans: dict[int, dict[int, list[Any]]] = {}
     capped = []
     for rec, evals in kept.items():  # the first row of each text only: the others share its state
         n, gram, count = int(side.records.n[rec]), side.gram(rec), int(tally.counts[rec])
@@ -454,7 +453,7 @@ def partition_result(side: RecordSide, tally: Tally, sampler: Sampler, row_hits:
             "samples": sampler.result()}
 
 
-def record_keys(n_rec: int, evals: list, eval_rows: list[EvalRow], ns: list[int], same: SameText
+def record_keys(n_rec: int, evals: list[Any], eval_rows: list[EvalRow], ns: list[int], same: SameText
                 ) -> dict[tuple[str, int], list[int]]:
     """A record's eval rows by (eval dataset, configured n): the first rows of the texts with
     rows of that dataset."""
@@ -471,12 +470,12 @@ def by_path(path_hits: dict[str, list[tuple[np.ndarray, np.ndarray]]],
             keys_of: dict[int, dict[tuple[str, int], list[int]]]) -> list[list[Any]]:
     """``[train_path, eval_dataset, n, first rows, train rows]`` sorted: per training path and
     key of :func:`record_keys`, the eval rows of the records its counted hits name and its rows."""
-    out: dict[tuple[str, str, int], tuple[set, np.ndarray]] = {}
+    out: dict[tuple[str, str, int], tuple[set[Any], np.ndarray]] = {}
     for path, parts in path_hits.items():
         rec = np.concatenate([r for r, _ in parts])
         row = np.concatenate([w for _, w in parts])
         urec, inv = np.unique(rec, return_inverse=True)
-        ids: dict[tuple[str, int], set] = {}
+        ids: dict[tuple[str, int], set[Any]] = {}
         has: dict[tuple[str, int], np.ndarray] = {}
         for i, r in enumerate(urec.tolist()):
             for key, evals in keys_of[r].items():
@@ -495,15 +494,15 @@ NO_OVERLAP = {"binary": 0, "jaccard": 0.0, "token": 0.0, "jaccard_weighted": 0.0
 
 @dataclass
 class ReduceResult:
-    overlap_stats: list[dict]
-    by_train_path: list[dict]
-    metrics: list[dict]
-    summary: list[dict]
+    overlap_stats: list[dict[str, Any]]
+    by_train_path: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
     ignored_ngrams: int
     overlaps: dict[int, dict[int, dict[str, int]]]   # first row of a text -> n -> {ngram: training documents}
-    spans: dict[int, dict[int, list]]                # first row of a text -> n -> eval offsets of its n-grams
-    samples: dict[int, dict[int, list]]              # first row of a text -> n -> its first two training rows
-    capped: list                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
+    spans: dict[int, dict[int, list[Any]]]                # first row of a text -> n -> eval offsets of its n-grams
+    samples: dict[int, dict[int, list[Any]]]              # first row of a text -> n -> its first two training rows
+    capped: list[Any]                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
     contaminated: DropList                           # the drop list (its lines: ``contaminated.chunks()``)
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
 

@@ -3,7 +3,7 @@ n-grams, stream the training rows), for tests and ``bench/decon.py``."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
 from refinery.transforms.io.text import normalize_text
 
@@ -12,7 +12,7 @@ from .word_split import WordSplitter, effective_lengths, iter_ngrams
 
 
 def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, str]], ns: list[int],
-                      tokenizer: WordSplitter) -> tuple[dict[tuple[str, int], list[str]], set]:
+                      tokenizer: WordSplitter) -> tuple[dict[tuple[str, int], list[str]], set[Any]]:
     """Straightforward implementation of the same method.
 
     ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized first
@@ -30,8 +30,8 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
                 if not bucket or bucket[-1] is not r:
                     bucket.append(r)
     lengths = sorted({k[0] for k in index})
-    found: dict[tuple[str, int], set] = defaultdict(set)
-    details: set = set()
+    found: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    details: set[Any] = set()
     for path, row, text in train:
         tokens = tokenizer.tokenize(normalize_text(text))
         for length in lengths:

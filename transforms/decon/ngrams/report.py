@@ -3,23 +3,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from refinery.transforms.decon import report_html as rh
 
 from .ids import shown_id
-from .index import EvalRow
-from .reduce import SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, ReduceResult, SameText, same_text
+from .index import EvalRow, SameText, same_text
+from .reduce import SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, ReduceResult
 
 
-def overlap_instance(r: EvalRow) -> dict:
+def overlap_instance(r: EvalRow) -> dict[str, Any]:
     """The line of ``overlap_instances.jsonl.gz`` for an eval row: its text, written once."""
     return {"eval_dataset": r.eval_dataset, "eval_path": r.eval_path, "eval_row": r.eval_row,
             "instance_id": r.instance_id, "eval_text": r.text}
 
 
-def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText | None = None,
-                      metrics: list[dict] | None = None) -> Iterator[dict]:
+def overlap_instances(eval_rows: list[EvalRow], overlaps: Mapping[int, object], same: SameText | None = None,
+                      metrics: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
     """The lines of ``overlap_instances.jsonl.gz``: each overlapping eval row with its text, in
     eval order; a text shared by several rows once, on its first row's line, which lists the
     others under ``same_text`` (their detail records are that row's). With the run's
@@ -40,7 +40,7 @@ def overlap_instances(eval_rows: list[EvalRow], overlaps: dict, same: SameText |
         yield line
 
 
-def capped_warning(capped: list, max_ngram_details: int | None) -> str:
+def capped_warning(capped: list[Any], max_ngram_details: int | None) -> str:
     """One sentence on the n-grams whose detail records were capped ("" when none was)."""
     if not capped:
         return ""
@@ -53,14 +53,14 @@ def capped_warning(capped: list, max_ngram_details: int | None) -> str:
             f"them, or ignore such n-grams with --max-train-count.")
 
 
-def longest_examples(metrics: list[dict], top: int, n: int | None = None) -> list[dict]:
+def longest_examples(metrics: list[dict[str, Any]], top: int, n: int | None = None) -> list[dict[str, Any]]:
     """Per eval dataset (sorted), its ``top`` overlapping instances at ``n`` (default: the
     largest n), by longest match, then coverage, then eval order: the metrics rows
     (:attr:`ReduceResult.metrics`)."""
     if not metrics:
         return []
     n = max(m["n"] for m in metrics) if n is None else n
-    by_ds: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    by_ds: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for i, m in enumerate(metrics):
         if m["n"] == n and m["binary"]:
             by_ds[m["eval_dataset"]].append((i, m))
@@ -123,7 +123,7 @@ def _md_cell(text: str, max_chars: int = 80) -> str:
     return one.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
 
 
-def _md_spans(text: str, offsets: list, base: int = 0, most: int = 3) -> str:
+def _md_spans(text: str, offsets: list[Any], base: int = 0, most: int = 3) -> str:
     """The first ``most`` merged spans of ``offsets`` (relative to ``text``, shown ``+ base``):
     ``[start, end) "text"``, and how many more."""
     spans = rh.merge_spans([rh.Span(a, b) for a, b in offsets], len(text))
@@ -131,8 +131,8 @@ def _md_spans(text: str, offsets: list, base: int = 0, most: int = 3) -> str:
     return shown + (f"; and {len(spans) - most} more" if len(spans) > most else "")
 
 
-def _md_evidence(result: ReduceResult, rows: dict[tuple[str, int], EvalRow], same: SameText, chosen: list[dict],
-                 n: int) -> list[str]:
+def _md_evidence(result: ReduceResult, rows: dict[tuple[str, int], EvalRow], same: SameText,
+                 chosen: list[dict[str, Any]], n: int) -> list[str]:
     """Each chosen instance at ``n`` (its metrics row) with its overlapping spans and its first
     training rows' (path, row, offsets and text on both sides)."""
     lines = []
@@ -259,7 +259,7 @@ class MergedSnippet:
     start: int = 0                 # the offset of ``text`` in the training text
 
 
-def merged_snippet(hits: list) -> MergedSnippet:
+def merged_snippet(hits: list[Any]) -> MergedSnippet:
     """One snippet of a training row from its hits ``[ngram, offsets, snippet_start, snippet]``:
     the earliest snippet extended by those that overlap or touch it, and every occurrence
     inside it (offsets relative to the snippet). An occurrence longer than a snippet can
@@ -314,7 +314,7 @@ def examples_at(result: ReduceResult, rows: list[EvalRow], ns: list[int], k: int
 
 def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: list[int], examples: int,
                          settings: tuple[tuple[str, str], ...], inputs: tuple[tuple[str, str, str], ...],
-                         scan_stats: dict) -> rh.ContaminationReport:
+                         scan_stats: dict[str, Any]) -> rh.ContaminationReport:
     """What ``stats/report.html`` shows (:mod:`~refinery.transforms.decon.report_html`).
 
     Per eval dataset and n: the counts and the means of HELM's metrics over its rows; the
@@ -327,7 +327,7 @@ def contamination_report(result: ReduceResult, eval_rows: list[EvalRow], ns: lis
     """
     ns = sorted(set(ns))
     same = same_text(eval_rows)
-    metrics: dict[tuple[str, int], list[dict]] = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
+    metrics: dict[tuple[str, int], list[dict[str, Any]]] = {(m["eval_dataset"], m["n"]): [] for m in result.metrics}
     for m in result.metrics:
         metrics[(m["eval_dataset"], m["n"])].append(m)
     per_n = {(s["eval_dataset"], s["n"]): s for s in result.overlap_stats}

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from refinery.transforms.io.rows import Row
 from refinery.transforms.io.text import TextSpec, normalize_text
 
 from .arrays import ranges, run_starts
@@ -23,6 +24,8 @@ from .index import Partition
 from .membership import Membership
 from .normalized import to_raw
 from .word_split import WordSplitter
+
+ReadRow = tuple[int, dict[str, Any], str]  # a training row read: (row, record, its text)
 
 
 @dataclass
@@ -51,7 +54,7 @@ class ScanHits:
     offsets into the row's text.
     """
 
-    rows: list[tuple[int, dict, str]]
+    rows: list[ReadRow]
     row: np.ndarray
     partition: np.ndarray
     record: np.ndarray
@@ -67,7 +70,7 @@ class ScanHits:
         return np.append(np.flatnonzero(new), k)
 
 
-def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field: str | TextSpec,
+def scan_rows(rows: Iterable[Row], *, text_field: str | TextSpec,
               tokenizer: WordSplitter, membership: Membership, lookup: Callable[[int], Partition], partitions: int,
               stats: ScanStats,
               batch_bytes: int = 1 << 20) -> Iterator[ScanHits]:
@@ -92,13 +95,13 @@ def scan_rows(rows: Iterable[tuple[int, dict | None, str | None]], *, text_field
     prepare = tokenizer.prepare
     extract = TextSpec.of(text_field).extract
 
-    def scan(pending: list[tuple[int, dict, str]]) -> ScanHits | None:
+    def scan(pending: list[ReadRow]) -> ScanHits | None:
         normed = [normalize_text(text) for _, _, text in pending]
         prepared = [prepare(text) for text in normed]
         stats.text_bytes += sum(map(len, prepared))
         return _scan_batch(pending, prepared, normed, tokenizer, membership, records, partitions, stats)
 
-    pending: list[tuple[int, dict, str]] = []
+    pending: list[ReadRow] = []
     size = 0
     for row, record, _error in rows:
         stats.rows += 1
@@ -219,7 +222,7 @@ def verify_windows(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, h: np.n
     return ids
 
 
-def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter,
+def _scan_batch(pending: list[ReadRow], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter,
                 membership: Membership, records: Callable[[int], RecordColumns], partitions: int, stats: ScanStats
                 ) -> ScanHits | None:
     batch = tokenize_batch(prepared, tokenizer.byte_table)
@@ -244,7 +247,7 @@ def _scan_batch(pending: list[tuple[int, dict, str]], prepared: list[bytes], nor
 
 
 def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.ndarray,
-                 pending: list[tuple[int, dict, str]], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter
+                 pending: list[ReadRow], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter
                  ) -> tuple[np.ndarray, np.ndarray]:
     """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
     ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where

@@ -26,10 +26,10 @@ class WordSplitter:
     separators: str
 
     @property
-    def pattern(self) -> re.Pattern:
+    def pattern(self) -> re.Pattern[str]:
         return _compiled(self.separators)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, str | bool]:
         return {"name": self.name, "lowercase": self.lowercase, "separators": self.separators}
 
     def tokenize(self, text: str) -> list[str]:
@@ -89,7 +89,7 @@ class WordSplitter:
         return _byte_table(self.separators)
 
     @property
-    def nonascii_separators(self) -> re.Pattern:
+    def nonascii_separators(self) -> re.Pattern[str]:
         """Matches the non-ASCII characters of the separator class (Unicode whitespace)."""
         return _nonascii_separators(self.separators)
 
@@ -105,7 +105,7 @@ class WordSplitter:
 
 
 @lru_cache(maxsize=None)
-def _compiled(separators: str) -> re.Pattern:
+def _compiled(separators: str) -> re.Pattern[str]:
     return re.compile(rf"[{separators}]+")
 
 
@@ -116,7 +116,7 @@ def _byte_table(separators: str) -> bytes:
 
 
 @lru_cache(maxsize=None)
-def _nonascii_separators(separators: str) -> re.Pattern:
+def _nonascii_separators(separators: str) -> re.Pattern[str]:
     one = re.compile(rf"[{separators}]")
     # Non-ASCII members of \s are the characters for which str.isspace() is true; the
     # punctuation part of the class is ASCII. Each candidate is confirmed with the class.
