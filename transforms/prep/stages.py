@@ -32,7 +32,7 @@ import numpy as np
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, PrepTokenizer, TokenizerSpec
 from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
@@ -42,6 +42,7 @@ from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
     BATCH_DOCS,
+    Document,
     Rejected,
     encode_by_shard,
     row_normalizer,
@@ -392,86 +393,20 @@ class TokenizeStage(Stage):
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fast = enc if isinstance(enc, FastTiktokenTokenizer) else None  # counts what tiktoken encoded for it
         fallbacks = fast.fallbacks if fast is not None else 0
-        rows_read = accepted = empty = rejected = excluded = tokens_total = chars = without_id = 0
-        corrupt: list[CorruptFile] = []  # files cut short or corrupt
-        num_shards, text, id_field = cfg.num_shards, cfg.text, cfg.id_field
-        normalize = row_normalizer(text, id_field)
         pieces = cast(TokenizePayload, unit.payload)["pieces"]
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.spillnames")) as names_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
-            writer = spill.SpillWriter(tokens_out, names_out=names_out)
-            texts: list[str] = []  # a batch of documents, in input order, their shards, whether plain
-            shards = array("I")
-            plain: list[bool] = []
-            rows = array("Q")  # the batch's provenance (the shard's sidecar): rows, ids, source paths
-            ids: list[str] = []
-            sources: list[str] = []
-            batch_chars = 0
-
-            def encode_batch() -> None:
-                nonlocal accepted, tokens_total, chars, texts, shards, plain, batch_chars, rows, ids, sources
-                doc_shards = np.frombuffer(shards, np.uint32)
-                order, tokens, lengths = encode_by_shard(enc, texts, doc_shards, plain)
-                writer.add_batch(doc_shards, order, tokens, lengths, (rows, ids, sources))
-                accepted += len(texts)
-                tokens_total += len(tokens)
-                chars += batch_chars
-                texts, shards, plain, batch_chars = [], array("I"), [], 0
-                rows, ids, sources = array("Q"), [], []
-                ctx.report_progress({"rows_read": rows_read, "accepted": accepted, "tokens": tokens_total,
-                                     "chars": chars})
-
+            tally = _UnitTally(cfg, enc, spill.SpillWriter(tokens_out, names_out=names_out), ctx)
             for p in pieces:
-                path, relpath, row_base = p["path"], p["relpath"], self._row_base(unit, p, ctx)
-                columns = [*text.fields(), id_field] if storage.has_suffix(path, ".parquet") else None
-                rg, br = p.get("row_groups"), p.get("byte_range")
-                row_groups = (rg[0], rg[1]) if rg else None
-                byte_range = (br[0], br[1]) if br else None
-                drop = cfg.exclude.rows_of(path) if cfg.exclude else ()
-                for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
-                    rows_read += 1
-                    if drop and row_base + row in drop:
-                        excluded += 1
-                        continue
-                    doc = normalize(record, error, path, row_base + row, relpath)
-                    if isinstance(doc, Rejected):
-                        if doc.empty:
-                            empty += 1
-                        else:
-                            rejected += 1
-                            rejects_out.write(json_line(doc.to_json(), sort_keys=True))
-                            if error is not None and error.startswith(CORRUPT):  # the file's last row read
-                                corrupt.append({"path": path, "reason": error})
-                        continue
-                    if record.get(id_field) is None:  # type: ignore[union-attr]  # a document is of a dict row
-                        without_id += 1
-                    texts.append(doc.text)
-                    plain.append(normalize.plain)
-                    shards.append(shard_of(doc.doc_id, num_shards))
-                    rows.append(doc.row)
-                    ids.append(doc.doc_id)
-                    sources.append(doc.source)
-                    batch_chars += len(doc.text)
-                    if batch_chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
-                        encode_batch()
-            if texts:
-                encode_batch()
-            table, meta, starts = spill.by_shard_with_meta(writer.close(), writer.meta, num_shards)
+                tally.read_piece(p, self._row_base(unit, p, ctx), rejects_out)
+            tally.encode_batch()
+            table, meta, starts = spill.by_shard_with_meta(tally.writer.close(), tally.writer.meta, cfg.num_shards)
         for p in pieces:
             check_unchanged(p)  # what was read is what was planned (else the plan hash would lie)
-        stats: TokenizeStats = {"rows_read": rows_read, "accepted": accepted, "empty": empty, "rejected": rejected,
-                                "tokens": tokens_total, "chars": chars}
-        if cfg.exclude:
-            stats["excluded"] = excluded
-        if corrupt:
-            stats["corrupt_files"] = corrupt
-        if fast is not None:  # documents the fast encoder refused, encoded by tiktoken
-            stats["encoder_fallbacks"] = fast.fallbacks - fallbacks
-        if without_id:
-            stats["without_id"] = without_id
+        stats = tally.stats(None if fast is None else fast.fallbacks - fallbacks)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spilldocs")) as f:
             spill.write_array(f, table)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spillmeta")) as f:
@@ -484,6 +419,99 @@ class TokenizeStage(Stage):
         tokens = stats.get("tokens", 0)
         per_s = rate(tokens, seconds, "tok", ",.0f")
         return f"docs={int(stats.get('accepted', 0)):,} tokens={int(tokens):,}" + (f" {per_s}" if per_s else "")
+
+
+class _UnitTally:
+    """A tokenize unit's rows read into its spill: its counts, and the batch of documents
+    waiting for one encoder call (in input order, with their shards and provenance)."""
+
+    def __init__(self, cfg: PrepConfig, enc: PrepTokenizer, writer: spill.SpillWriter, ctx: UnitContext):
+        self.cfg, self.enc, self.writer, self.ctx = cfg, enc, writer, ctx
+        self.normalize = row_normalizer(cfg.text, cfg.id_field)
+        self.rows_read = self.accepted = self.empty = self.rejected = self.excluded = 0
+        self.tokens = self.chars = self.without_id = 0
+        self.corrupt: list[CorruptFile] = []  # files cut short or corrupt
+        self._new_batch()
+
+    def _new_batch(self) -> None:
+        self.texts: list[str] = []
+        self.shards = array("I")
+        self.plain: list[bool] = []
+        self.rows = array("Q")  # the batch's provenance (the shard's sidecar): rows, ids, source paths
+        self.ids: list[str] = []
+        self.sources: list[str] = []
+        self.batch_chars = 0
+
+    def read_piece(self, piece: Piece, row_base: int, rejects_out: storage.BinaryWriter) -> None:
+        """Read one input piece's rows (numbered from ``row_base``): each a document of the
+        batch, excluded, empty or rejected (its line to ``rejects_out``)."""
+        cfg, path = self.cfg, piece["path"]
+        columns = [*cfg.text.fields(), cfg.id_field] if storage.has_suffix(path, ".parquet") else None
+        rg, br = piece.get("row_groups"), piece.get("byte_range")
+        row_groups = (rg[0], rg[1]) if rg else None
+        byte_range = (br[0], br[1]) if br else None
+        drop = cfg.exclude.rows_of(path) if cfg.exclude else frozenset()
+        for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
+            self.rows_read += 1
+            if drop and row_base + row in drop:
+                self.excluded += 1
+                continue
+            doc = self.normalize(record, error, path, row_base + row, piece["relpath"])
+            if isinstance(doc, Rejected):
+                self._reject(doc, path, error, rejects_out)
+                continue
+            if record is not None and record.get(cfg.id_field) is None:  # (a document is of a dict row)
+                self.without_id += 1
+            self._add(doc)
+
+    def _reject(self, doc: Rejected, path: str, error: str | None, rejects_out: storage.BinaryWriter) -> None:
+        if doc.empty:
+            self.empty += 1
+            return
+        self.rejected += 1
+        rejects_out.write(json_line(doc.to_json(), sort_keys=True))
+        if error is not None and error.startswith(CORRUPT):  # the file's last row read
+            self.corrupt.append({"path": path, "reason": error})
+
+    def _add(self, doc: Document) -> None:
+        self.texts.append(doc.text)
+        self.plain.append(self.normalize.plain)
+        self.shards.append(shard_of(doc.doc_id, self.cfg.num_shards))
+        self.rows.append(doc.row)
+        self.ids.append(doc.doc_id)
+        self.sources.append(doc.source)
+        self.batch_chars += len(doc.text)
+        if self.batch_chars >= BATCH_CHARS or len(self.texts) >= BATCH_DOCS:
+            self.encode_batch()
+
+    def encode_batch(self) -> None:
+        """Encode the batch (one encoder call), spill it, report the unit's progress."""
+        if not self.texts:
+            return
+        doc_shards = np.frombuffer(self.shards, np.uint32)
+        order, tokens, lengths = encode_by_shard(self.enc, self.texts, doc_shards, self.plain)
+        self.writer.add_batch(doc_shards, order, tokens, lengths, (self.rows, self.ids, self.sources))
+        self.accepted += len(self.texts)
+        self.tokens += len(tokens)
+        self.chars += self.batch_chars
+        self._new_batch()
+        self.ctx.report_progress({"rows_read": self.rows_read, "accepted": self.accepted, "tokens": self.tokens,
+                                  "chars": self.chars})
+
+    def stats(self, encoder_fallbacks: int | None) -> TokenizeStats:
+        """The unit's receipt stats; ``encoder_fallbacks``: documents the fast encoder refused
+        (None: no fast encoder)."""
+        stats: TokenizeStats = {"rows_read": self.rows_read, "accepted": self.accepted, "empty": self.empty,
+                                "rejected": self.rejected, "tokens": self.tokens, "chars": self.chars}
+        if self.cfg.exclude:
+            stats["excluded"] = self.excluded
+        if self.corrupt:
+            stats["corrupt_files"] = self.corrupt
+        if encoder_fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
+            stats["encoder_fallbacks"] = encoder_fallbacks
+        if self.without_id:
+            stats["without_id"] = self.without_id
+        return stats
 
 
 def check_unchanged(payload: Mapping[str, Any]) -> None:
