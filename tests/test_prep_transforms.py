@@ -14,6 +14,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 
 from refinery.transforms.formats import manifests, shards
+from refinery.transforms.formats.row_ids import content_id
 from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID, get_encoding
 from refinery.transforms.io import storage
 from refinery.transforms.io.rows import iter_rows
@@ -28,10 +29,10 @@ from refinery.transforms.prep import (
     TokenizedDocument,
     WriteTokenShards,
 )
-from refinery.transforms.prep.documents import EMPTY, content_id, shard_of
+from refinery.transforms.prep.documents import EMPTY, shard_of
 
 
-def test_normalize_tokenize_assign_shard_on_plain_dicts():
+def test_normalize_tokenize_assign_shard_on_plain_dicts() -> None:
     rows = [{"id": "a", "text": "Hello\r\nworld  "}, {"text": "  "}, {"id": 7, "text": "cafe\u0301"},
             {"id": "x", "body": "no text"}]
     enc = get_encoding()
@@ -49,7 +50,7 @@ def test_normalize_tokenize_assign_shard_on_plain_dicts():
                     equal_to([(shard_of("a", 5), "a"), (shard_of("7", 5), "7")]), label="shards")
 
 
-def test_without_with_rejected_a_bad_row_fails_the_pipeline_naming_it():
+def test_without_with_rejected_a_bad_row_fails_the_pipeline_naming_it() -> None:
     rows = [SourceRow("data/a.jsonl", 3, {"id": 1, "txt": "x"}, "a.jsonl")]
     with pytest.raises(Exception, match=r"data/a.jsonl:3: missing text field 'text'"):
         with BeamPipeline() as p:
@@ -66,7 +67,8 @@ def _source_rows(root: Path) -> list[SourceRow]:
     return out
 
 
-def _write_with_transforms(rows: list[SourceRow], out: Path, num_shards: int, runner_args=None) -> None:
+def _write_with_transforms(rows: list[SourceRow], out: Path, num_shards: int,
+                           runner_args: list[str] | None = None) -> None:
     opts = PipelineOptions(runner_args or ["--runner=DirectRunner"])
     with beam.Pipeline(options=opts) as p:
         docs, rejected = p | beam.Create(rows) | Normalize().with_rejected()
@@ -75,7 +77,7 @@ def _write_with_transforms(rows: list[SourceRow], out: Path, num_shards: int, ru
 
 
 @pytest.fixture
-def corpus_with_bad_rows(tmp_path) -> Path:
+def corpus_with_bad_rows(tmp_path: Path) -> Path:
     texts = gsm8k_texts(70)
     root = tmp_path / "corpus"
     write_jsonl(root / "x.jsonl", [{"id": f"x{i}", "text": t} for i, t in enumerate(texts[:40])] + [{"text": " "}])
@@ -87,7 +89,7 @@ def _shard_bytes(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.glob("shard_*/*"))}
 
 
-def test_sink_gives_the_cli_bytes_verifies_and_is_idempotent(tmp_path, corpus_with_bad_rows):
+def test_sink_gives_the_cli_bytes_verifies_and_is_idempotent(tmp_path: Path, corpus_with_bad_rows: Path) -> None:
     from refinery.beam_pipelines.cli import main
 
     cli_out, tf_out = tmp_path / "cli", tmp_path / "tf"
@@ -122,7 +124,7 @@ def test_sink_gives_the_cli_bytes_verifies_and_is_idempotent(tmp_path, corpus_wi
     assert {p: p.stat().st_mtime_ns for p in untouched.iterdir()} == untouched_stamps
 
 
-def test_changed_input_rewrites_only_the_shards_it_touches(tmp_path, corpus_with_bad_rows):
+def test_changed_input_rewrites_only_the_shards_it_touches(tmp_path: Path, corpus_with_bad_rows: Path) -> None:
     out = tmp_path / "tf"
     rows = _source_rows(corpus_with_bad_rows)
     _write_with_transforms(rows, out, 4)
@@ -138,7 +140,7 @@ def test_changed_input_rewrites_only_the_shards_it_touches(tmp_path, corpus_with
     assert "a different first document" in texts
 
 
-def test_read_rows_with_rejected_and_empty_shards(tmp_path):
+def test_read_rows_with_rejected_and_empty_shards(tmp_path: Path) -> None:
     root = tmp_path / "in"
     write_jsonl(root / "a.jsonl", [{"id": "1", "text": "one"}], raw_lines={1: "{broken"})
     out = tmp_path / "out"
@@ -158,20 +160,21 @@ def test_read_rows_with_rejected_and_empty_shards(tmp_path):
         assert tokens.dtype == np.dtype("<u4") and len(tokens) == s["num_tokens"]
 
 
-def test_coders_are_deterministic_and_round_trip():
+def test_coders_are_deterministic_and_round_trip() -> None:
     from array import array
 
     from refinery.transforms.prep.beam import DocumentCoder, RejectedCoder, TokenizedDocumentCoder
 
-    for coder, value in ((DocumentCoder(), Document("d", "tëxt", "f.jsonl", 3)),
-                         (RejectedCoder(), Rejected("f", 1, "why", "")),
-                         (TokenizedDocumentCoder(), TokenizedDocument("d", array("I", [1, 2, 199999]), "f", 2))):
+    pairs: list[tuple[beam.coders.Coder, object]] = [
+        (DocumentCoder(), Document("d", "tëxt", "f.jsonl", 3)), (RejectedCoder(), Rejected("f", 1, "why", "")),
+        (TokenizedDocumentCoder(), TokenizedDocument("d", array("I", [1, 2, 199999]), "f", 2))]
+    for coder, value in pairs:
         assert coder.is_deterministic()
         assert coder.decode(coder.encode(value)) == value
         assert coder.encode(value) == coder.encode(coder.decode(coder.encode(value)))
 
 
-def test_sink_through_portable_runner(tmp_path, corpus_with_bad_rows):
+def test_sink_through_portable_runner(tmp_path: Path, corpus_with_bad_rows: Path) -> None:
     """One run through the job API that Flink's job server speaks (embedded, LOOPBACK)."""
     direct, portable = tmp_path / "direct", tmp_path / "portable"
     rows = _source_rows(corpus_with_bad_rows)
@@ -181,12 +184,12 @@ def test_sink_through_portable_runner(tmp_path, corpus_with_bad_rows):
     assert tree_digest(portable) == tree_digest(direct)
 
 
-def test_rejects_a_dataset_name_that_would_escape_the_output():
+def test_rejects_a_dataset_name_that_would_escape_the_output() -> None:
     with pytest.raises(ValueError, match="dataset"):
         WriteTokenShards("out", dataset="../escape", num_shards=2)
 
 
-def test_building_the_sink_logs_no_beam_warning(caplog):
+def test_building_the_sink_logs_no_beam_warning(caplog: pytest.LogCaptureFixture) -> None:
     """Beam warns at construction about a DoFn whose process() both yields and returns."""
     from refinery.transforms.prep.beam import _WriteShardFn
 
@@ -195,7 +198,7 @@ def test_building_the_sink_logs_no_beam_warning(caplog):
     assert caplog.records == []
 
 
-def test_one_row_accounting_and_one_manifest_entry_for_sink_and_command(tmp_path):
+def test_one_row_accounting_and_one_manifest_entry_for_sink_and_command(tmp_path: Path) -> None:
     """WriteTokenShards and prep's manifest stage build rows and entries with the same two
     functions: the accounting refuses counts that do not add up, and an entry is read
     from a receipt, so the sink's and the command's receipts are interchangeable."""
@@ -211,7 +214,7 @@ def test_one_row_accounting_and_one_manifest_entry_for_sink_and_command(tmp_path
         "num_tokens": 40, "num_documents": 2, "sha256": "n" * 64, "checksum": "n" * 64, "index_sha256": "i" * 64}
 
 
-def test_tokenize_encodes_in_batches_and_keeps_every_documents_tokens_and_window():
+def test_tokenize_encodes_in_batches_and_keeps_every_documents_tokens_and_window() -> None:
     from apache_beam.transforms import window
 
     texts = [f"doc {i} " + "word " * (i % 50) + ("x\U000332dby" if i % 97 == 0 else "") for i in range(700)]

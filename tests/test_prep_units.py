@@ -5,6 +5,8 @@ import gzip
 import hashlib
 import io
 import json
+from pathlib import Path
+from typing import Any, Iterable, TypedDict, cast
 
 import numpy as np
 import pytest
@@ -12,36 +14,37 @@ import pytest
 from refinery.transforms import resumable as stages
 from refinery.transforms.formats import shards
 from refinery.transforms.formats import tiktoken_vocab as tokenizer
+from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io import rows, storage
-from refinery.transforms.io.text import TextSpec
+from refinery.transforms.io.text import TextSpec, normalize_text
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import (
-    doc_id_for,
     encode_document,
     extract_text,
     normalize_row,
-    normalize_text,
     row_normalizer,
     shard_of,
 )
 from refinery.transforms.prep.stages import included_units, parse_token_count
-from refinery.transforms.resumable import Stage, StageRun, Unit, execute_unit
+from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, execute_unit
 from refinery.transforms.resumable import ledger as receipts
-from refinery.transforms.resumable.ledger import check_receipt
+from refinery.transforms.resumable.ledger import Completion, Receipt, check_receipt
 
 # --- tokenizer -------------------------------------------------------------------------
 
-def test_vocab_resolves_offline_and_is_verified(tmp_path, monkeypatch):
+def test_vocab_resolves_offline_and_is_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("REFINERY_VOCAB_FILE", raising=False)
     source = tokenizer.resolve_vocab()
     assert source.endswith("o200k_base.tiktoken.gz")  # from bpe-openai, not the network
-    data = tokenizer.tiktoken_cache_path().read_bytes()
+    cached = tokenizer.tiktoken_cache_path()
+    assert cached is not None
+    data = cached.read_bytes()
     assert hashlib.sha256(data).hexdigest() == tokenizer.VOCAB_SHA256
     assert tokenizer.resolve_vocab() == str(tokenizer.tiktoken_cache_path())  # second time: the cache
 
 
-def test_bad_vocab_file_is_refused(tmp_path, monkeypatch):
+def test_bad_vocab_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     bad = tmp_path / "o200k_base.tiktoken"
     bad.write_bytes(b"aGVsbG8= 0\n")
@@ -49,7 +52,7 @@ def test_bad_vocab_file_is_refused(tmp_path, monkeypatch):
         tokenizer.resolve_vocab(str(bad))
 
 
-def test_parsed_vocab_cache_gives_tiktokens_own_encoding(tmp_path, monkeypatch):
+def test_parsed_vocab_cache_gives_tiktokens_own_encoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("REFINERY_VOCAB_FILE", raising=False)
     tokenizer.get_encoding.cache_clear()
@@ -71,11 +74,11 @@ def test_parsed_vocab_cache_gives_tiktokens_own_encoding(tmp_path, monkeypatch):
         tokenizer.get_encoding.cache_clear()
 
 
-def test_identity_has_no_network_parts():
+def test_identity_has_no_network_parts() -> None:
     assert tokenizer.tokenizer_identity() == {"encoding": "o200k_harmony", "vocab_sha256": tokenizer.VOCAB_SHA256}
 
 
-def test_special_token_text_is_ordinary():
+def test_special_token_text_is_ordinary() -> None:
     enc = tokenizer.get_encoding()
     toks = np.asarray(encode_document(enc, "before <|endoftext|> after <|start|>"), dtype=np.uint64)
     assert encode_document(enc, "x").itemsize == 4
@@ -94,11 +97,11 @@ def test_special_token_text_is_ordinary():
     ("zero\u200bwidth", "zero\u200bwidth"),       # Cf, not Cc: kept
     (" \r\n\t ", ""),
 ])
-def test_normalize(raw, expected):
+def test_normalize(raw: str, expected: str) -> None:
     assert normalize_text(raw) == expected
 
 
-def test_doc_id_and_shard():
+def test_doc_id_and_shard() -> None:
     assert doc_id_for({"id": 7}, "id", "a.jsonl", 3) == "7"
     assert doc_id_for({"id": None}, "id", "sub/a.jsonl", 3) == "sub/a.jsonl:3"
     assert doc_id_for({}, "id", "a.jsonl", 0) == "a.jsonl:0"
@@ -109,7 +112,8 @@ def test_doc_id_and_shard():
     assert counts.min() > 850  # spread evenly
 
 
-ROWS = [  # (record, error): what a reader yields, every path of the normalize rule
+# (record, error): what a reader yields, every path of the normalize rule
+ROWS: list[tuple[dict[str, Any] | None, str | None]] = [
     ({"id": "a", "text": "  plain ASCII  \n"}, None), ({"id": 7, "text": "x"}, None), ({"id": None, "text": "y"}, None),
     ({"text": "no id"}, None), ({"id": "b", "text": "   "}, None), ({"id": "c", "text": ""}, None),
     ({"id": "d", "text": "ctl\x07 and \r\n ends\r"}, None), ({"id": "e", "text": "tab\there\x7f"}, None),
@@ -125,7 +129,7 @@ ROWS = [  # (record, error): what a reader yields, every path of the normalize r
 
 
 @pytest.mark.parametrize("spec", ["text", TextSpec(template="{text}\n\n{answer}")])
-def test_row_normalizer_is_normalize_row(spec):
+def test_row_normalizer_is_normalize_row(spec: str | TextSpec) -> None:
     normalize = row_normalizer(spec, "id")
     for row, (record, error) in enumerate(ROWS):
         for relpath in ("sub/a.jsonl", None):
@@ -133,7 +137,7 @@ def test_row_normalizer_is_normalize_row(spec):
                 == normalize_row(record, error, spec, "id", "/in/a.jsonl", row, relpath), (record, relpath)
 
 
-def test_row_normalizer_is_normalize_row_on_seeded_fuzz():
+def test_row_normalizer_is_normalize_row_on_seeded_fuzz() -> None:
     import random
 
     rnd = random.Random(7)
@@ -148,28 +152,30 @@ def test_row_normalizer_is_normalize_row_on_seeded_fuzz():
             == normalize_row(record, None, "text", "id", "/in/a.jsonl", row, "a.jsonl"), repr(text)
 
 
-def test_extract_text_reasons():
+def test_extract_text_reasons() -> None:
     assert extract_text({"text": "hi"}, "text") == ("hi", None)
     assert extract_text({"body": "hi"}, "text")[1] == "missing text field 'text'"
-    assert "is int" in extract_text({"text": 3}, "text")[1]
-    assert "is NoneType" in extract_text({"text": None}, "text")[1]
-    assert "surrogates" in extract_text({"text": "a\ud800b"}, "text")[1]
+    assert "is int" in str(extract_text({"text": 3}, "text")[1])
+    assert "is NoneType" in str(extract_text({"text": None}, "text")[1])
+    assert "surrogates" in str(extract_text({"text": "a\ud800b"}, "text")[1])
 
 
 @pytest.mark.parametrize("value, expected", [("100M", 100_000_000), ("2B", 2_000_000_000), ("1.5K", 1500),
                                               ("42", 42), ("3t", 3 * 10**12)])
-def test_parse_token_count(value, expected):
+def test_parse_token_count(value: str, expected: int) -> None:
     assert parse_token_count(value) == expected
 
 
-def test_parse_token_count_rejects_garbage():
+def test_parse_token_count_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="token count"):
         parse_token_count("10 apples")
 
 
-def test_included_units_budget_waves():
-    units = [Unit(f"{i}", {}) for i in range(6)]
-    rec = lambda t: {"stats": {"tokens": t}}  # noqa: E731
+def test_included_units_budget_waves() -> None:
+    units: list[Unit[dict[str, Any]]] = [Unit(f"{i}", {}) for i in range(6)]
+
+    def rec(t: int) -> Receipt:
+        return cast(Receipt, {"stats": {"tokens": t}})  # only its stats count here
     assert included_units(units, {}, None) == (units, True)
     # nothing known yet: ask for a wave of 2
     assert included_units(units, {}, 250, wave=2) == (units[:2], False)
@@ -183,19 +189,19 @@ def test_included_units_budget_waves():
 
 # --- io --------------------------------------------------------------------------------
 
-def test_iter_rows_reports_every_bad_row(tmp_path):
+def test_iter_rows_reports_every_bad_row(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
     p.write_bytes(b'{"text": "ok"}\n{"text": "bad\n\xff\xfe\n\n[1]\n{"text": "last"}')
     got = list(rows.iter_rows(str(p)))
     assert [r[0] for r in got] == [0, 1, 2, 3, 4, 5]
     assert got[0][1] == {"text": "ok"} and got[5][1] == {"text": "last"}
-    assert got[1][2].startswith("malformed JSON")
+    assert str(got[1][2]).startswith("malformed JSON")
     assert got[2][2] == "invalid UTF-8 at byte 0"
     assert got[3][2] == "blank line"
     assert got[4][2] == "row is a JSON list, not an object"
 
 
-def test_malformed_json_reasons_say_at_once():
+def test_malformed_json_reasons_say_at_once() -> None:
     """json's own messages may end in "at"; the reason adds "at column N" without doubling it."""
     assert rows.parse_json_line(b'{"text": "cut\n') == (
         None, "malformed JSON: Unterminated string starting at column 10")
@@ -204,16 +210,16 @@ def test_malformed_json_reasons_say_at_once():
         None, "malformed JSON: Expecting property name enclosed in double quotes at column 12")
 
 
-def test_truncated_gzip_is_reported_not_dropped(tmp_path):
+def test_truncated_gzip_is_reported_not_dropped(tmp_path: Path) -> None:
     data = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(2000)))
     p = tmp_path / "cut.jsonl.gz"
     p.write_bytes(data[: len(data) // 2])
     got = list(rows.iter_rows(str(p)))
-    assert got[-1][1] is None and got[-1][2].startswith("corrupt file after")
+    assert got[-1][1] is None and str(got[-1][2]).startswith("corrupt file after")
     assert all(r[2] is None for r in got[:-1])
 
 
-def test_expand_inputs(corpus):
+def test_expand_inputs(corpus: Path) -> None:
     files = storage.expand_inputs([str(corpus)])
     assert [f.relpath for f in files] == ["a.jsonl", "d.json", "e.parquet", "sub/b.jsonl.gz", "sub/c.jsonl.zst"]
     found = storage.expand_inputs([str(corpus / "sub" / "*.jsonl.*")])
@@ -224,7 +230,7 @@ def test_expand_inputs(corpus):
         storage.expand_inputs([str(corpus / "notes.txt")])
 
 
-def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tmp_path):
+def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tmp_path: Path) -> None:
     """Nothing vanishes in silence: files of a folder or glob without a data extension are
     returned in ``skipped``; ``C.JSONL`` / ``D.Jsonl.GZ`` are data files, read as such."""
     d = tmp_path / "in"
@@ -248,10 +254,10 @@ def test_expand_inputs_names_what_it_skips_and_matches_extensions_in_any_case(tm
     globbed = storage.expand_inputs([str(d / "*")], skipped=glob_skipped)
     assert [f.relpath for f in globbed] == [f.relpath for f in files]
     assert glob_skipped == skipped
-    assert [record["text"] for f in files for _, record, _ in rows.iter_rows(f.path)] == ["d", "a", "c"]
+    assert [(record or {}).get("text") for f in files for _, record, _ in rows.iter_rows(f.path)] == ["d", "a", "c"]
 
 
-def test_atomic_open_leaves_nothing_on_error(tmp_path):
+def test_atomic_open_leaves_nothing_on_error(tmp_path: Path) -> None:
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError):
         with storage.atomic_open(str(target)) as f:
@@ -264,7 +270,7 @@ def test_atomic_open_leaves_nothing_on_error(tmp_path):
 
 # --- spill / pack formats --------------------------------------------------------------
 
-def test_spill_round_trip_bounded_runs():
+def test_spill_round_trip_bounded_runs() -> None:
     rng = np.random.default_rng(0)
     docs = [(int(rng.integers(0, 4)), rng.integers(0, 1000, size=int(rng.integers(1, 50))).astype(np.uint32))
             for _ in range(200)]
@@ -284,7 +290,7 @@ def test_spill_round_trip_bounded_runs():
         assert got == want
 
 
-def test_spill_writer_takes_arrays_numpy_and_lists_alike():
+def test_spill_writer_takes_arrays_numpy_and_lists_alike() -> None:
     from array import array
 
     rng = np.random.default_rng(1)
@@ -306,7 +312,7 @@ def test_spill_writer_takes_arrays_numpy_and_lists_alike():
         assert row["shard"] == s and tokens[row["offset"]:row["offset"] + row["length"]].tolist() == t
 
 
-def test_spill_writer_batches_write_what_documents_one_by_one_write():
+def test_spill_writer_batches_write_what_documents_one_by_one_write() -> None:
     from refinery.transforms.formats.encoders import load_tokenizer
     from refinery.transforms.formats.tokenizer_choice import DEFAULT
     from refinery.transforms.prep.documents import encode_by_shard, encode_document, encode_documents
@@ -341,14 +347,14 @@ def test_spill_writer_batches_write_what_documents_one_by_one_write():
             assert got[row["offset"]:row["offset"] + row["length"]].tolist() == encode_document(tok, t).tolist()
 
 
-def test_npy_header_matches_numpy_save():
+def test_npy_header_matches_numpy_save() -> None:
     arr = np.arange(12345, dtype=np.uint32)
     ref = io.BytesIO()
     np.save(ref, arr)
     assert shards.npy_header(len(arr)) + arr.tobytes() == ref.getvalue()
 
 
-def test_idx_write_read_and_regenerate():
+def test_idx_write_read_and_regenerate() -> None:
     lengths = np.array([3, 1, 5], dtype=np.uint64)
     buf = io.BytesIO()
     shards.write_idx(buf, lengths)
@@ -363,17 +369,21 @@ def test_idx_write_read_and_regenerate():
 
 # --- stage machinery -------------------------------------------------------------------
 
+class _EchoPayload(TypedDict):
+    v: int
+
+
 class _Echo(Stage):
     name = "echo"
 
-    def __init__(self, fail_on=()):
+    def __init__(self, fail_on: Iterable[str] = ()) -> None:
         self.fail_on = set(fail_on)
-        self.calls = []
+        self.calls: list[str] = []
 
-    def make_plan(self):
+    def make_plan(self) -> list[Unit[_EchoPayload]]:
         return [Unit("u0", {"v": 0}), Unit("u1", {"v": 1})]
 
-    def run_unit(self, unit, ctx):
+    def run_unit(self, unit: Unit[_EchoPayload], ctx: UnitContext) -> dict[str, int]:
         self.calls.append(unit.id)
         if unit.id in self.fail_on:
             raise ValueError(f"cannot do {unit.id}")
@@ -381,7 +391,7 @@ class _Echo(Stage):
         return {"v": unit.payload["v"]}
 
 
-def test_receipt_with_missing_files_is_pending_everywhere(tmp_path):
+def test_receipt_with_missing_files_is_pending_everywhere(tmp_path: Path) -> None:
     """Regression: planner and worker must agree that missing outputs = pending."""
     stage = _Echo()
     run = StageRun(stage, str(tmp_path), stages.compute_stage_hash(stage, None))
@@ -395,9 +405,12 @@ def test_receipt_with_missing_files_is_pending_everywhere(tmp_path):
     assert stage.calls == ["u0", "u0"] and (tmp_path / r["files"][0]["path"]).read_bytes() == b"value 0"
 
 
-def test_an_interpreter_glitch_runs_the_unit_again_once_and_other_errors_fail_it(tmp_path):
+def test_an_interpreter_glitch_runs_the_unit_again_once_and_other_errors_fail_it(tmp_path: Path) -> None:
     class Glitchy(_Echo):
-        def run_unit(self, unit, ctx):
+        glitches = 0
+        message = ""
+
+        def run_unit(self, unit: Unit[_EchoPayload], ctx: UnitContext) -> dict[str, int]:
             if not self.calls:  # the first attempt wrote something before it broke
                 ctx.write_bytes(ctx.part_path(f"{unit.id}-first.txt"), b"x")
             if len(self.calls) < self.glitches:
@@ -420,7 +433,7 @@ def test_an_interpreter_glitch_runs_the_unit_again_once_and_other_errors_fail_it
             assert r["error"]["type"] == "SystemError" and len(stage.calls) == min(glitches, 2)
 
 
-def test_check_receipt_cases(tmp_path):
+def test_check_receipt_cases(tmp_path: Path) -> None:
     stage = _Echo()
     run = StageRun(stage, str(tmp_path), "h1")
     assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason == "no receipt"
@@ -438,7 +451,7 @@ def test_check_receipt_cases(tmp_path):
     assert check_receipt(str(tmp_path), run.receipt_path("u1"), "h1").reason.startswith("unreadable receipt")
 
 
-def test_failed_unit_is_recorded_and_retried(tmp_path):
+def test_failed_unit_is_recorded_and_retried(tmp_path: Path) -> None:
     stage = _Echo(fail_on={"u1"})
     with pytest.raises(stages.StageFailed, match="u1: failed: ValueError cannot do u1"):
         stages.run_stages([stage], str(tmp_path), [], progress=False, runner=stages.run_in_driver)
@@ -453,7 +466,7 @@ def test_failed_unit_is_recorded_and_retried(tmp_path):
     assert stage.calls == ["u1"]  # only the failed unit runs again
 
 
-def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp_path):
+def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp_path: Path) -> None:
     """A unit redone over damaged files gets a repair token, and every unit of later stages
     built before that repair is pending (planner, worker and verify agree); a unit redone
     because its file went missing is rebuilt identically and invalidates nothing."""
@@ -500,14 +513,14 @@ def test_a_repair_invalidates_what_was_built_after_it_and_only_a_repair_does(tmp
     assert later.calls == ["u0"]
 
 
-def test_stage_hash_chain():
+def test_stage_hash_chain() -> None:
     a1, a2 = _Echo(), _Echo()
     h1 = stages.compute_stage_hash(a1, None)
     assert h1 == stages.compute_stage_hash(a2, None)
     assert stages.compute_stage_hash(a1, "x") != stages.compute_stage_hash(a1, "y")
 
 
-def test_encode_document_is_encode_ordinary_token_for_token():
+def test_encode_document_is_encode_ordinary_token_for_token() -> None:
     """prep encodes through tiktoken's uint32 buffer; it must equal ``encode_ordinary`` + EOS,
     special-token text and any Unicode included."""
     import random
@@ -527,12 +540,10 @@ def test_encode_document_is_encode_ordinary_token_for_token():
         assert list(got) == enc.encode_ordinary(text) + [tokenizer.EOS_TOKEN_ID], text
 
 
-def test_normalize_text_fast_paths_equal_the_definition():
+def test_normalize_text_fast_paths_equal_the_definition() -> None:
     """The definition: NFC; CR LF and lone CR to LF; every Cc code point but TAB and LF dropped; stripped."""
     import random
     import unicodedata
-
-    from refinery.transforms.prep.documents import normalize_text
 
     def reference(text: str) -> str:
         text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
@@ -546,14 +557,15 @@ def test_normalize_text_fast_paths_equal_the_definition():
     assert normalize_text("  plain ascii\n") == "plain ascii"
 
 
-def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop():
+def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop() -> None:
     """row_normalizer's fast path skips the exact scans for a text none of whose UTF-16 units
     is flagged: every such text must be NFC and free of surrogates and Cc but \\t \\n. Checked
     for every unflagged BMP character after every starter that begins a canonical composition
     (and some Hangul), the pairs NFC looks at."""
     import unicodedata
 
-    from refinery.transforms.prep.documents import _CC_TO_DROP, _SURROGATE, _unit_flags
+    from refinery.transforms.io.text import _CC_TO_DROP
+    from refinery.transforms.prep.documents import _SURROGATE, _unit_flags
 
     flags = _unit_flags()
     plain = "".join(chr(c) for c in range(0x10000) if flags[c] == 0)
@@ -566,7 +578,8 @@ def test_a_text_of_unflagged_utf16_units_is_nfc_with_nothing_to_drop():
     assert flags[0x0301] and flags[0x1161] and flags[0x00C5] == 0 and flags[0x212B] and flags[ord("\r")]
 
 
-def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_path, monkeypatch):
+def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A no-op re-plan reads the receipts of the stages with user-facing files (here the last)
     and one listing of each earlier stage's recorded repairs, never a receipt per earlier
     unit; a repair made outside a planned run is still seen, and its later units redone."""
@@ -576,10 +589,14 @@ def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_p
     first, later = _Echo(), _Later()
     out = str(tmp_path)
     runs = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver).runs
-    checked = []
+    checked: list[str] = []
     real = stages.StageRun.check_all
-    monkeypatch.setattr(stages.StageRun, "check_all",
-                        lambda self, ids, *a, **k: checked.append(self.name) or real(self, ids, *a, **k))
+
+    def check_all(self: StageRun, ids: list[str], *a: Any, **k: Any) -> dict[str, Completion]:
+        checked.append(self.name)
+        return real(self, ids, *a, **k)
+
+    monkeypatch.setattr(stages.StageRun, "check_all", check_all)
     again = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
     assert again.ran == {} and checked == ["later"]
 
@@ -587,7 +604,7 @@ def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_p
     u1 = tmp_path / json.loads(open(runs[0].receipt_path("u1")).read())["files"][0]["path"]
     u1.write_bytes(b"value 9")
     assert execute_unit(runs[0], Unit("u1", {"v": 1}), verify_checksums=True)["repair"]
-    assert list(runs[0].recorded_repairs()) == ["echo/u1"]
+    assert list(runs[0].ledger.recorded_repairs()) == ["echo/u1"]
     later.calls.clear()
     checked.clear()
     third = stages.run_stages([first, later], out, [], progress=False, runner=stages.run_in_driver)
@@ -595,7 +612,7 @@ def test_a_finished_run_replans_from_its_final_stages_and_recorded_repairs(tmp_p
     assert checked[0] == "later" and "echo" in checked  # not all done: the full plan, every stage checked
 
 
-def test_row_normalizer_says_plain_only_of_texts_without_unassigned_code_points():
+def test_row_normalizer_says_plain_only_of_texts_without_unassigned_code_points() -> None:
     """``normalize.plain`` lets gigatoken's encoder skip its own look for code points unassigned
     in Unicode 14.0: it must never be True of a document that holds one."""
     from encoder_fuzz import fuzz_texts

@@ -3,6 +3,8 @@ merge stage: the shards are byte-identical in every case."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import IO, Any, Mapping
 
 import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
@@ -10,15 +12,16 @@ from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 from refinery.transforms.io import storage
 from refinery.transforms.prep import stages as prep_stages
 from refinery.transforms.prep.stages import PrepConfig, TokenizeStage
+from refinery.transforms.resumable import Unit, UnitContext
 
 
-def _tokenize_units(out) -> list[str]:
+def _tokenize_units(out: Path) -> list[str]:
     run = json.loads((out / ".refinery" / "run.json").read_text())
     (h,) = [st["stage_hash"] for st in run["stages"] if st["name"] == "tokenize"]
     return sorted(p.stem for p in (out / ".refinery" / "tokenize" / h / "receipts").glob("*.json"))
 
 
-def test_rows_before_each_range_are_counted_like_the_reader(tmp_path):
+def test_rows_before_each_range_are_counted_like_the_reader(tmp_path: Path) -> None:
     from refinery.transforms.io.rows import iter_rows
 
     p = tmp_path / "x.jsonl"
@@ -35,7 +38,8 @@ def test_rows_before_each_range_are_counted_like_the_reader(tmp_path):
         assert rows == list(iter_rows(str(p))), step
 
 
-def test_the_driver_does_not_read_a_big_file_to_number_its_rows(tmp_path, monkeypatch, capsys):
+def test_the_driver_does_not_read_a_big_file_to_number_its_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The rows of a big .jsonl's byte ranges are counted by the count stage's units, inside the
     job: planning reads none of the file, and the run's step names show the stage."""
     big = write_jsonl(tmp_path / "in" / "big.jsonl", [{"text": t} for t in gsm8k_texts(300)])
@@ -47,7 +51,7 @@ def test_the_driver_does_not_read_a_big_file_to_number_its_rows(tmp_path, monkey
     assert len(count) == len(tokenize) - 1 > 3 and not any("row_base" in u.payload["pieces"][0] for u in tokenize)
 
 
-def test_units_group_small_files_and_split_big_ones(tmp_path):
+def test_units_group_small_files_and_split_big_ones(tmp_path: Path) -> None:
     texts = gsm8k_texts(600)
     small = [write_jsonl(tmp_path / "in" / f"s{k:03d}.jsonl", [{"text": t}]) for k, t in enumerate(texts[:40])]
     big = write_jsonl(tmp_path / "in" / "zz-big.jsonl", [{"text": t} for t in texts[40:]])
@@ -63,7 +67,7 @@ def test_units_group_small_files_and_split_big_ones(tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["one big file", "many small files"])
-def test_shards_are_the_same_bytes_whatever_the_units(tmp_path, layout):
+def test_shards_are_the_same_bytes_whatever_the_units(tmp_path: Path, layout: str) -> None:
     texts = gsm8k_texts(500)
     root = tmp_path / "in"
     if layout == "one big file":  # no ids: documents are named "{relpath}:{row}", so rows must be numbered right
@@ -87,7 +91,7 @@ def test_shards_are_the_same_bytes_whatever_the_units(tmp_path, layout):
     assert manifests[0]["shards"] == manifests[1]["shards"] and manifests[0]["rows"] == manifests[1]["rows"]
 
 
-def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path, monkeypatch):
+def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """200 tiny tokenize units x 64 shards on an object store (fsspec memory://): without the
     merge stage pack opens one starts table per (unit, shard) plus two files per non-empty
     pair; with it, per (group, shard). The shards are identical. (`bench/prep.py --scale`
@@ -101,14 +105,15 @@ def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path, monkeypatch):
     opened: dict[str, int] = {}
     real_open = storage.open_read
     real_run = prep_stages.PackStage.run_unit
-    current = {"stage": None}
+    current: dict[str, str | None] = {"stage": None}
 
-    def counting_open(path, *a, **k):
-        if current["stage"]:
-            opened[current["stage"]] = opened.get(current["stage"], 0) + 1
+    def counting_open(path: str, *a: Any, **k: Any) -> IO[bytes]:
+        stage = current["stage"]
+        if stage:
+            opened[stage] = opened.get(stage, 0) + 1
         return real_open(path, *a, **k)
 
-    def counting_pack(self, unit, ctx):
+    def counting_pack(self: prep_stages.PackStage, unit: Unit[Mapping[str, Any]], ctx: UnitContext) -> dict[str, Any]:
         current["stage"] = "pack"
         try:
             return real_run(self, unit, ctx)

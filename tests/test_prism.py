@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -58,14 +59,15 @@ def _fake_cache(root: Path, version: str | None) -> Path:
     return root
 
 
-def test_module_version_of_a_beam_release():
+def test_module_version_of_a_beam_release() -> None:
     assert prism.module_version("2.77.0") == "v2.77.0"
     assert prism.module_version("2.78.0rc2") == "v2.78.0-RC2"
     with pytest.raises(prism.BuildError, match="not a release"):
         prism.module_version("2.79.0.dev0")
 
 
-def test_the_cache_is_reused_only_at_the_installed_beam_version(tmp_path, monkeypatch):
+def test_the_cache_is_reused_only_at_the_installed_beam_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     beam = tool_cache.installed_beam_version()
     good = _fake_cache(tmp_path / "good", beam)
     assert prism.find_prism(good) == good / "prism"
@@ -83,13 +85,13 @@ def test_the_cache_is_reused_only_at_the_installed_beam_version(tmp_path, monkey
     assert f"the Prism in {unpatched} was built without refinery's patch" in prism.missing_reason(unpatched)
     assert prism.missing_reason(tmp_path / "empty").startswith(f"no Prism binary in {tmp_path / 'empty'}: ")
 
-    monkeypatch.setattr(prism.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # the module prism_local looks for go with
     with pytest.raises(prism.BuildError, match=r"^go is not on PATH: "):
         prism.build(old, log=lambda s: None)
     assert (old / prism.VERSION_FILE).read_text().strip() == "2.60.0"  # left as it was
 
 
-def test_prism_flags_and_what_a_run_needs(tmp_path, monkeypatch):
+def test_prism_flags_and_what_a_run_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert pipeline_args("prism", 4) == ["--runner=PrismRunner", "--environment_type=LOOPBACK"]
     assert pipeline_args("prism", None, ["--environment_type=EXTERNAL"]) == ["--environment_type=EXTERNAL",
                                                                              "--runner=PrismRunner"]
@@ -108,7 +110,9 @@ def test_prism_flags_and_what_a_run_needs(tmp_path, monkeypatch):
         prepare_run("prism", args)
 
 
-def test_cli_without_a_usable_prism_is_one_line_and_writes_nothing(small_corpus, tmp_path, capsys, monkeypatch):
+def test_cli_without_a_usable_prism_is_one_line_and_writes_nothing(
+        small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "old", "2.60.0")))
     out = tmp_path / "out"
     assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--runner", "prism"]) == 2
@@ -121,10 +125,10 @@ def test_cli_without_a_usable_prism_is_one_line_and_writes_nothing(small_corpus,
     # the version matches, but the binary does not start: one line, with what it said
     monkeypatch.setenv(prism.CACHE_ENV, str(_fake_cache(tmp_path / "broken", tool_cache.installed_beam_version())))
     assert main(["prep", "--input", str(small_corpus), "--output", str(out), "--runner", "prism"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err_lines = capsys.readouterr().err.strip().splitlines()
     assert re.fullmatch(r"refinery prep: --runner prism: Prism \(.*/broken/prism\) exited 3 at start: cannot serve: "
-                        r"port in use", err[-1]), err
-    assert "Traceback" not in "".join(err) and not (out / ".refinery").exists()  # nothing was planned
+                        r"port in use", err_lines[-1]), err_lines
+    assert "Traceback" not in "".join(err_lines) and not (out / ".refinery").exists()  # nothing was planned
 
 
 # ---------------------------------------------------------------------------------------
@@ -140,7 +144,7 @@ def prism_binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def on_prism(prism_binary, tmp_path_factory) -> Iterator[list[str]]:
+def on_prism(prism_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """The runner flags of a job on one Prism process, started for this module and stopped
     (by its pid) at its end."""
     log = tmp_path_factory.mktemp("prism") / "prism.log"
@@ -151,7 +155,7 @@ def on_prism(prism_binary, tmp_path_factory) -> Iterator[list[str]]:
     assert server.proc.poll() is not None
 
 
-def both(out: Path, on_prism: list[str], *argv) -> tuple[dict, dict]:
+def both(out: Path, on_prism: list[str], *argv: object) -> tuple[dict[str, str], dict[str, str]]:
     """``refinery ARGV`` on Prism into ``out/prism`` and on the local runner (in-process) into ``out/local``:
     the digests of what each wrote."""
     args = [str(a) for a in argv]
@@ -160,7 +164,7 @@ def both(out: Path, on_prism: list[str], *argv) -> tuple[dict, dict]:
     return final_digest(out / "prism"), final_digest(out / "local")
 
 
-def test_prep_and_decon_equal_local(on_prism, tmp_path):
+def test_prep_and_decon_equal_local(on_prism: list[str], tmp_path: Path) -> None:
     from test_prep_tokenizers import _train
 
     train, test = gsm8k_rows("train")[:300], gsm8k_rows("test")[:40]
@@ -189,7 +193,7 @@ def test_prep_and_decon_equal_local(on_prism, tmp_path):
     assert manifest["rows"]["excluded"] == len(listed) and len(manifest["shards"]) == 3
 
 
-def test_generate_hydra_and_mixture_equal_local(on_prism, tmp_path):
+def test_generate_hydra_and_mixture_equal_local(on_prism: list[str], tmp_path: Path) -> None:
     from engine_fixtures import write_harmony_checkpoint
     from test_mixture import _two_source_config
 
@@ -246,7 +250,7 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_driver_killed_mid_job_takes_its_prism_and_a_rerun_finishes(prism_binary, tmp_path):
+def test_driver_killed_mid_job_takes_its_prism_and_a_rerun_finishes(prism_binary: Path, tmp_path: Path) -> None:
     texts = gsm8k_texts(1500)
     corpus = tmp_path / "corpus"
     for k in range(6):

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
+from typing import Any, ContextManager
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,9 @@ from helpers import gsm8k_texts, run_prep, write_jsonl
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.provenance import DocBatch
 from refinery.transforms.formats.tokenizer_choice import DEFAULT
+from refinery.transforms.io import storage
 from refinery.transforms.io.rows import iter_rows
 from refinery.transforms.prep import spill, stages
 from refinery.transforms.prep.documents import Document, encode_document, normalize_row
@@ -28,7 +31,7 @@ ARGS = ("--num-shards", SHARDS, "--dataset", "p", "--unit-mb", 0.01)  # 10 kB un
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """jsonl with ids and bad rows, a nested id-less jsonl, a parquet of several row groups,
     and a jsonl of ~60 kB, split by byte range at --unit-mb 0.01."""
     root = tmp_path_factory.mktemp("prov") / "in"
@@ -44,7 +47,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prepped(corpus, tmp_path_factory) -> Path:
+def prepped(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("prov-out") / "out"
     assert run_prep([corpus], out, *ARGS) == 0
     return out
@@ -54,10 +57,10 @@ def _sidecars(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("shard_*/*.docs.parquet"))}
 
 
-def test_every_document_maps_back_to_the_row_whose_text_makes_its_tokens(corpus, prepped):
+def test_every_document_maps_back_to_the_row_whose_text_makes_its_tokens(corpus: Path, prepped: Path) -> None:
     tok = load_tokenizer(DEFAULT)
     manifest = json.loads((prepped / "manifest.json").read_text())
-    rows: dict[str, dict[int, dict]] = {}
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
     seen = set()
     for entry in manifest["shards"]:
         assert entry["docs_path"] == provenance.docs_path_for(entry["path"])
@@ -69,7 +72,7 @@ def test_every_document_maps_back_to_the_row_whose_text_makes_its_tokens(corpus,
         for i, d in enumerate(docs):
             assert d["doc"] == i
             if d["source"] not in rows:
-                rows[d["source"]] = {k: r for k, r, e in iter_rows(d["source"]) if e is None}
+                rows[d["source"]] = {k: r for k, r, e in iter_rows(d["source"]) if e is None and r is not None}
             relpath = Path(d["source"]).relative_to(corpus).as_posix()
             doc = normalize_row(rows[d["source"]][d["row"]], None, "text", "id", d["source"], d["row"], relpath)
             assert isinstance(doc, Document) and doc.doc_id == d["doc_id"]
@@ -86,8 +89,8 @@ def test_every_document_maps_back_to_the_row_whose_text_makes_its_tokens(corpus,
     assert next(s for s in run["stages"] if s["name"] == "count")["units"] >= 2  # d_big was split by byte range
 
 
-def test_sidecars_are_byte_identical_across_runs_merged_spills_and_a_lost_sidecar(corpus, prepped, tmp_path,
-                                                                                 monkeypatch):
+def test_sidecars_are_byte_identical_across_runs_merged_spills_and_a_lost_sidecar(
+        corpus: Path, prepped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     want = _sidecars(prepped)
     assert len(want) == SHARDS
     again = tmp_path / "again"
@@ -105,7 +108,7 @@ def test_sidecars_are_byte_identical_across_runs_merged_spills_and_a_lost_sideca
     assert _sidecars(again) == want
 
 
-def test_a_budget_cut_names_exactly_the_documents_kept(corpus, tmp_path):
+def test_a_budget_cut_names_exactly_the_documents_kept(corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "cut"
     assert run_prep([corpus], out, *ARGS, "--max-tokens", 9000) == 0
     m = json.loads((out / "manifest.json").read_text())
@@ -118,7 +121,8 @@ def test_a_budget_cut_names_exactly_the_documents_kept(corpus, tmp_path):
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
-def test_verify_names_a_damaged_or_missing_sidecar(prepped, tmp_path, capsys):
+def test_verify_names_a_damaged_or_missing_sidecar(
+        prepped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
     out = tmp_path / "copy"
@@ -142,11 +146,10 @@ def test_verify_names_a_damaged_or_missing_sidecar(prepped, tmp_path, capsys):
     assert f"{sidecar}: missing" in said.out + said.err
 
 
-def test_check_docs_compares_counts_with_the_idx(tmp_path):
+def test_check_docs_compares_counts_with_the_idx(tmp_path: Path) -> None:
     path = str(tmp_path / "x.docs.parquet")
 
-    def opened(p):
-        from refinery.transforms.io import storage
+    def opened(p: str) -> ContextManager[storage.BinaryWriter]:
         return storage.atomic_open(p)
 
     assert provenance.write_docs(opened, path, [(["a", "b"], ["f", "f"], [0, 2], [3, 5])]) == 2
@@ -159,14 +162,14 @@ def test_check_docs_compares_counts_with_the_idx(tmp_path):
         provenance.read_doc(path, 2)
 
 
-def test_the_sidecar_bytes_depend_on_the_documents_only(tmp_path, monkeypatch):
+def test_the_sidecar_bytes_depend_on_the_documents_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row groups of exactly ROWS_PER_GROUP documents whatever the batches (the command's
     spills, the sink's sort), and an id that is not valid Unicode written escaped."""
     monkeypatch.setattr(provenance, "ROWS_PER_GROUP", 4)
     ids = [f"id{i}" for i in range(11)] + ["bad\ud800"]
     docs = (ids, ["s"] * 12, list(range(12)), [2] * 12)
 
-    def write(batches) -> bytes:
+    def write(batches: list[DocBatch]) -> bytes:
         buf = io.BytesIO()
         w = provenance.DocsWriter(buf)
         for b in batches:
@@ -176,13 +179,14 @@ def test_the_sidecar_bytes_depend_on_the_documents_only(tmp_path, monkeypatch):
 
     one = write([docs])
     cuts = [0, 1, 6, 7, 12]
-    assert write([tuple(c[a:b] for c in docs) for a, b in zip(cuts, cuts[1:])]) == one
+    ids_, sources, rows, tokens = docs
+    assert write([(ids_[a:b], sources[a:b], rows[a:b], tokens[a:b]) for a, b in zip(cuts, cuts[1:])]) == one
     f = pq.ParquetFile(io.BytesIO(one))
     assert [f.metadata.row_group(g).num_rows for g in range(f.num_row_groups)] == [4, 4, 4]
     assert f.read().column("doc_id").to_pylist()[-1] == "bad\\ud800"
 
 
-def test_spill_names_follow_their_documents_through_runs_and_shards():
+def test_spill_names_follow_their_documents_through_runs_and_shards() -> None:
     """Names spilled run by run and shard by shard, read back per shard (pack), and through a
     merge (each document with its own names), with a surrogate kept."""
     rng = np.random.default_rng(3)
@@ -220,7 +224,8 @@ def test_spill_names_follow_their_documents_through_runs_and_shards():
     assert sorted((int(t[0]), name) for _, t, _, name in named) == sorted(zip(range(n), names))
 
 
-def test_inspect_doc_prints_the_document_and_its_source(corpus, prepped, capsys):
+def test_inspect_doc_prints_the_document_and_its_source(
+        corpus: Path, prepped: Path, capsys: pytest.CaptureFixture[str]) -> None:
     m = json.loads((prepped / "manifest.json").read_text())
     docs = pq.read_table(prepped / m["shards"][0]["docs_path"]).to_pylist()
     d = docs[3]
@@ -238,7 +243,7 @@ def test_inspect_doc_prints_the_document_and_its_source(corpus, prepped, capsys)
     assert "--doc 7:0: no such shard" in capsys.readouterr().err
 
 
-def test_an_id_less_training_row_has_one_id_in_prep_shards_and_decon_drop_list(tmp_path):
+def test_an_id_less_training_row_has_one_id_in_prep_shards_and_decon_drop_list(tmp_path: Path) -> None:
     """prep named an id-less row `relpath:row` and decon named it by a blake2b number: one rule
     now (transforms/formats/row_ids.py), so a drop list's train_doc_id is the shard's doc_id."""
     train = tmp_path / "corpus"

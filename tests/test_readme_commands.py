@@ -82,7 +82,7 @@ def clean_env() -> dict[str, str]:
 class Shell:
     """One bash process; :meth:`run` feeds it a command and waits for its exit status."""
 
-    def __init__(self, cwd: Path, log: Path, env: dict[str, str]):
+    def __init__(self, cwd: Path, log: Path, env: dict[str, str]) -> None:
         self.status_r, status_w = os.pipe()
         self.log = log.open("ab")
         self.proc = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env, stdin=subprocess.PIPE,
@@ -119,7 +119,7 @@ class Shell:
         self.log.close()
 
 
-def test_every_readme_command_works_as_pasted(tmp_path):
+def test_every_readme_command_works_as_pasted(tmp_path: Path) -> None:
     commands = readme_commands(ROOT / "README.md")
     clone = fresh_copy(tmp_path / "refinery")
     prepared_venv(clone, tmp_path / "import-root")
@@ -145,7 +145,7 @@ def test_every_readme_command_works_as_pasted(tmp_path):
         print("\n".join(f"{s:6.1f} s  {c}" for s, c in timings))
 
 
-def test_the_copy_imports_its_own_refinery(tmp_path):
+def test_the_copy_imports_its_own_refinery(tmp_path: Path) -> None:
     """The simulated install: in the copy's venv, ``import refinery`` and the ``refinery``
     command are the copy's code, not this checkout's."""
     clone = fresh_copy(tmp_path / "refinery")
@@ -159,7 +159,7 @@ def test_the_copy_imports_its_own_refinery(tmp_path):
     assert Path(said[1]) == venv / "bin" / "refinery"
 
 
-def test_a_block_must_say_what_it_is():
+def test_a_block_must_say_what_it_is() -> None:
     assert [b.info for b in readme_blocks("```bash\nls\n```\n\n```text\nout/\n```\n")] == ["bash", "text"]
     with pytest.raises(ValueError, match="README.md:3: a fenced block must say what it is"):
         readme_blocks("text\n\n```\nls\n```\n")
@@ -168,24 +168,24 @@ def test_a_block_must_say_what_it_is():
     assert readme_blocks("- item\n\n    more of the item\n") == []  # a list item's second paragraph
 
 
-def test_commands_join_continuations_and_drop_comments():
+def test_commands_join_continuations_and_drop_comments() -> None:
     block = Block(10, "bash", ("refinery prep --input a \\", "    --output 'b#c' # the output",
                                "# a comment line", "", "echo a#b   # shown"))
     assert split_commands(block) == [(11, "refinery prep --input a --output 'b#c'"), (15, "echo a#b")]
 
 
-def test_a_command_no_rule_names_is_run():
+def test_a_command_no_rule_names_is_run() -> None:
     assert classify("refinery frobnicate --input examples/sample_corpus") is None
     assert classify("refinery prep --input corpus/ --output out/") is not None
 
 
-def test_every_skip_rule_is_the_reason_for_a_readme_command():
+def test_every_skip_rule_is_the_reason_for_a_readme_command() -> None:
     """No rule outlives the command it was written for: each is the first match of one."""
     used = {c.skip for c in readme_commands(ROOT / "README.md")}
     assert [r.pattern for r in SKIP_RULES if r.reason not in used] == []
 
 
-def test_python_blocks_are_run_too_and_only_an_examples_file_is_not():
+def test_python_blocks_are_run_too_and_only_an_examples_file_is_not() -> None:
     """The README's Python blocks failed as pasted when only its bash blocks were run: each is
     now a command of the run, in README order; the one not run is a whole examples/ file,
     which its own test runs."""

@@ -17,13 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "beam_pipeline.py"
 
 
-def test_readme_shows_the_example_verbatim():
+def test_readme_shows_the_example_verbatim() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     assert EXAMPLE.read_text() in blocks
 
 
-def test_example_writes_verifiable_shards_and_finds_the_planted_overlaps(tmp_path):
+def test_example_writes_verifiable_shards_and_finds_the_planted_overlaps(tmp_path: Path) -> None:
     corpus = [json.loads(line) for line in (ROOT / "examples/sample_corpus/gsm8k_train_part1.jsonl").open()]
     test = gsm8k_rows("test")[:40]
     for i in range(0, 40, 4):  # ten eval questions appear in the training data

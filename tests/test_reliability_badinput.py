@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,7 +49,7 @@ JSONL_CASES = [
 ]
 
 
-def _build(root):
+def _build(root: Path) -> tuple[int, str]:
     root.mkdir()
     (root / "a.jsonl").write_bytes(b"\n".join(c for c, _ in JSONL_CASES) + b"\n")
     texts = gsm8k_texts(60)
@@ -74,7 +76,7 @@ def _build(root):
     return len(good.splitlines()), big
 
 
-def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path):
+def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path: Path) -> None:
     corpus = tmp_path / "bad"
     good_rows, big = _build(corpus)
     out = tmp_path / "out"
@@ -87,7 +89,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path):
     rejects = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").read_text().splitlines()]
     assert len(rejects) == rows["rejected"]
     assert all(set(r) == {"path", "row", "reason"} and r["reason"] for r in rejects)
-    by_file: dict[str, list[dict]] = {}
+    by_file: dict[str, list[dict[str, Any]]] = {}
     for r in rejects:
         by_file.setdefault(os.path.basename(r["path"]), []).append(r)
 
@@ -131,7 +133,7 @@ print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 """
 
 
-def _write_huge_json_zst(path, element_bytes: int) -> None:
+def _write_huge_json_zst(path: Path, element_bytes: int) -> None:
     """``[{"id": "j0", ...}, {"id": "huge", "text": "aaa..."} (element_bytes), {"id": "j2", ...}]``, streamed."""
     with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as w:
         w.write(b'[{"id": "j0", "text": "json element before"},\n{"id": "huge", "text": "')
@@ -141,7 +143,7 @@ def _write_huge_json_zst(path, element_bytes: int) -> None:
         w.write(b'"},\n{"id": "j2", "text": "json element after"}]\n')
 
 
-def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path):
+def test_hostile_huge_rows_are_rejected_with_bounded_memory(tmp_path: Path) -> None:
     """A 40 KB .jsonl.zst whose one line decompresses to 1.2 GB, a .json.zst array with a
     1.2 GB element and a parquet file with a 200 MB text value: prep exits 0, keeps every other
     row (before and after the huge ones), rejects each huge row as too large with its path
@@ -195,7 +197,7 @@ def _bad_in_a_jsonl(takes_surrogates: bool) -> int:
     return sum(expected not in good for _, expected in JSONL_CASES)
 
 
-def _write_bad_files(root, good: list[dict]) -> dict[str, int]:
+def _write_bad_files(root: Path, good: list[dict[str, Any]]) -> dict[str, int]:
     """Every kind of bad row and damaged file of the prep matrix, plus ``good`` rows in the
     readable files; returns the number of bad rows per file, but for ``a.jsonl`` (the
     JSONL_CASES rows: see :func:`_bad_in_a_jsonl`)."""
@@ -222,7 +224,7 @@ def _write_bad_files(root, good: list[dict]) -> dict[str, int]:
             "huge.jsonl.zst": 1}
 
 
-def test_decon_bad_eval_and_training_rows_are_counted(tmp_path):
+def test_decon_bad_eval_and_training_rows_are_counted(tmp_path: Path) -> None:
     """decon on eval and training folders holding the matrix: the run completes, bad eval rows
     are counted in ``stats/eval_summary.jsonl`` ``num_bad_rows``, bad training rows in the scan
     units' stats, and overlaps are still found in the good rows, at their right row numbers
@@ -252,7 +254,7 @@ def test_decon_bad_eval_and_training_rows_are_counted(tmp_path):
     assert not {f for f, _, _ in found} - {"a.jsonl", "huge.jsonl.zst", "bad.json", "cut.jsonl.gz", "cut.jsonl.zst"}
 
 
-def test_generate_bad_rows_become_error_rows(tmp_path):
+def test_generate_bad_rows_become_error_rows(tmp_path: Path) -> None:
     """generate on the matrix: every row of every file gives one row of ``generations.jsonl``;
     a bad row (or damaged file, or too-large row) an error row with its reason, never a crash."""
     pytest.importorskip("torch", reason="the inference extra (torch) is not installed")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
+from typing import Any, Mapping
 
 import pytest
 from helpers import run_prep, write_jsonl
@@ -11,14 +13,15 @@ from reliability_helpers import expected_texts, make_corpus, read_unit_log, shar
 
 from refinery.transforms.io import storage
 from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest
-from refinery.transforms.resumable import StageFailed, run_stages
+from refinery.transforms.resumable import StageFailed, StageRun, Unit, run_stages
 
 
-def _hashes(out):
+def _hashes(out: Path) -> dict[str, str]:
     return {s["name"]: s["stage_hash"] for s in json.loads((out / ".refinery/run.json").read_text())["stages"]}
 
 
-def test_input_edited_or_added_under_a_finished_run(tmp_path, monkeypatch, caplog):
+def test_input_edited_or_added_under_a_finished_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     corpus = make_corpus(tmp_path / "corpus", files=3, docs_per_file=30)
     out, log = tmp_path / "out", tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
@@ -50,12 +53,13 @@ def test_input_edited_or_added_under_a_finished_run(tmp_path, monkeypatch, caplo
     assert "config changed: num_shards 2 -> 3" in said
 
 
-def test_input_edited_during_a_run_fails_its_unit_then_replans(tmp_path, monkeypatch, caplog):
+def test_input_edited_during_a_run_fails_its_unit_then_replans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     corpus = make_corpus(tmp_path / "corpus", files=3, docs_per_file=30)
     out = tmp_path / "out"
     victim = corpus / "part-02.jsonl"
 
-    def edit_after_planning(runs, plans):
+    def edit_after_planning(runs: list[StageRun], plans: list[list[Unit[Mapping[str, Any]]]]) -> None:
         clear_stale_manifest(runs, plans)
         late = json.dumps({"id": "late", "text": "written during the run"}).encode() + b"\n"
         victim.write_bytes(victim.read_bytes() + late)

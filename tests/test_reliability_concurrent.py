@@ -7,11 +7,14 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import reliability_helpers
 from helpers import run_prep
 from reliability_helpers import (
+    ForkServer,
     child_env,
     expected_texts,
     final_digest,
@@ -30,12 +33,12 @@ from refinery.transforms.io import storage
 forks = reliability_helpers.forks
 
 
-def _argv(corpus, out):
+def _argv(corpus: Path, out: Path) -> list[str]:
     return ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "4", "--dataset", "cc",
             "--runner", "direct", "--no-progress", "--unit-mb", "0"]  # a unit per file: 6 units to pause in
 
 
-def _wait_for(log, predicate, timeout=60.0) -> None:
+def _wait_for(log: Path, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate(read_unit_log(log)):
@@ -45,7 +48,8 @@ def _wait_for(log, predicate, timeout=60.0) -> None:
 
 
 @pytest.mark.parametrize("pause_at", [("tokenize", 2), ("pack", 1)])
-def test_second_run_while_first_is_paused_mid_unit(tmp_path, forks, pause_at):
+def test_second_run_while_first_is_paused_mid_unit(
+        tmp_path: Path, forks: ForkServer, pause_at: tuple[str, int]) -> None:
     """Run A is frozen (SIGSTOP) inside a unit; run B, the same command, starts and finishes
     the whole job while A holds temp files and a unit without a receipt; then A resumes
     (SIGCONT), finishes its unit over B's identical files, skips the rest and exits 0. The

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from helpers import run_prep
@@ -28,7 +30,7 @@ def _dead_pid() -> int:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("corruption")
     corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
     out = root / "out"
@@ -36,7 +38,7 @@ def finished(tmp_path_factory):
     return corpus, out, final_digest(out)
 
 
-def _paths(out):
+def _paths(out: Path) -> dict[str, Callable[..., Path]]:
     run = json.loads((out / ".refinery/run.json").read_text())
     h = {s["name"]: s["stage_hash"] for s in run["stages"]}
     return {
@@ -47,20 +49,22 @@ def _paths(out):
     }
 
 
-def _flip(path, offset: int) -> None:
+def _flip(path: Path, offset: int) -> None:
     raw = bytearray(path.read_bytes())
     raw[offset] ^= 0x5A
     path.write_bytes(bytes(raw))
 
 
-def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finished, tmp_path, monkeypatch, capsys):
+def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     corpus, original, want = finished
     out = tmp_path / "out"
     shutil.copytree(original, out)
     p = _paths(out)
 
     # (what was done, a text verify must print for it, the unit the rerun must redo or None)
-    damage = []
+    damage: list[tuple[str, str, tuple[str, str] | None]] = []
     npy = p["npy"](0)
     npy.write_bytes(npy.read_bytes()[:-7])
     damage.append(("truncated .npy", str(npy), ("pack", "0000")))
@@ -108,7 +112,9 @@ def test_verify_names_each_problem_and_rerun_repairs_exactly_those_units(finishe
                                  "units_repaired": len(started)})
 
 
-def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(finished, tmp_path, monkeypatch, capsys):
+def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """prep stopped after tokenize, a byte of a spill flipped, then a plain rerun: it cannot
     see the damage (sizes only) and packs it into a shard, but `verify --checksums` never says
     OK while that shard is there: first it names the spill, and once the spill alone is
@@ -148,7 +154,9 @@ def test_spill_damaged_before_pack_is_repaired_with_every_shard_built_from_it(fi
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
-def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatch, capsys):
+def test_plain_verify_and_rerun_catch_size_damage(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Without checksums: a truncated shard and a truncated manifest are still named, and a
     plain rerun (size check) rebuilds exactly those two units."""
     corpus, original, want = finished
@@ -170,18 +178,20 @@ def test_plain_verify_and_rerun_catch_size_damage(finished, tmp_path, monkeypatc
     assert final_digest(out) == want
 
 
-def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path):
+def test_receipt_with_malformed_file_entries_is_pending_not_a_crash(tmp_path: Path) -> None:
     from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, check_receipt
 
     path = tmp_path / "r.json"
-    for files in ([{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"], [{"path": 3, "bytes": 1, "sha256": ""}]):
+    malformed: list[list[Any]] = [[{}], [{"path": "x", "bytes": "12", "sha256": "s"}], ["x"],
+                                  [{"path": 3, "bytes": 1, "sha256": ""}]]
+    for files in malformed:
         path.write_text(json.dumps({"schema": RECEIPT_SCHEMA, "stage_hash": "h", "status": "completed",
                                     "files": files}))
         c = check_receipt(str(tmp_path), str(path), "h")
         assert not c.done and "malformed file entry" in c.reason
 
 
-def test_which_temp_files_are_dead(tmp_path):
+def test_which_temp_files_are_dead(tmp_path: Path) -> None:
     host = storage.temp_name("x").split(storage.TMP_MARKER)[1].split("-")[0]
     hexes = "0123456789abcdef" * 2
     live = tmp_path / f".a{storage.TMP_MARKER}{host}-{os.getpid()}-{hexes}"
@@ -209,8 +219,9 @@ def test_which_temp_files_are_dead(tmp_path):
         str(p) for p in (live, other_host, *user_files))
 
 
-def test_a_deleted_receipt_is_named_and_removed_intermediates_are_not_rebuilt(finished, tmp_path, monkeypatch,
-                                                                                capsys):
+def test_a_deleted_receipt_is_named_and_removed_intermediates_are_not_rebuilt(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """A deleted receipt of a final stage: `verify --checksums` names it (exit 1), and the rerun
     redoes that unit alone. `.refinery/tokenize/` removed after a finished run (the README says
     it may be): verify notes it (exit 0), a rerun runs nothing, `status` says tokenize is not

@@ -21,10 +21,14 @@ import json
 import os
 import random
 import time
+from pathlib import Path
+from typing import Callable
 
 import reliability_helpers
 from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 from reliability_helpers import (
+    ForkServer,
+    Run,
     child_env,
     completed,
     current_receipts,
@@ -53,17 +57,20 @@ MIN_KILLS_DECON = 10
 MIN_KILLS_GCS = 5
 TIME_CAP_S = 150.0
 
+# what a Picker aims at: (k-th event to kill at or None, delay, stage or None, event)
+Aim = tuple[int | None, float, str | None, str]
+
 forks = reliability_helpers.forks  # the shared fork server (a fixture)
 pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture
 
 
-def _prep_argv(corpus, out, runner: str, workers: int = 1) -> list[str]:
+def _prep_argv(corpus: Path, out: Path | str, runner: str, workers: int = 1) -> list[str]:
     return [str(a) for a in ("prep", "--input", corpus, "--output", out, "--num-shards", NUM_SHARDS,
                              "--dataset", "k", "--runner", runner, "--workers", workers, "--no-progress",
                              "--unit-mb", 0)]  # a unit per file: many units to kill between
 
 
-def _stage_progress(out) -> list[tuple[str, int, int]]:
+def _stage_progress(out: Path) -> list[tuple[str, int, int]]:
     """(stage, completed units, planned units) from run.json and the receipts."""
     try:
         stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
@@ -80,11 +87,11 @@ class Picker:
     or between units (after the k-th completed one); the last, local stage right after its
     start; sometimes during start-up/planning."""
 
-    def __init__(self, cap: int = 3, last_stage_delay: float = 0.002, startup_s: float = 0.3):
+    def __init__(self, cap: int = 3, last_stage_delay: float = 0.002, startup_s: float = 0.3) -> None:
         self.cap, self.last_stage_delay, self.startup_s = cap, last_stage_delay, startup_s
-        self.aimed: collections.Counter = collections.Counter()
+        self.aimed: collections.Counter[str] = collections.Counter()
 
-    def __call__(self, rng: random.Random, out):
+    def __call__(self, rng: random.Random, out: Path) -> Aim:
         progress = _stage_progress(out)
         if rng.random() < 0.08:  # before the first unit (a forked run plans for ~0.3 s)
             return 0, rng.uniform(0.02, self.startup_s), None, "start"
@@ -104,14 +111,19 @@ class Picker:
         return rng.randint(1, min(2, remaining)), rng.uniform(0.0, 0.01), stage, "end-completed"
 
 
-def _kill_cycle(rng: random.Random, launch, out, unit_log, max_kills: int, deadline: float, pick,
-                view=None) -> list:
+def _kill_cycle(rng: random.Random, launch: Callable[[dict[str, str]], Run], out: Path | None, unit_log: Path,
+                max_kills: int, deadline: float, pick: Callable[[random.Random, Path], Aim],
+                view: Callable[[], Path] | None = None) -> list[str]:
     """Attempts on one output until a run exits 0; at most ``max_kills`` kills. Returns the kills.
     ``launch(env)`` starts one run of the command; ``view()`` gives a local folder holding the
     output as it is now (default: ``out`` itself; a downloaded copy for gs:// outputs)."""
     kills: list[str] = []
     env = child_env(unit_log)
-    view = view or (lambda: out)
+    def own_folder() -> Path:
+        assert out is not None  # a gs:// output comes with its view
+        return out
+
+    view = view or own_folder
     for _ in range(max_kills + 20):
         now = view()
         before = completed(current_receipts(now))
@@ -132,14 +144,14 @@ def _kill_cycle(rng: random.Random, launch, out, unit_log, max_kills: int, deadl
     raise AssertionError("the run never finished")
 
 
-def _check_final(out, corpus, want: dict) -> None:
+def _check_final(out: Path, corpus: Path, want: dict[str, str]) -> None:
     assert temp_files(out) == []
     assert final_digest(out) == want
     assert shard_texts(out) == expected_texts(corpus)  # every document exactly once
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
-def test_prep_kill9_loop(tmp_path, forks):
+def test_prep_kill9_loop(tmp_path: Path, forks: ForkServer) -> None:
     t0 = time.time()
     deadline = t0 + TIME_CAP_S
     corpus = make_corpus(tmp_path / "corpus", files=FILES, docs_per_file=50)
@@ -150,7 +162,7 @@ def test_prep_kill9_loop(tmp_path, forks):
     assert shard_texts(ref) == expected_texts(corpus)
     rng = random.Random(SEED)
 
-    phases: collections.Counter = collections.Counter()
+    phases: collections.Counter[str] = collections.Counter()
     direct_kills = local_kills = cycles = 0
     while direct_kills < MIN_KILLS_DIRECT and time.time() < deadline:
         out, log = tmp_path / f"direct{cycles}", tmp_path / f"direct{cycles}.log"
@@ -177,7 +189,7 @@ def test_prep_kill9_loop(tmp_path, forks):
     assert phases["tokenize"] >= 3 and phases["pack"] >= 3 and phases["manifest"] >= 1, phases
 
 
-def _decon_inputs(root):
+def _decon_inputs(root: Path) -> tuple[Path, Path]:
     """200 GSM8K test questions as eval data; 3 training files of GSM8K train text, every
     20th document carrying an eval question (planted overlap)."""
     test = gsm8k_rows("test")[:200]
@@ -194,12 +206,12 @@ def _decon_inputs(root):
     return root / "eval", root / "train"
 
 
-def _decon_argv(ev, train, out) -> list[str]:
+def _decon_argv(ev: Path, train: Path, out: Path) -> list[str]:
     return [str(a) for a in ("decon", "--eval", ev, "--train", train, "--output", out, "--ngrams", 5, 13,
                              "--partitions", 4, "--slice-mb", 0.15, "--runner", "direct", "--no-progress")]
 
 
-def test_decon_kill9_loop_and_rerun_skips(tmp_path, forks):
+def test_decon_kill9_loop_and_rerun_skips(tmp_path: Path, forks: ForkServer) -> None:
     t0 = time.time()
     ev, train = _decon_inputs(tmp_path)
     ref = tmp_path / "ref"
@@ -210,8 +222,8 @@ def test_decon_kill9_loop_and_rerun_skips(tmp_path, forks):
     assert len(details) >= 30  # the planted overlaps are found
 
     rng = random.Random(SEED)
-    phases: collections.Counter = collections.Counter()
-    kills: list = []
+    phases: collections.Counter[str] = collections.Counter()
+    kills: list[str] = []
     cycle = 0
     while len(kills) < MIN_KILLS_DECON and time.time() < t0 + TIME_CAP_S:
         out, log = tmp_path / f"out{cycle}", tmp_path / f"out{cycle}.log"
@@ -238,7 +250,7 @@ def test_decon_kill9_loop_and_rerun_skips(tmp_path, forks):
     assert len(kills) >= MIN_KILLS_DECON and {"index", "scan", "reduce"} <= set(phases), phases
 
 
-def _download(gs_path: str, local):
+def _download(gs_path: str, local: Path) -> Path:
     """A fresh local copy of everything under ``gs_path``."""
     import shutil
 
@@ -255,7 +267,7 @@ def _download(gs_path: str, local):
     return local
 
 
-def test_prep_kill9_loop_with_outputs_on_gcs_emulator(tmp_path, forks, gcs_bucket):
+def test_prep_kill9_loop_with_outputs_on_gcs_emulator(tmp_path: Path, forks: ForkServer, gcs_bucket: str) -> None:
     """The same loop with the output on a local GCS emulator (object uploads, no renames)."""
     t0 = time.time()
     corpus = make_corpus(tmp_path / "corpus", files=4, docs_per_file=40)

@@ -23,6 +23,8 @@ import json
 import random
 import signal
 import time
+from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -51,12 +53,15 @@ MIN_KILLS_DIRECT = 6
 MIN_KILLS_LOCAL = 1
 TIME_CAP_S = 120.0  # stops aiming kills on a very slow machine (a normal cycle needs a few seconds)
 OUTPUT = "generations.jsonl"
+# (argv without --output/--runner, input ids in order, reference digest, reference rows)
+Job = tuple[list[str], list[str], dict[str, str], list[dict[str, Any]]]
+
 PRELOAD = ("torch", "apache_beam.ml.inference.base", "refinery.transforms.inference.handler",
            "refinery.transforms.inference.stages", "refinery.beam_pipelines.generate")
 
 
 @pytest.fixture(scope="module")
-def gen_forks(tmp_path_factory):
+def gen_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
     """A fork server that has also imported torch and the inference modules."""
     server = ForkServer(tmp_path_factory.mktemp("genforks"), preload=PRELOAD)
     yield server
@@ -64,12 +69,12 @@ def gen_forks(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, gen_forks):
+def job(tmp_path_factory: pytest.TempPathFactory, gen_forks: ForkServer) -> Job:
     """(argv without --output/--runner, input ids in order, reference digest, reference rows)."""
     root = tmp_path_factory.mktemp("gen")
     ckpt = write_harmony_checkpoint(root / "ckpt", num_hidden_layers=1)
     texts = gsm8k_texts(20)
-    ids = []
+    ids: list[str] = []
     for k in range(2):
         rows = [{"id": f"{k}-{i}", "text": t[:300]} for i, t in enumerate(texts[k * 10:(k + 1) * 10])]
         write_jsonl(root / "in" / f"part-{k}.jsonl", rows, raw_lines={4: '{"id": "broken'} if k == 0 else None)
@@ -93,7 +98,7 @@ def job(tmp_path_factory, gen_forks):
     return base, ids, final_digest(ref), rows
 
 
-def _progress(out) -> dict[str, tuple[int, int]]:
+def _progress(out: Path) -> dict[str, tuple[int, int]]:
     """stage -> (completed units, planned units), from run.json and the receipts."""
     try:
         stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
@@ -107,12 +112,12 @@ class Picker:
     """Where the next kill lands (for one output): maybe once during start-up (planning and
     the first wave), at most ``infer_cap`` kills in infer, then one in merge."""
 
-    def __init__(self, infer_cap: int = 4, merge_cap: int = 1, wave_s: float = 0.8):
+    def __init__(self, infer_cap: int = 4, merge_cap: int = 1, wave_s: float = 0.8) -> None:
         self.cap = {"infer": infer_cap, "merge": merge_cap}
         self.wave_s = wave_s
-        self.aimed: collections.Counter = collections.Counter()
+        self.aimed: collections.Counter[str] = collections.Counter()
 
-    def __call__(self, rng: random.Random, out):
+    def __call__(self, rng: random.Random, out: Path) -> tuple[int | None, float, str | None, str]:
         progress = _progress(out)
         if not progress or (not self.aimed and rng.random() < 0.4):
             self.aimed["startup"] += 1
@@ -131,19 +136,19 @@ class Picker:
         return None, 0.0, None, "start"
 
 
-def _check_final(out, ids: list[str], want: dict) -> None:
+def _check_final(out: Path, ids: list[str], want: dict[str, str]) -> None:
     assert temp_files(out) == []
     assert final_digest(out) == want  # sampled at temperature 0.8: still the same bytes
     got = [json.loads(line)["id"] for line in (out / OUTPUT).read_text().splitlines()]
     assert got == ids  # every input document exactly once, in input order
 
 
-def test_generate_kill9_loop(tmp_path, gen_forks, job):
+def test_generate_kill9_loop(tmp_path: Path, gen_forks: ForkServer, job: Job) -> None:
     base, ids, want, _ = job
     t0 = time.time()
     deadline = t0 + TIME_CAP_S
     rng = random.Random(SEED)
-    where: collections.Counter = collections.Counter()
+    where: collections.Counter[str] = collections.Counter()
     direct = cycles = 0
     def landed(phase: str) -> int:  # kills whose last unit event before them was in this stage
         return sum(n for w, n in where.items() if w.split(":")[0] == phase)
@@ -183,7 +188,7 @@ def test_generate_kill9_loop(tmp_path, gen_forks, job):
     assert phases["infer"] >= 4 and phases["merge"] >= 1, where
 
 
-def test_generate_sigint_stops_and_resumes(tmp_path, gen_forks, job):
+def test_generate_sigint_stops_and_resumes(tmp_path: Path, gen_forks: ForkServer, job: Job) -> None:
     """Ctrl-C (SIGINT to the process group) during the second wave: the run stops within
     seconds with exit 130 and the resume command, keeps its finished units, and the next
     run finishes them to the reference bytes without redoing any."""

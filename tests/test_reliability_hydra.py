@@ -29,6 +29,8 @@ import collections
 import json
 import random
 import time
+from pathlib import Path
+from typing import Any, Iterator, TypedDict
 
 import pytest
 
@@ -65,12 +67,25 @@ PRELOAD = ("torch", "torch._dynamo", "apache_beam.ml.inference.base", "refinery.
            "refinery.beam_pipelines.generate", "refinery.beam_pipelines.hydra")
 
 
-def _jsonl(path) -> list[dict]:
+class Chain(TypedDict):
+    """What the ``chain`` fixture made: paths (as the commands take them), doc ids per input."""
+
+    ckpt: str
+    data: str
+    cal: str
+    heads: str
+    root: Path
+    files: dict[str, str]
+    split: dict[str, list[str]]
+    missing: str
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
-def hydra_forks(tmp_path_factory):
+def hydra_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
     """A fork server that has also imported torch and the hydra modules."""
     server = ForkServer(tmp_path_factory.mktemp("hydraforks"), preload=PRELOAD)
     yield server
@@ -78,7 +93,7 @@ def hydra_forks(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     """Checkpoint, prep data, doc-id files (input order of ids), calibration and heads."""
     root = tmp_path_factory.mktemp("hydra")
     ckpt = str(write_harmony_checkpoint(root / "ckpt", num_hidden_layers=2))
@@ -113,9 +128,9 @@ def chain(tmp_path_factory):
             "split": split | {"extra": extra}, "missing": missing}
 
 
-def _grade_job(chain) -> tuple[list[str], list[str], list[str]]:
+def _grade_job(chain: Chain) -> tuple[list[str], list[str], list[str]]:
     """(argv without --output/--runner, input doc ids in order, final files)."""
-    order = sorted(("train", "val", "test", "extra"), key=chain["files"].get)  # plan order: files by path
+    order = sorted(("train", "val", "test", "extra"), key=lambda s: chain["files"][s])  # plan order: files by path
     argv = ["hydra", "grade", "--checkpoint", chain["ckpt"], "--heads-dir", chain["heads"],
             "--calibration", chain["cal"], "--input-docids", *[chain["files"][s] for s in order],
             "--data-root", chain["data"], "--max-ctx", "64", "--docs-per-unit", "4", "--wave-units", str(WAVE_UNITS),
@@ -123,8 +138,8 @@ def _grade_job(chain) -> tuple[list[str], list[str], list[str]]:
     return argv, [d for s in order for d in chain["split"][s]], ["quality_scores.jsonl", "summary.json"]
 
 
-def _oracle_job(chain) -> tuple[list[str], list[str], list[str]]:
-    order = sorted(("val", "test", "extra"), key=chain["files"].get)
+def _oracle_job(chain: Chain) -> tuple[list[str], list[str], list[str]]:
+    order = sorted(("val", "test", "extra"), key=lambda s: chain["files"][s])
     argv = ["hydra", "oracle-label", "--checkpoint", chain["ckpt"], "--input-docids",
             *[chain["files"][s] for s in order], "--data-root", chain["data"], "--max-tokens", "4",
             "--max-seq-len", "512", "--temperature", "0.8", "--seed", "7", "--docs-per-unit", "1",
@@ -132,13 +147,13 @@ def _oracle_job(chain) -> tuple[list[str], list[str], list[str]]:
     return argv, [d for s in order for d in chain["split"][s]], ["labels.jsonl", "failures.jsonl", "summary.json"]
 
 
-def _output_ids(out, step: str) -> list[str]:
+def _output_ids(out: Path, step: str) -> list[str]:
     if step == "grade":
         return [r["doc_id"] for r in _jsonl(out / "quality_scores.jsonl")]
     return [r["doc_id"] for r in _jsonl(out / "labels.jsonl") + _jsonl(out / "failures.jsonl")]
 
 
-def _progress(out) -> dict[str, tuple[int, int]]:
+def _progress(out: Path) -> dict[str, tuple[int, int]]:
     """stage -> (completed units, planned units), from run.json and the receipts."""
     try:
         stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
@@ -153,13 +168,13 @@ class Picker:
     ``infer_cap`` kills in infer (none once only the last wave is left: merge's turn, a kill
     aimed there could miss a run that finishes), then one in merge."""
 
-    def __init__(self, wave_units: int, infer_cap: int = 4, wave_s: float = 0.4):
+    def __init__(self, wave_units: int, infer_cap: int = 4, wave_s: float = 0.4) -> None:
         self.wave_units = wave_units
         self.infer_cap = infer_cap
         self.wave_s = wave_s
-        self.aimed: collections.Counter = collections.Counter()
+        self.aimed: collections.Counter[str] = collections.Counter()
 
-    def __call__(self, rng: random.Random, out):
+    def __call__(self, rng: random.Random, out: Path) -> tuple[int | None, float, str | None, str]:
         progress = _progress(out)
         if not self.aimed["startup"] or not progress:
             self.aimed["startup"] += 1
@@ -178,7 +193,8 @@ class Picker:
         return None, 0.0, None, "start"
 
 
-def _reference(forks, argv, root, name):
+def _reference(forks: ForkServer, argv: list[str], root: Path,
+               name: str) -> tuple[Path, dict[str, str], collections.Counter[str]]:
     out, log = root / f"ref-{name}", root / f"ref-{name}.log"
     a = run_attempt(lambda: forks.start([*argv, "--output", str(out), "--runner", "direct"], child_env(log)), log)
     assert a.returncode == 0, a.stderr[-3000:]
@@ -186,11 +202,12 @@ def _reference(forks, argv, root, name):
     return out, final_digest(out), units
 
 
-def _kill_loop(tmp_path, forks, argv, ids, outputs, want, step) -> tuple[collections.Counter, int, float]:
+def _kill_loop(tmp_path: Path, forks: ForkServer, argv: list[str], ids: list[str], outputs: list[str],
+               want: dict[str, str], step: str) -> tuple[collections.Counter[str], int, float]:
     t0 = time.time()
     deadline = t0 + TIME_CAP_S
     rng = random.Random(SEED)
-    where: collections.Counter = collections.Counter()
+    where: collections.Counter[str] = collections.Counter()
     kills = cycles = 0
     while (kills < MIN_KILLS[step] or not any(w.startswith("merge") for w in where)) and time.time() < deadline:
         out, log = tmp_path / f"{step}{cycles}", tmp_path / f"{step}{cycles}.log"
@@ -206,14 +223,14 @@ def _kill_loop(tmp_path, forks, argv, ids, outputs, want, step) -> tuple[collect
     return where, cycles, time.time() - t0
 
 
-def _check_coverage(where: collections.Counter, step: str) -> int:
+def _check_coverage(where: collections.Counter[str], step: str) -> int:
     phases = collections.Counter(w.split(":")[0] for w in where.elements())
     assert sum(where.values()) >= MIN_KILLS[step], where
     assert phases["startup"] >= 1 and phases["infer"] >= MIN_KILLS[step] - 3 and phases["merge"] >= 1, (step, where)
     return sum(where.values())
 
 
-def test_hydra_grade_kill9_loop(tmp_path, hydra_forks, chain):
+def test_hydra_grade_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: Chain) -> None:
     argv, ids, outputs = _grade_job(chain)
     ref, want, units = _reference(hydra_forks, argv, tmp_path, "grade")
     assert set(want) == set(outputs)
@@ -235,7 +252,7 @@ def test_hydra_grade_kill9_loop(tmp_path, hydra_forks, chain):
     print(f"hydra grade kill -9: {kills} kills in {cycles} cycles, where {dict(where)}")
 
 
-def test_hydra_oracle_label_kill9_loop(tmp_path, hydra_forks, chain):
+def test_hydra_oracle_label_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: Chain) -> None:
     argv, ids, outputs = _oracle_job(chain)
     ref, want, units = _reference(hydra_forks, argv, tmp_path, "oracle")
     assert set(want) == set(outputs)

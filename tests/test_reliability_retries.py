@@ -13,19 +13,25 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import pytest
+from apache_beam.typehints.decorators import no_annotations
 from helpers import run_prep
 from reliability_helpers import final_digest, make_corpus, read_unit_log, recomputed_units, write_figures
 
 from refinery.transforms import resumable as stages
 from refinery.transforms.io import storage
 from refinery.transforms.prep.stages import PrepConfig, build_stages
-from refinery.transforms.resumable import StageFailed, run_stages
+from refinery.transforms.resumable import StageFailed, StageRun, Unit, run_stages
+from refinery.transforms.resumable.beam_steps import UnitResult
+from refinery.transforms.resumable.orchestration import Runner
+from refinery.transforms.resumable.planner import Step
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("retries")
     corpus = make_corpus(root / "corpus", files=4, docs_per_file=40)
     ref = root / "ref"
@@ -33,19 +39,31 @@ def reference(tmp_path_factory):
     return corpus, final_digest(ref)
 
 
-def _config(corpus, out) -> PrepConfig:
+def _config(corpus: Path, out: Path) -> PrepConfig:
     return PrepConfig(inputs=storage.expand_inputs([str(corpus)]), output=str(out), dataset="r", num_shards=3,
                       unit_bytes=0)
 
 
-def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _annotations_for_mypy_only(fn: _F) -> _F:
+    """Beam turns a DoFn's annotations into runtime type checks: these are for mypy only (as
+    RunUnitFn's own are)."""
+    no_annotations(fn)
+    return fn
+
+
+def _flaky_runner(attempts_dir: Path, fail_before: set[str], fail_after: set[str]) -> Runner:
     """A step runner: the command's one pipeline, whose units run in the real RunUnitFn
     failing once where told, on BundleBasedDirectRunner (which retries a failed bundle up to
     4 times)."""
     from refinery.transforms.resumable import beam_steps as pipeline
 
     class FlakyRunUnitFn(pipeline.RunUnitFn):
-        def process(self, element, upstream=(), **side):
+        @_annotations_for_mypy_only
+        def process(self, element: tuple[str, Mapping[str, Any]], upstream: Iterable[UnitResult] = (),
+                    **side: Any) -> Iterator[UnitResult]:
             key = f"{self.run.name}-{element[0]}"
             marker = attempts_dir / key
             first = not marker.exists()
@@ -58,14 +76,15 @@ def _flaky_runner(attempts_dir, fail_before: set, fail_after: set):
                 raise ConnectionError(f"injected: worker lost after the receipt of {key}")
             yield from out
 
-    def runner(steps, beam_args, verify_checksums):
+    def runner(steps: list[Step], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
         built = pipeline.build_pipeline(steps, ["--runner=BundleBasedDirectRunner"], verify_checksums, FlakyRunUnitFn)
         return pipeline.run_pipeline(built)
 
     return runner
 
 
-def test_beam_bundle_retries_give_the_same_outputs(reference, tmp_path, monkeypatch):
+def test_beam_bundle_retries_give_the_same_outputs(
+        reference: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus, want = reference
     out, attempts = tmp_path / "out", tmp_path / "attempts"
     attempts.mkdir()
@@ -85,7 +104,9 @@ def test_beam_bundle_retries_give_the_same_outputs(reference, tmp_path, monkeypa
                                      "bundles_retried": len(retried)})
 
 
-def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monkeypatch, capsys):
+def test_failed_unit_is_recorded_and_retried_next_run(
+        reference: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     corpus, want = reference
     work = tmp_path / "corpus"
     shutil.copytree(corpus, work)  # copytree keeps mtimes: same fingerprints, paths differ
@@ -96,7 +117,8 @@ def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monke
     log = tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
 
-    def vanish(runs, plans):  # the input disappears after planning (a flaky mount)
+    def vanish(runs: list[StageRun], plans: list[list[Unit[Mapping[str, Any]]]]) -> None:
+        # the input disappears after planning (a flaky mount)
         os.replace(victim, hidden)
 
     with pytest.raises(StageFailed) as e:
@@ -120,12 +142,12 @@ def test_failed_unit_is_recorded_and_retried_next_run(reference, tmp_path, monke
     assert [u for u in started if u[0] == "tokenize"] == [("tokenize", "00002")]
     # the shards are identical; rejects.jsonl, the manifest's plan hash and the shards'
     # provenance sidecars (.docs.parquet) name the input paths, which differ here (a copy of the corpus)
-    def shards(d):
+    def shards(d: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in d.items() if k.startswith("shard_") and not k.endswith(".docs.parquet")}
     assert shards(final_digest(out)) == shards(want) and len(shards(want)) == 6
 
 
-def test_beam_counters_come_back_equal_to_the_receipts(reference, tmp_path):
+def test_beam_counters_come_back_equal_to_the_receipts(reference: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     corpus, want = reference
     out = tmp_path / "out"
     result = run_stages(build_stages(_config(corpus, out)), str(out),
@@ -140,7 +162,9 @@ def test_beam_counters_come_back_equal_to_the_receipts(reference, tmp_path):
     assert result.metrics["manifest"]["manifest_units_completed"] == 1  # a step of the same job
 
 
-def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_path, capsys, monkeypatch):
+def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(
+        reference: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
     from refinery import runners
@@ -152,7 +176,7 @@ def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(reference, tmp_
     corpus, want = reference
     out = tmp_path / "out"
 
-    def lost_cluster(steps, beam_args, verify_checksums):
+    def lost_cluster(steps: list[Step], beam_args: list[str], verify_checksums: bool) -> None:
         # the job's tokenize step ran; then the job dies with its cluster
         stages.run_in_driver([s for s in steps if s.run.name == "tokenize"], beam_args, verify_checksums)
         raise RuntimeError("Pipeline BeamApp-x failed in state FAILED: java.lang.Exception: "
