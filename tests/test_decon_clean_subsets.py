@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import write_jsonl
@@ -24,7 +25,7 @@ Q = {  # questions of 16+ tokens, no word shared between two of them
     "beta_full": "the library lends ninety books each week and receives fifty new volumes from generous donors",
     "beta_clean": "zoë paints café murals with bright turquoise ochre and violet pigments during quiet evenings",
 }
-ALPHA = [
+ALPHA: list[dict[str, Any]] = [
     {"id": "a0", "question": Q["full"], "answer": "4"},             # contaminated at 5 and 13
     {"id": "a1", "question": Q["span"], "answer": "x"},             # a 7-token span: at 5 only
     {"id": "a2", "question": Q["clean"], "answer": 12, "tags": ["m"]},
@@ -34,7 +35,7 @@ ALPHA = [
     {"id": "a6", "answer": "no question"},                           # no text: a bad row, not an instance
     {"id": "a7", "question": Q["clean"]},                            # a2's text: clean as a2
 ]
-BETA = [
+BETA: list[dict[str, Any]] = [
     {"id": "b0", "question": Q["beta_full"], "meta": {"k": [1, 2]}},
     {"id": "b1", "question": Q["beta_clean"], "meta": {"k": None}},
 ]
@@ -59,11 +60,11 @@ def make_inputs(root: Path) -> tuple[Path, Path]:
 
 def decon(root: Path, out: Path) -> int:
     evals, train = make_inputs(root)
-    return run_cli(["--eval", str(evals), "--train", str(train), "--output", str(out), "--eval-text-field",
-                    "question", "--ngrams", *map(str, NS), "--partitions", "3"])
+    return int(run_cli(["--eval", str(evals), "--train", str(train), "--output", str(out), "--eval-text-field",
+                        "question", "--ngrams", *map(str, NS), "--partitions", "3"]))
 
 
-def read_gz_lines(path: Path) -> list[dict]:
+def read_gz_lines(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rb") as f:
         return [json.loads(line) for line in f]
 
@@ -74,13 +75,13 @@ def clean_files(out: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("clean")
     assert decon(root, root / "out") == 0
     return root
 
 
-def test_clean_subsets_are_the_rows_no_training_row_overlaps_at_each_n(run):
+def test_clean_subsets_are_the_rows_no_training_row_overlaps_at_each_n(run: Path) -> None:
     out = run / "out"
     noid = record_hash_id(ALPHA[3])
     want = {("alpha", 5): [ALPHA[2], {**ALPHA[3], "instance_id": noid}, ALPHA[7]],
@@ -106,7 +107,7 @@ def test_clean_subsets_are_the_rows_no_training_row_overlaps_at_each_n(run):
     assert "alpha 3 at n = 5, alpha 4 at n = 13, beta 1 at n = 5, beta 1 at n = 13" in report
 
 
-def test_clean_subsets_are_the_same_bytes_on_a_rerun_and_in_the_receipt(run, tmp_path):
+def test_clean_subsets_are_the_same_bytes_on_a_rerun_and_in_the_receipt(run: Path, tmp_path: Path) -> None:
     out = run / "out"
     before = clean_files(out)
     assert decon(run, out) == 0 and clean_files(out) == before  # a rerun: nothing changes
@@ -119,7 +120,7 @@ def test_clean_subsets_are_the_same_bytes_on_a_rerun_and_in_the_receipt(run, tmp
     assert set(before) <= listed  # verify checks them as the merge's other files
 
 
-def test_a_clean_file_of_another_run_is_removed_and_another_file_kept(run, tmp_path):
+def test_a_clean_file_of_another_run_is_removed_and_another_file_kept(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert decon(tmp_path, out) == 0
     stale, foreign = out / "stats/clean/gone/n=5.jsonl.gz", out / "stats/clean/alpha/notes.txt"
@@ -130,7 +131,7 @@ def test_a_clean_file_of_another_run_is_removed_and_another_file_kept(run, tmp_p
     assert removed == ["stats/clean/gone/n=5.jsonl.gz"] and not stale.parent.exists() and foreign.exists()
 
 
-def test_verify_names_an_edited_clean_file(tmp_path, capsys):
+def test_verify_names_an_edited_clean_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert decon(tmp_path, out) == 0 and decon_verify(out, "--checksums") == 0
     path = out / cl.clean_file("beta", 13)
@@ -144,7 +145,7 @@ def row(i: int, path: str, eval_row: int, instance_id: str, hashed: bool = False
     return EvalRow(i, ds, path, eval_row, instance_id, "some text here", 3, False, hashed)
 
 
-def test_an_eval_file_changed_since_the_index_is_named_not_written():
+def test_an_eval_file_changed_since_the_index_is_named_not_written() -> None:
     rows = [row(0, "e.jsonl", 0, "x"), row(1, "e.jsonl", 2, "y")]
     good = [(0, {"id": "x"}, None), (1, None, "bad"), (2, {"id": "y"}, None)]
     assert [r.instance_id for r, _ in cl.rows_as_read(rows, lambda p: iter(good), "id")] == ["x", "y"]
@@ -154,14 +155,14 @@ def test_an_eval_file_changed_since_the_index_is_named_not_written():
         list(cl.rows_as_read(rows, lambda p: iter(good[:2]), "id"))
 
 
-def test_an_id_less_row_with_an_instance_id_field_of_its_own_is_refused():
+def test_an_id_less_row_with_an_instance_id_field_of_its_own_is_refused() -> None:
     record = {"text": "t", "instance_id": "theirs"}
     with pytest.raises(ValueError, match=r"e.jsonl row 4: has no id .*--id-field"):
         cl.clean_line(record, row(0, "e.jsonl", 4, record_hash_id(record), hashed=True))
     assert json.loads(cl.clean_line({"id": 3, "t": "é"}, row(0, "e.jsonl", 0, "3"))) == {"id": 3, "t": "é"}
 
 
-def test_a_dataset_name_is_one_folder_name():
+def test_a_dataset_name_is_one_folder_name() -> None:
     assert cl.clean_file("gsm8k", 13) == "stats/clean/gsm8k/n=13.jsonl.gz"
     assert cl.clean_dir_name("a/b\\c%d\n") == "a%2Fb%5Cc%25d%0A"
     assert [cl.clean_dir_name(x) for x in ("", ".", "..", "a.b")] == ["%2E", "%2E", "%2E%2E", "a.b"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,23 +28,24 @@ DROP = ["How many points did the Raiders win by when they played the Chiefs at h
 NOT_NAMED = "This row names no benchmark at all but it has a question that is long enough to index"
 
 
-def ai2_rows() -> list[dict]:
+def ai2_rows() -> list[dict[str, Any]]:
     """AI2 decon's reference layout: one file, rows of two benchmarks named by ``eval_key``,
     then a row without ``eval_key`` and one whose ``eval_key`` is empty."""
-    rows: list[dict] = [{"eval_key": "gsm8k", "question": q, "answer": "72", "doc_id": i} for i, q in enumerate(GSM8K)]
+    rows: list[dict[str, Any]] = [{"eval_key": "gsm8k", "question": q, "answer": "72", "doc_id": i}
+                                  for i, q in enumerate(GSM8K)]
     rows += [{"eval_key": "drop", "passage": DROP_PASSAGE, "question": q, "doc_id": i} for i, q in enumerate(DROP)]
     rows += [{"question": NOT_NAMED, "doc_id": 9}, {"eval_key": "", "question": NOT_NAMED + " again", "doc_id": 10}]
     return rows
 
 
-def write_jsonl(path, rows: list[dict]) -> str:
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return str(path)
 
 
-def inputs(tmp_path) -> tuple[str, str]:
+def inputs(tmp_path: Path) -> tuple[str, str]:
     ev = write_jsonl(tmp_path / "ai2ref" / "eval.jsonl", ai2_rows())
     train = [{"id": "t0", "text": "filler words here. " + GSM8K[1] + " and more filler after it."},
              {"id": "t1", "text": "Sports page: " + DROP[0] + "? Nobody knew."},
@@ -57,12 +60,12 @@ def run_cli(argv: list[str]) -> int:
     return decon.run(args, list(DIRECT))
 
 
-def read_jsonl(path) -> list[dict]:
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def test_one_file_of_two_benchmarks_is_read_per_benchmark(tmp_path, capsys):
+def test_one_file_of_two_benchmarks_is_read_per_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ev, tr = inputs(tmp_path)
     out = str(tmp_path / "out")
     assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "8", "--partitions", "2",
@@ -98,7 +101,7 @@ def test_one_file_of_two_benchmarks_is_read_per_benchmark(tmp_path, capsys):
     assert "eval_bad_rows" not in capsys.readouterr().err
 
 
-def test_no_row_with_the_field_is_refused_in_one_line(tmp_path, capsys):
+def test_no_row_with_the_field_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"question": q} for q in GSM8K])
     tr = write_jsonl(tmp_path / "train" / "train.jsonl", [{"text": GSM8K[0]}])
     out = tmp_path / "out"
@@ -122,19 +125,20 @@ def test_no_row_with_the_field_is_refused_in_one_line(tmp_path, capsys):
     ({"k": "x\ny"}, None, "has '\\n'"),
     ({"k": " x"}, None, "begins or ends with a space"),
 ])
-def test_field_dataset(record, named, reason):
+def test_field_dataset(record: dict[str, None] | dict[str, int] | dict[str, str], named: str | None,
+                       reason: str | None) -> None:
     got, why = field_dataset(record, "k")
     assert got == named
-    assert (why is None) == (reason is None) and (reason is None or reason in why), why
+    assert (why is None) == (reason is None) and (reason is None or reason in str(why)), why
 
 
-def test_dataset_names_from_paths_are_names():
+def test_dataset_names_from_paths_are_names() -> None:
     """The rule a row's name is held to is the one the path names already follow."""
     for path in ["decontamination/gsm8k-dolma-3fa9c1/test.jsonl", "x/mmlu/test.parquet", "a/b/c.jsonl.zst"]:
         assert dataset_name_problem(ng.eval_dataset_name(path)) is None
 
 
-def test_make_eval_rows_names_datasets_by_field_and_lists_bad_rows():
+def test_make_eval_rows_names_datasets_by_field_and_lists_bad_rows() -> None:
     rows_of = {"x/ref/eval.jsonl": [(i, r, None) for i, r in enumerate(ai2_rows())]
                + [(7, None, "row over --max-row-bytes"), (8, {"eval_key": "drop", "passage": "p"}, None)]}
     rows, bad = make_eval_rows(list(rows_of), rows_of.__getitem__, "question", "id", ng.TOKENIZERS["default"],
@@ -156,8 +160,8 @@ def test_make_eval_rows_names_datasets_by_field_and_lists_bad_rows():
     assert bad == {"ref": {"bad_rows": 2}} and bad_rows_warning(bad) is None
 
 
-def test_the_field_enters_the_index_hash_only_when_given():
-    def config(field):
+def test_the_field_enters_the_index_hash_only_when_given() -> None:
+    def config(field: str | None) -> dict[str, Any]:
         return IndexStage(DeconSettings(["e"], ["t"], [13], eval_dataset_field=field), []).config()
 
     assert "dataset_field" not in config(None)  # outputs made before the flag keep their hashes

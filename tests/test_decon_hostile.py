@@ -4,12 +4,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.details import read_details
+from refinery.transforms.decon.ngrams.reduce import ReduceResult
+from refinery.transforms.io.rows import Row
 
 DEFAULT = ng.TOKENIZERS["default"]
 COMMON = "the quick brown fox jumps over the lazy dog while the cat sleeps"  # 13 tokens
@@ -57,15 +62,16 @@ print(json.dumps({"grew_kb": grew, "details": res["details"], "chars": written[0
 """
 
 
-def reduce_in_subprocess(kind: str, n_train: int, rows: int = 2000, fmt: str = "jsonl") -> dict:
+def reduce_in_subprocess(kind: str, n_train: int, rows: int = 2000, fmt: str = "jsonl") -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", REDUCE, kind, str(n_train), str(rows), COMMON, fmt],
                          capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    got: dict[str, Any] = json.loads(out.stdout)
+    return got
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 @pytest.mark.parametrize("kind", ["identical", "distinct"])
-def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind, fmt):
+def test_reduce_memory_stays_flat_as_the_fan_out_grows(kind: str, fmt: str) -> None:
     small, large = reduce_in_subprocess(kind, 5, fmt=fmt), reduce_in_subprocess(kind, 60, fmt=fmt)
     # the fan-out grew 12x; the reduce's memory must not follow it (Parquet: it follows the row group)
     assert large["grew_kb"] - small["grew_kb"] < 10_000, (small, large)
@@ -118,20 +124,22 @@ print(json.dumps({"grew_kb": grew, "drop_list_bytes": os.path.getsize(drop_list)
 """
 
 
-def stages_in_subprocess(tmp_path, kind: str, n_train: int, rows: int = 2000, common: str = COMMON) -> dict:
+def stages_in_subprocess(tmp_path: Path, kind: str, n_train: int, rows: int = 2000,
+                         common: str = COMMON) -> dict[str, Any]:
     root = tmp_path / f"{kind}-{rows:06d}-{n_train:06d}"  # one length: the drop lists name it
     out = subprocess.run([sys.executable, "-c", STAGES, kind, str(rows), str(n_train), common, str(root)],
                          capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    got: dict[str, Any] = json.loads(out.stdout)
+    return got
 
 
-def grew_mb(small: dict, large: dict) -> dict[str, float]:
+def grew_mb(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]:
     """How much more each stage's peak RSS rose in the large run than in the small one (MB)."""
     return {stage: (large["grew_kb"][stage] - small["grew_kb"][stage]) / 1024 for stage in small["grew_kb"]}
 
 
 @pytest.mark.parametrize("kind", ["identical", "distinct"])
-def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path, kind):
+def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path: Path, kind: str) -> None:
     small, large = stages_in_subprocess(tmp_path, kind, 5), stages_in_subprocess(tmp_path, kind, 600)
     # 120x the training rows, each overlapping all 2,000 eval rows: no stage's memory follows
     # (before: the reduce and the merge held a code per (eval row, training row), +0.5-0.8 GB)
@@ -141,7 +149,7 @@ def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path, kind):
     assert large["drop_list_bytes"] < 600 * 200
 
 
-def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
+def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path: Path) -> None:
     question = gsm8k_rows("test")[0]["question"]  # about 40 13-grams
     small = stages_in_subprocess(tmp_path, "identical", 20, rows=200, common=question)
     large = stages_in_subprocess(tmp_path, "identical", 20, rows=5000, common=question)
@@ -156,14 +164,15 @@ def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 def eval_rows(texts: list[str], dataset: str = "ds") -> list[ng.EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(texts):
             yield i, {"text": t, "id": f"e{i}"}, None
     rows, _ = ng.make_eval_rows([f"x/{dataset}/test.jsonl"], read, "text", "id", DEFAULT)
     return rows
 
 
-def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_details=None, partitions=2):
+def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_details: int | None = None,
+        partitions: int = 2) -> tuple[ReduceResult, list[dict[str, Any]]]:
     """Every partition's reduce (blocks and results through msgpack, as on disk), then the merge."""
     import msgpack
 
@@ -172,10 +181,10 @@ def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_detai
                              tokenizer=DEFAULT, membership=index.membership, lookup=index.lookup,
                              partitions=partitions, stats=ng.ScanStats()))
     blocks = {p: msgpack.unpackb(msgpack.packb(b)) for p, b in ng.hit_blocks([ng.hit_groups(h, "id") for h in hits])}
-    details: list[dict] = []
+    details: list[dict[str, Any]] = []
     results = []
     for p in range(partitions):
-        def part_blocks(p: int = p) -> list:
+        def part_blocks(p: int = p) -> list[tuple[int, str, int, dict[str, Any]]]:
             return [(0, "t.jsonl", 0, blocks[p])] if p in blocks else []
 
         res = ng.reduce_partition(index.records.get(p, []), rows, ns, part_blocks, None,
@@ -185,7 +194,7 @@ def run(rows: list[ng.EvalRow], train: list[str], ns: list[int], max_ngram_detai
     return ng.merge_partitions(rows, ns, results, DEFAULT), details
 
 
-def test_identical_eval_texts_give_one_record_listing_their_instances():
+def test_identical_eval_texts_give_one_record_listing_their_instances() -> None:
     same = "the cat sat on the mat today"
     rows = eval_rows([same, same, "another text here entirely", same])
     result, details = run(rows, [f"x {same} y", same, "another text here"], [3])
@@ -213,7 +222,7 @@ def test_identical_eval_texts_give_one_record_listing_their_instances():
     assert [h.train_row for h in examples[0].hits] == [0, 1]
 
 
-def test_the_merge_holds_a_training_rows_doc_id_once_whatever_the_partitions_it_hits():
+def test_the_merge_holds_a_training_rows_doc_id_once_whatever_the_partitions_it_hits() -> None:
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
     result, _ = run(eval_rows([text]), [f"doc {j}: {text}" for j in range(20)], [3], partitions=8)
     shares = [s for s in result.contaminated.parts if s["docs"]]
@@ -222,7 +231,7 @@ def test_the_merge_holds_a_training_rows_doc_id_once_whatever_the_partitions_it_
     assert len({id(d) for d in docs}) == len(set(docs)) == 20  # one string per row (before: one per share)
 
 
-def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so():
+def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so() -> None:
     rows = eval_rows([f"alpha beta gamma row{i}" for i in range(6)])
     train = ["alpha beta gamma"] * 4
     full, all_details = run(rows, train, [3])
@@ -236,7 +245,7 @@ def test_max_ngram_details_caps_the_records_of_one_n_gram_and_says_so():
     assert "capped" not in ng.render_report(full, {}, None, max_ngram_details=10)
 
 
-def test_a_huge_token_gives_bounded_n_grams_and_snippets():
+def test_a_huge_token_gives_bounded_n_grams_and_snippets() -> None:
     token = "z" * 200_000
     text = f"intro {token} outro end"
     rows = eval_rows([text])
@@ -260,7 +269,7 @@ def test_a_huge_token_gives_bounded_n_grams_and_snippets():
     assert hit.cut_before and hit.cut_after and hit.snippet_spans[-1].end == len(hit.snippet)
 
 
-def test_merged_snippet_tells_where_the_training_text_goes_on():
+def test_merged_snippet_tells_where_the_training_text_goes_on() -> None:
     # [hash, offsets, snippet_start, snippet]; the snippets of "text" around [60, 70) and [75, 80)
     text = "0123456789" * 20
     a = [1, [[60, 70]], 10, text[10:120]]
@@ -276,7 +285,7 @@ def test_merged_snippet_tells_where_the_training_text_goes_on():
 # The command: flag, warning, outputs
 # ---------------------------------------------------------------------------------------
 
-def test_decon_collapses_caps_and_warns(tmp_path, capsys):
+def test_decon_collapses_caps_and_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import gzip
 
     from helpers import write_jsonl
@@ -298,7 +307,7 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     details = list(read_details(str(out)))
     shared = [d for d in details if d["instance_id"].startswith("same")]
     assert {d["instance_id"] for d in shared} == {"same0"} and {d["same_text"] for d in shared} == {29}
-    by_gram = {}
+    by_gram: dict[str, int] = {}
     for d in details:
         by_gram[d["ngram"]] = by_gram.get(d["ngram"], 0) + 1
     assert by_gram["capital city of france"] == 5 and max(by_gram.values()) == 5
@@ -322,7 +331,7 @@ def test_decon_collapses_caps_and_warns(tmp_path, capsys):
     assert "expected a positive integer or 'none', got '0'" in capsys.readouterr().err
 
 
-def stats_files(out) -> dict[str, bytes]:
+def stats_files(out: Path) -> dict[str, bytes]:
     """Every file under ``out/stats`` (gzip members inflated; the Parquet details' rows), by name."""
     import gzip
 
@@ -331,7 +340,8 @@ def stats_files(out) -> dict[str, bytes]:
             for p in sorted((out / "stats").iterdir())}
 
 
-def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monkeypatch):
+def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers import write_jsonl
     from test_decon_pipeline import run_cli
 
@@ -347,7 +357,7 @@ def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monk
 
     held, hit_blocks = [], ng.hit_blocks
 
-    def counted(groups):
+    def counted(groups: list[ng.HitGroups]) -> Iterator[tuple[int, dict[str, Any]]]:
         held.append(sum(len(s) for g in groups for s in g.snippet))
         return hit_blocks(groups)
 
@@ -361,7 +371,7 @@ def test_a_scan_unit_holds_a_bounded_number_of_snippet_characters(tmp_path, monk
     assert stats_files(tmp_path / "small") == stats_files(tmp_path / "default")
 
 
-def test_the_drop_list_names_each_row_once_whatever_the_eval_rows_sharing_its_text(tmp_path):
+def test_the_drop_list_names_each_row_once_whatever_the_eval_rows_sharing_its_text(tmp_path: Path) -> None:
     import glob
     import gzip
 

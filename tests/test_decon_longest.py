@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 import random
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -14,6 +16,7 @@ from test_decon_pipeline import read_jsonl, run_cli, write_jsonl
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.longest import longest_matches
+from refinery.transforms.io.rows import Row
 
 DEFAULT = ng.TOKENIZERS["default"]
 
@@ -47,7 +50,7 @@ def reference(eval_text: str, train_texts: list[str], n: int) -> tuple[int, floa
 
 
 def eval_rows(texts: list[str]) -> list[ng.EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(texts):
             yield i, {"text": t, "id": f"e{i}"}, None
     rows, _ = ng.make_eval_rows(["x/ds/test.jsonl"], read, "text", "id", DEFAULT)
@@ -58,7 +61,7 @@ def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitio
     """Every partition's reduce result, through msgpack as on disk; the training rows split in
     two scan units (two training files)."""
     index = ng.NgramIndex.build(rows, {}, ns, "default", partitions, skip=ng.same_text(rows).first)
-    blocks: dict[int, list] = {}
+    blocks: dict[int, list[tuple[int, str, int, dict[str, Any]]]] = {}
     half = len(train) // 2
     for unit, (path, part) in enumerate((("a.jsonl", train[:half]), ("b.jsonl", train[half:]))):
         hits = list(ng.scan_rows(((j, {"text": t}, None) for j, t in enumerate(part)), text_field="text",
@@ -68,7 +71,7 @@ def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitio
             blocks.setdefault(p, []).append((unit, path, 0, msgpack.unpackb(msgpack.packb(b))))
     results = []  # each a PartitionResult, through msgpack as reduce's results are
     for p in range(partitions):
-        def part_blocks(p: int = p) -> list:
+        def part_blocks(p: int = p) -> list[tuple[int, str, int, dict[str, Any]]]:
             return blocks.get(p, [])
 
         res = ng.reduce_partition(index.records.get(p, []), rows, ns, part_blocks, None,
@@ -77,12 +80,14 @@ def reduce_all(rows: list[ng.EvalRow], train: list[str], ns: list[int], partitio
     return results
 
 
-def metrics_of(rows, train, ns, partitions=3) -> dict[tuple[int, int], tuple[int, float]]:
+def metrics_of(rows: list[ng.EvalRow], train: list[str], ns: list[int],
+               partitions: int = 3) -> dict[tuple[int, int], tuple[int, Any]]:
+    """(longest, coverage) by (eval row, n); coverage Any: the tests compare it with pytest.approx."""
     result = ng.merge_partitions(rows, ns, reduce_all(rows, train, ns, partitions), DEFAULT)
     return {(int(m["instance_id"][1:]), m["n"]): (m["longest_match"], m["coverage"]) for m in result.metrics}
 
 
-def test_longest_run_joins_overlapping_and_touching_windows_only():
+def test_longest_run_joins_overlapping_and_touching_windows_only() -> None:
     assert ng.longest_run([]) == 0
     assert ng.longest_run([(0, 3), (1, 4), (2, 5)]) == 5       # overlapping
     assert ng.longest_run([(3, 6), (0, 3)]) == 6               # touching, any order
@@ -101,21 +106,22 @@ TEXT = "a1 b2 c3 d4 e5 f6 g7 h8 i9 j10"  # 10 tokens
     (["a1 b2 c3 d4 e5", "f6 g7 h8 i9 j10"], 5, 1.0),           # two rows, half each: longest of one row
     (["nothing here", "f6 g7 h8 q", "c3 d4 e5 f6 g7 h8 q"], 6, 0.6),
 ])
-def test_planted_cases_at_3(partitions, train, longest, coverage):
+def test_planted_cases_at_3(partitions: int, train: list[str], longest: int, coverage: float) -> None:
     rows = eval_rows([TEXT])
     got = metrics_of(rows, train, [3], partitions)
     assert got[(0, 3)] == (longest, pytest.approx(coverage))
     assert got[(0, 3)] == pytest.approx(reference(TEXT, train, 3))
 
 
-def test_repeated_n_grams_cover_every_occurrence():
+def test_repeated_n_grams_cover_every_occurrence() -> None:
     text = "a b c a b c a b c z"
     got = metrics_of(eval_rows([text]), ["a b c"], [3])
     # one training 3-gram, three touching occurrences in the instance
-    assert got[(0, 3)] == (9, pytest.approx(0.9)) == reference(text, ["a b c"], 3)
+    want: object = (9, pytest.approx(0.9))  # a float beside pytest.approx: no overlap to mypy
+    assert got[(0, 3)] == want == reference(text, ["a b c"], 3)
 
 
-def test_n_larger_than_the_text_and_several_n():
+def test_n_larger_than_the_text_and_several_n() -> None:
     texts = ["What is 2+2?", TEXT]   # 5 tokens, the last empty
     train = ["Q: what is 2+2?", "a1 b2 c3 d4 e5 f6 g7 h8 i9 j10 k11", "b2 c3 d4 e5 f6"]
     got = metrics_of(eval_rows(texts), train, [2, 3, 8, 13], partitions=4)
@@ -126,7 +132,7 @@ def test_n_larger_than_the_text_and_several_n():
             assert got[(i, n)] == pytest.approx(reference(text, train, n))
 
 
-def test_a_shared_text_gives_every_row_its_first_rows_values():
+def test_a_shared_text_gives_every_row_its_first_rows_values() -> None:
     texts = [TEXT, "zz yy xx ww", TEXT]
     got = metrics_of(eval_rows(texts), ["a1 b2 c3 d4", "zz yy xx"], [3])
     assert got[(0, 3)] == got[(2, 3)] == (4, pytest.approx(0.4))
@@ -134,7 +140,7 @@ def test_a_shared_text_gives_every_row_its_first_rows_values():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_runs_agree_with_the_reference_whatever_the_partitions(seed):
+def test_random_runs_agree_with_the_reference_whatever_the_partitions(seed: int) -> None:
     rng = random.Random(seed)
     vocab = ["a", "b", "c", "d", "e", ",", "f"]
 
@@ -155,7 +161,7 @@ def test_random_runs_agree_with_the_reference_whatever_the_partitions(seed):
         assert {k: v for k, v in got.items() if k in want} == want, partitions  # the same counts, divided
 
 
-def test_the_merge_expands_rows_a_few_windows_at_a_time_with_the_same_result():
+def test_the_merge_expands_rows_a_few_windows_at_a_time_with_the_same_result() -> None:
     rng = random.Random(7)
     texts = [" ".join(rng.choice("abcde") for _ in range(12)) for _ in range(6)]
     train = [" ".join(rng.choice("abcde") for _ in range(25)) for _ in range(12)]
@@ -167,7 +173,7 @@ def test_the_merge_expands_rows_a_few_windows_at_a_time_with_the_same_result():
     assert (longest_matches(shares, rows, [3, 4], DEFAULT, windows_at_once=1) == whole).all()
 
 
-def test_a_run_writes_longest_match_and_coverage(tmp_path):
+def test_a_run_writes_longest_match_and_coverage(tmp_path: Path) -> None:
     ev, tr, out = tmp_path / "eval", tmp_path / "train", str(tmp_path / "out")
     write_jsonl(ev / "ds" / "test.jsonl", [{"id": "half", "text": TEXT}, {"id": "none", "text": "no overlap at all"},
                                            {"id": "short", "text": "What is 2+2?"}])

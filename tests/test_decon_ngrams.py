@@ -9,6 +9,9 @@ import re
 import string
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -16,7 +19,9 @@ import pytest
 from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams.reduce import ReduceResult
 from refinery.transforms.formats.row_ids import content_id
+from refinery.transforms.io.rows import Row
 
 HELM_RE = re.compile(rf"[\s{re.escape(string.punctuation)}]+")
 DEFAULT = ng.TOKENIZERS["default"]
@@ -44,12 +49,12 @@ def helm(text: str) -> list[str]:
     ("em—dash … “quoted”", ["em—dash", "…", "“quoted”"]),
     ("MiXeD  \t\n CaSe", ["mixed", "case"]),
 ])
-def test_default_tokenizer_exact(text, expected):
+def test_default_tokenizer_exact(text: str, expected: list[str]) -> None:
     assert DEFAULT.tokenize(text) == expected == helm(text)
     assert ng.default_tokenize(text) == expected
 
 
-def test_alternative_tokenizers():
+def test_alternative_tokenizers() -> None:
     assert ng.get_tokenizer("no_lowercase").tokenize("Hello, World!") == ["Hello", "World", ""]
     assert ng.get_tokenizer("whitespace").tokenize("Hello, World!  x") == ["hello,", "world!", "x"]
     assert ng.get_tokenizer("whitespace").tokenize(" a ") == ["", "a", ""]
@@ -61,12 +66,12 @@ POOL = list("abcXYZ019 _.,;'!?-\t\n") + ["\u00a0", "\x85", "\x1c", "\u200b", "é
                                           "\u3000", "\x00", "ﬁ", "Ω", "ǅ"]
 
 
-def _random_texts(seed: int, count: int, pool=POOL) -> list[str]:
+def _random_texts(seed: int, count: int, pool: list[str] = POOL) -> list[str]:
     rnd = random.Random(seed)
     return ["".join(rnd.choice(pool) for _ in range(rnd.randrange(0, 40))) for _ in range(count)]
 
 
-def test_tokenizer_matches_regex_on_random_unicode():
+def test_tokenizer_matches_regex_on_random_unicode() -> None:
     for name in ng.TOKENIZERS:
         tok = ng.TOKENIZERS[name]
         pat = re.compile(rf"[{tok.separators}]+")
@@ -77,7 +82,7 @@ def test_tokenizer_matches_regex_on_random_unicode():
             assert tokens == exp
 
 
-def test_offsets_index_the_original_text():
+def test_offsets_index_the_original_text() -> None:
     text = "İstanbul is BIG. İİ end"
     assert len(text.lower()) == len(text) + 3
     tokens, spans = DEFAULT.tokenize_with_offsets(text)
@@ -88,7 +93,7 @@ def test_offsets_index_the_original_text():
         assert helm(text[s:e]) == [tok]
 
 
-def test_offsets_roundtrip_random():
+def test_offsets_roundtrip_random() -> None:
     for text in _random_texts(2, 500):
         tokens, spans = DEFAULT.tokenize_with_offsets(text)
         assert tokens == helm(text)
@@ -105,7 +110,7 @@ def test_offsets_roundtrip_random():
                     assert " ".join(helm(text[s:e])) == key[1]
 
 
-def test_greek_final_sigma_whole_string_lowering():
+def test_greek_final_sigma_whole_string_lowering() -> None:
     text = "ΟΔΟΣ ΑΣ'Β"
     # whole-string lowering: the Σ before "'Β" is not final (the apostrophe is case-ignorable)
     assert text.lower() == "οδος ασ'β"
@@ -117,7 +122,7 @@ def test_greek_final_sigma_whole_string_lowering():
     assert [batch.token_bytes(k).decode() for k in range(len(batch.starts))] == tokens
 
 
-def test_nonascii_separator_set_is_exact():
+def test_nonascii_separator_set_is_exact() -> None:
     # every code point: the fast path's notion of a separator equals the regex class
     one = re.compile(rf"[{ng.DEFAULT_SEPARATORS}]")
     table = DEFAULT.byte_table
@@ -132,7 +137,7 @@ def test_nonascii_separator_set_is_exact():
 # fast path: batch tokenization and hashes equal the exact definitions
 # ---------------------------------------------------------------------------------------
 
-def test_batch_tokens_and_hashes_match_exact():
+def test_batch_tokens_and_hashes_match_exact() -> None:
     long_token = "x" * 100 + "é" * 30
     texts = ["Yes.", "?", "", " lead", "trail ", "a\x00b", "12345678", "123456789", "a" * 64, "b" * 65,
              long_token + " short", "İİİ. ΑΣ'Β x\u00a0y\u2028z", "\ud800 lone surrogate"] + _random_texts(3, 300)
@@ -153,7 +158,7 @@ def test_batch_tokens_and_hashes_match_exact():
                 assert h == ng.ngram_hash(length, gram)
 
 
-def test_ngram_hash_and_partition_are_stable():
+def test_ngram_hash_and_partition_are_stable() -> None:
     # fixed values: a change of the hash definition invalidates stored indexes (membership files,
     # partition files); if this fails, bump the decon FORMAT_VERSION, do not update the numbers
     assert ng.ngram_hash(2, "hello world") == 14905141629898920256
@@ -173,7 +178,7 @@ def test_ngram_hash_and_partition_are_stable():
 # n-grams
 # ---------------------------------------------------------------------------------------
 
-def test_short_rows_and_empty_skip():
+def test_short_rows_and_empty_skip() -> None:
     tokens, spans = DEFAULT.tokenize_with_offsets("Hello there, friend.")
     assert tokens == ["hello", "there", "friend", ""]
     grams = ng.eval_ngrams(tokens, spans, [2, 5, 13])
@@ -191,7 +196,7 @@ def test_short_rows_and_empty_skip():
     assert ng.eval_ngrams(t, s, [5]) == {(2, "yes "): [(0, 4)]}
 
 
-def test_repeated_ngram_offsets():
+def test_repeated_ngram_offsets() -> None:
     t, s = DEFAULT.tokenize_with_offsets("a b a b a b")
     assert ng.eval_ngrams(t, s, [2]) == {(2, "a b"): [(0, 3), (4, 7), (8, 11)], (2, "b a"): [(2, 5), (6, 9)]}
 
@@ -212,11 +217,11 @@ def test_repeated_ngram_offsets():
     ("x/piqa-3fa9c1-dolma-abcdef/t.jsonl", "piqa-3fa9c1"),
     ("x/y/notes.txt", "notes.txt"),
 ])
-def test_eval_dataset_name(path, name):
+def test_eval_dataset_name(path: str, name: str) -> None:
     assert ng.eval_dataset_name(path) == name
 
 
-def test_record_ids():
+def test_record_ids() -> None:
     assert ng.record_id({"id": 100005, "text": "x"}) == "100005"
     assert ng.record_id({"id": "abc"}) == "abc"
     assert ng.record_id({"doc": 7}, id_field="doc") == "7"
@@ -237,7 +242,7 @@ def test_record_ids():
 # membership + scan verification
 # ---------------------------------------------------------------------------------------
 
-def test_membership_roundtrip_and_contains():
+def test_membership_roundtrip_and_contains() -> None:
     rnd = np.random.default_rng(0)
     hashes = rnd.integers(0, 2**63, size=5000, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     m = ng.Membership(hashes, [5, 13], {"partitions": 4})
@@ -251,14 +256,16 @@ def test_membership_roundtrip_and_contains():
 
 
 def _eval_rows(texts: list[str], dataset: str = "ds") -> list[ng.EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(texts):
             yield i, {"text": t, "id": f"e{i}"}, None
     rows, _ = ng.make_eval_rows([f"x/{dataset}/test.jsonl"], read, "text", "id", DEFAULT)
     return rows
 
 
-def _scan(eval_rows, train_texts, ns, partitions=4, membership=None, batch_bytes=1 << 20):
+def _scan(eval_rows: list[ng.EvalRow], train_texts: list[str], ns: list[int], partitions: int = 4,
+          membership: ng.Membership | None = None, batch_bytes: int = 1 << 20
+          ) -> tuple[list[ng.ScanHits], ng.ScanStats, dict[int, ng.Partition]]:
     index = ng.build_index(eval_rows, ns, DEFAULT)
     parts = {p: ng.Partition(recs) for p, recs in ng.partition_records(index, partitions).items()}
     if membership is None:
@@ -271,9 +278,9 @@ def _scan(eval_rows, train_texts, ns, partitions=4, membership=None, batch_bytes
     return batches, stats, parts
 
 
-def _hits(batches, parts) -> dict[tuple[int, int, str], list]:
+def _hits(batches: list[ng.ScanHits], parts: dict[int, ng.Partition]) -> dict[tuple[int, int, str], list[list[int]]]:
     """(training row, n, ngram) -> offsets of its occurrences, from the scan's batches."""
-    out = {}
+    out: dict[tuple[int, int, str], list[list[int]]] = {}
     for hits in batches:
         g = hits.group_starts().tolist()
         for a, b in zip(g[:-1], g[1:]):
@@ -284,7 +291,7 @@ def _hits(batches, parts) -> dict[tuple[int, int, str], list]:
     return out
 
 
-def test_hash_hits_are_verified_no_false_positives():
+def test_hash_hits_are_verified_no_false_positives() -> None:
     rows = _eval_rows(["the quick brown fox jumps"])
     index = ng.build_index(rows, [3], DEFAULT)
     # a membership that (wrongly) claims n-grams the index does not have: every probe of
@@ -296,7 +303,7 @@ def test_hash_hits_are_verified_no_false_positives():
     assert list(_hits(batches, parts)) == [(1, 3, "quick brown fox")]
 
 
-def test_scan_offsets_and_short_eval_rows():
+def test_scan_offsets_and_short_eval_rows() -> None:
     rows = _eval_rows(["Quick fox.", "İstanbul Grand Bazaar opens", "?", "word"])
     train = ["A QUICK fox. and a quick  fox.", "in İSTANBUL grand bazaar opens daily", "sword words", "word"]
     batches, stats, parts = _scan(rows, train, [2, 13], batch_bytes=8)
@@ -312,7 +319,7 @@ def test_scan_offsets_and_short_eval_rows():
             assert " ".join(helm(train[row][s:t])) == gram
 
 
-def test_hit_blocks_snippets_and_doc_ids():
+def test_hit_blocks_snippets_and_doc_ids() -> None:
     rows = _eval_rows(["quick brown fox"])
     text = "x" * 80 + " quick brown fox " + "y" * 80 + " quick brown fox"
     batches, _, parts = _scan(rows, [text], [3])
@@ -332,7 +339,7 @@ def test_hit_blocks_snippets_and_doc_ids():
 # metrics, reduce, report
 # ---------------------------------------------------------------------------------------
 
-def test_instance_metrics():
+def test_instance_metrics() -> None:
     tokens = ["a", "b", "c", "d", "e"]
     # windows of 2: ab bc cd de; overlapping: ab (count 1), cd (count 4)
     m = ng.instance_metrics(tokens, 2, {"a b": 1, "c d": 4})
@@ -347,22 +354,27 @@ def test_instance_metrics():
     assert ng.instance_metrics(["", ""], 5, {})["jaccard"] == 0.0
 
 
-def _reduce(eval_rows, batches, parts, ns, max_train_count=None):
+def _blocks_of(blocks: list[dict[str, Any]]) -> Iterator[tuple[int, str, int, dict[str, Any]]]:
+    return ((0, "t.jsonl", 0, b) for b in blocks)
+
+
+def _reduce(eval_rows: list[ng.EvalRow], batches: list[ng.ScanHits], parts: dict[int, ng.Partition], ns: list[int],
+            max_train_count: int | None = None) -> tuple[ReduceResult, list[dict[str, Any]]]:
     """The reduce of every partition (blocks through a msgpack round trip, as on disk), then the merge."""
-    blocks = defaultdict(list)
+    blocks: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
     for p, block in ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches]):
         blocks[p].append(msgpack.unpackb(msgpack.packb(block)))
-    details = []
+    details: list[dict[str, Any]] = []
     results = []
     for p in sorted(parts):
         res = ng.reduce_partition(parts[p].records, eval_rows, ns,
-                                  lambda p=p: ((0, "t.jsonl", 0, b) for b in blocks[p]),
+                                  partial(_blocks_of, blocks[p]),
                                   max_train_count, lambda lines: details.extend(map(json.loads, lines.splitlines())))
         results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
     return ng.merge_partitions(eval_rows, ns, results, DEFAULT), details
 
 
-def test_reduce_max_train_count_and_empty_rows():
+def test_reduce_max_train_count_and_empty_rows() -> None:
     rows = _eval_rows(["common phrase here", "rare words only", "?!"])
     train = ["common phrase here"] * 3 + ["rare words only"]
     batches, _, parts = _scan(rows, train, [3])
@@ -383,8 +395,8 @@ def test_reduce_max_train_count_and_empty_rows():
 # agreement with the straightforward implementation on real data
 # ---------------------------------------------------------------------------------------
 
-def _gsm8k(limit_train: int | None = None):
-    def read(path):
+def _gsm8k(limit_train: int | None = None) -> tuple[list[ng.EvalRow], list[str]]:
+    def read(path: str) -> Iterator[Row]:
         with gzip.open(path, "rb") as f:
             for i, line in enumerate(f):
                 yield i, json.loads(line), None
@@ -402,7 +414,7 @@ def _gsm8k(limit_train: int | None = None):
     return evrows, docs
 
 
-def test_scan_agrees_with_reference_on_gsm8k():
+def test_scan_agrees_with_reference_on_gsm8k() -> None:
     evrows, docs = _gsm8k(limit_train=2500)
     ns = [5, 9, 13]
     ref_ids, ref_details = ng.reference_overlap(evrows, (("t", i, d) for i, d in enumerate(docs)), ns, DEFAULT)

@@ -7,6 +7,9 @@ import os
 import random
 import re
 import string
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,23 +35,23 @@ def helm(text: str) -> list[str]:
     return HELM_RE.split(text.lower())
 
 
-def run_cli(argv: list[str], beam_args=DIRECT) -> int:
+def run_cli(argv: list[str], beam_args: list[str] = DIRECT) -> int:
     args, extra = decon.build_parser().parse_known_args(argv + ["--no-progress"])
     assert not extra
     return decon.run(args, list(beam_args))
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str) -> list[dict[str, Any]]:
     with open(path, "rb") as f:
         return [json.loads(line) for line in f]
 
 
-def read_details(out: str) -> list[dict]:
+def read_details(out: str) -> list[dict[str, Any]]:
     """The detail records, whichever the format (a lone surrogate as its escape)."""
     return list(dt.read_details(out))
 
 
-def read_instances(out: str) -> dict[tuple[str, int], dict]:
+def read_instances(out: str) -> dict[tuple[str, int], dict[str, Any]]:
     """overlap_instances.jsonl.gz by (eval_path, eval_row); each instance is there once."""
     with gzip.open(os.path.join(out, "stats/overlap_instances.jsonl.gz"), "rb") as f:
         rows = [json.loads(line) for line in f]
@@ -58,7 +61,7 @@ def read_instances(out: str) -> dict[tuple[str, int], dict]:
     return by_key
 
 
-def training_texts(details: list[dict]) -> dict[tuple[str, int], str]:
+def training_texts(details: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
     """The text of every training row the details name, read back from the training files."""
     out = {}
     for path in {d["train_path"] for d in details}:
@@ -68,7 +71,7 @@ def training_texts(details: list[dict]) -> dict[tuple[str, int], str]:
     return out
 
 
-def check_detail_offsets(out: str, details: list[dict]) -> None:
+def check_detail_offsets(out: str, details: list[dict[str, Any]]) -> None:
     """Every detail holds complete provenance: the eval instance's text (written once, in
     overlap_instances) and the training text hold the n-gram at the recorded offsets, and the
     snippet is the training text at its start, around the first occurrence."""
@@ -89,7 +92,7 @@ def check_detail_offsets(out: str, details: list[dict]) -> None:
         assert lo == max(0, s - ng.SNIPPET_CONTEXT) and snippet == dt.utf8(text[lo:e + ng.SNIPPET_CONTEXT])
 
 
-def write_jsonl(path, rows, compress=None) -> None:
+def write_jsonl(path: str, rows: Iterable[dict[str, Any]], compress: str | None = None) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
     if compress == "gz":
@@ -104,7 +107,7 @@ def write_jsonl(path, rows, compress=None) -> None:
 # real data: gsm8k, agreement with the straightforward implementation
 # ---------------------------------------------------------------------------------------
 
-def test_gsm8k_agrees_with_reference(tmp_path):
+def test_gsm8k_agrees_with_reference(tmp_path: Path) -> None:
     test_rows = gsm8k_rows("test")
     train = gsm8k_rows("train")[:4000]
     rnd = random.Random(3)
@@ -171,7 +174,7 @@ GSM_Q = "Tom has 3 apples and buys 4 more apples at the store. How many apples d
 ARC_Q = "Plants make their own food through a process called photosynthesis in the leaves."
 
 
-def make_matrix_inputs(root) -> tuple[str, str]:
+def make_matrix_inputs(root: str | Path) -> tuple[str, str]:
     ev = os.path.join(root, "decontamination")
     write_jsonl(f"{ev}/mmlu-dolma-abcdef/test.jsonl.gz", [
         {"id": 100005, "text": MMLU_Q},
@@ -202,7 +205,7 @@ def make_matrix_inputs(root) -> tuple[str, str]:
     return ev, tr
 
 
-def test_formats_matrix_and_rows(tmp_path):
+def test_formats_matrix_and_rows(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     rc = run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13",
@@ -256,7 +259,7 @@ def test_formats_matrix_and_rows(tmp_path):
     assert len(scan_units) > 5  # d.jsonl in byte slices, c.parquet row groups
 
 
-def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path):
+def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     s = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000)
@@ -297,14 +300,12 @@ def _flip(path: str, offset: int) -> None:
         f.write(bytes([byte ^ 0x5A]))
 
 
-def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt(tmp_path):
+def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt(tmp_path: Path) -> None:
     """A flipped byte in a scan unit's hits frame, or in a reduce unit's details member, left
     by the time the next stage reads it (as after a kill): the reader fails naming the file
     (the zstd frames carry checksums; the merge inflates each member it concatenates)
     instead of changing a snippet or writing a .gz with a CRC error. A rerun with
     --verify-checksums rebuilds the damaged unit and what follows, back to the clean bytes."""
-    from pathlib import Path
-
     from helpers import tree_digest
 
     from refinery.transforms.resumable import StageFailed
@@ -322,8 +323,8 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     length, offset, unit = max(frames)
     hits = os.path.join(scan_run.parts_dir, "hits", f"{unit}.bin")
     _flip(hits, offset + length // 2)
-    for p in os.listdir(reduce_run.receipts_dir):  # the reduce (and so the merge) has not run yet
-        os.remove(os.path.join(reduce_run.receipts_dir, p))
+    for p in os.listdir(reduce_run.ledger.receipts_dir):  # the reduce (and so the merge) has not run yet
+        os.remove(os.path.join(reduce_run.ledger.receipts_dir, p))
     os.remove(merge_run.receipt_path("merge"))
     with pytest.raises(StageFailed) as e:
         run_stages(build_stages(s), out, DIRECT, progress=False)
@@ -345,7 +346,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     assert tree_digest(Path(out)) == clean
 
 
-def test_portable_runner_matches_direct(tmp_path):
+def test_portable_runner_matches_direct(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     outs = {}
     for name, beam_args in [("direct", DIRECT),
@@ -359,7 +360,7 @@ def test_portable_runner_matches_direct(tmp_path):
     assert outs["direct"] == outs["portable"]
 
 
-def test_cli_errors_and_entry_point(tmp_path, capsys):
+def test_cli_errors_and_entry_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "train").mkdir()
     assert run_cli(["--eval", str(tmp_path / "nope"), "--train", str(tmp_path / "train"),
                     "--output", str(tmp_path / "o")]) == 2
@@ -380,7 +381,7 @@ def test_cli_errors_and_entry_point(tmp_path, capsys):
     assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce", "merge"]
 
 
-def test_a_remote_file_named_by_itself_keeps_its_path(tmp_path):
+def test_a_remote_file_named_by_itself_keeps_its_path(tmp_path: Path) -> None:
     """`--eval gs://b/test.jsonl` named its file `gs://b/test.jsonl/test.jsonl`, which does not
     exist: every eval row was counted unreadable. A file named by itself keeps its path,
     remote or local; a folder's files are spelled under it."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from helpers import gsm8k_rows
@@ -14,8 +17,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "decon_recall.py"
 
 
 @pytest.fixture(scope="module")
-def dr():
+def dr() -> Iterator[ModuleType]:
     spec = importlib.util.spec_from_file_location("bench_decon_recall", SCRIPT)
+    assert spec is not None and spec.loader is not None, SCRIPT
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
@@ -24,13 +28,13 @@ def dr():
 
 
 @pytest.fixture(scope="module")
-def corpus(dr):
+def corpus(dr: ModuleType) -> Any:  # bench/decon_recall.py's Corpus (a module loaded from its file)
     questions = [r["question"] for r in gsm8k_rows("test")[:200]]
     train = [r["question"] + "\n\n" + r["answer"] for r in gsm8k_rows("train")[:20]]
     return dr.build_corpus(questions, train, items=2, clean=3, seed=0)
 
 
-def test_planting_ground_truth(dr, corpus):
+def test_planting_ground_truth(dr: ModuleType, corpus: Any) -> None:
     plants = corpus.plants
     assert [p.row for p in plants] == list(range(len(plants)))
     kinds = [p.kind for p in plants]
@@ -60,7 +64,7 @@ def test_planting_ground_truth(dr, corpus):
     assert again == corpus  # --seed makes the same corpus
 
 
-def test_score_counts_only_the_rows_own_eval_item(dr, corpus):
+def test_score_counts_only_the_rows_own_eval_item(dr: ModuleType, corpus: Any) -> None:
     verbatim = [p for p in corpus.plants if p.kind == "verbatim"]
     clean = [p for p in corpus.plants if p.kind == "clean_filler"]
     other = next(p.eval_id for p in corpus.plants if p.kind == "word_dropped")
@@ -76,7 +80,7 @@ def test_score_counts_only_the_rows_own_eval_item(dr, corpus):
     assert "| verbatim | 2 |" in dr.table(s, [5, 13]) and "0.50 (1/2)" in dr.table(s, [5, 13])
 
 
-def test_recall_by_the_reference_method(dr, corpus):
+def test_recall_by_the_reference_method(dr: ModuleType, corpus: Any) -> None:
     s = dr.score(corpus, dr.reference_flags(corpus, [13]), [13])
     for kind in ("verbatim", "case_punct", "wrapped", "in_long_doc"):
         assert s[kind]["caught"]["13"] == 2, kind
@@ -89,7 +93,7 @@ def test_recall_by_the_reference_method(dr, corpus):
 
 
 @pytest.mark.timeout(120)
-def test_bench_reads_a_real_decon_output(dr, corpus, tmp_path):
+def test_bench_reads_a_real_decon_output(dr: ModuleType, corpus: Any, tmp_path: Path) -> None:
     """One run of refinery decon (the bench's own command) on the tiny corpus: the detail
     pairs and the drop list it reads are the reference method's."""
     out = dr.run_decon(str(tmp_path), corpus, [9, 13])

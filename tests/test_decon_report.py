@@ -8,6 +8,9 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 from helpers import gsm8k_rows, write_jsonl
@@ -30,12 +33,12 @@ HOSTILE_Q = 'What does <script>alert("x")</script></div> print when the page & i
 GIVEN_IDS = {"100005", "p", "q", "s", "arc-1", "h1"}  # the eval rows of make_matrix_inputs (+ hostile) with an id
 
 
-def shown_id(d: dict) -> str:
+def shown_id(d: dict[str, Any]) -> str:
     """The id the report shows for the eval row of a detail record (or stats line): its own, or file:row."""
     return d["instance_id"] if d["instance_id"] in GIVEN_IDS else f"{d['eval_path'].rsplit('/', 1)[-1]}:{d['eval_row']}"
 
 
-def page_of(out: str) -> tuple[str, object]:
+def page_of(out: str) -> tuple[str, Any]:  # the page, and test_decon_report_html's Page of it
     page = open(os.path.join(out, "stats/report.html"), encoding="utf-8").read()
     return page, parse(page)
 
@@ -45,11 +48,11 @@ def shown(text: str) -> str:
     return html.unescape(rh.esc(text))
 
 
-def merged(offsets) -> list[tuple[int, int]]:
+def merged(offsets: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
     return rh.merge_spans([rh.Span(s, e) for s, e in offsets], 1 << 62)
 
 
-def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
+def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     write_jsonl(tmp_path / "decontamination" / "hostile" / "test.jsonl", [{"id": "h1", "text": HOSTILE_Q}])
     write_jsonl(tmp_path / "train" / "e.jsonl", [{"text": f"A forum post: {HOSTILE_Q} Thanks."}])
@@ -113,7 +116,7 @@ def test_the_page_of_a_run_shows_every_dataset_n_and_the_evidence(tmp_path):
     assert all(re.fullmatch(local_mtime, fp) for _, _, fp in sides)
 
 
-def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path):
+def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path: Path) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     assert run_cli(["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
@@ -136,7 +139,7 @@ def test_examples_are_the_most_contaminated_at_each_n_and_capped(tmp_path):
                for ds, n in {(m["eval_dataset"], m["n"]) for m in metrics}) > 1  # where a cap of 1 bites
 
 
-def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
+def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path: Path) -> None:
     test = gsm8k_rows("test")
     write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl",
                 [{"id": f"q{i}", "text": r["question"] + "\n" + r["answer"]} for i, r in enumerate(test)])
@@ -153,7 +156,7 @@ def test_hit_dense_page_is_small_and_byte_identical_on_rerun(tmp_path):
     assert open(os.path.join(out, "stats/report.html"), encoding="utf-8").read() == page
 
 
-def test_written_only_once_the_details_exist(tmp_path, monkeypatch):
+def test_written_only_once_the_details_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ev, tr = make_matrix_inputs(tmp_path)
     out = str(tmp_path / "out")
     argv = ["--eval", ev, "--train", tr, "--output", out, "--ngrams", "3", "13", "--partitions", "4",
@@ -166,7 +169,7 @@ def test_written_only_once_the_details_exist(tmp_path, monkeypatch):
     order = [written.index(f) for f in ("stats/overlap_details.jsonl.gz", "stats/report.html", ".SUCCESS")]
     assert order == sorted(order)
 
-    def broken(*args, **kwargs):
+    def broken(*args: Any, **kwargs: Any) -> NoReturn:
         raise RuntimeError("merge interrupted")
 
     # a new plan of the merge (another K) that fails before its page: no page stands beside its details
@@ -179,7 +182,7 @@ def test_written_only_once_the_details_exist(tmp_path, monkeypatch):
     assert open(os.path.join(out, "stats/report.html"), "rb").read() == page
 
 
-def test_empty_states(tmp_path):
+def test_empty_states(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "eval" / "clean" / "test.jsonl", [{"text": "Glaciers carve moraines in the far north."}])
     write_jsonl(tmp_path / "eval" / "none" / "test.jsonl", [{"text": None}, {"text": 3}])  # no instance
     write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": t["question"]} for t in gsm8k_rows("train")[:50]])
@@ -216,7 +219,7 @@ PLANTED = {3: 5, 5: 4, 8: 1}      # n -> contaminated instances
 PLANTED_ROWS = {3: 5, 5: 4, 8: 1}  # n -> training rows overlapping them
 
 
-def planted_run(tmp_path, details_format: str) -> str:
+def planted_run(tmp_path: Path, details_format: str) -> str:
     write_jsonl(tmp_path / "eval" / "plant" / "test.jsonl", [{"text": t} for t in PLANTED_EVAL])  # no ids
     write_jsonl(tmp_path / "train" / "t.jsonl", [{"text": t} for t in PLANTED_TRAIN])
     out = str(tmp_path / "out")
@@ -225,7 +228,7 @@ def planted_run(tmp_path, details_format: str) -> str:
     return out
 
 
-def frequent_from_details(details: list[dict], n: int) -> list[list[str]]:
+def frequent_from_details(details: list[dict[str, Any]], n: int) -> list[list[str]]:
     """The top n-grams at n as the report should list them, from the detail records: by
     instances, then training rows, then text."""
     ids, rows = defaultdict(set), defaultdict(set)
@@ -238,7 +241,7 @@ def frequent_from_details(details: list[dict], n: int) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("details_format", ["parquet", "jsonl"])
-def test_every_n_has_its_own_counts_n_grams_and_evidence(tmp_path, details_format):
+def test_every_n_has_its_own_counts_n_grams_and_evidence(tmp_path: Path, details_format: str) -> None:
     out = planted_run(tmp_path, details_format)
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
     assert {s["n"]: len(s["instance_ids"]) for s in stats} == PLANTED
@@ -283,7 +286,7 @@ def test_every_n_has_its_own_counts_n_grams_and_evidence(tmp_path, details_forma
     assert f'  - training `{tmp_path}/train/t.jsonl` row 0: [{start}, {start + len(text)}) "{text}"' in at_8
 
 
-def test_the_example_page_is_what_make_report_example_writes(tmp_path):
+def test_the_example_page_is_what_make_report_example_writes(tmp_path: Path) -> None:
     # examples/decon_report.html is generated (make report-example), never edited by hand;
     # written here under another hash seed, it must be the same bytes
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from html.parser import HTMLParser
 from typing import Any
 
@@ -36,8 +37,8 @@ VOID = {"meta", "link", "br", "hr", "img", "input", "col", "source", "wbr"}
 @dataclasses.dataclass
 class Node:
     tag: str
-    attrs: dict
-    children: list = dataclasses.field(default_factory=list)
+    attrs: dict[str, str]  # a valueless attribute (<x hidden>) reads as ""
+    children: list[str | Node] = dataclasses.field(default_factory=list)
 
     def text(self) -> str:
         return "".join(c if isinstance(c, str) else c.text() for c in self.children)
@@ -62,30 +63,30 @@ class Page(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.root = Node("#root", {})
         self.stack = [self.root]
-        self.opened: Counter = Counter()
-        self.closed: Counter = Counter()
+        self.opened: Counter[str] = Counter()
+        self.closed: Counter[str] = Counter()
         self.errors: list[str] = []
         self.feed(page)
         self.close()
 
-    def handle_starttag(self, tag, attrs):
-        node = Node(tag, dict(attrs))
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
         self.stack[-1].children.append(node)
         self.opened[tag] += 1
         if tag not in VOID:
             self.stack.append(node)
 
-    def handle_startendtag(self, tag, attrs):
-        self.stack[-1].children.append(Node(tag, dict(attrs)))
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         self.closed[tag] += 1
         if self.stack[-1].tag != tag:
             self.errors.append(f"</{tag}> closes <{self.stack[-1].tag}>")
             return
         self.stack.pop()
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         self.stack[-1].children.append(data)
 
 
@@ -104,12 +105,13 @@ def marks(block: Node) -> list[str]:
 # Builders
 # ---------------------------------------------------------------------------------------
 
-def result(n: int, instances: int, contaminated: int, **evidence) -> NResult:
+def result(n: int, instances: int, contaminated: int, **evidence: Any) -> NResult:
     share = contaminated / instances if instances else 0.0
     return NResult(n, instances, contaminated, share, share / 2, share / 3, share / 4, share / 5, **evidence)
 
 
-def dataset(name: str, instances: int, per_n: dict[int, int], examples=(), top=(), paths=None) -> DatasetReport:
+def dataset(name: str, instances: int, per_n: dict[int, int], examples: Iterable[Example] = (),
+            top: Iterable[tuple[str, int]] = (), paths: tuple[str, ...] | None = None) -> DatasetReport:
     """A dataset with ``examples`` and ``top`` (training path, instances) files at its smallest n."""
     first = min(per_n, default=None)
     evidence = dict(examples=tuple(examples), top_train_files=tuple(TrainFileCount(p, c, c) for p, c in top))
@@ -119,7 +121,7 @@ def dataset(name: str, instances: int, per_n: dict[int, int], examples=(), top=(
                                        for n, c in sorted(per_n.items())))
 
 
-def report(*datasets: DatasetReport, **kw) -> ContaminationReport:
+def report(*datasets: DatasetReport, **kw: Any) -> ContaminationReport:
     base: dict[str, Any] = dict(title="Train/test overlap", settings=(("n", "8, 13"), ("tokenizer", "default"),
                                                       ("max-train-count", "none")),
                 inputs=(("eval", "eval/gsm8k/test.jsonl", "size 1234, version 1700000000.5"),
@@ -130,11 +132,13 @@ def report(*datasets: DatasetReport, **kw) -> ContaminationReport:
     return ContaminationReport(**base)
 
 
-def example(text: str, spans, hits=(), instance_id="i-1", row=0, overlap=0.5) -> Example:
+def example(text: str, spans: list[tuple[int, int]], hits: Iterable[TrainHit] = (), instance_id: str = "i-1",
+            row: int = 0, overlap: float = 0.5) -> Example:
     return Example(instance_id, row, text, tuple(Span(s, e) for s, e in spans), overlap, tuple(hits))
 
 
-def hit(snippet: str, spans, path="train/part-0.jsonl", row=7, ngrams=3) -> TrainHit:
+def hit(snippet: str, spans: list[tuple[int, int]], path: str = "train/part-0.jsonl", row: int = 7,
+        ngrams: int = 3) -> TrainHit:
     return TrainHit(path, row, snippet, tuple(Span(s, e) for s, e in spans), ngrams)
 
 
@@ -152,7 +156,7 @@ def hit(snippet: str, spans, path="train/part-0.jsonl", row=7, ngrams=3) -> Trai
     ([(3, 3), (5, 4)], 10, []),                         # empty, reversed
     ([(-5, 2), (8, 50), (12, 20)], 10, [(0, 2), (8, 10)]),   # clamped; beyond the text dropped
 ])
-def test_merge_spans(spans, length, expected):
+def test_merge_spans(spans: list[tuple[int, int]], length: int, expected: list[tuple[int, int]]) -> None:
     assert rh.merge_spans([Span(s, e) for s, e in spans], length) == expected
 
 
@@ -160,11 +164,11 @@ def test_merge_spans(spans, length, expected):
     (37, 1319, "2.81%"), (0, 10, "0%"), (10, 10, "100%"), (0, 0, "n/a"), (5, 0, "n/a"), (1, 3, "33.33%"),
     (1, 4, "25.0%"), (1, 100_000, "<0.01%"), (99_999, 100_000, ">99.99%"), (1, 8, "12.5%"),
 ])
-def test_percent(part, total, expected):
+def test_percent(part: int, total: int, expected: str) -> None:
     assert rh.percent(part, total) == expected
 
 
-def test_text_window():
+def test_text_window() -> None:
     assert rh.text_window(100, [(10, 20)], 200) == (0, 100)
     assert rh.text_window(10_000, [], 3000) == (0, 3000)
     start, end = rh.text_window(10_000, [(5000, 5100)], 3000)
@@ -178,7 +182,7 @@ def test_text_window():
 # Structure
 # ---------------------------------------------------------------------------------------
 
-def test_every_dataset_and_n_with_counts_and_bars():
+def test_every_dataset_and_n_with_counts_and_bars() -> None:
     gsm = dataset("gsm8k", 1319, {8: 37, 13: 20}, top=[("gs://b/t-1.jsonl", 30), ("gs://b/t-2.jsonl", 7)])
     mmlu = dataset("mmlu", 14_042, {8: 1, 13: 0})
     page = render_html(report(gsm, mmlu))
@@ -211,7 +215,7 @@ def test_every_dataset_and_n_with_counts_and_bars():
     assert "Contamination found in 2 of 2 eval datasets" in lede
 
 
-def test_top_files_capped():
+def test_top_files_capped() -> None:
     top = [(f"train/{i:03d}.jsonl", 100 - i) for i in range(25)]
     page = render_html(report(dataset("d", 100, {13: 50}, top=top)))
     files = parse(page).root.find_all("table", "files")[0]
@@ -219,7 +223,7 @@ def test_top_files_capped():
     assert "and 15 more training files at n = 13." in page
 
 
-def test_settings_inputs_and_rows_read():
+def test_settings_inputs_and_rows_read() -> None:
     inputs = tuple(("train", f"gs://b/train-{i:05d}.jsonl.zst", f"size {i}, version 1.5") for i in range(120))
     r = report(dataset("d", 3, {13: 1}), inputs=(("eval", "eval/d/test.jsonl", "size 5, version 2.0"),) + inputs)
     p = parse(render_html(r))
@@ -237,7 +241,7 @@ def test_settings_inputs_and_rows_read():
 # Highlighting
 # ---------------------------------------------------------------------------------------
 
-def test_marks_equal_merged_spans_with_non_ascii():
+def test_marks_equal_merged_spans_with_non_ascii() -> None:
     text = "Café au lait coûte 3 € — 中文的句子在这里 😀👍🏽 and the end, é."
     spans = [(0, 4), (2, 8), (19, 22), (25, 31), (31, 32), (34, 37), (45, 500), (9, 9)]
     snippet = "…prefix 中文的句子 😀👍🏽 Café au lait suffix…"
@@ -258,7 +262,7 @@ def test_marks_equal_merged_spans_with_non_ascii():
     assert "5 highlighted spans" in page
 
 
-def test_long_text_shows_a_window_around_the_spans():
+def test_long_text_shows_a_window_around_the_spans() -> None:
     text = "".join(f"w{i:05d} " for i in range(7000))              # 49,000 characters
     spans = [(30_000, 30_014), (30_007, 30_030), (30_500, 30_520), (45_000, 45_010), (100, 110)]
     page = render_html(report(dataset("d", 10, {13: 1}, examples=[example(text, spans)])))
@@ -276,7 +280,7 @@ def test_long_text_shows_a_window_around_the_spans():
     assert "highlighted spans outside this window not shown" in page
 
 
-def test_snippet_is_capped():
+def test_snippet_is_capped() -> None:
     snippet = "x" * 5000
     ex = example("abc", [(0, 3)], [hit(snippet, [(2500, 2510)])])
     page = render_html(report(dataset("d", 10, {13: 1}, examples=[ex])))
@@ -285,7 +289,7 @@ def test_snippet_is_capped():
     assert marks(snip) == ["x" * 10]
 
 
-def test_hits_capped_and_missing():
+def test_hits_capped_and_missing() -> None:
     hits = [hit("abc", [(0, 1)], row=i) for i in range(4)]
     page = render_html(report(dataset("d", 10, {13: 2}, examples=[example("abc", [(0, 3)], hits),
                                                                   example("def", [(0, 3)], [], instance_id="i-2")])))
@@ -314,7 +318,7 @@ def hostile_report() -> ContaminationReport:
                   rows_read=((f"rows {HOSTILE}", 1),))
 
 
-def test_hostile_texts_are_escaped():
+def test_hostile_texts_are_escaped() -> None:
     r = hostile_report()
     page = render_html(r)
     p = parse(page)
@@ -335,7 +339,7 @@ def test_hostile_texts_are_escaped():
     assert p.root.find_all("meta")[2].attrs["content"] == f"gen {HOSTILE}"
 
 
-def test_controls_and_lone_surrogates_keep_offsets_and_encode():
+def test_controls_and_lone_surrogates_keep_offsets_and_encode() -> None:
     text = "a\x00b\x1bc\ud800d\te\nf"
     page = render_html(report(dataset("d", 1, {13: 1}, examples=[example(text, [(1, 4), (5, 6)])])))
     page.encode("utf-8")
@@ -344,7 +348,7 @@ def test_controls_and_lone_surrogates_keep_offsets_and_encode():
     assert block.text() == "a\ufffdb\ufffdc?d\te\nf"
 
 
-def test_no_external_resources():
+def test_no_external_resources() -> None:
     for page in (render_html(hostile_report()), render_html(dense_report(datasets=1, examples=5))):
         low = page.lower()
         assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:|//)""", low)
@@ -354,7 +358,7 @@ def test_no_external_resources():
         assert hrefs and all(h.startswith("#") for h in hrefs)
 
 
-def test_untrusted_strings_are_isolated_from_the_text_around_them():
+def test_untrusted_strings_are_isolated_from_the_text_around_them() -> None:
     rlo = "\u202e"          # RIGHT-TO-LEFT OVERRIDE: reverses what follows it, up to the end of its isolate
     ex = example("the sum of two", [(4, 7)], [hit("the sum of two", [(4, 7)], path=f"train/{rlo}evil.jsonl")],
                  instance_id=f"id{rlo}1")
@@ -379,7 +383,7 @@ def test_untrusted_strings_are_isolated_from_the_text_around_them():
     assert body.text().count(rlo) == 13 and unisolated(body) == []      # the name: in its card, section, at n
 
 
-def test_tables_scroll_inside_their_card_and_the_metrics_cells_carry_their_labels():
+def test_tables_scroll_inside_their_card_and_the_metrics_cells_carry_their_labels() -> None:
     # a narrow screen (420 px) must not cut a column: every table sits in a scrolling wrapper,
     # and each metrics cell names its column and n (data-label), so the rows can stack
     page = render_html(report(dataset("gsm8k", 1319, {5: 380, 9: 3, 13: 2}, top=[("t.jsonl", 2)]),
@@ -397,7 +401,7 @@ def test_tables_scroll_inside_their_card_and_the_metrics_cells_carry_their_label
             assert all(lab == f"{h} at n = {n}" for lab, h in zip(labels[1:], head[1:]))
 
 
-def test_fingerprints_read_as_sizes_and_dates():
+def test_fingerprints_read_as_sizes_and_dates() -> None:
     assert rh.fingerprint_text(241537, "1700000000.5", remote=False) == \
         "size 241,537 bytes, modified 2023-11-14 22:13:20 UTC"
     assert rh.fingerprint_text(99, "1712345678901234", remote=True) == "size 99 bytes, generation 1712345678901234"
@@ -406,7 +410,7 @@ def test_fingerprints_read_as_sizes_and_dates():
     assert rh.fingerprint_text(5, "", remote=False) == "size 5 bytes"
 
 
-def test_rows_are_shown_as_numbered_in_the_stats_files():
+def test_rows_are_shown_as_numbered_in_the_stats_files() -> None:
     ex = example("abc", [(0, 3)], [hit("abc", [(0, 3)], row=0)], row=0)
     p = parse(render_html(report(dataset("d", 10, {13: 1}, examples=[ex]))))
     art, = p.root.find_all("article", "example")
@@ -414,7 +418,7 @@ def test_rows_are_shown_as_numbered_in_the_stats_files():
     assert "· eval row 0 ·" in meta and "· row 0 ·" in hit_meta      # a file's first row is row 0, as given
 
 
-def test_snippets_start_and_end_on_whole_words():
+def test_snippets_start_and_end_on_whole_words() -> None:
     snippet = "ousand words of context: the sum of two and three, said the teac"
     s = snippet.index("the sum")
     cut = TrainHit("t.jsonl", 1, snippet, (Span(s, s + 7),), 1, cut_before=True, cut_after=True)
@@ -431,7 +435,7 @@ def test_snippets_start_and_end_on_whole_words():
     assert rh.word_bounds(" and his", [], 0, 8, True, False) == (1, 8)      # no blank after the ellipsis
 
 
-def test_an_example_says_how_many_instances_share_its_text():
+def test_an_example_says_how_many_instances_share_its_text() -> None:
     ex = Example("i-1", 0, "abc", (Span(0, 3),), 1.0, (), same_text=49_999)
     page = render_html(report(dataset("d", 50_000, {13: 50_000}, examples=[ex])))
     meta = parse(page).root.find_all("article", "example")[0].find_all("p", "meta")[0].text()
@@ -444,7 +448,8 @@ def test_an_example_says_how_many_instances_share_its_text():
 
 def per_n_report() -> ContaminationReport:
     """GSM8K-like: many instances overlap at n = 5 through boilerplate, few at 9 and 13."""
-    def at(n: int, contaminated: int, rows: int, files, grams, texts) -> NResult:
+    def at(n: int, contaminated: int, rows: int, files: list[tuple[str, int, int]], grams: list[tuple[str, int, int]],
+           texts: list[str]) -> NResult:
         exs = tuple(example(t, [(0, 7)], [hit(t, [(0, 7)], row=100 + i)], instance_id=f"n{n}-{i}", row=i)
                     for i, t in enumerate(texts))
         return result(n, 1319, contaminated, train_rows=rows,
@@ -460,7 +465,7 @@ def per_n_report() -> ContaminationReport:
         at(13, 2, 2, [("train/b.jsonl", 2, 2)], [("a 13 gram", 2, 2)], ["bought stamps there"]))))
 
 
-def test_a_section_per_n_with_its_own_counts_files_n_grams_and_examples():
+def test_a_section_per_n_with_its_own_counts_files_n_grams_and_examples() -> None:
     r = per_n_report()
     p = parse(render_html(r))
     ds = r.datasets[0]
@@ -491,7 +496,7 @@ def test_a_section_per_n_with_its_own_counts_files_n_grams_and_examples():
     assert len(sections[0].find_all("table", "ngrams")[0].find_all("tr")) - 1 == rh.MAX_TOP_NGRAMS
 
 
-def test_an_n_without_overlaps_says_so_in_its_section():
+def test_an_n_without_overlaps_says_so_in_its_section() -> None:
     p = parse(render_html(report(dataset("d", 10, {5: 4, 13: 0}, examples=[example("abc", [(0, 3)])]))))
     five, thirteen = p.root.find_all("section", "at-n")
     assert five.find_all("article", "example") and not thirteen.find_all("article", "example")
@@ -524,7 +529,7 @@ def dense_report(datasets: int = 3, examples: int = 200, text_chars: int = 50_00
     return report(*out)
 
 
-def test_size_bound_on_hit_dense_input():
+def test_size_bound_on_hit_dense_input() -> None:
     r = dense_report()
     page = render_html(r)
     size = len(page.encode("utf-8"))
@@ -544,14 +549,14 @@ def test_size_bound_on_hit_dense_input():
 
 
 @pytest.mark.parametrize("max_bytes", [60_000, 250_000, 1_000_000])
-def test_size_bound_other_budgets(max_bytes):
+def test_size_bound_other_budgets(max_bytes: int) -> None:
     page = render_html(dense_report(datasets=3, examples=40, text_chars=20_000), max_bytes=max_bytes)
     assert len(page.encode("utf-8")) <= max_bytes
     parse(page)
     assert "omitted to keep this page within" in page
 
 
-def test_size_bound_with_many_datasets():
+def test_size_bound_with_many_datasets() -> None:
     many = [dataset(f"eval-{i:04d}", 100, {8: 3, 13: 1}, top=[(f"train/{k}.jsonl", 3) for k in range(10)])
             for i in range(2000)]
     page = render_html(report(*many), max_bytes=300_000)
@@ -562,7 +567,7 @@ def test_size_bound_with_many_datasets():
     assert f"{2000 - len(cards):,} more eval datasets not shown" in page
 
 
-def test_tiny_budget_gives_a_notice_page():
+def test_tiny_budget_gives_a_notice_page() -> None:
     settings = tuple((f"setting {i}", "v" * 300) for i in range(200))
     page = render_html(report(dataset("d", 1, {13: 1}), settings=settings), max_bytes=rh.MIN_MAX_BYTES)
     assert len(page.encode("utf-8")) <= rh.MIN_MAX_BYTES
@@ -576,14 +581,14 @@ def test_tiny_budget_gives_a_notice_page():
 # Empty states
 # ---------------------------------------------------------------------------------------
 
-def test_no_eval_datasets():
+def test_no_eval_datasets() -> None:
     page = render_html(report())
     p = parse(page)
     assert "No eval datasets were read, so there is nothing to compare." in page
     assert p.root.find_all("section", "card") == []
 
 
-def test_no_contamination():
+def test_no_contamination() -> None:
     page = render_html(report(dataset("gsm8k", 1319, {8: 0, 13: 0}), dataset("mmlu", 50, {13: 0})))
     p = parse(page)
     lede = p.root.find_all("p", "lede")[0].text()
@@ -594,7 +599,7 @@ def test_no_contamination():
     assert "0 / 1,319 instances, 0%" in page
 
 
-def test_dataset_with_no_instances():
+def test_dataset_with_no_instances() -> None:
     empty = DatasetReport("empty", (), 0, 0, 0, 0, (result(8, 0, 0), result(13, 0, 0)))
     page = render_html(report(empty, dataset("gsm8k", 10, {8: 2, 13: 1})))
     p = parse(page)
@@ -608,7 +613,7 @@ def test_dataset_with_no_instances():
     assert "The eval datasets have no instances, so there is nothing to measure." in only_empty
 
 
-def test_contaminated_dataset_without_examples():
+def test_contaminated_dataset_without_examples() -> None:
     page = render_html(report(dataset("d", 10, {13: 4})))
     assert "No examples were selected for this report." in page
 
@@ -628,7 +633,7 @@ for page in (render_html(t.dense_report(datasets=2, examples=30, text_chars=8000
 """
 
 
-def test_deterministic_whatever_the_hash_seed():
+def test_deterministic_whatever_the_hash_seed() -> None:
     # in subprocesses: one process has one hash seed, so rendering twice in it cannot catch an
     # order that depends on set or dict-of-str hashing
     code = RENDER_TWICE.format(tests=os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,10 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -41,7 +44,7 @@ SITECUSTOMIZE = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def blocked_env(tmp_path_factory):
+def blocked_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], Path]:
     folder = tmp_path_factory.mktemp("no_beam")
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {k: v for k, v in __import__("os").environ.items()
@@ -51,8 +54,12 @@ def blocked_env(tmp_path_factory):
     return env, folder / "blocked.log"
 
 
+# the dry run's process, its figures by (step, name), the figures file and the blocker's log
+DryRun = tuple[subprocess.CompletedProcess[str], dict[tuple[int, str], dict[str, Any]], Path, Path]
+
+
 @pytest.fixture(scope="module")
-def dry_run(blocked_env, tmp_path_factory):
+def dry_run(blocked_env: tuple[dict[str, str], Path], tmp_path_factory: pytest.TempPathFactory) -> DryRun:
     env, log = blocked_env
     out = tmp_path_factory.mktemp("gpu_check") / "figures.jsonl"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--budget-s", "900"],
@@ -61,7 +68,7 @@ def dry_run(blocked_env, tmp_path_factory):
     return proc, {(r["step"], r["name"]): r for r in records}, out, log
 
 
-def test_blocker_blocks_and_the_engine_imports_without_beam(blocked_env):
+def test_blocker_blocks_and_the_engine_imports_without_beam(blocked_env: tuple[dict[str, str], Path]) -> None:
     env, log = blocked_env
     probe = subprocess.run([sys.executable, "-c", "import pyarrow"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "is blocked" in probe.stderr  # the blocker is live in a child
@@ -76,7 +83,7 @@ def test_blocker_blocks_and_the_engine_imports_without_beam(blocked_env):
     assert not log.exists(), f"the engine's imports tried {log.read_text().split()}"
 
 
-def test_dry_run_passes_every_cpu_step(dry_run):
+def test_dry_run_passes_every_cpu_step(dry_run: DryRun) -> None:
     proc, by, out, log = dry_run
     assert proc.returncode == 0, (proc.stderr[-3000:], proc.stdout[-3000:])
     assert "every record passed" in proc.stderr
@@ -132,8 +139,9 @@ def test_dry_run_passes_every_cpu_step(dry_run):
 
 
 @pytest.fixture(scope="module")
-def gc():
+def gc() -> Iterator[ModuleType]:
     spec = importlib.util.spec_from_file_location("bench_gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None, SCRIPT
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
@@ -141,7 +149,7 @@ def gc():
     sys.modules.pop(spec.name, None)
 
 
-def test_first_divergence_and_ties(gc):
+def test_first_divergence_and_ties(gc: ModuleType) -> None:
     assert gc.first_divergence([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]) is None
     assert gc.first_divergence([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 7, 6]]) == (1, 1)  # the earliest step
     assert gc.first_divergence([[1, 2, 3]], [[1, 2]]) == (0, 2)  # a shorter run diverges where it ends
@@ -158,7 +166,7 @@ def test_first_divergence_and_ties(gc):
     assert gc.rel_error(torch.zeros(2), torch.zeros(2)) == 0.0
 
 
-def test_pytest_counts_from_junit_and_from_progress(gc):
+def test_pytest_counts_from_junit_and_from_progress(gc: ModuleType) -> None:
     junit = ('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1">'
              '<testcase classname="tests.test_triton_moe" name="test_a"/>'
              '<testcase classname="tests.test_triton_moe" name="test_b"><failure message="assert 1 == 2"/></testcase>'
@@ -172,7 +180,7 @@ def test_pytest_counts_from_junit_and_from_progress(gc):
     assert gc.pytest_counts(None, cut_off)["passed"] == 2  # a line naming its file is not a progress line
 
 
-def test_peak_bandwidth_by_gpu_name(gc):
+def test_peak_bandwidth_by_gpu_name(gc: ModuleType) -> None:
     assert gc.peak_bandwidth("NVIDIA H200", None) == (4.8e12, "H200 datasheet")
     assert gc.peak_bandwidth("NVIDIA H100 80GB HBM3", None)[0] == 3.35e12
     assert gc.peak_bandwidth("NVIDIA H100 PCIe", None)[0] == 2.0e12
@@ -180,7 +188,8 @@ def test_peak_bandwidth_by_gpu_name(gc):
     assert "unknown GPU" in gc.peak_bandwidth("NVIDIA A100", None)[1]
 
 
-def test_budget_skips_are_recorded_and_fail_a_dry_run(gc, tmp_path, monkeypatch):
+def test_budget_skips_are_recorded_and_fail_a_dry_run(gc: ModuleType, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # a unit the budget cannot hold is recorded as skipped, not run; on the GPU that is a figure
     # left out, in a dry run (which must run every step) a failure
     record = gc.Recorder(tmp_path / "x.jsonl", {"dry_run": False})
