@@ -35,6 +35,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class SourceShards:
     weight: int                     # fixed-point, out of WEIGHT_SCALE
     paths: tuple[str, ...]          # .npy files in stream order
     tokens: tuple[int, ...]         # tokens per file
-    files: tuple[dict, ...]         # what enters the plan hash: relpath, bytes, sha256 (if known)
+    files: tuple[dict[str, Any], ...]  # what enters the plan hash: relpath, bytes, sha256 (if known)
 
     @property
     def total_tokens(self) -> int:
@@ -169,21 +170,22 @@ def permute(j: int, n: int, key: int, rounds: int = 4) -> int:
             return x
 
 
-def _manifest(split_root: str) -> dict:
+def _manifest(split_root: str) -> dict[str, Any]:
     """The split's manifest.json, or {} if there is none (shards copied without it)."""
     try:
-        return storage.read_json(storage.join(split_root, "manifest.json"))
+        manifest: dict[str, Any] = storage.read_json(storage.join(split_root, "manifest.json"))
+        return manifest
     except (FileNotFoundError, ValueError):
         return {}
 
 
-def _manifest_checksums(split_root: str, m: dict | None = None) -> dict[str, str]:
+def _manifest_checksums(split_root: str, m: dict[str, Any] | None = None) -> dict[str, str]:
     """npy path -> sha256, from the split's manifest.json if there is one."""
     m = _manifest(split_root) if m is None else m
     return {storage.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
 
 
-def _tokenizer_of(m: dict) -> tuple | None:
+def _tokenizer_of(m: dict[str, Any]) -> tuple[object, object, object] | None:
     """What a manifest says about its tokenizer (name, vocab sha256, EOS id), None without one."""
     return (m.get("tokenizer"), m.get("vocab_sha256"), m.get("eos_token_id")) if "tokenizer" in m else None
 
@@ -205,7 +207,7 @@ def plan_of_roots(data_root: str, roots: list[tuple[str, int, str]], split: str,
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     sources = []
-    tokenizers: dict[tuple, str] = {}  # tokenizer -> the first source prepared with it
+    tokenizers: dict[tuple[object, object, object], str] = {}  # tokenizer -> the first source prepared with it
     for sid, w, root in roots:
         if w == 0:
             continue
@@ -333,16 +335,16 @@ class DeterministicLoader:
 
     __next__ = next
 
-    def __iter__(self):
+    def __iter__(self) -> DeterministicLoader:
         return self
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-able; the same on every rank (all ranks walk one global stream)."""
         return {"version": STATE_VERSION, "plan_hash": self.plan.plan_hash, "position": self.position,
                 "epoch": self.epoch, "in_epoch": self.in_epoch, "swrr_current": list(self.current),
                 "taken": list(self.taken)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the exact next sequence of ``state``; refuse a state of another plan."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise LoaderStateError(f"not a loader state of version {STATE_VERSION}: "
@@ -361,13 +363,13 @@ class DeterministicLoader:
         self.current, self.taken = [int(c) for c in cur], [int(t) for t in taken]
 
 
-def _get(cfg, name: str, default=None):
+def _get(cfg: object, name: str, default: object = None) -> Any:  # a setting of a dict or any object
     if isinstance(cfg, dict):
         return cfg.get(name, default)
     return getattr(cfg, name, default)
 
 
-def build_loader(cfg, rank: int = 0, world_size: int = 1,
+def build_loader(cfg: object, rank: int = 0, world_size: int = 1,
                  split: str = "train") -> tuple[DeterministicLoader, LoaderPlan]:
     """(loader, plan) for ``split`` of the mixture ``cfg`` names (a :class:`LoaderConfig`, a dict
     or any object with ``mixture_config``, ``data_root``, ``stage``, ``mixture``, ``seq_len``,

@@ -38,6 +38,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Any, Sequence, TypeVar
 
 from refinery.transforms.formats.shards import NAME_RULE
 from refinery.transforms.io.text import TextSpec
@@ -51,6 +52,7 @@ FLOW_TARGETS = {"dev": 100_000_000, "research": 1_000_000_000, "ablation": 6_000
 WEIGHT_SCALE = 1_000_000  # fixed-point weights: integers summing to this
 SOURCE_KEYS = {"id", "tokens_b", "percent", "hf_dataset", "hf_subset", "hf_split", "hf_valid_split",
                "hf_revision", "text_field", "text_template", "id_field", "path", "valid_path"}
+_T = TypeVar("_T")
 _ID = NAME_RULE  # a source id names folders and shards: the dataset-name rule
 _SPLIT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<lo>\d+(?:\.\d+)?%)?:(?P<hi>\d+(?:\.\d+)?%)?\])?$")
 
@@ -71,7 +73,7 @@ class SplitSlice:
     def sliced(self) -> bool:
         return (self.lo_percent, self.hi_percent) != (0.0, 100.0)
 
-    def select(self, files: list) -> list:
+    def select(self, files: Sequence[_T]) -> list[_T]:
         """The share of ``files`` (sorted) the slice covers: at least one file if any exist."""
         if not self.sliced or not files:
             return list(files)
@@ -83,7 +85,10 @@ class SplitSlice:
     def __str__(self) -> str:
         if not self.sliced:
             return self.name
-        fmt = lambda v: f"{v:g}%"  # noqa: E731
+
+        def fmt(v: float) -> str:
+            return f"{v:g}%"
+
         return f"{self.name}[{fmt(self.lo_percent) if self.lo_percent else ''}:" \
                f"{fmt(self.hi_percent) if self.hi_percent != 100 else ''}]"
 
@@ -113,8 +118,8 @@ class Source:
     text_field: str = "text"
     id_field: str = "id"
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
-    hf_splits: dict = field(default_factory=dict)    # split -> SplitSlice (hf sources)
-    path_splits: dict = field(default_factory=dict)  # split -> tuple of paths (path sources)
+    hf_splits: dict[str, SplitSlice] = field(default_factory=dict)    # split -> SplitSlice (hf sources)
+    path_splits: dict[str, tuple[str, ...]] = field(default_factory=dict)  # split -> tuple of paths (path sources)
 
     @property
     def is_hf(self) -> bool:
@@ -141,10 +146,10 @@ class Mixture:
 @dataclass(frozen=True)
 class MixtureFile:
     path: str
-    mixtures: dict
+    mixtures: dict[str, Mixture]
     data_root: str | None = None
-    flows: dict = field(default_factory=dict)   # flow -> tokens
-    stages: dict = field(default_factory=dict)  # stage -> mixture name
+    flows: dict[str, int] = field(default_factory=dict)   # flow -> tokens
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> mixture name
 
     def flow_targets(self) -> dict[str, int]:
         return {**FLOW_TARGETS, **self.flows}
@@ -156,7 +161,7 @@ def _resolve_path(p: str, base_dir: str) -> str:
     return os.path.normpath(os.path.join(base_dir, p))
 
 
-def _number(value, where: str, key: str) -> float | None:
+def _number(value: object, where: str, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -166,7 +171,7 @@ def _number(value, where: str, key: str) -> float | None:
     return float(value)
 
 
-def _parse_source(raw: dict, where: str, base_dir: str) -> Source:
+def _parse_source(raw: dict[str, Any], where: str, base_dir: str) -> Source:
     if not isinstance(raw, dict):
         raise MixtureError(f"{where}: a source must be a table")
     sid = raw.get("id")
@@ -213,7 +218,7 @@ def _parse_source(raw: dict, where: str, base_dir: str) -> Source:
         text_template=template, hf_splits=hf_splits, path_splits=path_splits)
 
 
-def parse_mixture_file(data: dict, path: str) -> MixtureFile:
+def parse_mixture_file(data: dict[str, Any], path: str) -> MixtureFile:
     """A parsed TOML document -> :class:`MixtureFile`; raises MixtureError naming the entry."""
     base_dir = os.path.dirname(os.path.abspath(path)) if "://" not in path else os.path.dirname(path)
     raw_mixtures = data.get("mixtures")
@@ -247,10 +252,10 @@ def parse_mixture_file(data: dict, path: str) -> MixtureFile:
         if tb is None:
             raise MixtureError(f"{path}: [flows.{name}] needs total_tokens_b")
         flows[name] = int(round(tb * 1e9))
-    stages = {}
+    stages: dict[str, str] = {}
     for stage, mix in (data.get("stages") or {}).items():
         name = mix.get("mixture") if isinstance(mix, dict) else mix
-        if name not in mixtures:
+        if not isinstance(name, str) or name not in mixtures:
             raise MixtureError(f"{path}: [stages] {stage} names mixture {name!r}, not defined "
                                f"(defined: {sorted(mixtures)})")
         stages[stage] = name

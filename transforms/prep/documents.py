@@ -42,20 +42,29 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import re
 import unicodedata
 from array import array
-from typing import NamedTuple, Protocol, Sequence, cast
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 
+from refinery.transforms.formats import unassigned
 from refinery.transforms.formats.row_ids import content_id, doc_id_for  # noqa: F401  # THE row id rule, re-exported
 from refinery.transforms.formats.tokenizer_choice import PrepTokenizer, wrap_encoding
 from refinery.transforms.io.text import _ASCII_CLEAN, _CC_TO_DROP, TextSpec, normalize_text
 
 EMPTY = "empty after normalization"
+
+
+class _Digest(Protocol):
+    def digest(self) -> bytes: ...
+
+
+_md5: Callable[[bytes], _Digest]
 try:  # CPython's own MD5: half the cost of OpenSSL's per short id (no EVP context), the same digest
-    from _md5 import md5 as _md5  # type: ignore[import-not-found]  # CPython's private module: no stub
+    _md5 = importlib.import_module("_md5").md5  # (CPython's private module: no stub)
 except ImportError:  # an interpreter built without it
     _md5 = hashlib.md5
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -70,7 +79,7 @@ class Document(NamedTuple):
 
 class TokenizedDocument(NamedTuple):
     doc_id: str
-    tokens: array  # array('I'): uint32 token ids, the last one EOS
+    tokens: array[int]  # array('I'): uint32 token ids, the last one EOS
     source: str = ""
     row: int = 0
 
@@ -86,7 +95,7 @@ class Rejected(NamedTuple):
         """A document that normalized to nothing: counted as ``empty``, not as a reject."""
         return self.reason == EMPTY
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str | int]:
         """The line ``rejects/rejects.jsonl`` holds for it (path, row, reason)."""
         return {"path": self.path, "row": self.row, "reason": self.reason}
 
@@ -125,10 +134,8 @@ def _unit_flags() -> np.ndarray:
     Built from this interpreter's ``unicodedata``, the tables ``is_normalized`` itself uses.
     ``_UNASSIGNED``: a code point unassigned in Unicode 14.0 (fixed data,
     :mod:`~refinery.transforms.formats.unassigned`: such a document goes to tiktoken)."""
-    from refinery.transforms.formats.unassigned import table
-
     flags = np.zeros(0x10000, np.uint8)
-    flags[table()[:0x10000]] |= _UNASSIGNED
+    flags[unassigned.table()[:0x10000]] |= _UNASSIGNED
     flags[0xD800:0xE000] = _LOOK
     for cp in range(0xA0):
         if _CC_TO_DROP.match(chr(cp)):
@@ -171,7 +178,7 @@ def shard_of(doc_id: str, num_shards: int) -> int:
 # One row -> one document
 # ---------------------------------------------------------------------------------------
 
-def normalize_row(record: dict | None, error: str | None, text_field: str | TextSpec, id_field: str,
+def normalize_row(record: dict[str, Any] | None, error: str | None, text_field: str | TextSpec, id_field: str,
                   path: str = "", row: int = 0, relpath: str | None = None) -> Document | Rejected:
     """THE normalize step: a read row (``error`` set when it could not be parsed) -> a
     :class:`Document`, or a :class:`Rejected` (reason :data:`EMPTY` for an empty document).
@@ -194,7 +201,7 @@ class RowNormalizer(Protocol):
 
     plain: bool
 
-    def __call__(self, record: dict | None, error: str | None, path: str, row: int,
+    def __call__(self, record: dict[str, Any] | None, error: str | None, path: str, row: int,
                  relpath: str | None) -> Document | Rejected: ...
 
 
@@ -211,7 +218,7 @@ def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
     spec = TextSpec.of(text_field)
     field = spec.field if spec.template is None else None
 
-    def normalize(record: dict | None, error: str | None, path: str, row: int,
+    def normalize(record: dict[str, Any] | None, error: str | None, path: str, row: int,
                   relpath: str | None) -> Document | Rejected:
         normalizer.plain = False
         if field is not None and error is None and type(record) is dict:
@@ -241,7 +248,7 @@ def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
     return normalizer
 
 
-def encode_document(tok: PrepTokenizer, text: str) -> array:
+def encode_document(tok: PrepTokenizer, text: str) -> array[int]:
     """Tokens of a normalized document (uint32): the tokenizer's ordinary encoding
     (special-token text stays ordinary text) followed by exactly one EOS, the tokenizer's.
     ``tok``: a :class:`~refinery.transforms.formats.tokenizer_choice.PrepTokenizer`, or a tiktoken

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
@@ -85,7 +86,7 @@ EDITED = ("edited after decon wrote it (its merge receipt)",
 PLANNED = ("changed since this job was planned", "run the same command again to plan with it")
 
 
-def _streamed_rows(path: str, sha256: str, files: list[dict], n: int | None,
+def _streamed_rows(path: str, sha256: str, files: list[dict[str, Any]], n: int | None,
                    why: tuple[str, str]) -> dict[str, set[int]]:
     """:func:`drop_rows` of ``path`` read a line at a time, refused (at its end, before any row
     is used: ``why`` says how) unless its sha256 is ``sha256``; a line that is not an entry
@@ -127,12 +128,12 @@ class Exclusion:
     unscanned: int = 0  # inputs kept without an overlap check (--allow-unscanned-inputs)
     expected: int | None = None  # listed rows in the inputs: what a full run excludes (set by check_inputs)
 
-    def identity(self) -> list[dict]:
+    def identity(self) -> list[dict[str, Any]]:
         """What enters the tokenize stage's hash: each drop list's content and n (not its path)."""
         return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {})}
                 for s in self.sources]
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """What a job carries: where the drop lists are and their sha256, not their rows nor what
         decon scanned; a worker reads the rows (:meth:`rows_of`), so the job does not grow with
         them."""
@@ -229,7 +230,7 @@ class Exclusion:
                         f"decon recorded {want[:16]}...; same size and version): its rows may now be other "
                         "documents: run decon again, then prep")
 
-    def manifest(self, excluded: int) -> dict:
+    def manifest(self, excluded: int) -> dict[str, Any]:
         """The manifest's ``excluded_overlaps``: how many rows were left out, and from which runs
         (each run's ``unread``: the rows it could not read, left out whatever their overlap)."""
         return {"documents": excluded,
@@ -296,7 +297,7 @@ def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes
     return data
 
 
-def check_read_spec(output: str, files: list[dict], read_spec: ReadSpec) -> None:
+def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpec) -> None:
     """Refuse (:class:`storage.InputError`, one line naming both sides) a decon output that read
     the training text otherwise than ``read_spec`` (this prep's), or that does not record how
     it read it (an older decon: its text was not this prep's, so its drop list is not proof)."""

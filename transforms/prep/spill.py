@@ -81,7 +81,7 @@ class SpillWriter:
         self._tables: list[np.ndarray] = []
         self._cum = 0
 
-    def add(self, shard: int, tokens, cum_end: int | None = None,
+    def add(self, shard: int, tokens: array[int] | np.ndarray, cum_end: int | None = None,
             name: tuple[int, str, str] | None = None) -> None:
         """Append one document's tokens (a uint32 ``array('I')`` or numpy array). ``cum_end``:
         its position in the whole input, when it is known already (merging spills); then
@@ -211,13 +211,13 @@ class SpillWriter:
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
 
 
-def _le_u32(tokens):
+def _le_u32(tokens: array[int] | np.ndarray) -> array[int] | memoryview | bytes:
     """``tokens`` as little-endian uint32 bytes: the object itself where its buffer already is."""
     if isinstance(tokens, array):
         if np.little_endian and tokens.itemsize == 4 and tokens.typecode in "IL":
             return tokens
     elif isinstance(tokens, np.ndarray) and tokens.dtype == _LE_U32 and tokens.flags.c_contiguous:
-        return memoryview(tokens).cast("B")  # (bytearray += ndarray would be numpy's addition)
+        return tokens.data.cast("B")  # (bytearray += ndarray would be numpy's addition)
     return u32_bytes(tokens)
 
 
@@ -248,7 +248,7 @@ def write_array(out: BinaryWriter, array: np.ndarray) -> None:
 def read_table(docs_file: IO[bytes], dtype: np.dtype = DOC_DTYPE) -> np.ndarray:
     """A whole documents table (``.spilldocs``), or names table (``.spillmeta``, ``dtype``
     :data:`META_DTYPE`)."""
-    table = np.load(docs_file, allow_pickle=False)
+    table: np.ndarray = np.load(docs_file, allow_pickle=False)
     if table.dtype != dtype or table.ndim != 1:
         what = "documents" if dtype == DOC_DTYPE else "names"
         raise ValueError(f"spill {what} table has dtype {table.dtype} shape {table.shape}, expected {dtype}")
