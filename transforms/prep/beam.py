@@ -68,7 +68,9 @@ from refinery.transforms.prep.documents import (
     shard_of,
     tokenize_documents,
 )
+from refinery.transforms.prep.stages import build_stages
 from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
+from refinery.transforms.resumable.beam_steps import RunStages
 
 NAMESPACE = "refinery_prep"
 REJECTED = "rejected"
@@ -493,9 +495,6 @@ class PrepPipeline(beam.PTransform):
         self.config = config
 
     def expand(self, pbegin):
-        from refinery.transforms.prep.stages import build_stages
-        from refinery.transforms.resumable.beam_steps import RunStages
-
         return pbegin | "Stages" >> RunStages(build_stages(self.config), self.config.output)
 
 
