@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeVar
 
 from refinery.transforms.formats.shards import NAME_RULE
+from refinery.transforms.io import storage
 from refinery.transforms.io.text import TextSpec
 
 if sys.version_info >= (3, 11):
@@ -267,8 +268,6 @@ def parse_mixture_file(data: dict[str, Any], path: str) -> MixtureFile:
 
 def load_mixture_file(path: str) -> MixtureFile:
     """Read and parse a mixture TOML (local or gs://)."""
-    from refinery.transforms.io import storage
-
     try:
         data = tomllib.loads(storage.read_bytes(path).decode("utf-8"))
     except FileNotFoundError:
