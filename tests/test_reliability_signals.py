@@ -12,11 +12,14 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import reliability_helpers
 from helpers import run_prep
 from reliability_helpers import (
+    ForkServer,
     child_env,
     completed,
     current_receipts,
@@ -38,7 +41,7 @@ STOP_LIMIT_S = 10.0  # the CLI watchdog kills the workers and exits 5 s after th
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("signals")
     corpus = make_corpus(root / "corpus", files=6, docs_per_file=50)
     ref = root / "ref"
@@ -50,7 +53,9 @@ def reference(tmp_path_factory):
     (signal.SIGINT, True, ("pack", 1, 0.01)),        # Ctrl-C while shards are being written
     (signal.SIGTERM, False, ("tokenize", 1, 0.0)),   # SIGTERM to the driver alone while its workers run units
 ])
-def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference, sig, group, when):
+def test_signal_stops_local_run_and_next_run_resumes(
+        tmp_path: Path, forks: ForkServer, reference: tuple[Path, dict[str, str]], sig: signal.Signals, group: bool,
+        when: tuple[str, int, float]) -> None:
     corpus, want = reference
     out, log = tmp_path / "out", tmp_path / "units.log"
     argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "4", "--dataset", "s",
@@ -82,7 +87,7 @@ def test_signal_stops_local_run_and_next_run_resumes(tmp_path, forks, reference,
 class _Terminal(io.StringIO):
     """A stderr that says it is a terminal (so Progress draws a tqdm bar), with write times."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.times: list[float] = []
 
@@ -94,17 +99,18 @@ class _Terminal(io.StringIO):
         return super().write(text)
 
 
-def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tmp_path, monkeypatch):
+def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """First signal: the bar stops drawing and "stopping… (Ctrl-C again to quit now)" is
     printed, at once; a second signal exits saying so, not "Beam did not stop within 5s"."""
     from refinery.beam_pipelines import interrupt
-    from refinery.transforms.resumable import Stage, bind_stages
+    from refinery.transforms.resumable import Stage, Unit, bind_stages
     from refinery.transforms.resumable.progress import Progress
 
     class One(Stage):
         name = "one"
 
-        def make_plan(self):
+        def make_plan(self) -> list[Unit[dict[str, Any]]]:
             return []
 
     [run] = bind_stages([One()], str(tmp_path))
@@ -120,7 +126,7 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
             t0 = time.monotonic()
             interrupt._on_stop_signal(signal.SIGINT)
             acked = time.monotonic()
-            assert not progress._thread.is_alive()  # stopped drawing
+            assert progress._thread is not None and not progress._thread.is_alive()  # stopped drawing
             drawn = len(term.times)
             time.sleep(0.3)
             assert len(term.times) == drawn
@@ -137,7 +143,8 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(tm
         logging.disable(logging.NOTSET)
 
 
-def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(monkeypatch, capsys):
+def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A signal taken while ``interruptible`` cleans up (the run had just returned) raised
     KeyboardInterrupt out of it, a traceback; now it is the same exit 130 as any other once
     acknowledged (one that comes after the clean-up stopped listening is ignored: exit 0)."""
@@ -146,7 +153,7 @@ def test_a_signal_as_the_run_ends_is_still_a_clean_interruption(monkeypatch, cap
     monkeypatch.setattr(interrupt, "_stop_beam_workers", lambda: None)
     leaked = 0
     for delay in (0.0, 0.0005, 0.001, 0.002) * 15:  # the signal is taken during run() or after it
-        def run(delay=delay):
+        def run(delay: float = delay) -> int:
             os.kill(os.getpid(), signal.SIGINT)
             t = time.monotonic()
             while time.monotonic() - t < delay:  # busy, so the watcher thread may take the signal meanwhile

@@ -25,13 +25,13 @@ GS_PREP = ["prep", "--input", "gs://my-bucket/crawl/*.jsonl", "--output", "gs://
 
 
 @pytest.fixture(autouse=True)
-def _offline(no_network):
+def _offline(no_network: None) -> None:
     """Every test here runs with the network refused (conftest's ``no_network``)."""
     return no_network
 
 
 @pytest.fixture
-def no_credentials(monkeypatch, tmp_path):
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No Google credentials anywhere: no key file, no gcloud login, not on a Google Cloud VM."""
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
@@ -39,13 +39,13 @@ def no_credentials(monkeypatch, tmp_path):
     monkeypatch.setattr(gcs, "_on_google_cloud", lambda: False)
 
 
-def _err_lines(capsys) -> list[str]:
+def _err_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
     err = capsys.readouterr().err.strip().splitlines()
     assert not any("Traceback" in line for line in err), err
     return err
 
 
-def _one_line_each(capsys, expected: list[str], command: str = "prep") -> None:
+def _one_line_each(capsys: pytest.CaptureFixture[str], expected: list[str], command: str = "prep") -> None:
     lines = _err_lines(capsys)
     assert len(lines) == len(expected), lines
     for line, start in zip(lines, expected):
@@ -62,7 +62,9 @@ def _one_line_each(capsys, expected: list[str], command: str = "prep") -> None:
     (None, ["--job_name", "Nightly_Prep"], ["--job_name Nightly_Prep: lowercase letters"]),
     (None, ["--region", "US-central1"], ["--region US-central1: not a Compute Engine region"]),
 ])
-def test_each_bad_dataflow_option_is_one_line(drop, add, expected, capsys, no_credentials):
+def test_each_bad_dataflow_option_is_one_line(
+        drop: str, add: list[str], expected: list[str], capsys: pytest.CaptureFixture[str],
+        no_credentials: None) -> None:
     args = list(DATAFLOW)
     if drop:
         del args[args.index(drop):args.index(drop) + 2]
@@ -71,7 +73,7 @@ def test_each_bad_dataflow_option_is_one_line(drop, add, expected, capsys, no_cr
         _one_line_each(capsys, expected)
 
 
-def test_every_problem_at_once_one_line_each(tmp_path, capsys):
+def test_every_problem_at_once_one_line_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Local paths under Dataflow (its workers cannot see them) and each missing option."""
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "x"}])
     assert main(["prep", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
@@ -82,7 +84,7 @@ def test_every_problem_at_once_one_line_each(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_bucket_names_are_checked_for_every_runner(tmp_path, capsys):
+def test_bucket_names_are_checked_for_every_runner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prep", "--input", "gs://Crawl_Data/x.jsonl", "--output", str(tmp_path / "o"), "--dry-run"]) == 2
     _one_line_each(capsys, ["--input gs://Crawl_Data/x.jsonl: invalid bucket name 'Crawl_Data'"])
     assert main(["decon", "--eval", "gs://ab/e.jsonl", "--train", "gs://my-bucket/t", "--output", "gs://x/o",
@@ -96,11 +98,13 @@ def test_bucket_names_are_checked_for_every_runner(tmp_path, capsys):
     ("ab", False), ("My-Bucket", False), ("-bucket", False), ("bucket-", False), ("a..b", False),
     ("192.168.1.1", False), ("goog-data", False), ("my-google-data", False), ("", False),
 ])
-def test_bucket_name_rules(name, ok):
+def test_bucket_name_rules(name: str, ok: bool) -> None:
     assert (gcs.bucket_problem(f"gs://{name}/x") is None) == ok
 
 
-def test_gs_without_credentials_is_one_line_naming_the_login(tmp_path, capsys, monkeypatch, no_credentials):
+def test_gs_without_credentials_is_one_line_naming_the_login(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        no_credentials: None) -> None:
     assert main(["prep", "--input", "gs://my-bucket/crawl/", "--output", str(tmp_path / "o")]) == 2
     _one_line_each(capsys, ["no Google Cloud credentials for gs://"])
     assert main(["verify", "gs://my-bucket/tokens/manifest.json"]) == 2
@@ -114,7 +118,7 @@ def test_gs_without_credentials_is_one_line_naming_the_login(tmp_path, capsys, m
     assert not (tmp_path / "o").exists()
 
 
-def test_dataflow_dry_run_reads_nothing_remote(capfd, no_credentials):
+def test_dataflow_dry_run_reads_nothing_remote(capfd: pytest.CaptureFixture[str], no_credentials: None) -> None:
     """gs:// inputs are not listed, receipts on gs:// not read; each job is still described
     (the one job, from the plan it can make), and the missing credentials are a note, not an error."""
     assert main([*GS_PREP, *DATAFLOW, "--workers", "3", "--machine_type", "n2-standard-8", "--dry-run"]) == 0
@@ -137,7 +141,9 @@ def _readme_commands(runner: str) -> list[str]:
             if line.strip().startswith("refinery ") and f"--runner {runner}" in line]
 
 
-def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(tmp_path, capsys, monkeypatch, no_credentials):
+def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        no_credentials: None) -> None:
     pytest.importorskip("torch", reason="generate's dry run picks its device with torch")
     from engine_fixtures import write_harmony_checkpoint
 
@@ -151,7 +157,8 @@ def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(tmp_path, capsys, 
         assert f"--dry-run: plan for {output} " in capsys.readouterr().out, command
 
 
-def test_a_dry_run_describes_prep_excluding_a_remote_decon_output(capfd, no_credentials):
+def test_a_dry_run_describes_prep_excluding_a_remote_decon_output(
+        capfd: pytest.CaptureFixture[str], no_credentials: None) -> None:
     """--exclude-overlaps gs://...: the drop list is not read in a dry run; the job is described."""
     assert main([*GS_PREP, *DATAFLOW, "--exclude-overlaps", "gs://my-bucket/decon", "--dry-run"]) == 0
     out, err = capfd.readouterr()
@@ -161,7 +168,8 @@ def test_a_dry_run_describes_prep_excluding_a_remote_decon_output(capfd, no_cred
 
 
 @pytest.mark.parametrize("tokenizer", ["gs://my-bucket/llama3/", "some-org/some-model@v1"])
-def test_a_dry_run_does_not_read_a_remote_tokenizer(capfd, no_credentials, tokenizer):
+def test_a_dry_run_does_not_read_a_remote_tokenizer(
+        capfd: pytest.CaptureFixture[str], no_credentials: None, tokenizer: str) -> None:
     assert main([*GS_PREP, *DATAFLOW, "--tokenizer", tokenizer, "--dry-run"]) == 0
     out, err = capfd.readouterr()
     assert f"--tokenizer {tokenizer}: not read (a dry run reads nothing remote)" in out

@@ -10,6 +10,8 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any, Iterable
 
 import fsspec
 import pyarrow as pa
@@ -19,12 +21,13 @@ import pytest
 import zstandard
 
 from refinery.transforms.io import rows
+from refinery.transforms.io.rows import Row
 
 CAP = 100
 TOO_LARGE = f"row too large: more than {CAP} bytes"
 
 
-def _lines_file(path, lines: list[bytes]) -> str:
+def _lines_file(path: Path, lines: list[bytes]) -> str:
     data = b"".join(lines)
     if path.name.endswith(".gz"):
         data = gzip.compress(data, mtime=0)
@@ -34,7 +37,7 @@ def _lines_file(path, lines: list[bytes]) -> str:
     return str(path)
 
 
-def _record(n: int) -> dict:
+def _record(n: int) -> dict[str, str]:
     """A record whose JSON line (without its newline) is exactly ``n`` bytes."""
     base = len(json.dumps({"text": ""}))
     return {"text": "x" * (n - base)}
@@ -53,13 +56,14 @@ EXPECTED = [(0, "ok"), (1, TOO_LARGE), (2, "ok"), (3, TOO_LARGE), (4, "malformed
             (6, TOO_LARGE)]
 
 
-def _outcomes(got) -> list[tuple[int, str]]:
+def _outcomes(got: Iterable[Row]) -> list[tuple[int, str]]:
     """(row, "ok", the too-large reason or another reason up to its first colon)."""
     return [(row, "ok" if err is None else err if err == TOO_LARGE else err.split(":")[0]) for row, _, err in got]
 
 
 @pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.jsonl.zst"])
-def test_jsonl_rows_over_the_cap_are_rejected_and_reading_goes_on(tmp_path, name, monkeypatch):
+def test_jsonl_rows_over_the_cap_are_rejected_and_reading_goes_on(
+        tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rows, "READ_BYTES", 7)  # a long line is skipped in many pieces
     path = _lines_file(tmp_path / name, LINES)
     got = list(rows.iter_rows(path, max_row_bytes=CAP))
@@ -69,21 +73,22 @@ def test_jsonl_rows_over_the_cap_are_rejected_and_reading_goes_on(tmp_path, name
     assert [err for _, _, err in rows.iter_rows(path) if err] == [got[4][2]]
 
 
-def test_jsonl_byte_ranges_skip_long_lines_and_cover_every_row_once(tmp_path, monkeypatch):
+def test_jsonl_byte_ranges_skip_long_lines_and_cover_every_row_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rows, "READ_BYTES", 5)
     path = _lines_file(tmp_path / "a.jsonl", LINES)
     whole = list(rows.iter_rows(path, max_row_bytes=CAP))
     size = len(b"".join(LINES))
     shuffled = sorted({0, size, *random.Random(1).sample(range(size), 6)})
     for cuts in ([0, size], [0, 30, size], [0, 150, 151, 400, size], shuffled):
-        got = []
+        got: list[Row] = []
         for lo, hi in zip(cuts, cuts[1:]):
             part = list(rows.iter_rows(path, byte_range=(lo, hi), max_row_bytes=CAP))
             got += [(len(got) + r, rec, err) for r, rec, err in part]
         assert got == whole, cuts
 
 
-def test_remote_jsonl_lines_are_bounded_too(monkeypatch):
+def test_remote_jsonl_lines_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """fsspec's remote files take no readline limit: the reader buffers them itself."""
     monkeypatch.setattr(rows, "READ_BYTES", 3)
     fs = fsspec.filesystem("memory")
@@ -98,7 +103,7 @@ def test_remote_jsonl_lines_are_bounded_too(monkeypatch):
     fs.rm("/bounded", recursive=True)
 
 
-def _random_value(rnd: random.Random, depth: int = 0):
+def _random_value(rnd: random.Random, depth: int = 0) -> Any:  # JSON: any of its value types
     r = rnd.random()
     if depth > 3 or r < 0.3:
         return rnd.choice([1, -2.5e3, True, None, 'a"b\\c]}{,[', "ü\n", "", "\\", '\\\\"', "x\\"])
@@ -107,19 +112,24 @@ def _random_value(rnd: random.Random, depth: int = 0):
     return {f'k{i}\\"': _random_value(rnd, depth + 1) for i in range(rnd.randint(0, 3))}
 
 
+def _loads(element: bytes | None) -> Any:
+    assert element is not None, "an element over the cap"
+    return json.loads(element)
+
+
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 1 << 20])
-def test_json_array_elements_match_the_standard_parser(piece, monkeypatch):
+def test_json_array_elements_match_the_standard_parser(piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Element framing over any piece size: escapes, nesting and strings that hold brackets."""
     monkeypatch.setattr(rows, "READ_BYTES", piece)
     rnd = random.Random(piece)
     for _ in range(200):
         array = [_random_value(rnd) for _ in range(rnd.randint(0, 5))]
         data = json.dumps(array, indent=rnd.choice([None, 1]), ensure_ascii=rnd.random() < 0.5).encode()
-        assert [json.loads(e) for e in rows.json_array_elements(io.BytesIO(data), 1 << 20)] == array, data
+        assert [_loads(e) for e in rows.json_array_elements(io.BytesIO(data), 1 << 20)] == array, data
 
 
 @pytest.mark.parametrize("name", ["b.json", "b.json.gz", "b.json.zst"])
-def test_json_array_is_streamed_with_the_cap(tmp_path, name, monkeypatch):
+def test_json_array_is_streamed_with_the_cap(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rows, "READ_BYTES", 16)
     elements = [{"text": "first"}, _record(CAP + 1), [1, 2], _record(50 * CAP), "s", _record(CAP - 10), None]
     data = ("[" + ", ".join(json.dumps(e) for e in elements) + "]\n").encode()
@@ -142,20 +152,22 @@ def test_json_array_is_streamed_with_the_cap(tmp_path, name, monkeypatch):
     (b'[{"text": "a"} {"text": "c"}]', 0, "JSONDecodeError"),
     (b'[{"text": "\xff"}]', 0, "JSONDecodeError"),
 ])
-def test_json_array_damage_is_one_corrupt_file_row_after_the_good_rows(tmp_path, content, rows_before, reason):
+def test_json_array_damage_is_one_corrupt_file_row_after_the_good_rows(
+        tmp_path: Path, content: bytes, rows_before: int, reason: str) -> None:
     path = tmp_path / "c.json"
     path.write_bytes(content)
     got = list(rows.iter_rows(str(path)))
     assert [err for _, _, err in got[:-1]] == [None] * rows_before
     row, rec, err = got[-1]
-    assert row == rows_before and rec is None and err.startswith(f"corrupt file after {rows_before} rows: ")
-    assert reason in err
+    assert row == rows_before and rec is None and str(err).startswith(f"corrupt file after {rows_before} rows: ")
+    assert reason in str(err)
     for empty in (b"[]", b" [ ]\n"):
         path.write_bytes(empty)
         assert list(rows.iter_rows(str(path))) == []
 
 
-def test_parquet_reads_record_batches_with_the_cap_and_file_row_numbers(tmp_path, monkeypatch):
+def test_parquet_reads_record_batches_with_the_cap_and_file_row_numbers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rows, "PARQUET_BATCH_ROWS", 3)
     texts = [f"text {i}" for i in range(20)]
     texts[4] = "x" * (CAP + 1)
@@ -175,7 +187,7 @@ def test_parquet_reads_record_batches_with_the_cap_and_file_row_numbers(tmp_path
     assert [err for _, _, err in rows.iter_rows(str(path))] == [None] * 20  # the default cap admits them
 
 
-def test_arrow_rows_over_the_cap_are_rejected(tmp_path):
+def test_arrow_rows_over_the_cap_are_rejected(tmp_path: Path) -> None:
     table = pa.table({"text": ["a", "b" * (CAP + 1), "c"], "id": [1, 2, 3]})
     path = tmp_path / "data-00000-of-00001.arrow"
     with ipc.new_stream(path, table.schema) as w:
@@ -183,7 +195,7 @@ def test_arrow_rows_over_the_cap_are_rejected(tmp_path):
     assert _outcomes(rows.iter_rows(str(path), max_row_bytes=CAP)) == [(0, "ok"), (1, TOO_LARGE), (2, "ok")]
 
 
-def test_zstd_frames_cut_short_or_damaged_are_reported(tmp_path):
+def test_zstd_frames_cut_short_or_damaged_are_reported(tmp_path: Path) -> None:
     lines = [json.dumps({"text": f"row {i} " + "w" * 50}).encode() + b"\n" for i in range(2000)]
     c = zstandard.ZstdCompressor()
     frames = c.compress(b"".join(lines[:1000])) + c.compress(b"".join(lines[1000:]))
@@ -195,19 +207,19 @@ def test_zstd_frames_cut_short_or_damaged_are_reported(tmp_path):
         path.write_bytes(frames[:cut])
         got = list(rows.iter_rows(str(path)))
         assert all(err is None for _, _, err in got[:-1]) and len(got) - 1 < 2000
-        assert got[-1][2].startswith(f"corrupt file after {len(got) - 1} rows: EOFError")
+        assert str(got[-1][2]).startswith(f"corrupt file after {len(got) - 1} rows: EOFError")
     path.write_bytes(frames + b"junk")
-    assert "ZstdError" in list(rows.iter_rows(str(path)))[-1][2]
+    assert "ZstdError" in str(list(rows.iter_rows(str(path)))[-1][2])
     path.write_bytes(b"")
-    assert list(rows.iter_rows(str(path)))[-1][2].startswith("corrupt file after 0 rows: EOFError")
+    assert str(list(rows.iter_rows(str(path)))[-1][2]).startswith("corrupt file after 0 rows: EOFError")
     # a frame that asks for a 1 GiB window is refused (zstd's limit: 128 MiB), not allocated
     params = zstandard.ZstdCompressionParameters.from_level(3, window_log=30, write_content_size=False)
     with open(path, "wb") as raw, zstandard.ZstdCompressor(compression_params=params).stream_writer(raw) as w:
         w.write(b"".join(lines))
-    assert "Frame requires too much memory" in list(rows.iter_rows(str(path)))[-1][2]
+    assert "Frame requires too much memory" in str(list(rows.iter_rows(str(path)))[-1][2])
 
 
-def write_huge_line_zst(path, line_bytes: int, before: bytes = b'{"text": "before"}\n',
+def write_huge_line_zst(path: Path, line_bytes: int, before: bytes = b'{"text": "before"}\n',
                         after: bytes = b'{"text": "after"}\n') -> None:
     """A .jsonl.zst: ``before``, one line of ``line_bytes`` bytes of ``{"text": "aaa..."}``,
     then ``after``; streamed, never held in memory (a few KB per GB on disk)."""
@@ -228,7 +240,7 @@ print(repr(got), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 
 """
 
 
-def test_decompression_is_bounded_per_read(tmp_path):
+def test_decompression_is_bounded_per_read(tmp_path: Path) -> None:
     """A ~20 KB .jsonl.zst whose middle line expands to 600 MB: reading it grows the reader's
     peak memory by little more than its 8 MiB cap (measured in a fresh process)."""
     path = tmp_path / "huge.jsonl.zst"
@@ -241,7 +253,7 @@ def test_decompression_is_bounded_per_read(tmp_path):
     assert int(grown_mib) < 48, grown_mib
 
 
-def test_prep_max_row_bytes_flag(tmp_path, capsys):
+def test_prep_max_row_bytes_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from helpers import run_prep
 
     from refinery.beam_pipelines.cli import main
@@ -263,7 +275,7 @@ def test_prep_max_row_bytes_flag(tmp_path, capsys):
     assert f"(default: {64 << 20} = 64 MiB)" in " ".join(capsys.readouterr().out.split())
 
 
-def test_blank_lines_that_end_a_file_are_not_rows_and_other_blank_lines_still_are(tmp_path):
+def test_blank_lines_that_end_a_file_are_not_rows_and_other_blank_lines_still_are(tmp_path: Path) -> None:
     """An editor's final empty line was counted as a rejected row ("blank line"). Now the blank
     lines that end a JSONL file are not rows; one with a row after it still is (row numbers stay
     the file's lines), read whole or by any byte range."""

@@ -31,14 +31,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from helpers import gsm8k_texts, write_jsonl
 from reliability_helpers import process_tree, refinery_cmd
 from test_flink import flink_jar  # noqa: F401  # the fixture: the jar, or skip (fail under CI)
 
-from refinery.runners import prism_local
+from refinery.runners import prism_local, tool_cache
 from refinery.runners.same_user import SameUserOnly, peer_address, refusal, socket_owner
 
 NOBODY = 65534
@@ -162,7 +162,7 @@ tempfile.tempdir = None  # chosen again, as 65534 (a folder root chose may not b
 REFUSED = ("refused", "permission denied", "grpc PERMISSION_DENIED", "tls refused", "tls closed")
 
 
-def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path, scratch: Path) -> dict:
+def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path, scratch: Path) -> dict[str, Any]:
     if os.getuid() != 0:
         pytest.fail(f"this test acts as uid {NOBODY} and needs root to (CI runs the suite as root); as uid "
                     f"{os.getuid()} it would check nothing")
@@ -171,7 +171,7 @@ def _as_nobody(targets: list[tuple[str, str]], planted: list[str], marker: Path,
     r = subprocess.run([sys.executable, "-c", AS_NOBODY + PROBE, json.dumps(targets), json.dumps(planted),
                         str(marker)], env=env, capture_output=True, text=True, timeout=120, cwd=str(scratch))
     assert r.returncode == 0, r.stderr[-3000:]
-    answer: dict = json.loads(r.stdout.strip().splitlines()[-1])
+    answer: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     return answer
 
 
@@ -261,7 +261,8 @@ def _corpus(root: Path) -> Path:
     return root
 
 
-def _probe_paused_prep(tmp_path: Path, scratch: Path, runner_args: list[str]) -> tuple[list, dict, Path]:
+def _probe_paused_prep(tmp_path: Path, scratch: Path,
+                       runner_args: list[str]) -> tuple[list[tuple[int, str, str]], dict[str, Any], Path]:
     """Run ``refinery prep`` with ``runner_args``, paused at its first unit; probe it as uid
     65534; let it finish (exit 0). (listening sockets, the probe's answer, the marker path)."""
     fifo = scratch / "units.fifo"
@@ -299,7 +300,7 @@ def _probe_paused_prep(tmp_path: Path, scratch: Path, runner_args: list[str]) ->
     return sockets, answer, marker
 
 
-def _assert_nothing_let_in(sockets: list, answer: dict, marker: Path) -> None:
+def _assert_nothing_let_in(sockets: list[tuple[int, str, str]], answer: dict[str, Any], marker: Path) -> None:
     print(f"listening: {sockets}\nas uid {NOBODY}: {answer}")
     assert not marker.exists(), f"uid {NOBODY}'s planted pipeline ran in the run (uid, pid): {marker.read_text()}"
     let_in = {a: outcome for a, outcome in answer["connect"].items() if not outcome.startswith(REFUSED)}
@@ -307,7 +308,7 @@ def _assert_nothing_let_in(sockets: list, answer: dict, marker: Path) -> None:
     assert all(v.startswith("failed") for v in answer["planted"].values()), answer["planted"]
 
 
-def test_planted_code_runs_in_beams_own_pool(tmp_path, scratch):
+def test_planted_code_runs_in_beams_own_pool(tmp_path: Path, scratch: Path) -> None:
     """The probe can succeed: Beam's LOOPBACK pool as Beam starts it (every interface, any
     caller) runs uid 65534's planted pipeline in this process, as this process's user."""
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
@@ -322,20 +323,20 @@ def test_planted_code_runs_in_beams_own_pool(tmp_path, scratch):
     assert marker.read_text().split()[0] == str(os.getuid())  # it ran as this user, not as nobody
 
 
-def test_a_local_run(tmp_path, scratch):
+def test_a_local_run(tmp_path: Path, scratch: Path) -> None:
     sockets, answer, marker = _probe_paused_prep(tmp_path, scratch, ["--runner", "local", "--workers", "2"])
     assert sockets and all(kind == "unix" for _, kind, _ in sockets), sockets
     _assert_nothing_let_in(sockets, answer, marker)
 
 
-def test_a_portable_run(tmp_path, scratch):
+def test_a_portable_run(tmp_path: Path, scratch: Path) -> None:
     """The embedded job service: no worker pool and no Fn API server (an EMBEDDED environment)."""
     sockets, answer, marker = _probe_paused_prep(tmp_path, scratch, ["--runner", "portable"])
     _assert_nothing_let_in(sockets, answer, marker)
     assert [s for s in sockets if s[1] == "tcp"] == [], sockets
 
 
-def test_a_prism_run(tmp_path, scratch):
+def test_a_prism_run(tmp_path: Path, scratch: Path) -> None:
     """Prism's job port (Prism's process) and the LOOPBACK pool (the refinery process)."""
     if prism_local.find_prism() is None:
         reason = f"Prism socket test skipped: {prism_local.missing_reason()}"
@@ -362,7 +363,7 @@ TABLE6 = f"""  sl  local_address remote_address st tx_queue rx_queue tr tm->when
 """
 
 
-def test_peer_addresses():
+def test_peer_addresses() -> None:
     assert peer_address("ipv4:127.0.0.1:54321") == (ipaddress.ip_address("127.0.0.1"), 54321)
     assert peer_address("ipv6:[::1]:80") == (ipaddress.ip_address("::1"), 80)
     assert peer_address("ipv6:%5B::ffff:127.0.0.1%5D:80") == (ipaddress.ip_address("127.0.0.1"), 80)
@@ -370,7 +371,7 @@ def test_peer_addresses():
     assert peer_address("ipv4:nonsense") is None
 
 
-def test_the_owner_of_a_peer_socket_and_who_is_refused():
+def test_the_owner_of_a_peer_socket_and_who_is_refused() -> None:
     loop, six = ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")
     tables = [TABLE, TABLE6]
     assert socket_owner(loop, 0xD431, tables) == NOBODY
@@ -405,7 +406,7 @@ SERVER_GO = ('import ("fmt"; "net"; "os")\n// NewServer acquires the indicated p
              'func (s *Server) Endpoint() string {\n\treturn "localhost"\n}\n')
 
 
-def test_prism_is_built_patched_to_listen_privately(tmp_path):
+def test_prism_is_built_patched_to_listen_privately(tmp_path: Path) -> None:
     module = _fake_module(tmp_path / "module", SERVER_GO)
     copy = prism_local.patched_module(module, tmp_path / "copy")
     server = (copy / prism_local._SERVER_GO).read_text()
@@ -421,10 +422,10 @@ def test_prism_is_built_patched_to_listen_privately(tmp_path):
         prism_local.patched_module(changed, tmp_path / "copy2")
 
 
-def test_the_patch_applies_to_the_module_of_the_installed_beam(tmp_path):
+def test_the_patch_applies_to_the_module_of_the_installed_beam(tmp_path: Path) -> None:
     """Where Go has the module of the installed Beam (``make prism-cache`` downloaded it)."""
     gomodcache = os.environ.get("GOMODCACHE") or str(Path.home() / "go" / "pkg" / "mod")
-    version = prism_local.module_version(prism_local.tool_cache.installed_beam_version())
+    version = prism_local.module_version(tool_cache.installed_beam_version())
     module = Path(gomodcache) / f"{prism_local.MODULE.replace('/v2', '')}/v2@{version}"
     if not module.is_dir():
         pytest.skip(f"no {module} (Go's module cache of Beam {version})")
@@ -433,7 +434,7 @@ def test_the_patch_applies_to_the_module_of_the_installed_beam(tmp_path):
 
 
 @pytest.mark.usefixtures("flink_jar")
-def test_a_flink_run(tmp_path, scratch):
+def test_a_flink_run(tmp_path: Path, scratch: Path) -> None:
     """An embedded Flink: Beam's job server JVM, patched (:mod:`refinery.runners.flink_private`):
     its job, artifact, expansion and Fn API servers on loopback for this uid only, the embedded
     Flink's REST and blob servers behind TLS with a key only this user reads. Before: 10 TCP

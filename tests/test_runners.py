@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.testing.util import assert_that, equal_to
 from helpers import gsm8k_texts, write_jsonl
 
@@ -30,6 +31,7 @@ from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_f
 from refinery.runners.dataflow import GPU_MACHINES, parse_gpu
 from refinery.runners.translate import command_pipeline, dataflow_job, runner_api, step_names
 from refinery.transforms.inference.stages import Task
+from refinery.transforms.resumable import Stage, StageRun
 
 GCP = ["--project=refinery-test", "--region=us-central1", "--temp_location=gs://refinery-test-bucket/tmp"]
 CPU_IMAGE = "registry.example/refinery-cpu:1"
@@ -40,7 +42,7 @@ GPU_IMAGE = "registry.example/refinery-gpu:1"
 # pipeline_args
 # ---------------------------------------------------------------------------------------
 
-def test_local_and_direct_args():
+def test_local_and_direct_args() -> None:
     assert pipeline_args("local", 3) == ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
                                          "--direct_num_workers=3", "--beam_plugins=refinery.runners.worker_exit"]
     assert pipeline_args("local", 1) == ["--runner=DirectRunner", "--direct_running_mode=in_memory",
@@ -55,7 +57,7 @@ def test_local_and_direct_args():
     assert pipeline_args("SparkRunner", 4, ["--x=1"]) == ["--x=1", "--runner=SparkRunner"]
 
 
-def test_local_jobs_run_on_the_fn_api_runner_not_prism():
+def test_local_jobs_run_on_the_fn_api_runner_not_prism() -> None:
     """The DirectRunner's flags run on LocalRunner (Beam's FnApiRunner, no detour through
     Prism); other runners' flags are untouched; a light job runs in the driver's process."""
     from refinery.runners.local import LOCAL_RUNNER, in_process, runnable
@@ -68,7 +70,8 @@ def test_local_jobs_run_on_the_fn_api_runner_not_prism():
 
     # the options reach the worker processes (the DirectRunner passes them the same way),
     # and with them the plugin that ends a worker quickly
-    def seen_in_worker(_):  # nested: pickled by value, the workers cannot import this test module
+    # nested: pickled by value, the workers cannot import this test module
+    def seen_in_worker(_: int) -> tuple[str | None, bool, bool]:
         import json
         import os
         import sys
@@ -85,7 +88,7 @@ def test_local_jobs_run_on_the_fn_api_runner_not_prism():
 
 
 @pytest.mark.parametrize("status,rc", [("3", 3), ("None", 7)])
-def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
+def test_quick_exit_ends_with_the_status_and_flushes(tmp_path: Path, status: str, rc: int) -> None:
     """exit_quickly: the process ends with status() (or as Python would, when None), after
     the other atexit handlers and with its output flushed."""
     import subprocess
@@ -106,7 +109,7 @@ def test_quick_exit_ends_with_the_status_and_flushes(tmp_path, status, rc):
     subprocess.run([sys.executable, "-c", light], check=True, timeout=60)
 
 
-def test_the_worker_plugin_does_nothing_outside_beams_worker():
+def test_the_worker_plugin_does_nothing_outside_beams_worker() -> None:
     """Imported by any other process, the plugin leaves its exit alone (status 5 stays 5)."""
     import subprocess
     import sys
@@ -115,7 +118,7 @@ def test_the_worker_plugin_does_nothing_outside_beams_worker():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 5
 
 
-def test_portable_args():
+def test_portable_args() -> None:
     assert pipeline_args("portable") == ["--runner=PortableRunner", "--job_endpoint=embed",
                                          "--environment_type=LOOPBACK"]
     remote = pipeline_args("portable", None, ["--job_endpoint=jobserver:8099", "--environment_type=DOCKER",
@@ -124,7 +127,7 @@ def test_portable_args():
     assert "--job_endpoint=embed" not in remote and "--environment_type=LOOPBACK" not in remote
 
 
-def test_flink_args():
+def test_flink_args() -> None:
     from refinery.runners.flink import JVM_OPENS
 
     opens = [f"--job_server_jvm_properties={p}" for p in JVM_OPENS]  # the job server's JVM on Java 17
@@ -144,7 +147,7 @@ def test_flink_args():
                         "--runner=FlinkRunner", "--parallelism=2", *opens]
 
 
-def test_flink_job_service_only_where_a_job_server_runs_here():
+def test_flink_job_service_only_where_a_job_server_runs_here() -> None:
     from refinery.runners import job_service
 
     # another runner, a job server of the user's, or the uber jar sent to a cluster: args as they are
@@ -156,7 +159,7 @@ def test_flink_job_service_only_where_a_job_server_runs_here():
     # tests/test_flink.py counts one job server per command)
 
 
-def test_dataflow_args_cpu_and_gpu():
+def test_dataflow_args_cpu_and_gpu() -> None:
     cpu = pipeline_args("dataflow", 10, GCP)
     assert cpu == GCP + ["--runner=DataflowRunner", f"--setup_file={setup_file()}", "--max_num_workers=10"]
     gpu = pipeline_args("dataflow", 2, [*GCP, "--gpu", "nvidia-l4", f"--sdk_container_image={GPU_IMAGE}"])
@@ -180,7 +183,7 @@ def test_dataflow_args_cpu_and_gpu():
         pipeline_args("dataflow", None, [*GCP, "--gpu"])
 
 
-def test_cli_refuses_bad_runner_flags_before_running(tmp_path, capsys):
+def test_cli_refuses_bad_runner_flags_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from refinery.beam_pipelines.cli import main
 
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "x"}])
@@ -204,7 +207,7 @@ class Jobs:
     (its stages' titles, in order) and, for the inference pipelines, the model handler of
     their RunInference and the number of waves of infer units."""
 
-    stages: list
+    stages: list[Stage]
     output: str
     steps: list[str]
     handler: str | None = None
@@ -286,7 +289,8 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     parser = generate.build_parser() if command == "generate" else hydra.build_parser()
     args, rest = parser.parse_known_args([*argv, *common])
     assert not rest
-    engine, options = generate.engine_settings(args), generate.handler_options(args)
+    flags = generate.EngineFlags.from_args(args)
+    engine, options = generate.engine_settings(flags), generate.handler_options(flags)
     task: Task
     if command == "generate":
         from refinery.transforms.inference.handler import GenerationParams
@@ -302,7 +306,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
         from refinery.transforms.hydra.grade import GradeTask
 
         task = GradeTask(engine, args.heads_dir, args.calibration, args.max_ctx, options)
-    stages = build_stages(task, generate.document_source(args), args.wave_units)
+    stages = build_stages(task, generate.document_source(generate.InputFlags.from_args(args)), args.wave_units)
     return [Jobs(stages, args.output, ["Infer", "Merge outputs"], handler, waves=2)]
 
 
@@ -374,7 +378,7 @@ RUNNER_CASES = {
 }
 
 
-def _unit_transforms(proto):
+def _unit_transforms(proto: beam_runner_api_pb2.Pipeline) -> list[beam_runner_api_pb2.PTransform]:
     """The transforms whose DoFns write units' receipts: ``<step>/Run`` of each step, and
     ``Infer/Wave k/Write`` of each wave of an inference pipeline."""
     from apache_beam.portability import common_urns
@@ -383,7 +387,7 @@ def _unit_transforms(proto):
             if t.spec.urn == common_urns.primitives.PAR_DO.urn and t.unique_name.endswith(("/Run", "/Write"))]
 
 
-def _unpickled_dofn(transform):
+def _unpickled_dofn(transform: beam_runner_api_pb2.PTransform) -> Any:  # whichever DoFn the job carries
     from apache_beam.internal import pickler
     from apache_beam.portability.api import beam_runner_api_pb2
 
@@ -391,7 +395,7 @@ def _unpickled_dofn(transform):
     return pickler.loads(payload.do_fn.payload)[0]  # (fn, args, kwargs, side inputs, windowing)
 
 
-def _model_handlers(proto) -> list[str]:
+def _model_handlers(proto: beam_runner_api_pb2.Pipeline) -> list[str]:
     """Class name of the model handler inside the (keyed) RunInference DoFn of each wave."""
     from apache_beam.portability import common_urns
 
@@ -405,7 +409,8 @@ def _model_handlers(proto) -> list[str]:
     return handlers
 
 
-def _check_job(proto, jobs: Jobs, bound: dict, env_urn: str | None, image: str | None):
+def _check_job(proto: beam_runner_api_pb2.Pipeline, jobs: Jobs, bound: dict[str, StageRun], env_urn: str | None,
+               image: str | None) -> None:
     """One job whose steps are the command's stages; each unit-writing DoFn carries the same
     stage run (name, hash, output, where its plan lies) as binding the stages does; its
     environment is the runner's."""
@@ -423,7 +428,8 @@ def _check_job(proto, jobs: Jobs, bound: dict, env_urn: str | None, image: str |
         expected = bound[fn.run.name]
         assert (fn.run.name, fn.run.stage_hash, fn.run.output) == (expected.name, expected.stage_hash, jobs.output)
         # the job carries where the plan lies in the output, not the plan (its size must not grow with it)
-        assert fn.run.stage.plan_ref == expected.stage.plan_ref and expected.stage.plan_ref.units > 0
+        assert fn.run.stage.plan_ref == expected.stage.plan_ref and expected.stage.plan_ref is not None \
+            and expected.stage.plan_ref.units > 0
         assert fn.run.stage._units is None
         written.append((type(fn).__name__, fn.run.name))
     if jobs.handler:
@@ -434,13 +440,14 @@ def _check_job(proto, jobs: Jobs, bound: dict, env_urn: str | None, image: str |
 
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
-def test_each_command_is_one_job_for_each_runner(pipeline, tmp_path, no_network):
+def test_each_command_is_one_job_for_each_runner(pipeline: str, tmp_path: Path, no_network: None) -> None:
     from refinery.transforms.resumable import bind_stages
 
     for jobs in PIPELINES[pipeline](tmp_path):
         bound = {r.name: r for r in bind_stages(jobs.stages, jobs.output)}
         for runner, (extra, env_urn) in RUNNER_CASES.items():
             built = command_pipeline(jobs.stages, jobs.output, pipeline_args(runner, 2, extra))
+            assert built is not None  # the plan has units
             image = CPU_IMAGE if env_urn == "beam:env:docker:v1" else None
             _check_job(runner_api(built), jobs, bound, env_urn, image)
         assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "building must not run units"
@@ -455,14 +462,14 @@ def job_name(pipeline: str) -> str:
     return "refinery-" + pipeline.replace(" ", "-")
 
 
-def _pool(job):
+def _pool(job: Any) -> Any:  # Dataflow's job and worker pool messages: untyped
     pools = job.proto.environment.worker_pools
     assert len(pools) == 1
     return pools[0]
 
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
-def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network):
+def test_dataflow_dry_run_builds_each_job_offline(pipeline: str, tmp_path: Path, no_network: None) -> None:
     from refinery.transforms.resumable import bind_stages
 
     first_job = None
@@ -483,6 +490,7 @@ def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network
         assert not [f for f in Path(jobs.output).rglob("*") if f.is_file()], "a dry run must not run units"
         first_job = first_job or job
     # the sdist that workers would pip-install holds every package of this project
+    assert first_job is not None
     names = _staged_sdist_names(first_job.proto_pipeline)
     for module in ("setup.py", "runners/dataflow.py", "transforms/resumable/__init__.py", "beam_pipelines/cli.py",
                    "kernels/model.py"):
@@ -490,7 +498,7 @@ def test_dataflow_dry_run_builds_each_job_offline(pipeline, tmp_path, no_network
     assert no_network == []
 
 
-def _staged_sdist_names(proto_pipeline) -> list[str]:
+def _staged_sdist_names(proto_pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
     import tarfile
 
     from apache_beam.portability import common_urns
@@ -508,7 +516,7 @@ def _staged_sdist_names(proto_pipeline) -> list[str]:
     raise AssertionError("no workflow.tar.gz among the staged artifacts")
 
 
-def test_dataflow_gpu_dry_run(tmp_path, no_network):
+def test_dataflow_gpu_dry_run(tmp_path: Path, no_network: None) -> None:
     """The GPU flags reach the job description of generate's one job (any pipeline's are alike)."""
     [jobs] = generate_pipeline(tmp_path)
     args = pipeline_args("dataflow", 3, [*GCP, "--gpu", "nvidia-l4:2", f"--sdk_container_image={GPU_IMAGE}"])
@@ -522,27 +530,27 @@ def test_dataflow_gpu_dry_run(tmp_path, no_network):
     assert no_network == []
 
 
-def test_progress_reads_each_completed_receipt_once(tmp_path):
+def test_progress_reads_each_completed_receipt_once(tmp_path: Path) -> None:
     """On GCS every read is a request: a progress poll re-reads only receipts not completed before."""
     from refinery.transforms.io import storage
-    from refinery.transforms.resumable import Stage, bind_stages
-    from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA
+    from refinery.transforms.resumable import Unit, bind_stages
+    from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Receipt
 
     class One(Stage):
         name = "one"
 
-        def make_plan(self):
+        def make_plan(self) -> list[Unit[dict[str, Any]]]:
             return []
 
     [run] = bind_stages([One()], str(tmp_path))
 
-    def receipt(unit, status, n):
+    def receipt(unit: str, status: str, n: int) -> None:
         storage.atomic_write_json(run.receipt_path(unit), {"schema": RECEIPT_SCHEMA, "stage_hash": run.stage_hash,
                                                       "unit": unit, "status": status, "stats": {"n": n}})
 
     receipt("a", "completed", 1)
     receipt("b", "failed", 2)
-    cache: dict = {}
+    cache: dict[str, Receipt] = {}
     assert sorted((r["unit"], r["stats"]["n"]) for r in run.read_receipts(cache)) == [("a", 1), ("b", 2)]
     assert list(cache) == [run.receipt_path("a")]
     receipt("a", "completed", 10)  # not read again: the cached copy is used

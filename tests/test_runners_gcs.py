@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import pytest
@@ -24,21 +26,24 @@ from refinery.beam_pipelines.cli import main
 from refinery.transforms.io import storage
 from refinery.transforms.resumable import stage_status
 
+if TYPE_CHECKING:
+    from _pytest.capture import CaptureResult  # what capsys.readouterr() returns (not exported by pytest)
+
 pytest_plugins = ["gcs_emulator"]  # the gcs_bucket fixture (tests/gcs_emulator.py)
 
 
-def _fresh_fs():
+def _fresh_fs() -> Any:  # an fsspec filesystem (fsspec is untyped)
     """A second client, as another process would have: no shared instance or cache."""
     return fsspec.filesystem("gs", skip_instance_cache=True)
 
 
-def _upload_tree(local_root, remote_root: str) -> None:
+def _upload_tree(local_root: Path, remote_root: str) -> None:
     for path in sorted(local_root.rglob("*")):
         if path.is_file():
             storage.atomic_write_bytes(f"{remote_root}/{path.relative_to(local_root).as_posix()}", path.read_bytes())
 
 
-def _units_run(captured) -> str:
+def _units_run(captured: CaptureResult[str]) -> str:
     """What the command said it ran ("units run: ..."; prep prints it to stdout, decon to stderr)."""
     text = captured.out + captured.err
     m = re.search(r"units run: (.*)", text)
@@ -52,7 +57,7 @@ def _receipts(output: str) -> dict[str, bytes]:
     return {p: fs.cat_file(p) for p in fs.find(f"{root}/.refinery") if "/receipts/" in p}
 
 
-def test_io_on_gcs_atomic_and_fresh(gcs_bucket):
+def test_io_on_gcs_atomic_and_fresh(gcs_bucket: str) -> None:
     d = f"{gcs_bucket}/dir"
     assert storage.listdir(d) == [] and storage.file_size(f"{d}/a.json") is None
     assert storage.atomic_write_json(f"{d}/a.json", {"a": 1})[0] == len(b'{\n "a": 1\n}\n')
@@ -87,7 +92,8 @@ def test_io_on_gcs_atomic_and_fresh(gcs_bucket):
     assert inp.size == 2 and inp.version == str(other.info(f"{d[5:]}/b.json")["generation"])
 
 
-def test_prep_on_gcs_matches_local_and_resumes(gcs_bucket, tmp_path, capsys):
+def test_prep_on_gcs_matches_local_and_resumes(
+        gcs_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus = tmp_path / "corpus"
     write_jsonl(corpus / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(gsm8k_texts(30))])
     write_jsonl(corpus / "sub" / "b.jsonl.gz", [{"text": t} for t in gsm8k_texts(20, offset=30)] + [{"x": 1}])
@@ -140,7 +146,8 @@ def test_prep_on_gcs_matches_local_and_resumes(gcs_bucket, tmp_path, capsys):
     assert shard in capsys.readouterr().out
 
 
-def test_decon_on_gcs_portable_matches_local_and_resumes(gcs_bucket, tmp_path, capsys):
+def test_decon_on_gcs_portable_matches_local_and_resumes(
+        gcs_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     texts = gsm8k_texts(12)
     write_jsonl(data / "eval" / "gsm8k" / "test.jsonl", [{"id": f"e{i}", "text": t} for i, t in enumerate(texts[:4])])

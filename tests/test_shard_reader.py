@@ -1,6 +1,8 @@
 """IndexReader/IndexWriter, the memory-mapped ShardReader, and `refinery regenerate-index`."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import run_prep
@@ -12,7 +14,7 @@ from refinery.transforms.formats.shards import IndexReader, IndexWriter, ShardRe
 EOS = 199999
 
 
-def write_shard(npy, docs: list[list[int]], eos: int = EOS):
+def write_shard(npy: Path, docs: list[list[int]], eos: int = EOS) -> tuple[Path, Path]:
     """A shard as prep writes it: docs + one EOS each; returns (npy, idx) paths."""
     npy.parent.mkdir(parents=True, exist_ok=True)
     tokens = np.array([t for d in docs for t in d + [eos]], dtype="<u4")
@@ -23,7 +25,7 @@ def write_shard(npy, docs: list[list[int]], eos: int = EOS):
     return npy, idx
 
 
-def test_index_writer_matches_pack_and_reader_reads_it(tmp_path):
+def test_index_writer_matches_pack_and_reader_reads_it(tmp_path: Path) -> None:
     lengths = [5, 1, 300, 2]
     with IndexWriter(str(tmp_path / "a.idx")) as w:
         for n in lengths[:2]:
@@ -42,7 +44,7 @@ def test_index_writer_matches_pack_and_reader_reads_it(tmp_path):
         IndexWriter(str(tmp_path / "c.idx")).add_document(0)
 
 
-def test_index_reader_rejects_malformed_files(tmp_path):
+def test_index_reader_rejects_malformed_files(tmp_path: Path) -> None:
     good = tmp_path / "g.idx"
     with open(good, "wb") as f:
         shards.write_idx(f, [3, 4])
@@ -58,7 +60,7 @@ def test_index_reader_rejects_malformed_files(tmp_path):
     assert IndexReader(str(empty)).num_docs == 0
 
 
-def test_shard_reader_returns_documents_by_index(tmp_path):
+def test_shard_reader_returns_documents_by_index(tmp_path: Path) -> None:
     docs = [[1, 2, 3], [7], [9, 9, 9, 9, 9], [42, 43]]
     npy, _ = write_shard(tmp_path / "shard_0000" / "x-v1-shard-000000.npy", docs)
     r = ShardReader(str(npy))
@@ -70,7 +72,8 @@ def test_shard_reader_returns_documents_by_index(tmp_path):
     assert find_shards(str(tmp_path)) == [str(npy)]
 
 
-def test_regenerate_index_is_byte_identical_on_a_real_prep_shard(tmp_path, small_corpus, capsys):
+def test_regenerate_index_is_byte_identical_on_a_real_prep_shard(
+        tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert run_prep(small_corpus, out, "--num-shards", "2") == 0
     idx_files = sorted(out.glob("shard_*/*.idx"))
@@ -94,7 +97,7 @@ def test_regenerate_index_is_byte_identical_on_a_real_prep_shard(tmp_path, small
     assert main(["verify", str(out / "manifest.json"), "--checksums"]) == 0
 
 
-def test_regenerate_index_refuses_tokens_after_the_last_eos(tmp_path, capsys):
+def test_regenerate_index_refuses_tokens_after_the_last_eos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     npy = tmp_path / "s.npy"
     np.save(npy, np.array([1, 2, EOS, 3, 4], dtype="<u4"))
     assert main(["regenerate-index", str(npy), "--eos-token-id", str(EOS)]) == 1

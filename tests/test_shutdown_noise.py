@@ -5,17 +5,16 @@ import logging
 import threading
 
 import grpc
+import grpc.aio
 import pytest
 
 from refinery.runners.shutdown_noise import DATA_PLANE_LOGGER, held_shutdown_noise, is_cancelled
 
 
-class _Stream(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode):
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
+def _stream(code: grpc.StatusCode) -> BaseException:
+    """A gRPC stream's error with status ``code``: grpc's own (an RpcError, as is_cancelled asks)."""
+    error: BaseException = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata())
+    return error
 
 
 def _say(error: BaseException) -> None:
@@ -25,7 +24,7 @@ def _say(error: BaseException) -> None:
     except type(error):
         logging.getLogger(DATA_PLANE_LOGGER).exception("Failed to read inputs in the data plane.")
 
-    def reader():
+    def reader() -> None:
         raise error
 
     t = threading.Thread(target=reader, name="read_grpc_client_inputs")
@@ -34,35 +33,37 @@ def _say(error: BaseException) -> None:
 
 
 @pytest.fixture
-def thread_ends(monkeypatch) -> list[str]:
+def thread_ends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads that ended on an exception, as the process's excepthook saw them."""
     ended: list[str] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: ended.append(args.thread.name))
     return ended
 
 
-def test_a_hung_up_data_plane_is_dropped_when_the_job_succeeds(caplog, thread_ends):
+def test_a_hung_up_data_plane_is_dropped_when_the_job_succeeds(
+        caplog: pytest.LogCaptureFixture, thread_ends: list[str]) -> None:
     hook = threading.excepthook
     with caplog.at_level(logging.ERROR):
         with held_shutdown_noise():
-            _say(_Stream(grpc.StatusCode.CANCELLED))
+            _say(_stream(grpc.StatusCode.CANCELLED))
     assert caplog.records == [] and thread_ends == []
     assert threading.excepthook is hook  # put back
 
 
-def test_a_hung_up_data_plane_is_said_when_the_job_fails(caplog, thread_ends):
+def test_a_hung_up_data_plane_is_said_when_the_job_fails(
+        caplog: pytest.LogCaptureFixture, thread_ends: list[str]) -> None:
     with caplog.at_level(logging.ERROR), pytest.raises(RuntimeError):
         with held_shutdown_noise():
-            _say(_Stream(grpc.StatusCode.CANCELLED))
+            _say(_stream(grpc.StatusCode.CANCELLED))
             assert caplog.records == [] and thread_ends == []  # held while the job runs
             raise RuntimeError("the job failed")
     assert [r.getMessage() for r in caplog.records] == ["Failed to read inputs in the data plane."]
     assert thread_ends == ["read_grpc_client_inputs"]
 
 
-def test_any_other_data_plane_error_is_said_at_once(caplog, thread_ends):
+def test_any_other_data_plane_error_is_said_at_once(caplog: pytest.LogCaptureFixture, thread_ends: list[str]) -> None:
     with caplog.at_level(logging.ERROR):
         with held_shutdown_noise():
-            _say(_Stream(grpc.StatusCode.UNAVAILABLE))
+            _say(_stream(grpc.StatusCode.UNAVAILABLE))
             assert len(caplog.records) == 1 and thread_ends == ["read_grpc_client_inputs"]  # not held
-    assert not is_cancelled(RuntimeError("CANCELLED")) and is_cancelled(_Stream(grpc.StatusCode.CANCELLED))
+    assert not is_cancelled(RuntimeError("CANCELLED")) and is_cancelled(_stream(grpc.StatusCode.CANCELLED))

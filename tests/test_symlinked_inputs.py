@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.cli import main
@@ -35,7 +36,7 @@ def _snapshot(tmp_path: Path) -> tuple[Path, Path, Path]:
     return blobs, links, evals
 
 
-def test_a_listing_and_a_single_file_give_the_target_fingerprint(tmp_path):
+def test_a_listing_and_a_single_file_give_the_target_fingerprint(tmp_path: Path) -> None:
     blobs, links, _ = _snapshot(tmp_path)
     (listed,) = [f for f in storage.expand_inputs([str(links)]) if f.relpath == "a.jsonl"]
     (single,) = storage.expand_inputs([str(links / "a.jsonl")])
@@ -44,7 +45,7 @@ def test_a_listing_and_a_single_file_give_the_target_fingerprint(tmp_path):
     assert float(listed.version) == OLD and listed.path == str(links / "a.jsonl")
 
 
-def test_prep_through_links_runs_and_resumes(tmp_path, capsys):
+def test_prep_through_links_runs_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, links, _ = _snapshot(tmp_path)
     assert run_prep([links], tmp_path / "out", "--num-shards", 2) == 0  # no unit "changed since planned"
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["total_documents"] == 80
@@ -58,7 +59,7 @@ def _decon(train: Path, evals: Path, out: Path) -> int:
                  "--runner", "direct", "--no-progress"])
 
 
-def test_an_edit_of_a_link_target_replans_decon(tmp_path, capsys):
+def test_an_edit_of_a_link_target_replans_decon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blobs, links, evals = _snapshot(tmp_path)
     assert _decon(links, evals, tmp_path / "decon") == 0
     listed = (tmp_path / "decon" / "stats" / "contaminated_train_docs.jsonl").read_text()
@@ -75,7 +76,7 @@ def test_an_edit_of_a_link_target_replans_decon(tmp_path, capsys):
     assert (tmp_path / "decon" / "stats" / "contaminated_train_docs.jsonl").read_text() == ""
 
 
-def test_exclusion_agrees_through_the_link_or_not(tmp_path, capsys):
+def test_exclusion_agrees_through_the_link_or_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blobs, links, evals = _snapshot(tmp_path)
     assert _decon(links, evals, tmp_path / "decon") == 0  # decon through the links
     assert run_prep([blobs], tmp_path / "clean", "--exclude-overlaps", tmp_path / "decon") == 0  # prep of targets

@@ -3,8 +3,13 @@ interpreter on CPU tensors: window edges, sinks, GQA, ragged paged caches."""
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch import dtype as DType
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must load interpreted
@@ -20,7 +25,8 @@ from refinery.kernels.kv_cache import PagedKVCache  # noqa: E402
 SCALE = 0.25
 
 
-def _qkv(n_q, n_k, heads, kv_heads, d, seed, dtype=torch.float32):
+def _qkv(n_q: int, n_k: int, heads: int, kv_heads: int, d: int, seed: int,
+         dtype: DType = torch.float32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(n_q, heads, d, generator=g)
     k = torch.randn(n_k, kv_heads, d, generator=g)
@@ -30,7 +36,7 @@ def _qkv(n_q, n_k, heads, kv_heads, d, seed, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("window", [None, 1, 8, 37, 100])
-def test_prefill_causal_window_edges(window):
+def test_prefill_causal_window_edges(window: int | None) -> None:
     n = 37  # odd; not a multiple of any block size
     q, k, v, sinks = _qkv(n, n, heads=4, kv_heads=2, d=16, seed=1)
     pos = torch.arange(n)
@@ -48,7 +54,7 @@ def test_prefill_causal_window_edges(window):
         assert not torch.allclose(ref, ops.attention_torch(q, k, v, sinks, pos, pos, None, SCALE))
 
 
-def test_prefill_queries_after_cached_keys_gqa4_and_bf16():
+def test_prefill_queries_after_cached_keys_gqa4_and_bf16() -> None:
     # 9 queries at positions 30..38 over keys 0..38; 8 query heads on 2 KV heads
     q, k, v, sinks = _qkv(9, 39, heads=8, kv_heads=2, d=16, seed=2)
     q_pos, k_pos = torch.arange(30, 39), torch.arange(39)
@@ -61,7 +67,7 @@ def test_prefill_queries_after_cached_keys_gqa4_and_bf16():
         assert (got16.float() - ref).abs().max() < 3e-2
 
 
-def test_sink_effect():
+def test_sink_effect() -> None:
     # The sink is a value-free key: with sinks S the output is the sink-free output scaled by
     # Z / (Z + e^S), Z = sum of the visible e^s. Checked against the reference both ways.
     n = 21
@@ -81,7 +87,8 @@ def test_sink_effect():
     assert (shrink[:, 0] < shrink[:, 1]).all()  # the bigger sink takes more of the mass
 
 
-def _ragged_cache(lens, block_size, n_blocks, heads_kv, d, seed):
+def _ragged_cache(lens: list[int], block_size: int, n_blocks: int, heads_kv: int, d: int,
+                  seed: int) -> tuple[Tensor, Tensor, Tensor]:
     g = torch.Generator().manual_seed(seed)
     k_pool = torch.randn(n_blocks, block_size, heads_kv, d, generator=g)
     v_pool = torch.randn(n_blocks, block_size, heads_kv, d, generator=g)
@@ -95,7 +102,7 @@ def _ragged_cache(lens, block_size, n_blocks, heads_kv, d, seed):
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2), (2, 2)])  # GQA 2, 3 (padded), 1
-def test_paged_ragged_decode_and_chunks(heads, kv_heads):
+def test_paged_ragged_decode_and_chunks(heads: int, kv_heads: int) -> None:
     lens = [13, 1, 22, 7, 16]
     counts = [1, 1, 6, 7, 1]  # decodes, a chunk after cached keys, a whole prompt
     k_pool, v_pool, table = _ragged_cache(lens, 4, 40, kv_heads, 16, seed=heads)
@@ -117,7 +124,7 @@ def test_paged_ragged_decode_and_chunks(heads, kv_heads):
 
 
 @pytest.mark.parametrize("window", [None, 5, 12])
-def test_flash_decoding_splits_match(window):
+def test_flash_decoding_splits_match(window: int | None) -> None:
     # decode: one query per sequence; keys split into segments, combined with the sink once
     lens = [13, 1, 40, 7, 16, 33]
     k_pool, v_pool, table = _ragged_cache(lens, 4, 60, 2, 16, seed=21)
@@ -134,7 +141,7 @@ def test_flash_decoding_splits_match(window):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_flash_decoding_adds_the_sink_once():
+def test_flash_decoding_adds_the_sink_once() -> None:
     # one key per sequence: out = v * e^s / (e^s + e^S) whatever the split count
     k_pool, v_pool, table = _ragged_cache([1], 4, 4, 1, 16, seed=23)
     g = torch.Generator().manual_seed(24)
@@ -150,7 +157,7 @@ def test_flash_decoding_adds_the_sink_once():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_decode_split_heuristic():
+def test_decode_split_heuristic() -> None:
     # batch 1 at 20b shapes (8 KV heads, 1280 keys): about two waves of programs
     assert triton_attention.decode_splits(8, 1280, 64) == 8  # 10 rounded down to a power of two
     assert triton_attention.decode_splits(8, 8192, 64) == 16
@@ -158,7 +165,7 @@ def test_decode_split_heuristic():
     assert triton_attention.decode_splits(128 * 8, 4096, 64) == 1  # batch 128 fills the GPU
 
 
-def test_grid_needs_no_host_tile_map():
+def test_grid_needs_no_host_tile_map() -> None:
     # a sequence with no query in the middle, chunks longer than a tile: every query once
     lens = [9, 5, 12, 3]
     counts = [1, 0, 11, 3]
@@ -174,7 +181,7 @@ def test_grid_needs_no_host_tile_map():
                                    ops.paged_attention_torch(*args), rtol=1e-5, atol=1e-5)
 
 
-def test_paged_through_the_real_cache_with_sliding_blocks_freed():
+def test_paged_through_the_real_cache_with_sliding_blocks_freed() -> None:
     config = tiny_config(sliding_window=6)
     cache = PagedKVCache(config, max_batch=3, max_seq_len=40, max_chunk=5, block_size=4)
     g = torch.Generator().manual_seed(7)

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Iterator
 
 import pytest
 
@@ -15,8 +17,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "inference.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench() -> Iterator[ModuleType]:
     spec = importlib.util.spec_from_file_location("bench_inference", BENCH)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)
@@ -24,7 +27,7 @@ def bench():
     sys.modules.pop(spec.name, None)
 
 
-def test_model_shapes(bench):
+def test_model_shapes(bench: ModuleType) -> None:
     c20, c120 = bench.model_config("20b"), bench.model_config("120b")
     assert (c20.num_hidden_layers, c20.num_experts, c120.num_hidden_layers, c120.num_experts) == (24, 32, 36, 128)
     for c in (c20, c120):
@@ -35,7 +38,7 @@ def test_model_shapes(bench):
         bench.model_config("7b")
 
 
-def test_byte_counts(bench):
+def test_byte_counts(bench: ModuleType) -> None:
     c20, c120 = bench.model_config("20b"), bench.model_config("120b")
     # published checkpoint sizes: about 13.8 GB and 65.3 GB
     assert 13.5e9 < bench.weight_bytes(c20)["total"] < 14.0e9
@@ -52,14 +55,14 @@ def test_byte_counts(bench):
         2880 * 2 + 24 * kv_row)
 
 
-def test_memory_plan_120b_fits_one_h200(bench):
+def test_memory_plan_120b_fits_one_h200(bench: ModuleType) -> None:
     c120 = bench.model_config("120b")
     plan = bench.memory_plan(c120, batch=256, max_seq_len=1024 + 256, prefill_chunk=8192)
     assert plan["total"] < 141e9 and plan["weights"] > 60e9
     assert bench.memory_plan(c120, 1, 1280, 8192)["total"] > 40e9  # no 40 GB card holds it
 
 
-def test_kv_cache_bytes_match_the_cache(bench):
+def test_kv_cache_bytes_match_the_cache(bench: ModuleType) -> None:
     from refinery.kernels.kv_cache import PagedKVCache
 
     config = bench.model_config("tiny")
@@ -68,7 +71,7 @@ def test_kv_cache_bytes_match_the_cache(bench):
     assert bench.kv_cache_bytes(config, 3, 50, 7, block_size=4) == allocated
 
 
-def test_random_model_runs(bench):
+def test_random_model_runs(bench: ModuleType) -> None:
     config = bench.model_config("tiny")
     model = bench.random_model(config, "cpu", torch.float32, seed=1)
     assert model.block[0].mlp.mlp1_blocks.dtype == torch.uint8
@@ -80,7 +83,7 @@ def test_random_model_runs(bench):
     assert torch.equal(again(torch.arange(20)), logits)
 
 
-def test_tiny_smoke_run(bench, tmp_path, capsys):
+def test_tiny_smoke_run(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "figures.json"
     assert bench.main(["--tiny", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -103,7 +106,8 @@ def test_tiny_smoke_run(bench, tmp_path, capsys):
     assert "[triton] launches per decode step at batch 3" in printed
 
 
-def test_batch128_judged_against_the_goals(bench, monkeypatch, capsys):
+def test_batch128_judged_against_the_goals(
+        bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # the batch-128 line and figures, from a stubbed run (no GPU here)
     fake = bench.RunResult("triton", 128, 24, 6, 1.0, 1.0, 5, 1.0, 12_000.0, 1.0, None)
     monkeypatch.setattr(bench, "run_batch", lambda model, batch, *a, **k: fake if batch == 128 else
@@ -116,7 +120,8 @@ def test_batch128_judged_against_the_goals(bench, monkeypatch, capsys):
     assert "batch-128 aggregate decode: 12,000 tok/s = 120% of the 10,000 tok/s goal (met), 63% of vLLM" in printed
 
 
-def test_exits_without_cuda(bench, monkeypatch, capsys):
+def test_exits_without_cuda(
+        bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--batches", "1"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err

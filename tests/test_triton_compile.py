@@ -116,8 +116,10 @@ for window in (None, 128):
 '''
 
 
-def test_kernels_compile_for_sm90(tmp_path):
-    ptxas = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
+def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
+    spec = importlib.util.find_spec("triton")
+    assert spec is not None and spec.origin is not None
+    ptxas = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not ptxas.exists():
         pytest.skip("this triton build has no bundled ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

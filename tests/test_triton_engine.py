@@ -3,6 +3,7 @@ the torch path: full forward, hidden states and continuous-batching generation."
 from __future__ import annotations
 
 import importlib.util
+from typing import Any, Callable
 
 import pytest
 
@@ -17,36 +18,37 @@ KERNELS = interpreted_triton_kernels()  # TRITON_INTERPRET=1: the kernels run on
 
 from refinery.kernels import launches, ops  # noqa: E402
 from refinery.kernels.batching import BatchedGenerator, sample  # noqa: E402
-from refinery.kernels.model import Transformer  # noqa: E402
+from refinery.kernels.model import Transformer, TransformerBlock  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(tmp_path_factory: pytest.TempPathFactory) -> Transformer:
     config = tiny_config(num_hidden_layers=2)  # one sliding, one full layer
     path = write_original(tmp_path_factory.mktemp("triton_engine"), config, random_weights(config, seed=3))
     return Transformer.from_checkpoint(path, dtype=torch.float32)
 
 
 def _tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    tokens: list[int] = torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return tokens
 
 
 NAMES = ("rmsnorm", "add_rmsnorm", "rope_qkv", "route", "moe", "attention", "paged_attention")
 
 
-def _counting(kernels: ops.Kernels) -> tuple[ops.Kernels, dict]:
+def _counting(kernels: ops.Kernels) -> tuple[ops.Kernels, dict[str, int]]:
     calls = {name: 0 for name in NAMES}
 
-    def wrap(name, fn):
-        def run(*args, **kwargs):
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
             calls[name] += 1
             return fn(*args, **kwargs)
         return run
 
-    return kernels.replace(**{name: wrap(name, getattr(kernels, name)) for name in NAMES}), calls
+    return kernels.replace(None, **{name: wrap(name, getattr(kernels, name)) for name in NAMES}), calls
 
 
-def test_forward_and_hidden_states_match_torch(model):
+def test_forward_and_hidden_states_match_torch(model: Transformer) -> None:
     tokens = torch.tensor(_tokens(5 * model.config.sliding_window, seed=1))  # several windows long
     ref = model(tokens)
     ref_hidden = model.hidden_states(tokens, [1, -1])
@@ -62,13 +64,15 @@ def test_forward_and_hidden_states_match_torch(model):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     for key in (1, layers):
         torch.testing.assert_close(got_hidden[key], ref_hidden[key], rtol=1e-4, atol=1e-4)
-    assert model.kernels is ops.TORCH and model.block[0].mlp.kernels is ops.TORCH  # restored on exit
+    first = model.block[0]
+    assert isinstance(first, TransformerBlock)
+    assert model.kernels is ops.TORCH and first.mlp.kernels is ops.TORCH  # restored on exit
 
 
-def test_generation_matches_torch(model):
+def test_generation_matches_torch(model: Transformer) -> None:
     prompts = [_tokens(n, seed=10 + n) for n in (3, 17, 11)]
 
-    def run():
+    def run() -> list[list[int]]:
         gen = BatchedGenerator(model, max_seq_len=48, max_batch=2, block_size=4, prefill_chunk=7)
         return gen.generate_batch(prompts, max_tokens=5)
 
@@ -81,12 +85,12 @@ def test_generation_matches_torch(model):
     assert got == ref and [len(t) for t in got] == [5, 5, 5]
 
 
-def test_fixed_shape_decode_with_triton_matches_torch(model):
+def test_fixed_shape_decode_with_triton_matches_torch(model: Transformer) -> None:
     # the CUDA-graph-ready decode (buckets, padding rows on the scratch block) with every Triton
     # kernel forced in gives the torch path's greedy tokens
     prompts = [_tokens(n, seed=20 + n) for n in (3, 17, 11, 6)]
 
-    def run(cuda_graph):
+    def run(cuda_graph: bool) -> list[list[int]]:
         gen = BatchedGenerator(model, max_seq_len=48, max_batch=3, block_size=4, prefill_chunk=7,
                                cuda_graph=cuda_graph)
         return gen.generate_batch(prompts, max_tokens=6)
@@ -96,14 +100,16 @@ def test_fixed_shape_decode_with_triton_matches_torch(model):
         assert run(True) == ref
 
 
-def test_launches_per_decode_step(model):
+def test_launches_per_decode_step(model: Transformer) -> None:
     # Triton path, decode of 3 sequences: at most 12 launches per layer (13 where flash-decoding
     # splits the keys), one host-to-device copy and one block-table scatter per step
     gen = BatchedGenerator(model, max_seq_len=64, max_batch=3, block_size=4, prefill_chunk=64)
     with model.using_kernels(KERNELS):
         for n in (5, 9, 12):
             gen.add(_tokens(n, seed=n), max_tokens=8)
-        logits, ids = gen.step()  # prefill
+        prefill = gen.step()
+        assert prefill is not None
+        logits, ids = prefill
         for sid, token in zip(ids, sample(logits, 0.0)):
             gen.update(sid, token)
         (logits, ids), count, per_layer = launches.per_layer(model, gen.step)
@@ -113,7 +119,7 @@ def test_launches_per_decode_step(model):
     assert count.triton >= 9 * model.config.num_hidden_layers
 
 
-def test_kernels_chosen_once_per_device(monkeypatch, model):
+def test_kernels_chosen_once_per_device(monkeypatch: pytest.MonkeyPatch, model: Transformer) -> None:
     assert model.kernels is ops.TORCH  # a CPU model
     assert ops.kernels_for("cpu") is ops.TORCH
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

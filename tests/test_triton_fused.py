@@ -3,8 +3,13 @@ against their torch references, in Triton's interpreter on CPU tensors."""
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch import dtype as DType
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must load interpreted
@@ -21,18 +26,19 @@ from refinery.kernels import ops, triton_norm, triton_rope  # noqa: E402
 BF16_STEP = 2.0**-7
 
 
-def _randn(*shape, seed, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+def _randn(*shape: int, seed: int, dtype: DType = torch.float32) -> Tensor:
+    drawn: Tensor = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return drawn
 
 
-def _close_bf16(got, ref):
+def _close_bf16(got: Tensor, ref: Tensor) -> None:
     assert got.dtype == ref.dtype == torch.bfloat16
     err = (got.float() - ref.float()).abs()
     assert (err <= 1.01 * BF16_STEP * ref.float().abs().clamp_min(1e-3)).all(), err.max()
 
 
 @pytest.mark.parametrize("n,h", [(1, 64), (7, 48), (5, 2880)])  # 48 and 2880: not powers of two
-def test_rmsnorm_and_add_rmsnorm_float32(n, h):
+def test_rmsnorm_and_add_rmsnorm_float32(n: int, h: int) -> None:
     x, d, scale = _randn(n, h, seed=1), _randn(n, h, seed=2), _randn(h, seed=3)
     torch.testing.assert_close(triton_norm.rmsnorm_triton(x, scale, 1e-5), ops.rmsnorm_torch(x, scale, 1e-5),
                                rtol=1e-6, atol=1e-6)
@@ -42,7 +48,7 @@ def test_rmsnorm_and_add_rmsnorm_float32(n, h):
     torch.testing.assert_close(y, y0, rtol=1e-6, atol=1e-6)
 
 
-def test_rmsnorm_bfloat16_and_registry():
+def test_rmsnorm_bfloat16_and_registry() -> None:
     x, d = _randn(6, 96, seed=4, dtype=torch.bfloat16), _randn(6, 96, seed=5, dtype=torch.bfloat16)
     scale = _randn(96, seed=6)
     _close_bf16(KERNELS.rmsnorm(x, scale, 1e-5), ops.rmsnorm_torch(x, scale, 1e-5))
@@ -63,14 +69,15 @@ def test_rmsnorm_bfloat16_and_registry():
                                rtol=1e-6, atol=1e-6)
 
 
-def _rope_inputs(n, heads, kv, d, seed, dtype=torch.float32):
+def _rope_inputs(n: int, heads: int, kv: int, d: int, seed: int,
+                 dtype: DType = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
     qkv = _randn(n, (heads + 2 * kv) * d, seed=seed, dtype=dtype)
     angles = torch.arange(n, dtype=torch.float32)[:, None] * _randn(d // 2, seed=seed + 1).abs()
     return qkv, angles.cos() * 1.3, angles.sin() * 1.3
 
 
 @pytest.mark.parametrize("heads,kv,d", [(4, 2, 16), (8, 1, 64), (6, 2, 32)])  # 6 + 2 heads: a padded tile
-def test_rope_qkv_into_a_paged_pool(heads, kv, d):
+def test_rope_qkv_into_a_paged_pool(heads: int, kv: int, d: int) -> None:
     n = 9
     qkv, cos, sin = _rope_inputs(n, heads, kv, d, seed=heads)
     pools = [torch.zeros(5, 4, kv, d) for _ in range(4)]  # (k, v) for Triton, (k, v) for torch
@@ -85,7 +92,7 @@ def test_rope_qkv_into_a_paged_pool(heads, kv, d):
     assert not pools[0].view(20, -1)[untouched].any()
 
 
-def test_rope_qkv_dense_and_bfloat16():
+def test_rope_qkv_dense_and_bfloat16() -> None:
     heads, kv, d, n = 4, 2, 16, 11
     qkv, cos, sin = _rope_inputs(n, heads, kv, d, seed=30, dtype=torch.bfloat16)
     k, v, k0, v0 = (torch.empty(n, kv, d, dtype=torch.bfloat16) for _ in range(4))

@@ -3,8 +3,13 @@ run in Triton's interpreter on CPU tensors."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import pytest
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must load interpreted
@@ -17,11 +22,12 @@ KERNELS = interpreted_triton_kernels()  # TRITON_INTERPRET=1: the kernels run on
 from refinery.kernels import mxfp4, ops, triton_moe  # noqa: E402
 
 
-def _experts(e: int, h: int, i: int, seed: int, scale_lo: int = 119, scale_hi: int = 125):
+def _experts(e: int, h: int, i: int, seed: int, scale_lo: int = 119, scale_hi: int = 125) -> dict[str, Tensor]:
     g = torch.Generator().manual_seed(seed)
 
-    def u8(*shape, lo=0, hi=256):
-        return torch.randint(lo, hi, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+    def u8(*shape: int, lo: int = 0, hi: int = 256) -> Tensor:
+        drawn: Tensor = torch.randint(lo, hi, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+        return drawn
 
     return dict(
         mlp1_blocks=u8(e, 2 * i, h // 32, 16),
@@ -33,21 +39,23 @@ def _experts(e: int, h: int, i: int, seed: int, scale_lo: int = 119, scale_hi: i
     )
 
 
-def _routing(n: int, e: int, k: int, seed: int, skip=()):
+def _routing(n: int, e: int, k: int, seed: int, skip: Iterable[int] = ()) -> Tensor:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, e, generator=g)
     for expert in skip:
         logits[:, expert] -= 1000.0  # never chosen: an empty expert
-    return logits
+    routed: Tensor = logits
+    return routed
 
 
-def _moe(fn, x, idx, w, experts, limit=7.0, **kw):
+def _moe(fn: Callable[..., Tensor], x: Tensor, idx: Tensor, w: Tensor, experts: dict[str, Tensor],
+         limit: float = 7.0, **kw: int) -> Tensor:
     return fn(x, idx, w, experts["mlp1_blocks"], experts["mlp1_scales"], experts["mlp1_bias"],
               experts["mlp2_blocks"], experts["mlp2_scales"], experts["mlp2_bias"], limit, 1.702, **kw)
 
 
 @pytest.mark.parametrize("n,e,k", [(1, 4, 2), (7, 5, 3), (19, 32, 4), (3, 130, 4)])
-def test_route_matches_topk_softmax(n, e, k):
+def test_route_matches_topk_softmax(n: int, e: int, k: int) -> None:
     logits = _routing(n, e, k, seed=n + e)
     idx, w = triton_moe.route_triton(logits, k)
     ref_idx, ref_w = ops.route_torch(logits, k)
@@ -58,7 +66,7 @@ def test_route_matches_topk_softmax(n, e, k):
 
 
 @pytest.mark.parametrize("group", [triton_moe.group_by_expert, triton_moe.group_by_expert_triton])
-def test_group_by_expert_layout(group):
+def test_group_by_expert_layout(group: Callable[..., tuple[Tensor, Tensor]]) -> None:
     idx = torch.tensor([[2, 0], [2, 4], [0, 2], [4, 2], [2, 0]])  # experts 1 and 3 empty
     rows, block_expert = group(idx, num_experts=5, block_m=2)
     n = idx.numel()
@@ -77,7 +85,7 @@ def test_group_by_expert_layout(group):
 
 
 @pytest.mark.parametrize("n", [1, 7, 33])
-def test_moe_odd_token_counts_and_empty_experts(n):
+def test_moe_odd_token_counts_and_empty_experts(n: int) -> None:
     e, h, i, k = 6, 64, 96, 2
     experts = _experts(e, h, i, seed=n)
     idx, w = ops.route_torch(_routing(n, e, k, seed=100 + n, skip=(1, 4)), k)
@@ -93,7 +101,7 @@ def test_moe_odd_token_counts_and_empty_experts(n):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # sigmoid of a huge unclamped gate
-def test_moe_decodes_every_nibble_and_extreme_scales():
+def test_moe_decodes_every_nibble_and_extreme_scales() -> None:
     e, h, i, k, n = 3, 64, 64, 2, 5
     experts = _experts(e, h, i, seed=3, scale_lo=0, scale_hi=140)  # includes scale byte 0 (2**-127)
     idx = torch.tensor([[0, 2], [2, 0], [0, 2], [2, 0], [0, 2]])  # expert 1 empty
@@ -110,7 +118,7 @@ def test_moe_decodes_every_nibble_and_extreme_scales():
                                rtol=1e-5, atol=1e-5 * unclamped.abs().max().item())
 
 
-def test_moe_bfloat16_and_registry_wrapper():
+def test_moe_bfloat16_and_registry_wrapper() -> None:
     e, h, i, k, n = 4, 64, 64, 2, 9
     experts = {name: (t.to(torch.bfloat16) if t.is_floating_point() else t)
                for name, t in _experts(e, h, i, seed=9).items()}
@@ -132,7 +140,7 @@ def test_moe_bfloat16_and_registry_wrapper():
         _moe(triton_moe.moe_triton, x64, idx, w.double(), e64)
 
 
-def test_mxfp4_layout_assumption():
+def test_mxfp4_layout_assumption() -> None:
     # the kernel reads element k from byte k // 2 (low nibble for even k) and scale k // 32
     blocks = torch.tensor([[[0x21] + [0] * 15]], dtype=torch.uint8)  # k=0 -> 0.5, k=1 -> 1.0
     scales = torch.tensor([[128]], dtype=torch.uint8)
@@ -142,7 +150,7 @@ def test_mxfp4_layout_assumption():
 
 @pytest.mark.parametrize("n,e,k,block_m", [(1, 32, 4, 16), (37, 5, 2, 16), (150, 32, 4, 16), (300, 130, 4, 64),
                                            (9, 128, 4, 32), (513, 8, 2, 64)])
-def test_group_kernel_equals_torch_grouping(n, e, k, block_m):
+def test_group_kernel_equals_torch_grouping(n: int, e: int, k: int, block_m: int) -> None:
     # several chunks of the single-program kernel (CHUNK is 16..128 rows), skewed routing
     g = torch.Generator().manual_seed(n + e)
     idx = torch.multinomial(torch.rand(e, generator=g) ** 4 + 1e-3, n * k, replacement=True, generator=g).view(n, k)
@@ -152,7 +160,7 @@ def test_group_kernel_equals_torch_grouping(n, e, k, block_m):
 
 
 @pytest.mark.parametrize("block_m,split_k", [(16, 1), (16, 2), (32, 3), (64, 2)])
-def test_moe_tilings_and_split_k(block_m, split_k):
+def test_moe_tilings_and_split_k(block_m: int, split_k: int) -> None:
     e, h, i, k, n = 5, 64, 192, 2, 23
     experts = _experts(e, h, i, seed=block_m + split_k)
     idx, w = ops.route_torch(_routing(n, e, k, seed=7), k)
@@ -163,7 +171,7 @@ def test_moe_tilings_and_split_k(block_m, split_k):
 
 
 @pytest.mark.parametrize("decode", ["scaled_dot", "bits"])
-def test_moe_bfloat16_both_decode_paths(decode, monkeypatch):
+def test_moe_bfloat16_both_decode_paths(decode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # bf16/fp16 activations go to tl.dot_scaled (e2m1 x e8m0); REFINERY_MXFP4_DECODE=bits keeps
     # the in-register decode. Both against the float32 torch path on the same bf16 values.
     if decode == "bits":
@@ -185,7 +193,7 @@ def test_moe_bfloat16_both_decode_paths(decode, monkeypatch):
         assert (got.float() - ref).abs().max() / ref.abs().max() < 2e-2
 
 
-def test_moe_config_heuristic_and_tuned_table(tmp_path, monkeypatch):
+def test_moe_config_heuristic_and_tuned_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = triton_moe.moe_config
     # 20b shapes (32 experts, top-4): block_m from the rows each expert gets
     assert cfg(1, 4, 32, 2880, 2880).block_m == 16
@@ -209,7 +217,7 @@ def test_moe_config_heuristic_and_tuned_table(tmp_path, monkeypatch):
     assert cfg(64, 4, 32, 2880, 2880).split_k == 1
 
 
-def test_tuning_sweep_runs_and_its_table_loads(tmp_path, monkeypatch):
+def test_tuning_sweep_runs_and_its_table_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # functional only (timings under the interpreter mean nothing): two candidates, two buckets
     from refinery.kernels import moe_tune
 

@@ -25,7 +25,7 @@ def misspelled(r: Receipt) -> object:
 
 
 @pytest.mark.timeout(120)
-def test_mypy_reports_a_misspelled_receipt_key(tmp_path):
+def test_mypy_reports_a_misspelled_receipt_key(tmp_path: Path) -> None:
     (tmp_path / "refinery").symlink_to(ROOT)  # the package `refinery` is the checkout (setup.py)
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**os.environ, "MYPYPATH": str(tmp_path)}

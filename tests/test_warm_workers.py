@@ -8,6 +8,7 @@ import sys
 import time
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -15,12 +16,13 @@ from refinery.runners import pipeline_args, warm_workers
 from refinery.runners.local import runnable
 
 
-def test_workers_are_forked_from_the_warm_process_and_it_ends_with_the_pool():
+def test_workers_are_forked_from_the_warm_process_and_it_ends_with_the_pool() -> None:
     args = pipeline_args("local", 2)
     with warm_workers.pool(args) as pool:
         assert pool is not None and warm_workers.active() is pool
         with beam.Pipeline(options=PipelineOptions(runnable(args))) as p:
-            def forked(x):  # nested: pickled by value (the workers cannot import this test module)
+            # nested: pickled by value (the workers cannot import this test module)
+            def forked(x: int) -> tuple[int, bool]:
                 import os
 
                 with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
@@ -33,26 +35,29 @@ def test_workers_are_forked_from_the_warm_process_and_it_ends_with_the_pool():
     assert pool.proc.returncode == 0 and not os.path.exists(pool.dir)  # ended at the pool's close, cleaned up
 
 
-def test_without_the_pool_a_worker_starts_as_usual():
+def test_without_the_pool_a_worker_starts_as_usual() -> None:
     """A pool that is gone (its process killed, its socket removed): the attach command
     becomes an ordinary worker, and the job runs."""
     args = pipeline_args("local", 2)
     with warm_workers.pool(args) as pool:
+        assert pool is not None
         pool.proc.kill()
         pool.proc.wait()
         if os.path.exists(pool.socket):  # bound, unless killed before it got that far
             os.remove(pool.socket)
         with beam.Pipeline(options=PipelineOptions(runnable(args))) as p:
-            def main_module(x):  # nested: pickled by value
+            def main_module(x: int) -> tuple[int, str]:  # nested: pickled by value
                 import sys
 
-                return x, sys.modules["__main__"].__spec__.name
+                spec = sys.modules["__main__"].__spec__
+                assert spec is not None
+                return x, spec.name
 
             out = p | beam.Create([1, 2]) | beam.Reshuffle() | beam.Map(main_module)
             assert_that(out, equal_to([(1, warm_workers.WORKER_MAIN), (2, warm_workers.WORKER_MAIN)]))
 
 
-def test_no_pool_unless_local_multi_process(monkeypatch):
+def test_no_pool_unless_local_multi_process(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not warm_workers.wanted(pipeline_args("local", 1))
     assert not warm_workers.wanted(pipeline_args("direct", 2))
     assert not warm_workers.wanted(["--runner=FlinkRunner", "--direct_running_mode=multi_processing"])
@@ -63,7 +68,7 @@ def test_no_pool_unless_local_multi_process(monkeypatch):
         assert pool is None
 
 
-def test_the_warm_process_ends_when_the_driver_dies():
+def test_the_warm_process_ends_when_the_driver_dies() -> None:
     """A driver killed without closing its pool: the warm process sees its stdin end and goes."""
     code = ("import os, sys\n"
             "from refinery.runners import warm_workers\n"
