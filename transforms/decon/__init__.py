@@ -13,6 +13,15 @@ package does not import Beam until a transform is used.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what __getattr__ hands out, as the type checker should see it
+    from refinery.transforms.decon.beam import BuildNgramIndex as BuildNgramIndex
+    from refinery.transforms.decon.beam import DeconPipeline as DeconPipeline
+    from refinery.transforms.decon.beam import DropOverlaps as DropOverlaps
+    from refinery.transforms.decon.beam import FindOverlaps as FindOverlaps
+    from refinery.transforms.decon.beam import Overlap as Overlap
+
 _TRANSFORMS = ("BuildNgramIndex", "DeconPipeline", "DropOverlaps", "FindOverlaps", "Overlap")
 
 __all__ = list(_TRANSFORMS)
