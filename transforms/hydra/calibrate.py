@@ -18,12 +18,32 @@ achieved_keep, target_drop, achieved_drop, band_rate, num_labels, dimensions}``.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Sequence, TypedDict, cast
 
 import numpy as np
 
 from refinery.transforms.hydra.oracle import DIMENSIONS
 from refinery.transforms.io import storage
+
+
+class Thresholds(TypedDict):
+    """What grading reads of a calibration: the dimensions' weights and the two thresholds."""
+
+    weights: dict[str, float]
+    tau_drop: float
+    tau_keep: float
+
+
+class Calibration(Thresholds):
+    """``calibration_summary.json``: the thresholds and how they were fitted."""
+
+    target_keep: float
+    achieved_keep: float
+    target_drop: float
+    achieved_drop: float
+    band_rate: float
+    num_labels: int
+    dimensions: list[str]
 
 
 def read_labels(paths: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -62,11 +82,13 @@ def fit_weights(scores: np.ndarray, shrinkage: float = 20.0) -> np.ndarray:
         return uniform
     w = pc / pc.sum()
     lam = n / (n + shrinkage)
-    return lam * w + (1 - lam) * uniform
+    weights: np.ndarray = lam * w + (1 - lam) * uniform
+    return weights
 
 
 def aggregate(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    return np.asarray(scores, dtype=np.float64) @ np.asarray(weights, dtype=np.float64)
+    aggregated: np.ndarray = np.asarray(scores, dtype=np.float64) @ np.asarray(weights, dtype=np.float64)
+    return aggregated
 
 
 def threshold_for_rate(values: np.ndarray, rate: float, above: bool = True) -> tuple[float, float]:
@@ -85,7 +107,7 @@ def threshold_for_rate(values: np.ndarray, rate: float, above: bool = True) -> t
 
 
 def calibrate(scores: np.ndarray, target_keep: float = 0.5, target_drop: float = 0.2,
-              shrinkage: float = 20.0) -> dict:
+              shrinkage: float = 20.0) -> Calibration:
     if not 0 < target_keep < 1:
         raise ValueError("--target-keep must be between 0 and 1")
     if not 0 <= target_drop <= 1 - target_keep:
@@ -98,9 +120,9 @@ def calibrate(scores: np.ndarray, target_keep: float = 0.5, target_drop: float =
     tau_drop, drop = threshold_for_rate(agg, target_drop, above=False)
     if tau_drop > tau_keep:
         tau_drop, drop = tau_keep, float(np.mean(agg < tau_keep))
-    return {"weights": {d: float(x) for d, x in zip(DIMENSIONS, w)}, "tau_drop": tau_drop, "tau_keep": tau_keep,
-            "target_keep": target_keep, "achieved_keep": keep, "target_drop": target_drop, "achieved_drop": drop,
-            "band_rate": float(1.0 - keep - drop), "num_labels": int(len(scores)), "dimensions": list(DIMENSIONS)}
+    return Calibration(weights={d: float(x) for d, x in zip(DIMENSIONS, w)}, tau_drop=tau_drop, tau_keep=tau_keep,
+                       target_keep=target_keep, achieved_keep=keep, target_drop=target_drop, achieved_drop=drop,
+                       band_rate=float(1.0 - keep - drop), num_labels=int(len(scores)), dimensions=list(DIMENSIONS))
 
 
 def decide(aggregated: float, tau_drop: float, tau_keep: float) -> str:
@@ -112,7 +134,9 @@ def decide(aggregated: float, tau_drop: float, tau_keep: float) -> str:
     return "band"
 
 
-def load_calibration(path_or_dir: str) -> dict:
+def load_calibration(path_or_dir: str) -> Thresholds:
+    """The calibration summary at ``path_or_dir`` (a ``.json`` file, or the folder of
+    ``calibration_summary.json``), refused without weights and thresholds."""
     path = path_or_dir if path_or_dir.endswith(".json") else storage.join(path_or_dir, "calibration_summary.json")
     try:
         cal = storage.read_json(path)
@@ -121,14 +145,14 @@ def load_calibration(path_or_dir: str) -> dict:
     for key in ("weights", "tau_drop", "tau_keep"):
         if key not in cal:
             raise ValueError(f"{path}: calibration lacks {key!r}")
-    return cal
+    return cast(Thresholds, cal)  # the keys grading reads are there (checked above); the rest as written
 
 
-def weights_vector(cal: dict) -> np.ndarray:
+def weights_vector(cal: Thresholds) -> np.ndarray:
     return np.asarray([cal["weights"][d] for d in DIMENSIONS], dtype=np.float64)
 
 
-def write_calibration(out_dir: str, summary: dict) -> str:
+def write_calibration(out_dir: str, summary: Calibration) -> str:
     path = storage.join(out_dir, "calibration_summary.json")
     storage.atomic_write_json(path, summary)
     return path

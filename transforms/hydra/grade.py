@@ -18,24 +18,31 @@ import json
 import threading
 from typing import Any, Iterator, Mapping, Sequence, TypedDict
 
-from refinery.transforms.hydra.calibrate import decide, load_calibration
+import numpy as np
+import torch
+
+from refinery.transforms.hydra.calibrate import Thresholds, decide, load_calibration
+from refinery.transforms.hydra.heads import judge_preprocess, load_head, probe_features
 from refinery.transforms.hydra.oracle import DIMENSIONS
-from refinery.transforms.inference.handler import EngineSettings, GptOssEngine, cached_engine, validate_layers
-from refinery.transforms.inference.model_handler import GptOssModelHandler
-from refinery.transforms.inference.stages import Doc, HandlerOptions, Task, UnitContext, checkpoint_fingerprint
+from refinery.transforms.inference.handler import (
+    BatchingOptions,
+    EngineSettings,
+    GptOssEngine,
+    cached_engine,
+    validate_layers,
+)
+from refinery.transforms.inference.model_handler import EngineModelHandler
+from refinery.transforms.inference.stages import Doc, HandlerOptions, JsonObject, Task, checkpoint_fingerprint
 from refinery.transforms.io import storage
+from refinery.transforms.resumable import UnitContext
 from refinery.transforms.resumable.progress import rate
 
 
 class HydraGrader:
     """Backbone + probe + judge + calibration. Methods take/return plain Python values."""
 
-    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int = 4096,
-                 engine: GptOssEngine | None = None):
-        import numpy as np
-
-        from refinery.transforms.hydra.heads import load_head
-
+    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: Thresholds, max_ctx: int = 4096,
+                 engine: GptOssEngine | None = None) -> None:
         self.engine = engine or GptOssEngine(settings)
         self.probe, self.probe_meta = load_head(storage.join(heads_dir, "hydra_probe.pt"))
         self.judge, self.judge_meta = load_head(storage.join(heads_dir, "hydra_judge.pt"))
@@ -52,10 +59,6 @@ class HydraGrader:
         self._lock = threading.Lock()
 
     def grade(self, prompts: Sequence[Sequence[int]]) -> list[Grade]:
-        import torch
-
-        from refinery.transforms.hydra.heads import judge_preprocess, probe_features
-
         pl, jl = self.probe_meta["layer"], self.judge_meta["layer"]
         out: list[Grade] = []
         with self._lock, torch.no_grad():
@@ -91,19 +94,22 @@ class Grade(TypedDict):
     generated_tokens: int
 
 
-class HydraGradeHandler(GptOssModelHandler):
+class HydraGradeHandler(EngineModelHandler[HydraGrader]):
     """RunInference handler for HYDRA grading. Input: ``{"tokens": [...]}`` examples.
     Output: ``PredictionResult(example, inference)``, inference a :class:`Grade`."""
 
-    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: dict, max_ctx: int, **kwargs):
-        super().__init__(settings, **kwargs)
+    def __init__(self, settings: EngineSettings, heads_dir: str, calibration: Thresholds, max_ctx: int, *,
+                 share_across_processes: bool = True, model_copies: int | None = None,
+                 batching: BatchingOptions | None = None) -> None:
+        super().__init__(settings, share_across_processes=share_across_processes, model_copies=model_copies,
+                         batching=batching)
         self.heads_dir, self.calibration, self.max_ctx = heads_dir, calibration, max_ctx
 
     # RunInference hands the model build_model made back to infer: here a HydraGrader (over the engine)
-    def build_model(self) -> HydraGrader:  # type: ignore[override]  # the model is the grader, not the engine
+    def build_model(self) -> HydraGrader:
         return HydraGrader(self.settings, self.heads_dir, self.calibration, self.max_ctx)
 
-    def infer(self, batch, model: HydraGrader) -> list[Grade]:  # type: ignore[override]  # its build_model's
+    def infer(self, batch: Sequence[Any], model: HydraGrader) -> list[Grade]:
         return model.grade([list(e["tokens"]) for e in batch])
 
 
@@ -111,7 +117,7 @@ class GradeTask(Task):
     name = "grade"
 
     def __init__(self, engine: EngineSettings, heads_dir: str, calibration_path: str, max_ctx: int = 4096,
-                 handler_options: HandlerOptions | None = None):
+                 handler_options: HandlerOptions | None = None) -> None:
         self.engine = engine
         self.heads_dir = heads_dir.rstrip("/")
         self.calibration = load_calibration(calibration_path)
@@ -121,30 +127,30 @@ class GradeTask(Task):
             if not storage.exists(storage.join(self.heads_dir, f"hydra_{kind}.pt")):
                 raise FileNotFoundError(f"{self.heads_dir}: no hydra_{kind}.pt (run `refinery hydra train {kind}`)")
 
-    def config(self) -> dict:
-        return {"task": self.name, "calibration": {k: self.calibration[k] for k in ("weights", "tau_drop", "tau_keep")},
+    def config(self) -> JsonObject:
+        cal = self.calibration
+        return {"task": self.name, "calibration": {"weights": cal["weights"], "tau_drop": cal["tau_drop"],
+                                                   "tau_keep": cal["tau_keep"]},
                 "dtype": self.engine.dtype, "max_ctx": self.max_ctx}
 
-    def identity(self) -> dict:
+    def identity(self) -> JsonObject:
         heads = [{"file": f"hydra_{k}.pt", "sha256": storage.sha256_file(storage.join(self.heads_dir, f"hydra_{k}.pt"))}
                  for k in ("probe", "judge")]
         return {"checkpoint": checkpoint_fingerprint(self.engine.checkpoint), "heads": heads}
 
-    def example(self, doc: Doc) -> tuple[dict, dict]:
+    def example(self, doc: Doc) -> tuple[JsonObject, JsonObject]:
         tokens = doc.get_tokens()
         if not tokens:
             raise ValueError("empty document")
         return {"tokens": tokens[: self.max_ctx]}, {}
 
-    def handler(self):
-        from refinery.transforms.inference.handler import BatchingOptions
-
+    def handler(self) -> HydraGradeHandler:
         return HydraGradeHandler(self.engine, self.heads_dir, self.calibration, self.max_ctx,
                                  share_across_processes=self.options.share_across_processes,
                                  model_copies=self.options.model_copies,
                                  batching=BatchingOptions(self.max_ctx, self.options.batch_tokens or 8 * self.max_ctx))
 
-    def infer_local(self, examples: list[dict]) -> list[Grade]:
+    def infer_local(self, examples: list[JsonObject]) -> list[Grade]:
         key = (self.engine, self.heads_dir, json.dumps(self.calibration, sort_keys=True), self.max_ctx)
         grader = _GRADERS.get(key)
         if grader is None:
@@ -152,13 +158,13 @@ class GradeTask(Task):
                                                  engine=cached_engine(self.engine))
         return grader.grade([e["tokens"] for e in examples])
 
-    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
+    def record(self, doc_id: str, meta: JsonObject, inference: Mapping[str, Any]) -> JsonObject:
         return {"doc_id": doc_id, "scores": dict(zip(DIMENSIONS, inference["scores"])),
                 "aggregated": inference["aggregated"], "probe_aggregated": inference["probe_aggregated"],
                 "judged": inference["judged"], "decision": inference["decision"],
                 "prompt_tokens": inference["prompt_tokens"]}
 
-    def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
+    def merge(self, rows: Iterator[JsonObject], ctx: UnitContext) -> dict[str, float]:
         stats: dict[str, float] = {"documents": 0, "drop": 0, "band": 0, "keep": 0, "errors": 0, "judged": 0}
         with ctx.open_write(ctx.output_path("quality_scores.jsonl")) as f:
             for row in rows:
@@ -176,10 +182,10 @@ class GradeTask(Task):
         ctx.write_bytes(ctx.output_path("summary.json"), json.dumps(stats, indent=1).encode())
         return stats
 
-    def progress(self, stats: dict, seconds: float) -> str:
+    def progress(self, stats: Mapping[str, Any], seconds: float) -> str:
         docs = stats.get("documents", 0)
         per_s = rate(docs, seconds, "docs")
         return f"{docs:,.0f} docs" + (f", {per_s}" if per_s else "")
 
 
-_GRADERS: dict = {}
+_GRADERS: dict[tuple[EngineSettings, str, str, int], HydraGrader] = {}

@@ -17,12 +17,16 @@ Checkpoint files (``torch.save``): ``hydra_probe.pt`` / ``hydra_judge.pt`` =
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
+
+from refinery.transforms.hydra.oracle import DIMENSIONS
+from refinery.transforms.io import storage
 
 NUM_SCORES = 5
 
@@ -45,7 +49,8 @@ class ProbeHead(nn.Module):
         self.linear = nn.Linear(hidden_size, NUM_SCORES)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.linear(pooled.float())
+        scores: torch.Tensor = self.linear(pooled.float())
+        return scores
 
 
 class JudgeHead(nn.Module):
@@ -75,7 +80,8 @@ class JudgeHead(nn.Module):
             mask = torch.ones(b, t, dtype=torch.bool, device=states.device)
         pad = ~torch.cat([torch.ones(b, 1, dtype=torch.bool, device=states.device), mask], dim=1)
         y = self.encoder(x, src_key_padding_mask=pad)
-        return self.head(y[:, 0])
+        scores: torch.Tensor = self.head(y[:, 0])
+        return scores
 
 
 def judge_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -105,14 +111,15 @@ class TrainConfig:
     seed: int = 0
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig, total_steps: int):
+def _optimizer(model: nn.Module, cfg: TrainConfig, total_steps: int
+               ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, min(cfg.warmup_steps, total_steps // 5))  # short runs: warm up over 20% of the steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
     return opt, sched
 
 
-def _batches(n: int, batch_size: int, epochs: int, seed: int):
+def _batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[list[int]]:
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(n, generator=g).tolist()
@@ -120,10 +127,11 @@ def _batches(n: int, batch_size: int, epochs: int, seed: int):
             yield order[i:i + batch_size]
 
 
-def _step(head: nn.Module, opt, sched, loss: torch.Tensor, clip: float) -> float:
+def _step(head: nn.Module, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
+          loss: torch.Tensor, clip: float) -> float:
     """One optimizer step: backward, grad-norm clip, AdamW and warmup schedule; returns the loss."""
     opt.zero_grad()
-    loss.backward()
+    torch.autograd.backward(loss)  # loss.backward(), typed
     nn.utils.clip_grad_norm_(head.parameters(), clip)
     opt.step()
     sched.step()
@@ -160,23 +168,16 @@ def train_judge(states: Sequence[torch.Tensor], targets: torch.Tensor, cfg: Trai
     return head.eval(), losses
 
 
-def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict) -> None:
-    from refinery.transforms.hydra.oracle import DIMENSIONS
-    from refinery.transforms.io import storage
-
+def save_head(path: str, head: nn.Module, kind: str, layer: int, train: dict[str, Any]) -> None:
     blob = {"kind": kind, "layer": int(layer), "hidden_size": head.hidden_size,
             "mid_dim": getattr(head, "mid_dim", None), "heads": getattr(head, "heads", None),
             "state_dict": head.state_dict(), "dimensions": list(DIMENSIONS), "train": train}
-    import io
     buf = io.BytesIO()
     torch.save(blob, buf)
     storage.atomic_write_bytes(path, buf.getvalue())
 
 
-def load_head(path: str) -> tuple[nn.Module, dict]:
-    import io
-
-    from refinery.transforms.io import storage
+def load_head(path: str) -> tuple[nn.Module, dict[str, Any]]:
     try:
         blob = torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -192,5 +193,5 @@ def load_head(path: str) -> tuple[nn.Module, dict]:
     return head.eval(), blob
 
 
-def train_config_dict(cfg: TrainConfig) -> dict:
+def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return asdict(cfg)

@@ -24,8 +24,11 @@ import re
 from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
-from refinery.transforms.inference.handler import GenerationParams
-from refinery.transforms.inference.stages import GenerateTask, UnitContext
+from refinery.transforms.formats.harmony import RETURN_TOKEN, parse_final
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.inference.handler import EngineSettings, GenerationParams
+from refinery.transforms.inference.stages import GenerateTask, HandlerOptions, JsonObject
+from refinery.transforms.resumable import UnitContext
 
 DIMENSIONS = ("helpfulness", "correctness", "coherence", "complexity", "density")
 
@@ -117,9 +120,6 @@ def json_answer_choices() -> tuple[tuple[int, ...], ...]:
     """The constrained oracle answer, one allowed-token set per generated token:
     ``<|channel|>final<|message|>{"helpfulness": D, "correctness": D, ...}<|return|>`` where
     every position is forced (one token) except each score D, one of the tokens ``0``..``4``."""
-    from refinery.transforms.formats.harmony import RETURN_TOKEN
-    from refinery.transforms.formats.tiktoken_vocab import get_encoding
-
     enc = get_encoding()
     digits = tuple(enc.encode_single_token(d) for d in SCORE_DIGITS)
     steps: list[tuple[int, ...]] = [(t,) for t in enc.encode("<|channel|>final<|message|>", allowed_special="all")]
@@ -133,8 +133,6 @@ def json_answer_choices() -> tuple[tuple[int, ...], ...]:
 
 def parse_oracle_tokens(tokens: Sequence[int]) -> tuple[dict[str, float] | None, str | None, str | None]:
     """(scores, error, final text) for a completion's tokens: the final channel only."""
-    from refinery.transforms.formats.harmony import parse_final
-
     final = parse_final(tokens)
     scores, error = parse_scores(final)
     return scores, error, final
@@ -145,7 +143,8 @@ class OracleTask(GenerateTask):
 
     name = "oracle"
 
-    def __init__(self, engine, params: GenerationParams, handler_options=None, constrained_json: bool = False):
+    def __init__(self, engine: EngineSettings, params: GenerationParams, handler_options: HandlerOptions | None = None,
+                 constrained_json: bool = False) -> None:
         if constrained_json:
             choices = json_answer_choices()
             if params.max_tokens < len(choices):
@@ -156,14 +155,14 @@ class OracleTask(GenerateTask):
         self.template = dict(ORACLE_TEMPLATE)
         self.template_name = "oracle"
 
-    def record(self, doc_id: str, meta: dict, inference: Mapping[str, Any]) -> dict:
+    def record(self, doc_id: str, meta: JsonObject, inference: Mapping[str, Any]) -> JsonObject:
         scores, error, final = parse_oracle_tokens(inference["tokens"])
         return {"doc_id": doc_id, "scores": scores, "error": error,
                 "final": final if error else None, "finish_reason": inference["finish_reason"],
                 "prompt_tokens": inference["prompt_tokens"], "generated_tokens": inference["generated_tokens"],
                 "truncated_tokens": meta["truncated_tokens"]}
 
-    def merge(self, rows: Iterator[dict], ctx: UnitContext) -> dict:
+    def merge(self, rows: Iterator[JsonObject], ctx: UnitContext) -> dict[str, float]:
         stats: dict[str, float] = {"documents": 0, "parsed": 0, "failed": 0, "unreadable": 0, "generated_tokens": 0}
         with ctx.open_write(ctx.output_path("labels.jsonl")) as labels, \
                 ctx.open_write(ctx.output_path("failures.jsonl")) as failures:

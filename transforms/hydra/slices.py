@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from refinery.transforms.formats.docids import find_shards, shard_doc_ids
 from refinery.transforms.io import storage
@@ -30,26 +31,26 @@ class SlicesStage(Stage):
     light = True
     final_outputs = True
 
-    def __init__(self, data_root: str):
+    def __init__(self, data_root: str) -> None:
         self.data_root = data_root.rstrip("/")
         self.shards = find_shards(self.data_root)
         if not self.shards:
             raise storage.InputError(f"{data_root}: no .npy/.idx shards found")
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return {"format": 1, "rule": "md5[:8] % 100: <80 train, <90 val, else test"}
 
-    def fingerprints(self) -> list:
+    def fingerprints(self) -> list[dict[str, Any]]:
         out = []
         for _, rel in self.shards:
             path = storage.join(self.data_root, rel[: -len(".npy")] + ".idx")
             out.append({"path": rel, "idx_bytes": storage.file_size(path), "idx_sha256": storage.sha256_file(path)})
         return out
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[dict[str, Any]]]:
         return [Unit("slices", {})]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[dict[str, Any]], ctx: UnitContext) -> dict[str, int]:
         rows: dict[str, list[bytes]] = {s: [] for s in SPLITS}
         for source, rel in self.shards:
             for doc_id in shard_doc_ids(self.data_root, source, rel):

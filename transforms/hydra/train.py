@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -40,12 +41,11 @@ class HeadJob:
     layer: int
     max_ctx: int = 4096
     mid_dim: int = 256
-    train: TrainConfig = None  # type: ignore[assignment]
+    train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in ("probe", "judge"):
             raise ValueError(f"unknown head {self.kind!r} (probe or judge)")
-        self.train = self.train or TrainConfig()
 
 
 def backbone_features(engine: GptOssEngine, data_root: str, doc_ids: list[str], layer: int, max_ctx: int,
@@ -65,7 +65,7 @@ def backbone_features(engine: GptOssEngine, data_root: str, doc_ids: list[str], 
     return out
 
 
-def run_head_job(job: HeadJob, engine_settings: EngineSettings, progress: bool = True) -> dict:
+def run_head_job(job: HeadJob, engine_settings: EngineSettings, progress: bool = True) -> dict[str, Any]:
     engine = cached_engine(engine_settings)
     validate_layers([job.layer], engine.info()["num_hidden_layers"])
     doc_ids, scores = read_labels(job.labels)
@@ -79,7 +79,7 @@ def run_head_job(job: HeadJob, engine_settings: EngineSettings, progress: bool =
         head, losses = train_probe(torch.stack(feats), targets, job.train)
     else:
         head, losses = train_judge(feats, targets, job.train, mid_dim=job.mid_dim)
-    summary = {"kind": job.kind, "layer": job.layer, "documents": len(doc_ids), "steps": len(losses),
+    summary: dict[str, Any] = {"kind": job.kind, "layer": job.layer, "documents": len(doc_ids), "steps": len(losses),
                "first_loss": losses[0], "last_loss": losses[-1], "train_seconds": time.time() - t0,
                "config": train_config_dict(job.train), "mid_dim": job.mid_dim if job.kind == "judge" else None,
                "checkpoint": engine_settings.checkpoint, "max_ctx": job.max_ctx}

@@ -24,10 +24,22 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import stat
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypedDict
+
+from refinery.transforms.formats.harmony import parse_final, render_prompt
+from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.io.beam_private import secure_shared_models, shared_models_setting
+
+if TYPE_CHECKING:  # the engine's modules import torch: its methods import them when they run
+    import torch
+
+    from refinery.kernels.batching import BatchedGenerator
+    from refinery.kernels.model import Transformer
 
 METRICS_NAMESPACE = "refinery_inference"
 
@@ -44,7 +56,7 @@ class EngineSettings:
     block_size: int = 16
     prefill_chunk: int = 512
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -58,7 +70,7 @@ class GenerationParams:
     # empty = unconstrained. See refinery.transforms.hydra.oracle.json_answer_choices.
     choices: tuple[tuple[int, ...], ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {**asdict(self), "stop_tokens": list(self.stop_tokens)}
         if self.choices:
             d["choices"] = [list(c) for c in self.choices]
@@ -79,8 +91,6 @@ def prompt_tokens(example: Any) -> list[int]:
         if "tokens" in example:
             return [int(t) for t in example["tokens"]]
         if "messages" in example:
-            from refinery.transforms.formats.harmony import render_prompt
-
             return render_prompt(list(example["messages"]))
         raise ValueError(f"example has neither 'tokens' nor 'messages': keys {sorted(example)}")
     if isinstance(example, (list, tuple)):
@@ -105,8 +115,6 @@ def example_length(element: Any) -> int:
 
 def decode(tokens: Sequence[int]) -> str:
     """o200k_harmony text of tokens (special tokens spelled out)."""
-    from refinery.transforms.formats.tiktoken_vocab import get_encoding
-
     return get_encoding().decode([int(t) for t in tokens])
 
 
@@ -114,12 +122,12 @@ def decode(tokens: Sequence[int]) -> str:
 # Sampling (torch, imported lazily)
 # ---------------------------------------------------------------------------------------
 
-def sample_rows(logits, temperature: float, generators: Sequence) -> list[int]:
+def sample_rows(logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator]) -> list[int]:
     """One token per row of ``logits [B, V]``: greedy for ``temperature <= 0``, else an
     inverse-CDF draw with row ``b``'s own ``generators[b]`` (one uniform per token), so a
     sequence's draws depend only on its own seed and its own logits. Computed where the
     logits are (:func:`refinery.kernels.sampling.sample_rows`: only the uniforms cross)."""
-    from refinery.kernels.sampling import sample_rows as on_logits_device
+    from refinery.kernels.sampling import sample_rows as on_logits_device  # lazy: torch
 
     return on_logits_device(logits, temperature, generators)
 
@@ -133,29 +141,29 @@ class GptOssEngine:
     shared across processes through Beam); every public method takes and returns plain,
     picklable Python values (the handler may call it through a cross-process proxy)."""
 
-    def __init__(self, settings: EngineSettings):
-        import torch
+    def __init__(self, settings: EngineSettings) -> None:
+        import torch  # lazy: torch (this module is read without it)
 
-        from refinery.kernels.model import Transformer
+        from refinery.kernels.model import Transformer  # lazy: torch
 
         if settings.dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {settings.dtype!r} (use one of {sorted(_DTYPES)})")
         self.settings = settings
         dtype = getattr(torch, _DTYPES[settings.dtype])
         t0 = time.perf_counter()
-        self.model = Transformer.from_checkpoint(settings.checkpoint, device=settings.device, dtype=dtype)
+        self.model: Transformer = Transformer.from_checkpoint(settings.checkpoint, device=settings.device, dtype=dtype)
         self.load_seconds = time.perf_counter() - t0
         self._reset()
         self._lock = threading.Lock()  # one batch at a time (threads of a shared model)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         c = self.model.config
         return {"num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
                 "vocab_size": c.vocab_size, "load_seconds": self.load_seconds, **self.settings.to_dict()}
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_tokens: int,
                  temperature: float = 0.0, stop_tokens: Iterable[int] = (),
-                 choices: Sequence[Sequence[int]] = ()) -> list[dict]:
+                 choices: Sequence[Sequence[int]] = ()) -> list[EngineOutput]:
         """Generate for every prompt in one continuous batch; results in prompt order:
         ``{tokens, finish_reason: stop|length|context}`` (a stop token is kept as the last token).
         ``choices``: constrained decoding, generated token ``i`` is drawn among ``choices[i]``
@@ -165,32 +173,36 @@ class GptOssEngine:
         with self._lock:
             if not self.generator.idle:
                 raise RuntimeError("engine generator is busy")
-            prompts = [[int(t) for t in p] for p in prompts]
-            for i, prompt in enumerate(prompts):
+            token_lists = [[int(t) for t in p] for p in prompts]
+            for i, prompt in enumerate(token_lists):
                 if not 0 < len(prompt) < limit:
                     raise ValueError(f"prompt {i} has {len(prompt)} tokens; it must have 1 to {limit - 1} "
                                      f"(max_seq_len {limit})")
             try:
-                return self._generate(prompts, seeds, max_tokens, temperature, stops,
+                return self._generate(token_lists, seeds, max_tokens, temperature, stops,
                                       [tuple(int(t) for t in c) for c in choices])
             except BaseException:
                 self._reset()  # a half-run batch must not leak into the next one
                 raise
 
     def _reset(self) -> None:
-        from refinery.kernels.batching import BatchedGenerator
+        from refinery.kernels.batching import BatchedGenerator  # lazy: torch
 
         s = self.settings
-        self.generator = BatchedGenerator(self.model, max_seq_len=s.max_seq_len, max_batch=s.max_batch,
-                                          block_size=s.block_size, prefill_chunk=s.prefill_chunk)
+        self.generator: BatchedGenerator = BatchedGenerator(
+            self.model, max_seq_len=s.max_seq_len, max_batch=s.max_batch, block_size=s.block_size,
+            prefill_chunk=s.prefill_chunk)
 
-    def _generate(self, prompts, seeds, max_tokens, temperature, stops, choices) -> list[dict]:
-        import torch
+    def _generate(self, prompts: list[list[int]], seeds: Sequence[int], max_tokens: int, temperature: float,
+                  stops: set[int], choices: list[tuple[int, ...]]) -> list[EngineOutput]:
+        import torch  # lazy: torch
 
-        from refinery.kernels.sampling import constrain_logits
+        from refinery.kernels.sampling import constrain_logits  # lazy: torch
 
         gen, limit = self.generator, self.settings.max_seq_len
-        ids, budgets, rngs = [], {}, {}
+        ids: list[int] = []
+        budgets: dict[int, int] = {}
+        rngs: dict[int, torch.Generator] = {}
         for prompt, seed in zip(prompts, seeds):
             sid = gen.add(prompt, max_tokens)
             ids.append(sid)
@@ -216,13 +228,13 @@ class GptOssEngine:
                 elif len(out[sid]) >= budgets[sid]:
                     reason[sid] = "context"
                 gen.update(sid, token, finished=sid in reason)
-        return [{"tokens": out[i], "finish_reason": reason.get(i, "length")} for i in ids]
+        return [EngineOutput(tokens=out[i], finish_reason=reason.get(i, "length")) for i in ids]
 
     def hidden_states(self, prompts: Sequence[Sequence[int]], layers: Sequence[int],
                       max_tokens: int | None = None) -> list[dict[int, Any]]:
         """Per prompt, ``{layer: float32 numpy [T, hidden]}`` (residual stream after ``layer``
         blocks; prompts cut to their first ``max_tokens``)."""
-        import torch
+        import torch  # lazy: torch
 
         validate_layers(layers, self.model.config.num_hidden_layers)
         out = []
@@ -255,6 +267,13 @@ def cached_engine(settings: EngineSettings) -> GptOssEngine:
         return engine
 
 
+class EngineOutput(TypedDict):
+    """What :meth:`GptOssEngine.generate` made of one prompt."""
+
+    tokens: list[int]  # generated token ids, the stop token kept last when one ended it
+    finish_reason: str  # "stop", "length" or "context"
+
+
 class Generation(TypedDict):
     """What the engine made of one example (a ``PredictionResult``'s ``inference``)."""
 
@@ -266,10 +285,8 @@ class Generation(TypedDict):
     generated_tokens: int
 
 
-def run_generation(engine, batch: Sequence[Any], params: GenerationParams) -> list[Generation]:
+def run_generation(engine: GptOssEngine, batch: Sequence[Any], params: GenerationParams) -> list[Generation]:
     """The generations of a batch of examples (the body of the handler's ``run_inference``)."""
-    from refinery.transforms.formats.harmony import parse_final
-
     prompts = [prompt_tokens(e) for e in batch]
     seeds = [example_seed(e, params.seed) for e in batch]
     constrained = {"choices": [list(c) for c in params.choices]} if params.choices else {}
@@ -295,9 +312,9 @@ class BatchingOptions:
 
     max_seq_len: int = 4096
     batch_tokens: int = 8192
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, Any]:
         low = max(1, self.max_seq_len)
         return {"min_batch_size": low, "max_batch_size": max(low, self.batch_tokens),
                 "element_size_fn": example_length, **self.extra}
@@ -321,16 +338,12 @@ def sharing_secret() -> bytes:
 
 def sharing_folder_path(secret: bytes) -> str:
     """Where :func:`sharing_folder` is: ``$TMPDIR/refinery-mps-UID-HASH`` (not made here)."""
-    import tempfile
-
     return os.path.join(tempfile.gettempdir(), f"refinery-mps-{os.getuid()}-{hashlib.sha256(secret).hexdigest()[:16]}")
 
 
 def sharing_folder(secret: bytes) -> str:
     """The private folder of one run's shared-model server: ``$TMPDIR/refinery-mps-UID-HASH``,
     mode 0700, owned by this user (refused otherwise: another user made it)."""
-    import stat
-
     folder = sharing_folder_path(secret)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     st = os.lstat(folder)
@@ -350,8 +363,6 @@ def secure_model_sharing(secret: bytes) -> str:
     travels inside the pickled handler), before RunInference starts or reaches the server
     (the handler's ``set_environment_vars``); calling it again changes nothing. Returns the
     folder."""
-    from refinery.transforms.io.beam_private import secure_shared_models
-
     folder = sharing_folder(secret)
     secure_shared_models(secret, folder)
     return folder
@@ -360,6 +371,4 @@ def secure_model_sharing(secret: bytes) -> str:
 def sharing_is_secured(secret: bytes) -> bool:
     """Whether this process's shared-model server is the one :func:`secure_model_sharing` made
     private with ``secret`` (its key, and a folder named after it)."""
-    from refinery.transforms.io.beam_private import shared_models_setting
-
     return shared_models_setting() == (secret, sharing_folder_path(secret))

@@ -10,9 +10,10 @@ engine, its settings and the sampling are in :mod:`.handler`, which imports neit
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypedDict, TypeVar
 
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
+from apache_beam.metrics.metricbase import Counter, Distribution
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 
 from refinery.transforms.inference.handler import (
@@ -31,12 +32,24 @@ from refinery.transforms.inference.handler import (
 DEFAULT_PARAMS = GenerationParams()  # frozen: one shared default is safe
 
 
-class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
-    """RunInference handler for the gpt-oss engine.
+class HandlerMetrics(TypedDict):
+    """The handler's Beam metrics (namespace :data:`METRICS_NAMESPACE`)."""
 
-    Input: examples (token list, ``{"tokens"}`` or ``{"messages"}``, optional ``"seed"``).
-    Output: ``PredictionResult(example, inference)``, inference a :class:`Generation`
-    ``{tokens, text, final, finish_reason, prompt_tokens, generated_tokens}``.
+    prompts: Counter
+    prompt_tokens: Counter
+    generated_tokens: Counter
+    tokens_per_second: Distribution
+    batch_size: Distribution
+
+
+Model = TypeVar("Model")
+"""What a handler's RunInference holds: the engine, or a model over it (HYDRA's grader)."""
+
+
+class EngineModelHandler(ModelHandler[Any, PredictionResult, Model], Generic[Model]):
+    """RunInference handler for a model over the gpt-oss engine: the :class:`GptOssModelHandler`
+    without its model (:meth:`build_model`) and what it does with a batch (:meth:`infer`),
+    which subclasses give.
 
     ``share_across_processes`` (default True): the engine is loaded once per machine (one
     per accelerator) and served to every worker process; ``model_copies`` engines are
@@ -50,6 +63,14 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
     engine's continuous batching runs inside each batch.
     """
 
+    def build_model(self) -> Model:
+        """The model RunInference holds (subclasses load theirs)."""
+        raise NotImplementedError
+
+    def infer(self, batch: Sequence[Any], model: Model) -> Sequence[Mapping[str, Any]]:
+        """The inference of each example of ``batch``."""
+        raise NotImplementedError
+
     def __init__(self, settings: EngineSettings, params: GenerationParams = DEFAULT_PARAMS,
                  *, share_across_processes: bool = True, model_copies: int | None = None,
                  batching: BatchingOptions | None = None):
@@ -60,24 +81,21 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
         self._model_copies = model_copies
         self._sharing_secret = sharing_secret()  # pickled with the handler: known to this run's workers only
         self.batching = batching or BatchingOptions(settings.max_seq_len, max(1, settings.max_batch) * 512)
-        self._counters = None
+        self._counters: HandlerMetrics | None = None
 
     def set_environment_vars(self) -> None:
         """Beam's per-worker setup (``_RunInferenceDoFn.setup`` calls it first, before it starts
         or connects to a shared-model server): makes the sharing private to this run, once per
         process (:func:`secure_model_sharing`; the model server's key and folder are fixed
         when it starts, before :meth:`load_model` runs in it)."""
-        super().set_environment_vars()
+        beams_setup: Callable[[], None] = super().set_environment_vars  # Beam's (untyped): the env vars it was given
+        beams_setup()
         if self._share_across_processes:
             secure_model_sharing(self._sharing_secret)
 
-    def load_model(self) -> GptOssEngine:
+    def load_model(self) -> Model:
         self.check_sharing()
         return self.build_model()
-
-    def build_model(self) -> GptOssEngine:
-        """The model RunInference holds (subclasses load theirs)."""
-        return GptOssEngine(self.settings)
 
     def check_sharing(self) -> None:
         """Raise unless this process's shared-model server is this run's (when the model is shared):
@@ -99,23 +117,19 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
     def get_metrics_namespace(self) -> str:
         return METRICS_NAMESPACE
 
-    def _metrics(self):
+    def _metrics(self) -> HandlerMetrics:
         if self._counters is None:
             ns = METRICS_NAMESPACE
-            self._counters = {
-                "prompts": Metrics.counter(ns, "prompts"),
-                "prompt_tokens": Metrics.counter(ns, "prompt_tokens"),
-                "generated_tokens": Metrics.counter(ns, "generated_tokens"),
-                "tokens_per_second": Metrics.distribution(ns, "generated_tokens_per_second"),
-                "batch_size": Metrics.distribution(ns, "batch_size"),
-            }
+            self._counters = HandlerMetrics(
+                prompts=Metrics.counter(ns, "prompts"),
+                prompt_tokens=Metrics.counter(ns, "prompt_tokens"),
+                generated_tokens=Metrics.counter(ns, "generated_tokens"),
+                tokens_per_second=Metrics.distribution(ns, "generated_tokens_per_second"),
+                batch_size=Metrics.distribution(ns, "batch_size"),
+            )
         return self._counters
 
-    def infer(self, batch: Sequence[Any], model: GptOssEngine) -> Sequence[Mapping[str, Any]]:
-        """The inference of each example of ``batch`` (subclasses grade instead of generate)."""
-        return run_generation(model, batch, self.params)
-
-    def run_inference(self, batch: Sequence[Any], model: GptOssEngine, inference_args=None
+    def run_inference(self, batch: Sequence[Any], model: Model, inference_args: dict[str, Any] | None = None
                       ) -> Iterable[PredictionResult]:
         t0 = time.perf_counter()
         results = self.infer(batch, model)
@@ -129,26 +143,41 @@ class GptOssModelHandler(ModelHandler[Any, PredictionResult, GptOssEngine]):
         m["batch_size"].update(len(batch))
         return [PredictionResult(e, r, self.settings.checkpoint) for e, r in zip(batch, results)]
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_counters"] = None
         return state
 
 
-class KeyedGptOssModelHandler(KeyedModelHandler):
+class GptOssModelHandler(EngineModelHandler[GptOssEngine]):
+    """RunInference handler for the gpt-oss engine (see :class:`EngineModelHandler`).
+
+    Input: examples (token list, ``{"tokens"}`` or ``{"messages"}``, optional ``"seed"``).
+    Output: ``PredictionResult(example, inference)``, inference a :class:`Generation`
+    ``{tokens, text, final, finish_reason, prompt_tokens, generated_tokens}``."""
+
+    def build_model(self) -> GptOssEngine:
+        return GptOssEngine(self.settings)
+
+    def infer(self, batch: Sequence[Any], model: GptOssEngine) -> Sequence[Mapping[str, Any]]:
+        return run_generation(model, batch, self.params)
+
+
+class KeyedGptOssModelHandler(KeyedModelHandler[Any, Any, PredictionResult, Any]):
     """Beam's ``KeyedModelHandler`` over one :class:`GptOssModelHandler` that also passes the
     worker setup (:meth:`GptOssModelHandler.set_environment_vars`) on to it, which Beam's does
     not. Input: ``(key, example)``; output: ``(key, PredictionResult)``. ``on_batch`` (picklable),
     when given, is called with each batch's results as it is done."""
 
-    def __init__(self, unkeyed: GptOssModelHandler, on_batch: Callable[[Sequence[tuple[Any, PredictionResult]]], None]
-                 | None = None):
+    def __init__(self, unkeyed: EngineModelHandler[Any],
+                 on_batch: Callable[[Sequence[tuple[Any, PredictionResult]]], None] | None = None) -> None:
         super().__init__(unkeyed)
         self.unkeyed = unkeyed
         self.on_batch = on_batch  # told each batch's results as they come (progress while a long unit runs)
 
     def set_environment_vars(self) -> None:
-        super().set_environment_vars()
+        beams_setup: Callable[[], None] = super().set_environment_vars  # Beam's (untyped): the env vars it was given
+        beams_setup()
         self.unkeyed.set_environment_vars()
 
     def run_inference(self, batch: Sequence[tuple[Any, Any]], model: Any,
