@@ -48,7 +48,7 @@ class BatchedGenerator:
 
     def __init__(
         self,
-        checkpoint_or_model: "str | os.PathLike | Transformer",
+        checkpoint_or_model: "str | os.PathLike[str] | Transformer",
         max_seq_len: int = 4096,
         max_batch: int = 16,
         device: torch.device | str | None = None,

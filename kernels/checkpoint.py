@@ -50,7 +50,7 @@ _HF_TOP_NAMES = {
 _QKV = re.compile(r"self_attn\.([qkv])_proj\.(weight|bias)")
 
 
-def checkpoint_files(path: str | os.PathLike) -> tuple[str, Path, list[Path]]:
+def checkpoint_files(path: str | os.PathLike[str]) -> tuple[str, Path, list[Path]]:
     """(layout, folder, safetensors files) of a checkpoint folder."""
     folder = Path(path)
     index = folder / "model.safetensors.index.json"
@@ -88,7 +88,7 @@ def _original_name(key: str) -> str:
     return re.sub(r"\.(mlp[12])_weight\.(blocks|scales)$", r".\1_\2", key)
 
 
-def iter_checkpoint(path: str | os.PathLike, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(path: str | os.PathLike[str], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(engine name, tensor)`` pairs, tensors as stored (dtype unchanged)."""
     layout, _, files = checkpoint_files(path)
     if layout == ORIGINAL:

@@ -158,7 +158,7 @@ def is_hf_config(raw: dict[str, Any]) -> bool:
     return "model_type" in raw or "num_local_experts" in raw or "architectures" in raw
 
 
-def load_config(path: str | os.PathLike) -> ModelConfig:
+def load_config(path: str | os.PathLike[str]) -> ModelConfig:
     """Read ``config.json`` from a checkpoint folder (either layout)."""
     path = Path(path)
     if path.is_dir():

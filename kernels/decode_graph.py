@@ -62,7 +62,8 @@ class DecodeGraphs:
             entry[0].replay()
             self.replays += 1
             return entry[1]
-        side = torch.cuda.Stream()
+        new_stream: Callable[[], torch.cuda.Stream] = torch.cuda.Stream  # torch's, unannotated
+        side = new_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):

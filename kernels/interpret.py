@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .ops import Kernels
+from . import ops
+from .ops import Kernels
 
 KERNEL_MODULES = ("triton_moe", "triton_attention", "triton_norm", "triton_rope")
 
@@ -35,8 +35,6 @@ def interpreted_triton_kernels() -> Kernels:
             for attr, value in list(vars(module).items()):
                 if isinstance(value, JITFunction):
                     setattr(module, attr, InterpretedFunction(value.fn))
-
-    from . import ops
 
     # dependencies first: triton_attention imports names from triton_moe
     for short in KERNEL_MODULES:

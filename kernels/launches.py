@@ -20,10 +20,24 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from .triton_jit import Grid, TritonKernel
+
+if TYPE_CHECKING:
+    class _DispatchMode:
+        """What this module uses of torch's ``TorchDispatchMode``, typed (torch's is unannotated)."""
+
+        def __init__(self) -> None: ...
+
+        def __enter__(self) -> LaunchCounter: ...
+
+        def __exit__(self, *exc: object) -> None: ...
+else:
+    _DispatchMode = TorchDispatchMode
 
 # Operators that launch no kernel: allocation, aliasing and metadata.
 _NO_LAUNCH = {
@@ -37,7 +51,7 @@ _SYNC = {"_local_scalar_dense", "equal", "is_nonzero"}
 _ACTIVE: list["LaunchCounter"] = []
 
 
-class LaunchCounter(TorchDispatchMode):
+class LaunchCounter(_DispatchMode):
     """Counts launches while active (a context manager; nesting is allowed)."""
 
     def __init__(self) -> None:
@@ -56,11 +70,12 @@ class LaunchCounter(TorchDispatchMode):
         _ACTIVE.append(self)
         return super().__enter__()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         _ACTIVE.remove(self)
         return super().__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Sequence[type], args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         name = func.overloadpacket.__name__
         if name in _SYNC:
             self.syncs += 1
@@ -78,7 +93,7 @@ class LaunchCounter(TorchDispatchMode):
                 "by_name": dict(sorted(self.by_name.items()))}
 
 
-def launch(kernel: Any, grid: tuple[int, ...] | Callable, *args: Any, **kwargs: Any) -> Any:
+def launch(kernel: TritonKernel, grid: Grid, *args: Any, **kwargs: Any) -> object:
     """``kernel[grid](*args, **kwargs)``, tallied by every active :class:`LaunchCounter`.
 
     The launch itself runs with the counters' dispatch modes switched off: under the
@@ -107,10 +122,10 @@ def per_layer(model: torch.nn.Module, fn: Callable[[], Any]) -> tuple[Any, Launc
     counter = LaunchCounter()
     starts: dict[int, int] = {}
 
-    def before(module, _args):
+    def before(module: torch.nn.Module, _args: object) -> None:
         starts[id(module)] = counter.total
 
-    def after(module, _args, _out):
+    def after(module: torch.nn.Module, _args: object, _out: object) -> None:
         layer_counts.append(counter.total - starts.pop(id(module)))
 
     hooks = []

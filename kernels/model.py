@@ -69,7 +69,8 @@ class Residual:
     def normed(self, norm: RMSNorm) -> torch.Tensor:
         """``norm(x)``, first adding the pending output into ``x``."""
         if self.delta is None:
-            return norm(self.x)
+            normed: torch.Tensor = norm(self.x)
+            return normed
         self.x, t = norm.add_forward(self.x, self.delta)
         self.delta = None
         return t
@@ -167,7 +168,8 @@ class AttentionBlock(nn.Module):
                 q, k_pool, v_pool, self.sinks, view.block_table, view.query_start, view.seq_lens,
                 self.window, self.sm_scale,
             )
-        return self.out(o.reshape(n, self.n_heads * d))
+        out: torch.Tensor = self.out(o.reshape(n, self.n_heads * d))
+        return out
 
 
 class MLPBlock(nn.Module):
@@ -262,7 +264,7 @@ class Transformer(nn.Module):
     @classmethod
     def from_checkpoint(
         cls,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
         kernels: ops.Kernels | None = None,
@@ -336,11 +338,13 @@ class Transformer(nn.Module):
             _, hidden = self._run(tokens, positions, None, max(keep, default=0), keep)
             return hidden
         stream, _ = self._run(tokens, positions, None, self.config.num_hidden_layers, set())
-        return self.unembedding(stream.normed(self.norm))
+        logits: torch.Tensor = self.unembedding(stream.normed(self.norm))
+        return logits
 
     def hidden_states(self, tokens: torch.Tensor, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """Shorthand for ``model(tokens, return_hidden=layers)``."""
-        return self(tokens, return_hidden=layers)
+        hidden: dict[int, torch.Tensor] = self(tokens, return_hidden=layers)
+        return hidden
 
     @torch.inference_mode()
     def forward_step(
@@ -352,4 +356,5 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """A packed multi-sequence step through the paged cache; logits of ``logit_rows`` only."""
         stream, _ = self._run(tokens, positions, step, self.config.num_hidden_layers, set())
-        return self.unembedding(stream.rows(logit_rows).normed(self.norm))
+        logits: torch.Tensor = self.unembedding(stream.rows(logit_rows).normed(self.norm))
+        return logits

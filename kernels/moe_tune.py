@@ -21,7 +21,7 @@ import json
 import os
 import time
 from dataclasses import asdict
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -45,7 +45,7 @@ def _problem(n: int, hidden: int, inter: int, num_experts: int, topk: int, devic
              dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Experts]:
     g = torch.Generator(device=device).manual_seed(seed)
 
-    def u8(*shape, lo=0, hi=256):
+    def u8(*shape: int, lo: int = 0, hi: int = 256) -> torch.Tensor:
         return torch.randint(lo, hi, shape, generator=g, device=device, dtype=torch.int32).to(torch.uint8)
 
     x = (torch.randn(n, hidden, generator=g, device=device) * 0.5).to(dtype)
@@ -60,17 +60,18 @@ def _problem(n: int, hidden: int, inter: int, num_experts: int, topk: int, devic
     return x, idx, w, experts
 
 
-def _time(fn, device: torch.device, repeats: int) -> float:
+def _time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     fn()  # compile
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timing_event: Callable[..., torch.cuda.Event] = torch.cuda.Event  # torch's, unannotated
+        start, end = timing_event(enable_timing=True), timing_event(enable_timing=True)
         start.record()
         for _ in range(repeats):
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeats
+        return float(start.elapsed_time(end)) / 1e3 / repeats
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
@@ -79,13 +80,13 @@ def _time(fn, device: torch.device, repeats: int) -> float:
 
 def sweep(hidden: int, inter: int, num_experts: int, topk: int, token_counts: Iterable[int],
           configs: list[MoEConfig] | None = None, device: torch.device | str = "cuda",
-          dtype: torch.dtype = torch.bfloat16, repeats: int = 20, seed: int = 0) -> list[dict]:
+          dtype: torch.dtype = torch.bfloat16, repeats: int = 20, seed: int = 0) -> list[dict[str, Any]]:
     """The fastest config per rows-per-expert bucket (entries for ``load_tuned_configs``, each
     with its time and the heuristic's time for comparison). A candidate that fails to compile
     or launch, or disagrees with the heuristic's output, is skipped."""
     device = torch.device(device)
     configs = configs if configs is not None else candidates()
-    best: dict[int, dict] = {}
+    best: dict[int, dict[str, Any]] = {}
     for n in token_counts:
         bucket = triton_moe.rows_per_expert_bucket(n, topk, num_experts)
         x, idx, w, experts = _problem(n, hidden, inter, num_experts, topk, device, dtype, seed + n)
@@ -111,7 +112,7 @@ def sweep(hidden: int, inter: int, num_experts: int, topk: int, token_counts: It
     return [best[b] for b in sorted(best)]
 
 
-def write(entries: list[dict], path: str | os.PathLike) -> None:
+def write(entries: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     """Save a sweep for :func:`triton_moe.load_tuned_configs`."""
     with open(path, "w") as f:
         json.dump(entries, f, indent=1)

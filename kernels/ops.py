@@ -48,7 +48,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -243,15 +243,15 @@ class Kernels:
     """The kernels a model computes with (contracts above); ``name`` says which set."""
 
     name: str
-    rmsnorm: Callable
-    add_rmsnorm: Callable
-    rope_qkv: Callable
-    route: Callable
-    moe: Callable
-    attention: Callable
-    paged_attention: Callable
+    rmsnorm: Callable[..., torch.Tensor]
+    add_rmsnorm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rope_qkv: Callable[..., torch.Tensor]
+    route: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    moe: Callable[..., torch.Tensor]
+    attention: Callable[..., torch.Tensor]
+    paged_attention: Callable[..., torch.Tensor]
 
-    def replace(self, name: str | None = None, **kernels: Callable) -> "Kernels":
+    def replace(self, name: str | None = None, **kernels: Callable[..., Any]) -> "Kernels":
         """This set with some kernels replaced (a spy, an experiment)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return Kernels(**{**values, **kernels, "name": name or f"{self.name}+{','.join(sorted(kernels))}"})
@@ -269,10 +269,14 @@ TORCH = Kernels(
 )
 
 
-def _with_fallback(fast: Callable, reference: Callable, supported: tuple[torch.dtype, ...]) -> Callable:
+_Out = TypeVar("_Out")
+
+
+def _with_fallback(fast: Callable[..., _Out], reference: Callable[..., _Out], supported: tuple[torch.dtype, ...]
+                   ) -> Callable[..., _Out]:
     """``fast`` for inputs in ``supported`` dtypes (judged by the first argument), else ``reference``."""
 
-    def run(first, *args, **kwargs):
+    def run(first: torch.Tensor, *args: Any, **kwargs: Any) -> _Out:
         fn = fast if first.dtype in supported else reference
         return fn(first, *args, **kwargs)
 
@@ -285,7 +289,7 @@ def triton_kernels() -> Kernels:
     """The Triton set (imports triton); float64 inputs, which they do not compute in, take the
     torch kernels. Set ``TRITON_INTERPRET=1`` before the first call to run them on CPU tensors
     (:func:`~.interpret.interpreted_triton_kernels` does that)."""
-    from . import triton_attention, triton_moe, triton_norm, triton_rope
+    from . import triton_attention, triton_moe, triton_norm, triton_rope  # lazy: triton (the torch set needs none)
 
     moe_dtypes, attention_dtypes = triton_moe.SUPPORTED_DTYPES, triton_attention.SUPPORTED_DTYPES
     return Kernels(

@@ -13,7 +13,7 @@ half-rewritten memory.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -57,7 +57,8 @@ class StepUploader:
         self.device_buffer[:total].copy_(self._host[turn][:total], non_blocking=True)
         self.copies += 1
         if self.device.type == "cuda":
-            recorded = torch.cuda.Event()
+            new_event: Callable[[], torch.cuda.Event] = torch.cuda.Event  # torch's, unannotated
+            recorded = new_event()
             self._events[turn] = recorded
             recorded.record()
         views, offset = [], 0

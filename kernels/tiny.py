@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -33,7 +34,7 @@ TINY = dict(
 )
 
 
-def tiny_config(**overrides) -> ModelConfig:
+def tiny_config(**overrides: Any) -> ModelConfig:
     return ModelConfig(**{**TINY, **overrides})
 
 

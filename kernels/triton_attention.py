@@ -31,14 +31,17 @@ import triton
 import triton.language as tl
 
 from .launches import launch
-from .triton_moe import SM_COUNT, SUPPORTED_DTYPES, dot_dtype
+from .triton_jit import jit
+from .triton_moe import SM_COUNT, dot_dtype
+from .triton_moe import SUPPORTED_DTYPES as SUPPORTED_DTYPES  # attention's too (ops reads it here)
 
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale,
-                         PRECISION: tl.constexpr, DOT: tl.constexpr):
+@jit
+def _online_softmax_step(q: tl.tensor, k: tl.tensor, v: tl.tensor, visible: tl.tensor, m_i: tl.tensor, l_i: tl.tensor,
+                         acc: tl.tensor, qk_scale: tl.tensor, PRECISION: tl.constexpr,
+                         DOT: tl.constexpr) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
     """One block of keys: k [D, N], v [N, D], visible [M, N]; returns the new (m, l, acc)."""
     s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * qk_scale  # log2 domain
     s = tl.where(visible, s, float("-inf"))
@@ -50,12 +53,14 @@ def _online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale,
     return m_new, l_i, acc
 
 
-@triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, sinks_ptr, q_pos_ptr, k_pos_ptr, lo_ptr, hi_ptr, o_ptr,
-                      n_q, sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, so_n, so_h, qk_scale, window,
-                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                      PRECISION: tl.constexpr, DOT: tl.constexpr):
+@jit
+def _attention_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, sinks_ptr: tl.tensor, q_pos_ptr: tl.tensor,
+                      k_pos_ptr: tl.tensor, lo_ptr: tl.tensor, hi_ptr: tl.tensor, o_ptr: tl.tensor, n_q: tl.tensor,
+                      sq_n: tl.tensor, sq_h: tl.tensor, sk_n: tl.tensor, sk_h: tl.tensor, sv_n: tl.tensor,
+                      sv_h: tl.tensor, so_n: tl.tensor, so_h: tl.tensor, qk_scale: tl.tensor, window: tl.tensor,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+                      DOT: tl.constexpr) -> None:
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -89,15 +94,16 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, sinks_ptr, q_pos_ptr, k_pos_ptr, lo_p
              out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["tiles_per_seq", "window"])
-def _paged_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, sinks_ptr, table_ptr, query_start_ptr,
-                            seq_lens_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, tiles_per_seq, n_q,
-                            sq_n, sq_h, so_n, so_h, s_table, s_block, s_page, s_head,
-                            qk_scale, window,
-                            GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+@jit(do_not_specialize=["tiles_per_seq", "window"])
+def _paged_attention_kernel(q_ptr: tl.tensor, k_pool_ptr: tl.tensor, v_pool_ptr: tl.tensor, sinks_ptr: tl.tensor,
+                            table_ptr: tl.tensor, query_start_ptr: tl.tensor, seq_lens_ptr: tl.tensor, o_ptr: tl.tensor,
+                            m_ptr: tl.tensor, l_ptr: tl.tensor, acc_ptr: tl.tensor, tiles_per_seq: tl.tensor,
+                            n_q: tl.tensor, sq_n: tl.tensor, sq_h: tl.tensor, so_n: tl.tensor, so_h: tl.tensor,
+                            s_table: tl.tensor, s_block: tl.tensor, s_page: tl.tensor, s_head: tl.tensor,
+                            qk_scale: tl.tensor, window: tl.tensor, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                             PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                            PRECISION: tl.constexpr, DOT: tl.constexpr):
+                            PRECISION: tl.constexpr, DOT: tl.constexpr) -> None:
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -162,10 +168,11 @@ def _paged_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, sinks_ptr, table_ptr,
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["n_q"])
-def _combine_splits_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, o_ptr, n_q, n_heads, so_n, so_h,
+@jit(do_not_specialize=["n_q"])
+def _combine_splits_kernel(m_ptr: tl.tensor, l_ptr: tl.tensor, acc_ptr: tl.tensor, sinks_ptr: tl.tensor,
+                           o_ptr: tl.tensor, n_q: tl.tensor, n_heads: tl.tensor, so_n: tl.tensor, so_h: tl.tensor,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                           BLOCK_S: tl.constexpr):
+                           BLOCK_S: tl.constexpr) -> None:
     """out[n, h] from the splits' (max, denominator, unnormalised sum): the sink enters here, once."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -199,7 +206,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, int(triton.next_power_of_2(head_dim)))
 
 
 def attention_triton(
@@ -256,7 +263,7 @@ def decode_splits(programs: int, max_keys: int, block_n: int) -> int:
     fill the GPU."""
     if programs >= SM_COUNT:
         return 1
-    cap = max(1, min(triton.cdiv(2 * SM_COUNT, programs), max_keys // (2 * block_n), 16))
+    cap: int = max(1, min(int(triton.cdiv(2 * SM_COUNT, programs)), max_keys // (2 * block_n), 16))
     return 1 << (cap.bit_length() - 1)
 
 

@@ -44,13 +44,14 @@ import triton
 import triton.language as tl
 
 from .launches import launch
+from .triton_jit import jit
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # what @triton.jit decides on import
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def dot_dtype(dtype: torch.dtype):
+def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     """The ``tl`` dtype that dot operands are cast to for a ``dtype`` computation."""
     return tl.float32 if INTERPRETED else _TL_DTYPES[dtype]
 
@@ -58,15 +59,16 @@ def dot_dtype(dtype: torch.dtype):
 # ---- MXFP4 decode (in registers) --------------------------------------------------------
 
 
-@triton.jit
-def _e8m0(scale):
+@jit
+def _e8m0(scale: tl.tensor) -> tl.tensor:
     """E8M0 scale byte (int32) -> 2**(scale - 127) as float32; 0 -> 2**-127, 255 -> NaN."""
     bits = tl.where(scale == 0, 1 << 22, tl.where(scale == 255, 0x7FC00000, scale << 23))
     return bits.to(tl.float32, bitcast=True)
 
 
-@triton.jit
-def _decode_tile(byte, scale, BLOCK_KB: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+@jit
+def _decode_tile(byte: tl.tensor, scale: tl.tensor, BLOCK_KB: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT: tl.constexpr) -> tuple[tl.tensor, tl.tensor]:
     """``byte [BLOCK_KB, BLOCK_N]`` (uint8, 2 weights each) and ``scale [BLOCK_KB // 16, BLOCK_N]``
     (uint8, one per 32 weights) -> (even-k weights, odd-k weights), each ``[BLOCK_KB, BLOCK_N]``.
 
@@ -85,10 +87,11 @@ def _decode_tile(byte, scale, BLOCK_KB: tl.constexpr, BLOCK_N: tl.constexpr, DOT
     return lo.to(DOT), hi.to(DOT)
 
 
-@triton.jit
-def _mxfp4_matmul(a_ptr, a_row_off, a_mask, w_blocks_ptr, w_scales_ptr, w_row, w_mask, k_lo, k_hi, K,
-                  acc, BLOCK_KB: tl.constexpr, BLOCK_N: tl.constexpr, SCALED_DOT: tl.constexpr,
-                  A_FORMAT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr):
+@jit
+def _mxfp4_matmul(a_ptr: tl.tensor, a_row_off: tl.tensor, a_mask: tl.tensor, w_blocks_ptr: tl.tensor,
+                  w_scales_ptr: tl.tensor, w_row: tl.tensor, w_mask: tl.tensor, k_lo: tl.tensor, k_hi: tl.tensor,
+                  K: tl.tensor, acc: tl.tensor, BLOCK_KB: tl.constexpr, BLOCK_N: tl.constexpr, SCALED_DOT: tl.constexpr,
+                  A_FORMAT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr) -> tl.tensor:
     """acc[m, n] += sum_{k_lo <= k < k_hi} a[m, k] * W[w_row[n], k], W in MXFP4 with ``K`` columns.
 
     ``a`` rows at ``a_ptr + a_row_off`` (contiguous along k); ``w_blocks_ptr``/``w_scales_ptr``
@@ -132,9 +135,9 @@ def _mxfp4_matmul(a_ptr, a_row_off, a_mask, w_blocks_ptr, w_scales_ptr, w_row, w
 # ---- kernels ----------------------------------------------------------------------------
 
 
-@triton.jit
-def _route_kernel(logits_ptr, idx_ptr, weight_ptr, E, stride_n,
-                  TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+@jit
+def _route_kernel(logits_ptr: tl.tensor, idx_ptr: tl.tensor, weight_ptr: tl.tensor, E: tl.tensor, stride_n: tl.tensor,
+                  TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr) -> None:
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + row * stride_n + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
@@ -155,9 +158,10 @@ def _route_kernel(logits_ptr, idx_ptr, weight_ptr, E, stride_n,
     tl.store(weight_ptr + row * TOPK + kk, p.to(weight_ptr.dtype.element_ty), mask=keep)
 
 
-@triton.jit(do_not_specialize=["n_rows", "num_rows"])
-def _group_kernel(idx_ptr, rows_ptr, block_expert_ptr, n_rows, num_rows, E,
-                  BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+@jit(do_not_specialize=["n_rows", "num_rows"])
+def _group_kernel(idx_ptr: tl.tensor, rows_ptr: tl.tensor, block_expert_ptr: tl.tensor, n_rows: tl.tensor,
+                  num_rows: tl.tensor, E: tl.tensor, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+                  CHUNK: tl.constexpr) -> None:
     """One program: :func:`group_by_expert`'s layout from the flat expert ids ``idx [n_rows]``.
 
     Pass 1 counts rows per expert; pass 2 puts row ``r`` at ``pad_start[e] + (rows of e before
@@ -196,12 +200,12 @@ def _group_kernel(idx_ptr, rows_ptr, block_expert_ptr, n_rows, num_rows, E,
         tl.store(block_expert_ptr + r // BLOCK_M, tl.where(er < E, er, -1).to(tl.int64), mask=first)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
-def _mlp1_kernel(x_ptr, rows_ptr, block_expert_ptr, blocks_ptr, scales_ptr, bias_ptr, act_ptr,
-                 n_rows, stride_x, H, I, limit, alpha,
-                 TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_KB: tl.constexpr, SCALED_DOT: tl.constexpr, A_FORMAT: tl.constexpr,
-                 PRECISION: tl.constexpr, DOT: tl.constexpr):
+@jit(do_not_specialize=["n_rows"])
+def _mlp1_kernel(x_ptr: tl.tensor, rows_ptr: tl.tensor, block_expert_ptr: tl.tensor, blocks_ptr: tl.tensor,
+                 scales_ptr: tl.tensor, bias_ptr: tl.tensor, act_ptr: tl.tensor, n_rows: tl.tensor, stride_x: tl.tensor,
+                 H: tl.tensor, I: tl.tensor, limit: tl.tensor, alpha: tl.tensor, TOPK: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SCALED_DOT: tl.constexpr,
+                 A_FORMAT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr) -> None:
     """act[r, j] = swiglu(x[token(r)] @ W1_e[2j:2j+2]^T + b1_e[2j:2j+2]) for the rows r of one block.
 
     Gate and linear in one pass: the program's ``2 * BLOCK_N`` weight rows are consecutive
@@ -233,11 +237,12 @@ def _mlp1_kernel(x_ptr, rows_ptr, block_expert_ptr, blocks_ptr, scales_ptr, bias
     tl.store(out, act.to(act_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < I)[None, :])
 
 
-@triton.jit(do_not_specialize=["n_rows"])
-def _mlp2_kernel(act_ptr, rows_ptr, block_expert_ptr, gate_w_ptr, blocks_ptr, scales_ptr, bias_ptr, out_ptr,
-                 n_rows, H, I,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
-                 SCALED_DOT: tl.constexpr, A_FORMAT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr):
+@jit(do_not_specialize=["n_rows"])
+def _mlp2_kernel(act_ptr: tl.tensor, rows_ptr: tl.tensor, block_expert_ptr: tl.tensor, gate_w_ptr: tl.tensor,
+                 blocks_ptr: tl.tensor, scales_ptr: tl.tensor, bias_ptr: tl.tensor, out_ptr: tl.tensor,
+                 n_rows: tl.tensor, H: tl.tensor, I: tl.tensor, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr, SCALED_DOT: tl.constexpr, A_FORMAT: tl.constexpr,
+                 PRECISION: tl.constexpr, DOT: tl.constexpr) -> None:
     """out[split, row(r)] = w(row(r)) * (act[r, K-range of split] @ W2_e[:, K-range]^T (+ b2_e on
     split 0)): one output row per (token, slot) and K split, summed afterwards."""
     pid_m = tl.program_id(0)
@@ -268,8 +273,9 @@ def _mlp2_kernel(act_ptr, rows_ptr, block_expert_ptr, gate_w_ptr, blocks_ptr, sc
     tl.store(dst, y, mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["n_tok"])
-def _sum_slots_kernel(slots_ptr, out_ptr, n_tok, H, PARTS: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+@jit(do_not_specialize=["n_tok"])
+def _sum_slots_kernel(slots_ptr: tl.tensor, out_ptr: tl.tensor, n_tok: tl.tensor, H: tl.tensor, PARTS: tl.constexpr,
+                      TOPK: tl.constexpr, BLOCK: tl.constexpr) -> None:
     """out[t] = sum over split s and slot j of slots[s, t * TOPK + j] (float32), in out's dtype."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -306,7 +312,7 @@ TUNED: dict[tuple[int, int, int], MoEConfig] = {}
 
 def rows_per_expert_bucket(n_tokens: int, topk: int, num_experts: int) -> int:
     """Mean (token, slot) rows per expert, rounded up to a power of two (the tuning key)."""
-    return triton.next_power_of_2(max(1, -(-n_tokens * topk // num_experts)))
+    return int(triton.next_power_of_2(max(1, -(-n_tokens * topk // num_experts))))
 
 
 def moe_config(n_tokens: int, topk: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -344,7 +350,7 @@ def engine_configs(hidden: int, inter: int, topk: int, num_experts: int, max_tok
     return list(seen)
 
 
-def load_tuned_configs(path: str | os.PathLike) -> int:
+def load_tuned_configs(path: str | os.PathLike[str]) -> int:
     """Add a sweep's results (JSON ``[{"bucket", "hidden", "inter", "config": {...}}]``) to
     :data:`TUNED`; returns how many entries were read."""
     entries = json.loads(Path(path).read_text())

@@ -17,12 +17,14 @@ import triton
 import triton.language as tl
 
 from .launches import launch
+from .triton_jit import jit
 from .triton_moe import SUPPORTED_DTYPES
 
 
-@triton.jit(do_not_specialize=["n_cols"])
-def _rmsnorm_kernel(x_ptr, delta_ptr, scale_ptr, res_ptr, y_ptr, n_cols, stride_x, stride_d, stride_r, stride_y,
-                    eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+@jit(do_not_specialize=["n_cols"])
+def _rmsnorm_kernel(x_ptr: tl.tensor, delta_ptr: tl.tensor, scale_ptr: tl.tensor, res_ptr: tl.tensor, y_ptr: tl.tensor,
+                    n_cols: tl.tensor, stride_x: tl.tensor, stride_d: tl.tensor, stride_r: tl.tensor,
+                    stride_y: tl.tensor, eps: tl.tensor, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr) -> None:
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
@@ -43,7 +45,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _norm(x: torch.Tensor, delta: torch.Tensor | None, scale: torch.Tensor, eps: float):
+def _norm(x: torch.Tensor, delta: torch.Tensor | None, scale: torch.Tensor, eps: float
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"rmsnorm_triton computes in {SUPPORTED_DTYPES}, not {x.dtype}")
     shape = x.shape

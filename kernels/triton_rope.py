@@ -19,15 +19,16 @@ import triton
 import triton.language as tl
 
 from .launches import launch
+from .triton_jit import jit
 from .triton_moe import SUPPORTED_DTYPES
 
 
-@triton.jit
-def _rope_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slots_ptr, q_ptr, k_ptr, v_ptr,
-                     stride_qkv, stride_cs, stride_q, stride_k, stride_v,
-                     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr,
-                     BLOCK_QK: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                     HAS_SLOTS: tl.constexpr):
+@jit
+def _rope_qkv_kernel(qkv_ptr: tl.tensor, cos_ptr: tl.tensor, sin_ptr: tl.tensor, slots_ptr: tl.tensor, q_ptr: tl.tensor,
+                     k_ptr: tl.tensor, v_ptr: tl.tensor, stride_qkv: tl.tensor, stride_cs: tl.tensor,
+                     stride_q: tl.tensor, stride_k: tl.tensor, stride_v: tl.tensor, N_HEADS: tl.constexpr,
+                     N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_KV: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr, HAS_SLOTS: tl.constexpr) -> None:
     n = tl.program_id(0).to(tl.int64)
     if HAS_SLOTS:
         slot = tl.load(slots_ptr + n).to(tl.int64)
