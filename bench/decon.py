@@ -41,6 +41,7 @@ import tempfile
 import time
 from datetime import datetime
 from statistics import median
+from typing import Any, Callable, Iterator, TypeVar
 
 from refinery.beam_pipelines import decon
 from refinery.transforms.decon import ngrams as ng
@@ -50,7 +51,13 @@ GSM8K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", 
 ONE_WORKER = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
-def gsm8k_rows(split: str) -> list[dict]:
+Json = dict[str, Any]
+InstanceSets = dict[tuple[str, int], list[str]]
+Round = tuple[float, ...]
+_T = TypeVar("_T")
+
+
+def gsm8k_rows(split: str) -> list[Json]:
     with gzip.open(os.path.join(GSM8K, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -79,13 +86,13 @@ def sparse_training(copies: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def run_reference(eval_file: str, train_file: str, ns: list[int]) -> tuple[dict, float]:
+def run_reference(eval_file: str, train_file: str, ns: list[int]) -> tuple[InstanceSets, float]:
     """The baseline: dict of test n-grams, stream the training rows (HELM's shape)."""
     tok = ng.TOKENIZERS["default"]
     t0 = time.process_time()
     evrows, _ = ng.make_eval_rows([eval_file], iter_rows, "text", "id", tok)
 
-    def stream():
+    def stream() -> Iterator[tuple[str, int, str]]:
         with open(train_file, "rb") as f:
             for row, line in enumerate(f):
                 yield train_file, row, json.loads(line)["text"]
@@ -94,10 +101,11 @@ def run_reference(eval_file: str, train_file: str, ns: list[int]) -> tuple[dict,
     return ids, time.process_time() - t0
 
 
-def fresh(fn, *args):
+def fresh(fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` in a new Python process (spawned: nothing inherited), its result back."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
+        result: _T = pool.apply(fn, args)
+        return result
 
 
 def details_bytes(out: str) -> int:
@@ -109,7 +117,7 @@ def details_bytes(out: str) -> int:
 
 
 def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int],
-                 details_format: str = "parquet") -> tuple[dict, float, dict]:
+                 details_format: str = "parquet") -> tuple[InstanceSets, float, Json]:
     """``refinery decon`` end to end; (instance sets, CPU seconds of this process, scan figures)."""
     import apache_beam  # noqa: F401  (once per process, before timing)
 
@@ -120,7 +128,7 @@ def run_refinery(eval_file: str, train_dir: str, out: str, ns: list[int],
     rc = decon.run(args, ONE_WORKER)
     cpu = time.process_time() - t0  # the one worker and the driver share this process
     assert rc == 0, rc
-    ids = {}
+    ids: InstanceSets = {}
     for line in open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb"):
         s = json.loads(line)
         ids[(s["eval_dataset"], s["n"])] = s["instance_ids"]
@@ -169,13 +177,14 @@ print(json.dumps({"rss_after_imports_mb": base, "rss_after_membership_mb": loade
 """
 
 
-def scan_worker(out: str, train_file: str) -> dict:
+def scan_worker(out: str, train_file: str) -> Json:
     """A scan in a fresh process (its own peak RSS): the membership side input, the hit path."""
     for dp, _, fs in os.walk(os.path.join(out, ".refinery", "index")):
         if "membership.bin" in fs:
             res = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, os.path.join(dp, "membership.bin"), dp,
                                   train_file], check=True, capture_output=True, text=True)
-            return json.loads(res.stdout.strip().splitlines()[-1])
+            figures: Json = json.loads(res.stdout.strip().splitlines()[-1])
+            return figures
     raise FileNotFoundError(f"no membership.bin under {out}")
 
 
@@ -191,17 +200,17 @@ def synthetic_eval(path: str, target_ngrams: int, ns: list[int], seed: int = 1) 
             f.write(json.dumps({"text": " ".join(rnd.choice(words) for _ in range(60)), "id": f"s{i}"}) + "\n")
 
 
-def span(rounds: list, ratio) -> str:
+def span(rounds: list[Round], ratio: Callable[[Round], float]) -> str:
     """``[lo-hi]`` of a ratio over the rounds."""
     values = [ratio(r) for r in rounds]
     return f"[{min(values):.1f}-{max(values):.1f}]"
 
 
-def sets_line(same: bool, ids: dict, ns: list[int]) -> str:
+def sets_line(same: bool, ids: InstanceSets, ns: list[int]) -> str:
     return f"identical instance sets: {same}  " + ", ".join(f"n={n}: {len(ids[('gsm8k', n)])}" for n in ns)
 
 
-def dense_figures(fmt: str, rounds: list, info: dict, mb: float) -> None:
+def dense_figures(fmt: str, rounds: list[Round], info: Json, mb: float) -> None:
     """The dense-hits lines of one details format: ``rounds`` of (baseline s, CPU s, hit path s, index s)."""
     ref_s, cpu, hit_path, index_s = (median(r[k] for r in rounds) for k in range(4))
     st = info["stage_seconds"]
@@ -241,7 +250,7 @@ def main() -> int:
     sparse_file = os.path.join(work, "sparse", "docs.jsonl")
     mb = sparse_mb = write_jsonl(sparse_file, sparse_training(a.copies))
     out = os.path.join(work, "out-sparse")
-    rounds = []
+    rounds: list[Round] = []
     for _ in range(a.repeat):  # each round: the baseline, then refinery, each in a fresh process
         ref_ids, ref_s = fresh(run_reference, eval_q, sparse_file, a.ngrams)
         ids, cpu, info = fresh(run_refinery, eval_q, os.path.dirname(sparse_file), out, a.ngrams)
@@ -271,8 +280,8 @@ def main() -> int:
     train = [r["question"] + "\n" + r["answer"] for r in gsm8k_rows("train")]
     mb = write_jsonl(dense_file, train * a.dense_copies)
     formats = ("parquet", "jsonl")
-    by_format: dict[str, list] = {fmt: [] for fmt in formats}
-    infos: dict[str, dict] = {}
+    by_format: dict[str, list[Round]] = {fmt: [] for fmt in formats}
+    infos: dict[str, Json] = {}
     for _ in range(a.repeat):
         ref_ids, ref_s = fresh(run_reference, eval_qa, dense_file, a.ngrams)
         for fmt in formats:  # the same hits, the details in each format

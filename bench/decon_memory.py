@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GSM8K_TEST = os.path.join(HERE, "..", "tests", "data", "gsm8k", "test.jsonl.gz")
@@ -58,7 +59,7 @@ assert not failed, failed
 """
 
 
-def write_jsonl(path: str, rows: list[dict]) -> int:
+def write_jsonl(path: str, rows: list[dict[str, Any]]) -> int:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         for r in rows:
@@ -68,7 +69,8 @@ def write_jsonl(path: str, rows: list[dict]) -> int:
 
 def question() -> str:
     with gzip.open(GSM8K_TEST, "rt", encoding="utf-8") as f:
-        return json.loads(f.readline())["question"]
+        first: str = json.loads(f.readline())["question"]
+        return first
 
 
 def build_case(case: str, root: str) -> tuple[str, str, str]:

@@ -61,7 +61,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 from datetime import date
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams.details import read_details
@@ -94,7 +94,7 @@ class Plant:
 class Corpus:
     """What the bench writes: the eval rows (``{"id", "text"}``, eval order) and the training rows."""
 
-    eval_rows: list[dict]
+    eval_rows: list[dict[str, Any]]
     plants: list[Plant]
 
 
@@ -208,7 +208,7 @@ KINDS = [*EDITS, *DERIVED]
 CLEAN_KINDS = ["clean_filler", "clean_gsm8k_train"]
 
 
-def gsm8k(split: str) -> list[dict]:
+def gsm8k(split: str) -> list[dict[str, Any]]:
     with gzip.open(os.path.join(GSM8K, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -314,12 +314,12 @@ def caught(plant: Plant, flags: Flags, n: int, tokens: dict[str, int]) -> bool:
     return (plant.row, plant.eval_id, min(n, tokens[plant.eval_id])) in flags.pairs
 
 
-def score(corpus: Corpus, flags: Flags, ns: list[int]) -> dict:
+def score(corpus: Corpus, flags: Flags, ns: list[int]) -> dict[str, dict[str, Any]]:
     """Per planted kind: ``rows``, ``caught`` per n (str(n) keys) and ``eval_tokens``, the
     median tokens of its eval rows; per clean kind: ``rows`` and ``flagged`` per n (rows in the
     drop list at n)."""
     tokens = {r.instance_id: r.num_tokens for r in eval_rows(corpus)}
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     lengths: dict[str, list[int]] = {}
     for p in corpus.plants:
         key = "flagged" if p.eval_id is None else "caught"
@@ -346,7 +346,7 @@ def differences(a: Flags, b: Flags, limit: int = 5) -> list[str]:
     return out
 
 
-def table(scores: dict, ns: list[int]) -> str:
+def table(scores: dict[str, dict[str, Any]], ns: list[int]) -> str:
     """The markdown table: recall per planted kind and n; then the clean rows flagged per n."""
     head = "| kind | rows | eval tokens (median) | " + " | ".join(f"n={n}" for n in ns) + " |"
     lines = [head, "|---|---:|---:|" + "---:|" * len(ns)]
@@ -364,7 +364,7 @@ def table(scores: dict, ns: list[int]) -> str:
 # ---- the run -------------------------------------------------------------------------------------
 
 
-def write_jsonl(path: str, rows: Iterator[dict] | list[dict]) -> None:
+def write_jsonl(path: str, rows: Iterable[dict[str, Any]]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:

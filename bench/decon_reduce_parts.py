@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import io
 import os
 import sys
@@ -140,9 +141,9 @@ def measure(workdir: str, corpus: str, formats: list[str], reference: bool) -> N
         print(f"    {'the rest':<30}{total - sum(seconds.values()):5.2f} s")
         if reference:
             sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-            from test_decon_reduce_columnar import _old_reduce_partition  # type: ignore[import-not-found]
+            old_reduce: Callable[..., Any] = importlib.import_module("test_decon_reduce_columnar")._old_reduce_partition
 
-            ref_s, ref_details = reduce_all(_old_reduce_partition, fmt, parts, blocks, index_dir, {})
+            ref_s, ref_details = reduce_all(old_reduce, fmt, parts, blocks, index_dir, {})
             print(f"  the loop per hit before (reference): {ref_s:5.2f} CPU s, "
                   f"{ref_s / max(ref_details, 1) * 1e6:.2f} us per detail record")
 

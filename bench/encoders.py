@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -44,7 +45,7 @@ def corpus(kind: str, mb: float) -> list[str]:
     """bench/prep.py's corpus of ``kind``, normalized as prep normalizes it (empty ones dropped)."""
     import prep as bench_prep
 
-    from refinery.transforms.prep.documents import normalize_text
+    from refinery.transforms.io.text import normalize_text
 
     return [t for t in map(normalize_text, bench_prep.CORPORA[kind](mb)) if t]
 
@@ -64,7 +65,7 @@ def batches(texts: list[str]) -> list[list[str]]:
     return [b for b in out if b]
 
 
-def cpu(fn) -> float:
+def cpu(fn: Callable[[], object]) -> float:
     gc.collect()
     gc.disable()
     t0 = time.process_time()
@@ -78,7 +79,7 @@ def rss_mb() -> float:
     return int([x for x in open("/proc/self/status") if x.startswith("VmRSS")][0].split()[1]) / 1024
 
 
-def speed(args) -> None:
+def speed(args: argparse.Namespace) -> None:
     from refinery.transforms.formats import tiktoken_vocab as tk
     from refinery.transforms.formats.bpe_encoder import _bpe_bindings
     from refinery.transforms.formats.gigatoken_encoder import GigatokenTokenizer, gigatoken_backend
@@ -138,7 +139,7 @@ print(t, start, encoders.rss_mb())
 """
 
 
-def cache(args) -> None:
+def cache(args: argparse.Namespace) -> None:
     print(f"gigatoken's encode cache ({args.corpus}, {args.mb:.0f} MB, one pass, a fresh process each):")
     for budget in args.budgets:
         code = CACHE_RUN.format(here=str(HERE), kind=args.corpus, mb=args.mb, budget=budget << 20)
@@ -148,7 +149,7 @@ def cache(args) -> None:
               f"(+{end - start:.0f}; the corpus in memory before)")
 
 
-def exact(args) -> None:
+def exact(args: argparse.Namespace) -> None:
     import numpy as np
     from encoder_fuzz import fuzz_texts
 
@@ -188,7 +189,7 @@ CONTEXTS = ["{c}", "a{c}", "A{c}", "{c}a", "{c}A", "%{c}", "{c}%", "1{c}", "{c}1
             "x{c}y", "X{c}y", "{c}'s", "\n{c}", "{c}\n", "{c}%s", "'{c}", "{c}ab"]
 
 
-def scan(args) -> None:
+def scan(args: argparse.Namespace) -> None:
     import unicodedata
 
     from refinery.transforms.formats import tiktoken_vocab as tk

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Mapping
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -37,7 +38,7 @@ from prep import corpus_texts, write_layout  # noqa: E402  (bench/prep.py: the s
 from refinery.runners import flink_local  # noqa: E402
 
 
-def refinery(argv: list[str], env: dict | None = None) -> float:
+def refinery(argv: list[str], env: Mapping[str, str] | None = None) -> float:
     """Seconds ``refinery ARGV`` took end to end (raises if it failed)."""
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", *argv], env=env, capture_output=True,

@@ -218,14 +218,14 @@ class CompileCounter:
             return self
         self._knobs, self._saved = knobs, knobs.runtime.jit_post_compile_hook
 
-        def hook(**kwargs):
+        def hook(**kwargs: Any) -> Any:
             self.count += 1
             return self._saved(**kwargs) if self._saved else None
 
         knobs.runtime.jit_post_compile_hook = hook
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._knobs is not None:
             self._knobs.runtime.jit_post_compile_hook = self._saved
 

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Any, Mapping
 
 HERE = Path(__file__).resolve().parent
 GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
@@ -212,7 +213,8 @@ def per_document_work(corpus: Path, out: Path, texts: list[str], rounds: int) ->
     from refinery.transforms.formats.encoders import load_tokenizer
     from refinery.transforms.formats.tokenizer_choice import DEFAULT
     from refinery.transforms.io import storage
-    from refinery.transforms.prep.documents import BATCH_CHARS, encode_documents, normalize_text
+    from refinery.transforms.io.text import normalize_text
+    from refinery.transforms.prep.documents import BATCH_CHARS, encode_documents
     from refinery.transforms.prep.stages import PrepConfig, build_stages
     from refinery.transforms.resumable import UnitContext, bind_stages
 
@@ -253,6 +255,7 @@ def simulate_scale(units: int, num_shards: int) -> None:
     from refinery.beam_pipelines.cli import main
     from refinery.transforms.io import storage
     from refinery.transforms.prep import stages
+    from refinery.transforms.resumable import Unit, UnitContext
 
     work = Path(tempfile.mkdtemp(prefix="refinery-scale-"))
     texts = corpus_texts(units * 0.0008)[:units]
@@ -262,11 +265,11 @@ def simulate_scale(units: int, num_shards: int) -> None:
     opened = {"n": 0, "on": False}
     real_open, real_pack = storage.open_read, stages.PackStage.run_unit
 
-    def counting_open(path, *a, **k):
+    def counting_open(path: str, compression: str | None = None) -> IO[bytes]:
         opened["n"] += opened["on"]
-        return real_open(path, *a, **k)
+        return real_open(path, compression)
 
-    def counting_pack(self, unit, ctx):
+    def counting_pack(self: stages.PackStage, unit: Unit[Any], ctx: UnitContext) -> Mapping[str, Any]:
         opened["on"] = True
         try:
             return real_pack(self, unit, ctx)
@@ -274,7 +277,8 @@ def simulate_scale(units: int, num_shards: int) -> None:
             opened["on"] = False
 
     storage.open_read = counting_open
-    stages.PackStage.run_unit = counting_pack  # type: ignore[method-assign]  # patched to count the pack's opens
+    hook = "run_unit"  # patched to count the pack's opens (a method: setattr, as a test's monkeypatch does)
+    setattr(stages.PackStage, hook, counting_pack)
     results = {}
     for label, limit in (("without merge", 1 << 60), ("with merge", 1)):
         stages.MERGE_ABOVE = limit
@@ -313,7 +317,7 @@ def main() -> None:
         return
 
     from refinery.transforms.formats.tiktoken_vocab import get_encoding
-    from refinery.transforms.prep.documents import normalize_text
+    from refinery.transforms.io.text import normalize_text
 
     load = os.getloadavg()[0]
     if load > 0.5:
@@ -379,7 +383,10 @@ def main() -> None:
             for d in (f"out-{files}-1", f"out-{files}-n"):
                 shutil.rmtree(work / d)
         med = [statistics.median(x[k] for x in rounds) for k in range(len(rounds[0]))]
-        span = lambda k: f"{min(x[k] for x in rounds):.2f}-{max(x[k] for x in rounds):.2f}"  # noqa: E731
+
+        def span(k: int) -> str:
+            return f"{min(x[k] for x in rounds):.2f}-{max(x[k] for x in rounds):.2f}"
+
         print(f"{files:>5} file(s): raw {med[2]:11,.0f} tokens/s; 1 worker {raw_tokens / med[3]:11,.0f} tokens/s "
               f"({med[3]:5.1f}s) = {med[0]:.2f} x raw [{span(0)}] (goal >= 1.5; --encoder {args.encoders[0]}"
               + "".join(f"; --encoder {e}: {med[7 + i]:.2f} x raw [{span(7 + i)}]"

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -61,7 +62,7 @@ if which == "plan":
     runs = bind_stages(build_stages(cfg), out)
     t2 = time.perf_counter()
     for r in runs:
-        record_inputs(r, r.stage.fingerprints())
+        record_inputs(r, list(r.stage.config().inputs))
     write_plans(runs, [])
     t3 = time.perf_counter()
     result = {"files": len(inputs), "list_s": t1 - t0, "units_s": t2 - t1, "write_s": t3 - t2, "plan_s": t3 - t0,
@@ -178,7 +179,7 @@ shutil.rmtree(root)
 '''
 
 
-def replan(which: str, n: int, latency: float = 0.02, mode: str = "noop") -> dict:
+def replan(which: str, n: int, latency: float = 0.02, mode: str = "noop") -> dict[str, Any]:
     """A finished run of ``which`` over ``n`` one-line files on an object store, then the same
     command again with ``latency`` seconds per request: its seconds and the requests the
     driver made. ``mode``: ``noop`` (nothing to do), or ``resume`` (one user-facing file
@@ -188,7 +189,8 @@ def replan(which: str, n: int, latency: float = 0.02, mode: str = "noop") -> dic
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if p.returncode or line is None:
         raise SystemExit(f"re-plan of {which} over {n} files failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    result: dict[str, Any] = json.loads(line[len("RESULT "):])
+    return result
 
 
 def make_inputs(folder: Path, n: int) -> Path:
@@ -208,12 +210,13 @@ def make_inputs(folder: Path, n: int) -> Path:
     return root
 
 
-def measure(which: str, folder: Path, out: str) -> dict:
+def measure(which: str, folder: Path, out: str) -> dict[str, Any]:
     p = subprocess.run([PYTHON, "-c", MEASURE, which, str(folder), out], capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if p.returncode or line is None:
         raise SystemExit(f"{which} on {folder} failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    result: dict[str, Any] = json.loads(line[len("RESULT "):])
+    return result
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ EVAL = REPO / "tests" / "data" / "gsm8k" / "test.jsonl.gz"
 PACKAGES = ("beam_pipelines", "transforms", "kernels", "runners")  # the folders setup.py installs as refinery.*
 
 
-def old_code(rev: str, root: Path) -> dict:
+def old_code(rev: str, root: Path) -> dict[str, str]:
     """An environment whose ``refinery`` is the code of ``rev`` (a worktree under ``root``)."""
     tree = root / "tree"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="refinery-startup-"))
-    versions: dict[str, dict] = {"now": {}}
+    versions: dict[str, dict[str, str]] = {"now": {}}
     try:
         if args.before:
             versions = {args.before: old_code(args.before, work / "old"), "now": {}}

@@ -4,6 +4,8 @@
     # any Beam flag works too, e.g. for Dataflow:
     #   --runner DataflowRunner --project my-project --region us-central1 --temp_location gs://my-bucket/tmp
 """
+from __future__ import annotations
+
 import argparse
 import json
 
@@ -14,7 +16,7 @@ from refinery.transforms.decon import BuildNgramIndex, FindOverlaps
 from refinery.transforms.prep import AssignShard, Normalize, Tokenize, WriteTokenShards
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parquet", required=True, help="Parquet files with 'id' and 'text' columns")
     ap.add_argument("--eval", required=True, help="JSONL eval set with 'id' and 'question' fields")

@@ -15,6 +15,8 @@ import shutil
 import sys
 import tempfile
 
+from refinery.beam_pipelines import decon
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INPUTS = ("tests/data/gsm8k/test.jsonl.gz", "examples/sample_corpus")
 MTIME = 1735689600  # 2025-01-01 00:00:00 UTC, every input's modification time on the page
@@ -38,8 +40,6 @@ def copy_inputs(root: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from refinery.beam_pipelines import decon
-
     target = os.path.abspath(argv[0] if argv else os.path.join(REPO, "examples", "decon_report.html"))
     with tempfile.TemporaryDirectory() as root:
         copy_inputs(root)
