@@ -4,7 +4,7 @@
     python bench/house.py --mypy     # and mypy in strict mode over the whole checkout (minutes)
 
 Prints one line per figure:
-- ``stage_hooks``: the methods and attributes a :class:`Stage` subclass may override;
+- ``stage_hooks``: the methods and attributes a :class:`Stage` subclass may override (not ``@final``);
 - ``long_functions``: functions over 80 lines, outside the HTML report (listed);
 - ``function_imports``: imports of the project's own modules inside a function (by package);
 - ``type_ignores``: ``# type: ignore`` comments;
@@ -38,7 +38,9 @@ def stage_hooks() -> list[str]:
     """What a Stage subclass may define: the public and hook names of the base class."""
     from refinery.transforms.resumable.base import Stage  # noqa: PLC0415 - the measured object
 
-    return sorted(n for n in vars(Stage) if not n.startswith("__") and n not in {"_units", "_unpickled"})
+    state = {"plan_ref", "_units", "_unpickled"}  # the framework's own state on a stage, never overridden
+    return sorted(n for n, v in vars(Stage).items() if not n.startswith("__") and n not in state
+                  and not getattr(v, "__final__", False))  # @final: the framework's methods
 
 
 def long_functions() -> list[str]:

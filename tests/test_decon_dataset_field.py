@@ -162,7 +162,7 @@ def test_make_eval_rows_names_datasets_by_field_and_lists_bad_rows() -> None:
 
 def test_the_field_enters_the_index_hash_only_when_given() -> None:
     def config(field: str | None) -> dict[str, Any]:
-        return IndexStage(DeconSettings(["e"], ["t"], [13], eval_dataset_field=field), []).config()
+        return dict(IndexStage(DeconSettings(["e"], ["t"], [13], eval_dataset_field=field), []).config().settings)
 
     assert "dataset_field" not in config(None)  # outputs made before the flag keep their hashes
     assert config("eval_key")["dataset_field"] == "eval_key"

@@ -63,7 +63,7 @@ def test_the_format_enters_the_reduce_hash_and_its_files_are_final(tmp_path: Pat
     assert runs["parquet"]["scan"].stage_hash == runs["jsonl"]["scan"].stage_hash
     for name in ("reduce", "merge"):
         assert runs["parquet"][name].stage_hash != runs["jsonl"][name].stage_hash
-    assert runs["parquet"]["reduce"].stage.final_outputs and not runs["jsonl"]["reduce"].stage.final_outputs
+    assert runs["parquet"]["reduce"].traits.final_outputs and not runs["jsonl"]["reduce"].traits.final_outputs
     assert decon.build_parser().parse_args(["--train", "t", "--output", "o"]).details_format == "parquet"
     with pytest.raises(ValueError, match="--details-format must be one of parquet, jsonl, got 'csv'"):
         DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[13], details_format="csv")

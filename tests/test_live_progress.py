@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pytest
 from helpers import gsm8k_rows
 
 from refinery.transforms.io import storage
-from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, bind_stages, execute_unit
+from refinery.transforms.resumable import Stage, StageRun, Traits, Unit, UnitContext, bind_stages, execute_unit
 from refinery.transforms.resumable import base as stages  # where the Stage API lives
 from refinery.transforms.resumable.progress import Progress
 
@@ -25,6 +25,9 @@ class Counting(Stage):
         self.reported = {u: threading.Event() for u in ("a", "b")}
         self.finish = {u: threading.Event() for u in ("a", "b")}
 
+    def traits(self) -> Traits:
+        return Traits(progress_text=self._progress_text)
+
     def make_plan(self) -> list[Unit[dict[str, Any]]]:
         return [Unit("a", {}), Unit("b", {})]
 
@@ -36,7 +39,7 @@ class Counting(Stage):
         assert self.finish[unit.id].wait(30)
         return {"docs": 100}
 
-    def describe_progress(self, stats: dict[str, Any], seconds: float) -> str:
+    def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
         return f"docs={int(stats.get('docs', 0))}"
 
 
@@ -156,11 +159,11 @@ def test_progress_lines_never_show_a_rate_over_nothing() -> None:
     assert rate(0, 30.0, "MB") == "" and rate(5.0, 0.004, "MB") == "" and rate(5.0, 2.0, "MB") == "2.5 MB/s"
     assert [human_bytes(n) for n in (0, 812, 4_100, 3_200_000, 1.5e9)] == ["0 B", "812 B", "4.1 KB", "3.2 MB",
                                                                            "1.5 GB"]
-    scan = ScanStage.__new__(ScanStage)  # describe_progress reads only its arguments: no settings needed
+    scan = ScanStage.__new__(ScanStage)  # its progress text reads only its arguments: no settings needed
     tokenize = TokenizeStage.__new__(TokenizeStage)
-    assert scan.describe_progress({"text_bytes": 8_500}, 0.004) == "8.5 KB"
-    assert scan.describe_progress({"text_bytes": 8_500_000}, 2.0) == "8.5 MB, 4.2 MB/s"
-    assert tokenize.describe_progress({"accepted": 3, "tokens": 90}, 0.01) == "docs=3 tokens=90"
+    assert scan._progress_text({"text_bytes": 8_500}, 0.004) == "8.5 KB"
+    assert scan._progress_text({"text_bytes": 8_500_000}, 2.0) == "8.5 MB, 4.2 MB/s"
+    assert tokenize._progress_text({"accepted": 3, "tokens": 90}, 0.01) == "docs=3 tokens=90"
 
 
 def test_a_finished_steps_time_ends_with_its_last_unit_not_with_the_poll(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from reliability_helpers import final_digest, make_corpus, read_unit_log
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats.manifests import keep_created_at
 from refinery.transforms.io import storage
-from refinery.transforms.resumable import Stage, Unit, bind_stages, record_inputs
+from refinery.transforms.resumable import Stage, StageConfig, Traits, Unit, bind_stages, record_inputs
 from refinery.transforms.resumable import unit_lists as plans
 
 SHARDS = 3
@@ -46,7 +46,8 @@ def _verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return rc, said.out + said.err
 
 
-def test_a_same_size_edit_of_a_plan_part_is_named_and_written_again(finished, tmp_path, capsys):
+def test_a_same_size_edit_of_a_plan_part_is_named_and_written_again(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Item 4: pack's plan part edited in place, same size ({"shard": 1} -> {"shard": 2}), and
     shard 1 deleted. Before: exit 0 with shard 1 missing (the rerun's worker read the edited
     part and wrote shard 2 under unit 0001's receipt), every rerun "nothing to do". Now:
@@ -69,7 +70,7 @@ def test_a_same_size_edit_of_a_plan_part_is_named_and_written_again(finished, tm
     assert _verify(capsys, str(out), "--checksums")[0] == 0
 
 
-def test_a_worker_reads_a_plan_part_only_with_the_sha256_the_driver_wrote(tmp_path):
+def test_a_worker_reads_a_plan_part_only_with_the_sha256_the_driver_wrote(tmp_path: Path) -> None:
     """Item 4, the worker's side: a part edited after the driver wrote it (same size), cut, or
     read through a reference without the parts' sha256 is refused, naming the part; the
     driver's next write_units compares by content and writes it again."""
@@ -97,19 +98,24 @@ class _Listed(Stage):
     """A stage whose input list is left out of the job: a worker reads the recorded fingerprints."""
 
     name = "listed"
-    driver_only = ("files",)
 
-    def __init__(self, files: list[dict[str, Any]]):
+    def __init__(self, files: list[dict[str, Any]]) -> None:
         self.files = files
 
-    def fingerprints(self) -> list[Any]:
+    def traits(self) -> Traits:
+        return Traits(driver_only=("files",))
+
+    def config(self) -> StageConfig:
+        return StageConfig({}, self._inputs())
+
+    def _inputs(self) -> list[Any]:
         return self.files
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[dict[str, Any]]]:
         return [Unit("0", {})]
 
 
-def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path):
+def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path: Path) -> None:
     """F7: the recorded input fingerprints edited (a size, same length) or cut. Before: a
     worker read wrong sizes (decon's train_files.jsonl), or a JSONDecodeError not naming the
     file, forever (the driver wrote the file only when absent). Now: the worker refuses it
@@ -123,7 +129,7 @@ def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path
     (path,) = (tmp_path / "out" / ".refinery" / "fingerprints").iterdir()
     good = path.read_bytes()
     entry: Any = {"name": run.name, "stage_hash": run.stage_hash, "units": 1, "inputs_hash": run.inputs_hash}
-    from refinery.transforms.resumable import base as stage_module
+    from refinery.transforms.resumable import ledger as stage_module
     from refinery.transforms.resumable.ledger import recorded_plan_problems
 
     for damaged, said in ((good.replace(b"1001", b"9001"), "not the input fingerprints of"),
@@ -139,7 +145,8 @@ def test_damaged_input_fingerprints_are_named_refused_and_written_again(tmp_path
         assert path.read_bytes() == good and recorded_plan_problems(out, entry) == []
 
 
-def test_verify_names_edited_fingerprints_of_a_prep_run_and_the_rerun_writes_them_again(finished, tmp_path, capsys):
+def test_verify_names_edited_fingerprints_of_a_prep_run_and_the_rerun_writes_them_again(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """F7 on a prep output: `verify --checksums` said OK over edited fingerprints; now it names
     them, and a rerun (nothing to do otherwise) writes them again."""
     corpus, _, want = finished
@@ -155,7 +162,9 @@ def test_verify_names_edited_fingerprints_of_a_prep_run_and_the_rerun_writes_the
     assert _verify(capsys, str(out), "--checksums")[0] == 0
 
 
-def test_a_lost_repairs_record_is_recorded_again_by_the_rerun(finished, tmp_path, monkeypatch, capsys):
+def test_a_lost_repairs_record_is_recorded_again_by_the_rerun(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """F8: a spill cut and repaired (its receipt and `repairs/00001` get a repair token), then
     `repairs/00001` deleted. Before: the rerun rebuilt pack and the manifest judged against no
     repair, and verify named their receipts "built before a repair" forever. Now: the rerun
@@ -179,7 +188,8 @@ def test_a_lost_repairs_record_is_recorded_again_by_the_rerun(finished, tmp_path
     assert _verify(capsys, str(out), "--checksums")[0] == 0
 
 
-def test_a_damaged_created_at_is_recorded_again_not_a_crash(finished, tmp_path, caplog):
+def test_a_damaged_created_at_is_recorded_again_not_a_crash(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """F9: non-UTF-8 bytes in the manifest plan's `created_at`. Before: UnicodeDecodeError,
     not naming the file, on every run that writes the manifest. Now: a warning naming it,
     a new time recorded, the manifest written."""
@@ -202,7 +212,7 @@ def test_a_damaged_created_at_is_recorded_again_not_a_crash(finished, tmp_path, 
     assert final_digest(out) == want
 
 
-def test_the_same_files_under_another_input_root_are_another_plan(tmp_path):
+def test_the_same_files_under_another_input_root_are_another_plan(tmp_path: Path) -> None:
     """F12: rows without ids are `relpath:row`, so `--input nested` and `--input nested/sub`
     (the same files) are different documents. Before: the tokenize hash did not hold the
     relpaths, so the second run into the first's output reused its units ("nothing to do")
@@ -218,20 +228,21 @@ def test_the_same_files_under_another_input_root_are_another_plan(tmp_path):
     assert final_digest(tmp_path / "a") == final_digest(tmp_path / "fresh")
 
 
-def test_flat_inputs_keep_their_tokenize_hash():
+def test_flat_inputs_keep_their_tokenize_hash() -> None:
     """F12 keeps the hashes of plans whose relpaths are their files' names (a flat folder,
     files named directly): only a nested input root enters the tokenize config."""
     from refinery.transforms.prep.stages import PrepConfig, TokenizeStage
 
     def config(relpaths: list[str]) -> dict[str, Any]:
         files = [storage.InputFile(f"/d/x/{r}", r, 10, "1") for r in relpaths]
-        return TokenizeStage(PrepConfig(inputs=files, output="/o", dataset="c")).config()
+        return dict(TokenizeStage(PrepConfig(inputs=files, output="/o", dataset="c")).config().settings)
 
     assert "relpaths" not in config(["a.jsonl", "b.jsonl"])
     assert config(["x/a.jsonl"])["relpaths"] != config(["a.jsonl"]).get("relpaths")
 
 
-def test_verify_of_a_missing_manifest_says_so_and_what_its_folder_holds(finished, tmp_path, capsys):
+def test_verify_of_a_missing_manifest_says_so_and_what_its_folder_holds(
+        finished: tuple[Path, Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """F16: `verify OUT/manifest.json` with the manifest missing looked for
     `OUT/manifest.json/.refinery/run.json`. Now one line names the manifest as missing and
     says whether OUT holds an unfinished run."""

@@ -4,14 +4,29 @@ would run it (the same ``check_receipt``), and the driver learns the outcome fro
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any, Iterable, TypedDict
 
 import pytest
 
 from refinery.transforms import resumable as stages
-from refinery.transforms.resumable import Stage, StageFailed, Unit, run_in_driver, run_stages
-from refinery.transforms.resumable import base as stage_api
+from refinery.transforms.resumable import Stage, StageFailed, Traits, Unit, UnitContext, run_in_driver, run_stages
+from refinery.transforms.resumable import ledger as stage_api
+from refinery.transforms.resumable.ledger import Completion
+from refinery.transforms.resumable.orchestration import JobResult, Runner
+from refinery.transforms.resumable.planner import Step
 
 N_PARTS = 40
+
+
+class Counted(TypedDict):
+    """What the ``counted`` fixture sees: per stage, the receipts the driver judged; the
+    units the job ran and skipped; and the runner that counts them."""
+
+    driver: dict[str, int]
+    ran: list[str]
+    skipped: list[str]
+    runner: Runner
 
 
 class Parts(Stage):
@@ -19,13 +34,13 @@ class Parts(Stage):
 
     name = "parts"
 
-    def __init__(self, fail_on=()):
+    def __init__(self, fail_on: Iterable[str] = ()) -> None:
         self.fail_on = set(fail_on)
 
-    def make_plan(self):
+    def make_plan(self) -> list[Unit[dict[str, int]]]:
         return [Unit(f"p{i:03d}", {"i": i}) for i in range(N_PARTS)]
 
-    def run_unit(self, unit, ctx):
+    def run_unit(self, unit: Unit[dict[str, int]], ctx: UnitContext) -> dict[str, int]:
         if unit.id in self.fail_on:
             raise ValueError(f"cannot do {unit.id}")
         ctx.write_bytes(ctx.part_path(f"{unit.id}.txt"), f"part {unit.payload['i']}\n".encode())
@@ -36,12 +51,14 @@ class Sums(Stage):
     """User-facing: 4 files, each the concatenation of a quarter of the parts."""
 
     name = "sums"
-    final_outputs = True
 
-    def make_plan(self):
+    def traits(self) -> Traits:
+        return Traits(final_outputs=True)
+
+    def make_plan(self) -> list[Unit[dict[str, int]]]:
         return [Unit(f"s{k}", {"k": k}) for k in range(4)]
 
-    def run_unit(self, unit, ctx):
+    def run_unit(self, unit: Unit[dict[str, int]], ctx: UnitContext) -> dict[str, int]:
         parts = ctx.upstream("parts")
         k = unit.payload["k"]
         text = b"".join(open(f"{parts.parts_dir}/p{i:03d}.txt", "rb").read()
@@ -51,28 +68,27 @@ class Sums(Stage):
 
 
 @pytest.fixture
-def counted(monkeypatch):
+def counted(monkeypatch: pytest.MonkeyPatch) -> Counted:
     """Per stage, the receipts the driver judged (``check_receipt`` calls outside the job) and
     the units the job ran or skipped (``execute_unit`` in the runner)."""
-    seen = {"driver": {}, "ran": [], "skipped": []}
     in_job = [False]
     real_check = stage_api.check_receipt
 
-    def check(output, path, *args, **kwargs):
+    def check(output: str, path: str, *args: Any, **kwargs: Any) -> Completion:
         if not in_job[0]:
             stage = path.split("/.refinery/")[1].split("/")[0]
             seen["driver"][stage] = seen["driver"].get(stage, 0) + 1
         return real_check(output, path, *args, **kwargs)
 
-    def runner(steps, beam_args, verify_checksums):
+    def runner(steps: list[Step], beam_args: list[str], verify_checksums: bool) -> dict[str, int]:
         in_job[0] = True
         counters: dict[str, int] = {}
         try:
             for step in steps:  # a step runs all its units; a failure blocks the steps after it
-                statuses = []
+                statuses: list[str] = []
                 for u in step.units:
                     r = stages.execute_unit(step.run, u, verify_checksums)
-                    seen["skipped" if r.get("skipped") else "ran"].append(f"{step.run.name}/{u.id}")
+                    (seen["skipped"] if r.get("skipped") else seen["ran"]).append(f"{step.run.name}/{u.id}")
                     for k, v in stages.unit_counters(step.run.name, r).items():
                         counters[k] = counters.get(k, 0) + v
                     statuses.append(r["status"])
@@ -82,19 +98,18 @@ def counted(monkeypatch):
         finally:
             in_job[0] = False
 
-    monkeypatch.setattr(stage_api, "check_receipt", check)  # what StageRun.check calls
-    seen["runner"] = runner
+    monkeypatch.setattr(stage_api, "check_receipt", check)  # what Ledger.check calls
+    seen: Counted = {"driver": {}, "ran": [], "skipped": [], "runner": runner}
     return seen
 
 
-def _run(out, counted, parts=None, **kw):
-    for k in ("driver",):
-        counted[k] = {}
+def _run(out: Path, counted: Counted, parts: Parts | None = None, **kw: Any) -> JobResult:
+    counted["driver"] = {}
     counted["ran"], counted["skipped"] = [], []
     return run_stages([parts or Parts(), Sums()], str(out), [], runner=counted["runner"], progress=False, **kw)
 
 
-def test_a_resumed_run_reads_no_intermediate_receipt_in_the_driver(tmp_path, counted):
+def test_a_resumed_run_reads_no_intermediate_receipt_in_the_driver(tmp_path: Path, counted: Counted) -> None:
     out = tmp_path / "out"
     _run(out, counted)
     assert len(counted["ran"]) == N_PARTS + 4
@@ -114,7 +129,8 @@ def test_a_resumed_run_reads_no_intermediate_receipt_in_the_driver(tmp_path, cou
     assert counted["ran"] == counted["skipped"] == [] and counted["driver"] == {"sums": 4}
 
 
-def test_damage_found_by_a_worker_is_repaired_and_what_was_built_from_it_redone(tmp_path, counted):
+def test_damage_found_by_a_worker_is_repaired_and_what_was_built_from_it_redone(
+        tmp_path: Path, counted: Counted) -> None:
     out = tmp_path / "out"
     _run(out, counted)
     part = next(out.glob(".refinery/parts/*/parts/p005.txt"))
@@ -132,7 +148,8 @@ def test_damage_found_by_a_worker_is_repaired_and_what_was_built_from_it_redone(
     assert counted["ran"] == []
 
 
-def test_a_failed_unit_is_named_from_the_failures_listing_and_cleared_once_it_completes(tmp_path, counted):
+def test_a_failed_unit_is_named_from_the_failures_listing_and_cleared_once_it_completes(
+        tmp_path: Path, counted: Counted) -> None:
     out = tmp_path / "out"
     with pytest.raises(StageFailed) as e:
         _run(out, counted, Parts(fail_on={"p007"}))
@@ -147,7 +164,8 @@ def test_a_failed_unit_is_named_from_the_failures_listing_and_cleared_once_it_co
     assert len(list(out.glob("sum-*.txt"))) == 4
 
 
-def test_a_failure_record_left_by_a_kill_after_its_unit_completed_is_not_a_failure(tmp_path, counted):
+def test_a_failure_record_left_by_a_kill_after_its_unit_completed_is_not_a_failure(
+        tmp_path: Path, counted: Counted) -> None:
     out = tmp_path / "out"
     _run(out, counted)
     failures = next(out.glob(".refinery/parts/*")) / "failures"
@@ -159,7 +177,7 @@ def test_a_failure_record_left_by_a_kill_after_its_unit_completed_is_not_a_failu
     assert counted["driver"] == {"sums": 4, "parts": 1}  # the one unit the listing flagged
 
 
-def test_the_same_flow_through_a_beam_job(tmp_path):
+def test_the_same_flow_through_a_beam_job(tmp_path: Path) -> None:
     """The workers of a real Beam job (the in-process DirectRunner) check the receipts."""
     out = tmp_path / "out"
     run_stages([Parts(), Sums()], str(out), ["--runner=DirectRunner"], progress=False)
@@ -172,7 +190,8 @@ def test_the_same_flow_through_a_beam_job(tmp_path):
     assert run_stages([Parts(), Sums()], str(out), [], runner=run_in_driver, progress=False).ran == {}
 
 
-def test_progress_counts_receipts_found_at_the_start_as_resumed_without_reading_them(tmp_path, monkeypatch):
+def test_progress_counts_receipts_found_at_the_start_as_resumed_without_reading_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from refinery.transforms.io import storage
     from refinery.transforms.resumable.progress import Progress
 
@@ -182,9 +201,14 @@ def test_progress_counts_receipts_found_at_the_start_as_resumed_without_reading_
     (next(out.glob(".refinery/parts/*")) / "failures").mkdir()
     (next(out.glob(".refinery/parts/*")) / "failures" / "p001").write_text("ValueError: x")
     progress = Progress([(parts, N_PARTS)], interval=1.0, enabled=False)
-    reads = []
+    reads: list[str] = []
     real = storage.read_json
-    monkeypatch.setattr(storage, "read_json", lambda path: reads.append(path) or real(path))
+
+    def read_json(path: str) -> Any:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(storage, "read_json", read_json)
     progress._seed()
     done, post = progress._poll(parts, N_PARTS)
     # p001's last attempt is recorded as failed: read (and found completed here), not assumed done

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from helpers import gsm8k_rows, run_prep, write_jsonl
 
 from refinery.beam_pipelines.checks import UsageError, check_field, text_spec
 from refinery.transforms.formats import shards
 from refinery.transforms.formats.tiktoken_vocab import get_encoding
-from refinery.transforms.io.text import TemplateError, TextSpec, escape, unescape
-from refinery.transforms.prep.documents import Document, Rejected, encode_document, normalize_row, normalize_text
-from refinery.transforms.resumable import short_hash
+from refinery.transforms.io.text import TemplateError, TextSpec, escape, normalize_text, unescape
+from refinery.transforms.loader import mixture as mx
+from refinery.transforms.prep.documents import Document, Rejected, encode_document, normalize_row
+from refinery.transforms.resumable import Stage, short_hash
 
 QA = "{question}\n\n{answer}"
 QA_TYPED = r"{question}\n\n{answer}"  # as typed in bash single quotes
@@ -27,7 +31,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 # The rule (pure)
 # ---------------------------------------------------------------------------------------
 
-def test_field_reasons_are_as_before():
+def test_field_reasons_are_as_before() -> None:
     spec = TextSpec(field="text")
     assert spec.extract({"text": "hi"}) == ("hi", None)
     assert spec.extract({"body": "hi"}) == (None, "missing text field 'text'")
@@ -38,7 +42,7 @@ def test_field_reasons_are_as_before():
     assert spec.fields() == ("text",) and spec.identity() == {"text_field": "text"}
 
 
-def test_template_joins_fields_with_its_literal_text():
+def test_template_joins_fields_with_its_literal_text() -> None:
     spec = TextSpec(template=unescape(QA_TYPED))
     assert spec.template == QA
     assert spec.extract({"question": "Q?", "answer": "A.", "x": 1}) == ("Q?\n\nA.", None)
@@ -48,26 +52,26 @@ def test_template_joins_fields_with_its_literal_text():
     assert braces.fields() == ("q", "a")
 
 
-def test_template_rejects_name_the_field():
+def test_template_rejects_name_the_field() -> None:
     spec = TextSpec(template=QA)
     assert spec.extract({"question": "Q"}) == (None, "missing field 'answer' (text template)")
     assert spec.extract({"question": "Q", "answer": 42}) == (
         None, "field 'answer' is int, not a string (text template)")
     assert spec.extract({"question": None, "answer": "A"}) == (
         None, "field 'question' is NoneType, not a string (text template)")
-    assert spec.extract(None)[1].startswith("not a row")
+    assert str(spec.extract(None)[1]).startswith("not a row")
 
 
 @pytest.mark.parametrize("typed, meant", [
     (r"a\nb", "a\nb"), (r"a\tb", "a\tb"), (r"a\\nb", "a\\nb"), (r"\\\\", "\\\\"), ("a\nb", "a\nb"), ("plain", "plain"),
 ])
-def test_unescape(typed, meant):
+def test_unescape(typed: str, meant: str) -> None:
     assert unescape(typed) == meant
     assert unescape(escape(meant)) == meant
 
 
 @pytest.mark.parametrize("typed", [r"a\rb", "a\\", r"\x41", "{q}\\"])
-def test_unknown_escapes_are_errors(typed):
+def test_unknown_escapes_are_errors(typed: str) -> None:
     with pytest.raises(TemplateError, match="not an escape it knows"):
         unescape(typed)
 
@@ -84,13 +88,13 @@ def test_unknown_escapes_are_errors(typed):
     ("{question", "not a valid template"),
     ("answer}", "not a valid template"),
 ])
-def test_bad_templates_are_one_line_errors(template, message):
+def test_bad_templates_are_one_line_errors(template: str, message: str) -> None:
     with pytest.raises(TemplateError, match=message.replace("{", r"\{").replace("[", r"\[")) as e:
         TextSpec(template=template)
     assert "\n" not in str(e.value)
 
 
-def test_spec_needs_exactly_one_source():
+def test_spec_needs_exactly_one_source() -> None:
     with pytest.raises(ValueError):
         TextSpec()
     with pytest.raises(ValueError):
@@ -102,7 +106,7 @@ def test_spec_needs_exactly_one_source():
     assert len({TextSpec(template=QA), TextSpec(template=QA), TextSpec(field="text")}) == 2  # hashable
 
 
-def test_chat_rows_are_flattened_by_field_and_in_templates():
+def test_chat_rows_are_flattened_by_field_and_in_templates() -> None:
     flat = "system: Be brief.\n\nuser: 2+2?\n\nassistant: 4"
     assert TextSpec(field="messages").extract({"messages": CHAT}) == (flat, None)
     spec = TextSpec(template="[{source}]\n{messages}")
@@ -118,67 +122,79 @@ def test_chat_rows_are_flattened_by_field_and_in_templates():
     ([{"role": "user", "content": [{"type": "text", "text": "a"}]}], "message 0 'content' is list, not a string"),
     ([{"role": 1, "content": "a"}], "message 0 'role' is int, not a string"),
 ])
-def test_malformed_chat_rows_are_rejects_naming_field_and_element(messages, detail):
+def test_malformed_chat_rows_are_rejects_naming_field_and_element(messages: object, detail: str) -> None:
     assert TextSpec(field="messages").extract({"messages": messages}) == (None, f"text field 'messages' {detail}")
     assert TextSpec(template="{messages}").extract({"messages": messages}) == (
         None, f"field 'messages' {detail} (text template)")
 
 
-def test_normalize_row_builds_the_text_before_normalizing():
+def _rejected(outcome: Document | Rejected) -> Rejected:
+    assert isinstance(outcome, Rejected), outcome
+    return outcome
+
+
+def test_normalize_row_builds_the_text_before_normalizing() -> None:
     spec = TextSpec(template="{q}\r\n{a}  ")
     doc = normalize_row({"id": 1, "q": "  caf\u0065\u0301", "a": "x\x00y"}, None, spec, "id", "f.jsonl", 3)
     assert doc == Document("1", "caf\u00e9\nxy", "f.jsonl", 3)
     assert normalize_row({"q": "a"}, None, spec, "id", "f.jsonl", 4) == Rejected(
         "f.jsonl", 4, "missing field 'a' (text template)")
-    assert "surrogates" in normalize_row({"q": "a\ud800", "a": "b"}, None, spec, "id").reason
+    assert "surrogates" in _rejected(normalize_row({"q": "a\ud800", "a": "b"}, None, spec, "id")).reason
     # a plain field name still works, with today's reasons
-    assert normalize_row({"text": 5}, None, "text", "id").reason == "text field 'text' is int, not a string"
+    assert _rejected(normalize_row({"text": 5}, None, "text", "id")).reason == "text field 'text' is int, not a string"
 
 
 # ---------------------------------------------------------------------------------------
 # Stage configs: --text-field keeps every hash; a template enters them
 # ---------------------------------------------------------------------------------------
 
-def test_prep_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path):
-    from refinery.transforms.prep.stages import PrepConfig, build_stages
+def test_prep_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path: Path) -> None:
+    from refinery.transforms.prep.stages import ManifestStage, PrepConfig, build_stages
 
-    def stages(**kw):
+    def stages(**kw: Any) -> list[Stage]:
         return build_stages(PrepConfig(inputs=[], output=str(tmp_path / "o"), dataset="d", **kw))
 
-    tokenize = stages()[0].config()
+    def run_hash(built: list[Stage]) -> str:
+        manifest = built[-1]
+        assert isinstance(manifest, ManifestStage)
+        return manifest.run_hash
+
+    tokenize = dict(stages()[0].config().settings)
     # exactly the config of the code before templates (so resumed outputs do not re-plan)
     assert tokenize == {"text_field": "text", "id_field": "id", "num_shards": 8, "row_groups_per_unit": 8,
                         "unit_bytes": 16 << 20, "normalize": "nfc-crlf-cc-strip/1", "source": {},
                         "max_row_bytes": tokenize["max_row_bytes"]}
     assert short_hash(tokenize) == "5cd82816834a15b1"  # made by the code before templates
-    assert stages()[-1].run_hash == stages(text_field="text")[-1].run_hash
+    assert run_hash(stages()) == run_hash(stages(text_field="text"))
     templated = stages(text_template=QA)
-    assert templated[0].config()["text_template"] == QA and "text_field" not in templated[0].config()
+    assert templated[0].config().settings["text_template"] == QA and "text_field" not in templated[0].config().settings
     other = stages(text_template="{question} {answer}")
-    assert len({templated[-1].run_hash, other[-1].run_hash, stages()[-1].run_hash}) == 3
-    assert short_hash(templated[0].config()) != short_hash(other[0].config())
+    assert len({run_hash(templated), run_hash(other), run_hash(stages())}) == 3
+    assert short_hash(dict(templated[0].config().settings)) != short_hash(dict(other[0].config().settings))
 
 
-def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path):
-    from refinery.transforms.decon.stages import DeconSettings, build_stages
+def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path: Path) -> None:
+    from refinery.transforms.decon.stages import DeconSettings, MergeReportsStage, build_stages
     from refinery.transforms.io.text import TEXT_NORMALIZATION
 
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": 1, "question": "a b c", "answer": "d"}])
     tr = write_jsonl(tmp_path / "train.jsonl", [{"id": 1, "text": "a b c"}])
 
-    def stages(**kw):
+    def stages(**kw: Any) -> list[Stage]:
         return build_stages(DeconSettings(eval_paths=[str(ev)], train_paths=[str(tr)], ns=[3], **kw))
 
     index, scan = stages(eval_text_field="question")[:2]
-    assert index.config() == {"format": index.config()["format"], "ns": [3], "text_field": "question",
+    assert index.config().settings == {"format": index.config().settings["format"], "ns": [3], "text_field": "question",
                               "id_field": "id", "partitions": 64, "text_normalization": TEXT_NORMALIZATION,
                               "min_eval_tokens": 5}
-    assert scan.config() == {"format": scan.config()["format"], "text_field": "text", "id_field": "id",
+    settings = scan.config().settings
+    assert settings == {"format": settings["format"], "text_field": "text", "id_field": "id",
                              "slice_bytes": 256 << 20, "unread_rows": 1, "text_normalization": TEXT_NORMALIZATION,
                              "row_ids": "relpath:row"}
     index, scan, _, merge = stages(eval_text_template=QA)
-    assert index.config()["text_template"] == QA and "text_field" not in index.config()
-    assert "text_template" not in scan.config()
+    assert isinstance(merge, MergeReportsStage)
+    assert index.config().settings["text_template"] == QA and "text_field" not in index.config().settings
+    assert "text_template" not in scan.config().settings
     assert ("eval text template", r"{question}\n\n{answer}") in merge.report_settings()
     assert ("train text field", "text") in merge.report_settings()
     with pytest.raises(ValueError, match="names no field"):
@@ -189,7 +205,7 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
 # Flags
 # ---------------------------------------------------------------------------------------
 
-def test_text_spec_flags():
+def test_text_spec_flags() -> None:
     assert text_spec("prep", None, None) == TextSpec(field="text")
     assert text_spec("prep", "body", None) == TextSpec(field="body")
     assert text_spec("prep", None, QA_TYPED) == TextSpec(template=QA)
@@ -200,7 +216,7 @@ def test_text_spec_flags():
         text_spec("prep", None, "{a.b}")
 
 
-def test_check_field_with_a_template_names_the_missing_field(tmp_path):
+def test_check_field_with_a_template_names_the_missing_field(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", [{"question": "q", "answer": "a"}, {"question": "q2"}])
     check_field("prep", "--text-template", ("question", "answer"), [str(path)], shown=QA)  # each in some row
     with pytest.raises(UsageError, match=r"--text-template '\{question\}\\n\\n\{answers\}': field 'answers': no row"):
@@ -211,16 +227,16 @@ def test_check_field_with_a_template_names_the_missing_field(tmp_path):
 # prep, end to end
 # ---------------------------------------------------------------------------------------
 
-def _load_docs(out) -> list[np.ndarray]:
+def _load_docs(out: Path) -> list[npt.NDArray[np.uint32]]:
     manifest = json.loads((out / "manifest.json").read_text())
-    docs = []
+    docs: list[npt.NDArray[np.uint32]] = []
     for s in manifest["shards"]:
         tokens = np.load(out / s["path"])
         docs += [tokens[a:b] for a, b in shards.read_idx(str(out / s["index_path"]))]
     return docs
 
 
-def test_prep_with_a_text_template(tmp_path, capsys):
+def test_prep_with_a_text_template(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -256,7 +272,7 @@ def test_prep_with_a_text_template(tmp_path, capsys):
     assert _load_docs(out)[0].tolist() == list(first)
 
 
-def test_prep_with_chat_rows(tmp_path):
+def test_prep_with_chat_rows(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "chat.jsonl", [
         {"id": "c0", "messages": CHAT},
         {"id": "c1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
@@ -278,7 +294,8 @@ def test_prep_with_chat_rows(tmp_path):
     (("--text-template", r"{question}\r"), "not an escape it knows"),
     (("--text-template", r"{question}\n\n{answers}"), "field 'answers': no row of"),
 ])
-def test_prep_flag_errors_exit_2_with_one_line(tmp_path, capsys, extra, message):
+def test_prep_flag_errors_exit_2_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str) -> None:
     corpus = write_jsonl(tmp_path / "a.jsonl", gsm8k_rows("test")[:3])
     assert run_prep([corpus], tmp_path / "out", *extra) == 2
     err = capsys.readouterr().err.strip()
@@ -286,7 +303,7 @@ def test_prep_flag_errors_exit_2_with_one_line(tmp_path, capsys, extra, message)
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_normalize_transform_takes_a_template():
+def test_normalize_transform_takes_a_template() -> None:
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that, equal_to
@@ -308,18 +325,18 @@ def test_normalize_transform_takes_a_template():
 # decon, end to end
 # ---------------------------------------------------------------------------------------
 
-def _decon(*argv) -> int:
+def _decon(*argv: object) -> int:
     from refinery.beam_pipelines.cli import main
 
     return main(["decon", *map(str, argv), "--ngrams", "8", "--runner", "direct", "--no-progress"])
 
 
-def _instances(out) -> list[dict]:
+def _instances(out: Path) -> list[dict[str, Any]]:
     with gzip.open(out / "stats" / "overlap_instances.jsonl.gz", "rt") as f:
         return [json.loads(line) for line in f]
 
 
-def test_decon_with_templates_on_both_sides(tmp_path, capsys):
+def test_decon_with_templates_on_both_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     qa = gsm8k_rows("test")[:4]
     ev = write_jsonl(tmp_path / "evals" / "gsm8k" / "test.jsonl",
                      [{"id": f"t{i}", "question": r["question"], "answer": r["answer"]} for i, r in enumerate(qa)])
@@ -360,7 +377,8 @@ def test_decon_with_templates_on_both_sides(tmp_path, capsys):
     (("--eval-text-template", r"{question}\n{answers}"), "--eval-text-template '{question}\\n{answers}': "
                                                           "field 'answers': no row of"),
 ])
-def test_decon_flag_errors_exit_2_with_one_line(tmp_path, capsys, extra, message):
+def test_decon_flag_errors_exit_2_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str) -> None:
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", gsm8k_rows("test")[:2])
     tr = write_jsonl(tmp_path / "train.jsonl", [{"text": "a b c"}])
     assert _decon("--eval", ev, "--train", tr, "--output", tmp_path / "out", *extra) == 2
@@ -368,7 +386,7 @@ def test_decon_flag_errors_exit_2_with_one_line(tmp_path, capsys, extra, message
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
-def test_decon_eval_rows_and_scan_use_the_same_rule():
+def test_decon_eval_rows_and_scan_use_the_same_rule() -> None:
     from refinery.transforms.decon import ngrams as ng
 
     tok = ng.TOKENIZERS["default"]
@@ -383,10 +401,8 @@ def test_decon_eval_rows_and_scan_use_the_same_rule():
 # prep-mixture
 # ---------------------------------------------------------------------------------------
 
-def _mixture(tmp_path, source: str):
+def _mixture(tmp_path: Path, source: str) -> mx.MixtureFile:
     import tomllib
-
-    from refinery.transforms.loader import mixture as mx
 
     text = f"""
 [mixtures.m]
@@ -400,7 +416,7 @@ path = "data/"
     return mx.parse_mixture_file(tomllib.loads(text), str(tmp_path / "mix.toml"))
 
 
-def test_mixture_sources_take_a_text_template(tmp_path):
+def test_mixture_sources_take_a_text_template(tmp_path: Path) -> None:
     from refinery.transforms.loader.mixture import MixtureError
 
     [src] = _mixture(tmp_path, 'text_template = "{question}\\n\\n{answer}"').mixtures["m"].sources

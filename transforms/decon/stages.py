@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator, cast
+from typing import IO, Any, Callable, Iterator, Mapping, TypedDict, cast
 
 import msgpack
 import zstandard
@@ -70,9 +70,9 @@ from refinery.transforms.formats.droplist import (
 from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused, release_freed_memory
 from refinery.transforms.io.jsonl import jsonl
-from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES, Row, iter_rows, parquet_row_groups
 from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec
-from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext
+from refinery.transforms.resumable import Stage, StageConfig, StageRun, StageWiring, Traits, Unit, UnitContext
 from refinery.transforms.resumable.progress import human_bytes, rate
 
 FORMAT_VERSION = 5  # 3: checksummed hits frames; shared eval texts collapsed, capped details, cut snippets;
@@ -110,7 +110,7 @@ def decompress_frame(frame: bytes, where: str) -> bytes:
         raise ValueError(f"{where}: damaged zstd frame ({e}); {REBUILD_HINT}") from None
 
 
-def copy_gzip_member(src, out, where: str, chunk: int = 1 << 20) -> None:
+def copy_gzip_member(src: IO[bytes], out: storage.BinaryWriter, where: str, chunk: int = 1 << 20) -> None:
     """Copy one complete gzip member from ``src`` to ``out``, inflating it on the way to check
     its CRC and length; ValueError naming ``where`` if it is damaged or not one whole member
     (``out`` then holds a partial copy: the caller's unit fails and its file is not kept)."""
@@ -160,7 +160,7 @@ class DeconSettings:
     min_eval_tokens: int = DEFAULT_MIN_EVAL_TOKENS  # shorter eval rows are not indexed (--min-eval-tokens)
     eval_dataset_field: str | None = None  # set: an eval row's dataset is this field's value (--eval-dataset-field)
 
-    def row_cap(self) -> dict:
+    def row_cap(self) -> dict[str, Any]:
         """What a stage config records of the row cap: nothing at the default (the hashes of
         outputs made before --max-row-bytes are kept)."""
         return {"max_row_bytes": self.max_row_bytes} if self.max_row_bytes != DEFAULT_MAX_ROW_BYTES else {}
@@ -173,7 +173,7 @@ class DeconSettings:
     def train_text(self) -> TextSpec:
         return TextSpec.from_options(None, self.train_text_template, self.train_text_field)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.ns = sorted(set(int(n) for n in self.ns))
         if not self.ns or self.ns[0] < 1:
             raise ValueError("--ngrams needs positive integers")
@@ -196,6 +196,30 @@ class DeconSettings:
 # Per-process caches (a worker process serves many units)
 # ---------------------------------------------------------------------------------------
 
+class PartitionPayload(TypedDict, total=False):
+    """An index or reduce unit's payload: its hash partition (none: the index's catalog, the merge)."""
+
+    p: int
+
+
+class _TrainSliceBase(TypedDict):
+    path: str
+    relpath: str
+    kind: str   # "file", "bytes" (a .jsonl's byte range) or "row_groups" (a .parquet's)
+    file: int
+    slice: int
+
+
+class TrainSlice(_TrainSliceBase, total=False):
+    """A scan unit's payload: a training file or a slice of it, ``lo`` to ``hi`` (bytes or row groups)."""
+
+    lo: int
+    hi: int
+
+
+_gzip_writer = cast(Callable[..., IO[bytes]], igzip.IGzipFile)  # isal's IGzipFile has no annotations
+
+
 _EVAL_LOCK = threading.Lock()
 
 
@@ -206,7 +230,7 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_fiel
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
 
-    def read(path: str) -> Iterator[tuple[int, dict | None, str | None]]:
+    def read(path: str) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
         return iter_rows(path, max_row_bytes=max_row_bytes)
 
     with gc_paused():
@@ -242,7 +266,7 @@ def load_partition_file(path: str) -> ng.Partition:
     return part
 
 
-def let_go(*caches, membership: bool = False) -> bool:
+def let_go(*caches: Any, membership: bool = False) -> bool:
     """Empty the per-process ``caches`` (``lru_cache`` functions) and, with ``membership``, the
     scan's membership; where any of them held something, give the freed memory back to the
     system (:func:`release_freed_memory`): a process that runs the stages one after another
@@ -264,15 +288,18 @@ def let_go(*caches, membership: bool = False) -> bool:
 
 class IndexStage(Stage):
     name = "index"
-    title = "Index eval sets"
-    light = True  # one unit: one process builds the whole eval index
-    driver_only = ("eval_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
         self.s = settings
         self.eval_files = eval_files
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Index eval sets", light=True, driver_only=("eval_files",))
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs(), self._identity())
+
+    def _settings(self) -> dict[str, Any]:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
                 "id_field": self.s.id_field, "partitions": self.s.partitions, **self.s.row_cap(),
@@ -280,14 +307,15 @@ class IndexStage(Stage):
                 # absent without the flag: the hashes of outputs made before it are kept
                 **({"dataset_field": self.s.eval_dataset_field} if self.s.eval_dataset_field is not None else {})}
 
-    def fingerprints(self) -> list:
+    def _inputs(self) -> list[Any]:
         return [f.fingerprint() for f in self.eval_files]
 
-    def identity(self) -> dict:
+    def _identity(self) -> dict[str, Any]:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def make_plan(self) -> list[Unit]:
-        return [Unit("catalog", {})] + [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
+    def make_plan(self) -> list[Unit[PartitionPayload]]:
+        return [Unit("catalog", PartitionPayload())] + [Unit(f"partition-{p:05d}", {"p": p})
+                                                        for p in range(self.s.partitions)]
 
     def _index(self, run: StageRun) -> ng.NgramIndex:
         files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
@@ -296,7 +324,7 @@ class IndexStage(Stage):
                                self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens,
                                self.s.eval_dataset_field)
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         index = self._index(ctx.run)
         if unit.id == "catalog":
             membership = index.membership
@@ -318,8 +346,8 @@ class IndexStage(Stage):
 # scan
 # ---------------------------------------------------------------------------------------
 
-def plan_train_units(files: list[storage.InputFile], slice_bytes: int) -> list[Unit]:
-    units = []
+def plan_train_units(files: list[storage.InputFile], slice_bytes: int) -> list[Unit[TrainSlice]]:
+    units: list[Unit[TrainSlice]] = []
     for fi, f in enumerate(files):
         if storage.has_suffix(f.path, ".jsonl") and f.size > slice_bytes:
             k = -(-f.size // slice_bytes)
@@ -346,27 +374,32 @@ def _peak_rss_mb() -> float:
 
 class ScanStage(Stage):
     name = "scan"
-    title = "Scan training data"
-    driver_only = ("train_files",)  # a worker reads them from the plan's recorded fingerprints
 
     def __init__(self, settings: DeconSettings, train_files: list[storage.InputFile], index_stage: IndexStage):
         self.s = settings
         self.train_files = train_files
         self.index_stage = index_stage
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Scan training data", driver_only=("train_files",), progress_text=self._progress_text,
+                      wiring=ScanWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs(), self._identity())
+
+    def _settings(self) -> dict[str, Any]:
         # unread_rows: each unit lists the rows it could not read (unread_file), for the drop list's side file
         return {"format": FORMAT_VERSION, **self.s.train_text.identity(), "id_field": self.s.id_field,
                 "slice_bytes": self.s.slice_bytes, "unread_rows": 1, **self.s.row_cap(),
                 "text_normalization": TEXT_NORMALIZATION, "row_ids": "relpath:row"}  # row_ids: formats.row_ids
 
-    def fingerprints(self) -> list:
+    def _inputs(self) -> list[Any]:
         return [f.fingerprint() for f in self.train_files]
 
-    def identity(self) -> dict:
+    def _identity(self) -> dict[str, Any]:
         return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[TrainSlice]]:
         return plan_train_units(self.train_files, self.s.slice_bytes)
 
     @staticmethod
@@ -374,18 +407,11 @@ class ScanStage(Stage):
         """The index's membership file, upstream of the scan bound as ``run``."""
         return storage.join(run.upstream["index"].parts_dir, MEMBERSHIP_FILE)
 
-    def side_inputs(self, run: StageRun, start) -> dict:
-        import apache_beam as beam
-
-        path = self.membership_path(run)
-        membership = start | "ReadMembership" >> beam.Map(lambda _, p: storage.read_bytes(p), path)
-        return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
-
-    def describe_progress(self, stats: dict, seconds: float) -> str:
+    def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
         read = stats.get("text_bytes", 0)
         return ", ".join(filter(None, [human_bytes(read), rate(read / 1e6, seconds, "MB")]))
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[TrainSlice], ctx: UnitContext) -> dict[str, Any]:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         let_go(_eval_index)  # a process that ran the index too (a direct run): its partitions are read instead
@@ -416,7 +442,7 @@ class ScanStage(Stage):
         size = 0
         with ctx.open_write(ctx.part_path(hits_file(unit.id))) as out, \
                 ctx.open_write(ctx.part_path(unread_file(unit.id))) as unread_out, gc_paused():
-            def listed(rows: Iterator) -> Iterator:
+            def listed(rows: Iterator[Row]) -> Iterator[Row]:
                 """``rows``, each one the reader could not read written to ``unread_out`` first."""
                 nonlocal unread
                 for row in rows:
@@ -452,7 +478,7 @@ class ScanStage(Stage):
                 "test_ngrams": len(membership)}
 
 
-def _reporting(rows: Iterator, ctx: UnitContext, counts: Callable[[], dict]) -> Iterator:
+def _reporting(rows: Iterator[Row], ctx: UnitContext, counts: Callable[[], dict[str, Any]]) -> Iterator[Row]:
     """``rows``, unchanged, publishing ``counts()`` (:meth:`UnitContext.report_progress`)
     every 1,024 rows: the scan yields only batches with hits, the progress display must move
     on every batch."""
@@ -482,7 +508,7 @@ def results_file(p: int) -> str:
     return f"results/part-{p:05d}.msgpack"
 
 
-def scan_frames(scan_run: StageRun) -> dict:
+def scan_frames(scan_run: StageRun) -> dict[str, Any]:
     """Where each partition's hits are: ``units`` lists each scan unit in plan order as
     ``[unit id, training path, row base]`` (the rows of the byte slices of its file before
     it), ``frames`` maps a partition to its ``[unit index, offset, length]`` frames."""
@@ -491,8 +517,8 @@ def scan_frames(scan_run: StageRun) -> dict:
     missing = [u.id for u in plan if u.id not in receipts]
     if missing:
         raise RuntimeError(f"scan units not completed: {missing[:5]}")
-    units: list[list] = []
-    frames: dict[int, list] = {}
+    units: list[list[Any]] = []
+    frames: dict[int, list[Any]] = {}
     rows_before: dict[int, int] = {}
     for i, u in enumerate(plan):
         f = u.payload["file"]
@@ -523,15 +549,19 @@ def load_eval_columns(path: str) -> dt.EvalColumns:
 
 class ReduceStage(Stage):
     name = "reduce"
-    title = "Reduce partitions"
 
-    @property
-    def final_outputs(self) -> bool:
+    def traits(self) -> Traits:
+        return Traits(title="Reduce partitions", light=self._light(), final_outputs=self._final_outputs(),
+                      wiring=ReduceWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _final_outputs(self) -> bool:
         """Parquet details are user-facing files of this stage (``stats/overlap_details/``)."""
         return self.s.details_format == "parquet"
 
-    @property
-    def light(self) -> bool:
+    def _light(self) -> bool:
         """Its work grows with the scan's hits: after a scan of one slice of training data,
         not worth starting a pool of worker processes for."""
         return len(self.scan_stage.plan()) <= 1
@@ -540,23 +570,17 @@ class ReduceStage(Stage):
         self.s = settings
         self.scan_stage = scan_stage
 
-    def config(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details,
                 "train_rows": 2,  # 1: results list the rows hit; 2: with their records, shared texts once
                 # absent for jsonl: the hash of a jsonl run made before --details-format is kept
                 **({"details_format": "parquet"} if self.s.details_format == "parquet" else {})}
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[PartitionPayload]]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
 
-    def side_inputs(self, run: StageRun, start) -> dict:
-        import apache_beam as beam
-
-        frames = start | "ScanFrames" >> beam.Map(lambda _, scan_run: scan_frames(scan_run), run.upstream["scan"])
-        return {"frames": beam.pvalue.AsSingleton(frames, default_value=None)}
-
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         p = unit.payload["p"]
         let_go(_eval_index, membership=True)  # a process that ran the index and scan too (the driver, a light reduce)
         index_run, scan_run = ctx.upstream("index"), ctx.upstream("scan")
@@ -566,7 +590,7 @@ class ReduceStage(Stage):
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
 
-        def blocks() -> Iterator[tuple[int, str, int, dict]]:
+        def blocks() -> Iterator[tuple[int, str, int, dict[str, Any]]]:
             for i, offset, length in table["frames"].get(p, []):
                 unit_id, path, base = table["units"][i]
                 hits = storage.join(scan_run.parts_dir, hits_file(unit_id))
@@ -584,7 +608,7 @@ class ReduceStage(Stage):
                 packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         else:
             with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
-                with igzip.IGzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
+                with _gzip_writer(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
                     result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count,
                                                  gz.write, self.s.max_ngram_details, same)
                 packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
@@ -599,24 +623,27 @@ class ReduceStage(Stage):
 
 class MergeReportsStage(Stage):
     name = "merge"
-    title = "Merge reports"
-    light = True
-    final_outputs = True
 
     def __init__(self, settings: DeconSettings, reduce_stage: ReduceStage):
         self.s = settings
         self.reduce_stage = reduce_stage
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Merge reports", light=True, final_outputs=True)
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _settings(self) -> dict[str, Any]:
         # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read
         return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 2,
                 "clean_subsets": 1,  # stats/clean/<dataset>/n=<n>.jsonl.gz (ngrams.clean)
                 **({"inputs_sha256": True} if self.s.verify_inputs_by_content else {})}
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[PartitionPayload]]:
         return [Unit("merge", {})]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         # the eval index and the partitions are not read here: a process that built or read them (the driver
         # runs the index, a direct run everything) lets them go before the merge's own peak
         let_go(_eval_index, load_partition_file, load_eval_columns, membership=True)
@@ -703,11 +730,12 @@ class MergeReportsStage(Stage):
         template, normalization version, row cap) and, with ``verify_inputs_by_content``, the
         sha256 of its bytes (read again here; a file whose size or version changed since the
         scan is an error): what ``prep --exclude-overlaps`` matches its inputs against."""
-        spec = ReadSpec(settings.train_text.identity(), TEXT_NORMALIZATION, settings.max_row_bytes).record()
+        spec = ReadSpec(settings.train_text.identity(), TEXT_NORMALIZATION, settings.max_row_bytes)
         out: list[TrainFile] = []
         for f in scan_run.input_fingerprints():
             row: TrainFile = {"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
-                              "version": f["version"], **spec}  # type: ignore[typeddict-item]
+                              "version": f["version"], "text": dict(spec.text), "normalization": spec.normalization,
+                              "max_row_bytes": spec.max_row_bytes}  # ReadSpec.record(), typed
             if settings.verify_inputs_by_content:
                 row["sha256"] = file_sha256(f["path"])
                 now = storage.expand_inputs([f["path"]])
@@ -829,3 +857,25 @@ def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> l
     scan = ScanStage(settings, train_files, index)
     reduce = ReduceStage(settings, scan)
     return [index, scan, reduce, MergeReportsStage(settings, reduce)]
+
+
+class ScanWiring(StageWiring):
+    """The scan's Beam wiring: the index's membership file, read once the index is done, as a
+    side input (every scan unit tests its n-grams against it)."""
+
+    def side_inputs(self, run: StageRun, start: Any) -> dict[str, Any]:
+        import apache_beam as beam  # lazy: Beam loads with the job, not with the command
+
+        path = ScanStage.membership_path(run)
+        membership = start | "ReadMembership" >> beam.Map(lambda _, p: storage.read_bytes(p), path)
+        return {"membership": beam.pvalue.AsSingleton(membership, default_value=None)}
+
+
+class ReduceWiring(StageWiring):
+    """The reduce's Beam wiring: the scan's frames, once the scan is done, as a side input."""
+
+    def side_inputs(self, run: StageRun, start: Any) -> dict[str, Any]:
+        import apache_beam as beam  # lazy: Beam loads with the job, not with the command
+
+        frames = start | "ScanFrames" >> beam.Map(lambda _, scan_run: scan_frames(scan_run), run.upstream["scan"])
+        return {"frames": beam.pvalue.AsSingleton(frames, default_value=None)}

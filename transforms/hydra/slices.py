@@ -13,7 +13,7 @@ from typing import Any
 
 from refinery.transforms.formats.docids import find_shards, shard_doc_ids
 from refinery.transforms.io import storage
-from refinery.transforms.resumable import Stage, Unit, UnitContext
+from refinery.transforms.resumable import Stage, StageConfig, Traits, Unit, UnitContext
 
 SPLITS = ("train", "val", "test")
 
@@ -27,9 +27,6 @@ class SlicesStage(Stage):
     """One local unit: every shard under the data root -> ``docids_{train,val,test}.jsonl``."""
 
     name = "slices"
-    title = "Slice shards"
-    light = True
-    final_outputs = True
 
     def __init__(self, data_root: str) -> None:
         self.data_root = data_root.rstrip("/")
@@ -37,10 +34,16 @@ class SlicesStage(Stage):
         if not self.shards:
             raise storage.InputError(f"{data_root}: no .npy/.idx shards found")
 
-    def config(self) -> dict[str, Any]:
+    def traits(self) -> Traits:
+        return Traits(title="Slice shards", light=True, final_outputs=True)
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs())
+
+    def _settings(self) -> dict[str, Any]:
         return {"format": 1, "rule": "md5[:8] % 100: <80 train, <90 val, else test"}
 
-    def fingerprints(self) -> list[dict[str, Any]]:
+    def _inputs(self) -> list[dict[str, Any]]:
         out = []
         for _, rel in self.shards:
             path = storage.join(self.data_root, rel[: -len(".npy")] + ".idx")

@@ -60,7 +60,19 @@ from refinery.transforms.inference.handler import (
 from refinery.transforms.io import rows, storage
 from refinery.transforms.io.beam_private import dead_letter_error
 from refinery.transforms.io.jsonl import jsonl
-from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, execute_unit, now_iso, short_hash
+from refinery.transforms.resumable import (
+    AllPending,
+    Stage,
+    StageConfig,
+    StageRun,
+    StageWiring,
+    Traits,
+    Unit,
+    UnitContext,
+    execute_unit,
+    now_iso,
+    short_hash,
+)
 from refinery.transforms.resumable import base as resumable_base  # PROGRESS_EVERY_S, read when used (tests set it)
 from refinery.transforms.resumable.beam_steps import ReadUnits, UnitResult, count_receipt, summary
 from refinery.transforms.resumable.progress import rate
@@ -450,25 +462,25 @@ class InferStage(Stage):
         self.source = source
         self.wave_units = max(1, wave_units)
 
-    def config(self) -> JsonObject:
+    def traits(self) -> Traits:
+        return Traits(progress_text=self._progress_text, waves=AllPending(), wiring=InferWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs(), self._identity())
+
+    def _settings(self) -> JsonObject:
         return {"format": FORMAT_VERSION, "task": self.task.config(), "source": self.source.config()}
 
-    def fingerprints(self) -> list[JsonObject]:
+    def _inputs(self) -> list[JsonObject]:
         return self.source.fingerprints()
 
-    def identity(self) -> JsonObject:
+    def _identity(self) -> JsonObject:
         return self.task.identity()
 
     def make_plan(self) -> list[Unit[InferPayload]]:
         return self.source.plan()
 
-    def step_transform(self, run: StageRun, units: list[Unit[InferPayload]], verify_checksums: bool,
-                       after: PCollection[Any] | None, ref: PlanRef | None = None) -> InferAllWaves:
-        if after is not None:
-            raise ValueError("the infer stage runs first in its pipeline: it waits for no upstream")
-        return InferAllWaves(run, units, verify_checksums, ref)
-
-    def describe_progress(self, stats: dict[str, Any], seconds: float) -> str:
+    def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
         return self.task.progress(stats, seconds)
 
     def prepare(self, payload: InferPayload) -> tuple[list[Doc], list[JsonObject | None], list[JsonObject]]:
@@ -532,14 +544,17 @@ class MergeOutputsStage(Stage):
     """Local, one unit: the infer parts in plan order -> the task's final files."""
 
     name = "merge"
-    title = "Merge outputs"
-    light = True
-    final_outputs = True
 
     def __init__(self, infer: InferStage) -> None:
         self.infer = infer
 
-    def config(self) -> JsonObject:
+    def traits(self) -> Traits:
+        return Traits(title="Merge outputs", light=True, final_outputs=True)
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _settings(self) -> JsonObject:
         return {"format": FORMAT_VERSION}
 
     def make_plan(self) -> list[Unit[JsonObject]]:
@@ -783,3 +798,12 @@ class InferAllWaves(beam.PTransform[PBegin, PCollection[UnitResult]]):
         every: PCollection[UnitResult] = outs | "AllWaves" >> beam.Flatten()
         return every
 
+
+class InferWiring(StageWiring):
+    """The infer stage's Beam wiring: its own step, RunInference in waves (:class:`InferAllWaves`)."""
+
+    def step_transform(self, run: StageRun, units: list[Unit[Any]], verify_checksums: bool,
+                       after: PCollection[Any] | None, ref: PlanRef | None = None) -> InferAllWaves:
+        if after is not None:
+            raise ValueError("the infer stage runs first in its pipeline: it waits for no upstream")
+        return InferAllWaves(run, units, verify_checksums, ref)

@@ -69,7 +69,15 @@ from refinery.transforms.prep.documents import (
     tokenize_documents,
 )
 from refinery.transforms.prep.stages import build_stages
-from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, compute_stage_hash, execute_unit
+from refinery.transforms.resumable import (
+    Stage,
+    StageConfig,
+    StageRun,
+    Unit,
+    UnitContext,
+    compute_stage_hash,
+    execute_unit,
+)
 from refinery.transforms.resumable.beam_steps import RunStages
 
 NAMESPACE = "refinery_prep"
@@ -338,11 +346,14 @@ class ShardSinkStage(Stage):
     def __init__(self, dataset: str, num_shards: int, version: str, tokenizer: TokenizerSpec = DEFAULT):
         self.dataset, self.num_shards, self.version, self.tokenizer = dataset, num_shards, version, tokenizer
 
-    def config(self) -> dict:
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), (), self._identity())
+
+    def _settings(self) -> dict:
         return {"dataset": self.dataset, "num_shards": self.num_shards, "version": self.version,
                 "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
-    def identity(self) -> dict:
+    def _identity(self) -> dict:
         return self.tokenizer.identity()
 
     def make_plan(self) -> list[Unit]:

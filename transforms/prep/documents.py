@@ -49,6 +49,7 @@ from array import array
 from typing import Any, Callable, NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
+import tiktoken
 
 from refinery.transforms.formats import unassigned
 from refinery.transforms.formats.row_ids import content_id, doc_id_for  # noqa: F401  # THE row id rule, re-exported
@@ -248,7 +249,7 @@ def row_normalizer(text_field: str | TextSpec, id_field: str) -> RowNormalizer:
     return normalizer
 
 
-def encode_document(tok: PrepTokenizer, text: str) -> array[int]:
+def encode_document(tok: PrepTokenizer | tiktoken.Encoding, text: str) -> array[int]:
     """Tokens of a normalized document (uint32): the tokenizer's ordinary encoding
     (special-token text stays ordinary text) followed by exactly one EOS, the tokenizer's.
     ``tok``: a :class:`~refinery.transforms.formats.tokenizer_choice.PrepTokenizer`, or a tiktoken

@@ -81,7 +81,7 @@ class SpillWriter:
         self._tables: list[np.ndarray] = []
         self._cum = 0
 
-    def add(self, shard: int, tokens: array[int] | np.ndarray, cum_end: int | None = None,
+    def add(self, shard: int, tokens: array[int] | np.ndarray | Sequence[int], cum_end: int | None = None,
             name: tuple[int, str, str] | None = None) -> None:
         """Append one document's tokens (a uint32 ``array('I')`` or numpy array). ``cum_end``:
         its position in the whole input, when it is known already (merging spills); then
@@ -211,7 +211,7 @@ class SpillWriter:
         return np.concatenate(self._tables) if self._tables else np.zeros(0, DOC_DTYPE)
 
 
-def _le_u32(tokens: array[int] | np.ndarray) -> array[int] | memoryview | bytes:
+def _le_u32(tokens: array[int] | np.ndarray | Sequence[int]) -> array[int] | memoryview | bytes:
     """``tokens`` as little-endian uint32 bytes: the object itself where its buffer already is."""
     if isinstance(tokens, array):
         if np.little_endian and tokens.itemsize == 4 and tokens.typecode in "IL":

@@ -49,7 +49,16 @@ from refinery.transforms.prep.documents import (
     shard_of,
 )
 from refinery.transforms.prep.exclusion import Exclusion
-from refinery.transforms.resumable import Stage, StageRun, Unit, UnitContext, short_hash
+from refinery.transforms.resumable import (
+    Stage,
+    StageConfig,
+    StageRun,
+    StageWiring,
+    Traits,
+    Unit,
+    UnitContext,
+    short_hash,
+)
 from refinery.transforms.resumable.ledger import Receipt
 from refinery.transforms.resumable.progress import rate
 
@@ -190,18 +199,21 @@ class CountRowsStage(Stage):
     """
 
     name = "count"
-    title = "Count rows"
-    chained = False
-    driver_only = ("files",)
 
     def __init__(self, cfg: PrepConfig, files: list[tuple[int, storage.InputFile]]):
         self.cfg = cfg
         self.files = files  # (input index, file) of the inputs split by byte range
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Count rows", chained=False, driver_only=("files",))
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs())
+
+    def _settings(self) -> dict:
         return {"unit_bytes": self.cfg.unit_bytes}
 
-    def fingerprints(self) -> list:
+    def _inputs(self) -> list:
         return [f.fingerprint() for _, f in self.files]
 
     def make_plan(self) -> list[Unit]:
@@ -293,12 +305,20 @@ class TokenizeStage(Stage):
     """
 
     name = "tokenize"
-    title = "Tokenize units"
 
     def __init__(self, cfg: PrepConfig):
         self.cfg = cfg
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Tokenize units", progress_text=self._progress_text,
+                      waves=None if self.cfg.max_tokens is None else TokenBudget(self.cfg.max_tokens,
+                                                                                 self.cfg.wave_units),
+                      wiring=TokenizeWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings(), self._inputs(), self._identity())
+
+    def _settings(self) -> dict:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {**self.cfg.text.identity(), "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
@@ -316,10 +336,10 @@ class TokenizeStage(Stage):
             return {}
         return {"relpaths": short_hash(relpaths)}
 
-    def fingerprints(self) -> list:
+    def _inputs(self) -> list:
         return [f.fingerprint() for f in self.cfg.inputs]
 
-    def identity(self) -> dict:
+    def _identity(self) -> dict:
         return {**self.cfg.tokenizer.identity(), "spill": spill.SPILL_FORMAT}
 
     def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, Piece]] | None:
@@ -362,20 +382,6 @@ class TokenizeStage(Stage):
             units.append(Unit(group_id, TokenizePayload(pieces=group)))
         return units
 
-    def needed(self, units, receipts):
-        return included_units(units, receipts, self.cfg.max_tokens, self.cfg.wave_units)
-
-    def has_budget(self) -> bool:
-        return self.cfg.max_tokens is not None
-
-    def side_inputs(self, run: StageRun, start) -> dict:
-        import apache_beam as beam
-
-        if "count" not in run.upstream:
-            return {}
-        bases = start | "RowBases" >> beam.Map(lambda _, r: CountRowsStage.bases(r), run.upstream["count"])
-        return {"row_bases": beam.pvalue.AsSingleton(bases, default_value=None)}
-
     @staticmethod
     def _row_base(unit: Unit, piece: Piece, ctx: UnitContext) -> int:
         """The row a piece's rows are numbered from: 0, or for a byte range the count stage's."""
@@ -393,7 +399,7 @@ class TokenizeStage(Stage):
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fast = enc if isinstance(enc, FastTiktokenTokenizer) else None  # counts what tiktoken encoded for it
         fallbacks = fast.fallbacks if fast is not None else 0
-        pieces = cast(TokenizePayload, unit.payload)["pieces"]
+        pieces = unit.payload["pieces"]
         for p in pieces:
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
@@ -415,7 +421,7 @@ class TokenizeStage(Stage):
             spill.write_array(f, starts)
         return stats
 
-    def describe_progress(self, stats: dict, seconds: float) -> str:
+    def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
         tokens = stats.get("tokens", 0)
         per_s = rate(tokens, seconds, "tok", ",.0f")
         return f"docs={int(stats.get('accepted', 0)):,} tokens={int(tokens):,}" + (f" {per_s}" if per_s else "")
@@ -570,14 +576,18 @@ class MergeSpillsStage(Stage):
     """
 
     name = "merge"
-    title = "Merge spills"
-    light = True
 
     def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage):
         self.cfg = cfg
         self.tokenize = tokenize
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Merge spills", light=True, wiring=MergeSpillsWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _settings(self) -> dict:
         return {"group_bytes": MERGE_GROUP_BYTES, "group_units": MERGE_GROUP_UNITS, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens}
 
@@ -599,12 +609,6 @@ class MergeSpillsStage(Stage):
         receipts of ``run``'s upstream tokenize: read once per job and handed to every unit
         (a side input)."""
         return [(u.id, before) for u, _, before in _tokenize_inputs(run.upstream["tokenize"], self.cfg.max_tokens)]
-
-    def side_inputs(self, run: StageRun, start) -> dict:
-        import apache_beam as beam
-
-        included = start | "Included" >> beam.Map(lambda _, r: r.stage.included(r), run)  # once tokenize is done
-        return {"included": beam.pvalue.AsSingleton(included, default_value=None)}
 
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         import tempfile
@@ -645,16 +649,20 @@ class PackStage(Stage):
     (its provenance sidecar: :mod:`~refinery.transforms.formats.provenance`), in one receipt."""
 
     name = "pack"
-    title = "Pack shards"
-    final_outputs = True
-    light = True  # reads spills, writes shards: on the local runner, no worker pool to start
 
     def __init__(self, cfg: PrepConfig, tokenize: TokenizeStage, merge: MergeSpillsStage | None = None):
         self.cfg = cfg
         self.tokenize = tokenize
         self.merge = merge
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Pack shards", final_outputs=True, light=True, progress_text=self._progress_text,
+                      wiring=PackWiring())
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _settings(self) -> dict:
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
@@ -673,12 +681,6 @@ class PackStage(Stage):
         return [(spill.spill_files(tokenize.parts_dir, u.id), None if budget is None else budget - before)
                 for u, _, before in _tokenize_inputs(tokenize, budget)]
 
-    def side_inputs(self, run: StageRun, start) -> dict:
-        import apache_beam as beam
-
-        sources = start | "Spills" >> beam.Map(lambda _, r: r.stage.spill_sources(r), run)  # once upstream is done
-        return {"spills": beam.pvalue.AsSingleton(sources, default_value=None)}
-
     def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
         shard = unit.payload["shard"]
         sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
@@ -696,7 +698,7 @@ class PackStage(Stage):
                                          [p for p in found if p is not None], self.cfg.tokenizer.dtype)
         return {"shard": shard, **written}
 
-    def describe_progress(self, stats: dict, seconds: float) -> str:
+    def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
         return f"docs={int(stats.get('docs', 0)):,} tokens={int(stats.get('tokens', 0)):,}"
 
 
@@ -704,15 +706,18 @@ class ManifestStage(Stage):
     """One unit: receipts -> ``rejects/rejects.jsonl`` then ``manifest.json`` (last)."""
 
     name = "manifest"
-    title = "Write manifest"
-    light = True
-    final_outputs = True
 
     def __init__(self, cfg: PrepConfig, run_hash: str):
         self.cfg = cfg
         self.run_hash = run_hash
 
-    def config(self) -> dict:
+    def traits(self) -> Traits:
+        return Traits(title="Write manifest", light=True, final_outputs=True)
+
+    def config(self) -> StageConfig:
+        return StageConfig(self._settings())
+
+    def _settings(self) -> dict:
         return {"manifest": 1}
 
     def make_plan(self) -> list[Unit]:
@@ -816,3 +821,47 @@ def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
     except (FileNotFoundError, ValueError):
         if storage.exists(path):
             storage.remove(path, root=manifest_run.output)
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Prep's wave policy under ``--max-tokens``: the tokenize units the output includes, in
+    waves of ``wave_units`` until the budget is met (:func:`included_units`)."""
+
+    max_tokens: int
+    wave_units: int
+
+    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]:
+        return included_units(units, done, self.max_tokens, self.wave_units)
+
+
+class TokenizeWiring(StageWiring):
+    """Tokenize's Beam wiring: the count stage's row bases, once it is done, as a side input."""
+
+    def side_inputs(self, run: StageRun, start: Any) -> dict[str, Any]:
+        import apache_beam as beam  # lazy: Beam loads with the job, not with the command
+
+        if "count" not in run.upstream:
+            return {}
+        bases = start | "RowBases" >> beam.Map(lambda _, r: CountRowsStage.bases(r), run.upstream["count"])
+        return {"row_bases": beam.pvalue.AsSingleton(bases, default_value=None)}
+
+
+class MergeSpillsWiring(StageWiring):
+    """Merge's Beam wiring: the included tokenize units, once tokenize is done, as a side input."""
+
+    def side_inputs(self, run: StageRun, start: Any) -> dict[str, Any]:
+        import apache_beam as beam  # lazy: Beam loads with the job, not with the command
+
+        included = start | "Included" >> beam.Map(lambda _, r: r.stage.included(r), run)
+        return {"included": beam.pvalue.AsSingleton(included, default_value=None)}
+
+
+class PackWiring(StageWiring):
+    """Pack's Beam wiring: the spills every pack unit reads, once upstream is done, as a side input."""
+
+    def side_inputs(self, run: StageRun, start: Any) -> dict[str, Any]:
+        import apache_beam as beam  # lazy: Beam loads with the job, not with the command
+
+        sources = start | "Spills" >> beam.Map(lambda _, r: r.stage.spill_sources(r), run)
+        return {"spills": beam.pvalue.AsSingleton(sources, default_value=None)}

@@ -18,11 +18,18 @@ from refinery.transforms.io.hashing import canonical_json, short_hash
 from refinery.transforms.resumable.base import (
     PROGRESS_EVERY_S,
     REMOTE_PROGRESS_EVERY_S,
+    AllPending,
+    BeamWiring,
     Stage,
+    StageConfig,
     StageRun,
+    StageWiring,
+    Traits,
     UnitContext,
+    Waves,
     compute_stage_hash,
     now_iso,
+    traits_of,
 )
 from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.resumable.ledger import CHECK_THREADS, next_repair
@@ -47,9 +54,10 @@ from refinery.transforms.resumable.status import stage_status
 from refinery.transforms.resumable.units import Unit
 
 __all__ = [
-    "CHECK_THREADS", "PROGRESS_EVERY_S", "REMOTE_PROGRESS_EVERY_S", "RUN_SCHEMA", "JobFailed", "JobResult", "Stage",
-    "StageFailed", "StageRun", "Unit", "UnitContext", "bind_stages", "canonical_json", "compute_stage_hash",
-    "demanded", "execute_unit", "final_stages_done", "next_repair", "now_iso", "next_job", "record_inputs",
-    "run_in_driver", "run_stages", "short_hash", "span_key", "stage_status", "step_ref", "unit_counters",
-    "unit_times_ms", "write_plans",
+    "CHECK_THREADS", "PROGRESS_EVERY_S", "REMOTE_PROGRESS_EVERY_S", "RUN_SCHEMA", "AllPending", "BeamWiring",
+    "JobFailed", "JobResult", "Stage", "StageConfig", "StageFailed", "StageRun", "StageWiring", "Traits", "Unit",
+    "UnitContext", "Waves", "bind_stages", "canonical_json", "compute_stage_hash", "demanded", "execute_unit",
+    "final_stages_done", "next_job", "next_repair", "now_iso", "record_inputs", "run_in_driver", "run_stages",
+    "short_hash", "span_key", "stage_status", "step_ref", "traits_of", "unit_counters", "unit_times_ms",
+    "write_plans",
 ]

@@ -58,8 +58,21 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Generic,
+    Iterator,
+    Mapping,
+    Protocol,
+    Sequence,
+    TypeVar,
+    cast,
+    final,
+)
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
@@ -71,7 +84,7 @@ from refinery.transforms.resumable.ledger import (
     Receipt,
 )
 from refinery.transforms.resumable.unit_lists import PlanRef, read_units
-from refinery.transforms.resumable.units import Unit
+from refinery.transforms.resumable.units import Payload, Unit
 
 if TYPE_CHECKING:
     import apache_beam as beam
@@ -82,130 +95,180 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-class Stage:
-    """Base class of a pipeline stage. Subclasses set ``name`` and implement ``plan``/``run_unit``.
+Stats = TypeVar("Stats", bound=Mapping[str, Any], covariant=True)
+"""What a stage's ``run_unit`` returns: its own TypedDict of counts (prep's ``TokenizeStats``),
+stored as the receipt's ``stats``."""
 
-    - ``config()``: JSON-able settings that change the unit outputs (enters the hash).
-    - ``fingerprints()``: input fingerprints (path, size, mtime/generation) (enters the hash).
-    - ``identity()``: other identities, e.g. the tokenizer's (enters the hash).
-    - ``make_plan()``: the deterministic list of units (subclasses implement it; callers use
-      ``plan()``, which makes it once in the driver, and in a worker reads what the driver
-      wrote under OUTPUT: ``plan_ref``, set by :func:`bind_stages`, :mod:`.unit_lists`).
-    - ``driver_only``: attributes a worker never needs (input lists, plans): left out when
-      the stage is pickled into a job once its plan is written, so that the job's size does
-      not grow with the corpus.
-    - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx``, return stats.
-    - ``needed(units, receipts)``: which units later stages need, given the completed
-      receipts so far; returns (units, final). Default: all units, final. A stage with a
-      budget (prep's ``--max-tokens``) asks for waves of units until the budget is met
-      (each wave is a Beam job that ends at that stage).
-    - ``side_inputs(run, start)``: Beam side inputs of the stage bound as ``run`` (its
-      upstream stages are ``run.upstream[name]``), built from ``start``, a PCollection of
-      one element that exists once every unit upstream completed; their values arrive as
-      ``ctx.side``.
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What enters a stage's hash (:func:`compute_stage_hash`): ``settings``, the JSON-able
+    settings that change the unit outputs; ``inputs``, the input fingerprints (path, size,
+    mtime or generation: recorded under OUTPUT to name what changed, and read back by the
+    workers, whose job does not carry input lists); ``identity``, other identities (the
+    tokenizer's)."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Sequence[Any] = ()
+    identity: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Waves(Protocol):
+    """A wave policy (:attr:`Traits.waves`): which units of a stage the next job runs, given the
+    receipts of its units done so far (``done``, by unit id); returns (units, final), final
+    False when more waves follow once these are done. A stage with one is judged in the
+    driver (its receipts read), and so are the stages before it; a job ends at a wave that is
+    not final (:mod:`.planner`)."""
+
+    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]: ...
+
+
+class AllPending:
+    """The wave policy of a stage whose job must hold exactly the units to run (inference: a
+    unit's documents are generated before its receipt is checked): every unit, one wave."""
+
+    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]:
+        return units, True
+
+
+class BeamWiring(Protocol):
+    """How a stage's step is wired into the command's Beam job (:attr:`Traits.wiring`; the
+    default, ``beam_steps.RunStage`` with no side inputs, needs none; :class:`StageWiring` is
+    the base to subclass).
+
+    - ``side_inputs(run, start)``: Beam side inputs of the stage bound as ``run`` (its upstream
+      stages are ``run.upstream[name]``), built from ``start``, a PCollection of one element
+      that exists once every unit upstream completed; their values arrive as ``ctx.side``.
     - ``step_transform(run, units, verify_checksums, after, ref)``: the stage's own PTransform
-      (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one
-      ParDo each (inference: RunInference); ``ref``: where the driver wrote ``units``
-      (``pipeline.ReadUnits`` reads them in the workers); None (the default):
-      ``pipeline.RunStage``.
-    - ``title``: the step's name in the command's Beam pipeline (``Tokenize units``).
-    - ``light = True``: mostly I/O, or one unit: on the local multi-process runner a job
-      of only light steps runs in the driver's process instead of starting a pool of
-      worker processes (seconds of start-up for a second of work).
+      (PBegin -> PCollection of ``{unit, status, stats}``) when its units are not one ParDo
+      each (inference: RunInference); ``ref``: where the driver wrote ``units``; None:
+      ``beam_steps.RunStage``."""
+
+    def side_inputs(self, run: StageRun, start: beam.PCollection[Any]) -> dict[str, Any]: ...
+
+    def step_transform(self, run: StageRun, units: list[Unit[Any]], verify_checksums: bool,
+                       after: beam.PCollection[Any] | None,
+                       ref: PlanRef | None = None) -> beam.PTransform[Any, Any] | None: ...
+
+
+class StageWiring:
+    """A stage's Beam wiring (:attr:`Traits.wiring`, :class:`BeamWiring`): none here; a stage's
+    own subclass gives side inputs, or its own step transform, or both."""
+
+    def side_inputs(self, run: StageRun, start: beam.PCollection[Any]) -> dict[str, Any]:
+        return {}
+
+    def step_transform(self, run: StageRun, units: list[Unit[Any]], verify_checksums: bool,
+                       after: beam.PCollection[Any] | None,
+                       ref: PlanRef | None = None) -> beam.PTransform[Any, Any] | None:
+        return None
+
+
+def no_progress_text(stats: Mapping[str, Any], seconds: float) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """How the framework treats a stage's units (none of it is the work itself):
+
+    - ``title``: the step's name in the command's Beam pipeline (``Tokenize units``; default:
+      the stage's name, capitalized).
+    - ``light``: mostly I/O, or one unit: on the local multi-process runner a job of only
+      light steps runs in the driver's process instead of starting a pool of worker
+      processes (seconds of start-up for a second of work).
+    - ``final_outputs``: the stage writes user-facing files under fixed names that another
+      plan's run would overwrite; receipts of other plans of it are discarded. Its pending
+      units are always run (with what precedes them); a stage of intermediate files runs
+      only for a later stage that runs (:func:`~.planner.demanded`).
     - ``chained = False``: the stage's hash does not enter the hashes of the stages after it
       (its outputs are a pure function of inputs that the next stage's hash covers already).
-    - ``final_outputs = True``: the stage writes user-facing files under fixed names that
-      another plan's run would overwrite; receipts of other plans of it are discarded. Its
-      pending units are always run (with what precedes them); a stage of intermediate files
-      runs only for a later stage that runs (:func:`demanded`).
+    - ``driver_only``: attributes a worker never needs (input lists, plans): left out when the
+      stage is pickled into a job once its plan is written, so that the job's size does not
+      grow with the corpus.
+    - ``waves``: a wave policy (:class:`Waves`; None: every unit in one job, judged by listings).
+    - ``wiring``: its Beam wiring (:class:`BeamWiring`; None: ``beam_steps.RunStage``).
+    - ``progress_text(stats, seconds)``: a short progress postfix from the summed stats of the
+      finished units (``42.1k tok/s``)."""
+
+    title: str = ""
+    light: bool = False
+    final_outputs: bool = False
+    chained: bool = True
+    driver_only: tuple[str, ...] = ()
+    waves: Waves | None = None
+    wiring: BeamWiring | None = None
+    progress_text: Callable[[Mapping[str, Any], float], str] = no_progress_text
+
+
+class Stage(Generic[Payload, Stats]):
+    """A resumable stage: a name and four hooks, nothing else.
+
+    - ``name``: the stage's name (its folder under ``OUTPUT/.refinery``);
+    - ``traits()``: how the framework treats its units (:class:`Traits`: title, light, final
+      outputs, chaining, driver-only attributes, wave policy, Beam wiring, progress text);
+    - ``config()``: what enters its hash (:class:`StageConfig`);
+    - ``make_plan()``: the deterministic list of its units (callers use :meth:`plan`, which
+      makes it once in the driver, and in a worker reads what the driver wrote under OUTPUT:
+      ``plan_ref``, set by :func:`~.planner.bind_stages`, :mod:`.unit_lists`);
+    - ``run_unit(unit, ctx)``: do the work, write files only through ``ctx`` (so that they are
+      listed in the unit's receipt), return the unit's stats.
     """
 
-    name: str = ""
-    title: str = ""
-    driver_only: tuple[str, ...] = ()
-    chained: bool = True  # False: its hash does not enter the stages' after it (see bind_stages)
+    name: ClassVar[str] = ""
     plan_ref: PlanRef | None = None  # where the driver writes this stage's plan (bind_stages)
-    _units: list[Unit] | None = None
+    _units: list[Unit[Payload]] | None = None
     _unpickled = False  # True in a worker's copy: its plan is read from plan_ref
 
-    @property
-    def light(self) -> bool:
-        """False here; a stage says True by a class attribute, or by a property of its own
-        (a property: a subclass may compute it)."""
-        return False
+    def traits(self) -> Traits:
+        return Traits()
 
-    @property
-    def final_outputs(self) -> bool:
-        """False here; a stage says True as :attr:`light` does."""
-        return False
+    def config(self) -> StageConfig:
+        return StageConfig()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if not cls.__dict__.get("title") and cls.name:
-            cls.title = cls.name.capitalize()
-
-    def config(self) -> dict[str, Any]:
-        return {}
-
-    def fingerprints(self) -> list[Any]:
-        return []
-
-    def identity(self) -> dict[str, Any]:
-        return {}
-
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[Payload]]:
         raise NotImplementedError
 
-    def plan(self) -> list[Unit]:
+    def run_unit(self, unit: Unit[Payload], ctx: UnitContext) -> Stats:
+        raise NotImplementedError
+
+    @final
+    def plan(self) -> list[Unit[Payload]]:
         """The stage's units: made once (``make_plan``), or in a worker read from ``plan_ref``."""
         if self._units is None:
             if self.plan_ref is not None and self._unpickled:
-                self._units = read_units(self.plan_ref)
+                self._units = cast("list[Unit[Payload]]", read_units(self.plan_ref))
             else:
                 self._units = self.make_plan()
         return self._units
 
+    @final
     def __getstate__(self) -> dict[str, Any]:
         """What a job carries of the stage: without its units and ``driver_only`` attributes once
         its plan has a place in the output (a worker reads the plan from there)."""
         state = dict(self.__dict__)
         if self.plan_ref is not None:
             state.pop("_units", None)
-            for name in self.driver_only:
-                state.pop(name, None)
+            if not self._unpickled:  # a copy has none of them left (and its traits may need its plan)
+                for name in traits_of(self).driver_only:
+                    state.pop(name, None)
         state["_unpickled"] = True
         return state
 
-    def run_unit(self, unit: Unit, ctx: "UnitContext") -> Mapping[str, Any]:
-        raise NotImplementedError
 
-    def needed(self, units: list[Unit], receipts: dict[str, Receipt]) -> tuple[list[Unit], bool]:
-        return units, True
-
-    def has_budget(self) -> bool:
-        """Whether ``needed`` asks for units by what the done ones hold (a token budget): then
-        the driver reads the stage's receipts to plan (:func:`run_stages`)."""
-        return False
-
-    def side_inputs(self, run: "StageRun", start: beam.PCollection[Any]) -> dict[str, Any]:
-        return {}
-
-    def step_transform(self, run: "StageRun", units: list[Unit], verify_checksums: bool,
-                       after: beam.PCollection[Any] | None,
-                       ref: PlanRef | None = None) -> beam.PTransform[Any, Any] | None:
-        return None
-
-    def describe_progress(self, stats: dict[str, Any], seconds: float) -> str:
-        """A short progress postfix from the summed stats of finished units."""
-        return ""
+def traits_of(stage: Stage[Any, Any]) -> Traits:
+    """``stage.traits()`` with its title filled in (the name, capitalized, when it gives none)."""
+    traits = stage.traits()
+    return traits if traits.title else replace(traits, title=stage.name.capitalize())
 
 
-def compute_stage_hash(stage: Stage, upstream_hash: str | None) -> str:
+def compute_stage_hash(stage: Stage[Any, Any], upstream_hash: str | None) -> str:
+    config = stage.config()
     return short_hash({
         "stage": stage.name,
-        "config": stage.config(),
-        "inputs": stage.fingerprints(),
-        "identity": stage.identity(),
+        "config": config.settings,
+        "inputs": list(config.inputs),
+        "identity": config.identity,
         "upstream": upstream_hash,
     })
 
@@ -218,7 +281,7 @@ class StageRun:
     ``upstream_repairs``: the repair tokens of the earlier stages' done units, set by the
     planner; its units' receipts record it and :meth:`check` compares (None: not judged)."""
 
-    stage: Stage
+    stage: Stage[Any, Any]
     output: str
     stage_hash: str
     upstream: dict[str, "StageRun"] = field(default_factory=dict)
@@ -229,6 +292,10 @@ class StageRun:
     @property
     def name(self) -> str:
         return self.stage.name
+
+    @property
+    def traits(self) -> Traits:
+        return traits_of(self.stage)
 
     @property
     def ledger(self) -> Ledger:
@@ -254,7 +321,7 @@ class StageRun:
         OUTPUT for this plan (:func:`record_inputs`), read once per process and checked by
         content (``inputs_hash``): a damaged file is named, never used."""
         try:
-            return self.stage.fingerprints()
+            return list(self.stage.config().inputs)
         except AttributeError:  # a driver_only input list, left out of the job
             return self.ledger.recorded_fingerprints(self.inputs_hash)
 
@@ -302,7 +369,7 @@ REMOTE_PROGRESS_EVERY_S = 10.0
 class UnitContext:
     """What ``run_unit`` writes through. Every file written here is listed in the receipt."""
 
-    def __init__(self, run: StageRun, unit: Unit[Any], side: dict[str, Any] | None = None):
+    def __init__(self, run: StageRun, unit: Unit[Any], side: Mapping[str, Any] | None = None):
         self.run = run
         self.unit = unit
         self.output = run.output

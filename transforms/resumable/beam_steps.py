@@ -12,7 +12,7 @@ The units a step runs are not in the job: the driver writes them under OUTPUT
 (:mod:`.unit_lists`) and the job reads them back in its workers (:class:`ReadUnits`: the part
 numbers are all the job holds), so its size does not grow with the corpus.
 
-Each step is a :class:`RunStage` (or a stage's own transform, see ``Stage.step_transform``)
+Each step is a :class:`RunStage` (or a stage's own transform: its :class:`StageWiring`)
 whose output is one small dict per unit, ``{unit, status, stats}``. A step waits for the
 step before it through a side input of those results: Beam computes a side input before
 the step that reads it runs, on every runner (the local one, Flink, Dataflow), so one job
@@ -144,7 +144,7 @@ class RunStage(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]
     ``ReadUnits | Reshuffle | ParDo(RunUnitFn)``. ``ref``: where the driver wrote ``units``
     (:class:`ReadUnits`). ``after``: the results of the step before (a PCollection of those
     dicts), or None for the first step; this step's units and its stage's side inputs
-    (``Stage.side_inputs``) wait for all of them.
+    (its :class:`StageWiring`'s) wait for all of them.
     """
 
     def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False,
@@ -161,7 +161,8 @@ class RunStage(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]
         if self.after is not None:
             start = start | "AfterUpstream" >> beam.FlatMap(_start_after, beam.pvalue.AsList(self.after))
             gate = {"upstream": beam.pvalue.AsList(self.after)}
-        side = self.run.stage.side_inputs(self.run, start)
+        wiring = self.run.traits.wiring
+        side = wiring.side_inputs(self.run, start) if wiring else {}
         units = pbegin | "Units" >> ReadUnits(self.units, self.ref)
         if len(self.units) > 1:  # one unit has nothing to spread over workers
             units = units | "Spread" >> beam.Reshuffle()
@@ -176,10 +177,11 @@ def apply_steps(pbegin: beam.pvalue.PBegin | beam.Pipeline, steps: list[Step], v
     stage's ``title``; returns the last step's results (None when there is no step)."""
     after: beam.PCollection[UnitResult] | None = None
     for step in steps:
-        stage = step.run.stage
-        transform = stage.step_transform(step.run, step.units, verify_checksums, after, step.ref) \
-            or RunStage(step.run, step.units, verify_checksums, after, unit_fn, step.ref)
-        after = pbegin | stage.title >> transform
+        traits = step.run.traits
+        own = traits.wiring.step_transform(step.run, step.units, verify_checksums, after, step.ref) \
+            if traits.wiring else None
+        transform = own or RunStage(step.run, step.units, verify_checksums, after, unit_fn, step.ref)
+        after = pbegin | traits.title >> transform
     return after
 
 
@@ -214,7 +216,7 @@ class RunStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output
         for run in runs:
-            record_inputs(run, run.stage.fingerprints())
+            record_inputs(run, list(run.stage.config().inputs))
         self.steps = write_plans(runs, [Step(run, units) for run in runs if (units := run.stage.plan())])
         self.verify_checksums = verify_checksums
 
@@ -277,7 +279,7 @@ def refinery_counters(result: Any) -> dict[str, int]:
 def light_job(steps: list[Step]) -> bool:
     """Whether every step is light (I/O, or one unit): a local runner gains nothing from
     worker processes for such a job (see ``runners.jobs.run_job``)."""
-    return all(step.run.stage.light or (len(step.units) if step.to_run is None else step.to_run) <= 1
+    return all(step.run.traits.light or (len(step.units) if step.to_run is None else step.to_run) <= 1
                for step in steps)
 
 

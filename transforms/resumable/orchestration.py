@@ -134,7 +134,7 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
         steps = job.steps
         for run in job.runs:
             result.ran.setdefault(run.name, 0)
-            if run.stage.final_outputs and run.name not in discarded:
+            if run.traits.final_outputs and run.name not in discarded:
                 discard_other_plans(run)
                 discarded.add(run.name)
         if not steps:
@@ -175,12 +175,13 @@ def _start_run(stages: list[Stage], output: str, force: bool,
         if len(set(unit_ids)) != len(unit_ids):
             raise ValueError(f"stage {r.name}: duplicate unit ids in plan")
     run_json = storage.join(output, META_DIR, "run.json")
-    fingerprints = [r.stage.fingerprints() for r in runs]  # once: a list per input file
+    configs = [r.stage.config() for r in runs]  # once: the inputs are a list per input file
+    fingerprints = [list(c.inputs) for c in configs]
     entries: list[StageEntry] = [
-               {"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": r.stage.config(),
-                "inputs_hash": short_hash(fps), "identity_hash": short_hash(r.stage.identity()),
-                "final": r.stage.final_outputs or i == len(runs) - 1}
-               for i, (r, p, fps) in enumerate(zip(runs, plans, fingerprints))]
+               {"name": r.name, "stage_hash": r.stage_hash, "units": len(p), "config": dict(c.settings),
+                "inputs_hash": short_hash(fps), "identity_hash": short_hash(c.identity),
+                "final": r.traits.final_outputs or i == len(runs) - 1}
+               for i, (r, p, c, fps) in enumerate(zip(runs, plans, configs, fingerprints))]
     for r, fps in zip(runs, fingerprints):
         record_inputs(r, fps)
     try:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
-from refinery.transforms.resumable.base import Stage, StageRun, compute_stage_hash
+from refinery.transforms.resumable.base import Stage, StageRun, compute_stage_hash, traits_of
 from refinery.transforms.resumable.hash_changes import fingerprints_bytes
 from refinery.transforms.resumable.ledger import META_DIR, Receipt, fingerprints_path, next_repair, repairs_of
 from refinery.transforms.resumable.unit_lists import PlanRef, write_units
@@ -63,32 +63,6 @@ class Job:
     last: bool
 
 
-class Waves(Protocol):
-    """A wave policy: which units of a stage the next job runs, given the receipts of its units
-    done so far (``done``, by unit id); returns (units, final), final False when more waves
-    follow once these are done. A stage with one is judged in the driver (its receipts read),
-    and so are the stages before it; a job ends at a wave that is not final."""
-
-    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]: ...
-
-
-class AllPending:
-    """The wave policy of a stage whose job must hold exactly the units to run (inference: a
-    unit's documents are generated before its receipt is checked): every unit, one wave."""
-
-    def needed(self, units: list[Unit[Any]], done: dict[str, Receipt]) -> tuple[list[Unit[Any]], bool]:
-        return units, True
-
-
-def waves_of(stage: Stage) -> Waves | None:
-    """The wave policy of ``stage`` (None: judged by listings)."""
-    if stage.has_budget():
-        return stage
-    if type(stage).step_transform is not Stage.step_transform:
-        return AllPending()
-    return None
-
-
 def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
     """Each stage bound to ``output`` and its chained hash, in order; each stage's ``plan_ref``
     set to where its plan lies in the output (written by :func:`write_plans` before a job)."""
@@ -101,7 +75,7 @@ def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
         stage.plan_ref = PlanRef(storage.join(run.dir, "plan"), len(stage.plan()))
         upstream[stage.name] = run
         runs.append(run)
-        if stage.chained:  # an unchained stage's outputs are a function of what the next stage's hash covers
+        if traits_of(stage).chained:  # an unchained stage's outputs are a function of what the next stage's hash covers
             upstream_hash = h
     return runs
 
@@ -149,7 +123,7 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
         run.upstream_repairs = dict(repairs)
         checks = run.check_all([u.id for u in plan], verify_checksums)
         receipts = {u.id: c.receipt for u in plan if (c := checks[u.id]).done and c.receipt is not None}
-        waves = waves_of(run.stage)
+        waves = run.traits.waves
         needed, final = waves.needed(plan, receipts) if waves else (plan, True)
         pending = [u for u in needed if u.id not in receipts]
         done_repairs = repairs_of(run.name, receipts)
@@ -173,7 +147,7 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_chec
     per unit of the corpus."""
     repairs: dict[str, str] = {}
     for i, (run, plan) in enumerate(zip(runs, plans)):
-        if run.stage.final_outputs or i == len(runs) - 1:
+        if run.traits.final_outputs or i == len(runs) - 1:
             run.upstream_repairs = dict(repairs)
             checks = run.check_all([u.id for u in plan], verify_checksums)
             if not all(c.done for c in checks.values()):
@@ -240,7 +214,7 @@ def next_job(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_checksum
     checksums every unit's files are verified, by the workers or here."""
     if not verify_checksums and final_stages_done(runs, plans):
         return None  # nothing to do: the earlier stages' receipts are not read
-    here = max((i + 1 for i, r in enumerate(runs) if waves_of(r.stage) is not None), default=0)
+    here = max((i + 1 for i, r in enumerate(runs) if r.traits.waves is not None), default=0)
     steps: list[Step] = []
     if here:
         steps, job_runs, final = _judged_here(runs[:here], plans[:here], verify_checksums, more=here < len(runs))
@@ -278,7 +252,7 @@ def _judged_here(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_chec
     Receipts built before an upstream repair are removed first."""
     planned = plan_runs(runs, plans, verify_checksums)
     last = len(planned) - 1 if more else \
-        demanded([p.run.stage.final_outputs for p in planned], [bool(p.pending) for p in planned])
+        demanded([p.run.traits.final_outputs for p in planned], [bool(p.pending) for p in planned])
     job: list[Planned] = []
     for p in planned[:last + 1]:
         job.append(p)

@@ -80,7 +80,7 @@ class Progress:
         self._last_end = _dt.datetime.fromisoformat(last).timestamp() if last else None
         self._eta = _eta(self._seconds(False), total - min(done, total), done - resumed)
         seconds = self._seconds(done >= total)
-        post = run.stage.describe_progress(stats, seconds) if stats else ""
+        post = run.traits.progress_text(stats, seconds) if stats else ""
         extra = (f" resumed={resumed}" if resumed else "") + (f" failed={failed}" if failed else "")
         return min(done, total), (post + extra).strip()
 
