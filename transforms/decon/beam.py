@@ -46,7 +46,7 @@ from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.rows import SourceRow
 from refinery.transforms.io.text import TextSpec
-from refinery.transforms.resumable.beam_steps import RunStages
+from refinery.transforms.resumable.beam_steps import RunAllStages
 
 NAMESPACE = "refinery_decon"
 
@@ -314,4 +314,4 @@ class DeconPipeline(beam.PTransform):
         self.settings, self.output = settings, output.rstrip("/")
 
     def expand(self, pbegin):
-        return pbegin | "Stages" >> RunStages(build_stages(self.settings), self.output)
+        return pbegin | "Stages" >> RunAllStages(build_stages(self.settings), self.output)

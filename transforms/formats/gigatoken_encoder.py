@@ -47,6 +47,7 @@ from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.tokenizer_choice import (
     _PROBE_SHA256,
     _PROBES,
+    DEFAULT,
     FAST_ENCODINGS,
     TiktokenTokenizer,
     TokenizerSpec,
@@ -163,7 +164,6 @@ def preload(spec: TokenizerSpec | None = None) -> bool:
     """Build the encoder of ``spec`` (default: prep's default tokenizer) now, for the processes
     forked from this one (the warm worker pool) to share; returns whether it was built. Quiet:
     where it cannot be, a worker builds its own and says why."""
-    from refinery.transforms.formats.tokenizer_choice import DEFAULT
 
     spec = spec or DEFAULT
     base = FAST_ENCODINGS.get(spec.name)

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from refinery.transforms.formats.tiktoken_vocab import VOCAB_SHA256, user_cache_dir, write_vocab_file
+
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding, Message
 
@@ -27,14 +29,12 @@ _ENV = "TIKTOKEN_ENCODINGS_BASE"
 
 def _vocab_dir() -> Path:
     """A folder holding the verified ``o200k_base.tiktoken`` (written on first use)."""
-    from refinery.transforms.formats.tiktoken_vocab import VOCAB_SHA256, write_vocab_file
 
     current = os.environ.get(_ENV)
     if current:
         existing = Path(current) / "o200k_base.tiktoken"
         if existing.exists() and hashlib.sha256(existing.read_bytes()).hexdigest() == VOCAB_SHA256:
             return Path(current)
-    from refinery.transforms.formats.tiktoken_vocab import user_cache_dir
 
     folder = Path(os.environ.get("REFINERY_HARMONY_VOCAB_DIR") or user_cache_dir("harmony-vocab"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-from refinery.transforms.formats.shards import FORMAT_VERSION, check_shard, shard_files
+from refinery.transforms.formats.provenance import check_docs
+from refinery.transforms.formats.shards import FORMAT_VERSION, IndexReader, check_shard, shard_files
 from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
+from refinery.transforms.formats.tokenizer_choice import DEFAULT
 from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import META_DIR, verify_receipts
 
 if TYPE_CHECKING:
     from refinery.transforms.formats.tokenizer_choice import TokenizerSpec
@@ -64,7 +67,6 @@ def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[st
     :class:`~refinery.transforms.formats.tokenizer_choice.TokenizerSpec` (default: o200k_harmony),
     whose :meth:`manifest_fields` give the tokenizer, vocab, EOS and dtype fields.
     """
-    from refinery.transforms.formats.tokenizer_choice import DEFAULT
 
     return {
         "dataset": dataset, "version": version, **(tokenizer or DEFAULT).manifest_fields(), "created_at": created_at,
@@ -181,8 +183,6 @@ def verify_manifest(manifest_path: str, checksums: bool = False, notes: list[str
 
 def _check_docs(docs: str, idx: str, num_documents: int) -> list[str]:
     """A sidecar's problems, its token counts compared with the ``.idx`` when that is readable."""
-    from refinery.transforms.formats.provenance import check_docs
-    from refinery.transforms.formats.shards import IndexReader
 
     try:
         lengths = IndexReader(idx).lengths()
@@ -196,7 +196,6 @@ def verify_run_record(root: str, manifest: dict[str, Any], checksums: bool = Fal
     """Problems with ``root/.refinery`` beside a manifest ([] if there is no run record,
     e.g. shards copied without it): every receipt of the recorded plan must verify, and the
     manifest must describe that plan (else the last run did not finish)."""
-    from refinery.transforms.resumable.ledger import META_DIR, verify_receipts
 
     run_json = storage.join(root, META_DIR, "run.json")
     try:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Seque
 import numpy as np
 
 from refinery.transforms.io import storage
+from refinery.transforms.io.rows import iter_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -239,7 +240,6 @@ def source_row(source: str, row: int) -> tuple[dict[str, Any] | None, str | None
     """(record, None) of row ``row`` of the input file ``source`` as prep reads it, or
     (None, why not): the file is gone, holds fewer rows, or that row is not readable. Reads
     the file from its start up to that row (parquet: rows still counted from the file's start)."""
-    from refinery.transforms.io.rows import iter_rows
 
     try:
         for k, record, error in iter_rows(source):

@@ -46,6 +46,7 @@ import numpy as np
 
 from refinery.transforms.formats import tiktoken_vocab as tk
 from refinery.transforms.io import storage
+from refinery.transforms.io.hf import HubError, _hub_call
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -299,7 +300,6 @@ def hub_tokenizer_path(value: str, api: HfApi | None = None) -> str:
     revision (default: the current commit) resolved to its commit sha once, in the driver, so
     every worker reads the same file and a rerun names the same plan. Raises
     :class:`TokenizerError` with one line when the hub cannot be reached (no network)."""
-    from refinery.transforms.io.hf import HubError, _hub_call
 
     name, _, revision = value.partition("@")
     if (state := storage.offline_state()) is not None:

@@ -78,7 +78,7 @@ from refinery.transforms.resumable import (
     compute_stage_hash,
     execute_unit,
 )
-from refinery.transforms.resumable.beam_steps import RunStages
+from refinery.transforms.resumable.beam_steps import RunAllStages
 
 NAMESPACE = "refinery_prep"
 REJECTED = "rejected"
@@ -506,7 +506,7 @@ class PrepPipeline(beam.PTransform):
         self.config = config
 
     def expand(self, pbegin):
-        return pbegin | "Stages" >> RunStages(build_stages(self.config), self.config.output)
+        return pbegin | "Stages" >> RunAllStages(build_stages(self.config), self.config.output)
 
 
 __all__ = ["AssignShard", "Document", "Normalize", "PrepPipeline", "ReadRows", "Rejected", "RejectedRowError",

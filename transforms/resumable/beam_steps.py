@@ -201,7 +201,7 @@ def build_pipeline(steps: list[Step], beam_args: list[str], verify_checksums: bo
     return pipeline
 
 
-class RunStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]):
+class RunAllStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]):
     """PBegin -> PCollection[dict]: a command's whole flow as one composite, for a user's own
     pipeline: every unit of every stage of ``stages`` (bound to ``output``), each stage after
     the one before; ``{unit, status, stats}`` of the last stage's units.

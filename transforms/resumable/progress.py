@@ -8,6 +8,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from refinery.transforms.io import storage
+
 if TYPE_CHECKING:
     from refinery.transforms.resumable.base import StageRun
     from refinery.transforms.resumable.ledger import Receipt
@@ -95,7 +97,6 @@ class Progress:
         :meth:`~refinery.transforms.resumable.base.UnitContext.report_progress`): one listing,
         and a read per running unit; a unit that has ended is counted from its receipt, and
         a file left by an earlier, killed run is ignored."""
-        from refinery.transforms.io import storage
 
         out: list[dict[str, Any]] = []
         for path in storage.listdir(run.ledger.progress_dir):
@@ -169,7 +170,6 @@ class Progress:
         listing of each step's receipts and ``failures/`` (a unit whose last attempt failed is
         not done), not a read per receipt of a resumed run. Only the receipts that appear
         (or are rewritten as completed) during the job are read."""
-        from refinery.transforms.io import storage
 
         for run, _ in self.steps:
             failed = run.ledger.listed_failures()
