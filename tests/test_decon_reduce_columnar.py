@@ -9,8 +9,9 @@ import io
 import json
 import random
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate, chain
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -21,12 +22,14 @@ from helpers import gsm8k_texts
 
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams.details import NGRAM_MAX_CHARS
 from refinery.transforms.decon.ngrams.droplist import RowHits
 from refinery.transforms.decon.ngrams.index import EvalRow, SameText, same_text
 from refinery.transforms.decon.ngrams.longest import record_windows
-from refinery.transforms.decon.ngrams.reduce import NGRAM_MAX_CHARS, SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, overlap_key
+from refinery.transforms.decon.ngrams.reduce import SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, overlap_key
 from refinery.transforms.decon.ngrams.word_split import configured_ns
 from refinery.transforms.io.jsonl import JSON_ERRORS
+from refinery.transforms.io.rows import Row
 
 DEFAULT = ng.TOKENIZERS["default"]
 # the reference's cuts, set with the module's (the ``small_cuts`` fixture makes them small)
@@ -35,12 +38,13 @@ WRITE_CHARS, WRITE_LINES, PREFIX_CACHE_EVALS, HELD_CHARS = dt.WRITE_CHARS, dt.WR
 
 
 def _i64(data: bytes) -> list[int]:
-    return np.frombuffer(data, dtype="<i8").tolist()
+    out: list[int] = np.frombuffer(data, dtype="<i8").tolist()
+    return out
 
 
 # -- the reference: the reduce and the Parquet rows before issue 47 -----------------------
 
-def _pairs(offsets: list) -> str:
+def _pairs(offsets: list[Any]) -> str:
     """``[[1, 2], [3, 4]]`` as ``json.dumps`` writes it."""
     if len(offsets) == 1:
         (s, e), = offsets
@@ -51,9 +55,9 @@ def _pairs(offsets: list) -> str:
 
 
 def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow], ns: list[int],
-                     blocks: Callable[[], Iterable[tuple[int, str, int, dict]]], max_train_count: int | None,
+                     blocks: Callable[[], Iterable[tuple[int, str, int, dict[str, Any]]]], max_train_count: int | None,
                      write: Callable[[bytes], None] | None, max_ngram_details: int | None = None,
-                     same: SameText | None = None, rows_out: Any = None) -> dict:
+                     same: SameText | None = None, rows_out: Any = None) -> dict[str, Any]:
     """The reduce as it was before issue 47 (a loop per hit), unchanged but for its name."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
@@ -68,11 +72,11 @@ def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[Eval
     written = [0] * len(records)  # detail records written of each n-gram
     quote = json.encoder.encode_basestring  # a JSON string, non-ASCII and lone surrogates kept as they are
     heads: dict[int, str] = {}
-    kept: dict[int, list] = {}                # record -> its [eval_idx, offsets], one per distinct text
+    kept: dict[int, list[Any]] = {}                # record -> its [eval_idx, offsets], one per distinct text
     middles: dict[int, str] = {}              # record -> its detail lines' n-gram part
     prefixes: dict[int, list[str]] = {}       # record -> its detail lines up to the training part (few eval rows)
     sampled: dict[int, list[int]] = {}        # record -> eval rows it is an n-gram of, still sampling
-    samples: dict[tuple[int, int], dict[tuple[int, int], list]] = {}  # (eval row, n-gram length) -> rows
+    samples: dict[tuple[int, int], dict[tuple[int, int], list[Any]]] = {}  # (eval row, n-gram length) -> rows
     hit_rows: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))  # path -> record -> rows
     row_hits = RowHits()  # every counted hit's (training row, record): the drop list
     skip = None if ignored is None else np.asarray(ignored, dtype=bool)
@@ -90,7 +94,7 @@ def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[Eval
                 h = heads[eval_idx] = f'{h}, "same_text": {len(same.others[eval_idx])}'
         return h
 
-    def lines_of(rec: int, evals: list) -> list[str]:
+    def lines_of(rec: int, evals: list[Any]) -> list[str]:
         middle = middles[rec]
         return [f'{head(eval_idx)}, {middle}{_pairs(eval_offsets)}, ' for eval_idx, eval_offsets in evals]
 
@@ -165,7 +169,7 @@ def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[Eval
             out.clear()
             held = 0
     overlaps: dict[int, dict[int, dict[str, int]]] = {}
-    spans: dict[int, dict[int, list]] = {}
+    spans: dict[int, dict[int, list[Any]]] = {}
     capped = []
     for rec, evals in kept.items():  # the first row of each text only: the others share its state
         n, gram = records[rec][0], records[rec][1]
@@ -175,8 +179,8 @@ def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[Eval
             spans.setdefault(eval_idx, {}).setdefault(n, []).extend(eval_offsets)
         if counts[rec] * len(evals) > written[rec]:
             capped.append([n, gram[:NGRAM_MAX_CHARS], written[rec], counts[rec] * len(evals)])
-    path_ids: dict[tuple[str, str, int], set] = defaultdict(set)
-    path_rows: dict[tuple[str, str, int], set] = defaultdict(set)
+    path_ids: dict[tuple[str, str, int], set[Any]] = defaultdict(set)
+    path_rows: dict[tuple[str, str, int], set[Any]] = defaultdict(set)
     # record -> (eval_dataset, n) -> the first rows of the texts with rows of that dataset
     keys_of: dict[int, dict[tuple[str, int], list[int]]] = {}
     for path, rows_of_rec in hit_rows.items():
@@ -201,9 +205,10 @@ def _old_reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[Eval
             "samples": _by_row_and_length(samples)}
 
 
-def _by_row_and_length(samples: dict[tuple[int, int], dict]) -> dict[int, dict[int, list]]:
+def _by_row_and_length(samples: dict[tuple[int, int], dict[tuple[int, int], list[Any]]]
+                       ) -> dict[int, dict[int, list[Any]]]:
     """``{(eval row, length): {key: training row}}`` as ``{eval row: {length: [training rows]}}``."""
-    out: dict[int, dict[int, list]] = {}
+    out: dict[int, dict[int, list[Any]]] = {}
     for (eval_idx, n), rows_of in samples.items():
         out.setdefault(eval_idx, {})[n] = list(rows_of.values())
     return out
@@ -232,13 +237,13 @@ class _OldDetailRows:
                     "train_flat", "train_snippet_start", "train_snippet", "train_snippet_truncated", "rows")
 
     def _clear(self) -> None:
-        self._columns: tuple[list, ...] = tuple([] for _ in self._HIT_COLUMNS)  # the hits' columns, in that order
+        self._columns: tuple[list[Any], ...] = tuple([] for _ in self._HIT_COLUMNS)  # the hits' columns, in that order
         self.eval_idx: list[int] = []    # the eval side of the rows held, one entry per row
         self.eval_pairs: list[int] = []
         self.eval_flat: list[int] = []
         self.held_rows = self.held_chars = 0
 
-    def _eval_side(self, key: int, evals: list, a: int, b: int) -> tuple[list[int], list[int], list[int]]:
+    def _eval_side(self, key: int, evals: list[Any], a: int, b: int) -> tuple[list[int], list[int], list[int]]:
         """(eval_idx, pairs per row, flat offsets) of ``evals[a:b]``, as lists of ints (most
         records have one or two eval rows: numpy arrays per hit would cost more than they
         hold); cached by record ``key`` for a record with few eval rows (it comes back with
@@ -259,8 +264,8 @@ class _OldDetailRows:
             return idx, pairs, flat
         return idx[a:b], pairs[a:b], flat[2 * starts[a]:2 * starts[b]]
 
-    def add(self, key: int, n: int, ngram: str, ngram_truncated: bool, evals: list, room: int, train_path: str,
-            train_row: int, train_doc_id: str, train_offsets: list, snippet_start: int, snippet: str,
+    def add(self, key: int, n: int, ngram: str, ngram_truncated: bool, evals: list[Any], room: int, train_path: str,
+            train_row: int, train_doc_id: str, train_offsets: list[Any], snippet_start: int, snippet: str,
             snippet_truncated: bool) -> None:
         """``room`` rows: the hit of record ``key`` (its ``n``, ``ngram`` as written) in a
         training row, for each of ``evals[:room]``. A row group holds at most
@@ -329,7 +334,7 @@ class _OldDetailRows:
 # -- the corpora ------------------------------------------------------------------------
 
 def eval_rows_of(texts: list[str], datasets: int = 1) -> list[EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(texts):
             if i % datasets == int(path.split("/")[1][2:]):
                 yield i, {"text": t, "id": f"e{i % 7}" if i % 5 == 3 else f"e{i}"}, None
@@ -337,10 +342,11 @@ def eval_rows_of(texts: list[str], datasets: int = 1) -> list[EvalRow]:
     return rows
 
 
-def blocks_of(rows: list[EvalRow], train: list[str], ns: list[int], partitions: int, max_chars: int = 1 << 20):
+def blocks_of(rows: list[EvalRow], train: list[str], ns: list[int], partitions: int,
+              max_chars: int = 1 << 20) -> tuple[ng.NgramIndex, dict[int, list[tuple[int, str, int, dict[str, Any]]]]]:
     """Per partition: its records and its hit blocks (through msgpack, as on disk), from two scan units."""
     index = ng.NgramIndex.build(rows, {}, ns, "default", partitions)
-    blocks: dict[int, list] = defaultdict(list)
+    blocks: dict[int, list[tuple[int, str, int, dict[str, Any]]]] = defaultdict(list)
     half = len(train) // 2
     for unit, (path, part) in enumerate((("t/a.jsonl", train[:half]), ("t/b\u00e9.jsonl", train[half:]))):
         docs = ((j, {"text": t, "id": f"d{j % 11}\udc80" if j % 13 == 4 else f"d{j}"}, None)
@@ -355,14 +361,15 @@ def blocks_of(rows: list[EvalRow], train: list[str], ns: list[int], partitions: 
     return index, blocks
 
 
-def both(rows: list[EvalRow], index, blocks, ns: list[int], max_train_count=None, max_ngram_details=None,
+def both(rows: list[EvalRow], index: ng.NgramIndex, blocks: dict[int, list[tuple[int, str, int, dict[str, Any]]]],
+         ns: list[int], max_train_count: int | None = None, max_ngram_details: int | None = None,
          row_group_rows: int = dt.ROW_GROUP_ROWS) -> int:
     """Every partition reduced by both, in both formats: the same bytes; the details written."""
     same = same_text(rows)
     columns = dt.EvalColumns.of(rows, same)
     details = 0
     for p in range(index.num_partitions):
-        records = index.records.get(p) or []
+        records: Sequence[Sequence[Any]] = index.records.get(p) or []
         got = []
 
         def part_blocks(p: int = p) -> Any:
@@ -390,7 +397,7 @@ def both(rows: list[EvalRow], index, blocks, ns: list[int], max_train_count=None
 
 
 @pytest.fixture
-def small_cuts(monkeypatch):
+def small_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
     """JSON lines handed over every ~2 kB, heads cached for records of up to 3 eval rows, lines
     built 4 at a time, Parquet groups of 3 kB of strings: every cut of the code is reached."""
     for name, value in (("WRITE_CHARS", 2000), ("WRITE_LINES", 4), ("PREFIX_CACHE_EVALS", 3), ("HELD_CHARS", 3000)):
@@ -398,7 +405,7 @@ def small_cuts(monkeypatch):
         monkeypatch.setitem(globals(), name, value)
 
 
-def test_sparse_and_dense_corpora_give_the_same_bytes():
+def test_sparse_and_dense_corpora_give_the_same_bytes() -> None:
     evals = gsm8k_texts(20)
     sparse = [t + (f" see {evals[i % 20]}" if i % 9 == 0 else "") for i, t in enumerate(gsm8k_texts(40, 100))]
     rows = eval_rows_of(evals, datasets=2)
@@ -408,7 +415,7 @@ def test_sparse_and_dense_corpora_give_the_same_bytes():
     assert both(rows, index, blocks, [5, 13]) > 500
 
 
-def test_hostile_corpora_give_the_same_bytes(small_cuts):
+def test_hostile_corpora_give_the_same_bytes(small_cuts: None) -> None:
     common = "the quick brown fox jumps over the lazy dog while the cat sleeps"
     long_token = "x" * 1500  # an n-gram and a snippet past their caps
     texts = ([f"{common} row{i} \u00e9t\u00e9" for i in range(30)] + [common + " and dreams"] * 6
@@ -422,7 +429,7 @@ def test_hostile_corpora_give_the_same_bytes(small_cuts):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_corpora_with_planted_overlaps(seed, small_cuts):
+def test_random_corpora_with_planted_overlaps(seed: int, small_cuts: None) -> None:
     """Random eval sets and corpora, overlaps planted at a random n: the columns give what the
     loop gave, every partition, both formats."""
     rnd = random.Random(seed)

@@ -11,7 +11,9 @@ import shutil
 import subprocess
 import sys
 import unicodedata
+from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -24,6 +26,7 @@ from refinery.beam_pipelines.checks import UsageError, check_output, mount_alias
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import compact
 from refinery.transforms.decon.ngrams.normalized import tokens_with_offsets
+from refinery.transforms.io.rows import Row
 
 # ---------------------------------------------------------------------------------------
 # Item 5: one big eval row
@@ -38,24 +41,26 @@ HOSTILE = ["The quick brown fox jumps over the lazy dog. " * 3, "İstanbul İİ 
 
 
 def hostile_rows() -> list[ng.EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(HOSTILE):
             yield i, {"text": t, "id": i}, None
     return ng.make_eval_rows(["x/ds/test.jsonl"], read, "text", "id", ng.TOKENIZERS["default"])[0]
 
 
-def by_dict(rows, ns, partitions, tokenizer, skip=()) -> dict[int, list]:
+def by_dict(rows: list[ng.EvalRow], ns: list[int], partitions: int, tokenizer: ng.WordSplitter,
+            skip: Collection[int] = ()) -> dict[int, list[Any]]:
     """The records as the dict of n-grams builds them (:func:`ng.build_index`): the reference."""
     return dict(ng.partition_records(ng.build_index(rows, ns, tokenizer, skip), partitions))
 
 
-def by_columns(rows, ns, partitions, tokenizer, skip=()) -> dict[int, list]:
+def by_columns(rows: list[ng.EvalRow], ns: list[int], partitions: int, tokenizer: ng.WordSplitter,
+               skip: Collection[int] = ()) -> dict[int, list[Any]]:
     built, _, _ = compact.build_records(rows, ns, tokenizer, partitions, skip, chunk=5)
     return {p: recs.to_lists() for p, recs in built.items()}
 
 
 @pytest.mark.parametrize("tokenizer", sorted(ng.TOKENIZERS))
-def test_the_index_in_columns_holds_the_records_of_the_dict_of_n_grams(tokenizer):
+def test_the_index_in_columns_holds_the_records_of_the_dict_of_n_grams(tokenizer: str) -> None:
     rows = hostile_rows()
     tok = ng.TOKENIZERS[tokenizer]
     for ns, partitions in (([13], 4), ([1, 2, 3, 13], 3), ([2], 1)):
@@ -74,13 +79,13 @@ def test_the_index_in_columns_holds_the_records_of_the_dict_of_n_grams(tokenizer
         assert compact.token_starts(tok, text).tolist() == [s for s, _ in tokens_with_offsets(tok, text)[1]]
 
 
-def test_n_grams_that_share_a_hash_stay_apart_in_index_order(monkeypatch):
+def test_n_grams_that_share_a_hash_stay_apart_in_index_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hashes cut to 3 bits: most n-grams share one with others; each keeps its own record,
     ordered by hash, then by where it first appears, as the dict of n-grams orders them."""
     rows = hostile_rows()
-    real = compact.batch_all_window_hashes
+    real = vars(compact)["batch_all_window_hashes"]
 
-    def few_bits(*args):
+    def few_bits(*args: Any) -> Any:
         return real(*args) & np.uint64(7)
 
     monkeypatch.setattr(compact, "batch_all_window_hashes", few_bits)
@@ -126,7 +131,7 @@ def stage_peaks_mb(root: Path, words: int) -> dict[str, float]:
     return peaks
 
 
-def test_one_big_eval_row_costs_each_stage_a_bounded_memory_per_n_gram(tmp_path):
+def test_one_big_eval_row_costs_each_stage_a_bounded_memory_per_n_gram(tmp_path: Path) -> None:
     """Before: about 850 bytes per eval n-gram in the index stage and in every process that
     loaded the partitions (scan, reduce: dicts and lists per n-gram), 2 KB in the audit's
     driver; a 20 MB eval row took it past 6 GB. Now: columns (:mod:`.compact`)."""
@@ -145,7 +150,7 @@ BYTES_PER_NGRAM = 256  # measured at 5 MB and 20 MB: index ~195, scan ~165, redu
 # ---------------------------------------------------------------------------------------
 
 
-def test_mount_aliases_spell_a_folder_through_every_mount_of_its_filesystem(tmp_path):
+def test_mount_aliases_spell_a_folder_through_every_mount_of_its_filesystem(tmp_path: Path) -> None:
     (tmp_path / "view").mkdir()
     table = "\n".join([
         "21 1 8:1 / / rw - ext4 /dev/sda rw",
@@ -159,7 +164,8 @@ def test_mount_aliases_spell_a_folder_through_every_mount_of_its_filesystem(tmp_
     assert mount_aliases("/proc/1", table) == ["/proc/1"]  # another filesystem: no other spelling
 
 
-def test_an_output_inside_the_input_through_a_bind_mount_is_refused(tmp_path, monkeypatch):
+def test_an_output_inside_the_input_through_a_bind_mount_is_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only spelled (resolved) paths were compared: a bind mount of the input folder
     elsewhere made its inside look like another folder, and the run read its own outputs."""
     (tmp_path / "in").mkdir()
@@ -174,7 +180,7 @@ def test_an_output_inside_the_input_through_a_bind_mount_is_refused(tmp_path, mo
     check_output("decon", str(tmp_path / "other" / "out"), [str(tmp_path / "in")], dry_run=True)  # elsewhere: fine
 
 
-def test_an_output_inside_the_input_through_a_link_is_refused(tmp_path):
+def test_an_output_inside_the_input_through_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "in")
     for output, inputs in ((tmp_path / "link" / "out", [tmp_path / "in"]),
@@ -184,7 +190,7 @@ def test_an_output_inside_the_input_through_a_link_is_refused(tmp_path):
 
 
 @contextlib.contextmanager
-def bind_mount(source: Path, target: Path):
+def bind_mount(source: Path, target: Path) -> Iterator[None]:
     """``mount --bind source target`` for the block; skips the test where mounting is refused
     (not root, no mount tool, a container without the capability), saying why."""
     if shutil.which("mount") is None or os.geteuid() != 0:
@@ -198,7 +204,8 @@ def bind_mount(source: Path, target: Path):
         subprocess.run(["umount", str(target)], check=True)
 
 
-def test_a_real_bind_mount_of_the_input_is_seen_by_device_and_inode(tmp_path, monkeypatch):
+def test_a_real_bind_mount_of_the_input_is_seen_by_device_and_inode(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "view").mkdir()
     with bind_mount(tmp_path / "in", tmp_path / "view"):
@@ -224,7 +231,8 @@ def decon_verify(out: Path, *flags: str) -> int:
     return verify.run(parser.parse_args([str(out), *flags]), [])
 
 
-def test_a_planted_detail_part_is_named_by_verify_and_removed_by_the_next_run(tmp_path, capsys):
+def test_a_planted_detail_part_is_named_by_verify_and_removed_by_the_next_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: a copy of a part beside the others was kept, verify said OK, and every reader
     of the folder read its rows twice."""
     ev, tr = make_matrix_inputs(tmp_path)
@@ -276,12 +284,12 @@ sys.exit(main(["decon", *sys.argv[2:]]))
 """
 
 
-def decon_on_full_disk(budget: int, *argv: str) -> subprocess.CompletedProcess:
+def decon_on_full_disk(budget: int, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", FULL_DISK, str(budget), *argv], capture_output=True, text=True,
                           timeout=300)
 
 
-def assert_one_line_naming_the_disk(done: subprocess.CompletedProcess, out: Path) -> None:
+def assert_one_line_naming_the_disk(done: subprocess.CompletedProcess[str], out: Path) -> None:
     assert done.returncode == 1, done.stderr
     lines = [ln for ln in done.stderr.splitlines() if not ln.startswith("decon: ")]  # the header aside
     assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
@@ -289,7 +297,7 @@ def assert_one_line_naming_the_disk(done: subprocess.CompletedProcess, out: Path
     assert "run the same command again: " in lines[0] and "--output" in lines[0]
 
 
-def test_a_full_disk_ends_decon_in_one_line_naming_the_disk(tmp_path):
+def test_a_full_disk_ends_decon_in_one_line_naming_the_disk(tmp_path: Path) -> None:
     """Before: each failed unit's line, the runner's tracebacks (a failed unit's receipt could
     not be written either) and "RuntimeError: Traceback ..."."""
     ev, tr = make_matrix_inputs(tmp_path)
@@ -304,7 +312,7 @@ def test_a_full_disk_ends_decon_in_one_line_naming_the_disk(tmp_path):
         assert (out / "stats" / name).read_bytes() == (fresh / "stats" / name).read_bytes()
 
 
-def test_a_real_full_disk_under_the_local_runner(tmp_path):
+def test_a_real_full_disk_under_the_local_runner(tmp_path: Path) -> None:
     """A small tmpfs (root only; skipped where mounting is refused) and refinery's own runner:
     its worker processes' copies of the error are held back too."""
     ev, tr = make_matrix_inputs(tmp_path)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import compact, scan
 from refinery.transforms.decon.ngrams.normalized import tokens_with_offsets
+from refinery.transforms.io.rows import Row
 
 WORDS = ["the", "a", "fox", "Jumps", "over", "dog", "42", "3.5", "x", "café", "naïve", "Straße", "İstanbul", "ΣΟΦΟΣ",
          "日本", "e\u0301t\u00e9", "co\u0085de", "tab\tbed", "", "''", "don't"]
@@ -46,13 +49,13 @@ def corpus(seed: int) -> tuple[list[str], list[str]]:
 
 
 def eval_rows(texts: list[str], tok: ng.WordSplitter) -> list[ng.EvalRow]:
-    def read(path):
+    def read(path: str) -> Iterator[Row]:
         for i, t in enumerate(texts):
             yield i, {"text": t, "id": f"e{i}"}, None
     return ng.make_eval_rows(["x/ds/test.jsonl"], read, "text", "id", tok)[0]
 
 
-def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.WordSplitter) -> Counter:
+def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.WordSplitter) -> Counter[Any]:
     """(training row, n, n-gram, start, end) of every window whose n-gram an eval row has: a
     plain loop over tokens, offsets from the exact tokenizer (into the row's text)."""
     grams: set[tuple[int, str]] = set()
@@ -61,7 +64,7 @@ def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok:
         for length in ng.effective_lengths(ns, len(toks)):
             grams.update((length, g) for _, g in ng.word_split.iter_ngrams(toks, length))
     lengths = sorted({n for n, _ in grams})
-    out: Counter = Counter()
+    out: Counter[Any] = Counter()
     for j, text in enumerate(train):
         toks, spans = tokens_with_offsets(tok, text)
         for length in lengths:
@@ -73,10 +76,10 @@ def reference_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok:
 
 
 def scan_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.WordSplitter, partitions: int,
-              batch_bytes: int) -> tuple[Counter, ng.ScanStats]:
+              batch_bytes: int) -> tuple[Counter[Any], ng.ScanStats]:
     index = ng.NgramIndex.build(rows, {}, ns, tok.name, partitions)
     stats = ng.ScanStats()
-    out: Counter = Counter()
+    out: Counter[Any] = Counter()
     for hits in ng.scan_rows(((j, {"text": t}, None) for j, t in enumerate(train)), text_field="text", tokenizer=tok,
                              membership=index.membership, lookup=index.lookup, partitions=partitions, stats=stats,
                              batch_bytes=batch_bytes):
@@ -90,7 +93,7 @@ def scan_hits(rows: list[ng.EvalRow], train: list[str], ns: list[int], tok: ng.W
 
 
 @pytest.mark.parametrize("tokenizer", sorted(ng.TOKENIZERS))
-def test_the_scan_finds_what_a_plain_loop_finds(tokenizer):
+def test_the_scan_finds_what_a_plain_loop_finds(tokenizer: str) -> None:
     tok = ng.TOKENIZERS[tokenizer]
     planted = 0
     for seed in range(12):
@@ -106,16 +109,16 @@ def test_the_scan_finds_what_a_plain_loop_finds(tokenizer):
     assert planted > 500  # the corpora hold overlaps
 
 
-def test_n_grams_that_share_a_hash_are_told_apart_by_their_text(monkeypatch):
+def test_n_grams_that_share_a_hash_are_told_apart_by_their_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """Window hashes cut to 2 bits, on both sides: every window is a hash hit, most of the
     index's n-grams share a hash with others; a hit still counts only where its text is the
     record's, and names that record."""
-    def few_bits(real):
+    def few_bits(real: Callable[..., Any]) -> Callable[..., Any]:
         return lambda *args: real(*args) & np.uint64(3)
 
-    monkeypatch.setattr(compact, "batch_all_window_hashes", few_bits(compact.batch_all_window_hashes))
-    monkeypatch.setattr(scan, "batch_all_window_hashes", few_bits(scan.batch_all_window_hashes))
-    monkeypatch.setattr(scan, "window_hashes_at", few_bits(scan.window_hashes_at))
+    monkeypatch.setattr(compact, "batch_all_window_hashes", few_bits(vars(compact)["batch_all_window_hashes"]))
+    monkeypatch.setattr(scan, "batch_all_window_hashes", few_bits(vars(scan)["batch_all_window_hashes"]))
+    monkeypatch.setattr(scan, "window_hashes_at", few_bits(vars(scan)["window_hashes_at"]))
     tok = ng.TOKENIZERS["default"]
     for seed in range(4):
         evals, train = corpus(50 + seed)
@@ -127,10 +130,10 @@ def test_n_grams_that_share_a_hash_are_told_apart_by_their_text(monkeypatch):
         assert stats.false_hits > stats.verified_hits  # most hash hits were other n-grams
 
 
-def test_the_scan_verifies_hits_without_a_lookup_per_hit(monkeypatch):
+def test_the_scan_verifies_hits_without_a_lookup_per_hit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: each hash hit was looked up by its text, one at a time (``RecordColumns.find``: a
     hash and a search per n-gram). Now the hits of a batch are checked together."""
-    def per_hit(*_args):
+    def per_hit(*_args: object) -> NoReturn:
         raise AssertionError("a lookup per hit")
 
     monkeypatch.setattr(compact.RecordColumns, "find", per_hit)
@@ -141,7 +144,7 @@ def test_the_scan_verifies_hits_without_a_lookup_per_hit(monkeypatch):
     assert got == reference_hits(rows, train, [5, 13], tok) and got
 
 
-def test_records_out_of_hash_order_are_found_too():
+def test_records_out_of_hash_order_are_found_too() -> None:
     """A partition's records are in hash order (the scan searches their hashes as they are);
     a partition made of records in another order (a test's, a tool's) is searched through
     their order by hash, and a hit names the record's own index."""
@@ -156,7 +159,7 @@ def test_records_out_of_hash_order_are_found_too():
         rng.shuffle(lists)
         parts[p] = ng.Partition(lists)
         assert parts[p].records.by_hash()[1] is not None  # not in hash order
-    got: Counter = Counter()
+    got: Counter[Any] = Counter()
     for hits in ng.scan_rows(((j, {"text": t}, None) for j, t in enumerate(train)), text_field="text", tokenizer=tok,
                              membership=index.membership, lookup=parts.__getitem__, partitions=2,
                              stats=ng.ScanStats()):

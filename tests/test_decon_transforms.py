@@ -44,9 +44,13 @@ def _collect(pcoll: beam.pvalue.PCollection[Any], path: Path,
         str(path), shard_name_template="")
 
 
+def _overlap(values: list[Any]) -> Overlap:
+    fields: list[Any] = [tuple(map(tuple, v)) if k in (4, 6) else v for k, v in enumerate(values)]
+    return Overlap(*fields)
+
+
 def _overlaps(path: Path) -> list[Overlap]:
-    return [Overlap(*[tuple(map(tuple, v)) if k in (4, 6) else v for k, v in enumerate(json.loads(line))])
-            for line in path.read_text().splitlines()]
+    return [_overlap(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def _source_rows(path: str) -> list[SourceRow]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from refinery.kernels.model import Transformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory):
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = tiny_config()
     weights = random_weights(config, seed=1)
     root = tmp_path_factory.mktemp("gen")
@@ -23,17 +24,18 @@ def paths(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def model64(paths):
+def model64(paths: dict[str, Path]) -> Transformer:
     return Transformer.from_checkpoint(paths["original"], dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
-def model32(paths):
+def model32(paths: dict[str, Path]) -> Transformer:
     return Transformer.from_checkpoint(paths["original"], dtype=torch.float32)
 
 
 def _tokens(n: int, seed: int, vocab: int = 160) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    out: list[int] = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return out
 
 
 def _greedy_no_cache(model: Transformer, prompt: list[int], n: int) -> list[int]:
@@ -45,7 +47,7 @@ def _greedy_no_cache(model: Transformer, prompt: list[int], n: int) -> list[int]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_incremental_decode_equals_full_forward(model64, model32, dtype):
+def test_incremental_decode_equals_full_forward(model64: Transformer, model32: Transformer, dtype: str) -> None:
     model = model64 if dtype == "float64" else model32
     window = model.config.sliding_window
     seq = _tokens(6 * window, seed=2)
@@ -56,7 +58,9 @@ def test_incremental_decode_equals_full_forward(model64, model32, dtype):
     pos = 13
     bound = math.ceil((window + 5 - 1) / 4) + 1
     while True:
-        logits, ids = gen.step()
+        step = gen.step()
+        assert step is not None
+        logits, ids = step
         assert ids == [sid]
         got[pos - 1] = logits[0]
         if pos == len(seq):
@@ -72,7 +76,7 @@ def test_incremental_decode_equals_full_forward(model64, model32, dtype):
     assert len(got) == len(seq) - 12
 
 
-def test_ragged_batch_equals_one_at_a_time(model32):
+def test_ragged_batch_equals_one_at_a_time(model32: Transformer) -> None:
     prompts = [_tokens(n, seed=10 + n) for n in (3, 17, 30, 9, 1, 22)]
     batched = BatchedGenerator(model32, max_seq_len=64, max_batch=3, block_size=4, prefill_chunk=7)
     together = batched.generate_batch(prompts, max_tokens=14)
@@ -90,14 +94,16 @@ def test_ragged_batch_equals_one_at_a_time(model32):
     assert all(len(free) == batched.cache.k[kind].shape[1] for kind, free in batched.cache.free.items())
 
 
-def test_continuous_batching_mid_way(model32):
+def test_continuous_batching_mid_way(model32: Transformer) -> None:
     a, b, c = _tokens(20, seed=20), _tokens(11, seed=21), _tokens(26, seed=22)
     gen = BatchedGenerator(model32, max_seq_len=64, max_batch=2, block_size=4, prefill_chunk=6)
-    outputs = {}
+    outputs: dict[str, list[int]] = {}
     ids = {gen.add(a, max_tokens=12): "a"}
     steps = 0
     while not gen.idle:
-        logits, seq_ids = gen.step()
+        step = gen.step()
+        assert step is not None
+        logits, seq_ids = step
         steps += 1
         if steps == 4:
             ids[gen.add(b, max_tokens=10)] = "b"  # joins while a decodes
@@ -111,7 +117,7 @@ def test_continuous_batching_mid_way(model32):
         assert outputs[name] == _greedy_no_cache(model32, prompt, n), name
 
 
-def test_seed_example_loop_and_layouts(paths):
+def test_seed_example_loop_and_layouts(paths: dict[str, Path]) -> None:
     # The seed's usage: a checkpoint path, add / step / update until idle.
     gen = BatchedGenerator(str(paths["hf"]), max_seq_len=48, max_batch=1, dtype=torch.float32)
     tokens = _tokens(9, seed=30)
@@ -123,14 +129,14 @@ def test_seed_example_loop_and_layouts(paths):
             break
         logits, seq_ids = result
         assert logits.shape == (1, 160) and seq_ids == [seq_id]
-        next_token = logits[0].argmax().item()
+        next_token = int(logits[0].argmax().item())
         generated.append(next_token)
         gen.update(seq_ids[0], next_token, finished=len(generated) >= 6)
     other = BatchedGenerator(str(paths["original"]), max_seq_len=48, max_batch=1, dtype=torch.float32)
     assert generated == other.generate_batch([tokens], max_tokens=6)[0]
 
 
-def test_stop_tokens_sampling_and_limits(model32):
+def test_stop_tokens_sampling_and_limits(model32: Transformer) -> None:
     prompt = _tokens(5, seed=40)
     gen = BatchedGenerator(model32, max_seq_len=64, max_batch=4, block_size=8)
     greedy = gen.generate_batch([prompt], max_tokens=10)[0]
@@ -146,7 +152,7 @@ def test_stop_tokens_sampling_and_limits(model32):
         gen.add(_tokens(65, seed=42), max_tokens=1)
 
 
-def test_bfloat16_generation(paths):
+def test_bfloat16_generation(paths: dict[str, Path]) -> None:
     model = Transformer.from_checkpoint(paths["hf"], dtype=torch.bfloat16)
     gen = BatchedGenerator(model, max_seq_len=64, max_batch=2, block_size=4, prefill_chunk=8)
     assert gen.cache.k["full"].dtype == torch.bfloat16
@@ -154,5 +160,7 @@ def test_bfloat16_generation(paths):
     out = gen.generate_batch(prompts, max_tokens=5)
     assert [len(o) for o in out] == [5, 5, 5] and gen.idle
     gen.add(prompts[0], max_tokens=2)
-    logits, _ = gen.step()
+    step = gen.step()
+    assert step is not None
+    logits, _ = step
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()

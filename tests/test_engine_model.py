@@ -3,23 +3,38 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+if TYPE_CHECKING:
+    from torch import Tensor
 pytest.importorskip("safetensors", reason="the inference extra (safetensors) is not installed")
 
 from engine_fixtures import random_weights, tiny_config, write_hf, write_original  # noqa: E402
 
 from refinery.kernels import mxfp4  # noqa: E402
 from refinery.kernels.config import ModelConfig, load_config  # noqa: E402
-from refinery.kernels.model import Transformer  # noqa: E402
+from refinery.kernels.model import Transformer, TransformerBlock  # noqa: E402
+
+
+class Checkpoints(TypedDict):
+    """One tiny model's config and weights, written in each layout."""
+
+    config: ModelConfig
+    weights: dict[str, Tensor]
+    hf: Path
+    hf_single: Path
+    original: Path
+
 
 SEQ_LEN = 40  # 5x the tiny model's sliding window of 8
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
     config = tiny_config()
     weights = random_weights(config, seed=0)
     root = tmp_path_factory.mktemp("ckpt")
@@ -33,12 +48,13 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tokens(checkpoints):
+def tokens(checkpoints: Checkpoints) -> Tensor:
     g = torch.Generator().manual_seed(7)
-    return torch.randint(0, checkpoints["config"].vocab_size, (SEQ_LEN,), generator=g)
+    out: Tensor = torch.randint(0, checkpoints["config"].vocab_size, (SEQ_LEN,), generator=g)
+    return out
 
 
-def test_matches_transformers(checkpoints, tokens):
+def test_matches_transformers(checkpoints: Checkpoints, tokens: Tensor) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers", reason="transformers (test extra) is not installed")
     config = checkpoints["config"]
@@ -78,19 +94,20 @@ def test_matches_transformers(checkpoints, tokens):
     # The window matters on this sequence: without it the logits move far beyond the tolerance.
     wide = Transformer.from_checkpoint(checkpoints["hf"], dtype=torch.float32)
     for block in wide.block:
+        assert isinstance(block, TransformerBlock)
         block.attn.window = None
     assert (wide(tokens) - want).abs().max().item() > 1e-2 * scale
 
 
-def test_layouts_give_identical_logits(checkpoints, tokens):
+def test_layouts_give_identical_logits(checkpoints: Checkpoints, tokens: Tensor) -> None:
     logits = [
-        Transformer.from_checkpoint(checkpoints[name], dtype=torch.float32)(tokens)
-        for name in ("hf", "hf_single", "original")
+        Transformer.from_checkpoint(path, dtype=torch.float32)(tokens)
+        for path in (checkpoints["hf"], checkpoints["hf_single"], checkpoints["original"])
     ]
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
 
 
-def test_configs_agree(checkpoints):
+def test_configs_agree(checkpoints: Checkpoints) -> None:
     hf, orig = load_config(checkpoints["hf"]), load_config(checkpoints["original"])
     assert hf == orig == checkpoints["config"]
     raw = json.loads((checkpoints["hf"] / "config.json").read_text())
@@ -99,7 +116,7 @@ def test_configs_agree(checkpoints):
     assert ModelConfig.from_hf_dict({**raw, "rope_parameters": rope}) == hf
 
 
-def test_real_model_configs():
+def test_real_model_configs() -> None:
     c20 = ModelConfig.from_dict({
         "num_hidden_layers": 24, "num_experts": 32, "experts_per_token": 4, "vocab_size": 201088,
         "hidden_size": 2880, "intermediate_size": 2880, "swiglu_limit": 7.0, "head_dim": 64,
@@ -117,18 +134,20 @@ def test_real_model_configs():
     assert abs(inv_freq[-1].item() * 32 * 150000 ** (62 / 64) - 1) < 1e-12  # lowest: interpolated
 
 
-def test_experts_stay_packed(checkpoints):
+def test_experts_stay_packed(checkpoints: Checkpoints) -> None:
     model = Transformer.from_checkpoint(checkpoints["original"], dtype=torch.bfloat16)
-    mlp = model.block[0].mlp
+    first = model.block[0]
+    assert isinstance(first, TransformerBlock)
+    mlp = first.mlp
     assert mlp.mlp1_blocks.dtype == torch.uint8 and mlp.mlp2_scales.dtype == torch.uint8
-    assert model.block[0].attn.qkv.weight.dtype == torch.bfloat16
+    assert first.attn.qkv.weight.dtype == torch.bfloat16
     floats = [n for n, t in model.state_dict().items() if t.is_floating_point() and "mlp" in n and t.dim() > 2]
     assert floats == []
     logits = model(torch.arange(12))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
 
 
-def test_hidden_states(checkpoints, tokens):
+def test_hidden_states(checkpoints: Checkpoints, tokens: Tensor) -> None:
     model = Transformer.from_checkpoint(checkpoints["original"], dtype=torch.float32)
     logits = model(tokens)
     hidden = model(tokens, return_hidden=[0, 1, 3])

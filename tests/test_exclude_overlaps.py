@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -48,12 +49,12 @@ def _corpus(tmp_path: Path) -> tuple[Path, Path, set[tuple[str, int]]]:
     return corpus, evals, planted
 
 
-def _decon(train, evals, out, *extra) -> int:
+def _decon(train: Path, evals: Path, out: Path, *extra: object) -> int:
     return main(["decon", "--eval", str(evals), "--train", str(train), "--output", str(out), "--ngrams", "8", "13",
                  "--runner", "direct", "--no-progress", "--slice-mb", "0.05", *map(str, extra)])
 
 
-def _drop_list(out: Path) -> list[dict]:
+def _drop_list(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "stats/contaminated_train_docs.jsonl").read_text().splitlines()]
 
 
@@ -71,7 +72,7 @@ def _shard_texts(output: Path) -> list[str]:
     return texts
 
 
-def test_planted_leaks_are_listed_dropped_and_gone(tmp_path, capsys):
+def test_planted_leaks_are_listed_dropped_and_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, evals, planted = _corpus(tmp_path)
     assert _decon(corpus, evals, tmp_path / "decon") == 0
     listed = _drop_list(tmp_path / "decon")
@@ -126,7 +127,8 @@ def test_planted_leaks_are_listed_dropped_and_gone(tmp_path, capsys):
     print(f"planted {len(PLANTED)}, found {len(planted & at13)}, dropped {rows['excluded']}, left 0")
 
 
-def test_the_exclusion_resumes_and_a_new_decon_output_replans(tmp_path, capsys):
+def test_the_exclusion_resumes_and_a_new_decon_output_replans(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     corpus, evals, _ = _corpus(tmp_path)
     assert _decon(corpus, evals, tmp_path / "decon") == 0
     args = ("--num-shards", 2, "--exclude-overlaps", tmp_path / "decon")
@@ -141,12 +143,12 @@ def test_the_exclusion_resumes_and_a_new_decon_output_replans(tmp_path, capsys):
     assert json.loads((tmp_path / "clean" / "manifest.json").read_text())["rows"]["excluded"] == at8
 
 
-def test_unusable_drop_lists_are_refused_with_one_line(tmp_path, capsys):
+def test_unusable_drop_lists_are_refused_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, evals, _ = _corpus(tmp_path)
     assert _decon(corpus, evals, tmp_path / "decon") == 0
     capsys.readouterr()
 
-    def refused(*extra) -> str:
+    def refused(*extra: object) -> str:
         assert run_prep([corpus], tmp_path / "out", *extra) == 2
         return capsys.readouterr().err
 
@@ -163,10 +165,10 @@ def test_unusable_drop_lists_are_refused_with_one_line(tmp_path, capsys):
     assert "b.jsonl: changed since the decon run" in err and "run decon again" in err
 
 
-def test_drop_overlaps_in_a_pipeline_matches_the_drop_list(tmp_path):
+def test_drop_overlaps_in_a_pipeline_matches_the_drop_list(tmp_path: Path) -> None:
     corpus, evals, planted = _corpus(tmp_path)
     path = str(corpus / "a.jsonl")
-    rows = [SourceRow(path, row, record) for row, record, _ in iter_rows(path)]
+    rows = [SourceRow(path, row, record) for row, record, _ in iter_rows(path) if record is not None]
     eval_rows = [json.loads(line) for line in evals.read_text().splitlines()]
     leaked = {row for p, row in planted if p == path}
     with BeamPipeline() as p:
@@ -181,7 +183,8 @@ def test_drop_overlaps_in_a_pipeline_matches_the_drop_list(tmp_path):
                     equal_to([r.record["id"] for r in rows if r.row not in leaked]), label="ByIds")
 
 
-def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
+def test_the_readme_loop_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
     commands = [shlex.split(line)[1:] for line in readme.splitlines()
                 if line.startswith("refinery ") and "-loop" in line]
@@ -191,7 +194,9 @@ def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
         command = [str(tmp_path / a) if a.startswith("out/") else a for a in command]
         assert main([*command, "--runner", "direct", "--no-progress"]) == 0
     said = capsys.readouterr().out
-    shown = re.search(r"rows: read .*excluded \d+", readme).group(0)
+    found = re.search(r"rows: read .*excluded \d+", readme)
+    assert found is not None, "README shows no prep summary line"
+    shown = found.group(0)
     assert shown in said  # the README's figure is what the commands print
     manifest = json.loads((tmp_path / "out/clean-loop/manifest.json").read_text())
     listed = _drop_list(tmp_path / "out/decon-loop")
@@ -202,7 +207,7 @@ def test_the_readme_loop_runs_as_printed(tmp_path, monkeypatch, capsys):
     assert manifest["rows"]["excluded"] == len(at13) + 1 and len(at13) > 0
     assert manifest["excluded_overlaps"]["decon_runs"][0]["unread"] == 1
     # the drop list says what the detail records say, row by row (228 rows, many instances each at n = 5)
-    details: dict = {}
+    details: dict[tuple[str, int], dict[str, Any]] = {}
     for d in read_details(str(tmp_path / "out/decon-loop")):
         assert "same_text" not in d
         row = details.setdefault((d["train_path"], d["train_row"]), {"doc": d["train_doc_id"], "hits": set()})
@@ -223,12 +228,13 @@ def _planted_corpus(tmp_path: Path) -> tuple[Path, Path]:
     return corpus, evals
 
 
-def test_inputs_decon_did_not_scan_as_they_are_are_refused_never_used_in_silence(tmp_path, capsys):
+def test_inputs_decon_did_not_scan_as_they_are_are_refused_never_used_in_silence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, evals = _planted_corpus(tmp_path)
     decon = tmp_path / "decon"
     capsys.readouterr()
 
-    def refused(inputs, *extra) -> str:
+    def refused(inputs: list[Path], *extra: object) -> str:
         assert run_prep(inputs, tmp_path / "out", "--exclude-overlaps", decon, *extra) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1, err
@@ -281,7 +287,7 @@ def _rewrite_recorded(decon: Path, relpath: str, data: bytes) -> None:
     receipt.write_text(json.dumps(r))
 
 
-def test_an_edited_drop_list_is_refused_and_verify_names_it(tmp_path, capsys):
+def test_an_edited_drop_list_is_refused_and_verify_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, _ = _planted_corpus(tmp_path)
     decon = tmp_path / "decon"
     docs = decon / "stats" / "contaminated_train_docs.jsonl"
@@ -310,7 +316,7 @@ def test_an_edited_drop_list_is_refused_and_verify_names_it(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_listed_row_no_input_holds_fails_the_run(tmp_path, capsys):
+def test_a_listed_row_no_input_holds_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A drop list consistent with its receipt that names a row past its file's end (a decon bug,
     or a forged record): the rows met and excluded differ from the rows listed, exit 1."""
     corpus, _ = _planted_corpus(tmp_path)
@@ -326,7 +332,7 @@ def test_a_listed_row_no_input_holds_fails_the_run(tmp_path, capsys):
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_a_job_carries_where_the_drop_lists_are_not_their_rows(tmp_path):
+def test_a_job_carries_where_the_drop_lists_are_not_their_rows(tmp_path: Path) -> None:
     """The exclusion a job pickles holds the decon outputs and their sha256, not the rows
     (which grow with the contamination) nor what decon scanned; a worker reads the rows back,
     the same ones, and refuses a drop list that changed since the job was planned."""
@@ -339,6 +345,7 @@ def test_a_job_carries_where_the_drop_lists_are_not_their_rows(tmp_path):
     ex = exclusion.load_exclusion([str(tmp_path / "decon")], read_spec=PREP_SPEC)
     ex.check_inputs(storage.expand_inputs([str(corpus)]))
     worker = pickle.loads(pickle.dumps(ex))
+    assert ex.expected is not None
     assert worker.rows is None and worker.scanned == {} and worker.expected == ex.expected > 0
     for f in storage.expand_inputs([str(corpus)]):
         assert worker.rows_of(f.path) == ex.rows_of(f.path)

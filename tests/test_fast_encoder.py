@@ -16,9 +16,12 @@ import subprocess
 import sys
 from array import array
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
+import tiktoken
 from encoder_fuzz import fuzz_texts, long_texts
 from helpers import gsm8k_rows, run_prep, tree_digest
 
@@ -27,7 +30,8 @@ from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
 from refinery.transforms.formats.tokenizer_choice import DEFAULT, TiktokenTokenizer, resolve_tokenizer
 from refinery.transforms.formats.unassigned import has_unassigned
-from refinery.transforms.prep.documents import encode_document, encode_documents, normalize_text
+from refinery.transforms.io.text import normalize_text
+from refinery.transforms.prep.documents import encode_document, encode_documents
 
 gigatoken = pytest.importorskip("gigatoken", reason="gigatoken-cachefix is installed on Linux x86-64 only")
 from refinery.transforms.formats.gigatoken_encoder import (  # noqa: E402 - after the skip
@@ -58,10 +62,11 @@ def _corpus_texts() -> list[str]:
 
 
 def _long_texts(seed: int) -> list[str]:
-    return long_texts(seed, [w for r in gsm8k_rows("test")[:200] for w in r["question"].split()])
+    texts: list[str] = long_texts(seed, [w for r in gsm8k_rows("test")[:200] for w in r["question"].split()])
+    return texts
 
 
-def _tiktoken(encoding: str):
+def _tiktoken(encoding: str) -> tiktoken.Encoding:
     return tk.get_encoding() if encoding == tk.ENCODING_NAME else tk.get_tiktoken(encoding)
 
 
@@ -70,7 +75,7 @@ def _batches(texts: list[str], size: int) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_gigatoken_gives_tiktokens_tokens(encoding):
+def test_gigatoken_gives_tiktokens_tokens(encoding: str) -> None:
     fast = load_tokenizer(resolve_tokenizer(encoding), "fast")
     assert isinstance(fast, GigatokenTokenizer)
     enc = _tiktoken(encoding)
@@ -90,7 +95,7 @@ def test_gigatoken_gives_tiktokens_tokens(encoding):
 
 
 @pytest.mark.parametrize("encoding", ["o200k_harmony", "cl100k_base"])
-def test_bpe_openai_gives_tiktokens_tokens(encoding):
+def test_bpe_openai_gives_tiktokens_tokens(encoding: str) -> None:
     spec = resolve_tokenizer(encoding)
     fast, ref = load_tokenizer(spec, "bpe-openai"), load_tokenizer(spec, "tiktoken")
     assert isinstance(fast, FastTiktokenTokenizer) and type(ref) is TiktokenTokenizer
@@ -105,7 +110,7 @@ def test_bpe_openai_gives_tiktokens_tokens(encoding):
 
 
 @pytest.mark.parametrize("encoder", ["fast", "bpe-openai", "tiktoken"])
-def test_encode_documents_is_encode_document_for_each(encoder):
+def test_encode_documents_is_encode_document_for_each(encoder: str) -> None:
     tok = load_tokenizer(DEFAULT, encoder)
     texts = fuzz_texts(seed=9, n=300) + ["x"]
     tokens, lengths = encode_documents(tok, texts)
@@ -119,15 +124,15 @@ def test_encode_documents_is_encode_document_for_each(encoder):
 class _Refusing:
     """A fast encoder that refuses any document holding "refuse" (and a batch holding one)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.enc = tk.get_encoding()
 
-    def encode(self, text):
+    def encode(self, text: str) -> npt.NDArray[np.uint32]:
         if "refuse" in text:
             raise ValueError("cannot")
         return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
-    def encode_batch(self, texts, parallel=True):
+    def encode_batch(self, texts: list[str], parallel: bool = True) -> Any:  # gigatoken's (untyped) batch result
         assert parallel is False  # never the thread pool
         if any("refuse" in t for t in texts):
             raise ValueError("cannot")
@@ -135,7 +140,7 @@ class _Refusing:
             texts, parallel=False)
 
 
-def test_what_the_fast_encoders_refuse_tiktoken_encodes_and_it_is_counted():
+def test_what_the_fast_encoders_refuse_tiktoken_encodes_and_it_is_counted() -> None:
     ref = load_tokenizer(DEFAULT, "tiktoken")
     tok = FastTiktokenTokenizer(DEFAULT, tk.get_encoding(), _Refusing())
     assert tok.encode("please refuse this") == ref.encode("please refuse this")
@@ -154,13 +159,13 @@ def test_what_the_fast_encoders_refuse_tiktoken_encodes_and_it_is_counted():
     assert giga.fallbacks == 4
 
 
-def test_a_batch_result_of_another_layout_is_refused():
+def test_a_batch_result_of_another_layout_is_refused() -> None:
     class Layout:
-        def __init__(self, tokens, offsets):
+        def __init__(self, tokens: object, offsets: object) -> None:
             self.content, self.offsets = type("C", (), {"data": tokens})(), type("O", (), {"data": offsets})()
 
     class Result:
-        def __init__(self, tokens, offsets):
+        def __init__(self, tokens: object, offsets: object) -> None:
             self.layout = Layout(tokens, offsets)
 
     good = batch_buffers(Result(np.arange(5, dtype=np.uint32), np.array([0, 2, 5], np.int64)), 2)
@@ -173,7 +178,7 @@ def test_a_batch_result_of_another_layout_is_refused():
             batch_buffers(Result(tokens, offsets), 2)
 
 
-def test_prep_writes_the_same_shards_with_every_encoder(tmp_path):
+def test_prep_writes_the_same_shards_with_every_encoder(tmp_path: Path) -> None:
     texts = fuzz_texts(seed=11, n=300) + _long_texts(seed=5)[:2] + ["x\U000332dby"]
     rows = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
     (tmp_path / "in").mkdir()
@@ -226,7 +231,7 @@ sys.exit(4)  # the child hung: a deadlock after fork
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"), reason="needs fork and /proc")
-def test_gigatoken_encodes_in_a_forked_child_without_threads():
+def test_gigatoken_encodes_in_a_forked_child_without_threads() -> None:
     res = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
@@ -258,7 +263,7 @@ print(rss_mb() - start)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
-def test_gigatokens_encode_cache_is_bounded():
+def test_gigatokens_encode_cache_is_bounded() -> None:
     def growth(budget: int) -> float:
         res = subprocess.run([sys.executable, "-c", CACHE_RSS, str(budget), "12"], capture_output=True, text=True,
                              timeout=300)
@@ -269,7 +274,7 @@ def test_gigatokens_encode_cache_is_bounded():
     assert bounded < 20 and unbounded > bounded + 30, (bounded, unbounded)
 
 
-def test_the_unassigned_ranges_are_unicode_14s():
+def test_the_unassigned_ranges_are_unicode_14s() -> None:
     import unicodedata
 
     from refinery.transforms.formats import unassigned
@@ -281,7 +286,7 @@ def test_the_unassigned_ranges_are_unicode_14s():
     assert unassigned.ranges() == unassigned.ranges_of(unicodedata)
 
 
-def test_array_and_buffer_agree():
+def test_array_and_buffer_agree() -> None:
     tok = load_tokenizer(DEFAULT, "fast")
     one = tok.encode("Hello <|endoftext|> world")
     assert isinstance(one, array) and one.typecode == "I"
@@ -289,7 +294,8 @@ def test_array_and_buffer_agree():
     assert tokens.tolist() == one.tolist() and offsets.tolist() == [0, len(one)]
 
 
-def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch, caplog):
+def test_an_encoder_failing_the_probes_is_not_used_and_that_is_said(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
     from refinery.transforms.formats import encoders, gigatoken_encoder
     from refinery.transforms.formats import tokenizer_choice as tokenizers
 

@@ -31,12 +31,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from helpers import GSM8K_TEST, gsm8k_texts, write_jsonl
 from reliability_helpers import (
+    Proc,
     child_env,
     final_digest,
     read_unit_log,
@@ -72,13 +74,13 @@ def flink_jar() -> Path:
     return jar
 
 
-def run_cli(*args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: object, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``refinery ARGS`` in a fresh interpreter (a user's run: its job server JVMs end with it)."""
     return subprocess.run(refinery_cmd(*args), env=env or child_env(Path(os.devnull)), capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+def ok(r: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-3000:]}"
     return r
 
@@ -116,38 +118,44 @@ def receipt_counters(out: Path) -> dict[str, dict[str, int]]:
 class _FakeFlink(http.server.BaseHTTPRequestHandler):
     version = "1.20.1"
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         body = json.dumps({"flink-version": self.version, "refresh-interval": 3000}).encode()
         self.send_response(200 if self.path == "/v1/config" else 404)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *a):
+    def log_message(self, *a: Any) -> None:
         pass
 
 
+FakeRest = tuple[str, Callable[[str], None]]  # a fake JobManager's host:port, and how to set its Flink version
+
+
 @pytest.fixture
-def fake_rest():
+def fake_rest() -> Iterator[FakeRest]:
     """A stand-in for a JobManager's REST API: (host:port, set_version)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_FakeFlink,), {}))
+    class H(_FakeFlink):  # this fixture's own version
+        pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def set_version(v):
-        server.RequestHandlerClass.version = v
+    def set_version(v: str) -> None:
+        H.version = v
 
     yield f"127.0.0.1:{server.server_address[1]}", set_version
     server.shutdown()
 
 
 @pytest.fixture
-def java_present(monkeypatch):
+def java_present(monkeypatch: pytest.MonkeyPatch) -> None:
     """``java`` looks installed (these checks never start it)."""
-    monkeypatch.setattr(flink_mod.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # the module flink.py calls
 
 
 @pytest.fixture
-def no_jars(tmp_path, monkeypatch):
+def no_jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """An empty jar cache and a Maven that does not answer."""
     monkeypatch.setenv(flink_local.CACHE_ENV, str(tmp_path / "cache"))
     dead = f"http://127.0.0.1:{tool_cache.free_port()}/beam-runners-flink-job-server.jar"
@@ -155,7 +163,8 @@ def no_jars(tmp_path, monkeypatch):
     return dead
 
 
-def test_version_comes_from_the_cluster(fake_rest, java_present, tmp_path):
+def test_version_comes_from_the_cluster(fake_rest: FakeRest, java_present: None,
+                                        tmp_path: Path) -> None:
     master, set_version = fake_rest
     jar = tmp_path / "job-server.jar"
     jar.write_bytes(b"PK")
@@ -174,7 +183,8 @@ def test_version_comes_from_the_cluster(fake_rest, java_present, tmp_path):
     assert flink_mod.rest_url("jm:8081") == "http://jm:8081" and flink_local.minor_version("1.19.3") == "1.19"
 
 
-def test_cached_jar_is_found_for_the_cluster_version(fake_rest, java_present, tmp_path, monkeypatch):
+def test_cached_jar_is_found_for_the_cluster_version(fake_rest: FakeRest, java_present: None, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     master, set_version = fake_rest
     monkeypatch.setenv(flink_local.CACHE_ENV, str(tmp_path))
     (tmp_path / "job-server").mkdir()
@@ -190,7 +200,7 @@ def test_cached_jar_is_found_for_the_cluster_version(fake_rest, java_present, tm
     assert "--flink_version=2.0" in embedded and any(a.endswith("flink-2.0-job-server-2.64.0.jar") for a in embedded)
 
 
-def _one_line_exit_2(capsys, argv: list[str], expected: str) -> None:
+def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
     from refinery.beam_pipelines.cli import main
 
     assert main(argv) == 2
@@ -199,7 +209,9 @@ def _one_line_exit_2(capsys, argv: list[str], expected: str) -> None:
     assert re.search(expected, err), err
 
 
-def test_cli_says_what_is_missing_in_one_line(fake_rest, no_jars, small_corpus, tmp_path, capsys, monkeypatch):
+def test_cli_says_what_is_missing_in_one_line(fake_rest: FakeRest, no_jars: str, small_corpus: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     master, set_version = fake_rest
     prep = ["prep", "--input", str(small_corpus), "--output", str(tmp_path / "out"), "--runner", "flink"]
     ext = ["--environment_type=EXTERNAL", "--environment_config=localhost:1"]
@@ -219,7 +231,7 @@ def test_cli_says_what_is_missing_in_one_line(fake_rest, no_jars, small_corpus, 
     assert not (tmp_path / "out").exists()  # refused before anything was planned or written
 
 
-def test_flink_local_runs_as_a_module_without_a_warning():
+def test_flink_local_runs_as_a_module_without_a_warning() -> None:
     """``python -m refinery.runners.flink_local`` (make flink-cache, the README): importing the
     package refinery.runners must not import flink_local first (runpy would warn)."""
     r = subprocess.run([sys.executable, "-m", "refinery.runners.flink_local", "--help"], capture_output=True,
@@ -228,7 +240,7 @@ def test_flink_local_runs_as_a_module_without_a_warning():
     assert r.stderr == ""
 
 
-def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path):
+def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path: Path) -> None:
     import io
     import tarfile
     import zipfile
@@ -261,7 +273,7 @@ def test_unpack_takes_flink_folders_from_wheel_and_sdist(tmp_path):
 EMBEDDED = ["--runner", "flink", "--flink_master=[local]", "--workers", "2"]
 
 
-def test_embedded_flink_generate_equals_local(flink_jar, tmp_path):
+def test_embedded_flink_generate_equals_local(flink_jar: Path, tmp_path: Path) -> None:
     from engine_fixtures import write_harmony_checkpoint
 
     ckpt = write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=1)
@@ -280,7 +292,7 @@ def test_embedded_flink_generate_equals_local(flink_jar, tmp_path):
     assert len((flink / "generations.jsonl").read_text().splitlines()) == 5
 
 
-def test_embedded_flink_decon_succeeds_quietly(flink_jar, small_corpus, tmp_path):
+def test_embedded_flink_decon_succeeds_quietly(flink_jar: Path, small_corpus: Path, tmp_path: Path) -> None:
     """A successful embedded-Flink run printed `ERROR ... Failed to read inputs in the data
     plane` and gRPC CANCELLED tracebacks (the SDK workers' data plane hung up at the job's end),
     then exited 0: now only its own lines (runners/shutdown_noise.py)."""
@@ -297,8 +309,14 @@ def test_embedded_flink_decon_succeeds_quietly(flink_jar, small_corpus, tmp_path
 # A standalone session cluster
 # ---------------------------------------------------------------------------------------
 
+class LoggedCluster(flink_local.LocalFlinkCluster):
+    """A local cluster whose SDK workers append unit events to ``unit_log``."""
+
+    unit_log: Path
+
+
 @pytest.fixture(scope="module")
-def cluster(flink_jar, tmp_path_factory):
+def cluster(flink_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoggedCluster]:
     """A JobManager, a TaskManager with 2 slots and a Beam worker pool, as separate processes;
     SDK workers append unit events to the cluster's unit log (``cluster.unit_log``)."""
     home = flink_local.flink_home()
@@ -307,7 +325,7 @@ def cluster(flink_jar, tmp_path_factory):
                      f"{flink_local.cache_dir()} (python -m refinery.runners.flink_local fetch)")
     work = tmp_path_factory.mktemp("flink-cluster")
     unit_log = work / "units.log"
-    c = flink_local.LocalFlinkCluster(home, work, slots=2, worker_env={"REFINERY_UNIT_LOG": str(unit_log)})
+    c = LoggedCluster(home, work, slots=2, worker_env={"REFINERY_UNIT_LOG": str(unit_log)})
     c.unit_log = unit_log
     c.start()
     try:
@@ -317,7 +335,7 @@ def cluster(flink_jar, tmp_path_factory):
         assert all(p.poll() is not None for p in c.procs.values())  # stopped by their own pids
 
 
-def _finished_jobs_since(cluster, t0: float) -> list[dict]:
+def _finished_jobs_since(cluster: LoggedCluster, t0: float) -> list[dict[str, Any]]:
     jobs = [j for j in cluster.jobs() if j["start-time"] / 1000 >= t0 - 1]
     deadline = time.time() + 60
     while any(j["state"] not in ("FINISHED", "FAILED", "CANCELED") for j in jobs) and time.time() < deadline:
@@ -326,7 +344,8 @@ def _finished_jobs_since(cluster, t0: float) -> list[dict]:
     return jobs
 
 
-def test_cluster_prep_and_decon_equal_local(cluster, corpus, tmp_path):
+def test_cluster_prep_and_decon_equal_local(cluster: LoggedCluster, corpus: Path,
+                                            tmp_path: Path) -> None:
     on = ["--runner", "flink", "--workers", "2", "--no-progress", "-v", *cluster.beam_args()]
     t0 = time.time()
     r = ok(run_cli("prep", "--input", corpus, "--output", tmp_path / "prep", "--num-shards", "3", "--unit-mb", "0",
@@ -369,7 +388,7 @@ def _big_corpus(root: Path, files: int = 6, docs: int = 1500) -> Path:
     return root
 
 
-def _wait_for(log: Path, stage: str, event: str, count: int, proc, timeout: float = 240) -> None:
+def _wait_for(log: Path, stage: str, event: str, count: int, proc: Proc, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if sum(e["stage"] == stage and e["event"] == event for e in read_unit_log(log)) >= count:
@@ -379,19 +398,19 @@ def _wait_for(log: Path, stage: str, event: str, count: int, proc, timeout: floa
     raise AssertionError(f"no {count} x {event} of {stage} within {timeout}s")
 
 
-def _completed_before(log: Path) -> tuple[set[tuple], int]:
+def _completed_before(log: Path) -> tuple[set[tuple[str, str]], int]:
     """(stage, unit) of every unit completed so far, and how many events the log holds."""
     events = read_unit_log(log)
     return {(e["stage"], e["unit"]) for e in events if e["event"] == "end-completed"}, len(events)
 
 
-def _restarted(log: Path, done: set[tuple], after: int) -> list[dict]:
+def _restarted(log: Path, done: set[tuple[str, str]], after: int) -> list[dict[str, Any]]:
     """Start events, after the first ``after`` events, of units in ``done``: must be none."""
     return [e for e in read_unit_log(log)[after:] if e["event"] == "start" and (e["stage"], e["unit"]) in done]
 
 
 @pytest.fixture(scope="module")
-def big_reference(tmp_path_factory):
+def big_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("big")
     corpus = _big_corpus(root / "corpus")
     ref = root / "ref"
@@ -400,17 +419,19 @@ def big_reference(tmp_path_factory):
     return corpus, final_digest(ref)
 
 
-def _prep_on_cluster(cluster, corpus: Path, out: Path):
+def _prep_on_cluster(cluster: LoggedCluster, corpus: Path, out: Path) -> tuple[list[object], Proc]:
     """(argv, process) of ``refinery prep`` on the cluster, once it has finished 2 tokenize units."""
     cluster.unit_log.write_text("")
-    argv = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0", "--runner", "flink",
+    argv: list[object] = ["prep", "--input", corpus, "--output", out, "--num-shards", "2", "--unit-mb", "0",
+                          "--runner", "flink",
             "--workers", "1", "--no-progress", *cluster.beam_args()]
     proc = spawn(refinery_cmd(*argv), child_env(Path(os.devnull)))
     _wait_for(cluster.unit_log, "tokenize", "end-completed", 2, proc)
     return argv, proc
 
 
-def _assert_finished_as_reference(cluster, out: Path, want: dict, done_at_kill, at_kill) -> None:
+def _assert_finished_as_reference(cluster: LoggedCluster, out: Path, want: dict[str, str],
+                                  done_at_kill: set[tuple[str, str]], at_kill: int) -> None:
     """Same bytes as the reference; no unit that had finished ran again; no temp files left."""
     assert final_digest(out) == want
     events = read_unit_log(cluster.unit_log)
@@ -419,7 +440,8 @@ def _assert_finished_as_reference(cluster, out: Path, want: dict, done_at_kill, 
     assert temp_files(out) == []
 
 
-def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_path):
+def test_taskmanager_killed_mid_tokenize_then_rerun(cluster: LoggedCluster,
+                                                    big_reference: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     corpus, want = big_reference
     out = tmp_path / "out"
     argv, proc = _prep_on_cluster(cluster, corpus, out)
@@ -444,7 +466,8 @@ def test_taskmanager_killed_mid_tokenize_then_rerun(cluster, big_reference, tmp_
     _assert_finished_as_reference(cluster, out, want, done_at_kill, at_kill)
 
 
-def test_refinery_killed_mid_job_then_rerun(cluster, big_reference, tmp_path):
+def test_refinery_killed_mid_job_then_rerun(cluster: LoggedCluster,
+                                            big_reference: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     corpus, want = big_reference
     out = tmp_path / "out"
     t0 = time.time()
@@ -471,7 +494,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_flink_local_up_stops_its_cluster_on_sigterm(flink_jar, tmp_path):
+def test_flink_local_up_stops_its_cluster_on_sigterm(flink_jar: Path, tmp_path: Path) -> None:
     """SIGTERM is Ctrl-C for ``flink_local up``: the JobManager, the TaskManager and the worker
     pool it started go with it (they used to be left running)."""
     if flink_local.flink_home() is None:
@@ -482,6 +505,7 @@ def test_flink_local_up_stops_its_cluster_on_sigterm(flink_jar, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
+        assert proc.stdout is not None  # a pipe
         for line in proc.stdout:
             lines.append(line)
             if "is up" in line:

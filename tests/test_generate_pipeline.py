@@ -1,9 +1,12 @@
 """``refinery generate``: engine-equal outputs, per-document reproducibility, skip and resume."""
 from __future__ import annotations
 
+import argparse
 import collections
 import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +17,7 @@ from helpers import write_jsonl  # noqa: E402
 
 from refinery.beam_pipelines import generate  # noqa: E402
 from refinery.transforms.inference import stages as gs  # noqa: E402
-from refinery.transforms.inference.handler import GptOssEngine, decode, doc_seed  # noqa: E402
+from refinery.transforms.inference.handler import GenerationParams, GptOssEngine, decode, doc_seed  # noqa: E402
 from refinery.transforms.inference.stages import Doc, fit_prompt, load_template, render_template  # noqa: E402
 from refinery.transforms.resumable import bind_stages, run_stages  # noqa: E402
 
@@ -25,11 +28,11 @@ TEXTS = ["Natalia sold clips to 48 of her friends in April.", "Weng earns $12 an
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_harmony_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", num_hidden_layers=2))
 
 
-def _args(ckpt, inputs, out, *extra):
+def _args(ckpt: str, inputs: Sequence[str | Path], out: Path, *extra: str) -> argparse.Namespace:
     argv = ["--checkpoint", ckpt, "--input", *map(str, inputs), "--output", str(out), "--max-tokens", "6",
             "--dtype", "float32", "--device", "cpu", "--max-seq-len", "256", "--max-batch", "4",
             "--docs-per-unit", "2", "--temperature", "0.8", "--seed", "7", "--no-progress", *extra]
@@ -38,11 +41,11 @@ def _args(ckpt, inputs, out, *extra):
     return args
 
 
-def _rows(out):
+def _rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
 
-def test_fit_prompt_and_templates(tmp_path):
+def test_fit_prompt_and_templates(tmp_path: Path) -> None:
     t = load_template("rephrase")
     doc = Doc("d", text=" ".join(["word"] * 300))
     full, text, cut = fit_prompt(lambda s: render_template(t, s), doc, 10_000)
@@ -58,7 +61,7 @@ def test_fit_prompt_and_templates(tmp_path):
         load_template(str(bad))
 
 
-def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
+def test_generate_equals_engine_and_rerun_skips(tmp_path: Path, ckpt: str) -> None:
     inp = write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)],
                       raw_lines={2: '{"broken'})
     out = tmp_path / "out"
@@ -68,7 +71,8 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
     assert "malformed JSON" in rows[2]["error"] and "text" not in rows[2]
     # the same documents straight through the engine, one at a time, with their seeds
     args = _args(ckpt, [inp], out)
-    task = gs.GenerateTask(generate.engine_settings(args), gs.GenerationParams(6, 0.8, 7), "rephrase")
+    task = gs.GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
+                           GenerationParams(6, 0.8, 7), "rephrase")
     engine = GptOssEngine(task.engine)
     for r, (i, text) in zip([r for r in rows if "error" not in r], enumerate(TEXTS)):
         ex, meta = task.example(Doc(f"d{i}", text=text))
@@ -79,7 +83,7 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
         assert r["prompt_tokens"] == len(ex["tokens"])
     before = (out / "generations.jsonl").read_bytes()
     # rerun: every unit skipped, nothing rewritten
-    stages = gs.build_stages(task, generate.document_source(args))
+    stages = gs.build_stages(task, generate.document_source(generate.InputFlags.from_args(args)))
     result = run_stages(stages, str(out), DIRECT, progress=False)
     assert result.ran == {} and (out / "generations.jsonl").read_bytes() == before
     # a different batch size (batching options are not part of the plan) re-run from scratch: same bytes
@@ -88,12 +92,14 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path, ckpt):
     assert (out2 / "generations.jsonl").read_bytes() == before
 
 
-def test_interrupted_run_resumes(tmp_path, ckpt, monkeypatch):
+def test_interrupted_run_resumes(tmp_path: Path, ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
     out = tmp_path / "out"
-    real, calls = gs.WriteUnitFn.process, []
+    real = gs.WriteUnitFn.process
+    calls: list[str] = []
 
-    def write_then_crash(self, element):  # the job dies once the first wave is written
+    def write_then_crash(self: gs.WriteUnitFn, element: tuple[str, Mapping[str, Iterable[Any]]]
+                         ) -> Iterator[Any]:  # the job dies once the first wave is written
         if calls:
             raise RuntimeError("killed")
         calls.append(element[0])
@@ -104,8 +110,9 @@ def test_interrupted_run_resumes(tmp_path, ckpt, monkeypatch):
     assert not (out / "generations.jsonl").exists()
     monkeypatch.setattr(gs.WriteUnitFn, "process", real)
     args = _args(ckpt, [inp], out, "--wave-units", "1")
-    task = gs.GenerateTask(generate.engine_settings(args), gs.GenerationParams(6, 0.8, 7), "rephrase")
-    stages = gs.build_stages(task, generate.document_source(args), 1)
+    task = gs.GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
+                           GenerationParams(6, 0.8, 7), "rephrase")
+    stages = gs.build_stages(task, generate.document_source(generate.InputFlags.from_args(args)), 1)
     done = [u.id for u in stages[0].plan() if bind_stages(stages, str(out))[0].check(u.id).done]
     assert done == calls == ["f00000-d00000000"]
     result = run_stages(stages, str(out), DIRECT, progress=False)
@@ -116,7 +123,8 @@ def test_interrupted_run_resumes(tmp_path, ckpt, monkeypatch):
     assert (fresh / "generations.jsonl").read_bytes() == resumed
 
 
-def test_generate_is_one_pipeline_with_its_waves_inside(tmp_path, ckpt, monkeypatch):
+def test_generate_is_one_pipeline_with_its_waves_inside(tmp_path: Path, ckpt: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """3 units in waves of 1: one Beam pipeline (Infer with 3 waves, then Merge outputs),
     each wave's receipts written before the next wave starts."""
     import apache_beam as beam
@@ -126,7 +134,7 @@ def test_generate_is_one_pipeline_with_its_waves_inside(tmp_path, ckpt, monkeypa
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
     runs, real = [], beam.Pipeline.run
 
-    def counted(self, *args, **kwargs):
+    def counted(self: beam.Pipeline, *args: Any, **kwargs: Any) -> Any:  # Beam's PipelineResult
         proto = self.to_runner_api()
         runs.append((step_names(proto), sorted(t.unique_name for t in proto.components.transforms.values()
                                                if t.unique_name.endswith("/Write"))))
@@ -143,7 +151,7 @@ def test_generate_is_one_pipeline_with_its_waves_inside(tmp_path, ckpt, monkeypa
     assert [e["stage"] for e in events][-2:] == ["merge", "merge"]
 
 
-def test_generate_portable_runner(tmp_path, ckpt):
+def test_generate_portable_runner(tmp_path: Path, ckpt: str) -> None:
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i}", "text": t} for i, t in enumerate(TEXTS[:3])])
     out = tmp_path / "out"
     from refinery.runners import pipeline_args
@@ -155,7 +163,7 @@ def test_generate_portable_runner(tmp_path, ckpt):
     assert len(_rows(out)) == 3
 
 
-def test_the_generate_job_does_not_grow_with_the_documents(tmp_path, ckpt):
+def test_the_generate_job_does_not_grow_with_the_documents(tmp_path: Path, ckpt: str) -> None:
     """The infer waves read their units from the plan in the output, and a job has at most
     MAX_WAVES of them: 10x the documents, the same job (up to the digits of counts)."""
     from refinery.runners.translate import command_pipeline, runner_api, step_names
@@ -166,8 +174,10 @@ def test_the_generate_job_does_not_grow_with_the_documents(tmp_path, ckpt):
     for n in (2000, 20000):  # 1,000 and 10,000 units of 2 documents, asked in waves of 1: 16 waves of 63 and of 625
         inp = write_jsonl(tmp_path / f"in{n}.jsonl", [{"id": f"d{i}", "text": f"text {i}"} for i in range(n)])
         out = tmp_path / f"out{n}"
-        stages = generate.generate_stages(_args(ckpt, [inp], out, "--wave-units", "1"))
-        proto = runner_api(command_pipeline(stages, str(out), DIRECT))
+        stages = generate.generate_stages(generate.settings_from_args(_args(ckpt, [inp], out, "--wave-units", "1")))
+        pipeline = command_pipeline(stages, str(out), DIRECT)
+        assert pipeline is not None
+        proto = runner_api(pipeline)
         steps = [t.unique_name for t in proto.components.transforms.values() if not t.subtransforms]
         per_wave = collections.Counter(s.split("/")[1] for s in steps if s.startswith("Infer/Wave "))
         assert len(per_wave) == gs.MAX_WAVES and step_names(proto) == ["Infer", "Merge outputs"]
@@ -178,7 +188,8 @@ def test_the_generate_job_does_not_grow_with_the_documents(tmp_path, ckpt):
     assert sizes[1] < 1.02 * sizes[0] and sizes[1] < 1_000_000, sizes
 
 
-def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(tmp_path, ckpt, monkeypatch, capsys):
+def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(
+        tmp_path: Path, ckpt: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """RunInference's dead letter: the engine raises on the batch holding document d3 (one
     document per batch here). Its unit gets a failed receipt with the error, the other units
     of the wave complete, the command exits 1 naming the unit; the rerun redoes only it."""
@@ -188,7 +199,7 @@ def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(
     out = tmp_path / "out"
     bad_seed, real_infer = doc_seed(7, "d3"), GptOssModelHandler.infer
 
-    def faulty(self, batch, model):
+    def faulty(self: GptOssModelHandler, batch: Sequence[Any], model: GptOssEngine) -> Sequence[Mapping[str, Any]]:
         if any(e["seed"] == bad_seed for e in batch):
             raise ValueError("injected fault on d3")
         return real_infer(self, batch, model)
@@ -204,12 +215,13 @@ def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(
     assert not (out / "generations.jsonl").exists()
 
     args = _args(ckpt, [inp], out)
-    stages = generate.generate_stages(args)
+    stages = generate.generate_stages(generate.settings_from_args(args))
     infer = bind_stages(stages, str(out))[0]
     failed = infer.check("f00000-d00000002")
+    assert failed.receipt is not None
     assert failed.receipt["status"] == "failed" and failed.receipt["error"]["type"] == "InferenceFailed"
     assert failed.receipt["error"]["message"].endswith("ValueError: injected fault on d3")
-    assert infer.listed_failures() == {"f00000-d00000002"}
+    assert infer.ledger.listed_failures() == {"f00000-d00000002"}
     for unit in ("f00000-d00000000", "f00000-d00000004"):  # the rest of the wave: done, their files verify
         assert infer.check(unit, verify_checksums=True).done
     assert [json.loads(line)["id"] for line in (Path(infer.parts_dir) / "f00000-d00000000.jsonl").read_text()
@@ -217,13 +229,13 @@ def test_a_batch_that_raises_fails_its_units_and_the_rest_of_the_wave_completes(
 
     monkeypatch.setattr(GptOssModelHandler, "infer", real_infer)  # the fault fixed: only that unit runs again
     result = run_stages(stages, str(out), DIRECT, progress=False)
-    assert result.ran == {"infer": 1, "merge": 1} and infer.listed_failures() == set()
+    assert result.ran == {"infer": 1, "merge": 1} and infer.ledger.listed_failures() == set()
     fresh = tmp_path / "fresh"
     assert generate.run(_args(ckpt, [inp], fresh), DIRECT) == 0
     assert (out / "generations.jsonl").read_bytes() == (fresh / "generations.jsonl").read_bytes()
 
 
-def test_the_dead_letter_names_each_unit_of_a_failed_batch():
+def test_the_dead_letter_names_each_unit_of_a_failed_batch() -> None:
     batch = [(("u1", 0), {"tokens": [1]}), (("u2", 3), {"tokens": [2]}), (("u1", 2), {"tokens": [3]})]
     tb = ["Traceback (most recent call last):\n", '  File "x.py", line 1, in f\n',
           "torch.OutOfMemoryError: CUDA out of memory.\nTried to allocate 2 GiB\n"]

@@ -3,6 +3,8 @@ the JSON answer) -> calibrate -> train probe + judge -> grade (DirectRunner)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
@@ -19,11 +21,11 @@ DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_
 ENGINE = ["--dtype", "float32", "--device", "cpu", "--max-batch", "8"]
 
 
-def _jsonl(path):
+def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
+def test_hydra_end_to_end(tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ckpt = str(write_harmony_checkpoint(tmp_path / "ckpt", num_hidden_layers=2))
     data = tmp_path / "prep"
     assert run_prep(small_corpus, data, "--num-shards", "2") == 0
@@ -58,7 +60,7 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
                        str(tmp_path / "too_short"), "--max-tokens", "8"], DIRECT) == 2
     assert "--constrained-json needs --max-tokens of at least 38" in capsys.readouterr().err
 
-    def oracle_labels(split_name):
+    def oracle_labels(split_name: str) -> tuple[str, list[dict[str, Any]]]:
         out = tmp_path / f"labels_{split_name}_json"
         assert hydra.main([*oracle, "--input-docids", str(slices / f"docids_{split_name}.jsonl"),
                            "--output", str(out), "--max-tokens", "40"], DIRECT) == 0
@@ -116,7 +118,8 @@ def test_hydra_end_to_end(tmp_path, small_corpus, capsys):
     assert (out / "quality_scores.jsonl").read_bytes() == before
 
 
-def _grade_equals_heads_on_backbone(rows, ckpt, data, heads, calibration, max_ctx):
+def _grade_equals_heads_on_backbone(rows: list[dict[str, Any]], ckpt: str, data: str, heads: Path,
+                                    calibration: dict[str, Any], max_ctx: int) -> None:
     """Each graded document's scores are the trained heads applied to the backbone's states
     at the heads' layers: recomputed here from the checkpoint and the head files, without the
     grader or the engine."""
@@ -143,7 +146,8 @@ def _grade_equals_heads_on_backbone(rows, ckpt, data, heads, calibration, max_ct
             assert abs(float(want @ weights) - r["aggregated"]) < 1e-5
 
 
-def test_slices_go_through_the_command_runner(tmp_path, small_corpus, capsys, monkeypatch):
+def test_slices_go_through_the_command_runner(tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed slices unit exits 1 with the command that resumes it, like every other step;
     the rerun finishes the job."""
     from refinery.transforms.hydra.slices import SlicesStage
@@ -152,7 +156,7 @@ def test_slices_go_through_the_command_runner(tmp_path, small_corpus, capsys, mo
     assert run_prep(small_corpus, data, "--num-shards", "2") == 0
     real = SlicesStage.run_unit
 
-    def broken(self, unit, ctx):
+    def broken(self: SlicesStage, unit: object, ctx: object) -> NoReturn:
         raise OSError("disk full")
 
     monkeypatch.setattr(SlicesStage, "run_unit", broken)

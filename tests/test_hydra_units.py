@@ -20,18 +20,18 @@ def _completion(text: str) -> list[int]:
     return get_encoding().encode(text, allowed_special="all")
 
 
-def test_parse_well_formed_harmony_output():
+def test_parse_well_formed_harmony_output() -> None:
     tokens = _completion("<|channel|>analysis<|message|>The text is {a draft}.<|end|><|start|>assistant"
                          f"<|channel|>final<|message|>{json.dumps(GOOD)}<|return|>")
     scores, error, final = parse_oracle_tokens(tokens)
     assert error is None and scores == {k: float(v) for k, v in GOOD.items()}
-    assert json.loads(final) == GOOD
+    assert final is not None and json.loads(final) == GOOD
     # truncated before <|return|>, fenced, with prose around it: still the final channel's JSON
     fenced = _completion(f"<|channel|>final<|message|>Scores:\n```json\n{json.dumps(GOOD)}\n```")
     assert parse_oracle_tokens(fenced)[0] == {k: float(v) for k, v in GOOD.items()}
 
 
-def test_constrained_json_answer_parses_for_every_digit_choice():
+def test_constrained_json_answer_parses_for_every_digit_choice() -> None:
     """Every completion the constrained decoding allows is a parseable answer with exactly the
     chosen digits; the CLI's help states its length."""
     from refinery.beam_pipelines.hydra import CONSTRAINED_JSON_TOKENS
@@ -44,7 +44,7 @@ def test_constrained_json_answer_parses_for_every_digit_choice():
     for pick in range(5):
         tokens = [c[(pick + i) % 5] if len(c) > 1 else c[0] for i, c in enumerate(choices)]
         scores, error, final = parse_oracle_tokens(tokens)
-        assert error is None and json.loads(final) == scores
+        assert error is None and final is not None and scores is not None and json.loads(final) == scores
         assert [scores[d] for d in DIMENSIONS] == [float((pick + i) % 5) for i in free]
     assert CONSTRAINED_JSON_TOKENS == len(choices)
     # an output's recorded settings: unchanged for unconstrained runs, the choices when constrained
@@ -54,7 +54,7 @@ def test_constrained_json_answer_parses_for_every_digit_choice():
     assert GenerationParams(choices=choices).to_dict()["choices"][-1] == [RETURN_TOKEN]
 
 
-def test_constrained_decoding_masks_logits_to_the_allowed_tokens():
+def test_constrained_decoding_masks_logits_to_the_allowed_tokens() -> None:
     torch = pytest.importorskip("torch")
     from refinery.kernels.sampling import constrain_logits, sample_rows
 
@@ -80,15 +80,15 @@ def test_constrained_decoding_masks_logits_to_the_allowed_tokens():
      "<|return|>", "missing score(s): coherence"),
     ("<|channel|>final<|message|>" + json.dumps({**GOOD, "complexity": "high"}) + "<|return|>", "not a number"),
 ])
-def test_parse_malformed_outputs_records_reason(text, reason):
+def test_parse_malformed_outputs_records_reason(text: str, reason: str) -> None:
     scores, error, _ = parse_oracle_tokens(_completion(text))
-    assert scores is None and reason in error
+    assert scores is None and reason in str(error)
 
 
-def test_parse_scores_tolerates_refusal_without_channels_and_string_numbers():
+def test_parse_scores_tolerates_refusal_without_channels_and_string_numbers() -> None:
     assert parse_scores(None) == (None, "no final channel in the output")
     s, e = parse_scores('Sure. {"Helpfulness": "2", "correctness": 2.5, "coherence": 0, "complexity": 4, "density": 1}')
-    assert e is None and s["helpfulness"] == 2.0 and s["correctness"] == 2.5
+    assert e is None and s is not None and s["helpfulness"] == 2.0 and s["correctness"] == 2.5
     # a bare answer with no harmony markup at all (parse_final returns it whole)
     bare = parse_oracle_tokens(_completion(json.dumps(GOOD)))
     assert bare[1] is None
@@ -102,7 +102,7 @@ def _synthetic_labels(n: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("target", [0.5, 0.3, 0.7])
-def test_calibration_hits_target_keep_rate(target):
+def test_calibration_hits_target_keep_rate(target: float) -> None:
     scores = _synthetic_labels(2000)
     cal = calibrate(scores, target_keep=target, target_drop=0.15)
     w = np.array([cal["weights"][d] for d in DIMENSIONS])
@@ -118,7 +118,7 @@ def test_calibration_hits_target_keep_rate(target):
     assert decisions.count("keep") / len(agg) == pytest.approx(keep)
 
 
-def test_calibration_small_sets_and_ties():
+def test_calibration_small_sets_and_ties() -> None:
     assert fit_weights(_synthetic_labels(3)) == pytest.approx(np.full(5, 0.2), abs=0.06)  # near uniform
     tau, achieved = threshold_for_rate(np.array([1, 1, 1, 2, 2, 3]), 0.5)
     assert achieved == pytest.approx(0.5) and 1 < tau < 2
@@ -126,7 +126,7 @@ def test_calibration_small_sets_and_ties():
         calibrate(_synthetic_labels(10), target_keep=1.5)
 
 
-def test_doc_ids_and_split_rule():
+def test_doc_ids_and_split_rule() -> None:
     a = parse_doc_id("fineweb//shard_0000/x-v1-shard-000000.npy#s=10:e=42")
     assert (a.source, a.relpath, a.start, a.end) == ("fineweb", "shard_0000/x-v1-shard-000000.npy", 10, 42)
     assert a.doc_id == "fineweb//shard_0000/x-v1-shard-000000.npy#s=10:e=42"
@@ -137,7 +137,7 @@ def test_doc_ids_and_split_rule():
     assert 0.77 < counts["train"] / 5000 < 0.83 and 0.08 < counts["val"] / 5000 < 0.12
 
 
-def test_probe_and_judge_training_reduce_loss():
+def test_probe_and_judge_training_reduce_loss() -> None:
     torch = pytest.importorskip("torch")
     from refinery.transforms.hydra.heads import TrainConfig, judge_preprocess, train_judge, train_probe
 
@@ -163,7 +163,7 @@ def test_probe_and_judge_training_reduce_loss():
     assert torch.allclose(a, b, atol=1e-4)  # padding does not leak into the scores
 
 
-def test_readme_laptop_chain_names_every_step_with_known_flags():
+def test_readme_laptop_chain_names_every_step_with_known_flags() -> None:
     """The README's laptop hydra commands (run as pasted by hand; the chain itself is tested in
     test_hydra_chain) go through every step in order and name only flags the CLI knows."""
     import re

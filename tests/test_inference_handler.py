@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the inference extra (torch) is not installed")
+if TYPE_CHECKING:
+    from torch import Generator
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.ml.inference.base import PredictionResult, RunInference  # noqa: E402
@@ -29,13 +32,13 @@ DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_
 
 
 @pytest.fixture(scope="module")
-def settings(tmp_path_factory):
+def settings(tmp_path_factory: pytest.TempPathFactory) -> EngineSettings:
     ckpt = write_harmony_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", num_hidden_layers=2)
     return EngineSettings(str(ckpt), dtype="float32", max_batch=3, max_seq_len=128, block_size=8, prefill_chunk=32)
 
 
 @pytest.fixture(scope="module")
-def engine(settings):
+def engine(settings: EngineSettings) -> GptOssEngine:
     return GptOssEngine(settings)
 
 
@@ -44,14 +47,14 @@ def _prompts(n: int) -> list[list[int]]:
     return [torch.randint(0, 200000, (int(k),), generator=g).tolist() for k in (5, 17, 9, 30, 2)[:n]]
 
 
-def test_import_does_not_import_torch():
+def test_import_does_not_import_torch() -> None:
     code = ("import sys, refinery.transforms.inference, refinery.transforms.inference.handler, "
             "refinery.transforms.inference.stages; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_doc_seed_and_examples():
+def test_doc_seed_and_examples() -> None:
     assert doc_seed(0, "a") == doc_seed(0, "a") != doc_seed(1, "a") != doc_seed(0, "b")
     # fixed values: a document's sampling seed must not change between releases (reruns of a
     # unit after an upgrade would otherwise sample different tokens)
@@ -64,9 +67,11 @@ def test_doc_seed_and_examples():
         prompt_tokens({"text": "x"})
 
 
-def test_sample_rows_uses_each_rows_own_generator():
+def test_sample_rows_uses_each_rows_own_generator() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    gens = lambda: [torch.Generator().manual_seed(s) for s in (1, 2, 3)]  # noqa: E731
+    def gens() -> list[Generator]:
+        return [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+
     together = sample_rows(logits, 1.0, gens())
     alone = [sample_rows(logits[i:i + 1], 1.0, [gens()[i]])[0] for i in range(3)]
     assert together == alone
@@ -75,7 +80,7 @@ def test_sample_rows_uses_each_rows_own_generator():
     assert len(draws) > 5  # it really samples
 
 
-def test_engine_greedy_equals_batched_generator(engine, settings):
+def test_engine_greedy_equals_batched_generator(engine: GptOssEngine, settings: EngineSettings) -> None:
     prompts = _prompts(5)
     ours = engine.generate(prompts, [0] * 5, max_tokens=6, temperature=0.0)
     ref = BatchedGenerator(engine.model, max_seq_len=128, max_batch=3, block_size=8, prefill_chunk=32)
@@ -85,7 +90,7 @@ def test_engine_greedy_equals_batched_generator(engine, settings):
     assert engine.generator.idle
 
 
-def test_engine_sampling_is_per_document(engine):
+def test_engine_sampling_is_per_document(engine: GptOssEngine) -> None:
     prompts, seeds = _prompts(4), [11, 22, 33, 44]
     together = engine.generate(prompts, seeds, max_tokens=8, temperature=0.9)
     alone = [engine.generate([p], [s], max_tokens=8, temperature=0.9)[0] for p, s in zip(prompts, seeds)]
@@ -94,7 +99,7 @@ def test_engine_sampling_is_per_document(engine):
     assert other != together
 
 
-def test_engine_stop_and_context_limits(engine):
+def test_engine_stop_and_context_limits(engine: GptOssEngine) -> None:
     prompt = _prompts(1)[0]
     first = engine.generate([prompt], [0], max_tokens=3)[0]["tokens"]
     stopped = engine.generate([prompt], [0], max_tokens=8, stop_tokens=[first[1]])[0]
@@ -106,7 +111,7 @@ def test_engine_stop_and_context_limits(engine):
     assert engine.generator.idle
 
 
-def test_handler_in_keyed_runinference_pipeline(engine, settings):
+def test_handler_in_keyed_runinference_pipeline(engine: GptOssEngine, settings: EngineSettings) -> None:
     from refinery.transforms.inference.model_handler import GptOssModelHandler, KeyedGptOssModelHandler
 
     params = GenerationParams(max_tokens=5, temperature=0.7, seed=3)
@@ -118,11 +123,12 @@ def test_handler_in_keyed_runinference_pipeline(engine, settings):
     assert handler.share_model_across_processes() and handler.model_copies() == 1
     assert handler.batch_elements_kwargs()["min_batch_size"] == settings.max_seq_len
 
-    def check(outputs):
-        got = {}
+    def check(outputs: list[tuple[str, PredictionResult]]) -> None:
+        got: dict[str, list[int]] = {}
         for key, pred in outputs:
             assert isinstance(pred, PredictionResult)
             inf = pred.inference
+            assert isinstance(inf, dict)
             assert set(inf) == {"tokens", "text", "final", "finish_reason", "prompt_tokens", "generated_tokens"}
             assert inf["prompt_tokens"] == len(docs[key]) and inf["generated_tokens"] == len(inf["tokens"])
             got[key] = inf["tokens"]
