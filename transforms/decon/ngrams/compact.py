@@ -20,10 +20,8 @@ from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, overl
 import msgpack
 import numpy as np
 
-from refinery.transforms.io.text import normalize_text
-
 from .hashes import batch_all_window_hashes, batch_prefix, ngram_hash, tokenize_batch
-from .normalized import prepare, to_raw, tokens_with_offsets
+from .normalized import prepare, token_spans
 from .word_split import WordSplitter, effective_lengths
 
 _SPACES = re.compile(b" {2,}")
@@ -252,34 +250,12 @@ def narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32) if -(1 << 31) <= lo and hi < (1 << 31) else values
 
 
-def _token_spans(tokenizer: WordSplitter, text: str, prepared: bytes, starts: np.ndarray, ends: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each token's ``[start, end)`` code-point span in ``text`` (the row's text as read), from
-    its byte span in ``prepared`` (:func:`.normalized.prepare` of ``text``): what
-    :func:`.normalized.tokens_with_offsets` gives, without a Python object per token."""
-    norm = normalize_text(text)
-    same = norm is text or norm == text
-    if len(prepared) == len(norm):  # ASCII: bytes are characters
-        s, e = starts, ends
-    elif len(norm.lower() if tokenizer.lowercase else norm) == len(norm):
-        lead = (np.frombuffer(prepared, dtype=np.uint8) & 0xC0) != 0x80
-        chars = np.zeros(len(lead) + 1, dtype=np.int64)
-        np.cumsum(lead, out=chars[1:])
-        s, e = chars[starts], chars[ends]
-    else:  # lowering changed the length ('İ'): the exact tokenizer's offsets (rare)
-        spans = np.array(tokens_with_offsets(tokenizer, text)[1], dtype=np.int64).reshape(-1, 2)
-        return spans[:, 0].copy(), spans[:, 1].copy()
-    if not same:
-        return to_raw(text, norm, np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
-    return np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64)
-
-
 def token_starts(tokenizer: WordSplitter, text: str) -> np.ndarray:
     """The code-point offset in ``text`` where each of its tokens starts (the starts of
     :func:`.normalized.tokens_with_offsets`), as one array: no Python object per token."""
     prepared = prepare(tokenizer, text)
     batch = tokenize_batch([prepared], tokenizer.byte_table)
-    return _token_spans(tokenizer, text, prepared, batch.starts - 1, batch.ends - 1)[0]
+    return token_spans(tokenizer, text, prepared, batch.starts - 1, batch.ends - 1)[0]
 
 
 def _collapse(raw: bytes) -> bytes:
@@ -358,7 +334,7 @@ def _chunk_windows(part: Sequence[Any], ns: list[int], tokenizer: WordSplitter, 
         first, last = int(row_first[k]), int(row_first[k + 1])
         base = int(row_base[k]) + 1
         ts, te = all_starts[first:last], all_ends[first:last]
-        span_s, span_e = _token_spans(tokenizer, r.text, prepared[k], ts - base, te - base)
+        span_s, span_e = token_spans(tokenizer, r.text, prepared[k], ts - base, te - base)
         t = last - first
         for length in effective_lengths(ns, t):
             w = t - length + 1

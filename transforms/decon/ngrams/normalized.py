@@ -11,10 +11,14 @@ changes; a clean text is its own normalized form).
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
 from refinery.transforms.io.text import normalize_text, normalized_offsets, raw_spans
 
+from .arrays import run_starts
+from .hashes import TokenBatch
 from .word_split import WordSplitter
 
 
@@ -59,3 +63,65 @@ def to_raw(text: str, norm: str, start: np.ndarray, end: np.ndarray) -> tuple[np
     if mapped != norm:  # pragma: no cover - the two normalizations are tested equal
         raise ValueError(f"the offset map of a text of {len(text)} characters does not give its normalized text")
     return raw_spans(starts, ends, start, end, len(text))
+
+
+def _byte_to_char(prepared: bytes) -> np.ndarray:
+    """Code points before each byte offset of the UTF-8 ``prepared`` (one more entry than its
+    bytes): byte offsets become character offsets by indexing it."""
+    lead = (np.frombuffer(prepared, dtype=np.uint8) & 0xC0) != 0x80
+    chars = np.zeros(len(lead) + 1, dtype=np.int64)
+    np.cumsum(lead, out=chars[1:])
+    return chars
+
+
+def token_spans(tokenizer: WordSplitter, text: str, prepared: bytes, starts: np.ndarray, ends: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's ``[start, end)`` code-point span in ``text`` (the row's text as read), from
+    its byte span in ``prepared`` (:func:`.normalized.prepare` of ``text``): what
+    :func:`.normalized.tokens_with_offsets` gives, without a Python object per token."""
+    norm = normalize_text(text)
+    same = norm is text or norm == text
+    if len(prepared) == len(norm):  # ASCII: bytes are characters
+        s, e = starts, ends
+    elif len(norm.lower() if tokenizer.lowercase else norm) == len(norm):
+        chars = _byte_to_char(prepared)
+        s, e = chars[starts], chars[ends]
+    else:  # lowering changed the length ('İ'): the exact tokenizer's offsets (rare)
+        spans = np.array(tokens_with_offsets(tokenizer, text)[1], dtype=np.int64).reshape(-1, 2)
+        return spans[:, 0].copy(), spans[:, 1].copy()
+    if not same:
+        return to_raw(text, norm, np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
+    return np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64)
+
+
+def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.ndarray,
+                 pending: Sequence[tuple[int, Any, str]], prepared: list[bytes], normed: list[str],
+                 tokenizer: WordSplitter) -> tuple[np.ndarray, np.ndarray]:
+    """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
+    ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where
+    those are not code points (non-ASCII text, lowering that changes the length, a text the
+    normalization changed)."""
+    base = batch.row_base[rows] + 1
+    start = batch.starts[pos] - base
+    end = batch.ends[pos + lens - 1] - base
+    by_row = np.argsort(rows, kind="stable")
+    firsts = run_starts(rows[by_row])
+    bounds = np.append(firsts, len(rows)).tolist()
+    for j, r in enumerate(rows[by_row[firsts]].tolist()):  # rows whose byte offsets are not code points
+        raw, text = pending[r][2], normed[r]
+        same = text is raw or text == raw  # (normalize_text hands a clean text back as it is)
+        if len(prepared[r]) == len(text) and same:
+            continue
+        at = by_row[bounds[j]:bounds[j + 1]]  # the row's hits
+        if len(prepared[r]) == len(text):
+            pass
+        elif len(text.lower() if tokenizer.lowercase else text) == len(text):
+            chars = _byte_to_char(prepared[r])
+            start[at], end[at] = chars[start[at]], chars[end[at]]
+        else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
+            spans = np.array(tokenizer.tokenize_with_offsets(text)[1], dtype=np.int64).reshape(-1, 2)
+            i = pos[at] - batch.row_first[r]
+            start[at], end[at] = spans[i, 0], spans[i + lens[at] - 1, 1]
+        if not same:  # offsets into the normalized text -> into the row's text
+            start[at], end[at] = to_raw(raw, text, start[at], end[at])
+    return start, end

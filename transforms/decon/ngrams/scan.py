@@ -9,7 +9,7 @@ import numpy as np
 from refinery.transforms.io.rows import Row
 from refinery.transforms.io.text import TextSpec, normalize_text
 
-from .arrays import ranges, run_starts
+from .arrays import ranges
 from .compact import RecordColumns
 from .hashes import (
     _U,
@@ -22,7 +22,7 @@ from .hashes import (
 )
 from .index import Partition
 from .membership import Membership
-from .normalized import to_raw
+from .normalized import char_offsets
 from .word_split import WordSplitter
 
 ReadRow = tuple[int, dict[str, Any], str]  # a training row read: (row, record, its text)
@@ -246,36 +246,3 @@ def _scan_batch(pending: list[ReadRow], prepared: list[bytes], normed: list[str]
     return ScanHits(pending, rows[order], part[order], rec[order], start[order], end[order])
 
 
-def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.ndarray,
-                 pending: list[ReadRow], prepared: list[bytes], normed: list[str], tokenizer: WordSplitter
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
-    ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where
-    those are not code points (non-ASCII text, lowering that changes the length, a text the
-    normalization changed)."""
-    base = batch.row_base[rows] + 1
-    start = batch.starts[pos] - base
-    end = batch.ends[pos + lens - 1] - base
-    by_row = np.argsort(rows, kind="stable")
-    firsts = run_starts(rows[by_row])
-    bounds = np.append(firsts, len(rows)).tolist()
-    for j, r in enumerate(rows[by_row[firsts]].tolist()):  # rows whose byte offsets are not code points
-        raw, text = pending[r][2], normed[r]
-        same = text is raw or text == raw  # (normalize_text hands a clean text back as it is)
-        if len(prepared[r]) == len(text) and same:
-            continue
-        at = by_row[bounds[j]:bounds[j + 1]]  # the row's hits
-        if len(prepared[r]) == len(text):
-            pass
-        elif len(text.lower() if tokenizer.lowercase else text) == len(text):
-            lead = (np.frombuffer(prepared[r], dtype=np.uint8) & 0xC0) != 0x80
-            chars = np.zeros(len(lead) + 1, dtype=np.int64)
-            np.cumsum(lead, out=chars[1:])
-            start[at], end[at] = chars[start[at]], chars[end[at]]
-        else:  # lowering changed the length ('İ'): the exact tokenizer maps offsets
-            spans = np.array(tokenizer.tokenize_with_offsets(text)[1], dtype=np.int64).reshape(-1, 2)
-            i = pos[at] - batch.row_first[r]
-            start[at], end[at] = spans[i, 0], spans[i + lens[at] - 1, 1]
-        if not same:  # offsets into the normalized text -> into the row's text
-            start[at], end[at] = to_raw(raw, text, start[at], end[at])
-    return start, end
