@@ -49,7 +49,7 @@ prism-cache: install
 	else $(BIN)/python -m refinery.runners.prism_local build || echo "WARNING: Prism could not be built; its tests skip"; fi
 
 # ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
-# transforms/io, transforms/formats and runners, the default level elsewhere. The package `refinery` is this
+# every module of the project, tests and bench included. The package `refinery` is this
 # checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
 # MYPY_PACKAGES: the whole checkout (tests/ and bench/ included: they are under the package root), clean
 MYPY_PACKAGES ?= -p refinery

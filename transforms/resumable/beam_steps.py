@@ -71,7 +71,7 @@ class ReadUnits(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[tuple[str, 
     numbers only. ``span``: only the units at those indexes [lo, hi) (a wave). Without a
     ``ref``, the ``units`` themselves (a job that grows with them)."""
 
-    def __init__(self, units: list[Unit], ref: PlanRef | None = None, span: tuple[int, int] | None = None):
+    def __init__(self, units: list[Unit[Any]], ref: PlanRef | None = None, span: tuple[int, int] | None = None):
         super().__init__()
         self.units, self.ref, self.span = units, ref, span
 
@@ -147,7 +147,7 @@ class RunStage(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResult]]
     (its :class:`StageWiring`'s) wait for all of them.
     """
 
-    def __init__(self, run: StageRun, units: list[Unit], verify_checksums: bool = False,
+    def __init__(self, run: StageRun, units: list[Unit[Any]], verify_checksums: bool = False,
                  after: beam.PCollection[UnitResult] | None = None, unit_fn: type[RunUnitFn] = RunUnitFn,
                  ref: PlanRef | None = None) -> None:
         super().__init__()
@@ -211,7 +211,7 @@ class RunAllStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResu
     it runs only the pending units, records ``run.json`` and judges repairs.)
     """
 
-    def __init__(self, stages: list[Stage], output: str, verify_checksums: bool = False) -> None:
+    def __init__(self, stages: list[Stage[Any, Any]], output: str, verify_checksums: bool = False) -> None:
         super().__init__()
         runs = bind_stages(stages, output.rstrip("/"))
         # the workers read each stage's plan, the units of its step and its input list from the output

@@ -48,7 +48,7 @@ def _interpreter_glitch(e: BaseException) -> bool:
     return isinstance(e, SystemError) and str(e).startswith(_INTERPRETER_GLITCHES)
 
 
-def _run_unit(run: StageRun, unit: Unit, side: dict[str, Any] | None) -> tuple[Mapping[str, Any], UnitContext]:
+def _run_unit(run: StageRun, unit: Unit[Any], side: dict[str, Any] | None) -> tuple[Mapping[str, Any], UnitContext]:
     """(stats, context) of one unit's work; an interpreter glitch (see above) runs it again once."""
     ctx = UnitContext(run, unit, side)
     try:
@@ -61,7 +61,7 @@ def _run_unit(run: StageRun, unit: Unit, side: dict[str, Any] | None) -> tuple[M
     return run.stage.run_unit(unit, ctx) or {}, ctx
 
 
-def execute_unit(run: StageRun, unit: Unit, verify_checksums: bool = False,
+def execute_unit(run: StageRun, unit: Unit[Any], verify_checksums: bool = False,
                  side: dict[str, Any] | None = None,
                  stale: Callable[[Receipt], bool] | None = None) -> Receipt:
     """Run one unit unless :func:`check_receipt` says it is done; write its receipt last.

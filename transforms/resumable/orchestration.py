@@ -95,10 +95,10 @@ def run_in_driver(steps: list[Step], beam_args: list[str] | None = None,
     return counters
 
 
-def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
+def run_stages(stages: list[Stage[Any, Any]], output: str, beam_args: list[str], *,
                verify_checksums: bool = False, force: bool = False, progress: bool = True,
                run_info: dict[str, Any] | None = None,
-               on_plan: Callable[[list[StageRun], list[list[Unit]]], None] | None = None,
+               on_plan: Callable[[list[StageRun], list[list[Unit[Any]]]], None] | None = None,
                runner: Runner | None = None) -> JobResult:
     """Run ``stages`` in order on ``output``, skipping every unit whose receipt verifies.
 
@@ -158,8 +158,8 @@ def run_stages(stages: list[Stage], output: str, beam_args: list[str], *,
     return result
 
 
-def _start_run(stages: list[Stage], output: str, force: bool,
-               run_info: dict[str, Any] | None) -> tuple[list[StageRun], list[list[Unit]]]:
+def _start_run(stages: list[Stage[Any, Any]], output: str, force: bool,
+               run_info: dict[str, Any] | None) -> tuple[list[StageRun], list[list[Unit[Any]]]]:
     """The stages bound to ``output`` and their plans, once the output is ready for a run:
     ``OUTPUT/.refinery`` removed first with ``force``, dead writers' temp files removed, each
     plan's input fingerprints and ``run.json`` recorded, and why a stage's plan changed

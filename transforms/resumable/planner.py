@@ -63,7 +63,7 @@ class Job:
     last: bool
 
 
-def bind_stages(stages: list[Stage], output: str) -> list[StageRun]:
+def bind_stages(stages: list[Stage[Any, Any]], output: str) -> list[StageRun]:
     """Each stage bound to ``output`` and its chained hash, in order; each stage's ``plan_ref``
     set to where its plan lies in the output (written by :func:`write_plans` before a job)."""
     runs: list[StageRun] = []
@@ -106,14 +106,14 @@ def demanded(final: list[bool], pending: list[bool]) -> int:
 @dataclass
 class Planned:
     run: StageRun
-    plan: list[Unit]
+    plan: list[Unit[Any]]
     receipts: dict[str, Receipt]  # unit id -> receipt of the units done
-    pending: list[Unit]  # of the units the stage needs now
+    pending: list[Unit[Any]]  # of the units the stage needs now
     final: bool  # False: needed() will ask for more units once these are done
     stale: list[str] = field(default_factory=list)  # pending units whose receipt predates an upstream repair
 
 
-def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool) -> list[Planned]:
+def plan_runs(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_checksums: bool) -> list[Planned]:
     """Each stage's done and pending units, in order. A stage's receipts are judged against
     the repair tokens its upstream units will have once the pending ones ran
     (:func:`next_repair`): a unit built before an upstream repair made in this run is pending."""
@@ -138,7 +138,7 @@ def plan_runs(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: b
     return planned
 
 
-def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_checksums: bool = False) -> bool:
+def final_stages_done(runs: list[StageRun], plans: list[list[Unit[Any]]], verify_checksums: bool = False) -> bool:
     """Whether every unit of the stages whose files are user-facing (``final_outputs``, and the
     last stage) is done by :func:`check_receipt`: then a run has nothing to do, whatever the
     stages before them hold (backward demand, :func:`demanded`), and their receipts need not
@@ -158,14 +158,14 @@ def final_stages_done(runs: list[StageRun], plans: list[list[Unit]], verify_chec
     return True
 
 
-def plan_ref(stage: Stage) -> PlanRef:
+def plan_ref(stage: Stage[Any, Any]) -> PlanRef:
     """Where the plan of a bound stage lies (set by :func:`bind_stages`)."""
     if stage.plan_ref is None:
         raise RuntimeError(f"stage {stage.name}: not bound to an output (bind_stages sets where its plan lies)")
     return stage.plan_ref
 
 
-def step_ref(run: StageRun, units: list[Unit]) -> PlanRef:
+def step_ref(run: StageRun, units: list[Unit[Any]]) -> PlanRef:
     """Where the units one job runs of ``run`` lie: its plan's parts when they are the whole
     plan, else ``steps/<hash of their ids>/`` (written by :func:`write_plans`)."""
     plan = run.stage.plan()

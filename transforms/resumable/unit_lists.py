@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 from refinery.transforms.io import storage
 from refinery.transforms.resumable.units import Unit
@@ -54,7 +55,7 @@ class PlanRef:
         return storage.join(self.folder, f"part-{k:05d}.jsonl")
 
 
-def unit_lines(units: list[Unit]) -> bytes:
+def unit_lines(units: list[Unit[Any]]) -> bytes:
     """The bytes of one part: a JSON line ``[id, payload]`` per unit (keys sorted)."""
     return "".join(json.dumps([u.id, u.payload], sort_keys=True, ensure_ascii=False) + "\n"
                    for u in units).encode("utf-8")
@@ -78,7 +79,7 @@ def _write_unless_same(path: str, data: bytes) -> bool:
     return True
 
 
-def write_units(ref: PlanRef, units: list[Unit]) -> tuple[PlanRef, int]:
+def write_units(ref: PlanRef, units: list[Unit[Any]]) -> tuple[PlanRef, int]:
     """Write ``units`` as ``ref``'s parts, each atomically, and their ``index.json``, except a
     file already there with the same bytes (a plan is a pure function of where it lies);
     returns ``ref`` with each part's sha256 (what the workers check) and the parts written."""
@@ -96,7 +97,7 @@ def write_units(ref: PlanRef, units: list[Unit]) -> tuple[PlanRef, int]:
     return ref, written
 
 
-def read_part(ref: PlanRef, k: int) -> list[Unit]:
+def read_part(ref: PlanRef, k: int) -> list[Unit[Any]]:
     """The units of part ``k`` of ``ref``, in order; ValueError naming the part when it is not
     what the reference says (missing, cut short, edited: its sha256 is not the one the driver
     wrote, or not JSON lines of ``[id, payload]``). A damaged part is never used: the next
@@ -121,7 +122,7 @@ def read_part(ref: PlanRef, k: int) -> list[Unit]:
     return units
 
 
-def read_units(ref: PlanRef) -> list[Unit]:
+def read_units(ref: PlanRef) -> list[Unit[Any]]:
     """Every unit ``ref`` names, in order."""
     return [u for k in range(ref.parts) for u in read_part(ref, k)]
 
