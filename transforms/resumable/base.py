@@ -46,12 +46,7 @@ While a job runs, :mod:`.progress` draws its steps from their receipts.
 ``$REFINERY_UNIT_LOG`` (optional) receives one JSON line per unit start/skip/end: an audit
 trail the fault-injection tests use (see RELIABILITY.md).
 
-Receipt schema (JSON)::
-
-    {schema, stage, stage_hash, unit, status: completed|failed,
-     files: [{path (relative to OUTPUT), bytes, sha256}], stats,
-     started_at, finished_at, host, error?: {type, message, traceback},
-     repair?: token, upstream_repairs?: {"stage/unit": token}}
+The receipt's schema is :class:`~.ledger.Receipt`.
 """
 from __future__ import annotations
 

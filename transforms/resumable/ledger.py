@@ -1,10 +1,11 @@
 """Receipts: the one record of a finished unit, and THE check of whether a unit is done.
 
 A unit's receipt (``OUTPUT/.refinery/<stage>/<stage_hash>/receipts/<unit>.json``) is written
-last, after the unit's files: ``{schema, stage, stage_hash, unit, status: completed|failed,
-files: [{path, bytes, sha256}], stats, ...}`` (:class:`Receipt`, written by
-:func:`~refinery.transforms.resumable.execution.execute_unit`). :func:`check_receipt` judges one, for
-the planner, the worker, ``refinery status`` and ``refinery verify`` alike.
+last, after the unit's files; its schema is :class:`Receipt` (and nowhere else: docs/FORMATS.md
+quotes :func:`receipt_schema`, which a test holds it to). It is written by
+:func:`~refinery.transforms.resumable.execution.execute_unit` through :meth:`Ledger.record`.
+:func:`check_receipt` judges one, for the planner, the worker, ``refinery status`` and
+``refinery verify`` alike.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import errno
 import functools
 import json
 import logging
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypedDict, TypeVar, cast
@@ -78,6 +80,32 @@ class Receipt(_ReceiptBase, total=False):
     error: UnitError
     finished_at: str
     skipped: bool
+
+
+STORED_ALWAYS = ("status", "files", "stats", "finished_at")  # of Receipt's optional keys: in every stored one
+NEVER_STORED = ("skipped",)
+_VALUES = {"schema": f'"{RECEIPT_SCHEMA}"', "status": "completed|failed"}
+
+
+def _value(key: str, kind: Any) -> str:
+    """How the schema line spells a key's value: a fixed one, a nested TypedDict's keys, or nothing."""
+    if key in _VALUES:
+        return f": {_VALUES[key]}"
+    inner = typing.get_args(kind)
+    if typing.get_origin(kind) is list and inner and typing.is_typeddict(inner[0]):
+        return ": [{" + ", ".join(typing.get_type_hints(inner[0])) + "}]"
+    if typing.is_typeddict(kind):
+        return ": {" + ", ".join(typing.get_type_hints(kind)) + "}"
+    return ""
+
+
+def receipt_schema() -> str:
+    """A stored receipt's keys, from :class:`Receipt` (``?``: present only when set), as
+    docs/FORMATS.md quotes them."""
+    optional = Receipt.__optional_keys__ - set(STORED_ALWAYS)
+    keys = [f"{key}{'?' if key in optional else ''}{_value(key, kind)}"
+            for key, kind in typing.get_type_hints(Receipt).items() if key not in NEVER_STORED]
+    return "{" + ", ".join(keys) + "}"
 
 
 @dataclass(frozen=True)
