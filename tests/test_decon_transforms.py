@@ -145,6 +145,24 @@ def test_asking_for_an_n_the_index_lacks_is_an_error() -> None:
             _ = p | "Train" >> beam.Create([{"text": "a b c d e f"}]) | FindOverlaps(index, ngrams=[13])
 
 
+def test_beam_reads_no_type_hints_from_the_annotations() -> None:
+    """The transforms' ``expand`` and the scan's ``process`` are annotated for mypy only: Beam
+    takes no type hints from them (before, it read the scan's ``process`` as hints of Any), so
+    type checks and coders stay those of ``with_output_types``."""
+    from refinery.transforms.decon.beam import DeconPipeline, DropOverlaps, _FindOverlapsFn
+    from refinery.transforms.decon.stages import DeconSettings
+    from refinery.transforms.io.text import TextSpec
+
+    p = beam.Pipeline()  # built, never run
+    index = p | "Eval" >> beam.Create([{"text": "a b c d e f"}]) | BuildNgramIndex([5])
+    overlaps = p | "Train" >> beam.Create([{"text": "a b c d e f"}]) | FindOverlaps(index)
+    transforms: list[Any] = [BuildNgramIndex([5]), FindOverlaps(index), DropOverlaps(overlaps),
+                             DeconPipeline(DeconSettings(eval_paths=[], train_paths=[], ns=[5]), "/unused"),
+                             _FindOverlapsFn(None, TextSpec.of("text"), "id")]
+    for t in transforms:
+        hints = t.get_type_hints()
+        assert (hints.input_types, hints.output_types) == (None, None), type(t).__name__
+
 def test_through_portable_runner(tmp_path: Path) -> None:
     """One run through the job API that Flink's job server speaks (embedded, LOOPBACK)."""
     eval_rows = [{"id": f"q{i}", "text": r["question"]} for i, r in enumerate(gsm8k_rows("test")[:50])]

@@ -16,7 +16,7 @@ from refinery.transforms.resumable import base as stages  # where the Stage API 
 from refinery.transforms.resumable.progress import Progress
 
 
-class Counting(Stage):
+class Counting(Stage[dict[str, Any], dict[str, int]]):
     """Each unit reports ``docs`` as it goes, then waits until the test lets it finish."""
 
     name = "counting"

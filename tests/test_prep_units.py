@@ -373,7 +373,7 @@ class _EchoPayload(TypedDict):
     v: int
 
 
-class _Echo(Stage):
+class _Echo(Stage[_EchoPayload, dict[str, int]]):
     name = "echo"
 
     def __init__(self, fail_on: Iterable[str] = ()) -> None:

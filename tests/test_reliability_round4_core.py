@@ -94,7 +94,7 @@ def test_a_worker_reads_a_plan_part_only_with_the_sha256_the_driver_wrote(tmp_pa
         plans.read_part(ref, 0)
 
 
-class _Listed(Stage):
+class _Listed(Stage[dict[str, Any], dict[str, Any]]):
     """A stage whose input list is left out of the job: a worker reads the recorded fingerprints."""
 
     name = "listed"

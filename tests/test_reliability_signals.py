@@ -107,7 +107,7 @@ def test_a_signal_is_acknowledged_at_once_the_bar_stops_and_the_exit_says_why(
     from refinery.transforms.resumable import Stage, Unit, bind_stages
     from refinery.transforms.resumable.progress import Progress
 
-    class One(Stage):
+    class One(Stage[dict[str, Any], dict[str, int]]):
         name = "one"
 
         def make_plan(self) -> list[Unit[dict[str, Any]]]:

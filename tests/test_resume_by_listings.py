@@ -29,7 +29,7 @@ class Counted(TypedDict):
     runner: Runner
 
 
-class Parts(Stage):
+class Parts(Stage[dict[str, int], dict[str, int]]):
     """Intermediate: one small file per unit."""
 
     name = "parts"
@@ -47,7 +47,7 @@ class Parts(Stage):
         return {"n": 1}
 
 
-class Sums(Stage):
+class Sums(Stage[dict[str, int], dict[str, int]]):
     """User-facing: 4 files, each the concatenation of a quarter of the parts."""
 
     name = "sums"

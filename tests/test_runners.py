@@ -207,7 +207,7 @@ class Jobs:
     (its stages' titles, in order) and, for the inference pipelines, the model handler of
     their RunInference and the number of waves of infer units."""
 
-    stages: list[Stage]
+    stages: list[Stage[Any, Any]]
     output: str
     steps: list[str]
     handler: str | None = None
@@ -536,7 +536,7 @@ def test_progress_reads_each_completed_receipt_once(tmp_path: Path) -> None:
     from refinery.transforms.resumable import Unit, bind_stages
     from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Receipt
 
-    class One(Stage):
+    class One(Stage[dict[str, Any], dict[str, int]]):
         name = "one"
 
         def make_plan(self) -> list[Unit[dict[str, Any]]]:

@@ -151,10 +151,10 @@ def test_normalize_row_builds_the_text_before_normalizing() -> None:
 def test_prep_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp_path: Path) -> None:
     from refinery.transforms.prep.stages import ManifestStage, PrepConfig, build_stages
 
-    def stages(**kw: Any) -> list[Stage]:
+    def stages(**kw: Any) -> list[Stage[Any, Any]]:
         return build_stages(PrepConfig(inputs=[], output=str(tmp_path / "o"), dataset="d", **kw))
 
-    def run_hash(built: list[Stage]) -> str:
+    def run_hash(built: list[Stage[Any, Any]]) -> str:
         manifest = built[-1]
         assert isinstance(manifest, ManifestStage)
         return manifest.run_hash
@@ -180,7 +180,7 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
     ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": 1, "question": "a b c", "answer": "d"}])
     tr = write_jsonl(tmp_path / "train.jsonl", [{"id": 1, "text": "a b c"}])
 
-    def stages(**kw: Any) -> list[Stage]:
+    def stages(**kw: Any) -> list[Stage[Any, Any]]:
         return build_stages(DeconSettings(eval_paths=[str(ev)], train_paths=[str(tr)], ns=[3], **kw))
 
     index, scan = stages(eval_text_field="question")[:2]

@@ -38,6 +38,7 @@ from typing import Any, Iterator, NamedTuple
 import apache_beam as beam
 from apache_beam.coders import typecoders
 from apache_beam.metrics.metric import Metrics
+from apache_beam.pvalue import PBegin, PCollection
 from apache_beam.transforms import combiners
 
 from refinery.transforms.decon import ngrams as ng
@@ -46,7 +47,7 @@ from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.rows import SourceRow
 from refinery.transforms.io.text import TextSpec
-from refinery.transforms.resumable.beam_steps import RunAllStages
+from refinery.transforms.resumable.beam_steps import RunAllStages, UnitResult, _mypy_only
 
 NAMESPACE = "refinery_decon"
 
@@ -123,7 +124,7 @@ def index_of_elements(elements: list[Any], ngrams: list[int], eval_dataset: str 
     return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions)
 
 
-class BuildNgramIndex(beam.PTransform):
+class BuildNgramIndex(beam.PTransform[PCollection[Any], PCollection[ng.NgramIndex]]):
     """Eval rows -> the hash-partitioned test-side n-gram index.
 
     Input: eval rows, ``dict`` (with ``text_field`` and optionally ``id_field``) or
@@ -153,7 +154,8 @@ class BuildNgramIndex(beam.PTransform):
         self.text_field, self.text_template = text_field, text_template
         self.id_field, self.partitions = id_field, partitions
 
-    def expand(self, rows):
+    @_mypy_only
+    def expand(self, rows: PCollection[Any]) -> PCollection[ng.NgramIndex]:
         def build(elements: list[Any]) -> ng.NgramIndex:
             index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text,
                                       self.id_field, self.partitions)
@@ -162,8 +164,10 @@ class BuildNgramIndex(beam.PTransform):
             Metrics.counter(NAMESPACE, "test_ngrams").inc(index.num_ngrams)
             return index
 
-        return (rows | "AllEvalRows" >> combiners.ToList()
-                | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
+        index: PCollection[ng.NgramIndex] = (
+            rows | "AllEvalRows" >> combiners.ToList()
+            | "BuildIndex" >> beam.Map(build).with_output_types(ng.NgramIndex))
+        return index
 
 
 def overlaps_of_hits(hits: ng.ScanHits, index: ng.NgramIndex, ngrams: list[int],
@@ -196,7 +200,8 @@ class _FindOverlapsFn(beam.DoFn):
         self.hit_rows = Metrics.counter(NAMESPACE, "train_rows_with_overlaps")
         self.overlaps = Metrics.counter(NAMESPACE, "overlaps")
 
-    def process(self, batch: list[Any], index: ng.NgramIndex):
+    @_mypy_only
+    def process(self, batch: list[Any], index: ng.NgramIndex) -> Iterator[Overlap]:
         ngrams = self.ngrams or index.ns
         if not set(ngrams) <= set(index.ns):
             raise ValueError(f"FindOverlaps(ngrams={ngrams}): the index was built for n = {index.ns}")
@@ -217,7 +222,7 @@ class _FindOverlapsFn(beam.DoFn):
         self.bad.inc(stats.bad_rows)
 
 
-class FindOverlaps(beam.PTransform):
+class FindOverlaps(beam.PTransform[PCollection[Any], PCollection[Overlap]]):
     """Training rows -> overlap records, joined with the index through a side input.
 
     Input: training rows, ``dict`` or :class:`~refinery.transforms.io.rows.SourceRow`
@@ -232,19 +237,22 @@ class FindOverlaps(beam.PTransform):
     (``BatchElements``), never shuffled.
     """
 
-    def __init__(self, index, ngrams: list[int] | None = None, text_field: str | None = None, id_field: str = "id",
-                 *, text_template: str | None = None):
+    def __init__(self, index: PCollection[ng.NgramIndex], ngrams: list[int] | None = None,
+                 text_field: str | None = None, id_field: str = "id", *, text_template: str | None = None):
         super().__init__()
         self.index = index
         self.ngrams = sorted({int(n) for n in ngrams}) if ngrams else None
         self.text = TextSpec.from_options(text_field, text_template)  # a bad template raises here
         self.text_field, self.text_template, self.id_field = text_field, text_template, id_field
 
-    def expand(self, rows):
-        return (rows
-                | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
-                | "Scan" >> beam.ParDo(_FindOverlapsFn(self.ngrams, self.text, self.id_field),
-                                       index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
+    @_mypy_only
+    def expand(self, rows: PCollection[Any]) -> PCollection[Overlap]:
+        overlaps: PCollection[Overlap] = (
+            rows
+            | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
+            | "Scan" >> beam.ParDo(_FindOverlapsFn(self.ngrams, self.text, self.id_field),
+                                   index=beam.pvalue.AsSingleton(self.index)).with_output_types(Overlap))
+        return overlaps
 
 
 def overlap_row_key(overlap: Overlap) -> tuple[str, object]:
@@ -262,7 +270,7 @@ def row_key(element: object, id_field: str = "id") -> tuple[str, object]:
     return ("id", ng.record_id(element, id_field) if isinstance(element, dict) else "")
 
 
-class DropOverlaps(beam.PTransform):
+class DropOverlaps(beam.PTransform[PCollection[Any], PCollection[Any]]):
     """Training rows -> the same rows, less those with an overlap (a decontaminated corpus).
 
     Input: training rows, ``dict`` or :class:`~refinery.transforms.io.rows.SourceRow`,
@@ -273,12 +281,13 @@ class DropOverlaps(beam.PTransform):
     Beam metric ``refinery_decon/train_rows_dropped``.
     """
 
-    def __init__(self, overlaps, ngrams: list[int] | int | None = None, id_field: str = "id"):
+    def __init__(self, overlaps: PCollection[Overlap], ngrams: list[int] | int | None = None, id_field: str = "id"):
         super().__init__()
         self.overlaps, self.id_field = overlaps, id_field
         self.ngrams = None if ngrams is None else {int(n) for n in ([ngrams] if isinstance(ngrams, int) else ngrams)}
 
-    def expand(self, rows):
+    @_mypy_only
+    def expand(self, rows: PCollection[Any]) -> PCollection[Any]:
         ngrams, id_field = self.ngrams, self.id_field
         keys = (self.overlaps
                 | "AtN" >> beam.Filter(lambda o: ngrams is None or o.n in ngrams)
@@ -292,13 +301,14 @@ class DropOverlaps(beam.PTransform):
                 return False
             return True
 
-        return rows | "Drop" >> beam.Filter(keep, drop=beam.pvalue.AsDict(keys))
+        kept: PCollection[Any] = rows | "Drop" >> beam.Filter(keep, drop=beam.pvalue.AsDict(keys))
+        return kept
 
 
 __all__ = ["BuildNgramIndex", "DeconPipeline", "DropOverlaps", "FindOverlaps", "Overlap"]
 
 
-class DeconPipeline(beam.PTransform):
+class DeconPipeline(beam.PTransform[PBegin, PCollection[UnitResult]]):
     """``refinery decon``'s whole flow for ``settings`` (a
     :class:`~refinery.transforms.decon.stages.DeconSettings`) into ``output``, as one composite
     for a user's pipeline. Input: the pipeline (PBegin). Output: the merge step's ``{unit,
@@ -313,5 +323,7 @@ class DeconPipeline(beam.PTransform):
         super().__init__()
         self.settings, self.output = settings, output.rstrip("/")
 
-    def expand(self, pbegin):
-        return pbegin | "Stages" >> RunAllStages(build_stages(self.settings), self.output)
+    @_mypy_only
+    def expand(self, pbegin: PBegin) -> PCollection[UnitResult]:
+        merged: PCollection[UnitResult] = pbegin | "Stages" >> RunAllStages(build_stages(self.settings), self.output)
+        return merged

@@ -286,7 +286,7 @@ def let_go(*caches: Any, membership: bool = False) -> bool:
 # index
 # ---------------------------------------------------------------------------------------
 
-class IndexStage(Stage):
+class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
     name = "index"
 
     def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
@@ -372,7 +372,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class ScanStage(Stage):
+class ScanStage(Stage[TrainSlice, dict[str, Any]]):
     name = "scan"
 
     def __init__(self, settings: DeconSettings, train_files: list[storage.InputFile], index_stage: IndexStage):
@@ -547,7 +547,7 @@ def load_eval_columns(path: str) -> dt.EvalColumns:
     return dt.EvalColumns.of(load_eval_rows(path), load_same_text(path))
 
 
-class ReduceStage(Stage):
+class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
     name = "reduce"
 
     def traits(self) -> Traits:
@@ -621,7 +621,7 @@ class ReduceStage(Stage):
 # merge: the stats files and reports
 # ---------------------------------------------------------------------------------------
 
-class MergeReportsStage(Stage):
+class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
     name = "merge"
 
     def __init__(self, settings: DeconSettings, reduce_stage: ReduceStage):
@@ -842,7 +842,7 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
     return sorted(out.values(), key=lambda f: f.path)
 
 
-def input_stages(stages: list[Stage]) -> tuple[IndexStage, ScanStage]:
+def input_stages(stages: list[Stage[Any, Any]]) -> tuple[IndexStage, ScanStage]:
     """The index and scan stages of :func:`build_stages`'s list (they hold the eval and training files)."""
     index, scan = stages[0], stages[1]
     if not (isinstance(index, IndexStage) and isinstance(scan, ScanStage)):
@@ -850,7 +850,7 @@ def input_stages(stages: list[Stage]) -> tuple[IndexStage, ScanStage]:
     return index, scan
 
 
-def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> list[Stage]:
+def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> list[Stage[Any, Any]]:
     eval_files = expand_as_given(settings.eval_paths, skipped)
     train_files = expand_as_given(settings.train_paths, skipped)
     index = IndexStage(settings, eval_files)

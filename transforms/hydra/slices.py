@@ -23,7 +23,7 @@ def split_of(doc_id: str) -> str:
     return "train" if h < 80 else "val" if h < 90 else "test"
 
 
-class SlicesStage(Stage):
+class SlicesStage(Stage[dict[str, Any], dict[str, int]]):
     """One local unit: every shard under the data root -> ``docids_{train,val,test}.jsonl``."""
 
     name = "slices"

@@ -452,7 +452,7 @@ def inference_failure(doc_ids: list[str], failed: list[FailedBatch]) -> str:
     return "; ".join(clauses)
 
 
-class InferStage(Stage):
+class InferStage(Stage[InferPayload, InferStats]):
     """Units = document slices; each writes ``parts/<unit>.jsonl`` (one row per document)."""
 
     name = "infer"
@@ -540,7 +540,7 @@ class InferStage(Stage):
         return stats
 
 
-class MergeOutputsStage(Stage):
+class MergeOutputsStage(Stage[JsonObject, Mapping[str, Any]]):
     """Local, one unit: the infer parts in plan order -> the task's final files."""
 
     name = "merge"
@@ -576,7 +576,7 @@ class MergeOutputsStage(Stage):
         return self.infer.task.merge(rows(), ctx)
 
 
-def build_stages(task: Task, source: DocumentSource, wave_units: int = 8) -> list[Stage]:
+def build_stages(task: Task, source: DocumentSource, wave_units: int = 8) -> list[Stage[Any, Any]]:
     infer = InferStage(task, source, wave_units)
     return [infer, MergeOutputsStage(infer)]
 
