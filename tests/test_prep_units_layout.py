@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any
 
 import pytest
 from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
@@ -113,7 +113,8 @@ def test_pack_reads_are_bounded_by_the_merge_stage(tmp_path: Path, monkeypatch: 
             opened[stage] = opened.get(stage, 0) + 1
         return real_open(path, *a, **k)
 
-    def counting_pack(self: prep_stages.PackStage, unit: Unit[Mapping[str, Any]], ctx: UnitContext) -> dict[str, Any]:
+    def counting_pack(self: prep_stages.PackStage, unit: Unit[prep_stages.ShardPayload],
+                      ctx: UnitContext) -> prep_stages.PackStats:
         current["stage"] = "pack"
         try:
             return real_run(self, unit, ctx)

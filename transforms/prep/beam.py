@@ -41,17 +41,22 @@ from __future__ import annotations
 
 import tempfile
 from array import array
-from typing import Tuple
+from typing import Any, Iterable, Iterator, Mapping, Tuple, Union
 
 import apache_beam as beam
 import msgpack
 import numpy as np
-from apache_beam.metrics import Metrics
+from apache_beam.coders import typecoders
+from apache_beam.metrics.metric import Metrics
+from apache_beam.pvalue import PBegin, PCollection, TaggedOutput
+from apache_beam.transforms import combiners
+from apache_beam.transforms.window import BoundedWindow
+from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
-from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec, resolve_tokenizer
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, PrepTokenizer, TokenizerSpec, resolve_tokenizer
 from refinery.transforms.io import storage
 from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.jsonl import jsonl
@@ -68,7 +73,7 @@ from refinery.transforms.prep.documents import (
     shard_of,
     tokenize_documents,
 )
-from refinery.transforms.prep.stages import build_stages
+from refinery.transforms.prep.stages import PackStats, PrepConfig, ShardPayload, build_stages
 from refinery.transforms.resumable import (
     Stage,
     StageConfig,
@@ -78,7 +83,7 @@ from refinery.transforms.resumable import (
     compute_stage_hash,
     execute_unit,
 )
-from refinery.transforms.resumable.beam_steps import RunAllStages
+from refinery.transforms.resumable.beam_steps import RunAllStages, UnitResult, _mypy_only
 
 NAMESPACE = "refinery_prep"
 REJECTED = "rejected"
@@ -100,8 +105,9 @@ class TokenizedDocumentCoder(TupleCoder):
     cls = TokenizedDocument
 
     def encode(self, value: TokenizedDocument) -> bytes:
-        return msgpack.packb((value.doc_id, shards.u32_bytes(value.tokens), value.source, value.row),
-                             use_bin_type=True, unicode_errors="surrogatepass")
+        data: bytes = msgpack.packb((value.doc_id, shards.u32_bytes(value.tokens), value.source, value.row),
+                                    use_bin_type=True, unicode_errors="surrogatepass")
+        return data
 
     def decode(self, encoded: bytes) -> TokenizedDocument:
         doc_id, raw, source, row = msgpack.unpackb(encoded, raw=False, unicode_errors="surrogatepass")
@@ -113,7 +119,7 @@ class TokenizedDocumentCoder(TupleCoder):
 
 
 for _cls, _coder in ((Document, DocumentCoder), (Rejected, RejectedCoder), (TokenizedDocument, TokenizedDocumentCoder)):
-    beam.coders.registry.register_coder(_cls, _coder)
+    typecoders.registry.register_coder(_cls, _coder)
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,7 +131,11 @@ class RejectedRowError(ValueError):
 
 
 class _ReadFileFn(beam.DoFn):
-    def process(self, f: storage.InputFile):
+    def __init__(self) -> None:  # typed, as DoFn's is not (called by name: mypy's exclusion of Beam misses super())
+        beam.DoFn.__init__(self)
+
+    @_mypy_only
+    def process(self, f: storage.InputFile) -> Iterator[SourceRow | TaggedOutput[str, Rejected]]:
         for row, record, error in iter_rows(f.path):
             if error is None:
                 assert record is not None  # iter_rows: a record, or else an error
@@ -134,7 +144,8 @@ class _ReadFileFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(f.path, row, error))
 
 
-class ReadRows(beam.PTransform):
+class ReadRows(beam.PTransform[PBegin, Union[PCollection[SourceRow],
+                                               tuple[PCollection[SourceRow], PCollection[Rejected]]]]):
     """Rows of data files with their provenance. Input: the pipeline root. Output:
     :class:`SourceRow` ``(path, row, record, relpath)`` per good row.
 
@@ -153,16 +164,19 @@ class ReadRows(beam.PTransform):
     def with_rejected(self) -> "ReadRows":
         return ReadRows(self.paths, with_rejected=True)
 
-    def expand(self, pbegin):
+    @_mypy_only
+    def expand(self, pbegin: PBegin) -> PCollection[SourceRow] | tuple[PCollection[SourceRow], PCollection[Rejected]]:
         files = storage.expand_inputs(self.paths)
         out = (pbegin
                | "Files" >> beam.Create(files, reshuffle=False)
                | "Spread" >> beam.Reshuffle()
                | "Read" >> beam.ParDo(_ReadFileFn()).with_outputs(REJECTED, main="rows"))
+        rows: PCollection[SourceRow] = out.rows
+        rejected: PCollection[Rejected] = out[REJECTED]
         if self._with_rejected:
-            return out.rows, out[REJECTED]
-        _ = out[REJECTED] | "FailOnBadRow" >> beam.Map(_fail_on_reject)
-        return out.rows
+            return rows, rejected
+        _ = rejected | "FailOnBadRow" >> beam.Map(_fail_on_reject)
+        return rows
 
 
 def _fail_on_reject(r: Rejected) -> None:
@@ -181,10 +195,11 @@ class _NormalizeFn(beam.DoFn):
         self.empty = Metrics.counter(NAMESPACE, "empty")
         self.rejected = Metrics.counter(NAMESPACE, REJECTED)
 
-    def setup(self):
+    def setup(self) -> None:
         self.normalize = row_normalizer(self.text, self.id_field)  # normalize_row, with its short paths
 
-    def process(self, element):
+    @_mypy_only
+    def process(self, element: object) -> Iterator[Document | TaggedOutput[str, Rejected]]:
         self.rows.inc()
         if isinstance(element, SourceRow):
             out = self.normalize(element.record, None, element.path, element.row, element.relpath)
@@ -192,7 +207,7 @@ class _NormalizeFn(beam.DoFn):
             out = self.normalize(element, None, "", 0, None)
         else:
             out = Rejected("", 0, f"not a row: a {type(element).__name__}, expected a dict or SourceRow")
-        if type(out) is Document:
+        if isinstance(out, Document):
             self.documents.inc()
             yield out
             return
@@ -206,7 +221,8 @@ class _NormalizeFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(REJECTED, out)
 
 
-class Normalize(beam.PTransform):
+class Normalize(beam.PTransform[PCollection[Any], Union[PCollection[Document],
+                                                         tuple[PCollection[Document], PCollection[Rejected]]]]):
     """Rows -> documents. Input: ``dict`` (a parsed row) or :class:`SourceRow` (a row with its
     file and row number). Output: :class:`Document` ``(doc_id, text, source, row)``.
 
@@ -234,15 +250,23 @@ class Normalize(beam.PTransform):
         row's path (``""`` for a plain dict), row and reason."""
         return Normalize(self.text_field, self.id_field, text_template=self.text_template, _with_rejected=True)
 
-    def expand(self, rows):
+    @_mypy_only
+    def expand(self, rows: PCollection[Any]) -> PCollection[Document] | tuple[PCollection[Document],
+                                                                              PCollection[Rejected]]:
         fn = _NormalizeFn(self.text, self.id_field, strict=not self._with_rejected)
         out = rows | "Normalize" >> beam.ParDo(fn).with_outputs(REJECTED, main="documents")
-        documents = out.documents
+        documents: PCollection[Document] = out.documents
+        rejected: PCollection[Rejected] = out[REJECTED]
         documents.element_type = Document
-        out[REJECTED].element_type = Rejected
+        rejected.element_type = Rejected
         if self._with_rejected:
-            return documents, out[REJECTED]
+            return documents, rejected
         return documents
+
+
+# Beam's DoFn parameters, typed as what Beam passes in their place (a default is how Beam finds them)
+_TIMESTAMP_PARAM: Any = beam.DoFn.TimestampParam
+_WINDOW_PARAM: Any = beam.DoFn.WindowParam
 
 
 class _TokenizeFn(beam.DoFn):
@@ -255,40 +279,45 @@ class _TokenizeFn(beam.DoFn):
         self.tokens = Metrics.counter(NAMESPACE, "tokens")
         self.documents = Metrics.counter(NAMESPACE, "tokenized")
         self.fallbacks = Metrics.counter(NAMESPACE, "encoder_fallbacks")  # documents the fast encoder left to tiktoken
-        self.enc = None
-        self._batch: list = []
+        self.enc: PrepTokenizer | None = None
+        self._batch: list[tuple[Document, Timestamp, BoundedWindow]] = []
         self._chars = 0
 
-    def setup(self):
+    def setup(self) -> None:
         self.enc = load_tokenizer(self.spec, self.encoder)  # once per worker process
 
-    def start_bundle(self):
+    def start_bundle(self) -> None:
         self._batch, self._chars = [], 0
 
-    def process(self, doc: Document, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+    @_mypy_only
+    def process(self, doc: Document, timestamp: Timestamp = _TIMESTAMP_PARAM,
+                window: BoundedWindow = _WINDOW_PARAM) -> Iterator[WindowedValue]:
         self._batch.append((doc, timestamp, window))
         self._chars += len(doc.text)
         if self._chars >= BATCH_CHARS or len(self._batch) >= BATCH_DOCS:
             yield from self._encode_batch()
 
-    def finish_bundle(self):
+    def finish_bundle(self) -> Iterator[WindowedValue]:
         yield from self._encode_batch()
 
-    def _encode_batch(self):
+    def _encode_batch(self) -> Iterator[WindowedValue]:
         batch, self._batch, self._chars = self._batch, [], 0
         if not batch:
             return
+        if self.enc is None:
+            raise RuntimeError("Tokenize: no tokenizer loaded (DoFn.setup was not called before the bundle)")
         before = getattr(self.enc, "fallbacks", 0)
         out = tokenize_documents(self.enc, [doc for doc, _, _ in batch])
-        if getattr(self.enc, "fallbacks", 0) != before:
-            self.fallbacks.inc(self.enc.fallbacks - before)
+        after = getattr(self.enc, "fallbacks", 0)
+        if after != before:
+            self.fallbacks.inc(after - before)
         self.documents.inc(len(out))
         self.tokens.inc(sum(len(t.tokens) for t in out))
         for tokenized, (_, timestamp, window) in zip(out, batch):
             yield WindowedValue(tokenized, timestamp, (window,))
 
 
-class Tokenize(beam.PTransform):
+class Tokenize(beam.PTransform[PCollection[Document], PCollection[TokenizedDocument]]):
     """Documents -> token ids. Input: :class:`Document`. Output: :class:`TokenizedDocument`
     whose ``tokens`` (``array('I')``, uint32) are the tokenizer's ordinary encoding of the text
     (special-token text stays ordinary text) plus one EOS, the tokenizer's.
@@ -309,13 +338,14 @@ class Tokenize(beam.PTransform):
         self.spec = resolve_tokenizer(tokenizer, eos_token)
         self.encoder = encoder
 
-    def expand(self, docs):
-        out = docs | "Tokenize" >> beam.ParDo(_TokenizeFn(self.spec, self.encoder))
+    @_mypy_only
+    def expand(self, docs: PCollection[Document]) -> PCollection[TokenizedDocument]:
+        out: PCollection[TokenizedDocument] = docs | "Tokenize" >> beam.ParDo(_TokenizeFn(self.spec, self.encoder))
         out.element_type = TokenizedDocument
         return out
 
 
-class AssignShard(beam.PTransform):
+class AssignShard(beam.PTransform[PCollection[TokenizedDocument], PCollection[tuple[int, TokenizedDocument]]]):
     """Input: :class:`TokenizedDocument`. Output: ``(shard, TokenizedDocument)`` with
     ``shard = int(md5(doc_id).hexdigest()[:16], 16) % num_shards`` (the rule of ``refinery prep``)."""
 
@@ -325,17 +355,25 @@ class AssignShard(beam.PTransform):
             raise ValueError("num_shards must be at least 1")
         self.num_shards = num_shards
 
-    def expand(self, docs):
+    @_mypy_only
+    def expand(self, docs: PCollection[TokenizedDocument]) -> PCollection[tuple[int, TokenizedDocument]]:
         n = self.num_shards
-        return docs | "AssignShard" >> beam.Map(lambda d: (shard_of(d.doc_id, n), d)).with_output_types(
-            Tuple[int, TokenizedDocument])
+        out: PCollection[tuple[int, TokenizedDocument]] = docs | "AssignShard" >> beam.Map(
+            lambda d: (shard_of(d.doc_id, n), d)).with_output_types(Tuple[int, TokenizedDocument])
+        return out
 
 
 # ---------------------------------------------------------------------------------------
 # WriteTokenShards
 # ---------------------------------------------------------------------------------------
 
-class ShardSinkStage(Stage):
+class SinkStats(PackStats):
+    """A ``WriteTokenShards`` unit's receipt stats: a pack unit's and its content's digest."""
+
+    content_sha256: str  # pack.content_digest of the shard's documents
+
+
+class ShardSinkStage(Stage[ShardPayload, SinkStats]):
     """The sink's receipts: one unit per shard under ``OUTPUT/.refinery/write_token_shards/<hash>/``.
     The units are run by :class:`_WriteShardFn`, not planned by ``run_stages``: each with its
     shard's documents, spilled and sorted (:func:`pack.sorted_spill`), as the side input
@@ -349,17 +387,17 @@ class ShardSinkStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings(), (), self._identity())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "num_shards": self.num_shards, "version": self.version,
                 "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
-    def _identity(self) -> dict:
+    def _identity(self) -> dict[str, Any]:
         return self.tokenizer.identity()
 
-    def make_plan(self) -> list[Unit]:
-        return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.num_shards)]
+    def make_plan(self) -> list[Unit[ShardPayload]]:
+        return [Unit(f"{s:04d}", ShardPayload(shard=s)) for s in range(self.num_shards)]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[ShardPayload], ctx: UnitContext) -> SinkStats:
         """One shard's ``.npy``, ``.idx`` and ``.docs.parquet``, by the command's packer."""
         shard = unit.payload["shard"]
         npy_rel, idx_rel = shards.shard_relpaths(self.dataset, shard, self.version)
@@ -386,23 +424,24 @@ class _WriteShardFn(beam.DoFn):
         self.written = Metrics.counter(NAMESPACE, "shards_written")
         self.skipped = Metrics.counter(NAMESPACE, "shards_skipped")
 
-    def process(self, element):
+    @_mypy_only
+    def process(self, element: tuple[int, Iterable[TokenizedDocument | None]]) -> Iterator[dict[str, Any]]:
         shard, docs = element
         run = sink_run(self.output, self.dataset, self.num_shards, self.version, self.tokenizer)
         with tempfile.TemporaryDirectory(prefix="refinery-shard-") as local:
             pieces = pack.sorted_spill(docs, spill.spill_files(local, "shard"))
             content = pack.content_digest(pieces)
-            receipt = execute_unit(run, Unit(f"{shard:04d}", {"shard": shard}),
+            receipt = execute_unit(run, Unit(f"{shard:04d}", ShardPayload(shard=shard)),
                                    side={"pieces": pieces, "content": content},
                                    stale=lambda r: r.get("stats", {}).get("content_sha256") != content)
         if receipt.get("status") != "completed":
-            err = receipt.get("error") or {}
+            err: Mapping[str, Any] = receipt.get("error") or {}
             raise RuntimeError(f"shard {shard}: {err.get('type')}: {err.get('message')}")
         (self.skipped if receipt.get("skipped") else self.written).inc()
         yield manifests.entry_from_receipt(shard, receipt)
 
 
-def _write_rejects(rejected: list[Rejected], output: str) -> dict:
+def _write_rejects(rejected: list[Rejected], output: str) -> dict[str, int]:
     """Write ``rejects/rejects.jsonl`` (sorted by path, row) unless it already holds those bytes;
     returns the counts {"rejected", "empty"}."""
     bad = sorted((r for r in rejected if not r.empty), key=lambda r: (r.path, r.row, r.reason))
@@ -420,8 +459,8 @@ def _write_if_changed(path: str, data: bytes) -> None:
     storage.atomic_write_bytes(path, data)
 
 
-def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, dataset: str, num_shards: int,
-                    version: str, tokenizer: TokenizerSpec) -> str:
+def _write_manifest(_: Any, entries: list[dict[str, Any]], counts: dict[str, int] | None, output: str, dataset: str,
+                    num_shards: int, version: str, tokenizer: TokenizerSpec) -> str:
     entries = sorted(entries, key=lambda e: e["shard"])
     accepted = sum(e["num_documents"] for e in entries)
     rows = {} if counts is None else manifests.row_accounting(
@@ -437,7 +476,7 @@ def _write_manifest(_, entries: list[dict], counts: dict | None, output: str, da
     return path
 
 
-class WriteTokenShards(beam.PTransform):
+class WriteTokenShards(beam.PTransform[PCollection[tuple[int, TokenizedDocument]], PCollection[str]]):
     """The token-shard sink. Input: ``(shard, TokenizedDocument)``. Output: a PCollection
     holding one ``str``, the path of ``manifest.json``, written last.
 
@@ -462,7 +501,8 @@ class WriteTokenShards(beam.PTransform):
     """
 
     def __init__(self, output: str, dataset: str, num_shards: int, version: str = shards.FORMAT_VERSION,
-                 rejected=None, tokenizer: str | TokenizerSpec | None = None, eos_token: str | int | None = None):
+                 rejected: PCollection[Rejected] | None = None, tokenizer: str | TokenizerSpec | None = None,
+                 eos_token: str | int | None = None):
         super().__init__()
         if num_shards < 1:
             raise ValueError("num_shards must be at least 1")
@@ -471,7 +511,8 @@ class WriteTokenShards(beam.PTransform):
         self.rejected = rejected
         self.tokenizer = resolve_tokenizer(tokenizer, eos_token)
 
-    def expand(self, shard_docs):
+    @_mypy_only
+    def expand(self, shard_docs: PCollection[tuple[int, TokenizedDocument]]) -> PCollection[str]:
         p = shard_docs.pipeline
         markers = (p | "ShardIds" >> beam.Create(list(range(self.num_shards)))
                    | "EmptyMarker" >> beam.Map(lambda s: (s, None)))
@@ -483,15 +524,16 @@ class WriteTokenShards(beam.PTransform):
         if self.rejected is not None:
             output = self.output
             counts = beam.pvalue.AsSingleton(
-                self.rejected | "AllRejected" >> beam.combiners.ToList()
+                self.rejected | "AllRejected" >> combiners.ToList()
                 | "WriteRejects" >> beam.Map(_write_rejects, output))
-        return (p | "Once" >> beam.Create([None])
-                | "WriteManifest" >> beam.Map(_write_manifest, beam.pvalue.AsList(entries), counts,
-                                              self.output, self.dataset, self.num_shards, self.version,
-                                              self.tokenizer))
+        manifest: PCollection[str] = (p | "Once" >> beam.Create([None])
+                                      | "WriteManifest" >> beam.Map(_write_manifest, beam.pvalue.AsList(entries),
+                                                                    counts, self.output, self.dataset,
+                                                                    self.num_shards, self.version, self.tokenizer))
+        return manifest
 
 
-class PrepPipeline(beam.PTransform):
+class PrepPipeline(beam.PTransform[PBegin, PCollection[UnitResult]]):
     """``refinery prep``'s whole flow for ``config`` (a :class:`~refinery.transforms.prep.stages.PrepConfig`),
     as one composite for a user's pipeline. Input: the pipeline (PBegin). Output: the
     manifest step's ``{unit, status, stats}`` (one dict, once the manifest is written).
@@ -501,12 +543,15 @@ class PrepPipeline(beam.PTransform):
     for the same inputs and settings, skips every unit whose receipt verifies, and the
     command resumes from it (and it from the command)."""
 
-    def __init__(self, config):
+    def __init__(self, config: PrepConfig):
         super().__init__()
         self.config = config
 
-    def expand(self, pbegin):
-        return pbegin | "Stages" >> RunAllStages(build_stages(self.config), self.config.output)
+    @_mypy_only
+    def expand(self, pbegin: PBegin) -> PCollection[UnitResult]:
+        # never empty: prep's manifest stage has one unit
+        done: PCollection[UnitResult] = pbegin | "Stages" >> RunAllStages(build_stages(self.config), self.config.output)
+        return done
 
 
 __all__ = ["AssignShard", "Document", "Normalize", "PrepPipeline", "ReadRows", "Rejected", "RejectedRowError",

@@ -25,7 +25,7 @@ import re
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypedDict, cast
+from typing import Any, Mapping, TypedDict, TypeVar, cast
 
 import numpy as np
 
@@ -80,14 +80,14 @@ class PrepConfig:
     unit_bytes: int = UNIT_BYTES  # 0: one unit per file (no grouping, no byte ranges)
     wave_units: int = 4
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES  # a larger row is rejected as too large, never held whole
-    source: dict = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
+    source: dict[str, Any] = field(default_factory=dict)  # how the inputs were named (e.g. HF dataset + revision)
     exclude: Exclusion | None = None  # training rows left out: decon drop lists (--exclude-overlaps)
     text_template: str | None = None  # set: the text is this template over the rows' fields (text_field unused)
     tokenizer: TokenizerSpec = DEFAULT  # resolved in the driver (formats.tokenizer_choice.resolve_tokenizer)
     encoder: str = "fast"  # "fast", "bpe-openai", "tiktoken": the same tokens (formats.encoders.ENCODERS)
     num_inputs: int = -1  # len(inputs); kept when a job carries the config without its input list
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.num_inputs = len(self.inputs)
 
     @property
@@ -95,7 +95,7 @@ class PrepConfig:
         """Where each row's text comes from: the template when set, else the text field."""
         return TextSpec.from_options(None, self.text_template, self.text_field)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """What a job carries: the settings, not the input list (the driver's: it made the plan,
         which the workers read from the output), so that the job does not grow with the corpus."""
         return {**self.__dict__, "inputs": None}
@@ -114,8 +114,11 @@ def parse_token_count(value: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def included_units(units: list[Unit], receipts: dict[str, Receipt], max_tokens: int | None,
-                   wave: int = 1 << 62) -> tuple[list[Unit], bool]:
+_U = TypeVar("_U", bound="Unit[Any]")
+
+
+def included_units(units: list[_U], receipts: dict[str, Receipt], max_tokens: int | None,
+                   wave: int = 1 << 62) -> tuple[list[_U], bool]:
     """The prefix of tokenize units that the budget needs, and whether it is final.
 
     Without a budget: every unit. With one: units in input order until the tokens of the
@@ -123,7 +126,7 @@ def included_units(units: list[Unit], receipts: dict[str, Receipt], max_tokens: 
     """
     if max_tokens is None:
         return units, True
-    prefix: list[Unit] = []
+    prefix: list[_U] = []
     total = unknown = 0
     for u in units:
         prefix.append(u)
@@ -186,7 +189,21 @@ def split_by_range(f: storage.InputFile, unit_bytes: int) -> bool:
     return storage.has_suffix(f.path, ".jsonl") and not storage.is_remote(f.path) and 0 < 2 * unit_bytes < f.size
 
 
-class CountRowsStage(Stage):
+class CountPayload(TypedDict):
+    """A count unit's payload: its file (as planned) and the bytes whose newlines it counts."""
+
+    path: str
+    fingerprint: dict[str, Any]  # storage.InputFile.fingerprint() when planned
+    span: list[int]  # [lo, hi) bytes: count_span of the unit's byte range
+
+
+class CountStats(TypedDict):
+    """A count unit's receipt stats."""
+
+    newlines: int
+
+
+class CountRowsStage(Stage[CountPayload, CountStats]):
     """Unit: a byte range of a big local ``.jsonl`` (all but the last of its file) -> the
     newlines of its :func:`count_span`, in its receipt's stats (no file).
 
@@ -210,22 +227,22 @@ class CountRowsStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings(), self._inputs())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"unit_bytes": self.cfg.unit_bytes}
 
-    def _inputs(self) -> list:
+    def _inputs(self) -> list[dict[str, Any]]:
         return [f.fingerprint() for _, f in self.files]
 
-    def make_plan(self) -> list[Unit]:
-        units = []
+    def make_plan(self) -> list[Unit[CountPayload]]:
+        units: list[Unit[CountPayload]] = []
         for i, f in self.files:
             ranges = byte_ranges(f.size, self.cfg.unit_bytes)
-            units += [Unit(f"{i:05d}-r{k:04d}", {"path": f.path, "fingerprint": f.fingerprint(),
-                                                   "span": list(count_span(ranges, k))})
+            units += [Unit(f"{i:05d}-r{k:04d}", CountPayload(path=f.path, fingerprint=f.fingerprint(),
+                                                             span=list(count_span(ranges, k))))
                       for k in range(len(ranges) - 1)]
         return units
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[CountPayload], ctx: UnitContext) -> CountStats:
         check_unchanged(unit.payload)
         lo, hi = unit.payload["span"]
         newlines = range_newlines(unit.payload["path"], lo, hi)
@@ -293,7 +310,7 @@ def tokenize_stats(receipt: Receipt) -> TokenizeStats:
     return cast(TokenizeStats, receipt["stats"])
 
 
-class TokenizeStage(Stage):
+class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
     """Unit: some input -> ``<unit>.spill`` + ``.spilldocs`` + ``.spillshards`` + ``.spillmeta`` +
     ``.spillnames`` (each document's row, id and source, for the shard's sidecar) + ``.rejects.jsonl``.
 
@@ -318,7 +335,7 @@ class TokenizeStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings(), self._inputs(), self._identity())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {**self.cfg.text.identity(), "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
@@ -326,7 +343,7 @@ class TokenizeStage(Stage):
                 "max_row_bytes": self.cfg.max_row_bytes,
                 **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {}), **self._relpaths()}
 
-    def _relpaths(self) -> dict:
+    def _relpaths(self) -> dict[str, Any]:
         """The inputs' paths relative to the folder the user named (a row without an id is
         ``relpath:row``): the same files under another root are other documents, another
         plan. Only when some relpath is more than its file's name, so that the plans of
@@ -336,10 +353,10 @@ class TokenizeStage(Stage):
             return {}
         return {"relpaths": short_hash(relpaths)}
 
-    def _inputs(self) -> list:
+    def _inputs(self) -> list[dict[str, Any]]:
         return [f.fingerprint() for f in self.cfg.inputs]
 
-    def _identity(self) -> dict:
+    def _identity(self) -> dict[str, Any]:
         return {**self.cfg.tokenizer.identity(), "spill": spill.SPILL_FORMAT}
 
     def _pieces(self, i: int, f: storage.InputFile) -> list[tuple[str, Piece]] | None:
@@ -361,8 +378,8 @@ class TokenizeStage(Stage):
                     for k, (lo, hi) in enumerate(byte_ranges(f.size, self.cfg.unit_bytes))]
         return None
 
-    def make_plan(self) -> list[Unit]:
-        units: list[Unit] = []
+    def make_plan(self) -> list[Unit[TokenizePayload]]:
+        units: list[Unit[TokenizePayload]] = []
         group: list[Piece] = []
         group_id, group_bytes = "", 0
         for i, f in enumerate(self.cfg.inputs):
@@ -383,7 +400,7 @@ class TokenizeStage(Stage):
         return units
 
     @staticmethod
-    def _row_base(unit: Unit, piece: Piece, ctx: UnitContext) -> int:
+    def _row_base(unit: Unit[TokenizePayload], piece: Piece, ctx: UnitContext) -> int:
         """The row a piece's rows are numbered from: 0, or for a byte range the count stage's."""
         if "byte_range" not in piece or piece["byte_range"][0] == 0:
             return 0
@@ -394,7 +411,7 @@ class TokenizeStage(Stage):
             bases = CountRowsStage.bases(ctx.upstream("count"))
         return bases[unit.id]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> TokenizeStats:
+    def run_unit(self, unit: Unit[TokenizePayload], ctx: UnitContext) -> TokenizeStats:
         cfg = self.cfg
         enc = load_tokenizer(cfg.tokenizer, cfg.encoder)
         fast = enc if isinstance(enc, FastTiktokenTokenizer) else None  # counts what tiktoken encoded for it
@@ -534,7 +551,7 @@ def check_unchanged(payload: Mapping[str, Any]) -> None:
                             f"{planned}); run the same command again to plan with the new version")
 
 
-def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit, Receipt, int]]:
+def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[Unit[TokenizePayload], Receipt, int]]:
     """(unit, receipt, tokens before this unit) for the tokenize units the output includes.
 
     Uses the one completion check; the stage barrier already made every needed unit complete.
@@ -549,7 +566,8 @@ def _tokenize_inputs(upstream: StageRun, max_tokens: int | None) -> list[tuple[U
     missing = [u.id for u in chosen if u.id not in receipts]
     if missing or not final:
         raise RuntimeError(f"tokenize units not completed: {missing[:10]}")
-    out, before = [], 0
+    out: list[tuple[Unit[TokenizePayload], Receipt, int]] = []
+    before = 0
     for u in chosen:
         out.append((u, receipts[u.id], before))
         before += int(tokenize_stats(receipts[u.id])["tokens"])
@@ -565,7 +583,21 @@ MERGE_GROUP_UNITS = 4096
 PACK_READ_THREADS = 32        # a pack unit's table reads in flight at once on an object store
 
 
-class MergeSpillsStage(Stage):
+class MergePayload(TypedDict):
+    """A merge unit's payload: its tokenize units, in input order."""
+
+    units: list[str]
+
+
+class MergeStats(TypedDict):
+    """A merge unit's receipt stats: the tokenize units it read, the documents and tokens it wrote."""
+
+    units: int
+    docs: int
+    tokens: int
+
+
+class MergeSpillsStage(Stage[MergePayload, MergeStats]):
     """Unit: a run of consecutive tokenize units -> one spill for the group, grouped by shard.
 
     Present only when tokenize units x shards exceeds :data:`MERGE_ABOVE`. A merge unit reads
@@ -587,11 +619,11 @@ class MergeSpillsStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"group_bytes": MERGE_GROUP_BYTES, "group_units": MERGE_GROUP_UNITS, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens}
 
-    def make_plan(self) -> list[Unit]:
+    def make_plan(self) -> list[Unit[MergePayload]]:
         sizes = {f.path: f.size for f in self.cfg.inputs}
         groups: list[list[str]] = [[]]
         size = 0
@@ -602,7 +634,7 @@ class MergeSpillsStage(Stage):
             groups[-1].append(u.id)
             size += sum(p["byte_range"][1] - p["byte_range"][0] if "byte_range" in p else sizes.get(p["path"], 0)
                         for p in u.payload["pieces"])
-        return [Unit(f"g{k:05d}", {"units": ids}) for k, ids in enumerate(groups) if ids]
+        return [Unit(f"g{k:05d}", MergePayload(units=ids)) for k, ids in enumerate(groups) if ids]
 
     def included(self, run: StageRun) -> list[tuple[str, int]]:
         """(tokenize unit id, tokens before it) of the units the output includes, from the
@@ -610,7 +642,7 @@ class MergeSpillsStage(Stage):
         (a side input)."""
         return [(u.id, before) for u, _, before in _tokenize_inputs(run.upstream["tokenize"], self.cfg.max_tokens)]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[MergePayload], ctx: UnitContext) -> MergeStats:
         import tempfile
 
         tk = ctx.upstream("tokenize")
@@ -644,7 +676,20 @@ class MergeSpillsStage(Stage):
         return {"units": len(chosen), "docs": int(len(table)), "tokens": int(table["length"].sum(dtype=np.uint64))}
 
 
-class PackStage(Stage):
+class ShardPayload(TypedDict):
+    """A pack unit's payload (and a ``WriteTokenShards`` unit's): its output shard."""
+
+    shard: int
+
+
+class PackStats(pack.ShardWritten):
+    """A pack unit's receipt stats (and a ``WriteTokenShards`` unit's, which adds its content's
+    digest): the shard, the tokens and documents it holds."""
+
+    shard: int
+
+
+class PackStage(Stage[ShardPayload, PackStats]):
     """Unit: an output shard -> ``shard_NNNN/{dataset}-v1-shard-NNNNNN.npy`` + ``.idx`` + ``.docs.parquet``
     (its provenance sidecar: :mod:`~refinery.transforms.formats.provenance`), in one receipt."""
 
@@ -662,12 +707,12 @@ class PackStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"dataset": self.cfg.dataset, "num_shards": self.cfg.num_shards,
                 "max_tokens": self.cfg.max_tokens, "format": shards.FORMAT_VERSION, "docs": provenance.DOCS_FORMAT}
 
-    def make_plan(self) -> list[Unit]:
-        return [Unit(f"{s:04d}", {"shard": s}) for s in range(self.cfg.num_shards)]
+    def make_plan(self) -> list[Unit[ShardPayload]]:
+        return [Unit(f"{s:04d}", ShardPayload(shard=s)) for s in range(self.cfg.num_shards)]
 
     def spill_sources(self, run: StageRun) -> list[tuple[dict[str, str], int | None]]:
         """(spill files, token budget left for its documents) of every spill pack reads, in
@@ -681,7 +726,7 @@ class PackStage(Stage):
         return [(spill.spill_files(tokenize.parts_dir, u.id), None if budget is None else budget - before)
                 for u, _, before in _tokenize_inputs(tokenize, budget)]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[ShardPayload], ctx: UnitContext) -> PackStats:
         shard = unit.payload["shard"]
         sources = ctx.side.get("spills") or self.spill_sources(ctx.run)
 
@@ -702,7 +747,42 @@ class PackStage(Stage):
         return f"docs={int(stats.get('docs', 0)):,} tokens={int(stats.get('tokens', 0)):,}"
 
 
-class ManifestStage(Stage):
+class ManifestPayload(TypedDict):
+    """The manifest unit's payload: nothing (one unit, ``manifest``)."""
+
+
+class _ManifestStatsBase(TypedDict):
+    tokens: int
+    docs: int
+    rows_read: int
+    rows_accepted: int
+    rows_empty: int
+    rows_rejected: int
+    rows_over_budget: int
+
+
+class ManifestStats(_ManifestStatsBase, total=False):
+    """The manifest unit's receipt stats: the totals and the manifest's ``rows``, each ``rows_<key>``."""
+
+    rows_excluded: int  # with --exclude-overlaps only
+
+
+def manifest_stats(tokens: int, docs: int, rows: Mapping[str, int]) -> ManifestStats:
+    """The manifest unit's stats from its totals and its row accounting (``rows``:
+    :func:`~refinery.transforms.formats.manifests.row_accounting`'s keys; an unknown one raises,
+    never left out)."""
+    known = {"read", "accepted", "empty", "rejected", "over_budget", "excluded"}
+    if not known.issuperset(rows):
+        raise ValueError(f"row accounting keys {sorted(set(rows) - known)} have no place in the manifest's stats")
+    stats: ManifestStats = {"tokens": tokens, "docs": docs, "rows_read": rows["read"],
+                            "rows_accepted": rows["accepted"], "rows_empty": rows["empty"],
+                            "rows_rejected": rows["rejected"], "rows_over_budget": rows["over_budget"]}
+    if "excluded" in rows:
+        stats["rows_excluded"] = rows["excluded"]
+    return stats
+
+
+class ManifestStage(Stage[ManifestPayload, ManifestStats]):
     """One unit: receipts -> ``rejects/rejects.jsonl`` then ``manifest.json`` (last)."""
 
     name = "manifest"
@@ -717,17 +797,17 @@ class ManifestStage(Stage):
     def config(self) -> StageConfig:
         return StageConfig(self._settings())
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         return {"manifest": 1}
 
-    def make_plan(self) -> list[Unit]:
-        return [Unit("manifest", {})]
+    def make_plan(self) -> list[Unit[ManifestPayload]]:
+        return [Unit("manifest", ManifestPayload())]
 
-    def run_unit(self, unit: Unit, ctx: UnitContext) -> dict:
+    def run_unit(self, unit: Unit[ManifestPayload], ctx: UnitContext) -> ManifestStats:
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
         counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0, "without_id": 0}
-        corrupt: list[dict] = []
+        corrupt: list[CorruptFile] = []
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
                 s = receipt["stats"]
@@ -739,11 +819,11 @@ class ManifestStage(Stage):
                         while block := f.read(1 << 20):
                             out.write(block)
         entries = []
-        for u in pk.stage.plan():
-            c = pk.check(u.id)
+        for shard_unit in pk.stage.plan():
+            c = pk.check(shard_unit.id)
             if not c.done:
-                raise RuntimeError(f"pack unit {u.id} is not complete: {c.reason}")
-            entries.append(manifests.entry_from_receipt(u.payload["shard"], c.done_receipt()))
+                raise RuntimeError(f"pack unit {shard_unit.id} is not complete: {c.reason}")
+            entries.append(manifests.entry_from_receipt(shard_unit.payload["shard"], c.done_receipt()))
         written = sum(s["num_documents"] for s in entries)
         expected = cfg.exclude.expected if cfg.exclude else None
         if expected is not None and cfg.max_tokens is None and counts["excluded"] != expected:
@@ -768,7 +848,7 @@ class ManifestStage(Stage):
             extra=extra)
         remove_stale_shards(cfg.output, {s[k] for s in entries for k in ("path", "index_path", "docs_path")})
         ctx.write_bytes(ctx.output_path(manifests.MANIFEST), manifests.manifest_json(manifest))
-        return {"tokens": manifest["total_tokens"], "docs": written, **{f"rows_{k}": v for k, v in rows.items()}}
+        return manifest_stats(manifest["total_tokens"], written, rows)
 
 
 def remove_stale_shards(output: str, listed: set[str]) -> list[str]:
@@ -790,7 +870,7 @@ def remove_stale_shards(output: str, listed: set[str]) -> list[str]:
     return stale
 
 
-def build_stages(cfg: PrepConfig) -> list[Stage]:
+def build_stages(cfg: PrepConfig) -> list[Stage[Any, Any]]:
     """THE shape of ``refinery prep``'s job, its steps in order: [count, when an input is split
     by byte range: rows per piece] -> tokenize (rows -> normalized documents -> tokens, spilled
     by shard) -> [merge, when tokenize units x shards > MERGE_ABOVE: fewer spills] -> pack
@@ -808,7 +888,7 @@ def build_stages(cfg: PrepConfig) -> list[Stage]:
             ManifestStage(cfg, run_hash)]
 
 
-def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit]]) -> None:
+def clear_stale_manifest(runs: list[StageRun], plans: list[list[Unit[Any]]]) -> None:
     """A manifest of another plan must not sit beside shards being rewritten: remove it."""
     manifest_run = runs[-1]
     if manifest_run.check("manifest").done:
