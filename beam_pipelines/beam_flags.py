@@ -16,6 +16,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from refinery.beam_pipelines import beam_flag_names
 from refinery.beam_pipelines.checks import UsageError
 from refinery.transforms.io import beam_private
 
@@ -31,8 +32,6 @@ def beam_flags() -> frozenset[str]:
     """Every flag Beam's PipelineOptions define (``--job_name``, ``--temp_location``, ...),
     runner-specific ones (Flink, Spark, portable) included: the recorded list when the
     installed Beam is the recorded version (no import of Beam), else :func:`live_beam_flags`."""
-    from refinery.beam_pipelines import beam_flag_names
-
     if installed_beam_version() == beam_flag_names.BEAM_VERSION:
         return frozenset(beam_flag_names.FLAGS)
     return live_beam_flags()
@@ -85,8 +84,6 @@ def check_beam_args(command: str, parser: argparse.ArgumentParser, leftover: lis
 
 def write_flag_names(path: Path) -> None:
     """Record the installed Beam's flags in ``path`` (the module :mod:`beam_flag_names`)."""
-    from refinery.beam_pipelines import beam_flag_names
-
     head = (beam_flag_names.__doc__ or "").strip()
     body = "".join(f'    "{flag}",\n' for flag in sorted(live_beam_flags()))
     path.write_text(f'"""{head}"""\n\nBEAM_VERSION = "{installed_beam_version()}"\n\nFLAGS = (\n{body})\n')

@@ -4,9 +4,21 @@ problem is one line naming the flag, the file or the row."""
 from __future__ import annotations
 
 import argparse
+import glob as globlib
+import importlib.util
+import json
+import os
+import re
 import sys
+from collections import Counter
+from typing import Sequence
 
-from refinery.transforms.io import beam_private
+from refinery.runners.dataflow import is_dataflow, option_problems
+from refinery.transforms.io import beam_private, storage
+from refinery.transforms.io.gcs import bucket_problem
+from refinery.transforms.io.rows import iter_rows
+from refinery.transforms.io.text import TextSpec, unescape
+from refinery.transforms.resumable.ledger import fingerprints_path
 
 
 class UsageError(ValueError):
@@ -20,8 +32,6 @@ class UsageError(ValueError):
 def missing_extra(module: str, extra: str) -> str | None:
     """None when ``module`` can be imported; else what to install. refinery is installed from
     a clone (it is not on PyPI), so the hint names the extra of this checkout's setup.py."""
-    import importlib.util
-
     if importlib.util.find_spec(module) is not None:
         return None
     return f"{module} is not installed: pip install -e '.[{extra}]' (in the refinery checkout)"
@@ -35,7 +45,7 @@ def missing_extra(module: str, extra: str) -> str | None:
 WORKER_PATHS = ("input", "eval", "train", "input_docids", "data_root", "output")
 
 
-def gs_paths(args, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+def gs_paths(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
     """(flag, path) for every ``gs://`` path among the arguments ``parser`` parsed (flag ""
     for a positional argument)."""
     flags = {a.dest: a.option_strings[-1] for a in beam_private.parser_actions(parser) if a.option_strings}
@@ -47,14 +57,10 @@ def gs_paths(args, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
     return found
 
 
-def location_problems(args, parser: argparse.ArgumentParser, beam_args: list[str]) -> list[str]:
+def location_problems(args: argparse.Namespace, parser: argparse.ArgumentParser, beam_args: list[str]) -> list[str]:
     """One line per problem with where the run reads and writes: for Dataflow, its options
     (``runners.dataflow.option_problems``) and every local data path (its workers cannot
     see this machine's files); the bucket name of every ``gs://`` path. Reads nothing remote."""
-    from refinery.runners.dataflow import is_dataflow, option_problems
-    from refinery.transforms.io import storage
-    from refinery.transforms.io.gcs import bucket_problem
-
     problems = []
     if is_dataflow(beam_args):
         problems += option_problems(beam_args)
@@ -81,8 +87,6 @@ def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: li
     rows do have. A file whose first rows are all unreadable is left to the run (its rows
     are rejected with reasons). A tuple of fields (a text template's, ``shown`` as the
     template): each must be in some row."""
-    from refinery.transforms.io.rows import iter_rows
-
     wanted = (field,) if isinstance(field, str) else tuple(field)
     for path in paths[:files]:
         fields: dict[str, None] = {}
@@ -104,13 +108,11 @@ def check_field(command: str, flag: str, field: str | tuple[str, ...], paths: li
 
 
 def text_spec(command: str, field: str | None, template: str | None, field_flag: str = "--text-field",
-              template_flag: str = "--text-template", default: str | None = "text"):
+              template_flag: str = "--text-template", default: str | None = "text") -> TextSpec | None:
     """The :class:`~refinery.transforms.io.text.TextSpec` of a text field / text template
     pair of flags (the template as typed: ``\\n``, ``\\t``, ``\\\\`` interpreted), or None
     when neither is given and there is no ``default``; :class:`UsageError` (one line) for
     both, or for a bad template."""
-    from refinery.transforms.io.text import TextSpec, unescape
-
     if field is not None and template is not None:
         raise UsageError(f"refinery {command}: give {field_flag} or {template_flag}, not both")
     try:
@@ -122,23 +124,22 @@ def text_spec(command: str, field: str | None, template: str | None, field_flag:
                          ) from None
 
 
-def check_text(command: str, spec, paths: list[str], field_flag: str = "--text-field",
+def check_text(command: str, spec: TextSpec, paths: list[str], field_flag: str = "--text-field",
                template_flag: str = "--text-template") -> None:
     """:func:`check_field` for the field, or for each field of the template, of ``spec``."""
-    if spec.template is None:
+    if spec.field is not None:
         check_field(command, field_flag, spec.field, paths)
     else:
         check_field(command, template_flag, spec.fields(), paths, shown=spec.template)
 
 
-def check_output(command: str, output: str, inputs=(), *, dry_run: bool = False, flag: str = "--output") -> None:
+def check_output(command: str, output: str, inputs: Sequence[str] = (), *, dry_run: bool = False,
+                 flag: str = "--output") -> None:
     """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
     anything is written: it is not a file nor under one, a folder can be made there (probed,
     except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
     would list it (a run reading its own outputs back as input). Every command that takes
     ``--output`` calls it (``flag``: how the message names the output)."""
-    from refinery.transforms.io import storage
-
     problem = storage.output_folder_problem(output, probe=not dry_run)
     if problem:
         raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
@@ -159,8 +160,6 @@ def named_inputs(given: list[str]) -> list[str]:
     """The inputs as the user named them (``--input`` arguments, a ``--hf-dataset`` name), local
     paths resolved: what run.json records as ``inputs``, and what :func:`replaced_inputs_problem`
     compares."""
-    from refinery.transforms.io import storage
-
     return sorted({g if storage.is_remote(g) or not storage.exists(g) else storage.resolved(g) for g in given})
 
 
@@ -169,9 +168,6 @@ def recorded_inputs(output: str) -> tuple[list[str], list[str]] | None:
     ``output``: its first stage's recorded input fingerprints (``.refinery/fingerprints/``) and
     run.json's ``inputs``; None when the folder records no run, or a run of a refinery that did
     not record what it was given (nothing to compare)."""
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable.ledger import fingerprints_path
-
     try:
         info = storage.read_json(storage.join(output, ".refinery", "run.json"))
         named = [str(x) for x in info["inputs"]]
@@ -183,15 +179,14 @@ def recorded_inputs(output: str) -> tuple[list[str], list[str]] | None:
     return paths, named
 
 
-def replaced_inputs_problem(command: str, output: str, inputs: list, given: list[str], force: bool) -> str | None:
+def replaced_inputs_problem(command: str, output: str, inputs: list[storage.InputFile], given: list[str],
+                            force: bool) -> str | None:
     """One line when ``output`` holds the output of OTHER inputs: named otherwise than ``given``
     (this run's ``--input`` arguments) AND holding other files than ``inputs`` (its
     :class:`~refinery.transforms.io.storage.InputFile` s): a mistyped ``--input`` or
     ``--output`` would replace hours of work. The same inputs with other settings, or with
     files edited, added or removed since (the run says which and replaces what changed), and
     the same files named another way, are no problem. ``force``: the user asked for it."""
-    from refinery.transforms.io import storage
-
     recorded = None if force else recorded_inputs(output)
     if recorded is None:
         return None
@@ -219,9 +214,6 @@ def mount_aliases(path: str, mountinfo: str) -> list[str]:
     """Every spelling of the resolved local ``path`` through the mounts of its filesystem
     (``mountinfo``: the text of ``/proc/self/mountinfo``): a bind mount shows one folder at two
     paths, and a check on spelled paths alone sees two folders. ``path`` itself first."""
-    import os
-    import re
-
     def unescape(field: str) -> str:  # mountinfo writes a space as \040, a tab as \011, ...
         return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
@@ -255,9 +247,7 @@ def mount_aliases(path: str, mountinfo: str) -> list[str]:
 def local_spellings(output: str) -> list[str]:
     """:func:`mount_aliases` of the local ``output`` (just its resolved path where the mount
     table cannot be read: not Linux)."""
-    import os
 
-    from refinery.transforms.io import storage
 
     path = storage.paths._local(output)
     try:
@@ -270,10 +260,7 @@ def local_spellings(output: str) -> list[str]:
 def same_folder_above(arg: str, output: str) -> bool:
     """Whether the local input folder ``arg`` (no glob) is ``output`` or one of its existing
     parents by device and inode (``os.stat``), whatever the spelling of either."""
-    import glob as globlib
-    import os
 
-    from refinery.transforms.io import storage
 
     if storage.is_remote(arg) or storage.is_remote(output) or globlib.has_magic(arg):
         return False
@@ -301,8 +288,6 @@ def command_family(command: str) -> str:
 
 def recorded_command(output: str) -> str | None:
     """The command of the run recorded in ``output`` (``.refinery/run.json``), or None."""
-    from refinery.transforms.io import storage
-
     try:
         info = storage.read_json(storage.join(output, ".refinery", "run.json"))
     except (OSError, ValueError):
@@ -310,7 +295,7 @@ def recorded_command(output: str) -> str | None:
     return info.get("command") if isinstance(info, dict) and isinstance(info.get("command"), str) else None
 
 
-def add_reject_rate_arg(g, rows: str = "the rows read") -> None:
+def add_reject_rate_arg(g: argparse._ArgumentGroup, rows: str = "the rows read") -> None:
     """``--max-reject-rate R`` on the argument group ``g``; ``rows``: which rows it counts."""
     g.add_argument("--max-reject-rate", type=float, default=None, metavar="R",
                    help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected; the outputs are "
@@ -318,9 +303,8 @@ def add_reject_rate_arg(g, rows: str = "the rows read") -> None:
                         f"row at all always exits 1")
 
 
-def bad_reject_rate(args) -> str | None:
-    """What is wrong with ``--max-reject-rate`` (for a usage error), or None."""
-    rate = args.max_reject_rate
+def bad_reject_rate(rate: float | None) -> str | None:
+    """What is wrong with ``--max-reject-rate`` ``rate`` (for a usage error), or None."""
     if rate is not None and not 0.0 <= rate <= 1.0:
         return f"--max-reject-rate must be between 0 and 1 (e.g. 0.05 for 5%), not {rate:g}"
     return None
@@ -357,8 +341,6 @@ def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str, 
 def rejection_hint(reasons: list[str]) -> str | None:
     """What to check, from the reasons of rejected rows: by the most common kind of reason
     (the words before its first ``:``, or the whole reason), or None when there is none."""
-    from collections import Counter
-
     if not reasons:
         return None
     kinds = Counter(r.split(":", 1)[0].strip() for r in reasons)
@@ -374,9 +356,7 @@ def rejection_hint(reasons: list[str]) -> str | None:
 
 def rejects_hint(rejects_path: str, limit: int = 10_000) -> str | None:
     """:func:`rejection_hint` of the first ``limit`` rows of a rejects file (None if unreadable)."""
-    import json
 
-    from refinery.transforms.io import storage
 
     reasons: list[str] = []
     try:

@@ -17,47 +17,85 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
+from importlib import metadata
+from typing import TYPE_CHECKING, cast
 
+from refinery.beam_pipelines.interrupt import interruptible
+from refinery.runners.quick_exit import exit_quickly
 from refinery.transforms.io import beam_private
 
-COMMANDS = {
-    "prep": "refinery.beam_pipelines.prep",
-    "verify": "refinery.beam_pipelines.verify",
-    "info": "refinery.beam_pipelines.info",
-    "status": "refinery.beam_pipelines.status",
-    "decon": "refinery.beam_pipelines.decon",
-    "generate": "refinery.beam_pipelines.generate",
-    "hydra": "refinery.beam_pipelines.hydra",
-    "prep-mixture": "refinery.beam_pipelines.prep_mixture",
-    "inspect": "refinery.beam_pipelines.inspect_shards",
-    "regenerate-index": "refinery.beam_pipelines.regenerate_index",
-    "tiny-checkpoint": "refinery.beam_pipelines.tiny_checkpoint",
+if TYPE_CHECKING:
+    from refinery.beam_pipelines.launch import CommandModule
+
+
+
+# each command: its module in refinery.beam_pipelines, and its one line of help (``refinery --help``
+# imports no command's module)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prep": ("prep",
+        "tokenize a corpus into .npy/.idx shards with a manifest"),
+    "verify": ("verify",
+        "check an output: a manifest and its shards, or a decon/generate/hydra run (exit 1 naming each problem)"),
+    "info": ("info",
+        "summarize a manifest"),
+    "status": ("status",
+        "units done/pending/failed per stage of a run, from its receipts"),
+    "decon": ("decon",
+        "train/test n-gram overlap with provenance"),
+    "generate": ("generate",
+        "generate / rephrase documents with the gpt-oss engine (resumable)"),
+    "hydra": ("hydra",
+        "HYDRA quality grading: slices, oracle-label, calibrate, train probe|judge, grade"),
+    "prep-mixture": ("prep_mixture",
+        "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"),
+    "inspect": ("inspect_shards",
+        "check shards for double EOS, empty documents, idx/npy mismatch; token statistics (exit 1 on issues)"),
+    "regenerate-index": ("regenerate_index",
+        "rebuild a shard's lost .idx from its EOS positions (byte-identical)"),
+    "tiny-checkpoint": ("tiny_checkpoint",
+        "write a tiny random gpt-oss checkpoint (to try generate and hydra on a CPU)"),
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The top-level parser and each command's subparser (by name)."""
+def command_module(name: str) -> CommandModule:
+    """The module of the command ``name``, imported now: a command's module imports its
+    pipeline's code (Beam's, the transforms'), which ``refinery --help`` and every other
+    command must not pay for."""
+    return cast("CommandModule", importlib.import_module(f"refinery.beam_pipelines.{COMMANDS[name][0]}"))
+
+
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's subparser (by name); given ``command``, only
+    that command's subparser has its flags (the others: their help line), so that only its
+    module is imported."""
     parser = argparse.ArgumentParser(
         prog="refinery", description="Prepare LLM training data as Apache Beam pipelines.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     subparsers = {}
-    for name, module_name in COMMANDS.items():
-        mod = importlib.import_module(module_name)
-        c = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip().split("\n\n")[0],
+    for name, (_, help_line) in COMMANDS.items():
+        if command is not None and name != command:
+            subparsers[name] = sub.add_parser(name, help=help_line)
+            continue
+        mod = command_module(name)
+        c = sub.add_parser(name, help=help_line, description=(mod.__doc__ or help_line).strip().split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(c)
         subparsers[name] = c
     return parser, subparsers
 
 
+def command_named(argv: list[str]) -> str:
+    """The command ``argv`` names: its first word that is not a flag (``refinery``'s own
+    flags, ``--help`` and ``--version``, take no value), or "" when there is none."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def version_line() -> str:
     """``refinery 0.1.0 (apache-beam 2.77.0, Python 3.11.7)``: what ``--version`` prints."""
-    import platform
-    from importlib import metadata
-
     def dist(name: str) -> str:
         try:
             return metadata.version(name)
@@ -67,7 +105,7 @@ def version_line() -> str:
     return f"refinery {dist('llm-refinery')} (apache-beam {dist('apache-beam')}, Python {platform.python_version()})"
 
 
-def _leaf_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The innermost subparser that parsed ``args`` (e.g. ``hydra grade``'s)."""
     for dest, choices in beam_private.subcommands(parser):
         name = getattr(args, dest, None)
@@ -107,8 +145,6 @@ def entry() -> None:
     """The ``refinery`` console script: :func:`main`, then the process ends with its exit code
     without the interpreter's teardown (:mod:`refinery.runners.quick_exit`, ~0.4 s)."""
     global _exit_code
-    from refinery.runners.quick_exit import exit_quickly
-
     exit_quickly(lambda: _exit_code)  # registered before the commands import Beam: runs after their handlers
     _exit_code = main()
     sys.exit(_exit_code)
@@ -117,64 +153,18 @@ def entry() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGINT/SIGTERM at any point (start-up included) stop it with exit 130
     and the command that resumes it."""
-    from refinery.beam_pipelines.interrupt import interruptible
-
     return interruptible(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
-    from refinery.beam_pipelines.beam_flags import check_beam_args
-    from refinery.beam_pipelines.checks import UsageError, gs_paths, location_problems
-    from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run
-    from refinery.transforms.io import storage
-    from refinery.transforms.io.gcs import credentials_problem
-
-    parser, subparsers = build_parser()
+    parser, subparsers = build_parser(command_named(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     configure_logging(getattr(args, "verbose", False))
-    mod = importlib.import_module(COMMANDS[args.command])
-    leaf = _leaf_parser(subparsers[args.command], args)
-    command = leaf.prog.removeprefix("refinery ")
-    beam_args: list[str] = []
-    if not hasattr(args, "runner"):
-        if unknown:
-            leaf.error(f"unrecognized arguments: {' '.join(unknown)}")
-    else:
-        try:  # a pipeline: what the command does not know must be a Beam option
-            leftover = check_beam_args(command, leaf, unknown)
-            beam_dry_run = [a for a in leftover if a == "--dry_run" or a.startswith("--dry_run=")]
-            if beam_dry_run:  # Beam's spelling of --dry-run (its own would run nothing and report failed units)
-                args.dry_run = beam_dry_run[-1].lower() not in ("--dry_run=false", "--dry_run=0")
-                leftover = [a for a in leftover if a not in beam_dry_run]
-            beam_args = pipeline_args(args.runner, args.workers, leftover)
-            if not args.dry_run:
-                beam_args = prepare_run(args.runner, beam_args)
-        except (UsageError, RunnerOptionsError) as e:
-            return _usage_lines(command, str(e).splitlines())
-    dry_run = getattr(args, "dry_run", False)
-    problems = location_problems(args, leaf, beam_args)
-    if not problems and (gs_paths(args, leaf) or any("gs://" in a for a in beam_args)):
-        if (missing := credentials_problem()) is not None:
-            if not dry_run:
-                problems.append(missing)
-            else:  # a dry run reads nothing remote; the run will need them
-                print(f"refinery {command}: note: {missing}", file=sys.stderr)
-    if problems:
-        return _usage_lines(command, problems)
-    if dry_run:
-        with storage.offline("a dry run reads nothing remote"):
-            return mod.run(args, beam_args)
-    from refinery.runners import warm_workers
+    # imported inside interruptible(), which blocks the stop signals: a thread that the libraries
+    # below start (fsspec, gRPC) must inherit the block, or it takes a Ctrl-C and drops it
+    from refinery.beam_pipelines.launch import launch  # lazy: after the stop signals are blocked
 
-    with warm_workers.pool(beam_args, getattr(mod, "WORKER_IMPORTS", ())):  # warms up while the driver plans
-        return mod.run(args, beam_args)
-
-
-def _usage_lines(command: str, lines: list[str]) -> int:
-    """Print each line as ``refinery COMMAND: line`` on stderr; exit code 2."""
-    for line in lines:
-        print(line if line.startswith("refinery ") else f"refinery {command}: {line}", file=sys.stderr)
-    return 2
+    return launch(command_module(args.command), args, unknown, _leaf_parser(subparsers[args.command], args))
 
 
 if __name__ == "__main__":

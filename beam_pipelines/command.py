@@ -1,11 +1,14 @@
-"""What every ``refinery`` pipeline command shares: its execution flags and one runner
-(:func:`run_pipeline`: run or dry run, failures with the resume command, the summary).
+"""What every ``refinery`` pipeline command shares: its execution flags (:class:`RunFlags`)
+and one way to run its stages (:func:`run_and_report`: run or dry run, failures with the
+resume command, the summary).
 
-A command module (``prep``, ``decon``, ``generate``, ...) plugs into :mod:`cli` with three
-names: ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args, beam_args) -> int``
-(a process exit code). A (sub)command that calls :func:`add_runner_args` is a pipeline: the
-CLI turns ``--runner/--workers`` and every flag it does not know into Beam arguments and
-passes them as ``beam_args``; any other command gets ``[]`` and unknown flags are an error.
+A command module (``prep``, ``decon``, ``generate``, ...) plugs into :mod:`cli` (which
+holds its one-line help) with two names: ``add_arguments(parser)`` and ``run(args,
+beam_args) -> int`` (a process exit code). ``run`` reads ``args`` once, into the command's
+typed settings (``settings_from_args``); its checks and its job take those settings, never
+``args``. A (sub)command that calls :func:`add_runner_args` is a pipeline: the CLI turns
+``--runner/--workers`` and every flag it does not know into Beam arguments and passes them
+as ``beam_args``; any other command gets ``[]`` and unknown flags are an error.
 
 Beside it: :mod:`.interrupt` (Ctrl-C and SIGTERM), :mod:`.beam_flags` (which flags are
 Beam's), :mod:`.checks` (inputs, outputs and reject rates, checked up front).
@@ -16,18 +19,41 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+from refinery import runners
 from refinery.beam_pipelines.interrupt import interrupted, resume_hint
+from refinery.runners import RUNNERS, RunnerOptionsError
+from refinery.runners.args import value
+from refinery.runners.dataflow import is_dataflow
+from refinery.runners.jobs import run_job
+from refinery.runners.translate import command_pipeline, dataflow_job, job_bytes, runner_api, step_names
+from refinery.transforms.io import storage
+from refinery.transforms.io.storage import InputError, PathError
+from refinery.transforms.resumable import (
+    JobFailed,
+    JobResult,
+    Stage,
+    StageFailed,
+    StageRun,
+    bind_stages,
+    demanded,
+    run_stages,
+)
+from refinery.transforms.resumable.ledger import repairs_of
+from refinery.transforms.resumable.orchestration import Runner
+from refinery.transforms.resumable.units import Unit
+
+OnPlan = Callable[[list[StageRun], list[list[Unit[Any]]]], None]  # what run_stages calls once the stages are planned
 
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:
     """The execution flags of every pipeline command."""
-    from refinery.runners import RUNNERS
-
     g = p.add_argument_group("execution")
     g.add_argument("--runner", default="local",
                    help=f"where to run: {', '.join(RUNNERS)}, or any Beam runner name (default: local). "
@@ -47,13 +73,34 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="log each stage's plan")
 
 
+@dataclass(frozen=True)
+class RunFlags:
+    """The execution flags of :func:`add_runner_args`, as read once from the command line."""
+
+    runner: str = "local"
+    workers: int | None = None
+    verify_checksums: bool = False
+    force: bool = False
+    no_progress: bool = False
+    dry_run: bool = False
+    verbose: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunFlags:
+        """The flags of ``args`` (a command without one of them: its default)."""
+        return cls(runner=str(getattr(args, "runner", "local")), workers=getattr(args, "workers", None),
+                   verify_checksums=bool(getattr(args, "verify_checksums", False)),
+                   force=bool(getattr(args, "force", False)), no_progress=bool(getattr(args, "no_progress", False)),
+                   dry_run=bool(getattr(args, "dry_run", False)), verbose=bool(getattr(args, "verbose", False)))
+
+
 # ---------------------------------------------------------------------------------------
 # One runner for every pipeline command
 # ---------------------------------------------------------------------------------------
 
 @dataclass
 class Pipeline:
-    """What a pipeline command hands to :func:`run_pipeline`.
+    """What a pipeline command hands to :func:`run_and_report`.
 
     ``header``: printed (stderr) before running; ``summary(result, seconds)``: what a
     successful run did, printed on stdout; ``verdict(result)``: why a run whose units all
@@ -63,13 +110,13 @@ class Pipeline:
 
     command: str
     output: str
-    stages: list
+    stages: list[Stage[Any, Any]]
     header: str = ""
-    summary: Callable[[object, float], str] | None = None
-    verdict: Callable[[object], str | None] | None = None
-    on_plan: Callable | None = None
-    runner: Callable | None = None
-    run_info: dict = field(default_factory=dict)
+    summary: Callable[[JobResult, float], str] | None = None
+    verdict: Callable[[JobResult], str | None] | None = None
+    on_plan: OnPlan | None = None
+    runner: Runner | None = None
+    run_info: dict[str, Any] = field(default_factory=dict)
 
 
 def usage_error(message: str) -> int:
@@ -77,18 +124,13 @@ def usage_error(message: str) -> int:
     return 2
 
 
-def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
+def run_and_report(p: Pipeline, flags: RunFlags, beam_args: list[str]) -> int:
     """Dry run or run ``p``'s stages; print the header, the failures with the resume command,
     or the summary. Returns the exit code: 0 done, 1 units not completed, a Beam job failed or
     the verdict failed."""
-    from refinery.runners import RunnerOptionsError, job_service
-    from refinery.runners.jobs import run_job
-    from refinery.transforms.io.storage import InputError, PathError
-    from refinery.transforms.resumable import JobFailed, StageFailed, run_stages
-
-    if getattr(args, "dry_run", False):
+    if flags.dry_run:
         try:
-            return dry_run(p, args, beam_args)
+            return print_plan(p, flags, beam_args)
         except InputError as e:
             return usage_error(f"refinery {p.command}: {e}")
     if p.header:
@@ -96,10 +138,9 @@ def run_pipeline(p: Pipeline, args, beam_args: list[str]) -> int:
     t0 = time.time()
     full = DiskFull()
     try:
-        with job_service(beam_args) as job_args, full.watching(verbose=getattr(args, "verbose", False)):
-            result = run_stages(p.stages, p.output, job_args,
-                                verify_checksums=getattr(args, "verify_checksums", False),
-                                force=getattr(args, "force", False), progress=not getattr(args, "no_progress", False),
+        with runners.job_service(beam_args) as job_args, full.watching(verbose=flags.verbose):
+            result = run_stages(p.stages, p.output, job_args, verify_checksums=flags.verify_checksums,
+                                force=flags.force, progress=not flags.no_progress,
                                 run_info={"command": p.command, "argv": sys.argv[1:], **p.run_info},
                                 on_plan=p.on_plan, runner=p.runner or run_job)
     except (StageFailed, JobFailed, OSError) as e:
@@ -126,8 +167,6 @@ def failed_summary(command: str, summary: str) -> str:
     """A run's summary once its verdict failed it: never "done", and never a path it did not
     leave: ``COMMAND done in`` reads ``COMMAND failed after``, and a line naming an output
     (``  manifest: PATH``, ``  report: PATH ...``) that does not exist says there is none."""
-    from refinery.transforms.io import storage
-
     lines = summary.splitlines()
     if lines and lines[0].startswith(f"{command} done in "):
         lines[0] = f"{command} failed after " + lines[0][len(f"{command} done in "):]
@@ -139,11 +178,9 @@ def failed_summary(command: str, summary: str) -> str:
     return "\n".join(lines)
 
 
-def _failed(p: Pipeline, e: Exception, beam_args: list[str]) -> int:
+def _failed(p: Pipeline, e: StageFailed | JobFailed, beam_args: list[str]) -> int:
     """The failure of a run whose units failed (:class:`StageFailed`) or whose Beam job failed
     (:class:`JobFailed`), with the command that resumes it; exit 1."""
-    from refinery.transforms.resumable import JobFailed
-
     if not isinstance(e, JobFailed):
         print(f"refinery {p.command}: {e}\nFinished units are kept; fix the cause and run the same command again:\n"
               f"  {resume_hint()}", file=sys.stderr)
@@ -176,11 +213,6 @@ def is_disk_full(e: BaseException) -> bool:
 def disk_full_line(output: str) -> str:
     """One line naming the disk ``output`` is on (its mount point, free and total space), or the
     output alone where it is not a local folder."""
-    import os
-    import shutil
-
-    from refinery.transforms.io import storage
-
     if storage.is_remote(output):
         return f"no space left on a disk while writing {output} (a worker's local disk, or its spool)"
     folder = os.path.abspath(output)
@@ -226,23 +258,15 @@ class DiskFull:
 
 def beam_runner_name(beam_args: list[str]) -> str:
     """The ``--runner`` Beam was given (``FlinkRunner``, ``DirectRunner``, ...)."""
-    from refinery.runners.args import value
-
     return value(beam_args, "--runner") or "DirectRunner"
 
 
-def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
+def print_plan(p: Pipeline, flags: RunFlags, beam_args: list[str]) -> int:
     """Print the plan (per stage: units done, failed, pending, by the one completion check)
     and, for ``--runner dataflow``, each Beam job's Dataflow description; change nothing.
     Inside ``storage.offline`` (the CLI's dry runs) it says which remote inputs it did not list
     and, for a remote output, that it did not read the receipts."""
-    from refinery.runners.dataflow import is_dataflow
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable import bind_stages, demanded
-    from refinery.transforms.resumable.ledger import repairs_of
-
-    force = getattr(args, "force", False)
-    verify = getattr(args, "verify_checksums", False)
+    force, verify = flags.force, flags.verify_checksums
     offline = storage.offline_state()
     print(f"refinery {p.command} --dry-run: plan for {p.output} (nothing is run or written)")
     if p.header:
@@ -255,7 +279,7 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
     print(f"  {'stage':10} {'hash':16} {'units':>7} {'done':>7} {'failed':>7} {'pending':>7}")
     repairs: dict[str, str] = {}  # of the earlier stages' done units: a later unit built before one is pending
     runs = bind_stages(p.stages, p.output)
-    rows = []
+    rows: list[tuple[StageRun, int, int, int, int]] = []
     for run in runs:
         units = run.stage.plan()
         if unread:
@@ -270,17 +294,21 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 failed += c.failed
                 repairs.update(repairs_of(run.name, {u.id: c.done_receipt()} if c.done else {}))
         rows.append((run, len(units), done, failed, len(units) - done - failed))
-    last = demanded([r.stage.final_outputs for r, *_ in rows], [done < n for _, n, done, _, _ in rows])
+    last = demanded([r.traits.final_outputs for r, *_ in rows], [done < n for _, n, done, _, _ in rows])
     for i, (run, n, done, failed, pending) in enumerate(rows):
         idle = "  (not run: the stages after it are complete)" if pending and i > last else ""
         print(f"  {run.name:10} {run.stage_hash:16} {n:>7} {done:>7} {failed:>7} {pending:>7}{idle}")
-    unplanned = [r.stage.title for r in runs if not r.stage.plan()]
+    unplanned = [r.traits.title for r in runs if not r.stage.plan()]
     if unplanned:  # remote inputs a dry run does not list: the real run's job has these steps too
         print(f"  no units planned here for: {', '.join(unplanned)} (its inputs are listed when the run starts; "
               "the run's job has that step too, not shown below)")
-    if is_dataflow(beam_args):
-        from refinery.runners.translate import dataflow_job, job_bytes, step_names
+    print_job_size(p, verify, beam_args)
+    return 0
 
+
+def print_job_size(p: Pipeline, verify: bool, beam_args: list[str]) -> None:
+    """The size of the job a run of ``p`` submits (for Dataflow, its description too)."""
+    if is_dataflow(beam_args):
         job = dataflow_job(p.stages, p.output, beam_args, verify)
         print(describe_dataflow_job(p.command, job, step_names(job.proto_pipeline)) if job is not None
               else "  no Dataflow job to describe: its stages have no units planned here")
@@ -293,20 +321,17 @@ def dry_run(p: Pipeline, args, beam_args: list[str]) -> int:
                 print(f"  WARNING: the job is over Dataflow's {DATAFLOW_GRAPH_LIMIT // 10**6} MB limit for a job "
                       "graph: add --experiments=upload_graph", file=sys.stderr)
     else:
-        from refinery.runners.translate import command_pipeline, runner_api
-
         pipeline = command_pipeline(p.stages, p.output, [a for a in beam_args if a.startswith("--runner")], verify)
         if pipeline is not None:
             size = len(runner_api(pipeline).SerializeToString())
             print(f"  job size: {size / 1e6:.2f} MB (its runner-API proto; the units are read from the plan "
                   "written into the output, not carried in the job)")
-    return 0
 
 
 DATAFLOW_GRAPH_LIMIT = 10 * 10**6  # bytes of a job graph Dataflow accepts without --experiments=upload_graph
 
 
-def describe_dataflow_job(command: str, job, steps: list[str]) -> str:
+def describe_dataflow_job(command: str, job: Any, steps: list[str]) -> str:
     """A few lines of a Dataflow job description: its steps, image, machine type, workers,
     packages."""
     env = job.proto.environment

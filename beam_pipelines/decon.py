@@ -21,10 +21,41 @@ jsonl``), ``overlap_instances.jsonl.gz`` (the text of each overlapping eval inst
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-HELP = "train/test n-gram overlap with provenance"
+from refinery.beam_pipelines.checks import (
+    UsageError,
+    add_reject_rate_arg,
+    bad_reject_rate,
+    check_field,
+    check_output,
+    check_text,
+    reject_rate_failure,
+    text_spec,
+    warn_if_mostly_rejected,
+)
+from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
+from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.stages import (
+    DeconSettings,
+    build_stages,
+    foreign_details,
+    input_stages,
+    remove_stale_details,
+)
+from refinery.transforms.io import storage
+from refinery.transforms.io.hf import materialize_split
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+from refinery.transforms.io.text import TextSpec
+from refinery.transforms.resumable import JobResult, Stage, StageRun
+from refinery.transforms.resumable.ledger import META_DIR
+from refinery.transforms.resumable.units import Unit
+
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
 WORKER_IMPORTS = ("refinery.transforms.decon.stages",)
 
@@ -67,10 +98,6 @@ def _count_or_none(value: str) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Decon's options, then the shared execution flags (``--runner``, ``--workers``, ...)."""
-    from refinery.beam_pipelines.checks import add_reject_rate_arg
-    from refinery.beam_pipelines.command import add_runner_args
-    from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
-
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("inputs")
@@ -145,151 +172,245 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(parser)
 
 
-def text_specs(args):
+@dataclass(frozen=True)
+class DeconFlags:
+    """``refinery decon``'s flags, read once from the command line."""
+
+    output: str
+    train_paths: tuple[str, ...]
+    eval_paths: tuple[str, ...] = ()
+    eval_dataset_field: str | None = None
+    eval_hf: tuple[str, ...] = ()
+    eval_hf_revision: str | None = None
+    text_field: str | None = None
+    text_template: str | None = None
+    eval_text_field: str | None = None
+    eval_text_template: str | None = None
+    train_text_field: str | None = None
+    train_text_template: str | None = None
+    id_field: str | None = None
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    verify_inputs_by_content: bool = False
+    max_reject_rate: float | None = None
+    ngrams: tuple[int, ...] = (13,)
+    tokenizer: str = "default"
+    max_train_count: int | None = None
+    max_ngram_details: int | None = 100_000
+    min_eval_tokens: int = 5
+    details_format: str = "parquet"
+    partitions: int = 64
+    slice_mb: float = 256.0
+    report_examples: int = 20
+    run: RunFlags = RunFlags()
+
+
+def flags_from_args(args: argparse.Namespace) -> DeconFlags:
+    """The :class:`DeconFlags` of ``args`` (parsed by :func:`add_arguments`' parser)."""
+    return DeconFlags(
+        output=args.output, train_paths=tuple(args.train), eval_paths=tuple(args.eval),
+        eval_dataset_field=args.eval_dataset_field, eval_hf=tuple(args.eval_hf), eval_hf_revision=args.eval_hf_revision,
+        text_field=args.text_field, text_template=args.text_template, eval_text_field=args.eval_text_field,
+        eval_text_template=args.eval_text_template, train_text_field=args.train_text_field,
+        train_text_template=args.train_text_template, id_field=args.id_field, max_row_bytes=args.max_row_bytes,
+        verify_inputs_by_content=args.verify_inputs_by_content, max_reject_rate=args.max_reject_rate,
+        ngrams=tuple(args.ngrams), tokenizer=args.tokenizer, max_train_count=args.max_train_count,
+        max_ngram_details=args.max_ngram_details, min_eval_tokens=args.min_eval_tokens,
+        details_format=args.details_format, partitions=args.partitions, slice_mb=args.slice_mb,
+        report_examples=args.report_examples, run=RunFlags.from_args(args))
+
+
+def text_specs(flags: DeconFlags) -> tuple[TextSpec, TextSpec]:
     """(eval, train) :class:`~refinery.transforms.io.text.TextSpec` of the text flags: a
     side's own flag, else the shared one, else the field ``text``; :class:`UsageError` for a
     bad template or two flags of one side."""
-    from refinery.beam_pipelines.checks import text_spec
+    shared = text_spec("decon", flags.text_field, flags.text_template)
+    assert shared is not None  # the default field "text"
+    eval_text = text_spec("decon", flags.eval_text_field, flags.eval_text_template, "--eval-text-field",
+                          "--eval-text-template", default=None)
+    train_text = text_spec("decon", flags.train_text_field, flags.train_text_template, "--train-text-field",
+                           "--train-text-template", default=None)
+    return eval_text or shared, train_text or shared
 
-    shared = text_spec("decon", args.text_field, args.text_template)
-    return tuple(text_spec("decon", getattr(args, f"{side}_text_field"), getattr(args, f"{side}_text_template"),
-                           f"--{side}-text-field", f"--{side}-text-template", default=None) or shared
-                 for side in ("eval", "train"))
 
-
-def settings_from_args(args):
-    from refinery.transforms.decon.stages import DeconSettings
-
-    eval_text, train_text = text_specs(args)
+def stage_settings(flags: DeconFlags) -> DeconSettings:
+    """The stages' :class:`~refinery.transforms.decon.stages.DeconSettings` of ``flags``."""
+    eval_text, train_text = text_specs(flags)
     return DeconSettings(
-        eval_paths=list(args.eval), train_paths=list(args.train), ns=list(args.ngrams),
+        eval_paths=list(flags.eval_paths), train_paths=list(flags.train_paths), ns=list(flags.ngrams),
         eval_text_field=eval_text.field or "text", eval_text_template=eval_text.template,
         train_text_field=train_text.field or "text", train_text_template=train_text.template,
-        id_field=args.id_field or "id", tokenizer=args.tokenizer, partitions=args.partitions,
-        max_train_count=args.max_train_count, max_ngram_details=args.max_ngram_details,
-        slice_bytes=max(1, int(args.slice_mb * (1 << 20))),
-        report_examples=args.report_examples, details_format=args.details_format,
-        max_row_bytes=args.max_row_bytes, verify_inputs_by_content=args.verify_inputs_by_content,
-        min_eval_tokens=args.min_eval_tokens, eval_dataset_field=args.eval_dataset_field,
+        id_field=flags.id_field or "id", tokenizer=flags.tokenizer, partitions=flags.partitions,
+        max_train_count=flags.max_train_count, max_ngram_details=flags.max_ngram_details,
+        slice_bytes=max(1, int(flags.slice_mb * (1 << 20))),
+        report_examples=flags.report_examples, details_format=flags.details_format,
+        max_row_bytes=flags.max_row_bytes, verify_inputs_by_content=flags.verify_inputs_by_content,
+        min_eval_tokens=flags.min_eval_tokens, eval_dataset_field=flags.eval_dataset_field,
     )
 
 
-def run(args, beam_args: list[str]) -> int:
+def settings_from_args(args: argparse.Namespace) -> DeconSettings:
+    """The stages' settings of ``args`` (tests, and a caller that builds the stages itself)."""
+    return stage_settings(flags_from_args(args))
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     """Run decon; returns a process exit code (0 ok, 1 units failed, 2 bad arguments/inputs)."""
-    from refinery.beam_pipelines.checks import (
-        UsageError,
-        bad_reject_rate,
-        check_field,
-        check_output,
-        check_text,
-        reject_rate_failure,
-        warn_if_mostly_rejected,
-    )
-    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.decon.ngrams import details as dt
-    from refinery.transforms.decon.stages import build_stages, foreign_details, input_stages, remove_stale_details
-    from refinery.transforms.io import storage
-
-    output = args.output.rstrip("/")
-    if problem := bad_reject_rate(args):
-        return usage_error(f"refinery decon: {problem}")
-    if not (args.eval or args.eval_hf):
-        return usage_error("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
-    skipped: list[str] = []
+    flags = flags_from_args(args)
     try:
-        text_specs(args)  # a bad template or flag pair: before anything is read or written
-        check_output("decon", output, [*args.eval, *args.train], dry_run=args.dry_run)
-        pending_hf = []
-        for spec in args.eval_hf:
-            from refinery.transforms.io.hf import materialize_split
-            from refinery.transforms.resumable.ledger import META_DIR
-
-            path = materialize_split(spec, storage.join(output, META_DIR, "eval-hf"), args.eval_hf_revision,
-                                     write=not args.dry_run)
-            if storage.exists(path):
-                args.eval = [*args.eval, path]
-            else:
-                pending_hf.append(spec)
-        if pending_hf and not args.eval:
-            return usage_error(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
-        settings = settings_from_args(args)
-        stages = build_stages(settings, skipped)
-        index, scan = input_stages(stages)
-        for side, spec, files in (("eval", settings.eval_text, index.eval_files),
-                                  ("train", settings.train_text, scan.train_files)):
-            check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
-            if args.id_field is not None:  # given: a field no row has would silently id every row by a hash
-                check_field("decon", "--id-field", args.id_field, [f.path for f in files])
-        if args.eval_dataset_field is not None:  # a field no row has would make every row a bad row
-            check_field("decon", "--eval-dataset-field", args.eval_dataset_field, [f.path for f in index.eval_files])
+        job = checked_job(flags)
     except UsageError as e:
         return usage_error(str(e))
+    if job.pending_hf:
+        print(f"  (--dry-run: {', '.join(job.pending_hf)} would be loaded first; not counted below)")
+    return run_and_report(decon_pipeline(job), flags.run, beam_args)
+
+
+@dataclass
+class DeconJob:
+    """A checked decon run: its output folder, its stages' settings and stages, the files
+    skipped for their extension, the ``--eval-hf`` sets a dry run has not loaded yet."""
+
+    output: str
+    flags: DeconFlags
+    settings: DeconSettings
+    stages: list[Stage[Any, Any]]
+    skipped: list[str]
+    pending_hf: list[str]
+
+
+def checked_job(flags: DeconFlags) -> DeconJob:
+    """The run's stages, every flag and input checked first (before anything is written but the
+    ``--eval-hf`` sets); :class:`UsageError` (one line) for the first problem."""
+    output = flags.output.rstrip("/")
+    if problem := bad_reject_rate(flags.max_reject_rate):
+        raise UsageError(f"refinery decon: {problem}")
+    if not (flags.eval_paths or flags.eval_hf):
+        raise UsageError("refinery decon: give the eval data: --eval PATH... and/or --eval-hf NAME[:SUBSET]:SPLIT...")
+    try:
+        job = checked_inputs(flags, output)
+    except UsageError:
+        raise
     except (storage.InputError, ValueError) as e:
-        return usage_error(f"refinery decon: {e}")
-    if not (args.dry_run and storage.is_remote(output)) and (foreign := foreign_details(output)):
-        return usage_error(f"refinery decon: {storage.join(output, foreign[0])}: not a file decon writes, in its "
-                           f"detail records' folder (a reader would take its rows for details); move it out of "
-                           f"{output}" + (f" ({len(foreign) - 1} more such file(s))" if len(foreign) > 1 else ""))
-    if pending_hf:
-        print(f"  (--dry-run: {', '.join(pending_hf)} would be loaded first; not counted below)")
+        raise UsageError(f"refinery decon: {e}") from None
+    if not (flags.run.dry_run and storage.is_remote(output)) and (foreign := foreign_details(output)):
+        raise UsageError(f"refinery decon: {storage.join(output, foreign[0])}: not a file decon writes, in its "
+                         f"detail records' folder (a reader would take its rows for details); move it out of "
+                         f"{output}" + (f" ({len(foreign) - 1} more such file(s))" if len(foreign) > 1 else ""))
+    return job
 
-    def on_plan(runs, plans) -> None:
-        # a run whose reduce is not done yet must not leave an old .SUCCESS behind
-        if not runs[-1].check(plans[-1][0].id).done:
-            storage.remove(storage.join(output, ".SUCCESS"), root=output)
-        # a part not of this plan (more partitions before, or a planted copy) is read as detail rows
-        parquet = settings.details_format == "parquet"
-        current = {dt.details_part(u.payload["p"]) for u in plans[-2]} if parquet else set()
-        if removed := remove_stale_details(output, current, jsonl_too=False):
-            print(f"decon: removed {len(removed)} detail part(s) not of this run's plan: {', '.join(removed[:5])}",
-                  file=sys.stderr)
 
-    bad_rows = "unreadable or without text"
+def checked_inputs(flags: DeconFlags, output: str) -> DeconJob:
+    """The text flags, the output folder, the ``--eval-hf`` sets (loaded), the input files and
+    their fields, checked; the stages."""
+    text_specs(flags)  # a bad template or flag pair: before anything is read or written
+    check_output("decon", output, [*flags.eval_paths, *flags.train_paths], dry_run=flags.run.dry_run)
+    loaded, pending_hf = load_eval_hf(flags, output)
+    if pending_hf and not loaded:
+        raise UsageError(f"refinery decon --dry-run: {', '.join(pending_hf)} not loaded yet; nothing to plan")
+    flags = dataclasses.replace(flags, eval_paths=loaded)
+    settings = stage_settings(flags)
+    skipped: list[str] = []
+    stages = build_stages(settings, skipped)
+    index, scan = input_stages(stages)
+    for side, spec, files in (("eval", settings.eval_text, index.eval_files),
+                              ("train", settings.train_text, scan.train_files)):
+        check_text("decon", spec, [f.path for f in files], f"--{side}-text-field", f"--{side}-text-template")
+        if flags.id_field is not None:  # given: a field no row has would silently id every row by a hash
+            check_field("decon", "--id-field", flags.id_field, [f.path for f in files])
+    if flags.eval_dataset_field is not None:  # a field no row has would make every row a bad row
+        check_field("decon", "--eval-dataset-field", flags.eval_dataset_field, [f.path for f in index.eval_files])
+    return DeconJob(output, flags, settings, stages, skipped, pending_hf)
 
-    def row_counts(result) -> dict[str, tuple[int, int]]:
-        """(rows read, rows unreadable or without text) of each side."""
-        summary_lines = storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines()
-        evals = [json.loads(line) for line in summary_lines]
-        scan = result.runs[-1].check("merge").receipt["stats"]["scan"]
-        return {"eval": (sum(e["num_rows"] + e["num_bad_rows"] for e in evals), sum(e["num_bad_rows"] for e in evals)),
-                "training": (int(scan.get("rows", 0)), int(scan.get("bad_rows", 0)))}
 
-    def verdict(result) -> str | None:
-        for side, (read, bad) in row_counts(result).items():
-            if failure := reject_rate_failure(f"{side} rows", read, bad, read - bad, args.max_reject_rate,
-                                              f"{bad_rows}: decon counts such rows, it does not list them"):
-                return failure
-        return None
+def load_eval_hf(flags: DeconFlags, output: str) -> tuple[tuple[str, ...], list[str]]:
+    """(the eval paths with each ``--eval-hf`` set's file added, the sets not loaded: on a dry
+    run, which writes nothing, those not loaded before)."""
+    eval_paths, pending_hf = flags.eval_paths, []
+    for spec in flags.eval_hf:
+        path = materialize_split(spec, storage.join(output, META_DIR, "eval-hf"), flags.eval_hf_revision,
+                                 write=not flags.run.dry_run)
+        if storage.exists(path):
+            eval_paths = (*eval_paths, path)
+        else:
+            pending_hf.append(spec)
+    return eval_paths, pending_hf
 
-    def summary(result, seconds: float) -> str:
-        ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
-        lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
-        for side, (read, bad) in row_counts(result).items():
-            lines.append(f"  {side} rows: read {read:,} = used {read - bad:,} + {bad_rows} {bad:,}")
-        for line in storage.read_bytes(storage.join(output, "stats", "overlap_stats.jsonl")).splitlines():
-            s = json.loads(line)
-            lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
-                         f"{s['num_instances']:<7} instances overlap")
-        lines.append(f"  report: {storage.join(output, 'stats', 'report.html')} (and report.md)")
-        catalog = result.runs[0].check("catalog").receipt or {"stats": {}}  # the index's
-        if catalog["stats"].get("bad_rows_warning"):
-            print(f"WARNING refinery decon: {catalog['stats']['bad_rows_warning']}", file=sys.stderr)
-        for receipt in result.runs[-1].completed_receipts().values():
-            if receipt["stats"].get("capped_warning"):
-                print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
-            if receipt["stats"].get("short_warning"):
-                print(f"WARNING refinery decon: {receipt['stats']['short_warning']}", file=sys.stderr)
-        for line in storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines():
-            e = json.loads(line)
-            warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
-                                    f"the eval rows of {e['eval_dataset']} ({bad_rows})")
-        return "\n".join(lines)
 
+def decon_pipeline(job: DeconJob) -> Pipeline:
+    """The job of ``refinery decon``: its stages, header, summary and verdict."""
+    index, scan = input_stages(job.stages)
     header = (f"decon: {len(index.eval_files)} eval file(s), {len(scan.train_files)} training file(s), "
-              f"n = {' '.join(map(str, settings.ns))} -> {output}"
-              + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
-    return run_pipeline(Pipeline("decon", output, stages, header, summary, verdict=verdict, on_plan=on_plan),
-                        args, beam_args)
+              f"n = {' '.join(map(str, job.settings.ns))} -> {job.output}"
+              + (f"\n  {storage.skipped_note(job.skipped)}" if job.skipped else ""))
+    return Pipeline("decon", job.output, job.stages, header, partial(decon_summary, job.output),
+                    verdict=partial(decon_verdict, job.output, job.flags.max_reject_rate),
+                    on_plan=partial(clear_stale_outputs, job.output, job.settings.details_format))
+
+
+def clear_stale_outputs(output: str, details_format: str, runs: list[StageRun], plans: list[list[Unit[Any]]]) -> None:
+    """Once the stages are planned: what a reader would take for this run's output goes."""
+    # a run whose reduce is not done yet must not leave an old .SUCCESS behind
+    if not runs[-1].check(plans[-1][0].id).done:
+        storage.remove(storage.join(output, ".SUCCESS"), root=output)
+    # a part not of this plan (more partitions before, or a planted copy) is read as detail rows
+    parquet = details_format == "parquet"
+    current = {dt.details_part(u.payload["p"]) for u in plans[-2]} if parquet else set()
+    if removed := remove_stale_details(output, current, jsonl_too=False):
+        print(f"decon: removed {len(removed)} detail part(s) not of this run's plan: {', '.join(removed[:5])}",
+              file=sys.stderr)
+
+
+BAD_ROWS = "unreadable or without text"
+
+
+def row_counts(output: str, result: JobResult) -> dict[str, tuple[int, int]]:
+    """(rows read, rows unreadable or without text) of each side."""
+    summary_lines = storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines()
+    evals = [json.loads(line) for line in summary_lines]
+    scan = result.runs[-1].check("merge").done_receipt()["stats"]["scan"]
+    return {"eval": (sum(e["num_rows"] + e["num_bad_rows"] for e in evals), sum(e["num_bad_rows"] for e in evals)),
+            "training": (int(scan.get("rows", 0)), int(scan.get("bad_rows", 0)))}
+
+
+def decon_verdict(output: str, max_reject_rate: float | None, result: JobResult) -> str | None:
+    """Why a finished run fails (too many rows unreadable or without text), or None."""
+    for side, (read, bad) in row_counts(output, result).items():
+        if failure := reject_rate_failure(f"{side} rows", read, bad, read - bad, max_reject_rate,
+                                          f"{BAD_ROWS}: decon counts such rows, it does not list them"):
+            return failure
+    return None
+
+
+def decon_summary(output: str, result: JobResult, seconds: float) -> str:
+    """What a finished run found (stdout), after its warnings (stderr)."""
+    ran = ", ".join(f"{k} {v}" for k, v in result.ran.items()) or "nothing (all units already done)"
+    lines = [f"decon done in {seconds:.1f}s; units run: {ran}"]
+    for side, (read, bad) in row_counts(output, result).items():
+        lines.append(f"  {side} rows: read {read:,} = used {read - bad:,} + {BAD_ROWS} {bad:,}")
+    for line in storage.read_bytes(storage.join(output, "stats", "overlap_stats.jsonl")).splitlines():
+        s = json.loads(line)
+        lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
+                     f"{s['num_instances']:<7} instances overlap")
+    lines.append(f"  report: {storage.join(output, 'stats', 'report.html')} (and report.md)")
+    warn_decon(output, result)
+    return "\n".join(lines)
+
+
+def warn_decon(output: str, result: JobResult) -> None:
+    """The run's warnings (stderr): bad eval rows, capped details, short eval rows, mostly bad rows."""
+    catalog = result.runs[0].check("catalog").receipt  # the index's
+    catalog_stats = catalog["stats"] if catalog else {}
+    if catalog_stats.get("bad_rows_warning"):
+        print(f"WARNING refinery decon: {catalog_stats['bad_rows_warning']}", file=sys.stderr)
+    for receipt in result.runs[-1].completed_receipts().values():
+        if receipt["stats"].get("capped_warning"):
+            print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
+        if receipt["stats"].get("short_warning"):
+            print(f"WARNING refinery decon: {receipt['stats']['short_warning']}", file=sys.stderr)
+    for line in storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines():
+        e = json.loads(line)
+        warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],
+                                f"the eval rows of {e['eval_dataset']} ({BAD_ROWS})")
 
 
 def build_parser() -> argparse.ArgumentParser:

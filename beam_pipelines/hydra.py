@@ -19,8 +19,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
+from typing import Union
 
-HELP = "HYDRA quality grading: slices, oracle-label, calibrate, train probe|judge, grade"
+from refinery.beam_pipelines.checks import UsageError, check_output
+from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
+from refinery.beam_pipelines.generate import (
+    EngineFlags,
+    InputFlags,
+    add_engine_arguments,
+    add_input_arguments,
+    document_source,
+    engine_settings,
+    handler_options,
+    inference_pipeline,
+)
+from refinery.runners import pipeline_args
+from refinery.transforms.hydra.calibrate import calibrate, read_labels, write_calibration
+from refinery.transforms.hydra.oracle import OracleTask
+from refinery.transforms.hydra.slices import SlicesStage
+from refinery.transforms.inference.handler import GenerationParams
+from refinery.transforms.inference.stages import build_stages
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import JobResult
 
 EPILOG = """\
 examples:
@@ -39,9 +60,6 @@ CONSTRAINED_JSON_TOKENS = 38  # len(oracle.json_answer_choices()), without loadi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.command import add_runner_args
-    from refinery.beam_pipelines.generate import add_engine_arguments, add_input_arguments
-
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="hydra_command", required=True, metavar="STEP")
@@ -101,65 +119,138 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_args(g)
 
 
-def _slices(args, beam_args: list[str]) -> int:
-    """Through the command runner, like every step: failed units exit 1 with the resume command."""
-    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.runners import pipeline_args
-    from refinery.transforms.hydra.slices import SlicesStage
-    from refinery.transforms.io import storage
+@dataclass(frozen=True)
+class SlicesSettings:
+    """``refinery hydra slices``'s flags."""
 
-    output = args.output.rstrip("/")
+    data_root: str
+    output: str
+    run: RunFlags
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    """``refinery hydra oracle-label``'s flags."""
+
+    output: str
+    inputs: InputFlags
+    engine: EngineFlags
+    max_tokens: int
+    temperature: float
+    seed: int
+    constrained_json: bool
+    run: RunFlags
+
+
+@dataclass(frozen=True)
+class CalibrateSettings:
+    """``refinery hydra calibrate``'s flags."""
+
+    labels: tuple[str, ...]
+    output: str
+    target_keep: float
+    target_drop: float
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """``refinery hydra train``'s flags."""
+
+    head: str
+    labels: tuple[str, ...]
+    data_root: str
+    output: str
+    layer: int | None
+    max_ctx: int
+    epochs: int
+    batch_size: int | None
+    lr: float | None
+    warmup_steps: int
+    mid_dim: int
+    engine: EngineFlags
+
+
+@dataclass(frozen=True)
+class GradeSettings:
+    """``refinery hydra grade``'s flags."""
+
+    output: str
+    inputs: InputFlags
+    engine: EngineFlags
+    heads_dir: str
+    calibration: str
+    max_ctx: int
+    run: RunFlags
+
+
+HydraSettings = Union[SlicesSettings, OracleSettings, CalibrateSettings, TrainSettings, GradeSettings]
+
+
+def settings_from_args(args: argparse.Namespace) -> HydraSettings:
+    """The settings of the step ``args`` names (parsed by :func:`add_arguments`' parser)."""
+    step = args.hydra_command
+    if step == "slices":
+        return SlicesSettings(args.data_root, args.output, RunFlags.from_args(args))
+    if step == "oracle-label":
+        return OracleSettings(args.output, InputFlags.from_args(args), EngineFlags.from_args(args), args.max_tokens,
+                              args.temperature, args.seed, args.constrained_json, RunFlags.from_args(args))
+    if step == "calibrate":
+        return CalibrateSettings(tuple(args.labels), args.output, args.target_keep, args.target_drop)
+    if step == "train":
+        return TrainSettings(args.head, tuple(args.labels), args.data_root, args.output, args.layer, args.max_ctx,
+                             args.epochs, args.batch_size, args.lr, args.warmup_steps, args.mid_dim,
+                             EngineFlags.from_args(args))
+    if step == "grade":
+        return GradeSettings(args.output, InputFlags.from_args(args), EngineFlags.from_args(args), args.heads_dir,
+                             args.calibration, args.max_ctx, RunFlags.from_args(args))
+    raise ValueError(f"unknown hydra step {step!r}")
+
+
+def _slices(s: SlicesSettings, beam_args: list[str]) -> int:
+    """Through the command runner, like every step: failed units exit 1 with the resume command."""
+    output = s.output.rstrip("/")
     try:
-        stage = SlicesStage(args.data_root)
+        stage = SlicesStage(s.data_root)
     except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery hydra slices: {e}")
 
-    def summary(result, seconds: float) -> str:
-        counts = result.runs[0].check("slices").receipt["stats"]
+    def summary(result: JobResult, seconds: float) -> str:
+        counts = result.runs[0].check("slices").done_receipt()["stats"]
         state = "built" if result.ran.get("slices") else "up to date"
         return (f"slices {state}: train {counts['train']:,}, val {counts['val']:,}, test {counts['test']:,} "
                 f"({len(stage.shards)} shards) -> {output}/docids_{{train,val,test}}.jsonl")
 
     p = Pipeline("hydra slices", output, [stage], summary=summary)
-    return run_pipeline(p, args, beam_args or pipeline_args("direct", 1))  # one light unit: in this process
+    return run_and_report(p, s.run, beam_args or pipeline_args("direct", 1))  # one light unit: in this process
 
 
-def _oracle(args, beam_args) -> int:
-    from refinery.beam_pipelines.command import run_pipeline, usage_error
-    from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.hydra.oracle import OracleTask
-    from refinery.transforms.inference.handler import GenerationParams
-    from refinery.transforms.inference.stages import build_stages
-    from refinery.transforms.io import storage
-
-    output = args.output.rstrip("/")
+def _oracle(s: OracleSettings, beam_args: list[str]) -> int:
+    output = s.output.rstrip("/")
     try:
-        params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        task = OracleTask(engine_settings(args), params, handler_options(args), args.constrained_json)
-        stages = build_stages(task, document_source(args), args.wave_units)
+        params = GenerationParams(max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
+        task = OracleTask(engine_settings(s.engine), params, handler_options(s.engine), s.constrained_json)
+        stages = build_stages(task, document_source(s.inputs), s.inputs.wave_units)
         stages[0].plan()
     except (storage.InputError, ValueError) as e:
         return usage_error(f"refinery hydra oracle-label: {e}")
 
-    def summary(result, seconds: float) -> str:
-        s = result.runs[-1].check("merge").receipt["stats"]
-        return (f"oracle-label: {s['documents']:,} documents, parsed {s['parsed']:,}, failed {s['failed']:,}, "
-                f"unreadable {s['unreadable']:,}; parse rate {100 * s['parse_rate']:.1f}%\n"
+    def summary(result: JobResult, seconds: float) -> str:
+        st = result.runs[-1].check("merge").done_receipt()["stats"]
+        return (f"oracle-label: {st['documents']:,} documents, parsed {st['parsed']:,}, failed {st['failed']:,}, "
+                f"unreadable {st['unreadable']:,}; parse rate {100 * st['parse_rate']:.1f}%\n"
                 f"  labels: {storage.join(output, 'labels.jsonl')}  failures: {storage.join(output, 'failures.jsonl')}")
 
-    return run_pipeline(inference_pipeline("hydra oracle-label", output, stages, "", summary), args, beam_args)
+    return run_and_report(inference_pipeline("hydra oracle-label", output, stages, "", summary), s.run, beam_args)
 
 
-def _calibrate(args) -> int:
-    from refinery.transforms.hydra.calibrate import calibrate, read_labels, write_calibration
-
+def _calibrate(s: CalibrateSettings) -> int:
     try:
-        _, scores = read_labels(args.labels)
-        summary = calibrate(scores, args.target_keep, args.target_drop)
+        _, scores = read_labels(s.labels)
+        summary = calibrate(scores, s.target_keep, s.target_drop)
     except (ValueError, FileNotFoundError) as e:
         print(f"refinery hydra calibrate: {e}", file=sys.stderr)
         return 2
-    path = write_calibration(args.output.rstrip("/"), summary)
+    path = write_calibration(s.output.rstrip("/"), summary)
     w = ", ".join(f"{k} {v:.3f}" for k, v in summary["weights"].items())
     print(f"calibrated on {summary['num_labels']:,} labels: weights {w}\n"
           f"  tau_drop {summary['tau_drop']:.3f} (drop {100 * summary['achieved_drop']:.1f}%), "
@@ -168,72 +259,65 @@ def _calibrate(args) -> int:
     return 0
 
 
-def _train(args) -> int:
-    from refinery.beam_pipelines.generate import engine_settings
-    from refinery.transforms.hydra.heads import TrainConfig
-    from refinery.transforms.hydra.train import HeadJob, run_head_job
+def _train(s: TrainSettings) -> int:
+    from refinery.transforms.hydra.heads import TrainConfig  # lazy: imports torch (an extra), for this step only
+    from refinery.transforms.hydra.train import HeadJob, run_head_job  # lazy: imports torch, as above
 
-    probe = args.head == "probe"
-    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size or (256 if probe else 128),
-                      lr=args.lr or (1e-3 if probe else 5e-4), warmup_steps=args.warmup_steps)
-    layer = args.layer if args.layer is not None else (18 if probe else 24)
+    probe = s.head == "probe"
+    cfg = TrainConfig(epochs=s.epochs, batch_size=s.batch_size or (256 if probe else 128),
+                      lr=s.lr or (1e-3 if probe else 5e-4), warmup_steps=s.warmup_steps)
+    layer = s.layer if s.layer is not None else (18 if probe else 24)
     t0 = time.time()
     try:
-        job = HeadJob(args.head, list(args.labels), args.data_root, args.output.rstrip("/"), layer, args.max_ctx,
-                      args.mid_dim, cfg)
-        s = run_head_job(job, engine_settings(args))
+        job = HeadJob(s.head, list(s.labels), s.data_root, s.output.rstrip("/"), layer, s.max_ctx, s.mid_dim, cfg)
+        st = run_head_job(job, engine_settings(s.engine))
     except (ValueError, FileNotFoundError) as e:
-        print(f"refinery hydra train {args.head}: {e}", file=sys.stderr)
+        print(f"refinery hydra train {s.head}: {e}", file=sys.stderr)
         return 2
-    print(f"trained {args.head} (layer {layer}) on {s['documents']:,} documents in {time.time() - t0:.1f}s: "
-          f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} over {s['steps']} steps\n"
-          f"  {args.output.rstrip('/')}/hydra_{args.head}.pt", file=sys.stderr)
+    print(f"trained {s.head} (layer {layer}) on {st['documents']:,} documents in {time.time() - t0:.1f}s: "
+          f"loss {st['first_loss']:.4f} -> {st['last_loss']:.4f} over {st['steps']} steps\n"
+          f"  {s.output.rstrip('/')}/hydra_{s.head}.pt", file=sys.stderr)
     return 0
 
 
-def _grade(args, beam_args) -> int:
-    from refinery.beam_pipelines.command import run_pipeline, usage_error
-    from refinery.beam_pipelines.generate import document_source, engine_settings, handler_options, inference_pipeline
-    from refinery.transforms.hydra.grade import GradeTask
-    from refinery.transforms.inference.stages import build_stages
-    from refinery.transforms.io import storage
+def _grade(s: GradeSettings, beam_args: list[str]) -> int:
+    from refinery.transforms.hydra.grade import GradeTask  # lazy: imports torch (an extra), for this step only
 
-    output = args.output.rstrip("/")
+    output = s.output.rstrip("/")
     try:
-        task = GradeTask(engine_settings(args), args.heads_dir, args.calibration, args.max_ctx, handler_options(args))
-        stages = build_stages(task, document_source(args), args.wave_units)
+        task = GradeTask(engine_settings(s.engine), s.heads_dir, s.calibration, s.max_ctx, handler_options(s.engine))
+        stages = build_stages(task, document_source(s.inputs), s.inputs.wave_units)
         stages[0].plan()
     except (storage.InputError, ValueError, FileNotFoundError) as e:
         return usage_error(f"refinery hydra grade: {e}")
 
-    def summary(result, seconds: float) -> str:
-        s = result.runs[-1].check("merge").receipt["stats"]
-        return (f"grade: {s['documents']:,} documents: keep {s['keep']:,}, band {s['band']:,}, drop {s['drop']:,}, "
-                f"errors {s['errors']:,} (judged {s['judged']:,})\n  {storage.join(output, 'quality_scores.jsonl')}")
+    def summary(result: JobResult, seconds: float) -> str:
+        st = result.runs[-1].check("merge").done_receipt()["stats"]
+        return (f"grade: {st['documents']:,} documents: keep {st['keep']:,}, band {st['band']:,}, "
+                f"drop {st['drop']:,}, errors {st['errors']:,} (judged {st['judged']:,})\n"
+                f"  {storage.join(output, 'quality_scores.jsonl')}")
 
-    return run_pipeline(inference_pipeline("hydra grade", output, stages, "", summary), args, beam_args)
+    return run_and_report(inference_pipeline("hydra grade", output, stages, "", summary), s.run, beam_args)
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.checks import UsageError, check_output
-    from refinery.beam_pipelines.command import usage_error
-
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Run one hydra step; returns a process exit code."""
+    s = settings_from_args(args)
     step = args.hydra_command
     try:
-        check_output(f"hydra {step}", args.output, dry_run=getattr(args, "dry_run", False))
+        dry_run = s.run.dry_run if isinstance(s, (SlicesSettings, OracleSettings, GradeSettings)) else False
+        check_output(f"hydra {step}", s.output, dry_run=dry_run)
     except UsageError as e:
         return usage_error(str(e))
-    if step == "slices":
-        return _slices(args, beam_args)
-    if step == "oracle-label":
-        return _oracle(args, beam_args)
-    if step == "calibrate":
-        return _calibrate(args)
-    if step == "train":
-        return _train(args)
-    if step == "grade":
-        return _grade(args, beam_args)
-    raise ValueError(f"unknown hydra step {step!r}")
+    if isinstance(s, SlicesSettings):
+        return _slices(s, beam_args)
+    if isinstance(s, OracleSettings):
+        return _oracle(s, beam_args)
+    if isinstance(s, CalibrateSettings):
+        return _calibrate(s)
+    if isinstance(s, TrainSettings):
+        return _train(s)
+    return _grade(s, beam_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

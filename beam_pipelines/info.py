@@ -4,8 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import Any
 
-HELP = "summarize a manifest"
+from refinery.beam_pipelines.verify import manifest_path
+from refinery.transforms.io import storage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,11 +16,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the manifest's summary as JSON")
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.verify import manifest_path
-    from refinery.transforms.io import storage
+@dataclass(frozen=True)
+class InfoSettings:
+    """``refinery info``'s flags, read once from the command line."""
 
-    path = manifest_path(args.manifest)
+    manifest: str
+    json: bool = False
+
+
+def settings_from_args(args: argparse.Namespace) -> InfoSettings:
+    return InfoSettings(manifest=args.manifest, json=args.json)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Print the summary of a manifest; exit 2 when it cannot be read."""
+    s = settings_from_args(args)
+    path = manifest_path(s.manifest)
     try:
         m = storage.read_json(path)
     except FileNotFoundError:
@@ -30,7 +44,7 @@ def run(args, beam_args: list[str]) -> int:
                                      "created_at", "num_shards", "total_documents", "total_tokens", "max_tokens",
                                      "plan_hash", "rows")}
     summary.update({k: m[k] for k in ("tokenizer_kind", "eos_token", "excluded_overlaps") if k in m})
-    if args.json:
+    if s.json:
         print(json.dumps(summary, indent=2))
         return 0
     for label, text in readable(m):
@@ -38,10 +52,10 @@ def run(args, beam_args: list[str]) -> int:
     return 0
 
 
-def readable(m: dict) -> list[tuple[str, str]]:
+def readable(m: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines of a manifest for people: counts with thousands separators, the
     row accounting as its sum, no raw Python values."""
-    def count(v) -> str:
+    def count(v: object) -> str:
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else ("-" if v is None else str(v))
 
     counts = ("vocab_size", "num_shards", "total_documents", "total_tokens")

@@ -13,11 +13,29 @@ its decoded text and, from the shard's ``.docs.parquet`` sidecar, its id, source
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
+from refinery.beam_pipelines.checks import missing_extra
+from refinery.transforms.formats import provenance, shards
+from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.inspect import (
+    ShardRef,
+    ShardReport,
+    inspect_shard,
+    shards_from_manifest,
+    shards_in_dir,
+    write_length_histogram,
+)
 from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
-
-HELP = "check shards for double EOS, empty documents, idx/npy mismatch; token statistics (exit 1 on issues)"
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, spec_from_manifest
+from refinery.transforms.io import storage
 
 EPILOG = """\
 examples:
@@ -67,117 +85,140 @@ def _doc_address(value: str) -> tuple[str, int]:
     return shard, int(doc)
 
 
-def _decode(tokens, manifest_path: str | None = None) -> str | None:
+@dataclass(frozen=True)
+class InspectSettings:
+    """``refinery inspect``'s flags, read once from the command line."""
+
+    manifest: str | None = None
+    data_dir: str | None = None
+    eos_token_id: int | None = None
+    vocab_size: int | None = None
+    num_shards: int = 1
+    all: bool = False
+    verbose: bool = False
+    stats: bool = False
+    histogram: str | None = None
+    sample: int = 0
+    seed: int = 0
+    doc: tuple[str, int] | None = None
+    chars: int = 500
+
+    @property
+    def source(self) -> str:
+        """The ``--manifest`` or the ``--data-dir`` (one is required)."""
+        return self.manifest or self.data_dir or ""
+
+
+def settings_from_args(args: argparse.Namespace) -> InspectSettings:
+    """The :class:`InspectSettings` of ``args`` (parsed by :func:`add_arguments`' parser)."""
+    return InspectSettings(manifest=args.manifest, data_dir=args.data_dir, eos_token_id=args.eos_token_id,
+                           vocab_size=args.vocab_size, num_shards=args.num_shards, all=args.all,
+                           verbose=args.verbose, stats=args.stats, histogram=args.histogram, sample=args.sample,
+                           seed=args.seed, doc=args.doc, chars=args.chars)
+
+
+def _decode(tokens: Sequence[int] | npt.NDArray[np.generic], manifest_path: str | None = None) -> str | None:
     """The text of ``tokens`` by the manifest's tokenizer (o200k_harmony without a manifest),
     or None when that tokenizer cannot be loaded here."""
     try:
-        from refinery.transforms.formats.encoders import load_tokenizer
-        from refinery.transforms.formats.tokenizer_choice import DEFAULT, spec_from_manifest
-        from refinery.transforms.io import storage
-
         spec = spec_from_manifest(storage.read_json(manifest_path)) if manifest_path else DEFAULT
         return None if spec is None else load_tokenizer(spec).decode(tokens)
     except Exception:  # noqa: BLE001 - decoding is a convenience; ids are printed anyway
         return None
 
 
-def run(args, beam_args: list[str]) -> int:
-    import numpy as np
+class UsageFailure(Exception):
+    """A problem with the flags or the manifest: its line is printed, exit 2."""
 
-    from refinery.transforms.formats.inspect import (
-        inspect_shard,
-        shards_from_manifest,
-        shards_in_dir,
-        write_length_histogram,
-    )
 
-    if args.doc is not None:
-        return show_document(args)
-    stats = args.stats or bool(args.histogram)
-    if args.histogram:  # checked before any shard is scanned
-        from refinery.beam_pipelines.checks import missing_extra
-
-        if (missing := missing_extra("matplotlib", "plots")) is not None:
-            print(f"refinery inspect: --histogram needs matplotlib; {missing}", file=sys.stderr)
-            return 2
-    if args.manifest:
-        try:
-            refs, eos, vocab = shards_from_manifest(args.manifest)
-        except FileNotFoundError:
-            print(f"refinery inspect: {args.manifest}: not found", file=sys.stderr)
-            return 2
-        except (ValueError, KeyError) as e:
-            print(f"refinery inspect: {args.manifest}: not a manifest ({e})", file=sys.stderr)
-            return 2
-        eos = args.eos_token_id if args.eos_token_id is not None else eos
-    else:
-        refs = shards_in_dir(args.data_dir)
-        eos, vocab = (args.eos_token_id if args.eos_token_id is not None else EOS_TOKEN_ID), None
-    vocab = args.vocab_size or vocab or 201088
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Inspect the shards; exit 0 (no issue), 1 (issues), 2 (bad arguments)."""
+    s = settings_from_args(args)
+    if s.doc is not None:
+        return show_document(s, s.doc)
+    try:
+        refs, eos, vocab = shards_to_inspect(s)
+    except UsageFailure as e:
+        print(f"refinery inspect: {e}", file=sys.stderr)
+        return 2
     if not refs:
-        print(f"refinery inspect: no shards found in {args.manifest or args.data_dir}", file=sys.stderr)
+        print(f"refinery inspect: no shards found in {s.source}", file=sys.stderr)
         return 1
-    chosen = refs if args.all else refs[: max(1, args.num_shards)]
+    chosen = refs if s.all else refs[: max(1, s.num_shards)]
     print(f"inspecting {len(chosen)} of {len(refs)} shard(s), EOS {eos}, vocab size {vocab}")
-    total_issues = 0
-    all_lengths = []
-    totals = {"tokens": 0, "eos": 0, "docs": 0}
-    for ref in chosen:
-        r = inspect_shard(ref, eos, vocab, stats=stats, sample=args.sample, seed=args.seed)
-        totals["tokens"] += r.num_tokens
-        totals["eos"] += r.num_eos
-        totals["docs"] += r.num_docs or 0
-        mark = "OK  " if not r.issues else "BAD "
-        docs = "?" if r.num_docs is None else f"{r.num_docs:,}"
-        print(f"{mark} {ref.npy_path}: {r.num_tokens:,} tokens, {r.num_eos:,} EOS, {docs} documents, "
-              f"{r.double_eos} double EOS, {r.empty_docs} empty")
-        for issue in r.issues:
-            print(f"     issue: {issue}")
-        if args.verbose:
-            if r.double_eos_positions:
-                print(f"     double EOS at token(s) {r.double_eos_positions}" + (" ..." if r.double_eos > len(
-                    r.double_eos_positions) else ""))
-            if r.empty_doc_indices:
-                print(f"     empty document(s) {r.empty_doc_indices}" + (" ..." if r.empty_docs > len(
-                    r.empty_doc_indices) else ""))
-        if r.stats:
-            s, dl = r.stats, r.stats["doc_length"]
-            cov = f"{s['vocab_coverage']:.2%}" if s["vocab_coverage"] is not None else "?"
-            print(f"     doc length: min {dl['min']:,} median {dl['median']:,.0f} mean {dl['mean']:,.1f} "
-                  f"p90 {dl['p90']:,.0f} p99 {dl['p99']:,.0f} max {dl['max']:,}")
-            print(f"     distinct tokens {s['distinct_tokens']:,} (vocab coverage {cov}); top: "
-                  + ", ".join(f"{t}x{c:,}" for t, c in s["top_tokens"][:10]))
-            if r.doc_lengths is not None:  # set with the stats
-                all_lengths.append(r.doc_lengths)
-        if r.sample is not None:
-            start, toks = r.sample
-            text = _decode(toks, args.manifest)
-            print(f"     sample at token {start:,}: {[int(t) for t in toks]}")
-            if text is not None:
-                print(f"     decoded: {text!r}")
-        total_issues += len(r.issues)
-    print(f"total: {totals['tokens']:,} tokens, {totals['eos']:,} EOS, {totals['docs']:,} documents in "
-          f"{len(chosen)} shard(s); {total_issues} issue(s)")
+    reports = [report_shard(s, ref, eos, vocab) for ref in chosen]
+    total_issues = sum(len(r.issues) for r in reports)
+    print(f"total: {sum(r.num_tokens for r in reports):,} tokens, {sum(r.num_eos for r in reports):,} EOS, "
+          f"{sum(r.num_docs or 0 for r in reports):,} documents in {len(chosen)} shard(s); {total_issues} issue(s)")
     if len(chosen) < len(refs):  # an OK over part of the output must not read as an OK over all of it
         print(f"note: only the first {len(chosen)} of {len(refs)} shard(s) were inspected; the other "
               f"{len(refs) - len(chosen)} were not (--all inspects every shard, --num-shards N the first N)")
-    if args.histogram:
+    if s.histogram:
+        all_lengths = [r.doc_lengths for r in reports if r.stats and r.doc_lengths is not None]
         lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
-        write_length_histogram(lengths, args.histogram, title=f"document lengths, {len(chosen)} shard(s)")
-        print(f"histogram: {args.histogram}")
+        write_length_histogram(lengths, s.histogram, title=f"document lengths, {len(chosen)} shard(s)")
+        print(f"histogram: {s.histogram}")
     if total_issues:
         print(f"refinery inspect: {total_issues} issue(s) found", file=sys.stderr)
         return 1
     return 0
 
 
-def _find_shard(shard: str, refs: list, base: str) -> str | None:
+def shards_to_inspect(s: InspectSettings) -> tuple[list[ShardRef], int, int]:
+    """(the shards, the EOS id, the vocab size); :class:`UsageFailure` for a missing
+    ``--histogram`` dependency or a bad manifest."""
+    if s.histogram:  # checked before any shard is scanned
+        if (missing := missing_extra("matplotlib", "plots")) is not None:
+            raise UsageFailure(f"--histogram needs matplotlib; {missing}")
+    if s.manifest:
+        try:
+            refs, eos, vocab = shards_from_manifest(s.manifest)
+        except FileNotFoundError:
+            raise UsageFailure(f"{s.manifest}: not found") from None
+        except (ValueError, KeyError) as e:
+            raise UsageFailure(f"{s.manifest}: not a manifest ({e})") from None
+        eos = s.eos_token_id if s.eos_token_id is not None else eos
+    else:
+        refs = shards_in_dir(s.source)
+        eos, vocab = (s.eos_token_id if s.eos_token_id is not None else EOS_TOKEN_ID), None
+    return refs, eos, s.vocab_size or vocab or 201088
+
+
+def report_shard(s: InspectSettings, ref: ShardRef, eos: int, vocab: int) -> ShardReport:
+    """Inspect one shard and print its lines."""
+    r = inspect_shard(ref, eos, vocab, stats=s.stats or bool(s.histogram), sample=s.sample, seed=s.seed)
+    mark = "OK  " if not r.issues else "BAD "
+    docs = "?" if r.num_docs is None else f"{r.num_docs:,}"
+    print(f"{mark} {ref.npy_path}: {r.num_tokens:,} tokens, {r.num_eos:,} EOS, {docs} documents, "
+          f"{r.double_eos} double EOS, {r.empty_docs} empty")
+    for issue in r.issues:
+        print(f"     issue: {issue}")
+    if s.verbose:
+        if r.double_eos_positions:
+            print(f"     double EOS at token(s) {r.double_eos_positions}" + (" ..." if r.double_eos > len(
+                r.double_eos_positions) else ""))
+        if r.empty_doc_indices:
+            print(f"     empty document(s) {r.empty_doc_indices}" + (" ..." if r.empty_docs > len(
+                r.empty_doc_indices) else ""))
+    if r.stats:
+        st, dl = r.stats, r.stats["doc_length"]
+        cov = f"{st['vocab_coverage']:.2%}" if st["vocab_coverage"] is not None else "?"
+        print(f"     doc length: min {dl['min']:,} median {dl['median']:,.0f} mean {dl['mean']:,.1f} "
+              f"p90 {dl['p90']:,.0f} p99 {dl['p99']:,.0f} max {dl['max']:,}")
+        print(f"     distinct tokens {st['distinct_tokens']:,} (vocab coverage {cov}); top: "
+              + ", ".join(f"{t}x{c:,}" for t, c in st["top_tokens"][:10]))
+    if r.sample is not None:
+        start, toks = r.sample
+        text = _decode(toks, s.manifest)
+        print(f"     sample at token {start:,}: {[int(t) for t in toks]}")
+        if text is not None:
+            print(f"     decoded: {text!r}")
+    return r
+
+
+def _find_shard(shard: str, refs: list[ShardRef], base: str) -> str | None:
     """The ``.npy`` a ``--doc`` SHARD names: a shard number (the manifest's entry, or the
     ``*-shard-NNNNNN.npy`` of a data dir), else a path (as given, or under ``base``)."""
-    import os
-
-    from refinery.transforms.io import storage
-
     if shard.isdigit():
         suffix = f"-shard-{int(shard):06d}.npy"
         found = [r.npy_path for r in refs if r.npy_path.endswith(suffix)]
@@ -188,27 +229,23 @@ def _find_shard(shard: str, refs: list, base: str) -> str | None:
     return None
 
 
-def show_document(args) -> int:
+def show_document(s: InspectSettings, doc_address: tuple[str, int]) -> int:
     """``--doc SHARD:I``: a document, its text and its source; exit 1 when its sidecar or row is missing."""
-    from refinery.transforms.formats import provenance, shards
-    from refinery.transforms.formats.inspect import shards_from_manifest, shards_in_dir
-    from refinery.transforms.io import storage
-
-    shard, i = args.doc
+    shard, i = doc_address
     try:
-        refs, eos, _ = shards_from_manifest(args.manifest) if args.manifest else (shards_in_dir(args.data_dir), None,
+        refs, eos, _ = shards_from_manifest(s.manifest) if s.manifest else (shards_in_dir(s.source), None,
                                                                                   None)
     except FileNotFoundError:
-        print(f"refinery inspect: {args.manifest}: not found", file=sys.stderr)
+        print(f"refinery inspect: {s.manifest}: not found", file=sys.stderr)
         return 2
     except (ValueError, KeyError) as e:
-        print(f"refinery inspect: {args.manifest}: not a manifest ({e})", file=sys.stderr)
+        print(f"refinery inspect: {s.manifest}: not a manifest ({e})", file=sys.stderr)
         return 2
-    eos = args.eos_token_id if args.eos_token_id is not None else (eos if eos is not None else EOS_TOKEN_ID)
-    base = storage.dirname(args.manifest) if args.manifest else args.data_dir
+    eos = s.eos_token_id if s.eos_token_id is not None else (eos if eos is not None else EOS_TOKEN_ID)
+    base = storage.dirname(s.manifest) if s.manifest else s.source
     npy = _find_shard(shard, refs, base)
     if npy is None:
-        print(f"refinery inspect: --doc {shard}:{i}: no such shard in {args.manifest or args.data_dir} "
+        print(f"refinery inspect: --doc {shard}:{i}: no such shard in {s.source} "
               f"({len(refs)} shard(s); give a shard number or a .npy path)", file=sys.stderr)
         return 2
     try:
@@ -218,10 +255,10 @@ def show_document(args) -> int:
         return 1
     body = tokens[:-1] if len(tokens) and int(tokens[-1]) == eos else tokens
     print(f"{npy} document {i}: {len(tokens):,} tokens (EOS included)")
-    text = _decode([int(t) for t in body], args.manifest)
+    text = _decode([int(t) for t in body], s.manifest)
     if text is not None:
-        more = f" ... ({len(text):,} characters)" if len(text) > args.chars else ""
-        print(f"  text:   {text[:args.chars]!r}{more}")
+        more = f" ... ({len(text):,} characters)" if len(text) > s.chars else ""
+        print(f"  text:   {text[:s.chars]!r}{more}")
     docs_path = provenance.docs_path_for(npy)
     try:
         doc = provenance.read_doc(docs_path, i)
@@ -243,8 +280,6 @@ def show_document(args) -> int:
         if record is None:
             print(f"  row:    (not shown: {why})")
         else:
-            import json
-
             raw = json.dumps(record, ensure_ascii=False, default=str)
-            print(f"  row:    {raw[:args.chars]}" + (" ..." if len(raw) > args.chars else ""))
+            print(f"  row:    {raw[:s.chars]}" + (" ..." if len(raw) > s.chars else ""))
     return 0

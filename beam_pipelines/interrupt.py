@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 import threading
+from typing import Callable
 
 _INTERRUPTED: list[int] = []
 _WATCHDOG: list[threading.Timer] = []
@@ -78,7 +79,9 @@ def _on_stop_signal(signum: int) -> None:
     """Bookkeeping of SIGINT/SIGTERM: a second one exits at once; the first is acknowledged
     at once (the progress bar stops, "stopping…" is printed), arms a watchdog (Beam can
     swallow a KeyboardInterrupt and wait forever) and stops Beam's workers."""
-    from refinery.transforms.resumable.progress import halt_progress
+    # the console script imports this module before the stop signals are blocked, when nothing
+    # that may start a thread may be imported (see interruptible)
+    from refinery.transforms.resumable.progress import halt_progress  # lazy: not before the signals are blocked
 
     _INTERRUPTED.append(signum)
     if len(_INTERRUPTED) > 1:
@@ -115,7 +118,7 @@ def _watch_signals(stop: threading.Event) -> None:
             _interrupt_main_thread()
 
 
-def _quiet_thread_exceptions(args) -> None:
+def _quiet_thread_exceptions(args: threading.ExceptHookArgs) -> None:
     """After an interruption, Beam's threads dying of it print nothing (the hint comes last)."""
     if not _INTERRUPTED:
         _default_excepthook(args)
@@ -124,7 +127,7 @@ def _quiet_thread_exceptions(args) -> None:
 _default_excepthook = threading.excepthook
 
 
-def interruptible(run) -> int:
+def interruptible(run: Callable[[], int]) -> int:
     """Call ``run()``; on SIGINT/SIGTERM stop quietly, print the resume command last and
     return 130.
 

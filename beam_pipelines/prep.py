@@ -19,8 +19,38 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import unicodedata
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-HELP = "tokenize a corpus into .npy/.idx shards with a manifest"
+from refinery.beam_pipelines.checks import (
+    UsageError,
+    add_reject_rate_arg,
+    bad_reject_rate,
+    check_field,
+    check_output,
+    check_text,
+    named_inputs,
+    reject_rate_failure,
+    rejects_hint,
+    replaced_inputs_problem,
+    text_spec,
+    warn_if_mostly_rejected,
+)
+from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
+from refinery.transforms.formats.droplist import ReadSpec
+from refinery.transforms.formats.shards import check_name
+from refinery.transforms.formats.tiktoken_vocab import TIKTOKEN_FILES, VocabError
+from refinery.transforms.formats.tokenizer_choice import TokenizerError, TokenizerSpec, resolve_tokenizer
+from refinery.transforms.io import storage
+from refinery.transforms.io.hf import resolve_hf_parquet
+from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec
+from refinery.transforms.prep.exclusion import UNREAD, Exclusion, load_exclusion
+from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
+from refinery.transforms.resumable import JobResult
+
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
 WORKER_IMPORTS = ("refinery.transforms.prep.stages", "refinery.transforms.formats.warm_encoder")
 
@@ -47,10 +77,6 @@ Killing the job and running the same command again finishes it: finished units a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.checks import add_reject_rate_arg
-    from refinery.beam_pipelines.command import add_runner_args
-    from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
-
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     src = parser.add_argument_group("input")
@@ -107,8 +133,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     """``--tokenizer``, ``--eos-token``, ``--vocab-file`` (prep and prep-mixture)."""
-    from refinery.transforms.formats.tiktoken_vocab import TIKTOKEN_FILES
-
     tok = parser.add_argument_group("tokenizer")
     tok.add_argument("--tokenizer", default="o200k_harmony", metavar="NAME_OR_PATH",
                      help="a tiktoken encoding (" + ", ".join(TIKTOKEN_FILES) + "; o200k_* and cl100k_base work "
@@ -139,46 +163,99 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
                                           "(default: resolved offline)")
 
 
-def resolve_tokenizer_args(args, command: str):
-    """(TokenizerSpec, None) or (None, exit code 2 after one line on stderr) for the
-    ``--tokenizer``/``--eos-token``/``--vocab-file`` of ``args``."""
-    from refinery.beam_pipelines.command import usage_error
-    from refinery.transforms.formats.tiktoken_vocab import VocabError
-    from refinery.transforms.formats.tokenizer_choice import TokenizerError, TokenizerSpec, resolve_tokenizer
-    from refinery.transforms.io import storage
+@dataclass(frozen=True)
+class TokenizerFlags:
+    """``--tokenizer``, ``--eos-token``, ``--eos-token-is-ordinary``, ``--encoder``, ``--vocab-file``."""
 
-    if args.vocab_file and args.tokenizer not in ("o200k_harmony", "o200k_base"):
-        return None, usage_error(f"refinery {command}: --vocab-file is the o200k_base vocab; "
-                                 f"it does not apply to --tokenizer {args.tokenizer}")
-    if args.vocab_file:
-        os.environ["REFINERY_VOCAB_FILE"] = args.vocab_file  # workers inherit it locally
+    tokenizer: str = "o200k_harmony"
+    eos_token: str | None = None
+    eos_token_is_ordinary: bool = False
+    encoder: str = "fast"
+    vocab_file: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TokenizerFlags:
+        return cls(tokenizer=args.tokenizer, eos_token=args.eos_token,
+                   eos_token_is_ordinary=bool(getattr(args, "eos_token_is_ordinary", False)),
+                   encoder=getattr(args, "encoder", "fast"), vocab_file=args.vocab_file)
+
+
+def resolve_tokenizer_flags(flags: TokenizerFlags, command: str) -> TokenizerSpec:
+    """The :class:`TokenizerSpec` of ``flags``, or :class:`UsageError` (one line)."""
+    if flags.vocab_file and flags.tokenizer not in ("o200k_harmony", "o200k_base"):
+        raise UsageError(f"refinery {command}: --vocab-file is the o200k_base vocab; "
+                         f"it does not apply to --tokenizer {flags.tokenizer}")
+    if flags.vocab_file:
+        os.environ["REFINERY_VOCAB_FILE"] = flags.vocab_file  # workers inherit it locally
     try:
-        spec = resolve_tokenizer(args.tokenizer, args.eos_token, getattr(args, "eos_token_is_ordinary", False))
+        spec = resolve_tokenizer(flags.tokenizer, flags.eos_token, flags.eos_token_is_ordinary)
         if spec.eos_ordinary:
             print(f"refinery {command}: WARNING: the EOS {spec.eos_token!r} (id {spec.eos_id}) is an ordinary token "
                   "(--eos-token-is-ordinary): documents may hold it, so only the .idx files record where they "
                   "end (the manifest says eos_token_is_ordinary)", file=sys.stderr)
-        return spec, None
+        return spec
     except storage.RemoteNotRead:  # a dry run: the job is described without reading the file
-        print(f"refinery {command}: --tokenizer {args.tokenizer}: not read (a dry run reads nothing remote); "
+        print(f"refinery {command}: --tokenizer {flags.tokenizer}: not read (a dry run reads nothing remote); "
               "the job is described with a placeholder for it")
-        return TokenizerSpec("tokenizers", args.tokenizer, "not read (dry run)", 1 << 32, -1, ""), None
+        return TokenizerSpec("tokenizers", flags.tokenizer, "not read (dry run)", 1 << 32, -1, "")
     except (TokenizerError, VocabError, storage.InputError) as e:
-        return None, usage_error(f"refinery {command}: {e}")
+        raise UsageError(f"refinery {command}: {e}") from None
 
 
-def dataset_name(args) -> str:
+@dataclass(frozen=True)
+class PrepSettings:
+    """``refinery prep``'s flags, read once from the command line."""
+
+    output: str
+    inputs: tuple[str, ...] = ()  # --input (none with --hf-dataset)
+    hf_dataset: str | None = None
+    hf_subset: str | None = None
+    hf_split: str = "train"
+    hf_revision: str | None = None
+    text_field: str | None = None
+    text_template: str | None = None
+    id_field: str | None = None
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    max_reject_rate: float | None = None
+    exclude_overlaps: tuple[str, ...] = ()
+    allow_unscanned_inputs: bool = False
+    verify_inputs_by_content: bool = False
+    exclude_n: int | None = None
+    dataset: str | None = None
+    num_shards: int = 8
+    max_tokens: str | None = None
+    unit_mb: float = 16.0
+    tokenizer: TokenizerFlags = TokenizerFlags()
+    run: RunFlags = RunFlags()
+
+    @property
+    def given(self) -> list[str]:
+        """The inputs as named: the ``--input`` arguments, or the ``--hf-dataset`` name."""
+        return list(self.inputs) or [self.hf_dataset or ""]
+
+
+def settings_from_args(args: argparse.Namespace) -> PrepSettings:
+    """The :class:`PrepSettings` of ``args`` (parsed by :func:`add_arguments`' parser)."""
+    return PrepSettings(
+        output=args.output, inputs=tuple(args.input or ()), hf_dataset=args.hf_dataset, hf_subset=args.hf_subset,
+        hf_split=args.hf_split, hf_revision=args.hf_revision, text_field=args.text_field,
+        text_template=args.text_template, id_field=args.id_field, max_row_bytes=args.max_row_bytes,
+        max_reject_rate=args.max_reject_rate, exclude_overlaps=tuple(args.exclude_overlaps),
+        allow_unscanned_inputs=args.allow_unscanned_inputs, verify_inputs_by_content=args.verify_inputs_by_content,
+        exclude_n=args.exclude_n, dataset=args.dataset, num_shards=args.num_shards, max_tokens=args.max_tokens,
+        unit_mb=args.unit_mb, tokenizer=TokenizerFlags.from_args(args), run=RunFlags.from_args(args))
+
+
+def dataset_name(s: PrepSettings) -> str:
     """``--dataset``, else a name made from the HF dataset or the first input: its accents
     dropped (``données`` -> ``donnees``), any other character that is not an ASCII letter,
     digit, ``-`` or ``_`` made ``_``, so that the name is always one shard files can carry."""
-    import unicodedata
-
-    if args.dataset:
-        return args.dataset
-    if args.hf_dataset:
-        base = args.hf_dataset.rsplit("/", 1)[-1]
+    if s.dataset:
+        return s.dataset
+    if s.hf_dataset:
+        base = s.hf_dataset.rsplit("/", 1)[-1]
     else:
-        base = args.input[0].rstrip("/").rsplit("/", 1)[-1]
+        base = s.inputs[0].rstrip("/").rsplit("/", 1)[-1]
         for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet", ".arrow"):
             if base.lower().endswith(suffix):
                 base = base[:-len(suffix)]
@@ -187,7 +264,7 @@ def dataset_name(args) -> str:
     return clean or "dataset"
 
 
-def corrupt_files_failure(corrupt: list[dict]) -> str:
+def corrupt_files_failure(corrupt: list[dict[str, str]]) -> str:
     """The one line a run with corrupt or cut-short input files fails with (without
     ``--max-reject-rate``): the first file and its reason, and how many there are."""
     first = corrupt[0]
@@ -197,134 +274,158 @@ def corrupt_files_failure(corrupt: list[dict]) -> str:
             "each as one rejected row")
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.checks import (
-        UsageError,
-        bad_reject_rate,
-        check_field,
-        check_output,
-        check_text,
-        named_inputs,
-        reject_rate_failure,
-        rejects_hint,
-        replaced_inputs_problem,
-        text_spec,
-        warn_if_mostly_rejected,
-    )
-    from refinery.beam_pipelines.command import Pipeline, run_pipeline, usage_error
-    from refinery.transforms.formats.droplist import ReadSpec
-    from refinery.transforms.formats.shards import check_name
-    from refinery.transforms.io import storage
-    from refinery.transforms.io.text import TEXT_NORMALIZATION
-    from refinery.transforms.prep.exclusion import UNREAD, load_exclusion
-    from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Run prep; returns a process exit code (0 ok, 1 units failed or too many rejects, 2 bad
+    arguments/inputs)."""
+    settings = settings_from_args(args)
+    try:
+        cfg, found = checked_config(settings)
+    except UsageError as e:
+        return usage_error(str(e))
+    return run_and_report(prep_pipeline(settings, cfg, found), settings.run, beam_args)
 
-    if bool(args.input) == bool(args.hf_dataset):
-        return usage_error("refinery prep: give exactly one of --input PATH... or --hf-dataset NAME")
-    if args.num_shards < 1:
-        return usage_error("refinery prep: --num-shards must be at least 1")
-    if args.max_row_bytes < 1:
-        return usage_error("refinery prep: --max-row-bytes must be at least 1")
-    if problem := bad_reject_rate(args):
-        return usage_error(f"refinery prep: {problem}")
+
+@dataclass
+class FoundInputs:
+    """What the checks found: the input files, how they were named, the files skipped for
+    their extension, the rows to leave out and the inputs kept without an overlap check."""
+
+    files: list[storage.InputFile]
+    source: dict[str, Any]
+    skipped: list[str]
+    exclude: Exclusion | None
+    unscanned: list[str]
+
+
+def check_flags(s: PrepSettings) -> TextSpec:
+    """The flags checked alone (before any file is read): the text spec, or :class:`UsageError`."""
+    if bool(s.inputs) == bool(s.hf_dataset):
+        raise UsageError("refinery prep: give exactly one of --input PATH... or --hf-dataset NAME")
+    if s.num_shards < 1:
+        raise UsageError("refinery prep: --num-shards must be at least 1")
+    if s.max_row_bytes < 1:
+        raise UsageError("refinery prep: --max-row-bytes must be at least 1")
+    if problem := bad_reject_rate(s.max_reject_rate):
+        raise UsageError(f"refinery prep: {problem}")
+    text = text_spec("prep", s.text_field, s.text_template)
+    assert text is not None  # the default field "text"
+    return text
+
+
+def checked_config(s: PrepSettings) -> tuple[PrepConfig, FoundInputs]:
+    """The job's :class:`PrepConfig`, every flag and input checked first (in the driver, before
+    anything is written); :class:`UsageError` (one line) for the first problem."""
+    text = check_flags(s)
+    tokenizer = resolve_tokenizer_flags(s.tokenizer, "prep")  # fails early, in the driver
     try:
-        text = text_spec("prep", args.text_field, args.text_template)
-    except UsageError as e:
-        return usage_error(str(e))
-    tokenizer, failed = resolve_tokenizer_args(args, "prep")  # fails early, in the driver
-    if tokenizer is None:
-        return failed
-    source = {}
-    skipped: list[str] = []
-    try:
-        check_output("prep", args.output, args.input or [], dry_run=args.dry_run)
-        max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
-        if args.hf_dataset:
-            from refinery.transforms.io.hf import resolve_hf_parquet
-            hf = resolve_hf_parquet(args.hf_dataset, args.hf_subset, args.hf_split, args.hf_revision)
-            inputs = storage.expand_inputs(list(hf.files))
-            source = hf.describe()
-        else:
-            inputs = storage.expand_inputs(args.input, skipped=skipped)
-        check_text("prep", text, [f.path for f in inputs])
-        if args.id_field is not None:  # given: a field no row has would silently id every row by its place
-            check_field("prep", "--id-field", args.id_field, [f.path for f in inputs])
-        if problem := replaced_inputs_problem("prep", args.output, inputs, args.input or [args.hf_dataset],
-                                              getattr(args, "force", False)):
-            raise UsageError(problem)
-        exclude = None
-        unscanned: list[str] = []
-        if args.exclude_overlaps:
-            read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, args.max_row_bytes)
-            exclude = load_exclusion(args.exclude_overlaps, args.exclude_n, read_spec=read_spec)
-            unscanned = exclude.check_inputs(inputs, allow_unscanned=args.allow_unscanned_inputs,
-                                             by_content=args.verify_inputs_by_content)
-        elif args.exclude_n is not None or args.allow_unscanned_inputs or args.verify_inputs_by_content:
-            flag = ("--exclude-n" if args.exclude_n is not None else
-                    "--allow-unscanned-inputs" if args.allow_unscanned_inputs else "--verify-inputs-by-content")
-            raise UsageError(f"refinery prep: {flag} needs --exclude-overlaps DECON_OUTPUT")
-    except UsageError as e:
-        return usage_error(str(e))
+        check_output("prep", s.output, list(s.inputs), dry_run=s.run.dry_run)
+        max_tokens = parse_token_count(s.max_tokens) if s.max_tokens else None
+        found = find_inputs(s, text)
+    except UsageError:
+        raise
     except (storage.InputError, ValueError) as e:
-        return usage_error(f"refinery prep: {e}")
+        raise UsageError(f"refinery prep: {e}") from None
     try:
-        dataset = check_name(dataset_name(args))
+        dataset = check_name(dataset_name(s))
     except ValueError as e:  # only a --dataset given can fail: a derived name is always made valid
-        return usage_error(f"refinery prep: --dataset: {e}")
-    workers = args.workers or os.cpu_count() or 1
-    cfg = PrepConfig(inputs=inputs, output=args.output.rstrip("/"), dataset=dataset,
-                     num_shards=args.num_shards, text_field=text.field or "text", text_template=text.template,
-                     id_field=args.id_field or "id",
-                     max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=source,
-                     unit_bytes=int(args.unit_mb * (1 << 20)), max_row_bytes=args.max_row_bytes,
-                     tokenizer=tokenizer, encoder=args.encoder, exclude=exclude)
+        raise UsageError(f"refinery prep: --dataset: {e}") from None
+    workers = s.run.workers or os.cpu_count() or 1
+    cfg = PrepConfig(inputs=found.files, output=s.output.rstrip("/"), dataset=dataset,
+                     num_shards=s.num_shards, text_field=text.field or "text", text_template=text.template,
+                     id_field=s.id_field or "id",
+                     max_tokens=max_tokens, wave_units=max(2, 2 * workers), source=found.source,
+                     unit_bytes=int(s.unit_mb * (1 << 20)), max_row_bytes=s.max_row_bytes,
+                     tokenizer=tokenizer, encoder=s.tokenizer.encoder, exclude=found.exclude)
+    return cfg, found
 
-    rejects_path = storage.join(cfg.output, "rejects/rejects.jsonl")
 
-    def verdict(result) -> str | None:
-        manifest_path = storage.join(cfg.output, "manifest.json")
-        manifest = storage.read_json(manifest_path)
-        rows = manifest["rows"]
-        failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], args.max_reject_rate,
-                                      f"reasons in {rejects_path}")
-        if not failure and manifest.get("corrupt_files") and args.max_reject_rate is None:
-            failure = corrupt_files_failure(manifest["corrupt_files"])
-        if failure and not rows["accepted"]:  # no manifest of nothing: the next run writes it again, and fails again
-            storage.remove(manifest_path, root=cfg.output)
-        return failure
+def find_inputs(s: PrepSettings, text: TextSpec) -> FoundInputs:
+    """The input files (listed), checked: their fields, that ``--output`` holds no other
+    inputs' output, the decon drop lists of ``--exclude-overlaps``."""
+    source: dict[str, Any] = {}
+    skipped: list[str] = []
+    if s.hf_dataset:
+        hf = resolve_hf_parquet(s.hf_dataset, s.hf_subset, s.hf_split, s.hf_revision)
+        inputs = storage.expand_inputs(list(hf.files))
+        source = hf.describe()
+    else:
+        inputs = storage.expand_inputs(list(s.inputs), skipped=skipped)
+    check_text("prep", text, [f.path for f in inputs])
+    if s.id_field is not None:  # given: a field no row has would silently id every row by its place
+        check_field("prep", "--id-field", s.id_field, [f.path for f in inputs])
+    if problem := replaced_inputs_problem("prep", s.output, inputs, s.given, s.run.force):
+        raise UsageError(problem)
+    exclude = None
+    unscanned: list[str] = []
+    if s.exclude_overlaps:
+        read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, s.max_row_bytes)
+        exclude = load_exclusion(list(s.exclude_overlaps), s.exclude_n, read_spec=read_spec)
+        unscanned = exclude.check_inputs(inputs, allow_unscanned=s.allow_unscanned_inputs,
+                                         by_content=s.verify_inputs_by_content)
+    elif s.exclude_n is not None or s.allow_unscanned_inputs or s.verify_inputs_by_content:
+        flag = ("--exclude-n" if s.exclude_n is not None else
+                "--allow-unscanned-inputs" if s.allow_unscanned_inputs else "--verify-inputs-by-content")
+        raise UsageError(f"refinery prep: {flag} needs --exclude-overlaps DECON_OUTPUT")
+    return FoundInputs(inputs, source, skipped, exclude, unscanned)
 
-    def summary(result, seconds: float) -> str:
-        manifest_path = storage.join(cfg.output, "manifest.json")
-        m = storage.read_json(manifest_path)
-        ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
-            or "nothing (all units already done)"
-        rows = m["rows"]
-        for c in m.get("corrupt_files", []):  # let through by --max-reject-rate: still named, once each
-            print(f"WARNING refinery prep: {c['path']}: {c['reason']}; the rows before it were read", file=sys.stderr)
-        if rows["read"] and rows["rejected"] * 2 > rows["read"]:
-            warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path, rejects_hint(rejects_path))
-        return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
-                f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
-                f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
-                f"rejected {rows['rejected']:,}"
-                + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
-                + (f" + excluded {rows['excluded']:,}" if "excluded" in rows else "")
-                + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
-                + f"\n  manifest: {manifest_path}")
 
-    header = (f"prep: {len(inputs)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, dataset {cfg.dataset!r}"
-              + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
-              + ("" if tokenizer.is_default else f"\n  tokenizer: {tokenizer.describe()}")
-              + "".join(f"\n  excluding the training rows that {s.output} found overlapping: its drop list is "
-                        f"{s.sha256}" if s.sha256 == UNREAD else
-                        f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
-                        + (f", and {s.unread:,} it could not read" if s.unread else "")
-                        for s in (exclude.sources if exclude else []))
-              + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
-                 f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"
-                 if unscanned else "")
-              + (f"\n  {storage.skipped_note(skipped)}" if skipped else ""))
-    return run_pipeline(Pipeline("prep", cfg.output, build_stages(cfg), header, summary, verdict=verdict,
-                                 on_plan=clear_stale_manifest,
-                                 run_info={"inputs": named_inputs(args.input or [args.hf_dataset])}),
-                        args, beam_args)
+def prep_pipeline(s: PrepSettings, cfg: PrepConfig, found: FoundInputs) -> Pipeline:
+    """The job of ``refinery prep``: its stages, header, summary and verdict."""
+    return Pipeline("prep", cfg.output, build_stages(cfg), prep_header(cfg, found), partial(prep_summary, cfg.output),
+                    verdict=partial(prep_verdict, cfg.output, s.max_reject_rate), on_plan=clear_stale_manifest,
+                    run_info={"inputs": named_inputs(s.given)})
+
+
+def prep_verdict(output: str, max_reject_rate: float | None, result: JobResult) -> str | None:
+    """Why a finished run fails (too many rejected rows, corrupt input files), or None."""
+    rejects_path = storage.join(output, "rejects/rejects.jsonl")
+    manifest_path = storage.join(output, "manifest.json")
+    manifest = storage.read_json(manifest_path)
+    rows = manifest["rows"]
+    failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], max_reject_rate,
+                                  f"reasons in {rejects_path}")
+    if not failure and manifest.get("corrupt_files") and max_reject_rate is None:
+        failure = corrupt_files_failure(manifest["corrupt_files"])
+    if failure and not rows["accepted"]:  # no manifest of nothing: the next run writes it again, and fails again
+        storage.remove(manifest_path, root=output)
+    return failure
+
+
+def prep_summary(output: str, result: JobResult, seconds: float) -> str:
+    """What a finished run did (stdout), after a warning per corrupt file and for mostly rejected rows."""
+    rejects_path = storage.join(output, "rejects/rejects.jsonl")
+    manifest_path = storage.join(output, "manifest.json")
+    m = storage.read_json(manifest_path)
+    ran = ", ".join(f"{k} {v} ({result.seconds.get(k, 0):.1f}s)" for k, v in result.ran.items()) \
+        or "nothing (all units already done)"
+    rows = m["rows"]
+    for c in m.get("corrupt_files", []):  # let through by --max-reject-rate: still named, once each
+        print(f"WARNING refinery prep: {c['path']}: {c['reason']}; the rows before it were read", file=sys.stderr)
+    if rows["read"] and rows["rejected"] * 2 > rows["read"]:
+        warn_if_mostly_rejected("prep", rows["rejected"], rows["read"], rejects_path, rejects_hint(rejects_path))
+    return (f"prep done in {seconds:.1f}s; units run: {ran}\n"
+            f"  {m['total_documents']:,} documents, {m['total_tokens']:,} tokens in {m['num_shards']} shards\n"
+            f"  rows: read {rows['read']:,} = accepted {rows['accepted']:,} + empty {rows['empty']:,} + "
+            f"rejected {rows['rejected']:,}"
+            + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
+            + (f" + excluded {rows['excluded']:,}" if "excluded" in rows else "")
+            + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
+            + f"\n  manifest: {manifest_path}")
+
+
+def prep_header(cfg: PrepConfig, found: FoundInputs) -> str:
+    """What a run prints (stderr) before it starts: inputs, output, shards, tokenizer, exclusions."""
+    unscanned, exclude, max_tokens, tokenizer = found.unscanned, found.exclude, cfg.max_tokens, cfg.tokenizer
+    return (f"prep: {len(found.files)} input file(s) -> {cfg.output} ({cfg.num_shards} shards, "
+            f"dataset {cfg.dataset!r}"
+            + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
+            + ("" if tokenizer.is_default else f"\n  tokenizer: {tokenizer.describe()}")
+            + "".join(f"\n  excluding the training rows that {s.output} found overlapping: its drop list is "
+                      f"{s.sha256}" if s.sha256 == UNREAD else
+                      f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
+                      + (f", and {s.unread:,} it could not read" if s.unread else "")
+                      for s in (exclude.sources if exclude else []))
+            + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
+               f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"
+               if unscanned else "")
+            + (f"\n  {storage.skipped_note(found.skipped)}" if found.skipped else ""))

@@ -18,8 +18,27 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
 
-HELP = "prepare every source/split of a mixture TOML (resumable prep runs under one data root)"
+from refinery.beam_pipelines.checks import (
+    UsageError,
+    add_reject_rate_arg,
+    bad_reject_rate,
+    check_output,
+    reject_rate_failure,
+)
+from refinery.beam_pipelines.command import RunFlags, add_runner_args, usage_error
+from refinery.beam_pipelines.interrupt import interrupted, resume_hint
+from refinery.beam_pipelines.prep import TokenizerFlags, add_tokenizer_args, resolve_tokenizer_flags
+from refinery.runners.jobs import run_job
+from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec
+from refinery.transforms.io import storage
+from refinery.transforms.io.hf import HfSource, resolve_hf_parquet
+from refinery.transforms.loader import mixture as mx
+from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
+from refinery.transforms.resumable import Stage, bind_stages, run_stages
+
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
 WORKER_IMPORTS = ("refinery.transforms.prep.stages", "refinery.transforms.formats.warm_encoder")
 
@@ -36,9 +55,6 @@ or an interruption; --force re-does every source/split from scratch.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from refinery.beam_pipelines.checks import add_reject_rate_arg
-    from refinery.beam_pipelines.command import add_runner_args
-
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("mixture")
@@ -54,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--valid-percent", type=float, default=1.0,
                    help="budget of a non-train split, in percent of the source's budget (default: 1)")
     g.add_argument("--num-shards", type=int, default=64, help="shards per source and split (default: 64)")
-    from refinery.beam_pipelines.prep import add_tokenizer_args
-
     add_tokenizer_args(parser)  # --tokenizer, --eos-token, --vocab-file: as prep's, for every source/split
     t = parser.add_argument_group("tokenizer checks")
     t.add_argument("--vocab-size", type=int, metavar="N", help="fail unless the tokenizer's vocab size is N")
@@ -73,22 +87,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # Input resolution (the hub is asked only here; fs/api are injectable for tests)
 # ---------------------------------------------------------------------------------------
 
-def hf_split_files(source, split: str, fs=None, api=None):
+def hf_split_files(source: mx.Source, split: str, fs: Any = None, api: Any = None) -> tuple[HfSource, str]:
     """The :class:`HfSource` of a source's split, its files cut to the split's percent slice."""
-    from dataclasses import replace
-
-    from refinery.transforms.io.hf import resolve_hf_parquet
-
     sl = source.hf_splits[split]
+    assert source.hf_dataset is not None  # a source with hf_splits is an HF dataset's
     hf = resolve_hf_parquet(source.hf_dataset, source.hf_subset, sl.name, source.hf_revision, fs=fs, api=api)
     return replace(hf, files=tuple(sl.select(list(hf.files)))), str(sl)
 
 
-def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
+def resolve_inputs(plan: mx.SplitPlan, fs: Any = None, api: Any = None, skipped: list[str] | None = None
+                   ) -> tuple[list[storage.InputFile], dict[str, Any]]:
     """(input files, source description for the plan hash) of one source/split; the files of
     its folders skipped for their extension are appended to ``skipped``."""
-    from refinery.transforms.io import storage
-
     s = plan.source
     if s.is_hf:
         hf, spec = hf_split_files(s, plan.split, fs, api)
@@ -96,10 +106,9 @@ def resolve_inputs(plan, fs=None, api=None, skipped: list[str] | None = None):
     return storage.expand_inputs(list(s.path_splits[plan.split]), skipped=skipped), {}
 
 
-def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokenizer=None, encoder: str = "fast"):
-    from refinery.transforms.formats.tokenizer_choice import DEFAULT
-    from refinery.transforms.prep.stages import PrepConfig
-
+def prep_config(plan: mx.SplitPlan, inputs: list[storage.InputFile], source_desc: dict[str, Any], num_shards: int,
+                workers: int, tokenizer: TokenizerSpec | None = None, encoder: str = "fast") -> PrepConfig:
+    """The :class:`PrepConfig` of one source/split."""
     return PrepConfig(inputs=inputs, output=plan.output, dataset=plan.source.id, num_shards=num_shards,
                       text_field=plan.source.text_field, text_template=plan.source.text_template,
                       id_field=plan.source.id_field,
@@ -107,22 +116,18 @@ def prep_config(plan, inputs, source_desc, num_shards: int, workers: int, tokeni
                       tokenizer=tokenizer or DEFAULT, encoder=encoder)
 
 
-def split_stages(plan, num_shards: int, workers: int, skipped: list[str] | None = None, tokenizer=None):
+def split_stages(plan: mx.SplitPlan, num_shards: int, workers: int, skipped: list[str] | None = None,
+                 tokenizer: TokenizerSpec | None = None) -> tuple[PrepConfig, list[Stage[Any, Any]]]:
     """(prep config, prep stages) of one source/split: the resumable run :func:`_run_all` does
     for it (``refinery.runners.translate`` builds its Beam jobs without running them)."""
-    from refinery.transforms.prep.stages import build_stages
-
     inputs, desc = resolve_inputs(plan, skipped=skipped)
     cfg = prep_config(plan, inputs, desc, num_shards, workers, tokenizer)
     return cfg, build_stages(cfg)
 
 
-def receipt_status(cfg) -> tuple[str, str]:
+def receipt_status(cfg: PrepConfig) -> tuple[str, str]:
     """(status, detail) of a source/split from its receipts: done (every unit of the final stages,
     pack and manifest, verifies) | partial | pending."""
-    from refinery.transforms.prep.stages import build_stages
-    from refinery.transforms.resumable import bind_stages
-
     runs = bind_stages(build_stages(cfg), cfg.output)
     parts, any_done, final_pending = [], False, False
     for run in runs:
@@ -130,7 +135,7 @@ def receipt_status(cfg) -> tuple[str, str]:
         done = sum(run.check(u.id).done for u in units)
         any_done |= done > 0
         parts.append(f"{run.name} {done}/{len(units)}")
-        if run.stage.final_outputs and done < len(units):
+        if run.traits.final_outputs and done < len(units):
             final_pending = True
     if not final_pending:  # what a run would still do is at most re-checking tokenize receipts
         return "done", "shards and manifest complete"
@@ -141,71 +146,109 @@ def receipt_status(cfg) -> tuple[str, str]:
 # Command
 # ---------------------------------------------------------------------------------------
 
-def _fail(msg: str) -> int:
-    print(f"refinery prep-mixture: {msg}", file=sys.stderr)
-    return 2
+def _fail(msg: str) -> NoReturn:
+    raise UsageError(f"refinery prep-mixture: {msg}")
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.checks import UsageError, bad_reject_rate, check_output
-    from refinery.beam_pipelines.command import usage_error
-    from refinery.beam_pipelines.prep import resolve_tokenizer_args
-    from refinery.transforms.loader import mixture as mx
-    from refinery.transforms.prep.stages import parse_token_count
+@dataclass(frozen=True)
+class MixtureSettings:
+    """``refinery prep-mixture``'s flags, read once from the command line."""
 
-    tokenizer, failed = resolve_tokenizer_args(args, "prep-mixture")
-    if tokenizer is None:
-        return failed
-    if (args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size
-            or args.eos_token_id is not None and args.eos_token_id != tokenizer.eos_id):
-        return _fail(f"{tokenizer.name} has vocab size {tokenizer.vocab_size} and EOS {tokenizer.eos_id}; "
-                     f"got --vocab-size {args.vocab_size} --eos-token-id {args.eos_token_id}")
-    args.tokenizer_spec = tokenizer
-    if args.num_shards < 1:
-        return _fail("--num-shards must be at least 1")
-    if problem := bad_reject_rate(args):
-        return _fail(problem)
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    if not splits:
-        return _fail("--splits names no split")
+    config: str
+    flow: str | None = None
+    stage: str = "pretrain"
+    mixture: str | None = None
+    splits: str = "train,valid"
+    data_root: str | None = None
+    max_tokens: str | None = None
+    valid_percent: float = 1.0
+    num_shards: int = 64
+    tokenizer: TokenizerFlags = TokenizerFlags()
+    vocab_size: int | None = None
+    eos_token_id: int | None = None
+    continue_on_error: bool = False
+    max_reject_rate: float | None = None
+    run: RunFlags = RunFlags()
+
+
+def settings_from_args(args: argparse.Namespace) -> MixtureSettings:
+    """The :class:`MixtureSettings` of ``args`` (parsed by :func:`add_arguments`' parser)."""
+    return MixtureSettings(
+        config=args.config, flow=args.flow, stage=args.stage, mixture=args.mixture, splits=args.splits,
+        data_root=args.data_root, max_tokens=args.max_tokens, valid_percent=args.valid_percent,
+        num_shards=args.num_shards, tokenizer=TokenizerFlags.from_args(args), vocab_size=args.vocab_size,
+        eos_token_id=args.eos_token_id, continue_on_error=args.continue_on_error,
+        max_reject_rate=args.max_reject_rate, run=RunFlags.from_args(args))
+
+
+@dataclass
+class MixturePlan:
+    """A checked prep-mixture run: its source/split runs, each source's weight, the tokenizer."""
+
+    plans: list[mx.SplitPlan]
+    weight_of: dict[str, int]
+    tokenizer: TokenizerSpec
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Run (or dry run) every source/split; returns a process exit code."""
+    s = settings_from_args(args)
     try:
-        mf = mx.load_mixture_file(args.config)
-        mixture = mx.select_mixture(mf, args.stage, args.mixture)
-        target = mx.flow_target(mf, mixture, args.flow)
-        max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else None
-        data_root = args.data_root or mf.data_root
+        checked = checked_plan(s)
+    except UsageError as e:
+        return usage_error(str(e))
+    workers = s.run.workers or os.cpu_count() or 1
+    if s.run.dry_run:
+        return _dry_run(checked, s, workers)
+    return _run_all(checked, s, beam_args, workers)
+
+
+def checked_plan(s: MixtureSettings) -> MixturePlan:
+    """The runs of the mixture, every flag and output checked first; :class:`UsageError` (one
+    line) for the first problem. Prints what it will prepare."""
+    tokenizer = resolve_tokenizer_flags(s.tokenizer, "prep-mixture")
+    if (s.vocab_size is not None and s.vocab_size != tokenizer.vocab_size
+            or s.eos_token_id is not None and s.eos_token_id != tokenizer.eos_id):
+        _fail(f"{tokenizer.name} has vocab size {tokenizer.vocab_size} and EOS {tokenizer.eos_id}; "
+              f"got --vocab-size {s.vocab_size} --eos-token-id {s.eos_token_id}")
+    if s.num_shards < 1:
+        _fail("--num-shards must be at least 1")
+    if problem := bad_reject_rate(s.max_reject_rate):
+        _fail(problem)
+    splits = [x.strip() for x in s.splits.split(",") if x.strip()]
+    if not splits:
+        _fail("--splits names no split")
+    try:
+        mf = mx.load_mixture_file(s.config)
+        mixture = mx.select_mixture(mf, s.stage, s.mixture)
+        target = mx.flow_target(mf, mixture, s.flow)
+        max_tokens = parse_token_count(s.max_tokens) if s.max_tokens else None
+        data_root = s.data_root or mf.data_root
         if not data_root:
-            raise mx.MixtureError(f"{args.config}: no data_root in the file; pass --data-root DIR")
-        plans, skipped = mx.plan_mixture(mixture, data_root, splits, target, max_tokens, args.valid_percent)
+            raise mx.MixtureError(f"{s.config}: no data_root in the file; pass --data-root DIR")
+        plans, skipped = mx.plan_mixture(mixture, data_root, splits, target, max_tokens, s.valid_percent)
         weights = mx.fixed_point_weights(mx.source_fractions(mixture))
         for plan in plans:  # every output before any run: none may be a file, or inside an input
             check_output("prep-mixture", plan.output, [] if plan.source.is_hf else plan.source.path_splits[plan.split],
-                         dry_run=args.dry_run, flag=f"the output of {plan.label}")
-    except UsageError as e:
-        return usage_error(str(e))
+                         dry_run=s.run.dry_run, flag=f"the output of {plan.label}")
+    except UsageError:
+        raise
     except ValueError as e:
-        return _fail(str(e))
-
+        _fail(str(e))
     effective = min(target, max_tokens) if max_tokens else target
-    out = sys.stdout if args.dry_run else sys.stderr
-    print(f"prep-mixture: mixture {mixture.name!r} ({args.config}), stage {args.stage}, flow {args.flow or '-'}: "
+    out = sys.stdout if s.run.dry_run else sys.stderr
+    print(f"prep-mixture: mixture {mixture.name!r} ({s.config}), stage {s.stage}, flow {s.flow or '-'}: "
           f"{mx.format_tokens(effective)} tokens" + (f" (flow target {mx.format_tokens(target)}, "
                                                      f"capped by --max-tokens)" if effective < target else "")
           + f" over {len(mixture.sources)} source(s) -> {data_root}", file=out)
     for note in skipped:
         print(f"  skip {note}", file=out)
-    weight_of = {s.id: w for s, w in zip(mixture.sources, weights)}
-    workers = args.workers or os.cpu_count() or 1
-    if args.dry_run:
-        return _dry_run(plans, weight_of, args, workers)
-
-    return _run_all(plans, args, beam_args, workers)
+    return MixturePlan(plans, {src.id: w for src, w in zip(mixture.sources, weights)}, tokenizer)
 
 
-def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
-    from refinery.transforms.io import storage
-    from refinery.transforms.loader import mixture as mx
-
+def _dry_run(checked: MixturePlan, s: MixtureSettings, workers: int) -> int:
+    """Print each source/split's plan and what its receipts say is done; run nothing."""
+    plans, weight_of = checked.plans, checked.weight_of
     offline = storage.offline_state()  # the CLI's dry run: nothing remote is listed or read
     print(f"{'source/split':28} {'weight':>8} {'budget':>9} {'shards':>6}  {'status':8} detail")
     for plan in plans:
@@ -215,28 +258,22 @@ def _dry_run(plans, weight_of: dict, args, workers: int) -> int:
             inputs, desc = resolve_inputs(plan, skipped=skipped)
             if offline and len(offline.unlisted) > unlisted:
                 raise storage.RemoteNotRead(f"{', '.join(offline.unlisted[unlisted:])}: not listed ({offline.reason})")
-            cfg = prep_config(plan, inputs, desc, args.num_shards, workers, args.tokenizer_spec, args.encoder)
-            status, detail = receipt_status(cfg) if not args.force else ("pending", "--force: redo everything")
+            cfg = prep_config(plan, inputs, desc, s.num_shards, workers, checked.tokenizer, s.tokenizer.encoder)
+            status, detail = receipt_status(cfg) if not s.run.force else ("pending", "--force: redo everything")
             detail = (f"{len(inputs)} file(s) from {plan.source.describe_split(plan.split)}; {detail}"
                       + (f"; {storage.skipped_note(skipped)}" if skipped else ""))
         except Exception as e:  # noqa: BLE001 - a dry run reports, it does not stop
             status, detail = "unresolved", f"{plan.source.describe_split(plan.split)}: {type(e).__name__}: {e}"
         print(f"{plan.label:28} {weight_of[plan.source.id] / mx.WEIGHT_SCALE:>8.4f} "
-              f"{mx.format_tokens(plan.budget):>9} {args.num_shards:>6}  {status:8} {detail}")
+              f"{mx.format_tokens(plan.budget):>9} {s.num_shards:>6}  {status:8} {detail}")
         print(f"{'':28}   -> {plan.output}")
     print(f"dry run: {len(plans)} source/split run(s) planned, nothing was run", file=sys.stderr)
     return 0
 
 
-def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
-    from refinery.beam_pipelines.checks import reject_rate_failure
-    from refinery.beam_pipelines.interrupt import interrupted, resume_hint
-    from refinery.runners.jobs import run_job
-    from refinery.transforms.io import storage
-    from refinery.transforms.loader import mixture as mx
-    from refinery.transforms.prep.stages import clear_stale_manifest
-    from refinery.transforms.resumable import run_stages
-
+def _run_all(checked: MixturePlan, s: MixtureSettings, beam_args: list[str], workers: int) -> int:
+    """Run each source/split in turn; exit 1 naming the ones that failed."""
+    plans = checked.plans
     failed: dict[str, str] = {}
     t0 = time.time()
     for i, plan in enumerate(plans, 1):
@@ -244,11 +281,11 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
               file=sys.stderr)
         try:
             skipped: list[str] = []
-            cfg, stages = split_stages(plan, args.num_shards, workers, skipped, args.tokenizer_spec)
+            cfg, stages = split_stages(plan, s.num_shards, workers, skipped, checked.tokenizer)
             if skipped:
                 print(f"  {plan.label}: {storage.skipped_note(skipped)}", file=sys.stderr)
-            result = run_stages(stages, cfg.output, beam_args, verify_checksums=args.verify_checksums,
-                                force=args.force, progress=not args.no_progress,
+            result = run_stages(stages, cfg.output, beam_args, verify_checksums=s.run.verify_checksums,
+                                force=s.run.force, progress=not s.run.no_progress,
                                 run_info={"command": "prep-mixture", "argv": sys.argv[1:], "source": plan.source.id,
                                           "split": plan.split}, on_plan=clear_stale_manifest, runner=run_job)
             m = storage.read_json(storage.join(cfg.output, "manifest.json"))
@@ -261,7 +298,7 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
                   + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
                   + (f"  (reasons in {rejects})" if rows["rejected"] else ""), file=sys.stderr)
             failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"],
-                                                  args.max_reject_rate, f"reasons in {rejects}")
+                                          s.max_reject_rate, f"reasons in {rejects}")
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - reported by name; the run goes on if asked to
@@ -271,7 +308,7 @@ def _run_all(plans, args, beam_args: list[str], workers: int) -> int:
         if failure:
             failed[plan.label] = failure
             print(f"  FAILED {plan.label}: {failed[plan.label]}", file=sys.stderr)
-            if not args.continue_on_error:
+            if not s.continue_on_error:
                 rest = [p.label for p in plans[i:]]
                 print(f"refinery prep-mixture: stopped at {plan.label}" +
                       (f"; not run: {', '.join(rest)}" if rest else "") +

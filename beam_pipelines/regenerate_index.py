@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from typing import Any
 
+from refinery.transforms.formats.manifests import MANIFEST
+from refinery.transforms.formats.shards import index_path_for, regenerate_index
 from refinery.transforms.formats.tiktoken_vocab import EOS_TOKEN_ID
-
-HELP = "rebuild a shard's lost .idx from its EOS positions (byte-identical)"
+from refinery.transforms.io import storage
 
 EPILOG = """\
 examples:
@@ -34,11 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing index that differs")
 
 
-def shard_manifest(shard: str) -> dict:
+def shard_manifest(shard: str) -> dict[str, Any]:
     """The manifest two folders up from a shard ({} if there is none or it is unreadable)."""
-    from refinery.transforms.formats.manifests import MANIFEST
-    from refinery.transforms.io import storage
-
     try:
         m = storage.read_json(storage.join(storage.dirname(storage.dirname(shard)), MANIFEST))
         return m if isinstance(m, dict) else {}
@@ -54,21 +54,38 @@ def manifest_eos(shard: str) -> int:
         return EOS_TOKEN_ID
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.formats.shards import index_path_for, regenerate_index
-    from refinery.transforms.io import storage
+@dataclass(frozen=True)
+class RegenerateSettings:
+    """``refinery regenerate-index``'s flags, read once from the command line."""
 
-    if shard_manifest(args.shard).get("eos_token_is_ordinary"):
-        print(f"refinery regenerate-index: {args.shard}: its prep output's EOS is an ordinary token "
+    shard: str
+    eos_token_id: int | None = None
+    output: str | None = None
+    force: bool = False
+
+
+def settings_from_args(args: argparse.Namespace) -> RegenerateSettings:
+    return RegenerateSettings(shard=args.shard, eos_token_id=args.eos_token_id, output=args.output, force=args.force)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Rebuild the shard's index; exit 0 (written or identical), 1 (differs, bad shard), 2 (no shard)."""
+    return regenerate(settings_from_args(args))
+
+
+def regenerate(s: RegenerateSettings) -> int:
+    """:func:`run` on settings."""
+    if shard_manifest(s.shard).get("eos_token_is_ordinary"):
+        print(f"refinery regenerate-index: {s.shard}: its prep output's EOS is an ordinary token "
               "(eos_token_is_ordinary in its manifest): documents may hold it, so their ends cannot be rebuilt from "
               "EOS positions; restore the .idx from a copy or run prep again", file=sys.stderr)
         return 1
     try:
-        out = args.output or index_path_for(args.shard)
-        eos = args.eos_token_id if args.eos_token_id is not None else manifest_eos(args.shard)
-        data = regenerate_index(args.shard, eos)
+        out = s.output or index_path_for(s.shard)
+        eos = s.eos_token_id if s.eos_token_id is not None else manifest_eos(s.shard)
+        data = regenerate_index(s.shard, eos)
     except FileNotFoundError:
-        print(f"refinery regenerate-index: {args.shard}: not found", file=sys.stderr)
+        print(f"refinery regenerate-index: {s.shard}: not found", file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"refinery regenerate-index: {e}", file=sys.stderr)
@@ -78,8 +95,8 @@ def run(args, beam_args: list[str]) -> int:
     if existing == data:
         print(f"OK   {out}: already identical to the regenerated index ({num_docs:,} documents)")
         return 0
-    if existing is not None and not args.force:
-        print(f"refinery regenerate-index: {out} exists and differs from the index rebuilt from {args.shard} "
+    if existing is not None and not s.force:
+        print(f"refinery regenerate-index: {out} exists and differs from the index rebuilt from {s.shard} "
               f"({len(existing)} vs {len(data)} bytes); pass --force to overwrite it", file=sys.stderr)
         return 1
     storage.atomic_write_bytes(out, data)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-HELP = "units done/pending/failed per stage of a run, from its receipts"
+from refinery.transforms.io import storage
+from refinery.transforms.resumable import stage_status
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,15 +20,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checksums", action="store_true", help="also re-hash every file a receipt lists")
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable import stage_status
+@dataclass(frozen=True)
+class StatusSettings:
+    """``refinery status``'s flags, read once from the command line."""
 
-    output = args.output.rstrip("/")
+    output: str
+    checksums: bool = False
+
+
+def settings_from_args(args: argparse.Namespace) -> StatusSettings:
+    return StatusSettings(output=args.output, checksums=args.checksums)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Print units done, failed and pending per stage; exit 2 when the folder records no run."""
+    s = settings_from_args(args)
+    output = s.output.rstrip("/")
     if storage.basename(output) == "manifest.json" and not storage.isdir(output):
         output = storage.dirname(output)
     try:
-        rows = stage_status(output, args.checksums)
+        rows = stage_status(output, s.checksums)
     except FileNotFoundError as e:
         print(f"refinery status: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "write a tiny random gpt-oss checkpoint (to try generate and hydra on a CPU)"
+from refinery.beam_pipelines.checks import missing_extra
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,12 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: 0)")
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.beam_pipelines.checks import missing_extra
-
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Write the checkpoint (its flags are :mod:`refinery.kernels.tiny`'s, passed on); exit 2 without torch."""
     if (missing := missing_extra("torch", "inference")) is not None:
         print(f"refinery tiny-checkpoint: needs torch; {missing}", file=sys.stderr)
         return 2
-    from refinery.kernels.tiny import main
+    from refinery.kernels.tiny import main  # lazy: it imports torch, checked just above
 
     return main([args.folder, "--layers", str(args.layers), "--layout", args.layout, "--seed", str(args.seed)])

@@ -11,9 +11,14 @@ lists is present with its size, no receipt of a final stage is missing, no temp 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import dataclass
 
-HELP = "check an output: a manifest and its shards, or a decon/generate/hydra run (exit 1 naming each problem)"
+from refinery.transforms.decon.ngrams.details import DETAILS_DIR
+from refinery.transforms.formats.manifests import MANIFEST, verify_manifest
+from refinery.transforms.io import storage
+from refinery.transforms.resumable.ledger import META_DIR, verify_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_path(path: str) -> str:
     """A manifest path from a manifest or a prep output folder (whichever the user gave)."""
-    from refinery.transforms.formats.manifests import MANIFEST
-    from refinery.transforms.io import storage
-
     path = path.rstrip("/")
     return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
 
@@ -48,12 +50,6 @@ def unlisted_details(output: str) -> list[str]:
     its recorded run lists (temp files aside: :func:`verify_run` names them): a reader of the
     folder takes every file's rows for detail records, so a planted or left-over file means
     duplicate or foreign rows."""
-    import json
-
-    from refinery.transforms.decon.ngrams.details import DETAILS_DIR
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable.ledger import META_DIR
-
     folder = storage.join(output, DETAILS_DIR)
     files = [p for p in storage.listdir(folder) if not storage.is_temp_name(storage.basename(p))]
     if not files:
@@ -79,9 +75,6 @@ def _missing_manifest(path: str, output: str) -> int:
     """A manifest named on the command line that is not there: one line saying so, and what its
     folder holds (no run; an unfinished or damaged run, with how many problems; a finished run
     of a command that writes no manifest). 1 when its folder holds a run with problems, else 2."""
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable.ledger import META_DIR, verify_run
-
     run_json = storage.join(output, META_DIR, "run.json")
     if not storage.exists(run_json):
         print(f"refinery verify: {path}: missing, and {output} holds no refinery run (no {run_json})",
@@ -101,15 +94,25 @@ def _missing_manifest(path: str, output: str) -> int:
     return 2
 
 
-def run(args, beam_args: list[str]) -> int:
-    from refinery.transforms.formats.manifests import MANIFEST, verify_manifest
-    from refinery.transforms.io import storage
-    from refinery.transforms.resumable.ledger import META_DIR, verify_run
+@dataclass(frozen=True)
+class VerifySettings:
+    """``refinery verify``'s flags, read once from the command line."""
 
-    path = manifest_path(args.manifest)
+    manifest: str
+    checksums: bool = False
+
+
+def settings_from_args(args: argparse.Namespace) -> VerifySettings:
+    return VerifySettings(manifest=args.manifest, checksums=args.checksums)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Verify an output; exit 0 (no problem), 1 (each problem named), 2 (nothing to verify)."""
+    s = settings_from_args(args)
+    path = manifest_path(s.manifest)
     notes: list[str] = []
     if not storage.exists(path):
-        output = args.manifest.rstrip("/")
+        output = s.manifest.rstrip("/")
         if storage.basename(output) == MANIFEST and not storage.isdir(output):
             return _missing_manifest(path, storage.dirname(output))
         run_json = storage.join(output, META_DIR, "run.json")
@@ -117,17 +120,17 @@ def run(args, beam_args: list[str]) -> int:
             print(f"refinery verify: {path}: not found, and no {run_json} (give a prep output folder or its "
                   "manifest.json, or a decon, generate or hydra output folder)", file=sys.stderr)
             return 2
-        if failed := _report(verify_run(output, args.checksums, notes) + unlisted_details(output), notes):
+        if failed := _report(verify_run(output, s.checksums, notes) + unlisted_details(output), notes):
             return failed
         info = storage.read_json(run_json)
         receipts = sum(int(st.get("units", 0)) for st in info.get("stages", []))
         print(f"OK   {output}: a refinery {info.get('command', '')} output, {len(info.get('stages', []))} stages, "
               f"{receipts:,} planned units, every receipt verified"
-              + (" (checksums verified)" if args.checksums else ""))
+              + (" (checksums verified)" if s.checksums else ""))
         return 0
-    if failed := _report(verify_manifest(path, checksums=args.checksums, notes=notes), notes):
+    if failed := _report(verify_manifest(path, checksums=s.checksums, notes=notes), notes):
         return failed
     m = storage.read_json(path)
     print(f"OK   {path}: {m['num_shards']} shards, {m['total_documents']:,} documents, "
-          f"{m['total_tokens']:,} tokens" + (" (checksums verified)" if args.checksums else ""))
+          f"{m['total_tokens']:,} tokens" + (" (checksums verified)" if s.checksums else ""))
     return 0

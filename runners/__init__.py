@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import ContextManager
 
+from refinery.transforms.io.beam_private import beam_runner_names
+
 from .args import RunnerOptionsError, with_defaults
 from .dataflow import dataflow_args
 from .flink import flink_args, flink_job_service, resolve_flink
@@ -60,8 +62,6 @@ def check_runner_name(runner: str) -> None:
     """Raise :class:`RunnerOptionsError` unless ``runner`` is one of :data:`RUNNERS`, a runner
     Beam knows by name (``FlinkRunner``, ``PrismRunner``, ``flink`` ...), or a dotted path to
     a runner class: checked before anything is planned or written."""
-    from refinery.transforms.io.beam_private import beam_runner_names
-
     name, beam = runner.lower(), beam_runner_names()
     if name in RUNNERS or "." in runner or name in beam or name + "runner" in beam:
         return

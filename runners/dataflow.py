@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import re
 
+from refinery.transforms.io.gcs import bucket_problem
+
 from .args import RunnerOptionsError, has, take, value, values, with_defaults
 from .package import setup_file
 
@@ -102,8 +104,6 @@ def option_problems(args: list[str]) -> list[str]:
     """One line per Dataflow option of ``args`` that is missing or malformed ([] when all are
     usable): ``--project``, ``--region``, ``--temp_location`` (or ``--staging_location``),
     ``--job_name``. Reads nothing remote."""
-    from refinery.transforms.io.gcs import bucket_problem
-
     problems = []
     project = value(args, "--project")
     if not project:

@@ -56,6 +56,7 @@ from typing import Any, Iterator
 from refinery.transforms.io import beam_private
 
 from .args import RunnerOptionsError, docker_image_config, has, value, with_defaults
+from .flink_private import JarPatchError, embedded_flink_conf
 from .package import setup_file
 
 LOCAL_MASTERS = ("[auto]", "[local]")
@@ -145,7 +146,7 @@ def resolve_flink(args: list[str]) -> list[str]:
     (and Maven Central when no jar is at hand), nothing else."""
     # imported here, not with the package: `python -m refinery.runners.flink_local` runs that module
     # as __main__, and runpy warns when importing refinery.runners has imported it already
-    from .flink_local import cached_flink_minors, find_job_server_jar, minor_version
+    from .flink_local import cached_flink_minors, find_job_server_jar, minor_version  # lazy: see above
 
     master = value(args, "--flink_master") or "[auto]"
     given = value(args, "--flink_version")
@@ -202,8 +203,7 @@ def flink_job_service(args: list[str]) -> Iterator[list[str]]:
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
     from apache_beam.runners.portability.flink_runner import FlinkRunner
 
-    from .flink_local import cache_dir, private_job_server
-    from .flink_private import PatchError, embedded_flink_conf
+    from .flink_local import cache_dir, private_job_server  # lazy: python -m runs it (see resolve_flink)
 
     options = PipelineOptions(args)
     flink = options.view_as(FlinkRunnerOptions)
@@ -212,7 +212,7 @@ def flink_job_service(args: list[str]) -> Iterator[list[str]]:
         flink.flink_job_server_jar = str(private_job_server(flink.flink_job_server_jar or beam_jar_path(
             flink.flink_version)[0], log=_note))
         conf = embedded_flink_conf(cache_dir(), log=_note) if master in LOCAL_MASTERS else None
-    except PatchError as e:
+    except JarPatchError as e:
         raise RunnerOptionsError(f"{e} (--runner flink runs only a job server that serves this user alone: "
                                  "see refinery.runners.flink_private)") from None
     server = beam_private.flink_job_server(options)

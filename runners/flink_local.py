@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from . import tool_cache
-from .flink_private import PatchError, is_patched, patch_jar
+from .flink_private import JarPatchError, is_patched, patch_jar
 from .tool_cache import free_port, installed_beam_version
 
 CACHE_ENV = "REFINERY_FLINK_CACHE"
@@ -217,14 +217,14 @@ def private_job_server(jar: str, cache: Path | None = None, log: Callable[[str],
     """The job server ``jar`` (a path, or a URL Beam downloads into its own jar cache), patched
     to serve this user only (:mod:`.flink_private`): the jar itself when it carries the patch,
     else a patched copy of the same name in the cache's ``job-server`` folder (made once, about
-    20 s). Raises :class:`~.flink_private.PatchError`."""
+    20 s). Raises :class:`~.flink_private.JarPatchError`."""
     if "://" in jar:
         from apache_beam.utils.subprocess_server import JavaJarServer
 
         jar = JavaJarServer.local_jar(jar)
     path = Path(jar)
     if not path.is_file():
-        raise PatchError(f"{path}: no such job server jar")
+        raise JarPatchError(f"{path}: no such job server jar")
     if is_patched(path):
         return path
     dest = (cache or cache_dir()) / "job-server" / path.name
@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cache: {cache_dir()}\n  job server: {jar}" + (f"\n  FLINK_HOME: {home}" if home else ""))
             return 0
         return _up(args) if args.cmd == "up" else _demo(args)
-    except (FetchError, PatchError, RuntimeError) as e:
+    except (FetchError, JarPatchError, RuntimeError) as e:
         print(f"flink_local {args.cmd}: {e}", file=sys.stderr)
         return 1
 

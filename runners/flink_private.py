@@ -41,7 +41,7 @@ REQUIRED = ("org/apache/beam/sdk/fn/server/ServerFactory$InetSocketAddressServer
             "org/apache/beam/sdk/expansion/service/ExpansionServer.class")
 
 
-class PatchError(RuntimeError):
+class JarPatchError(RuntimeError):
     """The jar could not be patched; the message names the jar or class and why."""
 
 
@@ -58,7 +58,7 @@ def grpc_package(names: list[str]) -> str:
     """The vendored gRPC package (``org/apache/beam/vendor/grpc/v1p60p1/io/grpc``) of a jar's entry names."""
     found = sorted({m.group(1) for n in names if (m := BUILDER_RE.match(n))})
     if len(found) != 1:
-        raise PatchError(f"expected one vendored gRPC NettyServerBuilder in the jar, found {found or 'none'}")
+        raise JarPatchError(f"expected one vendored gRPC NettyServerBuilder in the jar, found {found or 'none'}")
     return found[0]
 
 
@@ -73,7 +73,7 @@ def redirect_calls(data: bytes, owner: str, methods: dict[str, str], target: str
     new Class entry is appended to the constant pool and the Methodrefs point at it, so no
     code, offset or stack map changes. (new bytes, how many Methodrefs were redirected)."""
     if data[:4] != b"\xca\xfe\xba\xbe":
-        raise PatchError("not a class file")
+        raise JarPatchError("not a class file")
     count = struct.unpack_from(">H", data, 8)[0]
     pos, index = 10, 1
     utf8: dict[int, str] = {}
@@ -96,7 +96,7 @@ def redirect_calls(data: bytes, owner: str, methods: dict[str, str], target: str
                 methodrefs.append((pos + 1, cls, nat))
             pos += 1 + _SIZES[tag]
         else:
-            raise PatchError(f"unknown constant pool tag {tag} at entry {index}")
+            raise JarPatchError(f"unknown constant pool tag {tag} at entry {index}")
         index += 2 if tag in (5, 6) else 1
     hits = []
     for offset, cls, nat in methodrefs:
@@ -122,14 +122,14 @@ def redirect_calls(data: bytes, owner: str, methods: dict[str, str], target: str
 def _jdk_tool(name: str) -> str:
     found = shutil.which(name)
     if not found:
-        raise PatchError(f"{name} (from a JDK) is not on PATH: it builds refinery's patch of the Flink job server")
+        raise JarPatchError(f"{name} (from a JDK) is not on PATH: it builds refinery's patch of the Flink job server")
     return found
 
 
 def patch_jar(jar: Path, dest: Path | None = None, log: Callable[[str], object] = print) -> dict[str, int]:
     """Write ``jar`` patched (see the module docstring) to ``dest`` (default: ``jar`` itself,
     replaced atomically); a patched jar is copied as it is. Returns the redirected calls per
-    class; raises :class:`PatchError`."""
+    class; raises :class:`JarPatchError`."""
     dest = dest or jar
     if is_patched(jar):
         if dest != jar:
@@ -154,7 +154,7 @@ def patch_jar(jar: Path, dest: Path | None = None, log: Callable[[str], object] 
                     patched[n], counts[n] = new, hits
     missing = [n for n in REQUIRED if n not in counts]
     if missing:
-        raise PatchError(f"{jar}: no NettyServerBuilder.forPort/forAddress call to redirect in {', '.join(missing)} "
+        raise JarPatchError(f"{jar}: no NettyServerBuilder.forPort/forAddress call to redirect in {', '.join(missing)} "
                          "(a Beam version this patch does not know)")
     log(f"{jar.name}: serving this user only ({sum(counts.values())} server builder calls in {len(counts)} classes)")
     with tempfile.TemporaryDirectory(prefix="refinery-flink-patch-") as tmp:
@@ -167,7 +167,7 @@ def patch_jar(jar: Path, dest: Path | None = None, log: Callable[[str], object] 
         r = subprocess.run([javac, "--release", "8", "-nowarn", "-cp", str(jar), "-d", str(out),
                             *map(str, sorted(src.glob("*.java")))], capture_output=True, text=True)
         if r.returncode != 0:
-            raise PatchError(f"javac could not build refinery's patch against {jar}: {r.stderr.strip()[:500]}")
+            raise JarPatchError(f"javac could not build refinery's patch against {jar}: {r.stderr.strip()[:500]}")
         for n, data in patched.items():
             (out / n).parent.mkdir(parents=True, exist_ok=True)
             (out / n).write_bytes(data)
@@ -179,10 +179,10 @@ def patch_jar(jar: Path, dest: Path | None = None, log: Callable[[str], object] 
         r = subprocess.run([jar_tool, "uf", str(work), "-C", str(out), "."], capture_output=True, text=True)
         if r.returncode != 0:
             work.unlink(missing_ok=True)
-            raise PatchError(f"jar uf {work}: {r.stderr.strip()[:500]}")
+            raise JarPatchError(f"jar uf {work}: {r.stderr.strip()[:500]}")
         work.replace(dest)
     if not is_patched(dest):
-        raise PatchError(f"{dest}: patched, yet its marker {MARKER} does not read {PATCH_ID}")
+        raise JarPatchError(f"{dest}: patched, yet its marker {MARKER} does not read {PATCH_ID}")
     return counts
 
 
@@ -208,11 +208,11 @@ def embedded_flink_conf(root: Path, log: Callable[[str], object] = print) -> Pat
         folder.mkdir(parents=True, exist_ok=True)
         info = folder.stat()
         if info.st_uid != os.getuid():
-            raise PatchError(f"{folder} belongs to uid {info.st_uid}, not to this user: the embedded Flink's key "
+            raise JarPatchError(f"{folder} belongs to uid {info.st_uid}, not to this user: the embedded Flink's key "
                              "must be this user's alone (remove the folder)")
         folder.chmod(0o700)
     except OSError as e:
-        raise PatchError(f"{folder}: cannot keep the embedded Flink's key there ({e.strerror})") from None
+        raise JarPatchError(f"{folder}: cannot keep the embedded Flink's key there ({e.strerror})") from None
     keystore, conf = folder / KEYSTORE, folder / CONF
     if not (keystore.exists() and conf.exists()):
         keytool = _jdk_tool("keytool")
@@ -225,7 +225,8 @@ def embedded_flink_conf(root: Path, log: Callable[[str], object] = print) -> Pat
                             "-keystore", str(work), "-storepass", password, "-keypass", password],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            raise PatchError(f"keytool could not make the embedded Flink's key in {folder}: {r.stderr.strip()[:300]}")
+            raise JarPatchError(f"keytool could not make the embedded Flink's key in {folder}: "
+                                f"{r.stderr.strip()[:300]}")
         work.chmod(0o600)
         lines = ["rest.bind-address: localhost", "jobmanager.bind-host: localhost",
                  "taskmanager.bind-host: localhost"]

@@ -6,6 +6,7 @@ from typing import Any
 
 from . import portable
 from .local import in_process, runnable
+from .shutdown_noise import held_shutdown_noise
 
 
 def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = False) -> dict[str, int]:
@@ -18,10 +19,9 @@ def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = Fal
     (:func:`~.same_user.private_loopback_workers`); on the embedded portable job service
     there is none (:func:`~.portable.runnable`). The SDK workers' tracebacks of a data plane
     hung up at the end of a job are said only if the job failed (:mod:`.shutdown_noise`)."""
-    from refinery.transforms.resumable.beam_steps import light_job, run_on_beam  # Beam, imported when a job runs
+    from refinery.transforms.resumable.beam_steps import light_job, run_on_beam  # lazy: Beam, when a job runs
 
-    from .same_user import private_loopback_workers
-    from .shutdown_noise import held_shutdown_noise
+    from .same_user import private_loopback_workers  # lazy: gRPC, when a job runs
 
     if light_job(steps):
         beam_args = in_process(beam_args)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from .args import with_defaults
+from .args import value, with_defaults
 
 
 def local_args(workers: int | None, args: list[str]) -> list[str]:
@@ -46,8 +46,6 @@ LOCAL_RUNNER = "refinery.runners.local_runner.LocalRunner"  # Beam's FnApiRunner
 
 def is_direct(args: list[str]) -> bool:
     """Whether ``args`` ask for Beam's DirectRunner (what ``local`` and ``direct`` build)."""
-    from .args import value
-
     return (value(args, "--runner") or "").lower() in ("directrunner", "direct")
 
 
@@ -65,8 +63,6 @@ def in_process(args: list[str]) -> list[str]:
     multi-process DirectRunner (a job of light steps: I/O-bound work, or one unit, where
     starting worker processes would cost more than it saves); any other runner's ``args``
     unchanged."""
-    from .args import value
-
     if not is_direct(args) or value(args, "--direct_running_mode") != "multi_processing":
         return args
     kept = [a for a in args if not a.startswith(("--direct_running_mode", "--direct_num_workers"))]

@@ -52,7 +52,7 @@ def resolve_prism(args: list[str]) -> list[str]:
         if not os.path.isfile(given):
             raise RunnerOptionsError(f"--prism_location {given}: no such file (make prism-cache builds one)")
         return args
-    from .prism_local import find_prism, missing_reason
+    from .prism_local import find_prism, missing_reason  # lazy: `python -m refinery.runners.prism_local` runs it
 
     found = find_prism()
     if found is None:
@@ -75,7 +75,7 @@ def prism_job_service(args: list[str]) -> Iterator[list[str]]:
     if not is_prism(args) or has(args, "--job_endpoint") or not binary:
         yield args
         return
-    from .prism_local import PrismServer
+    from .prism_local import PrismServer  # lazy: as in resolve_prism
 
     try:
         server = PrismServer(binary).start()

@@ -259,7 +259,8 @@ class PrismServer:
         return f"unix:{self.socket}"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "PrismServer":
-        from .warm_workers import SOCKET_PATH_MAX, private_folder
+        # warm_workers runs as `python -m`: importing the runners package must not import it
+        from .warm_workers import SOCKET_PATH_MAX, private_folder  # lazy: see the line above
 
         self.folder = private_folder()
         self.socket = os.path.join(self.folder, "prism.sock")

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from refinery.transforms.io.beam_private import fnapi_environment_major_version, setup_builds_captured
 from refinery.transforms.resumable import Stage, bind_stages
+from refinery.transforms.resumable.planner import Step
 
 from .args import has
 from .dataflow import check_options
@@ -30,12 +32,11 @@ if TYPE_CHECKING:
     from apache_beam.portability.api import beam_runner_api_pb2
 
 
-def command_pipeline(stages: list[Stage], output: str, beam_args: list[str],
+def command_pipeline(stages: list[Stage[Any, Any]], output: str, beam_args: list[str],
                      verify_checksums: bool = False) -> beam.Pipeline | None:
     """The command's Beam pipeline, built, not run: every stage a step over its whole plan
     (what ``run_stages`` runs when no unit is done yet); None when no stage plans a unit."""
-    from refinery.transforms.resumable.beam_steps import build_pipeline
-    from refinery.transforms.resumable.planner import Step
+    from refinery.transforms.resumable.beam_steps import build_pipeline  # lazy: Beam, when a job is built
 
     steps = [Step(run, units, run.stage.plan_ref) for run in bind_stages(stages, output)
              if (units := run.stage.plan())]  # the job reads its units from the output: not written here
@@ -55,7 +56,7 @@ def runner_api(pipeline: beam.Pipeline) -> beam_runner_api_pb2.Pipeline:
     return pipeline.to_runner_api(default_environment=default_environment(pipeline))
 
 
-def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_checksums: bool = False) -> Any:
+def dataflow_job(stages: list[Stage[Any, Any]], output: str, beam_args: list[str], verify_checksums: bool = False) -> Any:
     """The Dataflow job of :func:`command_pipeline`, built with DataflowRunner and
     ``--dry_run``: the runner applies its overrides, translates the pipeline, resolves the
     container image and builds the job description (``apiclient.Job``; ``.proto`` is the
@@ -66,8 +67,6 @@ def dataflow_job(stages: list[Stage], output: str, beam_args: list[str], verify_
     at construction already skips its GCS bucket checks only in a dry run.
     """
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
-
-    from refinery.transforms.io.beam_private import setup_builds_captured
 
     check_options(beam_args)  # Beam would raise a traceback, or look for a default bucket online
     args = list(beam_args) if has(beam_args, "--dry_run") else [*beam_args, "--dry_run=True"]
@@ -122,8 +121,6 @@ def job_environment(job: Any) -> Any:
     staged and the pipeline URL points where ``pipeline.pb`` would be."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
     from apache_beam.runners.dataflow.internal import apiclient
-
-    from refinery.transforms.io.beam_private import fnapi_environment_major_version
 
     staging = job.options.view_as(GoogleCloudOptions).staging_location.rstrip("/")
     return apiclient.Environment(

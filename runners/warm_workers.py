@@ -46,6 +46,11 @@ import time
 import traceback
 from typing import Callable, Iterator
 
+from refinery.runners.quick_exit import end_now
+
+from .args import value
+from .local import is_direct
+
 MODULE = "refinery.runners.warm_workers"
 WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 # What every warm process imports: Beam's worker and the per-unit machinery of every step.
@@ -93,9 +98,6 @@ def active() -> Pool | None:
 def wanted(beam_args: list[str]) -> bool:
     """Whether ``beam_args`` run jobs on the local runner with several worker processes (and
     ``REFINERY_WARM_WORKERS`` is not ``0``)."""
-    from .args import value
-    from .local import is_direct
-
     return (os.environ.get("REFINERY_WARM_WORKERS", "1") != "0" and is_direct(beam_args)
             and value(beam_args, "--direct_running_mode") == "multi_processing")
 
@@ -283,8 +285,6 @@ def _run_worker(conn: socket.socket) -> None:
     except BaseException:  # noqa: BLE001 - reported through the status, like a worker process's
         traceback.print_exc()
     finally:
-        from refinery.runners.quick_exit import end_now
-
         with contextlib.suppress(OSError):
             conn.sendall(f"{status}\n".encode())
         end_now(status)

@@ -16,14 +16,14 @@ import logging
 import sys
 import time
 
+from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
+
+from refinery.transforms.io.beam_private import worker_pool_on
+
+from .same_user import LOOPBACK_HOST, SameUserOnly
+
 
 def main(argv: list[str] | None = None) -> int:
-    from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
-
-    from refinery.transforms.io.beam_private import worker_pool_on
-
-    from .same_user import LOOPBACK_HOST, SameUserOnly
-
     p = argparse.ArgumentParser(prog="python -m refinery.runners.worker_pool", description=__doc__.split("\n\n")[0])
     p.add_argument("--service_port", type=int, required=True, help="the port to listen on (on 127.0.0.1)")
     p.add_argument("--container_executable", default=None, help="a worker's boot command (Beam's flag)")

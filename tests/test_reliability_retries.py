@@ -190,8 +190,7 @@ def test_a_failed_beam_job_is_one_error_and_keeps_finished_units(
     # the rerun hint repeats the command line: give the one a user typed, not pytest's own
     monkeypatch.setattr(sys, "argv", ["refinery", "prep", "--input", str(corpus), "--output", str(out), "--force"])
     p = command.Pipeline("prep", str(out), build_stages(_config(corpus, out)), runner=lost_cluster)
-    args = type("Args", (), {"dry_run": False, "no_progress": True})()
-    assert command.run_pipeline(p, args, ["--runner=FlinkRunner"]) == 1
+    assert command.run_and_report(p, command.RunFlags(no_progress=True), ["--runner=FlinkRunner"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("refinery prep: stage pack: the Beam job failed: RuntimeError: Pipeline BeamApp-x")
     assert err[1].startswith("Finished units are kept (-v shows FlinkRunner's whole error); fix the cause and run")
