@@ -56,7 +56,8 @@ def runner_api(pipeline: beam.Pipeline) -> beam_runner_api_pb2.Pipeline:
     return pipeline.to_runner_api(default_environment=default_environment(pipeline))
 
 
-def dataflow_job(stages: list[Stage[Any, Any]], output: str, beam_args: list[str], verify_checksums: bool = False) -> Any:
+def dataflow_job(stages: list[Stage[Any, Any]], output: str, beam_args: list[str],
+                 verify_checksums: bool = False) -> Any:
     """The Dataflow job of :func:`command_pipeline`, built with DataflowRunner and
     ``--dry_run``: the runner applies its overrides, translates the pipeline, resolves the
     container image and builds the job description (``apiclient.Job``; ``.proto`` is the

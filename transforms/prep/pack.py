@@ -27,12 +27,6 @@ SpillFiles = Mapping[str, str]  # a spill's files by kind: "tokens", "docs", "sh
 SINK_RUN_TOKENS = 1 << 20  # a sink's spill writes its tokens every 4 MB (a worker sorts several shards at once)
 
 
-class ShardPayload(TypedDict):
-    """A pack (or sink) unit's payload: the shard it writes."""
-
-    shard: int
-
-
 class ShardWritten(TypedDict):
     """What :func:`write_shard_files` wrote: the shard's tokens and documents."""
 
