@@ -10,8 +10,7 @@ from typing import Protocol
 from refinery.beam_pipelines.beam_flags import check_beam_args
 from refinery.beam_pipelines.checks import UsageError, gs_paths, location_problems
 from refinery.runners import RunnerOptionsError, pipeline_args, prepare_run, warm_workers
-from refinery.transforms.io import storage
-from refinery.transforms.io.gcs import credentials_problem
+from refinery.transforms.io import gcs, storage
 
 
 class CommandModule(Protocol):
@@ -45,7 +44,7 @@ def launch(mod: CommandModule, args: argparse.Namespace, unknown: list[str], lea
     dry_run = getattr(args, "dry_run", False)
     problems = location_problems(args, leaf, beam_args)
     if not problems and (gs_paths(args, leaf) or any("gs://" in a for a in beam_args)):
-        if (missing := credentials_problem()) is not None:
+        if (missing := gcs.credentials_problem()) is not None:  # (through the module: tests stand in for it)
             if not dry_run:
                 problems.append(missing)
             else:  # a dry run reads nothing remote; the run will need them

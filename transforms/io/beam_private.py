@@ -188,7 +188,7 @@ def loopback_worker_pool_at(host: str, interceptors: Sequence[Any]) -> Iterator[
     try:
         yield
     finally:
-        pool.start = real  # type: ignore[method-assign]
+        pool.start = real  # type: ignore[method-assign]  # Beam's untyped classmethod, put back
 
 
 def worker_pool_on(host: str, port: int, interceptors: Sequence[Any], servicer: Any) -> tuple[str, Any]:
@@ -286,7 +286,7 @@ def _flink_job_server_class() -> type:
         endpoint: str | None = None
 
         def subprocess_cmd_and_endpoint(self) -> tuple[list[str], str]:
-            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()  # type: ignore[no-untyped-call]
+            cmd, self.endpoint = super().subprocess_cmd_and_endpoint()  # type: ignore[no-untyped-call]  # Beam's, unannotated
             return cmd, self.endpoint
 
     return FlinkJobServer

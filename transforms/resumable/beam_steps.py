@@ -222,7 +222,7 @@ class RunAllStages(beam.PTransform[beam.pvalue.PBegin, beam.PCollection[UnitResu
 
     # None when no stage has a unit: Beam accepts a composite that outputs nothing
     @_mypy_only
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult] | None:  # type: ignore[override]
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[UnitResult] | None:  # type: ignore[override]  # None: no step
         return apply_steps(pbegin, self.steps, self.verify_checksums)
 
 
