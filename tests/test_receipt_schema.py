@@ -1,11 +1,14 @@
 """The receipt's schema is written in one place, the TypedDict ``Receipt``; the docs quote what
-it gives, and the receipts a run writes have exactly its keys."""
+it gives, and the receipts a run writes have exactly its keys; a stage's typed stats drop nothing."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from refinery.transforms.prep.stages import manifest_stats
 from refinery.transforms.resumable import Stage, StageConfig, Unit, UnitContext, run_in_driver, run_stages
 from refinery.transforms.resumable.ledger import NEVER_STORED, STORED_ALWAYS, Receipt, receipt_schema
 
@@ -48,3 +51,14 @@ def test_stored_receipts_have_the_schemas_keys_in_its_order(tmp_path: Path) -> N
     assert set(failed) == {k for k in keys if k not in optional or k == "error"}
     assert failed["status"] == "failed" and set(failed["error"]) == {"type", "message", "traceback"}
     assert set(done["files"][0]) == {"path", "bytes", "sha256"}
+
+
+def test_the_manifest_stats_keep_every_row_count_and_refuse_an_unknown_one() -> None:
+    """The manifest unit's stats are typed key by key: a row count the accounting adds later is
+    refused with its name, never dropped from the receipt."""
+    rows = {"read": 9, "accepted": 6, "empty": 1, "rejected": 1, "over_budget": 1}
+    assert manifest_stats(50, 6, rows) == {"tokens": 50, "docs": 6, "rows_read": 9, "rows_accepted": 6,
+                                           "rows_empty": 1, "rows_rejected": 1, "rows_over_budget": 1}
+    assert manifest_stats(50, 6, {**rows, "excluded": 2})["rows_excluded"] == 2
+    with pytest.raises(ValueError, match=r"\['duplicates'\] have no place"):
+        manifest_stats(50, 6, {**rows, "duplicates": 3})
