@@ -72,7 +72,6 @@ from typing import (
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
 from refinery.transforms.resumable.ledger import (
-    META_DIR,
     Completion,
     FileEntry,
     Ledger,
@@ -298,11 +297,11 @@ class StageRun:
 
     @property
     def dir(self) -> str:
-        return storage.join(self.output, META_DIR, self.stage.name, self.stage_hash)
+        return self.ledger.dir
 
     @property
     def parts_dir(self) -> str:
-        return storage.join(self.dir, "parts")
+        return self.ledger.parts_dir
 
     def receipt_path(self, unit_id: str) -> str:
         return self.ledger.receipt_path(unit_id)
