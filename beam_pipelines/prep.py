@@ -39,15 +39,20 @@ from refinery.beam_pipelines.checks import (
     warn_if_mostly_rejected,
 )
 from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
-from refinery.transforms.formats.droplist import ReadSpec
+from refinery.beam_pipelines.exclusion_flags import (
+    ExclusionFlags,
+    add_exclusion_args,
+    exclusion_header,
+    load_checked_exclusion,
+)
 from refinery.transforms.formats.shards import check_name
 from refinery.transforms.formats.tiktoken_vocab import TIKTOKEN_FILES, VocabError
 from refinery.transforms.formats.tokenizer_choice import TokenizerError, TokenizerSpec, resolve_tokenizer
 from refinery.transforms.io import storage
 from refinery.transforms.io.hf import resolve_hf_parquet
 from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
-from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec
-from refinery.transforms.prep.exclusion import UNREAD, Exclusion, load_exclusion
+from refinery.transforms.io.text import TextSpec
+from refinery.transforms.prep.exclusion import Exclusion
 from refinery.transforms.prep.stages import PrepConfig, build_stages, clear_stale_manifest, parse_token_count
 from refinery.transforms.resumable import JobResult
 
@@ -101,23 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "arrow row) as 'row too large', reading past it without holding it in memory "
                           f"(default: {DEFAULT_MAX_ROW_BYTES} = {DEFAULT_MAX_ROW_BYTES >> 20} MiB)")
     add_reject_rate_arg(src)
-    src.add_argument("--exclude-overlaps", nargs="+", default=[], metavar="DECON_OUTPUT",
-                     help="leave out the training rows that these finished refinery decon outputs found "
-                          "overlapping an eval set (their stats/contaminated_train_docs.jsonl); rows are matched "
-                          "by file and row number; every input must be a file decon scanned, unchanged since "
-                          "(else the run is refused, naming it), and the drop list must be what decon wrote "
-                          "(its sha256 is checked against decon's merge receipt)")
-    src.add_argument("--allow-unscanned-inputs", action="store_true",
-                     help="with --exclude-overlaps: keep input files that decon did not scan (or that changed "
-                          "since, holding no listed row) without an overlap check, with a warning, instead of "
-                          "refusing the run")
-    src.add_argument("--verify-inputs-by-content", action="store_true",
-                     help="with --exclude-overlaps: read every input in full first and refuse one whose sha256 is "
-                          "not the one decon recorded (decon --verify-inputs-by-content): for corpora copied with "
-                          "their sizes and mtimes kept (cp -p, rsync -t, tar), where rows may differ unseen")
-    src.add_argument("--exclude-n", type=int, metavar="N",
-                     help="with --exclude-overlaps: leave out rows that overlap at this n (one the decon runs "
-                          "computed; default: each run's largest n)")
+    add_exclusion_args(src, "the shards")
     out = parser.add_argument_group("output")
     out.add_argument("--output", required=True, metavar="DIR", help="output folder, local or gs://")
     out.add_argument("--dataset", help="dataset name used in shard file names (default: from the input)")
@@ -217,10 +206,7 @@ class PrepSettings:
     id_field: str | None = None
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     max_reject_rate: float | None = None
-    exclude_overlaps: tuple[str, ...] = ()
-    allow_unscanned_inputs: bool = False
-    verify_inputs_by_content: bool = False
-    exclude_n: int | None = None
+    exclude: ExclusionFlags = ExclusionFlags()
     dataset: str | None = None
     num_shards: int = 8
     max_tokens: str | None = None
@@ -240,9 +226,8 @@ def settings_from_args(args: argparse.Namespace) -> PrepSettings:
         output=args.output, inputs=tuple(args.input or ()), hf_dataset=args.hf_dataset, hf_subset=args.hf_subset,
         hf_split=args.hf_split, hf_revision=args.hf_revision, text_field=args.text_field,
         text_template=args.text_template, id_field=args.id_field, max_row_bytes=args.max_row_bytes,
-        max_reject_rate=args.max_reject_rate, exclude_overlaps=tuple(args.exclude_overlaps),
-        allow_unscanned_inputs=args.allow_unscanned_inputs, verify_inputs_by_content=args.verify_inputs_by_content,
-        exclude_n=args.exclude_n, dataset=args.dataset, num_shards=args.num_shards, max_tokens=args.max_tokens,
+        max_reject_rate=args.max_reject_rate, exclude=ExclusionFlags.from_args(args),
+        dataset=args.dataset, num_shards=args.num_shards, max_tokens=args.max_tokens,
         unit_mb=args.unit_mb, tokenizer=TokenizerFlags.from_args(args), run=RunFlags.from_args(args))
 
 
@@ -355,17 +340,7 @@ def find_inputs(s: PrepSettings, text: TextSpec) -> FoundInputs:
         check_field("prep", "--id-field", s.id_field, [f.path for f in inputs])
     if problem := replaced_inputs_problem("prep", s.output, inputs, s.given, s.run.force):
         raise UsageError(problem)
-    exclude = None
-    unscanned: list[str] = []
-    if s.exclude_overlaps:
-        read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, s.max_row_bytes)
-        exclude = load_exclusion(list(s.exclude_overlaps), s.exclude_n, read_spec=read_spec)
-        unscanned = exclude.check_inputs(inputs, allow_unscanned=s.allow_unscanned_inputs,
-                                         by_content=s.verify_inputs_by_content)
-    elif s.exclude_n is not None or s.allow_unscanned_inputs or s.verify_inputs_by_content:
-        flag = ("--exclude-n" if s.exclude_n is not None else
-                "--allow-unscanned-inputs" if s.allow_unscanned_inputs else "--verify-inputs-by-content")
-        raise UsageError(f"refinery prep: {flag} needs --exclude-overlaps DECON_OUTPUT")
+    exclude, unscanned = load_checked_exclusion("prep", s.exclude, inputs, text, s.max_row_bytes)
     return FoundInputs(inputs, source, skipped, exclude, unscanned)
 
 
@@ -420,12 +395,5 @@ def prep_header(cfg: PrepConfig, found: FoundInputs) -> str:
             f"dataset {cfg.dataset!r}"
             + (f", max {max_tokens:,} tokens" if max_tokens else "") + ")"
             + ("" if tokenizer.is_default else f"\n  tokenizer: {tokenizer.describe()}")
-            + "".join(f"\n  excluding the training rows that {s.output} found overlapping: its drop list is "
-                      f"{s.sha256}" if s.sha256 == UNREAD else
-                      f"\n  excluding {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
-                      + (f", and {s.unread:,} it could not read" if s.unread else "")
-                      for s in (exclude.sources if exclude else []))
-            + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
-               f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"
-               if unscanned else "")
+            + exclusion_header(exclude, unscanned)
             + (f"\n  {storage.skipped_note(found.skipped)}" if found.skipped else ""))

@@ -5,6 +5,9 @@ decon writes them (its merge stage), ``prep --exclude-overlaps`` reads them
 
 - :data:`CONTAMINATED_DOCS`: one :class:`DropEntry` per training row with an overlap, sorted
   by path and row;
+- :data:`CONTAMINATED_SPANS`: one :class:`SpanEntry` per (training row with an overlap, n
+  it overlaps at): the union of the training offsets of its overlapping n-grams, sorted by
+  path, row and n (what span mode cuts out);
 - :data:`UNREAD_ROWS`: one :class:`UnreadRow` per training row decon could not read (too
   large, not JSON, a corrupt file's end), in scan order: its overlaps are unknown;
 - :data:`TRAIN_FILES`: one :class:`TrainFile` per training file decon scanned, with how
@@ -21,9 +24,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, TypedDict
 
+import numpy as np
+
 from refinery.transforms.io import storage
 
 CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
+CONTAMINATED_SPANS = "stats/contaminated_train_spans.jsonl"
 UNREAD_ROWS = "stats/unread_train_rows.jsonl"
 TRAIN_FILES = "stats/train_files.jsonl"
 OVERLAP_STATS = "stats/overlap_stats.jsonl"
@@ -39,6 +45,16 @@ class DropEntry(TypedDict):
     train_row: int
     train_doc_id: str
     ns: list[int]
+
+
+class SpanEntry(TypedDict):
+    """A training row's overlapping spans at one n: ``[start, end)`` code-point offsets into
+    its text as read, merged where they overlap or touch, ascending."""
+
+    train_path: str
+    train_row: int
+    n: int
+    spans: list[list[int]]
 
 
 class UnreadRow(TypedDict):
@@ -190,3 +206,32 @@ def drop_rows(docs_path: str, lines: bytes | Iterable[bytes], files: list[dict[s
         except (KeyError, TypeError, ValueError) as e:
             raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
     return rows
+
+
+def drop_spans(spans_path: str, lines: Iterable[bytes], files: list[dict[str, Any]],
+               n: int) -> dict[str, dict[int, np.ndarray]]:
+    """The spans a :data:`CONTAMINATED_SPANS` file (``lines``, those of ``spans_path``) lists
+    at ``n``: resolved path -> row -> ``(k, 2)`` int64 ``[start, end)``. One line at a time;
+    :class:`storage.InputError` naming a row that is not an entry, or a (path, row) listed
+    twice at ``n``."""
+    by_given = {f["train_path"]: f["resolved"] for f in files}
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for i, line in enumerate(lines, 1):
+        entry = parse_line(spans_path, i, line)
+        if entry is None:
+            continue
+        try:
+            if int(entry["n"]) != n:
+                continue
+            path = by_given.get(entry["train_path"]) or storage.resolved(entry["train_path"])
+            row = int(entry["train_row"])
+            spans = np.array(entry["spans"], dtype=np.int64).reshape(-1, 2)
+        except (KeyError, TypeError, ValueError) as e:
+            raise storage.InputError(f"{spans_path}: row {i} is not a span entry ({e!r})") from None
+        if not len(spans):
+            raise storage.InputError(f"{spans_path}: row {i} lists no span")
+        rows = out.setdefault(path, {})
+        if row in rows:
+            raise storage.InputError(f"{spans_path}: row {i} lists {entry['train_path']} row {row} at n={n} again")
+        rows[row] = spans
+    return out

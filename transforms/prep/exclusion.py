@@ -39,20 +39,27 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
+    CONTAMINATED_SPANS,
     OVERLAP_STATS,
     TRAIN_FILES,
     UNREAD_ROWS,
     HashedLines,
     ReadSpec,
     drop_rows,
+    drop_spans,
     file_sha256,
     read_jsonl,
     read_spec_mismatch,
 )
 from refinery.transforms.io import storage
+from refinery.transforms.prep.span_cut import SpanRules
 from refinery.transforms.resumable.ledger import META_DIR, check_receipt
+
+EXCLUDE_MODES = ("row", "span")
 
 UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 SHOWN = 3  # paths named in a refusal
@@ -69,6 +76,7 @@ class DropSource:
     files_sha256: str = ""  # of its train_files.jsonl (which resolves the drop list's paths)
     unread_sha256: str = ""  # of its unread_train_rows.jsonl (rows decon could not read: left out at any n)
     unread: int = 0          # training rows it could not read
+    spans_sha256: str = ""   # span mode: of its contaminated_train_spans.jsonl
 
 
 def _checked(path: str, sha256: str) -> bytes:
@@ -115,6 +123,29 @@ def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
     return {p: frozenset(r) for p, r in rows.items()}
 
 
+@functools.lru_cache(maxsize=4)
+def _source_spans(source: DropSource) -> dict[str, dict[int, np.ndarray]]:
+    """Span mode: a decon output's spans at its n, read in a worker (once per process) from
+    the file the driver checked: the same bytes (sha256), or an error."""
+    files = read_jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
+    path = storage.join(source.output, CONTAMINATED_SPANS)
+    return _streamed_spans(path, source.spans_sha256, files, source.n, PLANNED)
+
+
+def _streamed_spans(path: str, sha256: str, files: list[dict[str, Any]], n: int,
+                    why: tuple[str, str]) -> dict[str, dict[int, np.ndarray]]:
+    """:func:`drop_spans` of ``path`` read a line at a time, refused at its end unless its
+    sha256 is ``sha256`` (``why`` says how)."""
+    try:
+        return drop_spans(path, HashedLines(path, sha256, *why), files, n)
+    except storage.InputError:
+        got = file_sha256(path)
+        if got != sha256:
+            raise storage.InputError(f"{path}: {why[0]} (sha256 {got[:16]}..., recorded {sha256[:16]}...); "
+                                     f"{why[1]}") from None
+        raise
+
+
 @dataclass
 class Exclusion:
     """The training rows to leave out, by resolved file path, and where they come from."""
@@ -127,17 +158,38 @@ class Exclusion:
     contents: dict[str, dict[str, str]] = field(default_factory=dict)
     unscanned: int = 0  # inputs kept without an overlap check (--allow-unscanned-inputs)
     expected: int | None = None  # listed rows in the inputs: what a full run excludes (set by check_inputs)
+    rules: SpanRules | None = None  # span mode (--exclude-mode span): cut the spans out; None: drop rows
+    spans: dict[str, dict[int, np.ndarray]] | None = field(default_factory=dict)  # span mode; None: read when asked
+
+    @property
+    def mode(self) -> str:
+        """``row`` (listed rows are left out) or ``span`` (their overlapping spans are cut out)."""
+        return "row" if self.rules is None else "span"
 
     def identity(self) -> list[dict[str, Any]]:
-        """What enters the tokenize stage's hash: each drop list's content and n (not its path)."""
-        return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {})}
+        """What enters the tokenize stage's hash: each drop list's content and n (not its path);
+        in span mode also its spans file's content and the rules (row mode's hash is as before)."""
+        rules = self.rules
+        return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {}),
+                 **({"mode": "span", "spans_sha256": s.spans_sha256, **rules.identity()} if rules else {})}
                 for s in self.sources]
 
     def __getstate__(self) -> dict[str, Any]:
         """What a job carries: where the drop lists are and their sha256, not their rows nor what
-        decon scanned; a worker reads the rows (:meth:`rows_of`), so the job does not grow with
-        them."""
-        return {**self.__dict__, "rows": None, "scanned": {}, "contents": {}}
+        decon scanned; a worker reads the rows (:meth:`rows_of`) and spans (:meth:`spans_of`),
+        so the job does not grow with them."""
+        return {**self.__dict__, "rows": None, "spans": None, "scanned": {}, "contents": {}}
+
+    def spans_of(self, path: str) -> dict[int, np.ndarray]:
+        """Span mode: the overlapping spans of each listed row of the input file ``path`` that
+        has them (a row decon could not read has none: it is dropped whole)."""
+        if self.spans is None:  # in a worker: from the decon outputs, checked against the plan's sha256
+            spans: dict[str, dict[int, np.ndarray]] = {}
+            for source in self.sources:
+                for p, rows in _source_spans(source).items():
+                    _add_spans(spans.setdefault(p, {}), rows)
+            self.spans = spans
+        return self.spans.get(storage.resolved(path), {})
 
     def rows_of(self, path: str) -> frozenset[int]:
         """The rows of the input file ``path`` to leave out."""
@@ -230,10 +282,12 @@ class Exclusion:
                         f"decon recorded {want[:16]}...; same size and version): its rows may now be other "
                         "documents: run decon again, then prep")
 
-    def manifest(self, excluded: int) -> dict[str, Any]:
-        """The manifest's ``excluded_overlaps``: how many rows were left out, and from which runs
-        (each run's ``unread``: the rows it could not read, left out whatever their overlap)."""
-        return {"documents": excluded,
+    def manifest(self, excluded: int, cut: dict[str, int] | None = None) -> dict[str, Any]:
+        """The manifest's ``excluded_overlaps``: how many rows were left out (span mode: listed
+        rows met, and ``cut``: what was done with them), and from which runs (each run's
+        ``unread``: the rows it could not read, left out whatever their overlap)."""
+        span = {"mode": "span", **self.rules.identity(), **(cut or {})} if self.rules is not None else {}
+        return {"documents": excluded, **span,
                 "decon_runs": [{"path": s.output, "contaminated_train_docs_sha256": s.sha256, "n": s.n,
                                 "listed": s.listed, **({"unread": s.unread} if s.unread else {})}
                                for s in self.sources],
@@ -312,17 +366,37 @@ def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpe
             raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
 
 
-def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadSpec) -> Exclusion:
+def _add_spans(into: dict[int, np.ndarray], rows: dict[int, np.ndarray]) -> None:
+    """``rows``' spans added to ``into`` (a row two decon runs list: both runs' spans)."""
+    for row, spans in rows.items():
+        into[row] = spans if row not in into else np.concatenate([into[row], spans])
+
+
+def _check_spans_match(output: str, rows: dict[str, set[int]], spans: dict[str, dict[int, np.ndarray]],
+                       n: int) -> None:
+    """Refuse a spans file whose rows at ``n`` are not the drop list's."""
+    for path in sorted(set(rows) | set(spans)):
+        listed, spanned = rows.get(path, set()), set(spans.get(path, {}))
+        if listed != spanned:
+            odd = sorted(listed ^ spanned)[:SHOWN]
+            raise storage.InputError(f"--exclude-overlaps {output}: its {CONTAMINATED_SPANS} and {CONTAMINATED_DOCS} "
+                                     f"disagree at n={n} on {path} (rows {odd}): run the same decon command again")
+
+
+def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadSpec,
+                   rules: SpanRules | None = None) -> Exclusion:
     """The rows to leave out from the decon ``outputs`` (each finished: ``.SUCCESS`` and its
     merge receipt), at ``n`` (default: each run's largest n; a given n must be one each run
     computed), and the rows each could not read. Every file read must have the sha256 decon
     recorded, and each run must have read the training text as ``read_spec`` (this prep's)
-    says. The drop lists are read a line at a time. Raises :class:`storage.InputError`
-    naming the output and what is wrong with it."""
+    says. The drop lists are read a line at a time. With ``rules`` (span mode), each run's
+    spans file is read too and must list exactly its drop list's rows at n. Raises
+    :class:`storage.InputError` naming the output and what is wrong with it."""
     sources: list[DropSource] = []
     rows: dict[str, set[int]] = {}
     scanned: dict[str, dict[str, tuple[int, str]]] = {}
     contents: dict[str, dict[str, str]] = {}
+    all_spans: dict[str, dict[int, np.ndarray]] = {}
     for output in outputs:
         output = output.rstrip("/")
         if storage.offline_state() is not None and storage.is_remote(output):
@@ -349,6 +423,17 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
                                      f"{', '.join(map(str, ns)) or 'none'}")
         docs_path, docs_sha = _recorded_file(output, CONTAMINATED_DOCS, recorded)
         mine = _streamed_rows(docs_path, docs_sha, files, at, EDITED)
+        spans_sha = ""
+        if rules is not None:
+            if CONTAMINATED_SPANS not in recorded:
+                raise storage.InputError(f"--exclude-overlaps {output}: no {CONTAMINATED_SPANS} (written by a "
+                                         "refinery decon older than --exclude-mode span); run the same decon "
+                                         "command again")
+            spans_path, spans_sha = _recorded_file(output, CONTAMINATED_SPANS, recorded)
+            spans = _streamed_spans(spans_path, spans_sha, files, at, EDITED)
+            _check_spans_match(output, mine, spans, at)
+            for path, rows_spans in spans.items():
+                _add_spans(all_spans.setdefault(path, {}), rows_spans)
         unread_path, unread_sha = _recorded_file(output, UNREAD_ROWS, recorded)
         unread = _streamed_rows(unread_path, unread_sha, files, None, EDITED)
         for listed in (mine, unread):
@@ -356,5 +441,6 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
                 rows.setdefault(path, set()).update(listed_rows)
         sources.append(DropSource(storage.resolved(output), at, docs_sha, sum(len(r) for r in mine.values()),
                                   hashlib.sha256(files_data).hexdigest(), unread_sha,
-                                  sum(len(r) for r in unread.values())))
-    return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned, contents=contents)
+                                  sum(len(r) for r in unread.values()), spans_sha))
+    return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned, contents=contents, rules=rules,
+                     spans=all_spans)
