@@ -384,8 +384,20 @@ def prep_summary(output: str, result: JobResult, seconds: float) -> str:
             f"rejected {rows['rejected']:,}"
             + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
             + (f" + excluded {rows['excluded']:,}" if "excluded" in rows else "")
+            + (f" - pieces {rows['pieces']:,}" if "pieces" in rows else "")
             + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
+            + span_line(m.get("excluded_overlaps", {}))
             + f"\n  manifest: {manifest_path}")
+
+
+def span_line(excluded: dict[str, Any]) -> str:
+    """The summary's line about span mode's cuts (empty in row mode)."""
+    if excluded.get("mode") != "span":
+        return ""
+    return (f"\n  spans cut (\u00b1{excluded['window']} chars): {excluded['rows_split']:,} row(s) split into "
+            f"{excluded['pieces']:,} piece(s), {excluded['rows_dropped']:,} dropped whole (over "
+            f"{excluded['max_splits']} holes, or unread by decon), {excluded['pieces_too_short']:,} piece(s) under "
+            f"{excluded['min_chars']} chars dropped, {excluded['chars_removed']:,} characters removed")
 
 
 def prep_header(cfg: PrepConfig, found: FoundInputs) -> str:

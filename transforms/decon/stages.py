@@ -61,6 +61,7 @@ from refinery.transforms.decon.ngrams.index import (
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
+    CONTAMINATED_SPANS,
     TRAIN_FILES,
     UNREAD_ROWS,
     ReadSpec,
@@ -573,7 +574,8 @@ class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
     def _settings(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details,
-                "train_rows": 2,  # 1: results list the rows hit; 2: with their records, shared texts once
+                # 1: results list the rows hit; 2: with their records, shared texts once; 3: and their spans
+                "train_rows": 3,
                 # absent for jsonl: the hash of a jsonl run made before --details-format is kept
                 **({"details_format": "parquet"} if self.s.details_format == "parquet" else {})}
 
@@ -635,8 +637,9 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         return StageConfig(self._settings())
 
     def _settings(self) -> dict[str, Any]:
-        # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read
-        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 2,
+        # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read;
+        # 3: contaminated_train_spans.jsonl beside it
+        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 3,
                 "clean_subsets": 1,  # stats/clean/<dataset>/n=<n>.jsonl.gz (ngrams.clean)
                 **({"inputs_sha256": True} if self.s.verify_inputs_by_content else {})}
 
@@ -699,6 +702,9 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 storage.remove(ctx.output_path(EVAL_BAD_ROWS), root=ctx.output)
             with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
                 for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
+                    out.write(chunk)
+            with ctx.open_write(ctx.output_path(CONTAMINATED_SPANS)) as out:
+                for chunk in result.contaminated.span_chunks():  # what --exclude-mode span cuts out
                     out.write(chunk)
             with ctx.open_write(ctx.output_path(UNREAD_ROWS)) as out:
                 for chunk in unread_rows(scan_run):

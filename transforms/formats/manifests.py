@@ -43,16 +43,20 @@ def entry_from_receipt(shard: int, receipt: Mapping[str, Any]) -> dict[str, Any]
 
 
 def row_accounting(*, read: int, accepted: int, empty: int, rejected: int, written: int,
-                   excluded: int | None = None) -> dict[str, Any]:
-    """The manifest's ``rows``: ``read = accepted + empty + rejected + over_budget (+ excluded)``,
-    where ``accepted`` counts the documents the shards hold (``written``), ``over_budget`` the
-    accepted ones that ``--max-tokens`` left out and ``excluded`` (present when prep excluded
-    overlaps) the rows a decon drop list left out."""
-    if read != accepted + empty + rejected + (excluded or 0):
-        raise ValueError(f"row counts do not add up: read {read} != accepted {accepted} + empty {empty} "
-                         f"+ rejected {rejected}" + (f" + excluded {excluded}" if excluded is not None else ""))
+                   excluded: int | None = None, pieces: int | None = None) -> dict[str, Any]:
+    """The manifest's ``rows``: ``read (+ pieces) = accepted + empty + rejected + over_budget (+
+    excluded)``, where ``accepted`` counts the documents the shards hold (``written``),
+    ``over_budget`` the accepted ones that ``--max-tokens`` left out, ``excluded`` (present
+    when prep excluded overlaps) the rows a decon drop list named and ``pieces`` (present in
+    span mode) the documents cut from those rows, counted in ``accepted`` too."""
+    if read + (pieces or 0) != accepted + empty + rejected + (excluded or 0):
+        raise ValueError(f"row counts do not add up: read {read}" + (f" + pieces {pieces}" if pieces is not None
+                                                                     else "")
+                         + f" != accepted {accepted} + empty {empty} + rejected {rejected}"
+                         + (f" + excluded {excluded}" if excluded is not None else ""))
     return {"read": read, "accepted": written, "empty": empty, "rejected": rejected,
-            "over_budget": accepted - written, **({"excluded": excluded} if excluded is not None else {})}
+            "over_budget": accepted - written, **({"excluded": excluded} if excluded is not None else {}),
+            **({"pieces": pieces} if pieces is not None else {})}
 
 
 def build_manifest(*, dataset: str, entries: list[dict[str, Any]], rows: dict[str, Any], num_shards: int,

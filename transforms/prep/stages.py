@@ -32,12 +32,13 @@ import numpy as np
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.formats.tokenizer_choice import DEFAULT, PrepTokenizer, TokenizerSpec
 from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
-from refinery.transforms.io.text import TextSpec
+from refinery.transforms.io.text import TextSpec, normalize_text
 from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
@@ -45,10 +46,12 @@ from refinery.transforms.prep.documents import (
     Document,
     Rejected,
     encode_by_shard,
+    extract_text,
     row_normalizer,
     shard_of,
 )
 from refinery.transforms.prep.exclusion import Exclusion
+from refinery.transforms.prep.span_cut import cut_row, piece_id
 from refinery.transforms.resumable import (
     Stage,
     StageConfig,
@@ -299,7 +302,12 @@ class _TokenizeStatsBase(TypedDict):
 class TokenizeStats(_TokenizeStatsBase, total=False):
     """A tokenize unit's receipt stats."""
 
-    excluded: int  # rows dropped by --exclude-overlaps (only with it)
+    excluded: int  # rows dropped by --exclude-overlaps (only with it); span mode: rows listed, cut or dropped
+    pieces: int  # span mode: documents cut from listed rows (counted in accepted too)
+    rows_split: int  # span mode: listed rows cut into pieces
+    rows_dropped: int  # span mode: listed rows dropped whole (more holes than --exclude-max-splits, unread by decon)
+    pieces_too_short: int  # span mode: pieces under --exclude-min-chars (or blank once normalized), dropped
+    chars_removed: int  # span mode: characters of listed rows not kept
     corrupt_files: list[CorruptFile]  # files cut short or corrupt (only when there are)
     encoder_fallbacks: int  # documents the fast encoder refused, encoded by tiktoken
     without_id: int  # accepted documents whose row has no --id-field value: named relpath:row (only when there are)
@@ -308,6 +316,9 @@ class TokenizeStats(_TokenizeStatsBase, total=False):
 def tokenize_stats(receipt: Receipt) -> TokenizeStats:
     """The stats of a tokenize unit's receipt."""
     return cast(TokenizeStats, receipt["stats"])
+
+
+SPAN_COUNTS = ("pieces", "rows_split", "rows_dropped", "pieces_too_short", "chars_removed")  # span mode's stats
 
 
 class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
@@ -452,6 +463,7 @@ class _UnitTally:
         self.cfg, self.enc, self.writer, self.ctx = cfg, enc, writer, ctx
         self.normalize = row_normalizer(cfg.text, cfg.id_field)
         self.rows_read = self.accepted = self.empty = self.rejected = self.excluded = 0
+        self.cut = dict.fromkeys(SPAN_COUNTS, 0)
         self.tokens = self.chars = self.without_id = 0
         self.corrupt: list[CorruptFile] = []  # files cut short or corrupt
         self._new_batch()
@@ -474,10 +486,13 @@ class _UnitTally:
         row_groups = (rg[0], rg[1]) if rg else None
         byte_range = (br[0], br[1]) if br else None
         drop = cfg.exclude.rows_of(path) if cfg.exclude else frozenset()
+        spans = cfg.exclude.spans_of(path) if cfg.exclude and cfg.exclude.rules else None
         for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
             self.rows_read += 1
             if drop and row_base + row in drop:
                 self.excluded += 1
+                if spans is not None:
+                    self._cut(record, path, row_base + row, piece["relpath"], spans.get(row_base + row))
                 continue
             doc = self.normalize(record, error, path, row_base + row, piece["relpath"])
             if isinstance(doc, Rejected):
@@ -486,6 +501,39 @@ class _UnitTally:
             if record is not None and record.get(cfg.id_field) is None:  # (a document is of a dict row)
                 self.without_id += 1
             self._add(doc)
+
+    def _cut(self, record: dict[str, Any] | None, path: str, row: int, relpath: str,
+             spans: np.ndarray | None) -> None:
+        """Span mode: a listed row's pieces (:func:`~.span_cut.cut_row` of its text as read),
+        each normalized, a document ``ROW_ID@START`` in the row's shard; the row dropped whole
+        when decon listed no span for it (it could not read it) or its text cannot be read."""
+        rules = self.cfg.exclude.rules if self.cfg.exclude else None
+        assert rules is not None
+        text = extract_text(record, self.cfg.text)[0] if record is not None and spans is not None else None
+        if text is None or spans is None:
+            self.cut["rows_dropped"] += 1
+            self.cut["chars_removed"] += len(text or "")
+            return
+        try:
+            cut = cut_row(len(text), spans, rules)
+        except ValueError as e:
+            raise storage.InputError(f"{path}: row {row}: {e}") from None
+        self.cut["chars_removed"] += cut.removed_chars
+        if cut.dropped:
+            self.cut["rows_dropped"] += 1
+            return
+        self.cut["rows_split"] += 1
+        self.cut["pieces_too_short"] += cut.too_short
+        row_id = doc_id_for(record, self.cfg.id_field, relpath, row) if record is not None else ""
+        shard = shard_of(row_id, self.cfg.num_shards)
+        for a, b in cut.pieces:
+            piece_text = normalize_text(text[a:b])
+            if not piece_text:  # blank once normalized: nothing to train on
+                self.cut["pieces_too_short"] += 1
+                continue
+            self.cut["pieces"] += 1
+            self.normalize.plain = False
+            self._add(Document(piece_id(row_id, a), piece_text, path, row), shard)
 
     def _reject(self, doc: Rejected, path: str, error: str | None, rejects_out: storage.BinaryWriter) -> None:
         if doc.empty:
@@ -496,10 +544,11 @@ class _UnitTally:
         if error is not None and error.startswith(CORRUPT):  # the file's last row read
             self.corrupt.append({"path": path, "reason": error})
 
-    def _add(self, doc: Document) -> None:
+    def _add(self, doc: Document, shard: int | None = None) -> None:
+        """``doc`` into the batch, in its shard (default: its id's; a piece: its row's)."""
         self.texts.append(doc.text)
         self.plain.append(self.normalize.plain)
-        self.shards.append(shard_of(doc.doc_id, self.cfg.num_shards))
+        self.shards.append(shard_of(doc.doc_id, self.cfg.num_shards) if shard is None else shard)
         self.rows.append(doc.row)
         self.ids.append(doc.doc_id)
         self.sources.append(doc.source)
@@ -528,6 +577,11 @@ class _UnitTally:
                                 "rejected": self.rejected, "tokens": self.tokens, "chars": self.chars}
         if self.cfg.exclude:
             stats["excluded"] = self.excluded
+            if self.cfg.exclude.rules is not None:
+                c = self.cut
+                stats["pieces"], stats["rows_split"], stats["rows_dropped"] = \
+                    c["pieces"], c["rows_split"], c["rows_dropped"]
+                stats["pieces_too_short"], stats["chars_removed"] = c["pieces_too_short"], c["chars_removed"]
         if self.corrupt:
             stats["corrupt_files"] = self.corrupt
         if encoder_fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
@@ -765,13 +819,14 @@ class ManifestStats(_ManifestStatsBase, total=False):
     """The manifest unit's receipt stats: the totals and the manifest's ``rows``, each ``rows_<key>``."""
 
     rows_excluded: int  # with --exclude-overlaps only
+    rows_pieces: int  # with --exclude-mode span only
 
 
 def manifest_stats(tokens: int, docs: int, rows: Mapping[str, int]) -> ManifestStats:
     """The manifest unit's stats from its totals and its row accounting (``rows``:
     :func:`~refinery.transforms.formats.manifests.row_accounting`'s keys; an unknown one raises,
     never left out)."""
-    known = {"read", "accepted", "empty", "rejected", "over_budget", "excluded"}
+    known = {"read", "accepted", "empty", "rejected", "over_budget", "excluded", "pieces"}
     if not known.issuperset(rows):
         raise ValueError(f"row accounting keys {sorted(set(rows) - known)} have no place in the manifest's stats")
     stats: ManifestStats = {"tokens": tokens, "docs": docs, "rows_read": rows["read"],
@@ -779,6 +834,8 @@ def manifest_stats(tokens: int, docs: int, rows: Mapping[str, int]) -> ManifestS
                             "rows_rejected": rows["rejected"], "rows_over_budget": rows["over_budget"]}
     if "excluded" in rows:
         stats["rows_excluded"] = rows["excluded"]
+    if "pieces" in rows:
+        stats["rows_pieces"] = rows["pieces"]
     return stats
 
 
@@ -806,7 +863,8 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
     def run_unit(self, unit: Unit[ManifestPayload], ctx: UnitContext) -> ManifestStats:
         cfg = self.cfg
         tk, pk = ctx.upstream("tokenize"), ctx.upstream("pack")
-        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0, "without_id": 0}
+        counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0, "without_id": 0,
+                  **dict.fromkeys(SPAN_COUNTS, 0)}
         corrupt: list[CorruptFile] = []
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
@@ -830,13 +888,16 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
             raise RuntimeError(f"the drop lists name {expected:,} row(s) of these inputs, but {counts['excluded']:,} "
                                "were met and excluded: a listed row matches no row read (a row number past its "
                                "file's end?); the drop list and the inputs disagree")
+        span = cfg.exclude is not None and cfg.exclude.rules is not None
         rows = manifests.row_accounting(read=counts["rows_read"], accepted=counts["accepted"], empty=counts["empty"],
                                      rejected=counts["rejected"], written=written,
-                                     excluded=counts["excluded"] if cfg.exclude else None)
+                                     excluded=counts["excluded"] if cfg.exclude else None,
+                                     pieces=counts["pieces"] if span else None)
         extra: dict[str, Any] = {"max_tokens": cfg.max_tokens, "run_hash": self.run_hash,
                                  "plan_hash": ctx.run.stage_hash, "source": cfg.source or {"inputs": cfg.num_inputs}}
         if cfg.exclude:
-            extra["excluded_overlaps"] = cfg.exclude.manifest(counts["excluded"])
+            extra["excluded_overlaps"] = cfg.exclude.manifest(
+                counts["excluded"], {k: counts[k] for k in SPAN_COUNTS} if span else None)
         if corrupt:  # each also counted as a rejected row (the rows before the damage were read)
             extra["corrupt_files"] = sorted(corrupt, key=lambda c: c["path"])
         if counts["without_id"]:  # said, not an error: such a row is named relpath:row (formats.row_ids)

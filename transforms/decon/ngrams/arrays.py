@@ -42,3 +42,29 @@ def batches(at: np.ndarray, limit: int) -> Iterator[tuple[int, int]]:
         b = min(max(int(np.searchsorted(at, at[a] + limit, side="right")) - 1, a + 1), last)
         yield a, b
         a = b
+
+
+def merged_spans(groups: Sequence[np.ndarray], start: np.ndarray,
+                 end: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The union of the ``[start, end)`` ranges of each group (a tuple of the ``groups``
+    columns), ranges that overlap or touch merged into one: ``(group columns, start, end)``
+    of the merged ranges, sorted by group (its columns in order) and start."""
+    order = np.lexsort((end, start, *reversed(groups)))
+    cols = [np.asarray(c)[order] for c in groups]
+    s, e = np.asarray(start)[order], np.asarray(end)[order]
+    if not len(s):
+        return cols, s, e
+    firsts = run_starts(*cols)
+    gid = np.zeros(len(s), dtype=np.int64)
+    gid[firsts] = 1
+    gid = np.cumsum(gid) - 1
+    width = int(e.max()) - min(int(s.min()), 0) + 1
+    if width * len(firsts) < (1 << 62):  # one running max over all groups, each lifted above the one before
+        reach = np.maximum.accumulate(e + gid * width) - gid * width
+    else:  # (offsets too large to lift: group by group)
+        reach = np.concatenate([np.maximum.accumulate(part) for part in np.split(e, firsts[1:])])
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (s[1:] > reach[:-1]) | (gid[1:] != gid[:-1])
+    at = np.flatnonzero(new)
+    last = np.append(at[1:], len(s)) - 1
+    return [c[at] for c in cols], s[at], reach[last]

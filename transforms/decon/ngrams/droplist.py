@@ -21,7 +21,7 @@ import numpy as np
 
 from refinery.transforms.io.jsonl import JSON_ERRORS
 
-from .arrays import i64, i64_bytes, run_starts
+from .arrays import i64, i64_bytes, merged_spans, ranges, run_starts
 from .index import EvalRow, SameText
 
 LINES_AT_ONCE = 4096  # drop-list lines made at once
@@ -33,7 +33,8 @@ def _quote(s: str) -> str:
 
 
 _EMPTY = {"paths": [], "keys": [], "rows": b"", "docs": [], "recs": b"", "rec_starts": b"", "codes": b"",
-          "code_starts": b""}
+          "code_starts": b"", "spans": b""}
+SPAN_COLUMNS = 5  # a share's spans: (path index, row, n, start, end) per merged range
 
 
 class RowHits:
@@ -46,14 +47,29 @@ class RowHits:
         self.rec: list[np.ndarray] = []
         self.doc: list[np.ndarray] = []   # (block, position in block) of each hit: its doc id
         self.doc_ids: list[list[str]] = []
+        self.occ_hit: list[np.ndarray] = []  # each counted occurrence's hit (its index among the hits added)
+        self.occ_start: list[np.ndarray] = []  # and its training offsets
+        self.occ_end: list[np.ndarray] = []
+        self.hits = 0
 
     def add(self, path: str, base: int, rows: np.ndarray, recs: np.ndarray, doc_ids: list[str],
-            keep: np.ndarray | None = None) -> None:
+            keep: np.ndarray | None = None, occurrences: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+            ) -> None:
         """One block's hits: ``rows`` (numbered from ``base``), ``recs`` and the rows' doc ids;
-        ``keep``: the hits that count (n-grams over ``--max-train-count`` do not)."""
+        ``keep``: the hits that count (n-grams over ``--max-train-count`` do not);
+        ``occurrences``: ``(occ_at, starts, ends)``, hit k's training offsets are
+        ``starts[occ_at[k]:occ_at[k + 1]]`` (and ``ends``): what span mode cuts out."""
         at = np.arange(len(recs), dtype=np.int64)
         if keep is not None:
             rows, recs, at = rows[keep], recs[keep], at[keep]
+        if occurrences is not None:
+            occ_at, starts, ends = occurrences
+            lo, hi = occ_at[at], occ_at[at + 1]
+            picked = ranges(lo, hi)
+            self.occ_hit.append(np.repeat(np.arange(self.hits, self.hits + len(at), dtype=np.int64), hi - lo))
+            self.occ_start.append(starts[picked].astype(np.int64))
+            self.occ_end.append(ends[picked].astype(np.int64))
+        self.hits += len(at)
         self.path.append(np.full(len(recs), self.paths.setdefault(path, len(self.paths)), dtype=np.int64))
         self.row.append(rows.astype(np.int64) + base)
         self.rec.append(recs.astype(np.int64))
@@ -70,7 +86,10 @@ class RowHits:
         - ``recs``: the n-gram records of each row, sorted, row ``i``'s from
           ``rec_starts[i]`` to ``rec_starts[i + 1]`` (indices into this share's records);
         - ``codes``: what each record overlaps, sorted codes ``key * num_eval_rows + eval
-          row``, record ``j``'s from ``code_starts[j]`` to ``code_starts[j + 1]``.
+          row``, record ``j``'s from ``code_starts[j]`` to ``code_starts[j + 1]``;
+        - ``spans``: ``(path index, row, configured n, start, end)`` rows (:data:`SPAN_COLUMNS`):
+          per training row and n, the union of the training offsets of its hits whose record
+          overlaps at that n, merged where they overlap or touch.
 
         ``keys_of``: each hit record's eval rows by (eval dataset, configured n), as the
         reduce unit built them for its per-file stats (the first row of a text several rows
@@ -90,6 +109,8 @@ class RowHits:
                 codes.update([base + i for i in evals])
             lists.append(sorted(codes))
         count = np.array([len(c) for c in lists], dtype=np.int64)
+        spans = self._spans(path, row, rec_i, [{n for (_, n), evals in keys_of[r].items() if evals}
+                                              for r in urec.tolist()])
         # distinct (row, record) pairs; each row's first hit gives its doc id
         order = np.lexsort((rec_i, row, path))
         path, row, rec_i, doc = (a[order] for a in (path, row, rec_i, doc))
@@ -101,7 +122,31 @@ class RowHits:
                 "recs": i64_bytes(rec_i[pairs]),
                 "rec_starts": i64_bytes(np.append(np.searchsorted(pairs, firsts), len(pairs))),
                 "codes": i64_bytes(np.fromiter((c for codes in lists for c in codes), np.int64, int(count.sum()))),
-                "code_starts": i64_bytes(np.append(0, np.cumsum(count)))}
+                "code_starts": i64_bytes(np.append(0, np.cumsum(count))), "spans": spans}
+
+    def _spans(self, path: np.ndarray, row: np.ndarray, rec_i: np.ndarray, rec_ns: list[set[int]]) -> bytes:
+        """The share's ``spans`` (see :meth:`result`) from the hits' ``path``, ``row`` and
+        distinct record ``rec_i`` (in the order added) and each distinct record's n."""
+        if not self.occ_hit:
+            return b""
+        hit = np.concatenate(self.occ_hit)
+        start, end = np.concatenate(self.occ_start), np.concatenate(self.occ_end)
+        ns = sorted(set().union(*rec_ns))
+        if not ns:
+            return b""
+        has = np.zeros((len(rec_ns), len(ns)), dtype=bool)
+        for i, r_ns in enumerate(rec_ns):
+            has[i, [ns.index(n) for n in r_ns]] = True
+        occ_rec = rec_i[hit]
+        cols: list[list[np.ndarray]] = [[], [], [], [], []]
+        for j, n in enumerate(ns):
+            sel = np.flatnonzero(has[occ_rec, j])
+            for c, values in zip(cols, (path[hit[sel]], row[hit[sel]], np.full(len(sel), n, dtype=np.int64),
+                                        start[sel], end[sel])):
+                c.append(values)
+        (p, r, n_col), s, e = merged_spans([np.concatenate(c) for c in cols[:3]], np.concatenate(cols[3]),
+                                           np.concatenate(cols[4]))
+        return np.stack([p, r, n_col, s, e], axis=1).astype("<i8").tobytes()
 
 
 @dataclass
@@ -168,4 +213,39 @@ class DropList:
                 ns = ", ".join(str(n_list[j]) for j in np.flatnonzero(row_ns[k]).tolist())
                 out.append(f'{{"train_path": {quoted[int(rows[i, 0])]}, "train_row": {int(rows[i, 1])}, '
                            f'"train_doc_id": {_quote(docs[i])}, "ns": [{ns}]}}\n')
+            yield "".join(out).encode("utf-8", JSON_ERRORS)
+
+    def span_chunks(self, lines_at_once: int | None = None) -> Iterator[bytes]:
+        """``stats/contaminated_train_spans.jsonl``'s bytes, ``lines_at_once`` lines at a time:
+        one JSON line per (training row, configured n) with an overlap, sorted by path, row and
+        n: ``train_path``, ``train_row``, ``n`` and ``spans`` (``[[start, end], ...]``, the
+        union over every partition of the training offsets of the row's n-grams that overlap
+        at n, merged where they overlap or touch). Its (path, row, n) are the drop list's."""
+        lines_at_once = LINES_AT_ONCE if lines_at_once is None else lines_at_once
+        used = [part for part in self.parts if part.get("spans")]
+        if not used:
+            return
+        paths: dict[str, int] = {}
+        blocks = []
+        for part in used:
+            pmap = np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64)
+            block = i64(part["spans"]).reshape(-1, SPAN_COLUMNS).copy()
+            block[:, 0] = pmap[block[:, 0]]
+            blocks.append(block)
+        spans = np.concatenate(blocks)
+        names = list(paths)
+        rank = np.argsort(np.argsort(np.array(names, dtype=object)))
+        (p, r, n), s, e = merged_spans([rank[spans[:, 0]], spans[:, 1], spans[:, 2]], spans[:, 3], spans[:, 4])
+        by_rank = np.empty(len(names), dtype=np.int64)
+        by_rank[rank] = np.arange(len(names))
+        quoted = [_quote(names[i]) for i in by_rank.tolist()]  # by rank
+        pairs = np.char.add(np.char.add(np.char.add("[", s.astype(str)), np.char.add(", ", e.astype(str))), "]")
+        starts = run_starts(p, r, n)
+        ends = np.append(starts[1:], len(s))
+        for a in range(0, len(starts), max(1, lines_at_once)):
+            out = []
+            for k in range(a, min(a + lines_at_once, len(starts))):
+                i, j = int(starts[k]), int(ends[k])
+                out.append(f'{{"train_path": {quoted[int(p[i])]}, "train_row": {int(r[i])}, "n": {int(n[i])}, '
+                           f'"spans": [{", ".join(pairs[i:j].tolist())}]}}\n')
             yield "".join(out).encode("utf-8", JSON_ERRORS)

@@ -267,7 +267,8 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
     for unit, path, base, block in blocks():
         block = row_ids_at(block, base)
         hits = counted_hits(block, base, skip)
-        row_hits.add(path, base, hits.block_rows, hits.block_recs, block["doc_id"], hits.keep)
+        row_hits.add(path, base, hits.block_rows, hits.block_recs, block["doc_id"], hits.keep,
+                     (hits.occ_at, hits.starts, hits.ends))
         room = tally.add(path, hits)
         sink.add(hits.batch(path, block, room))
         sink.end_block()
