@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "units done/pending/failed per stage of a run, from its receipts"),
     "decon": ("decon",
         "train/test n-gram overlap with provenance"),
+    "clean": ("clean",
+        "copy training files in their own format without the rows or passages decon found overlapping"),
     "generate": ("generate",
         "generate / rephrase documents with the gpt-oss engine (resumable)"),
     "hydra": ("hydra",

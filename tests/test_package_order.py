@@ -16,7 +16,7 @@ LAYERS = [
     {"transforms.formats"},
     {"kernels"},
     {"transforms.prep", "transforms.decon", "transforms.loader", "transforms.inference"},
-    {"transforms.hydra"},
+    {"transforms.hydra", "transforms.clean"},
     {"runners"},
     {"beam_pipelines"},
 ]
