@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import reliability_helpers
 from helpers import run_prep
+from reliability_helpers import ForkServer, child_env, final_digest, read_unit_log, recomputed_units, run_attempt
 from test_exclude_overlaps import _corpus, _decon, _drop_list, _shard_texts
 
 from refinery.transforms.decon.ngrams.arrays import merged_spans
@@ -25,6 +27,7 @@ from refinery.transforms.io.text import normalize_text
 from refinery.transforms.prep.documents import shard_of
 from refinery.transforms.prep.span_cut import SpanRules, cut_row, holes
 
+forks = reliability_helpers.forks  # the shared fork server (a fixture)
 WINDOW, MIN_CHARS = 20, 40
 SPAN_FLAGS = ("--exclude-mode", "span", "--exclude-window", WINDOW, "--exclude-min-chars", MIN_CHARS)
 
@@ -219,3 +222,23 @@ def test_merged_spans_is_the_plain_union() -> None:
         want = [(int(grp), a, b) for grp in sorted(set(g.tolist()))
                 for a, b in _union([[int(x), int(y)] for x, y, gg in zip(s, e, g) if gg == grp])]
         assert list(zip(got_g.tolist(), got_s.tolist(), got_e.tolist())) == want
+
+
+def test_span_mode_killed_then_rerun_writes_the_same_bytes(decon_run: tuple[Path, Path, Path], tmp_path: Path,
+                                                           forks: ForkServer) -> None:
+    tmp, corpus, _ = decon_run
+    flags = ("--num-shards", 3, "--unit-mb", 0.02, "--exclude-overlaps", tmp / "decon", *SPAN_FLAGS)
+    assert run_prep([corpus], tmp_path / "ref", *flags) == 0
+    want = final_digest(tmp_path / "ref")
+    out, log = tmp_path / "out", tmp_path / "units.log"
+    argv = [str(a) for a in ("prep", "--input", corpus, "--output", out, *flags, "--runner", "direct",
+                             "--no-progress")]
+    env = child_env(log)
+    kills = 0
+    for stage, k in (("tokenize", 1), ("tokenize", 2), ("pack", 1)):
+        a = run_attempt(lambda: forks.start(argv, env), log, kill_at_start=k, stage=stage)
+        kills += a.killed
+    final = run_attempt(lambda: forks.start(argv, env), log)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert kills >= 2 and final_digest(out) == want
+    assert recomputed_units(read_unit_log(log)) == []  # no finished unit ran twice

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from helpers import GSM8K_TEST, gsm8k_texts, write_jsonl
+from helpers import GSM8K_TEST, gsm8k_rows, gsm8k_texts, write_jsonl
 from reliability_helpers import (
     Proc,
     child_env,
@@ -303,6 +303,25 @@ def test_embedded_flink_decon_succeeds_quietly(flink_jar: Path, small_corpus: Pa
                    "--no-progress", *EMBEDDED))
     assert "data plane" not in r.stderr and "Traceback" not in r.stderr and "ERROR" not in r.stderr, r.stderr
     assert "decon done" in r.stdout + r.stderr
+
+
+def test_embedded_flink_span_mode_prep_equals_local(flink_jar: Path, tmp_path: Path) -> None:
+    """``prep --exclude-mode span`` on embedded Flink writes the bytes the local runner does."""
+    test = gsm8k_rows("test")[:20]
+    docs = [{"id": f"d{i}", "text": t + (" " + test[i // 10]["question"] + " " + t if i % 10 == 0 else "")}
+            for i, t in enumerate(gsm8k_texts(120))]
+    train = write_jsonl(tmp_path / "train" / "t.jsonl", docs)
+    ev = write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"id": f"q{i}", "text": r["question"]}
+                                                          for i, r in enumerate(test)])
+    ok(run_cli("decon", "--eval", ev, "--train", train.parent, "--output", tmp_path / "d", "--ngrams", "13",
+               "--runner", "direct", "--no-progress"))
+    argv = ["prep", "--input", train.parent, "--num-shards", "2", "--exclude-overlaps", tmp_path / "d",
+            "--exclude-mode", "span", "--exclude-window", "10", "--exclude-min-chars", "20"]
+    ok(run_cli(*argv, "--output", tmp_path / "flink", "--no-progress", *EMBEDDED))
+    ok(run_cli(*argv, "--output", tmp_path / "local", "--no-progress", "--runner", "direct"))
+    assert final_digest(tmp_path / "flink") == final_digest(tmp_path / "local")
+    cut = json.loads((tmp_path / "flink" / "manifest.json").read_text())["excluded_overlaps"]
+    assert cut["mode"] == "span" and cut["rows_split"] >= 12 and cut["pieces"] >= 12
 
 
 # ---------------------------------------------------------------------------------------

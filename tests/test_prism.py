@@ -191,6 +191,13 @@ def test_prep_and_decon_equal_local(on_prism: list[str], tmp_path: Path) -> None
     assert got == want
     manifest = json.loads((tmp_path / "prep" / "prism" / "manifest.json").read_text())
     assert manifest["rows"]["excluded"] == len(listed) and len(manifest["shards"]) == 3
+    # span mode: the overlapping passages cut out, the same pieces on both runners
+    got, want = both(tmp_path / "span", on_prism, "prep", "--input", corpus, "--num-shards", "3", "--unit-mb", "0.02",
+                     "--exclude-overlaps", tmp_path / "decon" / "local", "--exclude-mode", "span",
+                     "--exclude-window", "10", "--exclude-min-chars", "20")
+    assert got == want
+    cut = json.loads((tmp_path / "span" / "prism" / "manifest.json").read_text())["excluded_overlaps"]
+    assert cut["mode"] == "span" and cut["rows_split"] == len(listed) and cut["pieces"] >= len(listed)
 
 
 def test_generate_hydra_and_mixture_equal_local(on_prism: list[str], tmp_path: Path) -> None:
