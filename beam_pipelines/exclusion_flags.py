@@ -121,7 +121,8 @@ def exclusion_header(exclude: Exclusion | None, unscanned: list[str]) -> str:
     return ("".join(f"\n  {how} the training rows that {s.output} found overlapping: its drop list is {s.sha256}"
                     if s.sha256 == UNREAD else
                     f"\n  {how} {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
-                    + (f", and {s.unread:,} it could not read" if s.unread else "")
+                    + (f", and {'excluding ' if exclude.rules else ''}{s.unread:,} it could not read"
+                       if s.unread else "")
                     for s in exclude.sources)
             + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
                f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"

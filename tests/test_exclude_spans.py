@@ -136,15 +136,15 @@ def test_span_mode_writes_the_pieces_the_details_say(decon_run: tuple[Path, Path
     assert [(s["sha256"], s["index_sha256"]) for s in again["shards"]] == \
         [(s["sha256"], s["index_sha256"]) for s in manifest["shards"]]
     # a row's pieces stay in its shard, named ROW_ID@START, with the row's provenance
-    pieces = 0
+    piece_docs = 0
     for i, s in enumerate(manifest["shards"]):
         table = pq.read_table(out / s["docs_path"]).to_pylist()
         for doc in table:
             if "@" in doc["doc_id"]:
                 row_id, start = doc["doc_id"].rsplit("@", 1)
                 assert shard_of(row_id, 3) == i and (doc["source"], doc["row"]) in spans and int(start) >= 0
-                pieces += 1
-    assert pieces == cut["pieces"]
+                piece_docs += 1
+    assert piece_docs == cut["pieces"]
 
 
 def _short_mask(length: int, h: np.ndarray, min_chars: int) -> np.ndarray:
