@@ -30,6 +30,7 @@ the medians are printed with their range. Run it with nothing else on the machin
     .venv/bin/python bench/prep.py --corpus distinct --mb 1000 --layouts 8 --repeat 1 --rss
     .venv/bin/python bench/prep.py --scale --units 3000
     .venv/bin/python bench/prep.py --per-document --mb 40 --layouts 8 --repeat 5
+    .venv/bin/python bench/prep.py --exclude-modes --mb 100    # span vs row mode, 1% of rows contaminated
 
 ``--per-document`` prints what the tokenize units do besides encoding, per document (read,
 parse, normalize, id, shard, spill), with the units run in the bench's own process.
@@ -192,10 +193,11 @@ def same_shards(a: Path, b: Path) -> bool:
         (a / p).read_bytes() == (b / p).read_bytes() for pair in paths for p in pair)
 
 
-def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast") -> tuple[float, float]:
+def run_prep(corpus: Path, out: Path, workers: int | None, encoder: str = "fast",
+             extra: tuple[str, ...] = ()) -> tuple[float, float]:
     """(seconds end to end, peak RSS in MiB of the driver and its workers) of one prep run."""
     argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "8", "--no-progress",
-            "--dataset", "bench", "--encoder", encoder, *(["--workers", str(workers)] if workers else [])]
+            "--dataset", "bench", "--encoder", encoder, *(["--workers", str(workers)] if workers else []), *extra]
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], check=True, capture_output=True, text=True)
     secs = time.perf_counter() - t0
@@ -294,6 +296,53 @@ def simulate_scale(units: int, num_shards: int) -> None:
           f"{results['with merge'][0] / max(1, results['without merge'][0]):.4f}")
 
 
+GSM8K_TEST = HERE.parent / "tests" / "data" / "gsm8k" / "test.jsonl.gz"
+
+
+def exclude_modes(work: Path, mb: float, share: float, rounds: int) -> None:
+    """``prep --exclude-overlaps`` in row and in span mode (1 worker, end to end) on GSM8K text
+    with a GSM8K test question planted in ``share`` of its rows, after one decon run (not
+    timed): the time of each, and span / row per round (goal <= 1.10)."""
+    with gzip.open(GSM8K_TEST, "rt", encoding="utf-8") as f:
+        questions = [json.loads(line)["question"] for line in f]
+    texts = corpus_texts(mb)
+    rnd = random.Random(0)
+    planted = rnd.sample(range(len(texts)), max(1, int(len(texts) * share)))
+    for k, i in enumerate(planted):  # the question in the middle of the document
+        t = texts[i]
+        texts[i] = t[:len(t) // 2] + " " + questions[k % len(questions)] + " " + t[len(t) // 2:]
+    corpus = write_layout(work / "corpus-exclude", texts, 8)
+    evals = work / "eval" / "gsm8k" / "test.jsonl"
+    evals.parent.mkdir(parents=True, exist_ok=True)
+    evals.write_text("".join(json.dumps({"id": f"q{i}", "text": q}) + "\n" for i, q in enumerate(questions)))
+    decon = work / "decon-exclude"
+    subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", "decon", "--eval", str(evals), "--train",
+                    str(corpus), "--output", str(decon), "--ngrams", "13", "--no-progress"], check=True,
+                   capture_output=True)
+    listed = sum(1 for _ in open(decon / "stats" / "contaminated_train_docs.jsonl"))
+    print(f"exclude modes: {len(texts):,} rows ({mb:g} MB, 8 files), {len(planted):,} planted, {listed:,} listed "
+          f"by decon at n=13; prep --workers 1, end to end")
+    row, span, ratios = [], [], []
+    for r in range(rounds):
+        times = {}
+        for mode in (("row", "span") if r % 2 == 0 else ("span", "row")):  # alternate: the machine drifts
+            out = work / f"out-exclude-{mode}"
+            shutil.rmtree(out, ignore_errors=True)
+            times[mode], _ = run_prep(corpus, out, 1, extra=("--exclude-overlaps", str(decon), "--exclude-mode",
+                                                             mode))
+        row.append(times["row"])
+        span.append(times["span"])
+        ratios.append(times["span"] / times["row"])
+        print(f"  round {r + 1}: row {times['row']:.2f}s  span {times['span']:.2f}s  span/row "
+              f"{ratios[-1]:.3f}")
+    cut = json.loads((work / "out-exclude-span" / "manifest.json").read_text())["excluded_overlaps"]
+    print(f"  span mode: {cut['rows_split']:,} rows split into {cut['pieces']:,} pieces, {cut['rows_dropped']:,} "
+          f"dropped whole, {cut['chars_removed']:,} characters removed")
+    print(f"exclude modes, medians of {rounds}: row {statistics.median(row):.2f}s, span "
+          f"{statistics.median(span):.2f}s, span/row {statistics.median(ratios):.3f} "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}; goal <= 1.10)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=200.0, help="corpus size in MB of text (default 200)")
@@ -310,10 +359,18 @@ def main() -> None:
     ap.add_argument("--per-document", action="store_true",
                     help="only the tokenize units' work besides the encoder, per document (first layout)")
     ap.add_argument("--units", type=int, default=3000, help="tokenize units of the --scale simulation")
+    ap.add_argument("--exclude-modes", action="store_true",
+                    help="only prep --exclude-overlaps in row and span mode, on GSM8K text with test questions "
+                         "planted in --planted of its rows (after one decon run, not timed)")
+    ap.add_argument("--planted", type=float, default=0.01, help="share of rows with a planted question (0.01)")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     if args.scale:
         simulate_scale(args.units, 64)
+        return
+    if args.exclude_modes:
+        exclude_modes(Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-")), args.mb, args.planted,
+                      args.repeat)
         return
 
     from refinery.transforms.formats.tiktoken_vocab import get_encoding
