@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 from refinery.beam_pipelines.interrupt import interruptible
 from refinery.runners.quick_exit import exit_quickly
 from refinery.transforms.io import beam_private
+from refinery.transforms.io.timeline import mark
 
 if TYPE_CHECKING:
     from refinery.beam_pipelines.launch import CommandModule
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    mark("main")
     parser, subparsers = build_parser(command_named(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     configure_logging(getattr(args, "verbose", False))
@@ -166,7 +168,9 @@ def _main(argv: list[str] | None) -> int:
     # below start (fsspec, gRPC) must inherit the block, or it takes a Ctrl-C and drops it
     from refinery.beam_pipelines.launch import launch  # lazy: after the stop signals are blocked
 
-    return launch(command_module(args.command), args, unknown, _leaf_parser(subparsers[args.command], args))
+    code = launch(command_module(args.command), args, unknown, _leaf_parser(subparsers[args.command], args))
+    mark("exit")
+    return code
 
 
 if __name__ == "__main__":

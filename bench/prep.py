@@ -31,6 +31,7 @@ the medians are printed with their range. Run it with nothing else on the machin
     .venv/bin/python bench/prep.py --scale --units 3000
     .venv/bin/python bench/prep.py --per-document --mb 40 --layouts 8 --repeat 5
     .venv/bin/python bench/prep.py --exclude-modes --mb 100    # span vs row mode, 1% of rows contaminated
+    .venv/bin/python bench/prep.py --breakdown --mb 200 --layouts 16   # where the time goes, 1 and 2 workers
 
 ``--per-document`` prints what the tokenize units do besides encoding, per document (read,
 parse, normalize, id, shard, spill), with the units run in the bench's own process.
@@ -299,6 +300,26 @@ def simulate_scale(units: int, num_shards: int) -> None:
 GSM8K_TEST = HERE.parent / "tests" / "data" / "gsm8k" / "test.jsonl.gz"
 
 
+def prep_breakdown(work: Path, texts: list[str], files: int, rounds: int) -> None:
+    """The breakdown (bench/breakdown.py) of ``refinery prep`` with 1 and 2 workers, rounds
+    alternating."""
+    from breakdown import breakdown, print_table, timed_run
+
+    corpus = write_layout(work / f"corpus-{files}", texts, files)
+    runs: dict[str, list[list[tuple[str, float]]]] = {"1 worker": [], "2 workers": []}
+    for _ in range(rounds):
+        for workers in (1, 2):
+            out = work / f"out-breakdown-{workers}"
+            shutil.rmtree(out, ignore_errors=True)
+            argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "8", "--no-progress",
+                    "--dataset", "bench", "--workers", str(workers)]
+            runs[f"{workers} worker{'s' if workers > 1 else ''}"].append(breakdown(*timed_run(argv)))
+    size = sum(len(t.encode()) for t in texts) / 1e6
+    print_table(f"prep breakdown: {size:,.0f} MB in {files} files", runs)
+    one, two = (statistics.median(sum(s for _, s in b) for b in runs[k]) for k in runs)
+    print(f"  2 workers / 1 worker: {one / two:.2f}x")
+
+
 def exclude_modes(work: Path, mb: float, share: float, rounds: int) -> None:
     """``prep --exclude-overlaps`` in row and in span mode (1 worker, end to end) on GSM8K text
     with a GSM8K test question planted in ``share`` of its rows, after one decon run (not
@@ -359,6 +380,9 @@ def main() -> None:
     ap.add_argument("--per-document", action="store_true",
                     help="only the tokenize units' work besides the encoder, per document (first layout)")
     ap.add_argument("--units", type=int, default=3000, help="tokenize units of the --scale simulation")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the time breakdown (start-up, planning, Beam, workers, each stage and the barriers "
+                         "between them, exit) with 1 and 2 workers, on the first layout")
     ap.add_argument("--exclude-modes", action="store_true",
                     help="only prep --exclude-overlaps in row and span mode, on GSM8K text with test questions "
                          "planted in --planted of its rows (after one decon run, not timed)")
@@ -367,6 +391,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.scale:
         simulate_scale(args.units, 64)
+        return
+    if args.breakdown:
+        prep_breakdown(Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-")),
+                       CORPORA[args.corpus](args.mb), int(args.layouts[0]), args.repeat)
         return
     if args.exclude_modes:
         exclude_modes(Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-")), args.mb, args.planted,

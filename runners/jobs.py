@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from refinery.transforms.io.beam_import import import_beam
+
 from . import portable
 from .local import in_process, runnable
 from .shutdown_noise import held_shutdown_noise
@@ -19,6 +21,7 @@ def run_job(steps: list[Any], beam_args: list[str], verify_checksums: bool = Fal
     (:func:`~.same_user.private_loopback_workers`); on the embedded portable job service
     there is none (:func:`~.portable.runnable`). The SDK workers' tracebacks of a data plane
     hung up at the end of a job are said only if the job failed (:mod:`.shutdown_noise`)."""
+    import_beam()  # before anything imports it: without the connectors no command uses
     from refinery.transforms.resumable.beam_steps import light_job, run_on_beam  # lazy: Beam, when a job runs
 
     from .same_user import private_loopback_workers  # lazy: gRPC, when a job runs

@@ -47,6 +47,7 @@ import traceback
 from typing import Callable, Iterator
 
 from refinery.runners.quick_exit import end_now
+from refinery.transforms.io.beam_import import import_beam
 
 from .args import value
 from .local import is_direct
@@ -239,6 +240,7 @@ def serve(socket_path: str, preload: list[str]) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
     server.listen(256)
+    import_beam()
     for module in preload:
         try:
             importlib.import_module(module)

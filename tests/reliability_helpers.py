@@ -110,10 +110,16 @@ def completed(receipts: dict[str, bytes]) -> dict[str, bytes]:
 
 # --- the unit log ------------------------------------------------------------------
 
+def unit_events(lines: list[bytes] | list[str]) -> list[dict[str, Any]]:
+    """The unit events of a unit log's lines (the driver's phase marks, for the time
+    breakdown of bench/breakdown.py, left out)."""
+    return [e for line in lines if line.strip() and (e := json.loads(line))["event"] != "phase"]
+
+
 def read_unit_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return unit_events(path.read_text().splitlines())
 
 
 def recomputed_units(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -386,7 +392,7 @@ def run_attempt(start: Callable[[], Run], unit_log: Path, kill_at_start: int | N
             return []
         with open(unit_log, "rb") as f:
             f.seek(offset)
-            return [json.loads(x) for x in f.read().splitlines() if x.strip()]
+            return unit_events(f.read().splitlines())
 
     sent = False
     if kill_at_start is not None:

@@ -3,14 +3,13 @@ and what a runner reports of it (counters and times)."""
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import socket
-import time
 import traceback
 from typing import Any, Callable, Mapping
 
+from refinery.transforms.io.timeline import append_event
 from refinery.transforms.resumable.base import StageRun, UnitContext, now_iso
 from refinery.transforms.resumable.ledger import RECEIPT_SCHEMA, Receipt, UnitError, next_repair
 from refinery.transforms.resumable.units import Unit
@@ -18,24 +17,12 @@ from refinery.transforms.resumable.units import Unit
 log = logging.getLogger("refinery")
 
 
-UNIT_LOG_ENV = "REFINERY_UNIT_LOG"
-
-
 def _log_unit_event(event: str, run: "StageRun", unit_id: str) -> None:
-    """Append ``{event, stage, stage_hash, unit, pid, t}`` to the file named by
-    ``$REFINERY_UNIT_LOG`` (if set): an audit trail of unit starts/ends/skips across
-    processes and runs (one ``write`` per line on an ``O_APPEND`` file). Fault-injection
-    tests use it to prove that no unit starts again after its receipt was written."""
-    path = os.environ.get(UNIT_LOG_ENV)
-    if not path:
-        return
-    line = json.dumps({"event": event, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit_id,
-                       "pid": os.getpid(), "t": time.time()}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    """Append ``{event, stage, stage_hash, unit, pid, t}`` to ``$REFINERY_UNIT_LOG`` (if set;
+    :mod:`.timeline`): an audit trail of unit starts/ends/skips across processes and runs.
+    Fault-injection tests use it to prove that no unit starts again after its receipt was
+    written; ``bench/breakdown.py`` times the stages with it."""
+    append_event({"event": event, "stage": run.name, "stage_hash": run.stage_hash, "unit": unit_id})
 
 
 # CPython 3.11 can raise this in a thread that builds an AST (``ast.parse``, a traceback's

@@ -10,6 +10,7 @@ from typing import Any, Callable, cast
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.hashing import short_hash
+from refinery.transforms.io.timeline import mark
 from refinery.transforms.resumable.base import Stage, StageRun
 from refinery.transforms.resumable.execution import execute_unit, span_key, unit_counters, unit_times_ms
 from refinery.transforms.resumable.hash_changes import explain_plan_changes
@@ -124,6 +125,7 @@ def run_stages(stages: list[Stage[Any, Any]], output: str, beam_args: list[str],
     runs, plans = _start_run(stages, output, force, run_info)
     if on_plan:
         on_plan(runs, plans)
+    mark("planned")
     result = JobResult(runs, {}, [])
     discarded: set[str] = set()
     judged_by_workers = False
@@ -143,7 +145,9 @@ def run_stages(stages: list[Stage[Any, Any]], output: str, beam_args: list[str],
         with Progress([(s.run, len(s.units)) for s in steps], interval=10.0 if storage.is_remote(output) else 1.0,
                       enabled=progress):
             try:
+                mark("job_start")
                 counters = runner(steps, beam_args, verify_checksums) or {}
+                mark("job_end")
             except Exception as e:  # noqa: BLE001 - the runner's failure, reported as one line
                 log.info("the Beam job failed", exc_info=True)
                 raise JobFailed(first_unfinished(steps), e) from e
