@@ -20,6 +20,7 @@ process of its own (one run's heap does not slow the next); Beam's import, once 
 process, is done before timing and printed apart.
 
     .venv/bin/python bench/decon.py [--copies 12] [--dense-copies 12] [--ngrams 5 9 13] [--repeat 3] [--scale]
+    .venv/bin/python bench/decon.py --breakdown --copies 60 --files 8 --ngrams 13   # the time, 1 and 2 workers
 
 Each figure is the median of ``--repeat`` rounds, with the range of the ratios.
 
@@ -225,6 +226,34 @@ def dense_figures(fmt: str, rounds: list[Round], info: Json, mb: float) -> None:
 
 
 
+def decon_breakdown(work: str, copies: int, files: int, ns: list[int], rounds: int) -> None:
+    """The breakdown (bench/breakdown.py) of ``refinery decon`` on the sparse corpus in
+    ``files`` files, with 1 and 2 workers (rounds alternating), and 2 / 1 for the run and
+    for its scan stage."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from breakdown import breakdown, print_table, timed_run
+
+    texts = sparse_training(copies)
+    train = os.path.join(work, "sparse-files")
+    per = (len(texts) + files - 1) // files
+    mb = sum(write_jsonl(os.path.join(train, f"part-{k:03d}.jsonl"), texts[k * per:(k + 1) * per])
+             for k in range(files))
+    eval_q = os.path.join(work, "eval-q", "gsm8k", "test.jsonl")
+    write_jsonl(eval_q, [r["question"] for r in gsm8k_rows("test")])
+    runs: dict[str, list[list[tuple[str, float]]]] = {"1 worker": [], "2 workers": []}
+    for _ in range(rounds):
+        for workers in (1, 2):
+            out = os.path.join(work, f"out-breakdown-{workers}")
+            subprocess.run(["rm", "-rf", out], check=True)
+            argv = ["decon", "--eval", eval_q, "--train", train, "--output", out, "--ngrams", *map(str, ns),
+                    "--no-progress", "--workers", str(workers)]
+            runs[f"{workers} worker{'s' if workers > 1 else ''}"].append(breakdown(*timed_run(argv)))
+    print_table(f"decon breakdown: sparse hits, {mb:,.0f} MB in {files} files, n = {' '.join(map(str, ns))}", runs)
+    for part in ("total", "stage scan"):
+        one, two = (median(sum(v for p, v in b if part == "total" or p == part) for b in runs[k]) for k in runs)
+        print(f"  {part}: 2 workers / 1 worker {one / two:.2f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=12, help="copies of GSM8K train in the sparse-hits corpus")
@@ -232,9 +261,17 @@ def main() -> int:
     ap.add_argument("--ngrams", type=int, nargs="+", default=[5, 9, 13])
     ap.add_argument("--scale", action="store_true", help="also scan against ~1M synthetic test n-grams")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of the sparse and dense runs (default 3)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the time breakdown of refinery decon (start-up, planning, Beam, workers, each stage "
+                         "and the barriers between them, exit) with 1 and 2 workers, on the sparse corpus "
+                         "(--copies) in --files files")
+    ap.add_argument("--files", type=int, default=8, help="training files of --breakdown (default 8)")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="decon-bench-")
+    if a.breakdown:
+        decon_breakdown(work, a.copies, a.files, a.ngrams, a.repeat)
+        return 0
     t0 = time.process_time()
     import apache_beam  # noqa: F401  (once per process; not part of either figure)
     print(f"Beam import: {time.process_time() - t0:.2f} CPU s, done before timing; load: "
