@@ -30,9 +30,12 @@ from typing import Any
 
 
 def timed_run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, list[dict[str, Any]]]:
-    """(launch time, end time, timeline events) of ``refinery ARGV`` in a fresh process."""
+    """(launch time, end time, timeline events) of ``refinery ARGV`` in a fresh process; its
+    timeline in a temp file, or in ``env``'s ``REFINERY_UNIT_LOG`` (emptied first) when given
+    (where a cluster's workers write theirs too)."""
     with tempfile.TemporaryDirectory(prefix="refinery-timeline-") as tmp:
-        log = Path(tmp) / "timeline.jsonl"
+        log = Path((env or {}).get("REFINERY_UNIT_LOG") or Path(tmp) / "timeline.jsonl")
+        log.write_text("")
         full = {**os.environ, **(env or {}), "REFINERY_UNIT_LOG": str(log)}
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", *argv], check=True,

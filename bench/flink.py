@@ -7,6 +7,9 @@ fetch``) and, in one run, measures:
 1. ``refinery prep`` on ~``--mb`` MB of GSM8K-derived JSONL (the same corpus as
    ``bench/prep.py``) with the local runner and ``--workers 2``, and on the cluster with
    ``--workers 2`` (parallelism 2, one SDK worker per slot); shards must be byte-identical;
+   each run's time broken down (``bench/breakdown.py``: start-up, Beam, workers, each stage
+   and the barriers between them), and the time after the first unit starts, Flink against
+   local (issue 51's steady state: goal <= 1.25x);
 2. the fixed cost of one Beam job on Flink: from launching ``refinery prep`` on a one-file,
    one-unit input to its first unit starting on a worker (the unit log's first ``start``),
    and to the command's exit, for the embedded Flink (``[local]``), the cluster through
@@ -33,6 +36,7 @@ from typing import Mapping
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from breakdown import breakdown, print_table, timed_run  # noqa: E402  (bench/breakdown.py)
 from prep import corpus_texts, write_layout  # noqa: E402  (bench/prep.py: the same corpus)
 
 from refinery.runners import flink_local  # noqa: E402
@@ -88,12 +92,21 @@ def main() -> None:
                                        worker_env={"REFINERY_UNIT_LOG": str(log)}) as cluster:
         on_cluster = ["--runner", "flink", "--workers", workers, *cluster.beam_args(),
                       f"--sdk_worker_parallelism={args.slots}"]
-        local_s = refinery([*prep, "--output", str(tmp / "local"), "--workers", workers])
-        flink_s = refinery([*prep, "--output", str(tmp / "flink"), *on_cluster])
+        runs: dict[str, list[list[tuple[str, float]]]] = {f"local, {workers} workers": [],
+                                                           f"Flink, {args.slots} slots": []}
+        for name, argv in ((f"local, {workers} workers", [*prep, "--output", str(tmp / "local"), "--workers", workers]),
+                           (f"Flink, {args.slots} slots", [*prep, "--output", str(tmp / "flink"), *on_cluster])):
+            # the cluster's SDK workers append to the same log (worker_env)
+            runs[name].append(breakdown(*timed_run(argv, {"REFINERY_UNIT_LOG": str(log)})))
+        local_s, flink_s = (sum(v for _, v in b[0]) for b in runs.values())
+        steady = [sum(v for p, v in b[0] if p.startswith(("stage ", "barrier ", "job end"))) for b in runs.values()]
         same = shard_digests(tmp / "local") == shard_digests(tmp / "flink")
-        print(f"\nprep, {size:.0f} MB, end to end:\n  local runner, {workers} workers: {local_s:7.1f} s\n"
-              f"  Flink cluster, {args.slots} slots:  {flink_s:7.1f} s\n"
-              f"  Flink / local: {flink_s / local_s:.2f}x the wall time (shards byte-identical: {same})", flush=True)
+        print_table(f"prep, {size:.0f} MB, 8 files, one run each", runs)
+        print(f"\n  end to end: local {local_s:.1f} s, Flink {flink_s:.1f} s: {flink_s / local_s:.2f}x; after the "
+              f"first unit starts (stages and the barriers between them, to the job's end): local "
+              f"{steady[0]:.1f} s, Flink {steady[1]:.1f} s: {steady[1] / steady[0]:.2f}x (goal <= 1.25); "
+              f"shards byte-identical: {same}",
+              flush=True)
 
         print("\nfixed cost of one Beam job (1 file, 1 tokenize unit; launch -> first unit start, launch -> exit):")
         rows = [("local runner (in process)", ["--runner", "direct"]),
