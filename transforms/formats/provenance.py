@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Seque
 import numpy as np
 
 from refinery.transforms.io import storage
+from refinery.transforms.io.arrow_columns import int_column, string_column
 from refinery.transforms.io.rows import iter_rows
 
 if TYPE_CHECKING:
@@ -89,41 +90,6 @@ class _Position:
         return False
 
 
-# The columns are built from their buffers, not with ``pa.array``: pyarrow's conversion of
-# Python and numpy values first asks whether they are pandas objects, which imports pandas
-# (0.4 s, once per worker process, in its first pack unit). The same values, the same bytes.
-
-def _uint64s(values: np.ndarray | Sequence[int]) -> pa.Array:
-    """A uint64 column of ``values``."""
-    import pyarrow as pa
-
-    data = np.ascontiguousarray(values, dtype=np.uint64)
-    return pa.Array.from_buffers(pa.uint64(), len(data), [None, pa.py_buffer(data)])
-
-
-def _strings(values: Sequence[str]) -> pa.Array:
-    """A string column of ``values``; a text with an unpaired surrogate is written with it
-    escaped (``\\udc80``), as is every text of the batch (the same for the others)."""
-    import pyarrow as pa
-
-    text = "".join(values)
-    if text.isascii():  # ids and paths, mostly: a character is a byte
-        data = text.encode("ascii")
-        sizes = np.fromiter(map(len, values), np.int64, len(values))
-    else:
-        try:
-            encoded = [v.encode("utf-8") for v in values]
-        except UnicodeEncodeError:  # an unpaired surrogate: written escaped
-            encoded = [v.encode("utf-8", "backslashreplace") for v in values]
-        data = b"".join(encoded)
-        sizes = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    if len(data) >= 1 << 31:
-        raise ValueError(f"{len(data):,} bytes of strings in one row group: more than a string column holds")
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    np.cumsum(sizes, out=offsets[1:])
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(data))
-
-
 class DocsWriter:
     """Writes a sidecar to ``out`` (a byte writer: the unit's atomic one) document by document,
     in row groups of :data:`ROWS_PER_GROUP`: memory holds one row group, whatever the shard's size."""
@@ -164,8 +130,9 @@ class DocsWriter:
         for lo in range(0, cut, ROWS_PER_GROUP):
             hi = min(lo + ROWS_PER_GROUP, cut)
             table = pa.Table.from_arrays(
-                [_uint64s(np.arange(first + lo, first + hi, dtype=np.uint64)), _strings(self._ids[lo:hi]),
-                 _strings(self._sources[lo:hi]), _uint64s(rows[lo:hi]), _uint64s(lengths[lo:hi])], schema=schema())
+                [int_column(np.arange(first + lo, first + hi, dtype=np.uint64), "uint64"),
+                 string_column(self._ids[lo:hi]), string_column(self._sources[lo:hi]),
+                 int_column(rows[lo:hi], "uint64"), int_column(lengths[lo:hi], "uint64")], schema=schema())
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
         self._ids, self._sources = self._ids[cut:], self._sources[cut:]
         self._rows, self._lengths = [rows[cut:]], [lengths[cut:]]

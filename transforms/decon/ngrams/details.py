@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from refinery.transforms.io import storage
+from refinery.transforms.io.arrow_columns import bool_column, int_column, string_column
 from refinery.transforms.io.jsonl import JSON_ERRORS
 
 from .arrays import ranges
@@ -71,20 +72,17 @@ def check_format(details_format: str) -> str:
 def pairs_array(counts: np.ndarray, flat: np.ndarray) -> pa.Array:
     """``list<list<int32>>``: row ``i`` holds ``counts[i]`` ``[start, end]`` pairs, taken in
     order from ``flat`` (start, end, start, end, ...); pyarrow refuses a value past int32."""
-    inner = pa.ListArray.from_arrays(pa.array(np.arange(0, len(flat) + 1, 2, dtype=np.int32)),
-                                     pa.array(flat, pa.int32()))
+    inner = pa.ListArray.from_arrays(int_column(np.arange(0, len(flat) + 1, 2, dtype=np.int32), "int32"),
+                                     int_column(flat, "int32"))
     outer = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=outer[1:])
-    return pa.ListArray.from_arrays(pa.array(outer), inner).cast(PAIRS)
+    return pa.ListArray.from_arrays(int_column(outer, "int32"), inner).cast(PAIRS)
 
 
 def strings(values: list[str]) -> pa.Array:
     """A string column; a lone surrogate (text that was not valid UTF-8) becomes its ``\\uXXXX``
     escape, as in the JSON lines (where a JSON reader turns it back into the surrogate)."""
-    try:
-        return pa.array(values, pa.string())
-    except UnicodeEncodeError:
-        return pa.array([utf8(v) for v in values], pa.string())
+    return string_column(values, JSON_ERRORS)
 
 
 def utf8(value: str) -> str:
@@ -110,12 +108,12 @@ class EvalColumns:
     @classmethod
     def of(cls, eval_rows: list[EvalRow], same: SameText) -> "EvalColumns":
         return cls(_names([r.eval_dataset for r in eval_rows]), _names([r.eval_path for r in eval_rows]),
-                   pa.array([r.eval_row for r in eval_rows], pa.int64()),
+                   int_column([r.eval_row for r in eval_rows], "int64"),
                    strings([r.instance_id for r in eval_rows]),
-                   pa.array([len(same.others.get(r.eval_idx, ())) for r in eval_rows], pa.int32()))
+                   int_column([len(same.others.get(r.eval_idx, ())) for r in eval_rows], "int32"))
 
     def take(self, idx: np.ndarray) -> list[pa.Array]:
-        at = pa.array(idx, pa.int64())
+        at = int_column(idx, "int64")
         return [c.take(at) for c in (self.eval_dataset, self.eval_path, self.eval_row, self.instance_id,
                                      self.same_text)]
 
@@ -237,17 +235,17 @@ class DetailRows:
         """One row group: ``h`` the hit columns (:data:`_HIT_COLUMNS`, one entry per piece of a
         hit, ``rows`` its rows), the eval side one entry per row."""
         rows = np.asarray(h["rows"], dtype=np.int64)
-        rep = pa.array(np.repeat(np.arange(len(rows), dtype=np.int64), rows))
+        rep = int_column(np.repeat(np.arange(len(rows), dtype=np.int64), rows), "int64")
         hit_cols = {
-            "n": pa.array(h["n"], pa.int32()), "ngram": strings(h["ngram"]),
-            "ngram_truncated": pa.array(h["ngram_truncated"], pa.bool_()),
-            "train_path": _names(h["train_path"]), "train_row": pa.array(h["train_row"], pa.int64()),
+            "n": int_column(h["n"], "int32"), "ngram": strings(h["ngram"]),
+            "ngram_truncated": bool_column(h["ngram_truncated"]),
+            "train_path": _names(h["train_path"]), "train_row": int_column(h["train_row"], "int64"),
             "train_doc_id": strings(h["train_doc_id"]),
             "train_offsets": pairs_array(np.asarray(h["train_pairs"], dtype=np.int64),
                                          np.asarray(h["train_flat"], dtype=np.int64)),
-            "train_snippet_start": pa.array(h["train_snippet_start"], pa.int64()),
+            "train_snippet_start": int_column(h["train_snippet_start"], "int64"),
             "train_snippet": strings(h["train_snippet"]),
-            "train_snippet_truncated": pa.array(h["train_snippet_truncated"], pa.bool_()),
+            "train_snippet_truncated": bool_column(h["train_snippet_truncated"]),
         }
         eval_cols = dict(zip(("eval_dataset", "eval_path", "eval_row", "instance_id", "same_text"),
                              self.evals.take(eval_idx)))
