@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,8 @@ def test_bool_and_string_columns_equal_pa_array() -> None:
         assert string_column(texts).equals(pa.array(texts, pa.string()))
     escaped = string_column(["ok", "lone\udc80", "\u00e9"])  # every value escaped, as before
     assert escaped.to_pylist() == ["ok", "lone\\udc80", "\u00e9"]
-    assert string_column(["a", None]).to_pylist() == ["a", None]
+    with_none: list[Any] = ["a", None]  # handed to pa.array
+    assert string_column(with_none).to_pylist() == ["a", None]
 
 
 def test_no_pandas_is_imported() -> None:
