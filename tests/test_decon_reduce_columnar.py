@@ -29,6 +29,7 @@ from refinery.transforms.decon.ngrams.longest import record_windows
 from refinery.transforms.decon.ngrams.reduce import SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, overlap_key
 from refinery.transforms.decon.ngrams.word_split import configured_ns
 from refinery.transforms.io.jsonl import JSON_ERRORS
+from refinery.transforms.io.positioned import PositionedWriter
 from refinery.transforms.io.rows import Row
 
 DEFAULT = ng.TOKENIZERS["default"]
@@ -227,7 +228,7 @@ class _OldDetailRows:
     def __init__(self, out: Any, evals: dt.EvalColumns, row_group_rows: int = dt.ROW_GROUP_ROWS):
         self.evals = evals
         self.row_group_rows = row_group_rows
-        self.writer = pq.ParquetWriter(pa.PythonFile(dt._PositionedWriter(out), mode="w"), dt.SCHEMA,
+        self.writer = pq.ParquetWriter(pa.PythonFile(PositionedWriter(out), mode="w"), dt.SCHEMA,
                                        compression="zstd", compression_level=dt.COMPRESSION_LEVEL)
         self.cache: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.rows = 0  # written, all row groups

@@ -38,6 +38,7 @@ import zstandard
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.jsonl import json_line
+from refinery.transforms.io.positioned import PositionedWriter
 from refinery.transforms.io.rows import (
     ACCESS_ERRORS,
     CONTENT_ERRORS,
@@ -300,29 +301,6 @@ def copy_jsonl(rows: Iterator[RawRow], out: storage.BinaryWriter, plan: RowPlan,
 # Parquet: the same schema, rows filtered with pyarrow
 # ---------------------------------------------------------------------------------------
 
-class _Position:
-    """A byte writer with the ``tell()`` the Parquet writer asks for."""
-
-    closed = False
-
-    def __init__(self, out: storage.BinaryWriter):
-        self._out, self._pos = out, 0
-
-    def write(self, data: Any) -> int:
-        n = self._out.write(data)
-        self._pos += n
-        return n
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
 _CODECS = {"UNCOMPRESSED": "none", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd",
            "LZ4": "lz4", "LZ4_RAW": "lz4"}
 
@@ -398,7 +376,7 @@ def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: s
     meta = pf.metadata
     drop = np.fromiter(sorted(plan.drop), dtype=np.int64, count=len(plan.drop))
     c = _Counts()
-    writer = pq.ParquetWriter(pa.PythonFile(_Position(out), mode="w"), pf.schema_arrow, compression=_codec(meta))
+    writer = pq.ParquetWriter(pa.PythonFile(PositionedWriter(out), mode="w"), pf.schema_arrow, compression=_codec(meta))
     base = 0
     for g in range(meta.num_row_groups):
         table = pf.read_row_group(g)
@@ -500,11 +478,11 @@ class CleanStage(Stage[CleanPayload, FileStats]):
         return f"rows={int(stats.get('rows_read', 0)):,} left out={int(stats.get('rows_left_out', 0)):,}"
 
 
-class ManifestPayload(TypedDict):
+class CleanManifestPayload(TypedDict):
     """The manifest unit's payload: nothing (one unit, ``manifest``)."""
 
 
-class ManifestStats(TypedDict):
+class CleanManifestStats(TypedDict):
     files: int
     rows_read: int
     rows_kept: int
@@ -535,7 +513,7 @@ def build_manifest(cfg: CleanConfig, files: list[dict[str, Any]], plan_hash: str
             "excluded_overlaps": cfg.exclude.manifest(total["rows_left_out"], cut), "plan_hash": plan_hash}
 
 
-class ManifestStage(Stage[ManifestPayload, ManifestStats]):
+class CleanManifestStage(Stage[CleanManifestPayload, CleanManifestStats]):
     """One unit: the clean units' receipts -> ``_clean_manifest.json``, then ``.SUCCESS`` (last)."""
 
     name = "manifest"
@@ -549,10 +527,10 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
     def config(self) -> StageConfig:
         return StageConfig({"clean_manifest": 1})
 
-    def make_plan(self) -> list[Unit[ManifestPayload]]:
-        return [Unit("manifest", ManifestPayload())]
+    def make_plan(self) -> list[Unit[CleanManifestPayload]]:
+        return [Unit("manifest", CleanManifestPayload())]
 
-    def run_unit(self, unit: Unit[ManifestPayload], ctx: UnitContext) -> ManifestStats:
+    def run_unit(self, unit: Unit[CleanManifestPayload], ctx: UnitContext) -> CleanManifestStats:
         clean = ctx.upstream("clean")
         files: list[dict[str, Any]] = []
         for u in clean.stage.plan():
@@ -572,7 +550,7 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
 
 def build_stages(cfg: CleanConfig) -> list[Stage[Any, Any]]:
     """THE shape of ``refinery clean``'s job: clean (a unit per training file) -> manifest."""
-    return [CleanStage(cfg), ManifestStage(cfg)]
+    return [CleanStage(cfg), CleanManifestStage(cfg)]
 
 
 def clear_stale_success(runs: list[StageRun], plans: list[list[Unit[Any]]]) -> None:

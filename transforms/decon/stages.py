@@ -50,6 +50,7 @@ from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams.compact import RecordColumns
+from refinery.transforms.decon.ngrams.droplist import DropList
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
     bad_row_reasons,
@@ -700,16 +701,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 ctx.write_bytes(ctx.output_path(EVAL_BAD_ROWS), jsonl(reasons))
             else:  # none of an earlier run stays
                 storage.remove(ctx.output_path(EVAL_BAD_ROWS), root=ctx.output)
-            with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as out:
-                for chunk in result.contaminated.chunks():  # a few lines at a time: it may be large
-                    out.write(chunk)
-            with ctx.open_write(ctx.output_path(CONTAMINATED_SPANS)) as out:
-                for chunk in result.contaminated.span_chunks():  # what --exclude-mode span cuts out
-                    out.write(chunk)
-            with ctx.open_write(ctx.output_path(UNREAD_ROWS)) as out:
-                for chunk in unread_rows(scan_run):
-                    out.write(chunk)
-            ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run, self.s)))
+            self.write_drop_lists(ctx, result.contaminated, scan_run)
             ctx.write_bytes(ctx.output_path("stats/report.md"),
                             ng.render_report(result, scan_totals, self.s.max_train_count,
                                              top=self.s.report_examples,  # the HTML page's count of instances
@@ -727,6 +719,18 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 "short_warning": short_warning,
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
+
+    def write_drop_lists(self, ctx: UnitContext, contaminated: DropList, scan_run: StageRun) -> None:
+        """What ``prep --exclude-overlaps`` and ``refinery clean`` read: the drop list, its
+        spans, the rows decon could not read and the training files it scanned (each written
+        a few lines at a time: they may be large)."""
+        for relpath, chunks in ((CONTAMINATED_DOCS, contaminated.chunks()),
+                                (CONTAMINATED_SPANS, contaminated.span_chunks()),  # what span mode cuts out
+                                (UNREAD_ROWS, unread_rows(scan_run))):
+            with ctx.open_write(ctx.output_path(relpath)) as out:
+                for chunk in chunks:
+                    out.write(chunk)
+        ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run, self.s)))
 
     @staticmethod
     def train_files(scan_run: StageRun, settings: DeconSettings) -> list[TrainFile]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from refinery.transforms.io import storage
 from refinery.transforms.io.arrow_columns import int_column, string_column
+from refinery.transforms.io.positioned import PositionedWriter
 from refinery.transforms.io.rows import iter_rows
 
 if TYPE_CHECKING:
@@ -61,35 +62,6 @@ def docs_path_for(npy_path: str) -> str:
     return npy_path[: -len(".npy")] + DOCS_SUFFIX
 
 
-class _Position:
-    """A byte writer with the ``tell()`` the Parquet writer asks for."""
-
-    closed = False
-
-    def __init__(self, out: storage.BinaryWriter):
-        self._out, self._pos = out, 0
-
-    def write(self, data: Any) -> int:
-        n = self._out.write(data)
-        self._pos += n
-        return n
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-
 class DocsWriter:
     """Writes a sidecar to ``out`` (a byte writer: the unit's atomic one) document by document,
     in row groups of :data:`ROWS_PER_GROUP`: memory holds one row group, whatever the shard's size."""
@@ -98,7 +70,7 @@ class DocsWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self._file = pa.PythonFile(_Position(out), mode="w")
+        self._file = pa.PythonFile(PositionedWriter(out), mode="w")
         self._writer = pq.ParquetWriter(self._file, schema(), **WRITER_OPTIONS)
         self._ids: list[str] = []
         self._sources: list[str] = []

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from refinery.transforms.io import storage
 from refinery.transforms.io.arrow_columns import bool_column, int_column, string_column
 from refinery.transforms.io.jsonl import JSON_ERRORS
+from refinery.transforms.io.positioned import PositionedWriter
 
 from .arrays import ranges
 from .compact import RecordColumns
@@ -118,27 +119,6 @@ class EvalColumns:
                                      self.same_text)]
 
 
-class _PositionedWriter:
-    """A write-only file that knows its position (what pyarrow asks of a Python file)."""
-
-    def __init__(self, out: storage.BinaryWriter):
-        self.out, self.position, self.closed = out, 0, False
-
-    def write(self, data: bytes) -> int:
-        n = self.out.write(data)
-        self.position += n
-        return n
-
-    def tell(self) -> int:
-        return self.position
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class DetailRows:
     """A partition's detail records, written to ``out`` (a binary file) as Parquet.
 
@@ -150,7 +130,7 @@ class DetailRows:
     def __init__(self, out: storage.BinaryWriter, evals: EvalColumns, row_group_rows: int = ROW_GROUP_ROWS):
         self.evals = evals
         self.row_group_rows = row_group_rows
-        self.writer = pq.ParquetWriter(pa.PythonFile(_PositionedWriter(out), mode="w"), SCHEMA, compression="zstd",
+        self.writer = pq.ParquetWriter(pa.PythonFile(PositionedWriter(out), mode="w"), SCHEMA, compression="zstd",
                                        compression_level=COMPRESSION_LEVEL)
         self.cache: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.rows = 0  # written, all row groups
