@@ -1,9 +1,10 @@
 """Where a command's wall time goes: its serial parts and its stages, from the run's timeline.
 
-A command run with ``$REFINERY_UNIT_LOG`` set appends a JSON line per unit event (start,
-end) and per driver phase (``refinery.transforms.io.timeline.PHASES``: the command's code
-starts, planning done, a job started, Beam imported and the pipeline built, the job done,
-its workers stopped, the command returns). :func:`timed_run` runs a command so and
+A command run with ``$REFINERY_UNIT_LOG`` and ``$REFINERY_TIMELINE`` set (here, to one file)
+appends a JSON line per unit event (start, end) and per driver phase
+(``refinery.transforms.io.timeline.PHASES``: the command's code starts, planning done, a
+job started, Beam imported and the pipeline built, the job done, its workers stopped, the
+command returns). :func:`timed_run` runs a command so and
 :func:`breakdown` splits its wall time, from launch to the process's end, into:
 
 - start-up (the interpreter and the CLI module), checks and planning;
@@ -36,7 +37,7 @@ def timed_run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float
     with tempfile.TemporaryDirectory(prefix="refinery-timeline-") as tmp:
         log = Path((env or {}).get("REFINERY_UNIT_LOG") or Path(tmp) / "timeline.jsonl")
         log.write_text("")
-        full = {**os.environ, **(env or {}), "REFINERY_UNIT_LOG": str(log)}
+        full = {**os.environ, **(env or {}), "REFINERY_UNIT_LOG": str(log), "REFINERY_TIMELINE": str(log)}
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "refinery.beam_pipelines.cli", *argv], check=True,
                        capture_output=True, env=full)

@@ -1,6 +1,9 @@
-"""The run's audit trail: one JSON line per unit event and per driver phase, appended to the
-file ``$REFINERY_UNIT_LOG`` names (nothing when it is not set). Here, below the framework,
-so that the CLI marks its start and end without importing it.
+"""The run's audit trail: one JSON line per unit event, appended to the file
+``$REFINERY_UNIT_LOG`` names, and one per driver phase, appended to ``$REFINERY_TIMELINE``
+(nothing when they are not set; a bench sets both to one file). Here, below the framework,
+so that the CLI marks its start and end without importing it. The phases have a variable of
+their own: a reader of the unit log (a test pauses a run at its first unit by making the log
+a FIFO) sees units only.
 
 Units (:mod:`refinery.transforms.resumable.execution`) append ``{event: start|skip|end-*, stage, stage_hash, unit, pid,
 t}``: fault-injection tests prove with them that no unit starts again after its receipt
@@ -17,6 +20,7 @@ import time
 from typing import Any
 
 UNIT_LOG_ENV = "REFINERY_UNIT_LOG"
+TIMELINE_ENV = "REFINERY_TIMELINE"
 
 PHASES = {
     "main": "the command's code starts (the interpreter and the CLI module are loaded)",
@@ -29,10 +33,11 @@ PHASES = {
 }
 
 
-def append_event(record: dict[str, Any]) -> None:
-    """Append ``record`` (with ``pid`` and ``t``, the wall time) as one line to the log, if set
-    (one ``write`` on an ``O_APPEND`` file: lines of several processes do not mix)."""
-    path = os.environ.get(UNIT_LOG_ENV)
+def append_event(record: dict[str, Any], env: str = UNIT_LOG_ENV) -> None:
+    """Append ``record`` (with ``pid`` and ``t``, the wall time) as one line to the file
+    ``$env`` names, if set (one ``write`` on an ``O_APPEND`` file: lines of several processes
+    do not mix)."""
+    path = os.environ.get(env)
     if not path:
         return
     line = json.dumps({**record, "pid": os.getpid(), "t": time.time()}) + "\n"
@@ -47,4 +52,4 @@ def mark(phase: str) -> None:
     """The driver reached ``phase`` (one of :data:`PHASES`)."""
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
-    append_event({"event": "phase", "phase": phase})
+    append_event({"event": "phase", "phase": phase}, TIMELINE_ENV)
