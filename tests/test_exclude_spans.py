@@ -22,9 +22,11 @@ from test_exclude_overlaps import PLANTED, _corpus, _decon, _drop_list, _shard_t
 
 from refinery.transforms.decon.ngrams.arrays import merged_spans
 from refinery.transforms.decon.ngrams.details import read_details
+from refinery.transforms.io import storage
 from refinery.transforms.io.rows import iter_rows
 from refinery.transforms.io.text import normalize_text
 from refinery.transforms.prep.documents import shard_of
+from refinery.transforms.prep.exclusion import _check_spans_match
 from refinery.transforms.prep.span_cut import SpanRules, cut_row, holes
 
 forks = reliability_helpers.forks  # the shared fork server (a fixture)
@@ -245,3 +247,13 @@ def test_span_mode_killed_then_rerun_writes_the_same_bytes(decon_run: tuple[Path
     assert final.returncode == 0, final.stderr[-2000:]
     assert kills >= 2 and final_digest(out) == want
     assert recomputed_units(read_unit_log(log)) == []  # no finished unit ran twice
+
+
+def test_a_spans_file_that_is_not_the_drop_lists_rows_is_refused() -> None:
+    """Its sha256 is the one decon recorded, yet it names other rows (a decon bug): refused."""
+    one = np.array([[0, 5]])
+    _check_spans_match("D", {"/t/a.jsonl": {1, 2}}, {"/t/a.jsonl": {1: one, 2: one}}, 13)  # the same rows: fine
+    with pytest.raises(storage.InputError, match=r"disagree at n=13 on /t/a.jsonl \(rows \[2\]\)"):
+        _check_spans_match("D", {"/t/a.jsonl": {1, 2}}, {"/t/a.jsonl": {1: one}}, 13)
+    with pytest.raises(storage.InputError, match="disagree"):
+        _check_spans_match("D", {}, {"/t/b.jsonl": {0: one}}, 13)
