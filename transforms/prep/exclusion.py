@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -94,19 +94,27 @@ EDITED = ("edited after decon wrote it (its merge receipt)",
 PLANNED = ("changed since this job was planned", "run the same command again to plan with it")
 
 
-def _streamed_rows(path: str, sha256: str, files: list[dict[str, Any]], n: int | None,
-                   why: tuple[str, str]) -> dict[str, set[int]]:
-    """:func:`drop_rows` of ``path`` read a line at a time, refused (at its end, before any row
-    is used: ``why`` says how) unless its sha256 is ``sha256``; a line that is not an entry
-    in a file that is not the one recorded is refused as changed."""
+_T = TypeVar("_T")
+
+
+def _streamed(read: Callable[[HashedLines], _T], path: str, sha256: str, why: tuple[str, str]) -> _T:
+    """``read`` of ``path``'s lines, read a line at a time and refused (at their end, before
+    anything read is used: ``why`` says how) unless their sha256 is ``sha256``; a line that is
+    not an entry, in a file that is not the one recorded, is refused as changed."""
     try:
-        return drop_rows(path, HashedLines(path, sha256, *why), files, n)
+        return read(HashedLines(path, sha256, *why))
     except storage.InputError:
         got = file_sha256(path)
         if got != sha256:
             raise storage.InputError(f"{path}: {why[0]} (sha256 {got[:16]}..., recorded {sha256[:16]}...); "
                                      f"{why[1]}") from None
         raise
+
+
+def _streamed_rows(path: str, sha256: str, files: list[dict[str, Any]], n: int | None,
+                   why: tuple[str, str]) -> dict[str, set[int]]:
+    """:func:`drop_rows` of ``path``, read as :func:`_streamed` says."""
+    return _streamed(lambda lines: drop_rows(path, lines, files, n), path, sha256, why)
 
 
 @functools.lru_cache(maxsize=4)
@@ -134,16 +142,8 @@ def _source_spans(source: DropSource) -> dict[str, dict[int, np.ndarray]]:
 
 def _streamed_spans(path: str, sha256: str, files: list[dict[str, Any]], n: int,
                     why: tuple[str, str]) -> dict[str, dict[int, np.ndarray]]:
-    """:func:`drop_spans` of ``path`` read a line at a time, refused at its end unless its
-    sha256 is ``sha256`` (``why`` says how)."""
-    try:
-        return drop_spans(path, HashedLines(path, sha256, *why), files, n)
-    except storage.InputError:
-        got = file_sha256(path)
-        if got != sha256:
-            raise storage.InputError(f"{path}: {why[0]} (sha256 {got[:16]}..., recorded {sha256[:16]}...); "
-                                     f"{why[1]}") from None
-        raise
+    """:func:`drop_spans` of ``path``, read as :func:`_streamed` says."""
+    return _streamed(lambda lines: drop_spans(path, lines, files, n), path, sha256, why)
 
 
 @dataclass
