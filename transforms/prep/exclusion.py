@@ -31,6 +31,12 @@ Nothing leaks in silence (:meth:`Exclusion.check_inputs`, :func:`load_exclusion`
 
 The drop lists' sha256 and n enter the tokenize stage's hash: another decon output, or
 another n, re-plans; the same ones resume.
+
+Span mode (``--exclude-mode span``, :attr:`Exclusion.rules` set): each decon output's
+``stats/contaminated_train_spans.jsonl`` is read too, checked the same way (its sha256 against
+decon's merge receipt) and against the drop list (exactly its rows at n); a worker reads the
+spans of its files (:meth:`Exclusion.spans_of`), and :mod:`.span_cut` says what is kept of a
+listed row. The spans file's sha256 and the rules enter the hash too (row mode's is as before).
 """
 from __future__ import annotations
 
