@@ -42,7 +42,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner
 from apache_beam.runners.worker.log_handler import LOGENTRY_TO_LOG_LEVEL_MAP
 from apache_beam.transforms import environments
 
-from refinery.transforms.io.beam_private import fn_api_servers_at, provision_info
+from refinery.transforms.io.beam_private import WORKER_SERVER_OPTIONS, fn_api_servers_at, provision_info
 
 from . import warm_workers
 
@@ -158,7 +158,10 @@ class WorkerChannels:
         self.folder = folder
         self._n = 0
         self._lock = threading.Lock()
-        self._log_server = grpc.server(thread_pool_executor.shared_unbounded_instance())
+        # Beam's servers' ping options (WORKER_SERVER_OPTIONS): with gRPC's defaults this server
+        # would answer the workers' keepalive pings with GOAWAY too_many_pings
+        self._log_server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
+                                       options=list(WORKER_SERVER_OPTIONS))
         beam_fn_api_pb2_grpc.add_BeamFnLoggingServicer_to_server(_WorkerLogs(), self._log_server)
         where = self.next_address()
         port = self._log_server.add_insecure_port(where)
@@ -272,8 +275,43 @@ class LocalWorkerHandler(worker_handlers.GrpcWorkerHandler):
         self._process = subprocess.Popen(shlex.split(self._command), env=env)
 
     def stop_worker(self) -> None:
-        if self._process is not None and (status := self._process.wait()):
+        """Wait for the worker process, told to stop (its control stream ended), to end: one
+        that has not ended :func:`worker_stop_s` later is ended (:func:`end_process`)."""
+        if self._process is not None and (status := end_process(self._process, self.worker_id, worker_stop_s())):
             _log.error("worker process %s (%s) exited with status %s", self._process.pid, self.worker_id, status)
+
+
+WORKER_STOP_S = 30.0  # how long a worker told to stop may take to end (REFINERY_WORKER_STOP_S)
+WORKER_KILL_S = 5.0   # ... and then to end after SIGTERM, before SIGKILL
+
+
+def worker_stop_s() -> float:
+    """Seconds a worker process told to stop may take to end: ``$REFINERY_WORKER_STOP_S``, or
+    :data:`WORKER_STOP_S`. A worker has sent all its results before it is told to stop."""
+    raw = os.environ.get("REFINERY_WORKER_STOP_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else WORKER_STOP_S
+    except ValueError:
+        raise ValueError(f"REFINERY_WORKER_STOP_S={raw!r}: not a number of seconds") from None
+
+
+def end_process(process: subprocess.Popen[bytes], name: str, grace_s: float) -> int:
+    """``process``'s exit status once it has ended: waited for up to ``grace_s``, then sent
+    SIGTERM (the pool's attach command ends its forked worker with it) and, after
+    :data:`WORKER_KILL_S` more, SIGKILL; one line says so. Its status is then the signal's."""
+    try:
+        return process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _log.warning("worker process %s (%s) had not ended %.0f s after its job's end: ending it", process.pid, name,
+                 grace_s)
+    process.terminate()
+    try:
+        process.wait(timeout=WORKER_KILL_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    process.wait()
+    return 0  # the job had ended: a worker ended here is not a failure
 
 
 @worker_handlers.WorkerHandler.register_environment(LOCAL_THREADS_URN, bytes)

@@ -279,9 +279,11 @@ def _run_worker(conn: socket.socket) -> None:
     status = 1
     try:
         _die_with_parent()
-        env = json.loads(_read_line(conn))
+        conn.sendall(f"pid {os.getpid()}\n".encode())  # the attach command ends this worker with itself
+        env = json.loads(_Lines(conn).next())
         os.environ.clear()
         os.environ.update(env)
+        keepalive_override(env)
         importlib.import_module(WORKER_MAIN).main([])
         status = 0
     except BaseException:  # noqa: BLE001 - reported through the status, like a worker process's
@@ -292,14 +294,34 @@ def _run_worker(conn: socket.socket) -> None:
         end_now(status)
 
 
-def _read_line(conn: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    return data
+class _Lines:
+    """The lines a socket receives, one at a time (a line's end may come with the next one)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._data = b""
+
+    def next(self) -> bytes:
+        """The next line without its newline; at the stream's end, what is left (b"": nothing)."""
+        while b"\n" not in self._data:
+            chunk = self._conn.recv(1 << 16)
+            if not chunk:
+                line, self._data = self._data, b""
+                return line
+            self._data += chunk
+        line, self._data = self._data.split(b"\n", 1)
+        return line
+
+
+KEEPALIVE_ENV = "REFINERY_GRPC_KEEPALIVE_MS"  # for tests: how often a warm worker's channels ping (ms)
+
+
+def keepalive_override(env: dict[str, str]) -> None:
+    """A worker's channels ping every ``env[KEEPALIVE_ENV]`` ms instead of Beam's 20 s, where set."""
+    if env.get(KEEPALIVE_ENV):
+        from refinery.transforms.io.beam_private import set_worker_keepalive_ms
+
+        set_worker_keepalive_ms(int(env[KEEPALIVE_ENV]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,8 +337,25 @@ def attach(socket_path: str) -> int:
     except OSError:
         os.execv(sys.executable, [sys.executable, "-m", WORKER_MAIN])
     conn.sendall(json.dumps(dict(os.environ)).encode() + b"\n")
-    reply = _read_line(conn).strip()
+    lines = _Lines(conn)
+    reply = lines.next().strip()
+    if reply.startswith(b"pid ") and reply[4:].isdigit():
+        _end_with_this_process(int(reply[4:]))
+        reply = lines.next().strip()
     return int(reply) if reply.isdigit() else 1  # no status: the worker was killed
+
+
+def _end_with_this_process(worker: int) -> None:
+    """On SIGTERM (the runner ending a worker that did not stop: ``local_runner.end_process``),
+    SIGKILL the forked ``worker`` first, then end."""
+    def end(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(worker, signal.SIGKILL)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+    # the command started this process with SIGTERM ignored and blocked (beam_pipelines.interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,14 @@ and ``test_local_runner_isolation`` run them.)
   process whose stderr is this process's: every Dataflow ``--dry-run`` would print build's
   progress (``* Building sdist...``). refinery captures it with the child's stdout, which Beam
   reports when the build fails (``runners/translate.py``).
+- :data:`WORKER_SERVER_OPTIONS`, :func:`worker_keepalive_ms`, :func:`set_worker_keepalive_ms`:
+  Beam's SDK workers ping their channels every ``grpc.keepalive_time_ms`` (20 s), with no
+  limit on pings without data (``GRPCChannelFactory.DEFAULT_OPTIONS``). A gRPC server with
+  gRPC's defaults (at least 5 minutes between such pings, 2 strikes) answers the third with
+  ``GOAWAY too_many_pings``; Beam's worker logging client then reconnects and its old call's
+  request thread takes one more entry off the queue, which can be the end-of-stream marker:
+  the worker never ends (a finished decon waited 13 minutes for it). A server the workers
+  reach takes these options, the ones Beam's own ``GrpcServer`` passes.
 - :func:`provision_info`, :func:`flink_job_server`, :func:`shared_subprocess_servers`,
   :func:`beam_runner_names`, :func:`beam_option_flags`: the local runner's provision info,
   Flink's job server with its endpoint, subprocess servers shared by a command's jobs, the
@@ -104,6 +112,36 @@ def dead_letter_error(error: tuple[type[BaseException], str, list[str] | None]) 
         if sep and head.rsplit(".", 1)[-1] == name:
             return f"{name}: {message.strip()}"
     return f"{name}: {exc_repr}"
+
+
+#: The options of a gRPC server Beam's SDK workers reach (Beam 2.77's ``GrpcServer`` passes
+#: these, less its message sizes): any number of pings without data, no strikes, and pings as
+#: often as the workers' keepalive (see the module's doc).
+WORKER_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
+)
+_KEEPALIVE = "grpc.keepalive_time_ms"
+
+
+def worker_keepalive_ms() -> int:
+    """How often (ms) the channels of an SDK worker in this process ping: Beam's
+    ``GRPCChannelFactory.DEFAULT_OPTIONS``."""
+    from apache_beam.runners.worker.channel_factory import GRPCChannelFactory
+
+    return int(dict(GRPCChannelFactory.DEFAULT_OPTIONS)[_KEEPALIVE])
+
+
+def set_worker_keepalive_ms(ms: int) -> None:
+    """Make the channels an SDK worker of this process opens from now on ping every ``ms``
+    (for tests: a short period shows in seconds what a long run shows in minutes)."""
+    from apache_beam.runners.worker.channel_factory import GRPCChannelFactory
+
+    options = GRPCChannelFactory.DEFAULT_OPTIONS
+    if _KEEPALIVE not in dict(options):
+        raise RuntimeError(f"apache_beam's GRPCChannelFactory sets no {_KEEPALIVE} (checked: {CHECKED_BEAM})")
+    options[:] = [(k, ms if k == _KEEPALIVE else v) for k, v in options]
 
 
 BEAM_ANY_ADDRESS = "[::]:0"  # where worker_handlers.GrpcServer asks each of its servers to listen
@@ -203,8 +241,7 @@ def worker_pool_on(host: str, port: int, interceptors: Sequence[Any], servicer: 
     from apache_beam.runners.worker import worker_pool_main
     from apache_beam.utils import thread_pool_executor
 
-    options = [("grpc.http2.max_pings_without_data", 0), ("grpc.http2.max_ping_strikes", 0)]
-    server = grpc.server(thread_pool_executor.shared_unbounded_instance(), options=options,
+    server = grpc.server(thread_pool_executor.shared_unbounded_instance(), options=list(WORKER_SERVER_OPTIONS),
                          interceptors=list(interceptors))
     bound = server.add_insecure_port(f"{host}:{port}")
     beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
