@@ -26,8 +26,8 @@ QUESTION = ("José's café served twelve crêpes to Zoë and André before noon,
 
 def _unstripped(text: str) -> str:
     """normalize_text's definition, but the strip (a span inside a text is not stripped)."""
-    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "".join(c for c in text if unicodedata.category(c) != "Cc" or c in "\t\n")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return unicodedata.normalize("NFC", "".join(c for c in text if unicodedata.category(c) != "Cc" or c in "\t\n"))
 
 
 def test_prep_and_decon_share_one_normalization() -> None:

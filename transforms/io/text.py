@@ -41,7 +41,7 @@ import functools
 import re
 import string
 import unicodedata
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -213,44 +213,55 @@ class TextSpec:
 # ---------------------------------------------------------------------------------------
 
 #: The version of :func:`normalize_text`, recorded where an output depends on it (decon's
-#: stage configs): a change of the rule is a new version, so outputs are recomputed.
-TEXT_NORMALIZATION = "nfc-cc-strip-1"
+#: stage configs, its drop lists' ``train_files.jsonl``): a change of the rule is a new
+#: version, so outputs are recomputed and a drop list of another version is refused.
+#: (``nfc-cc-strip-1`` applied NFC before dropping controls: ``"e\x81\u0301"`` became
+#: ``"e\u0301"``, not NFC, so the rule was not its own fixed point.)
+TEXT_NORMALIZATION = "cc-nfc-strip-2"
 
 # Every Cc code point (C0, DEL, C1) except \t and \n is dropped. \r is handled first.
 _CC_TO_DROP = re.compile("[" + "".join(re.escape(chr(cp)) for cp in range(0xA0)  # every Cc lies below U+00A0
                                       if unicodedata.category(chr(cp)) == "Cc" and chr(cp) not in "\t\n") + "]")
 _ASCII_CLEAN = b"\t\n" + bytes(range(0x20, 0x7F))  # ASCII that needs no fixing
+Form = Literal["NFC", "NFKC"]  # the composed normalization forms an offset map follows
 
 
 def normalize_text(text: str) -> str:
-    """The normalized form of a document's text ('' means the document is empty): NFC;
-    ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode Cc characters are dropped except ``\\n`` and
-    ``\\t``; leading/trailing whitespace stripped (:data:`TEXT_NORMALIZATION`)."""
-    if text.isascii():  # the common case: ASCII is already NFC and has no C1 controls
-        if not text.encode("ascii").translate(None, _ASCII_CLEAN):  # nothing but clean ASCII
-            return text.strip()
-    elif not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
+    """The normalized form of a document's text ('' means the document is empty), in this
+    order (:data:`TEXT_NORMALIZATION`): ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode Cc
+    characters are dropped except ``\\n`` and ``\\t``; NFC; leading/trailing whitespace
+    stripped. Its own fixed point: ``normalize_text(normalize_text(t)) == normalize_text(t)``
+    (NFC makes no control, and what a strip leaves of an NFC text is NFC). NFC comes after
+    the controls are dropped: a mark a control kept apart from its base (``"e\\x81\\u0301"``)
+    is composed with it, as a second pass would."""
+    ascii = text.isascii()
+    if ascii and not text.encode("ascii").translate(None, _ASCII_CLEAN):  # the common case: nothing to fix
+        return text.strip()
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if _CC_TO_DROP.search(text) is not None:  # a search is ~15x cheaper than translate()
         text = _CC_TO_DROP.sub("", text)
+    if not ascii and not unicodedata.is_normalized("NFC", text):  # (ASCII is NFC)
+        text = unicodedata.normalize("NFC", text)
     return text.strip()
 
 
-@functools.lru_cache(maxsize=1)
-def _nfc_run() -> re.Pattern[str]:
-    """A run NFC may change as a whole: an optional first character, then one or more
-    characters that are not a normalization boundary (a combining mark, a character NFC
-    changes by itself, or one that may compose with the character before it: the second
-    character of a canonical pair, a Hangul vowel or trailing consonant). Every other
-    character is a boundary: NFC leaves it as it is, and nothing before it reaches past it."""
+@functools.lru_cache(maxsize=2)
+def _unstable_run(form: Form) -> re.Pattern[str]:
+    """A run the normalization ``form`` (NFC or NFKC) may change as a whole: an optional first
+    character, then one or more characters that are not a normalization boundary (a combining
+    mark, a character ``form`` changes by itself, or one that may compose with the character
+    before it: the second character of a canonical pair, a Hangul vowel or trailing
+    consonant). Every other character is a boundary: ``form`` leaves it as it is, and nothing
+    before it reaches past it."""
     unsafe = set(range(0x1160, 0x1200)) | set(range(0xD7B0, 0xD800))  # Hangul jungseong, jongseong
     for cp in range(0x110000):
         if 0xD800 <= cp < 0xE000:
             continue
         c = chr(cp)
         if unicodedata.combining(c):
+            unsafe.add(cp)
+        if form != "NFC" and unicodedata.normalize(form, c) != c:  # a compatibility form
             unsafe.add(cp)
         canonical = unicodedata.decomposition(c)
         if canonical and canonical[0] != "<":
@@ -269,13 +280,14 @@ def _nfc_run() -> re.Pattern[str]:
     return re.compile(f"[^{body}]?[{body}]+")
 
 
-def _nfc_segments(text: str, a: int, b: int) -> list[tuple[int, int]]:
-    """``text[a:b]`` (a run of :func:`_nfc_run`) cut into the smallest pieces NFC normalizes
-    apart: each starter (combining class 0) with the marks after it, joined to the piece
-    before it where NFC of the two together differs from NFC of each (a composition)."""
+def _segments(text: str, a: int, b: int, form: Form) -> list[tuple[int, int]]:
+    """``text[a:b]`` (a run of :func:`_unstable_run`) cut into the smallest pieces ``form``
+    normalizes apart: each starter (combining class 0) with the marks after it, joined to the
+    piece before it where ``form`` of the two together differs from ``form`` of each (a
+    composition)."""
     def apart(lo: int, mid: int, hi: int) -> bool:
-        nfc = unicodedata.normalize
-        return nfc("NFC", text[lo:hi]) == nfc("NFC", text[lo:mid]) + nfc("NFC", text[mid:hi])
+        nf = unicodedata.normalize
+        return nf(form, text[lo:hi]) == nf(form, text[lo:mid]) + nf(form, text[mid:hi])
 
     cuts = [i for i in range(a + 1, b) if not unicodedata.combining(text[i])]
     out: list[tuple[int, int]] = []
@@ -287,68 +299,109 @@ def _nfc_segments(text: str, a: int, b: int) -> list[tuple[int, int]]:
     return out
 
 
+def _identity_map(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(lo, hi, dtype=np.int64), np.arange(lo + 1, hi + 1, dtype=np.int64)
+
+
+def composed_offsets(text: str, form: Form = "NFC") -> tuple[str, np.ndarray, np.ndarray]:
+    """``(unicodedata.normalize(form, text), start, end)``, ``form`` NFC or NFKC: each code
+    point ``i`` of the result comes from ``text[start[i]:end[i]]`` (int64 arrays). A character
+    ``form`` leaves alone comes from itself; a run it composes, reorders or expands (a starter
+    and its combining marks, a ligature) comes from the whole run, each of its output
+    characters; where the run's starter normalizes by itself and only marks after it change,
+    the starter's output comes from it and the rest from the marks."""
+    n = len(text)
+    if unicodedata.is_normalized(form, text):
+        return (text, *_identity_map(0, n))
+    pieces, starts, ends, at = [], [], [], 0
+    for m in _unstable_run(form).finditer(text):
+        a, b = m.span()
+        if a > at:
+            pieces.append(text[at:a])
+            s, e = _identity_map(at, a)
+            starts.append(s)
+            ends.append(e)
+        for lo, hi in _segments(text, a, b, form):
+            piece = text[lo:hi]
+            out = unicodedata.normalize(form, piece)
+            pieces.append(out)
+            head = unicodedata.normalize(form, piece[0])
+            if out == piece:  # no change: each character from itself
+                s, e = _identity_map(lo, hi)
+            elif out == head + unicodedata.normalize(form, piece[1:]):
+                # the starter maps by itself (a mark after it changed): from itself, the rest from the marks
+                k = len(head)
+                s = np.concatenate([np.full(k, lo, dtype=np.int64), np.full(len(out) - k, lo + 1, dtype=np.int64)])
+                e = np.concatenate([np.full(k, lo + 1, dtype=np.int64), np.full(len(out) - k, hi, dtype=np.int64)])
+            else:
+                s, e = np.full(len(out), lo, dtype=np.int64), np.full(len(out), hi, dtype=np.int64)
+            starts.append(s)
+            ends.append(e)
+        at = b
+    pieces.append(text[at:])
+    s, e = _identity_map(at, n)
+    starts.append(s)
+    ends.append(e)
+    out = "".join(pieces)
+    if out != unicodedata.normalize(form, text):  # pragma: no cover - a boundary the table missed
+        out = unicodedata.normalize(form, text)  # every character then comes from the whole text
+        return out, np.zeros(len(out), dtype=np.int64), np.full(len(out), n, dtype=np.int64)
+    return out, np.concatenate(starts), np.concatenate(ends)
+
+
+def kept_offsets(text: str, keep: np.ndarray, cps: np.ndarray | None = None) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(the characters of text where keep, start, end)``: each kept character from itself
+    (``cps``: the text's code points, when the caller has them)."""
+    if cps is None:
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    at = np.flatnonzero(keep)
+    out = cps[at].astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    return out, at.astype(np.int64), at.astype(np.int64) + 1
+
+
+def _control_offsets(text: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(text, start, end)`` after the control rule of :func:`normalize_text`: ``\\r\\n`` and
+    ``\\r`` as ``\\n`` (the ``\\n`` of a ``\\r\\n`` from both), Cc but ``\\t`` ``\\n`` dropped."""
+    if _CC_TO_DROP.search(text) is None:  # (\r is one of them)
+        return (text, *_identity_map(0, len(text)))
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4").copy()
+    cr = np.flatnonzero(cps == 0x0D)
+    pair = cr[cr + 1 < len(cps)]
+    pair = pair[cps[pair + 1] == 0x0A]
+    keep = ~(((cps < 0x20) & (cps != 0x09) & (cps != 0x0A) & (cps != 0x0D)) | ((cps >= 0x7F) & (cps < 0xA0)))
+    keep[pair + 1] = False
+    cps[cps == 0x0D] = 0x0A  # a \r\n pair is its \r by now
+    out, start, end = kept_offsets(text, keep, cps)
+    end[np.searchsorted(start, pair)] += 1  # the \n of \r\n comes from both
+    return out, start, end
+
+
+def then(start: np.ndarray, end: np.ndarray, later: tuple[str, np.ndarray, np.ndarray]
+         ) -> tuple[str, np.ndarray, np.ndarray]:
+    """Two offset maps one after the other: ``later`` maps a text whose characters come from
+    ``[start, end)`` of an earlier one; each character of ``later``'s text then comes from the
+    earlier text's ``[start[s], end[e - 1])`` (a step's spans are contiguous)."""
+    out, s, e = later
+    return out, start[s], end[e - 1]
+
+
+def stripped_offsets(text: str, start: np.ndarray, end: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(text.strip(), start, end)`` of a mapped text: its ends' whitespace comes from nothing."""
+    lead = len(text) - len(text.lstrip())
+    out = text.strip()
+    return out, start[lead:lead + len(out)], end[lead:lead + len(out)]
+
+
 def normalized_offsets(text: str) -> tuple[str, np.ndarray, np.ndarray]:
     """``(normalize_text(text), start, end)``: each code point ``i`` of the normalized text
-    comes from ``text[start[i]:end[i]]`` (int64 arrays). A character NFC leaves alone, or
-    that only the control rule changes, comes from itself; a run NFC composes or reorders
-    (a starter and its combining marks) comes from the whole run, each of its output
-    characters; a ``\\n`` made of ``\\r\\n`` from both. Dropped controls and stripped ends come
-    from nothing. So a span ``[s, e)`` of the normalized text maps to ``text[start[s]:end[e - 1]]``
-    (:func:`raw_spans`), whose normalization (but the strip) is ``normalized[s:e]``."""
-    n = len(text)
-    if unicodedata.is_normalized("NFC", text):
-        nfc, start, end = text, np.arange(n, dtype=np.int64), np.arange(1, n + 1, dtype=np.int64)
-    else:
-        pieces, starts, ends, at = [], [], [], 0
-        for m in _nfc_run().finditer(text):
-            a, b = m.span()
-            if a > at:
-                pieces.append(text[at:a])
-                starts.append(np.arange(at, a, dtype=np.int64))
-                ends.append(np.arange(at + 1, a + 1, dtype=np.int64))
-            for lo, hi in _nfc_segments(text, a, b):
-                piece = text[lo:hi]
-                out = unicodedata.normalize("NFC", piece)
-                pieces.append(out)
-                if out == piece:  # no change: each character from itself
-                    starts.append(np.arange(lo, hi, dtype=np.int64))
-                    ends.append(np.arange(lo + 1, hi + 1, dtype=np.int64))
-                elif out[0] == piece[0] and out[1:] == unicodedata.normalize("NFC", piece[1:]):
-                    # the starter stays itself (a mark after it changed): from itself, the rest from the marks
-                    starts.append(np.append(np.int64(lo), np.full(len(out) - 1, lo + 1, dtype=np.int64)))
-                    ends.append(np.append(np.int64(lo + 1), np.full(len(out) - 1, hi, dtype=np.int64)))
-                else:
-                    starts.append(np.full(len(out), lo, dtype=np.int64))
-                    ends.append(np.full(len(out), hi, dtype=np.int64))
-            at = b
-        pieces.append(text[at:])
-        starts.append(np.arange(at, n, dtype=np.int64))
-        ends.append(np.arange(at + 1, n + 1, dtype=np.int64))
-        nfc = "".join(pieces)
-        start, end = np.concatenate(starts), np.concatenate(ends)
-        if nfc != unicodedata.normalize("NFC", text):  # pragma: no cover - a boundary the table missed
-            nfc = unicodedata.normalize("NFC", text)  # every character then comes from the whole text
-            start, end = np.zeros(len(nfc), dtype=np.int64), np.full(len(nfc), n, dtype=np.int64)
-    cps = np.frombuffer(nfc.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-    keep = np.ones(len(cps), dtype=np.bool_)
-    if "\r" in nfc:
-        cr = np.flatnonzero(cps == 0x0D)
-        pair = cr[cr + 1 < len(cps)]
-        pair = pair[cps[pair + 1] == 0x0A]
-        end[pair] = end[pair + 1]  # the \n of \r\n comes from both
-        keep[pair + 1] = False
-    keep &= ~(((cps < 0x20) & (cps != 0x09) & (cps != 0x0A) & (cps != 0x0D)) | ((cps >= 0x7F) & (cps < 0xA0)))
-    out = nfc
-    if not keep.all() or "\r" in nfc:
-        kept_at = np.flatnonzero(keep)
-        kept = cps[kept_at]
-        kept[kept == 0x0D] = 0x0A  # \r\n pairs are one \r by now
-        out = kept.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
-        start, end = start[kept_at], end[kept_at]
-    lead = len(out) - len(out.lstrip())
-    stripped = out.strip()
-    start, end = start[lead:lead + len(stripped)], end[lead:lead + len(stripped)]
-    return stripped, start, end
+    comes from ``text[start[i]:end[i]]`` (int64 arrays), through each step of the rule in
+    turn: the control rule (a ``\\n`` made of ``\\r\\n`` from both; dropped controls from
+    nothing), NFC (:func:`composed_offsets`: a run it composes or reorders from the whole run,
+    a control dropped inside it included), the strip (the ends from nothing). So a span
+    ``[s, e)`` of the normalized text maps to ``text[start[s]:end[e - 1]]`` (:func:`raw_spans`),
+    whose normalization (but the strip) is ``normalized[s:e]``."""
+    cleaned, start, end = _control_offsets(text)
+    return stripped_offsets(*then(start, end, composed_offsets(cleaned)))
 
 
 def raw_spans(start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_end: np.ndarray,

@@ -25,8 +25,8 @@ Rules:
   fields, chat message lists flattened (:class:`refinery.transforms.io.text.TextSpec`);
   it must be a string without unpaired surrogates.
 - **Normalize** (:func:`normalize_text`, defined in :mod:`refinery.transforms.io.text`:
-  decon n-grams the same text): NFC; ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
-  Cc characters are dropped except ``\\n`` and ``\\t``; leading/trailing whitespace stripped.
+  decon n-grams the same text), in this order: ``\\r\\n`` and ``\\r`` become ``\\n``; Unicode
+  Cc characters are dropped except ``\\n`` and ``\\t``; NFC; leading/trailing whitespace stripped.
 - **Document id** (:func:`doc_id_for`): ``str(record[id_field])`` when present and not None;
   else ``"{relpath}:{row}"`` when the row's file is known; else :func:`content_id`, a hash
   of the row's canonical JSON.
