@@ -138,8 +138,9 @@ def check_output(command: str, output: str, inputs: Sequence[str] = (), *, dry_r
     """:class:`UsageError` unless ``output`` can be this run's output folder, checked before
     anything is written: it is not a file nor under one, a folder can be made there (probed,
     except on a dry run, which writes nothing), and no input folder or glob in ``inputs``
-    would list it (a run reading its own outputs back as input). Every command that takes
-    ``--output`` calls it (``flag``: how the message names the output)."""
+    would list it (a run reading its own outputs back as input); for prep and prep-mixture, no
+    other run's output lies above or below it (:func:`nested_run_problem`). Every command that
+    takes ``--output`` calls it (``flag``: how the message names the output)."""
     problem = storage.output_folder_problem(output, probe=not dry_run)
     if problem:
         raise UsageError(f"refinery {command}: {flag} {output}: {problem}")
@@ -154,6 +155,24 @@ def check_output(command: str, output: str, inputs: Sequence[str] = (), *, dry_r
             raise UsageError(f"refinery {command}: {flag} {output} holds the output of 'refinery {other}' "
                              f"({storage.join(output, '.refinery', 'run.json')}); the two would mix: give another "
                              f"{flag}, or remove that folder first")
+        if command_family(command) == "prep" and (problem := nested_run_problem(output)):
+            raise UsageError(f"refinery {command}: {flag} {output} {problem}")
+
+
+def nested_run_problem(output: str) -> str | None:
+    """Why ``output`` cannot be a prep output because of other runs' outputs (one line), or
+    None: a folder above it holds a run (``manifest.json`` or ``.refinery/``: it lies inside
+    that run's output), or folders below it do (it would hold theirs). A reader of a folder
+    (a tool globbing its shards, a copy, a removal) would take the runs for one; outputs are
+    siblings. The search below is bounded (:func:`storage.folders_holding`)."""
+    for above in storage.runs_above(output):
+        marker = next(m for m in storage.RUN_MARKERS if storage.exists(storage.join(above, m)))
+        return (f"lies inside {above}, the output of another run ({storage.join(above, marker)}): give a folder "
+                f"outside it, e.g. a sibling of it")
+    if below := storage.folders_holding(output):
+        return (f"holds the output of another run below it: {', '.join(below)}; give a folder beside it (runs are "
+                f"siblings), or move that run out first")
+    return None
 
 
 def named_inputs(given: list[str]) -> list[str]:

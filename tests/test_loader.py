@@ -44,7 +44,18 @@ def _data_root(root: Path, tokens: dict[str, int] | None = None) -> Path:
             np.save(npy, part.astype("<u4"))
             with open(npy.with_suffix(".idx"), "wb") as f:
                 shards.write_idx(f, [len(part)])
+        _write_manifest(root / sid / "train")
     return root
+
+
+def _write_manifest(folder: Path) -> None:
+    """A manifest.json listing the shards of ``folder`` (the loader reads only what one lists)."""
+    import hashlib
+
+    entries = [{"shard": k, "path": str(npy.relative_to(folder)), "num_tokens": shards.npy_token_count(str(npy)),
+                "sha256": hashlib.sha256(npy.read_bytes()).hexdigest()}
+               for k, npy in enumerate(sorted(folder.glob("shard_*/*.npy")))]
+    (folder / "manifest.json").write_text(json.dumps({"shards": entries}))
 
 
 @pytest.fixture
@@ -153,6 +164,9 @@ def test_a_state_of_another_plan_is_refused(setup: LoaderConfig, tmp_path: Path)
     # a shard file rewritten (other size) changes the plan
     npy = tmp_path / "data" / "beta" / "train" / "shard_0001" / "beta-v1-shard-000001.npy"
     np.save(npy, np.arange(500, dtype="<u4") + BASES["beta"])
+    with pytest.raises(ValueError, match=f"{npy}: 500 tokens, not the 150 "):  # not what its manifest says
+        build_loader(setup, 0, 1, "train")
+    _write_manifest(npy.parent.parent)  # a new manifest listing it
     d, _ = build_loader(setup, 0, 1, "train")
     with pytest.raises(LoaderStateError, match="shard files"):
         d.load_state_dict(state)
@@ -213,3 +227,44 @@ def test_an_epoch_shorter_than_a_global_batch_is_said(tmp_path: Path) -> None:
     root = _data_root(tmp_path / "data", {"alpha": 9 * 2, "beta": 9 * 2, "gamma": 9 * 2})
     with pytest.warns(ShortEpochWarning, match=r"fewer than one global batch \(4 x 2 rank\(s\) = 8\)"):
         build_loader(LoaderConfig(str(toml), str(root), seq_len=SEQ, batch_size=4), rank=0, world_size=2)
+
+
+def test_the_loader_reads_exactly_the_shards_its_manifest_lists(tmp_path: Path, small_corpus: Path) -> None:
+    """Before: a glob of **/*.npy read the shards of runs nested inside the output (and a stray
+    .npy), and a folder without a manifest said only that it had none."""
+    from helpers import run_prep
+
+    from refinery.transforms.loader.deterministic import prep_output_loader
+
+    parent = tmp_path / "runs"
+    assert run_prep([small_corpus], parent / "a", "--num-shards", "2") == 0
+    assert run_prep([small_corpus], parent / "b", "--num-shards", "3") == 0
+    listed = json.loads((parent / "a" / "manifest.json").read_text())
+    (parent / "b").rename(parent / "a" / "b")  # another run nested inside a (prep refuses to write one there)
+    stray = parent / "a" / "extra" / "stray.npy"
+    stray.parent.mkdir()
+    np.save(stray, np.arange(100, dtype="<u4"))
+    for given in (parent / "a", parent / "a" / "manifest.json"):
+        _, plan = prep_output_loader(str(given), seq_len=SEQ)
+        assert [f["path"] for f in plan.sources[0].files] == [f"a/{s['path']}" for s in listed["shards"]]
+        assert plan.sources[0].total_tokens == listed["total_tokens"]
+    (parent / "c").mkdir()
+    (parent / "a").rename(parent / "c" / "a")
+    with pytest.raises(FileNotFoundError, match=f"{parent / 'c'}: no manifest.json here.* other runs' outputs "
+                                                f"\\({parent / 'c' / 'a' / 'manifest.json'}\\): give one of them"):
+        prep_output_loader(str(parent / "c"), seq_len=SEQ)
+    shard = parent / "c" / "a" / listed["shards"][1]["path"]
+    shard.write_bytes(shard.read_bytes()[:-8])  # cut short
+    with pytest.raises(ValueError, match=f"{shard}: [0-9,]+ bytes, not the [0-9,]+ its [0-9,]+ tokens take "
+                                         r"\(a shard cut short"):
+        prep_output_loader(str(parent / "c" / "a"), seq_len=SEQ)
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=f"{shard}: listed in .*manifest.json, missing"):
+        prep_output_loader(str(parent / "c" / "a"), seq_len=SEQ)
+
+
+def test_a_mixture_source_without_a_manifest_is_refused(setup: LoaderConfig, tmp_path: Path) -> None:
+    """A split folder of shards copied without their manifest: refused, naming it (before: globbed)."""
+    (tmp_path / "data" / "gamma" / "train" / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"source 'gamma': no shards for split 'train': .*no manifest.json"):
+        build_loader(setup, 0, 1, "train")

@@ -215,3 +215,41 @@ def test_check_output_writes_nothing_on_a_dry_run(tmp_path: Path, monkeypatch: p
     assert made == []
     with pytest.raises(UsageError, match="is inside the input"):
         check_output("prep", str(tmp_path / "in" / "out"), [str(tmp_path / "in")], dry_run=True)
+
+
+def test_prep_refuses_an_output_inside_or_holding_another_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: prep wrote a run inside another (the README's out/ and out/gsm8k), and a reader
+    of the outer folder took both for one."""
+    corpus = write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": f"row {i}"} for i in range(5)])
+    assert run_prep([corpus], tmp_path / "out", "--num-shards", 1) == 0
+    capsys.readouterr()
+    assert run_prep([corpus], tmp_path / "out" / "gsm8k", "--num-shards", 1) == 2
+    out = tmp_path / "out"
+    assert _one_line(capsys) == (f"refinery prep: --output {out / 'gsm8k'} lies inside {out}, the output of another "
+                                 f"run ({out / 'manifest.json'}): give a folder outside it, e.g. a sibling of it")
+    assert not (tmp_path / "out" / "gsm8k").exists()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "out").rename(tmp_path / "runs" / "web")
+    assert run_prep([corpus], tmp_path / "runs", "--num-shards", 1) == 2
+    assert _one_line(capsys) == (f"refinery prep: --output {tmp_path / 'runs'} holds the output of another run below "
+                                 f"it: {tmp_path / 'runs' / 'web'}; give a folder beside it (runs are siblings), or "
+                                 "move that run out first")
+    (tmp_path / "decon" / ".refinery").mkdir(parents=True)  # any run's record: a decon output's, say
+    assert run_prep([corpus], tmp_path / "decon" / "a" / "b", "--num-shards", 1) == 2
+    assert f"lies inside {tmp_path / 'decon'}, the output of another run ({tmp_path / 'decon' / '.refinery'})" \
+        in _one_line(capsys)
+    assert run_prep([corpus], tmp_path / "runs" / "web", "--num-shards", 1) == 0  # a rerun in place is no nesting
+
+
+def test_nested_runs_are_found_within_bounds(tmp_path: Path) -> None:
+    """The search below skips hidden and shard folders and stops at its bounds."""
+    for rel in ("a/.refinery", "a/inner/manifest.json", "b/c/manifest.json", "d/.hidden/manifest.json",
+                "shard_0000/x/manifest.json", "e/manifest.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).touch()
+    found = storage.folders_holding(str(tmp_path), limit=10)
+    assert found == [str(tmp_path / "a"), str(tmp_path / "e"), str(tmp_path / "b" / "c")]
+    assert storage.folders_holding(str(tmp_path), limit=1) == [str(tmp_path / "a")]
+    assert storage.folders_holding(str(tmp_path), limit=10, max_listings=3) == [str(tmp_path / "a")]
+    assert storage.runs_above(str(tmp_path / "b" / "c" / "x" / ".." / "y")) == [str(tmp_path / "b" / "c")]

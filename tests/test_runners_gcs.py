@@ -92,6 +92,24 @@ def test_io_on_gcs_atomic_and_fresh(gcs_bucket: str) -> None:
     assert inp.size == 2 and inp.version == str(other.info(f"{d[5:]}/b.json")["generation"])
 
 
+def test_nested_runs_on_gcs_are_found_above_and_below(gcs_bucket: str) -> None:
+    """prep's check for an --output inside or holding another run, on an object store (prefixes)."""
+    from refinery.beam_pipelines.checks import nested_run_problem
+
+    storage.atomic_write_bytes(f"{gcs_bucket}/out/manifest.json", b"{}")
+    storage.atomic_write_bytes(f"{gcs_bucket}/out/shard_0000/x.npy", b"")
+    storage.atomic_write_bytes(f"{gcs_bucket}/decon/.refinery/run.json", b"{}")
+    assert storage.runs_above(f"{gcs_bucket}/out/web/sub") == [f"{gcs_bucket}/out"]
+    assert f"lies inside {gcs_bucket}/out, the output of another run ({gcs_bucket}/out/manifest.json)" in \
+        str(nested_run_problem(f"{gcs_bucket}/out/web"))
+    assert storage.folders_holding(gcs_bucket) == [f"{gcs_bucket}/decon", f"{gcs_bucket}/out"]
+    assert nested_run_problem(f"{gcs_bucket}") == (f"holds the output of another run below it: {gcs_bucket}/decon, "
+                                                   f"{gcs_bucket}/out; give a folder beside it (runs are siblings), "
+                                                   "or move that run out first")
+    assert nested_run_problem(f"{gcs_bucket}/web") is None
+    assert nested_run_problem(f"{gcs_bucket}/out") is None  # a rerun in place
+
+
 def test_prep_on_gcs_matches_local_and_resumes(
         gcs_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus = tmp_path / "corpus"

@@ -304,13 +304,19 @@ def _read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype[Any], int]
     return tuple(shape), dtype, f.tell()
 
 
-def npy_token_count(path: str) -> int:
-    """Tokens in a shard, from its NPY header only (one small read, local or remote)."""
+def npy_extent(path: str) -> tuple[int, int]:
+    """(tokens, bytes the file must have) of a shard, from its NPY header only (one small read,
+    local or remote)."""
     with storage.open_read(path) as f:
-        shape, dtype, _ = _read_npy_header(f)
+        shape, dtype, offset = _read_npy_header(f)
     if dtype not in TOKEN_DTYPES.values() or len(shape) != 1:
         raise ValueError(f"{path}: dtype {dtype} shape {shape}, expected 1-D <u4 or <u2 tokens")
-    return int(shape[0])
+    return int(shape[0]), offset + int(shape[0]) * dtype.itemsize
+
+
+def npy_token_count(path: str) -> int:
+    """Tokens in a shard, from its NPY header only (one small read, local or remote)."""
+    return npy_extent(path)[0]
 
 
 class RemoteTokens:

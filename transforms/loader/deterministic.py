@@ -7,8 +7,9 @@ seq_len=..., batch_size=...)`` reads its shards as the one source.
 
 How the stream is defined (numpy + stdlib only; no torch, no Beam):
 
-- **Sources** are the mixture's sources; source ``s`` reads ``{data_root}/{s}/{split}/**/*.npy``
-  in sorted order as one token stream (memory-mapped), cut into sequences of ``seq_len + 1``
+- **Sources** are the mixture's sources; source ``s`` reads the shards
+  ``{data_root}/{s}/{split}/manifest.json`` lists (exactly those: never a listing of the folder)
+  in path order as one token stream (memory-mapped), cut into sequences of ``seq_len + 1``
   tokens: sequence ``i`` is tokens ``[i (L+1), (i+1)(L+1))``; ``n_s`` sequences fit.
 - **Weights** are the mixture's shares as fixed-point integers summing to 1,000,000
   (:func:`refinery.transforms.loader.mixture.fixed_point_weights`).
@@ -40,7 +41,6 @@ from typing import Any
 import numpy as np
 
 from refinery.transforms.formats import shards
-from refinery.transforms.formats.shards import find_shards
 from refinery.transforms.io import storage
 from refinery.transforms.loader.mixture import (
     WEIGHT_SCALE,
@@ -170,19 +170,60 @@ def permute(j: int, n: int, key: int, rounds: int = 4) -> int:
             return x
 
 
-def _manifest(split_root: str) -> dict[str, Any]:
-    """The split's manifest.json, or {} if there is none (shards copied without it)."""
+MANIFEST = "manifest.json"
+SHOWN = 3  # manifests named below a folder without one
+
+
+def no_manifest_message(root: str) -> str:
+    """Why ``root`` is no prep output to read: it has no manifest.json, and the manifests of
+    other runs below it (the first few, bounded search) are named, to give one of them."""
+    below = storage.folders_holding(root, (MANIFEST,), limit=SHOWN + 1)
+    named = ", ".join(storage.join(b, MANIFEST) for b in below[:SHOWN]) + (" and more" if len(below) > SHOWN else "")
+    return (f"{root}: no manifest.json here: not a finished refinery prep output"
+            + (f"; the folder holds other runs' outputs ({named}): give one of them, each is read alone"
+               if below else f" (`refinery status {root}` tells what is missing)"))
+
+
+@dataclass(frozen=True)
+class ListedShard:
+    """A shard a manifest lists, as checked: its ``.npy`` path, tokens, bytes and sha256 (None
+    when the manifest records none)."""
+
+    path: str
+    tokens: int
+    bytes: int
+    sha256: str | None
+
+
+def manifest_shards(root: str) -> tuple[list[ListedShard], dict[str, Any]]:
+    """(the ``.npy`` files ``root/manifest.json`` lists, in path order; the manifest): exactly
+    those, never a listing of the folder. Each is checked as the manifest says: present, its
+    NPY header's token count the manifest's ``num_tokens``, its size what that header implies
+    (a shard cut short or rewritten is refused, naming it)."""
+    path = storage.join(root, MANIFEST)
     try:
-        manifest: dict[str, Any] = storage.read_json(storage.join(split_root, "manifest.json"))
-        return manifest
-    except (FileNotFoundError, ValueError):
-        return {}
-
-
-def _manifest_checksums(split_root: str, m: dict[str, Any] | None = None) -> dict[str, str]:
-    """npy path -> sha256, from the split's manifest.json if there is one."""
-    m = _manifest(split_root) if m is None else m
-    return {storage.join(split_root, s["path"]): s.get("sha256") for s in m.get("shards", [])}
+        manifest = storage.read_json(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(no_manifest_message(root)) from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    hint = f"`refinery verify {root}` names every problem"
+    found = []
+    for entry in manifest.get("shards", []) if isinstance(manifest, dict) else []:
+        try:
+            npy = storage.join(root, storage.safe_relpath(entry["path"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: a shard entry without a usable path ({e}); {hint}") from None
+        size = storage.file_size(npy)
+        if size is None:
+            raise FileNotFoundError(f"{npy}: listed in {path}, missing; {hint}")
+        tokens, expected = shards.npy_extent(npy)
+        if tokens != entry.get("num_tokens") or size != expected:
+            what = (f"{tokens:,} tokens, not the {entry.get('num_tokens')} {path} lists" if size == expected else
+                    f"{size:,} bytes, not the {expected:,} its {tokens:,} tokens take")
+            raise ValueError(f"{npy}: {what} (a shard cut short or rewritten since); {hint}")
+        found.append(ListedShard(npy, tokens, size, entry.get("sha256")))
+    return sorted(found, key=lambda f: f.path), manifest
 
 
 def _tokenizer_of(m: dict[str, Any]) -> tuple[object, object, object] | None:
@@ -201,9 +242,10 @@ def build_plan(data_root: str, source_ids: list[str], weights: list[int], split:
 
 def plan_of_roots(data_root: str, roots: list[tuple[str, int, str]], split: str, seq_len: int, seed: int = 0,
                   shuffle: bool = True, missing: str = "") -> LoaderPlan:
-    """:func:`build_plan` of sources given as ``(id, weight, folder)``: each folder's ``**/*.npy``
-    (and its manifest.json) is one source's stream; paths in the plan hash are relative to
-    ``data_root``. ``missing``: what to do about a folder without shards (said in the error)."""
+    """:func:`build_plan` of sources given as ``(id, weight, folder)``: the shards each folder's
+    manifest.json lists (:func:`manifest_shards`; a folder without one is refused) are one
+    source's stream; paths in the plan hash are relative to ``data_root``. ``missing``: what
+    to do about a folder without shards (said in the error)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     sources = []
@@ -211,21 +253,22 @@ def plan_of_roots(data_root: str, roots: list[tuple[str, int, str]], split: str,
     for sid, w, root in roots:
         if w == 0:
             continue
-        paths = find_shards(root)
+        try:
+            paths, manifest = manifest_shards(root)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r}: {e}"
+                                    + (f" ({missing})" if missing else "")) from None
         if not paths:
-            raise FileNotFoundError(f"source {sid!r}: no shards for split {split!r} under {root}"
-                                    + (f" ({missing})" if missing else ""))
-        manifest = _manifest(root)
+            raise ValueError(f"source {sid!r}: {storage.join(root, MANIFEST)} lists no shards for split {split!r}")
         if (tok := _tokenizer_of(manifest)) is not None:
             tokenizers.setdefault(tok, sid)
             if len(tokenizers) > 1:
                 (a, first), (b, _) = list(tokenizers.items())[:2]
                 raise ValueError(f"split {split!r}: sources were tokenized differently: {first!r} with {a[0]} "
                                  f"(EOS {a[2]}), {sid!r} with {b[0]} (EOS {b[2]}); one stream needs one tokenizer")
-        sums = _manifest_checksums(root, manifest)
-        files = tuple({"path": p[len(data_root.rstrip('/')) + 1:], "bytes": storage.file_size(p), "sha256": sums.get(p)}
-                      for p in paths)
-        sources.append(SourceShards(sid, w, tuple(paths), tuple(shards.npy_token_count(p) for p in paths), files))
+        files = tuple({"path": f.path[len(data_root.rstrip('/')) + 1:], "bytes": f.bytes, "sha256": f.sha256}
+                      for f in paths)
+        sources.append(SourceShards(sid, w, tuple(f.path for f in paths), tuple(f.tokens for f in paths), files))
     available = [s.total_tokens // (seq_len + 1) for s in sources]
     quotas = epoch_quotas([s.weight for s in sources], available)
     if sum(quotas) == 0:
@@ -392,16 +435,16 @@ def prep_output_loader(output: str, *, seq_len: int = 4096, batch_size: int = 1,
                        shuffle: bool = True, rank: int = 0,
                        world_size: int = 1) -> tuple[DeterministicLoader, LoaderPlan]:
     """(loader, plan) over ONE ``refinery prep`` output (the folder holding its manifest.json and
-    ``shard_*/``; the ``manifest.json`` path itself is accepted too): its shards are the only
-    source, in path order, checked against the manifest's sha256s in the plan hash; no mixture
-    file. The split is named ``train``."""
+    ``shard_*/``; the ``manifest.json`` path itself is accepted too): the shards its manifest
+    lists are the only source (never other files under the folder), in path order, checked
+    against the manifest's sha256s in the plan hash; no mixture file. The split is named
+    ``train``. A folder without a manifest at its root is refused, naming the manifests below it."""
     root = os.fspath(output)
     if root.endswith("manifest.json"):
         root = storage.dirname(root)
     root = root.rstrip("/")
-    if not storage.exists(storage.join(root, "manifest.json")):
-        raise FileNotFoundError(f"{root}: no manifest.json here: not a finished refinery prep output "
-                                f"(`refinery status {root}` tells what is missing)")
+    if not storage.exists(storage.join(root, MANIFEST)):
+        raise FileNotFoundError(no_manifest_message(root))
     name = storage.basename(root) or "output"
     plan = plan_of_roots(storage.dirname(root), [(name, WEIGHT_SCALE, root)], "train", seq_len, seed, shuffle)
     return DeterministicLoader(plan, rank, world_size, batch_size), plan

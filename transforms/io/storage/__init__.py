@@ -33,11 +33,14 @@ from .inputs import (
     skipped_note,
 )
 from .outputs import (
+    RUN_MARKERS,
     PathError,
+    folders_holding,
     output_folder_problem,
     remove,
     remove_empty_folder,
     remove_tree,
+    runs_above,
 )
 from .paths import (
     InputError,
@@ -68,7 +71,8 @@ __all__ = [
     "atomic_write_json",
     "find_temp_files", "is_temp_name", "remove_dead_temp_files", "sha256_file", "temp_name", "temp_writer_dead",
     "DATA_SUFFIXES", "InputFile", "expand_inputs", "has_data_suffix", "listing_reaches", "saved_dataset_files",
-    "skipped_note", "PathError", "output_folder_problem", "remove", "remove_empty_folder", "remove_tree",
+    "skipped_note", "RUN_MARKERS", "PathError", "folders_holding", "output_folder_problem", "remove",
+    "remove_empty_folder", "remove_tree", "runs_above",
     "InputError", "Offline", "RemoteNotRead", "basename", "dirname", "exists", "file_size", "filesystem",
     "has_suffix", "is_remote", "isdir", "join", "listdir", "offline", "offline_state", "open_read", "read_bytes",
     "read_json", "read_range", "resolved", "safe_relpath",

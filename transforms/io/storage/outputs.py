@@ -4,8 +4,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import posixpath
+import re
 import shutil
 import tempfile
+from collections import deque
 
 from .paths import _local, filesystem, is_remote
 
@@ -126,3 +129,78 @@ def output_folder_problem(path: str, probe: bool = True) -> str | None:
         except OSError as e:
             return f"cannot create a folder in {existing} ({e.strerror or e})"
     return None
+
+
+RUN_MARKERS = ("manifest.json", ".refinery")  # what a run's output folder holds: prep's manifest, any run's record
+SHARD_FOLDER = re.compile(r"shard_\d{4,}")  # prep's own shard folders: files only, never another run
+
+
+def folders_holding(root: str, names: tuple[str, ...] = RUN_MARKERS, limit: int = 3,
+                    max_listings: int | None = None) -> list[str]:
+    """The first ``limit`` folders strictly below ``root`` that hold an entry named one of
+    ``names`` (a run's output: :data:`RUN_MARKERS`), in breadth-first, sorted order; a folder
+    found is not looked into. Bounded: hidden folders, links and prep's ``shard_NNNN`` folders
+    are not descended into, and at most ``max_listings`` folders are listed (default 2,000
+    local, 100 on an object store: one LIST call each), so a huge tree can hide a run deep in
+    it, never stall the check."""
+    remote = is_remote(root)
+    budget = max_listings if max_listings is not None else (100 if remote else 2_000)
+    found: list[str] = []
+    queue = deque([root.rstrip("/") or root])
+    first = True
+    while queue and budget > 0 and len(found) < limit:
+        folder = queue.popleft()
+        budget -= 1
+        entries = _entries(folder)
+        if not first and any(name in names for name, _ in entries):
+            found.append(folder)
+            continue
+        first = False
+        queue += [path for name, path in entries
+                  if path and not name.startswith(".") and not SHARD_FOLDER.fullmatch(name)]
+    return found
+
+
+def _entries(folder: str) -> list[tuple[str, str]]:
+    """(name, path if it is a folder to descend into else "") of each entry of ``folder``,
+    sorted by name; [] for a folder that cannot be listed."""
+    if is_remote(folder):
+        fs, p = filesystem(folder)
+        try:
+            infos = fs.ls(p, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for info in infos:
+            name = posixpath.basename(str(info["name"]).rstrip("/"))
+            out.append((name, posixpath.join(folder, name) if info.get("type") == "directory" else ""))
+        return sorted(out)
+    try:
+        with os.scandir(_local(folder)) as it:
+            return sorted((e.name, e.path if e.is_dir(follow_symlinks=False) else "") for e in it)
+    except OSError:
+        return []
+
+
+def runs_above(path: str, names: tuple[str, ...] = RUN_MARKERS) -> list[str]:
+    """``path``'s parent folders (nearest first) that hold an entry named one of ``names``: the
+    runs whose output ``path`` lies inside. A local path is resolved (links, ``..``) first; an
+    object store's parents are its prefixes up to the bucket (two lookups a level)."""
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        parts = [p for p in posixpath.normpath("/" + rest).split("/") if p]
+        parents = [f"{scheme}://{'/'.join(parts[:k])}" for k in range(len(parts) - 1, 0, -1)]
+    else:
+        current = os.path.realpath(_local(path))
+        parents = []
+        while (parent := os.path.dirname(current)) != current:
+            parents.append(parent)
+            current = parent
+    return [p for p in parents if any(_has_entry(p, name) for name in names)]
+
+
+def _has_entry(folder: str, name: str) -> bool:
+    if is_remote(folder):
+        fs, p = filesystem(folder)
+        return bool(fs.exists(posixpath.join(p, name)))
+    return os.path.lexists(os.path.join(folder, name))
