@@ -4,7 +4,8 @@
 each training file to ``DIR/<relpath>`` in its format (``.jsonl``, ``.jsonl.gz``,
 ``.jsonl.zst``, ``.parquet``), rows in order, without the rows (``--exclude-mode row``) or
 passages (``--exclude-mode span``) that the decon runs found overlapping an eval set, and
-``DIR/_clean_manifest.json``: what was left out of each file. The drop lists are checked as
+``DIR/_clean_manifest.json``: what was left out of each file. A row decon read no text of
+is left out too, listed in ``DIR/_clean_rejects.jsonl``. The drop lists are checked as
 ``refinery prep --exclude-overlaps`` checks them (:mod:`.exclusion_flags`), so prep of the
 copy gives the documents prep with ``--exclude-overlaps`` of the original gives.
 
@@ -24,8 +25,10 @@ from refinery.beam_pipelines.checks import (
     check_output,
     check_text,
     named_inputs,
+    rejects_hint,
     replaced_inputs_problem,
     text_spec,
+    warn_if_mostly_rejected,
 )
 from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
 from refinery.beam_pipelines.exclusion_flags import (
@@ -37,6 +40,7 @@ from refinery.beam_pipelines.exclusion_flags import (
 from refinery.transforms.clean.stages import (
     FORMATS,
     MANIFEST,
+    REJECTS,
     CleanConfig,
     build_stages,
     clear_stale_success,
@@ -44,6 +48,7 @@ from refinery.transforms.clean.stages import (
 )
 from refinery.transforms.io import storage
 from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+from refinery.transforms.io.text import escape
 from refinery.transforms.prep.exclusion import Exclusion
 from refinery.transforms.resumable import JobResult
 
@@ -61,10 +66,12 @@ Give clean the training files decon scanned, with decon's --text-field (or --tex
 --id-field and --max-row-bytes: every check of prep --exclude-overlaps applies (the drop
 list's sha256 against decon's receipt, inputs unchanged since decon scanned them, the same
 text spec). Each file is written to OUTPUT/<its path under its --train argument>, in its own
-format, rows in order: a kept JSON line byte for byte as it was. With --exclude-mode span a
-listed row is replaced by the pieces kept of it, each a row of its own: the row's fields, its
-text field set to the piece and its id (if it has one) to ID@START.
-OUTPUT/_clean_manifest.json says what was left out of each file.
+format, rows in order: a kept JSON line byte for byte as it was. A row decon read no text of
+(a text field that is an object, a list, null or missing; multi-part chat content) is left
+out and listed with its reason in OUTPUT/_clean_rejects.jsonl; a decon output that used no
+training row is refused. With --exclude-mode span a listed row is replaced by the pieces kept
+of it, each a row of its own: the row's fields, its text field set to the piece and its id (if
+it has one) to ID@START. OUTPUT/_clean_manifest.json says what was left out of each file, and why.
 
 Killing the job and running the same command again finishes it: finished units are kept
 (receipts under OUTPUT/.refinery) and never redone. --force starts from scratch.
@@ -207,6 +214,13 @@ def clean_summary(output: str, result: JobResult, seconds: float) -> str:
     span = (f"\n  listed rows: split {t['rows_split']:,} into {t['pieces']:,} piece(s), dropped whole "
             f"{t['rows_dropped']:,}; {t['pieces_too_short']:,} piece(s) too short dropped; "
             f"{t['chars_removed']:,} characters removed" if m["mode"] == "span" else "")
+    rejected = int(t.get("rows_rejected", 0))
+    rejects = storage.join(output, REJECTS)
+    spec = f"--text-field {m['text_field']}" if "text_field" in m else f"--text-template '{escape(m['text_template'])}'"
+    if rejected:
+        warn_if_mostly_rejected("clean", rejected, int(t["rows_read"]), rejects, rejects_hint(rejects))
     return (f"clean done in {seconds:.1f}s; units run: {ran}\n"
             f"  {t['files']} file(s): rows read {t['rows_read']:,} = kept {t['rows_kept']:,} + left out "
-            f"{t['rows_left_out']:,}" + span + f"\n  manifest: {path}")
+            f"{t['rows_left_out']:,} + rejected {rejected:,}" + span
+            + (f"\n  {rejected:,} row(s) decon read no text of ({spec}): listed in {rejects}" if rejected else "")
+            + f"\n  manifest: {path}")

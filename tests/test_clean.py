@@ -28,10 +28,10 @@ from test_exclude_overlaps import _decon, _rewrite_recorded
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.clean import stages
-from refinery.transforms.clean.stages import RowPlan, copy_jsonl, raw_rows
+from refinery.transforms.clean.stages import RowPlan, copy_jsonl
 from refinery.transforms.formats import shards
 from refinery.transforms.io import storage
-from refinery.transforms.io.rows import iter_rows, parse_json_line
+from refinery.transforms.io.rows import iter_rows, jsonl_lines, open_lines
 
 PLANTED = {"a.jsonl": (5, 30), "b.jsonl.gz": (2, 44), "c.jsonl.zst": (17,), "d.parquet": (0, 21, 47)}
 BAD_LINES = (3, 9, 12)  # a.jsonl's blank, malformed and all-space lines: unread by decon, so listed
@@ -147,7 +147,7 @@ def test_row_mode_copy_tokenizes_to_what_prep_exclude_overlaps_keeps(planted: Pl
     said = capsys.readouterr()
     assert "clean: 4 training file(s) ->" in said.err and "excluding" in said.err
     total = sum(map(len, listed.values()))
-    assert f"left out {total}\n" in said.out and f"manifest: {out / MANIFEST}" in said.out
+    assert f"left out {total} + rejected 0\n" in said.out and f"manifest: {out / MANIFEST}" in said.out
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["mode"] == "row" and manifest["totals"]["rows_left_out"] == total
     assert manifest["excluded_overlaps"]["documents"] == total
@@ -252,7 +252,7 @@ def test_rerun_is_a_no_op_and_a_failed_run_finished_writes_the_same_bytes(
 
 
 def _numbered(path: str, max_row_bytes: int) -> list[tuple[int, Any]]:
-    """(row, record or reason) as iter_rows reads ``path``, and as raw_rows' lines parse."""
+    """(row, record or reason) as iter_rows reads ``path``."""
     return [(row, record if error is None else error)
             for row, record, error in iter_rows(path, max_row_bytes=max_row_bytes)]
 
@@ -261,9 +261,10 @@ def _cut_short(data: bytes) -> bytes:
     return data[:len(data) // 2]
 
 
-def test_raw_rows_number_lines_as_iter_rows_does(tmp_path: Path) -> None:
-    """raw_rows is the row numbering of decon and prep: blank and all-space lines, CRLF, a line
-    over the row cap, a last line without a newline, blank lines at the end, a gzip cut short."""
+def test_jsonl_lines_are_the_rows_of_iter_rows_with_their_bytes(tmp_path: Path) -> None:
+    """clean copies the lines of the one JSON lines reader, whose rows iter_rows gives (decon's
+    and prep's numbering): blank and all-space lines, CRLF, a line over the row cap, a last line
+    without a newline, blank lines at the end (no rows, but lines), a gzip cut short."""
     cap = 120
     body = [b'{"id": "0", "text": "zero"}\n', b"\n", b'{"id": "2", "text": "two"}\r\n', b" \t\n",
             b'{"id": "4", "text": "' + b"x" * 300 + b'"}\n', b"not json\n", b'{"id": "6", "text": "six"}\n']
@@ -275,43 +276,38 @@ def test_raw_rows_number_lines_as_iter_rows_does(tmp_path: Path) -> None:
     for name, data in cases.items():
         path = tmp_path / name
         path.write_bytes(data)
-        want = _numbered(str(path), cap)
-        with stages.open_lines(str(path)) as f:
-            got: list[tuple[int, Any]] = []
-            for r in raw_rows(f, cap):
-                if r.row is None:
-                    assert r.line is not None and not r.line.strip()
-                    continue
-                if r.corrupt is not None:
-                    got.append((r.row, r.corrupt))
-                elif r.line is None:
-                    got.append((r.row, f"row too large: more than {cap} bytes"))
-                else:
-                    record, error = parse_json_line(r.line)
-                    got.append((r.row, record if error is None else error))
-        assert got == want, name
-    assert str(want[-1][1]).startswith("corrupt file after")
+        with open_lines(str(path), compression="infer") as f:
+            lines = list(jsonl_lines(f, cap))
+        assert [(r.row, r.record if r.error is None else r.error) for r in lines if r.row is not None] == \
+            _numbered(str(path), cap), name
+        whole = [r.line for r in lines if r.line is not None]
+        if name != "cut.jsonl.gz":  # every line's bytes but the long one's, in order
+            assert b"".join(whole) == data.replace(body[4], b""), name
+    assert [r.line for r in lines[:3]] == body[:3] and str(lines[-1].error).startswith("corrupt file after")
 
-    # the copy: a kept line is its bytes (the long one too), the row after the blank line is the one dropped
+    # the copy: a kept line is its bytes; a listed line is left out; a line decon read no text of (the
+    # all-space line, the one over the cap) is left out and listed with its reason
     path = tmp_path / "end.jsonl"
-    buf = io.BytesIO()
-    with stages.open_lines(str(path)) as f:
-        stats = copy_jsonl(raw_rows(f, cap), buf, RowPlan(frozenset({1, 2, 5})), str(path))
-    lines = _lines(cases["end.jsonl"])
-    assert buf.getvalue() == b"".join(line for i, line in enumerate(lines) if i not in {1, 2, 5})
-    assert stats == {"rows_read": 8, "rows_kept": 5, "rows_left_out": 3}
+    buf, rejects = io.BytesIO(), io.BytesIO()
+    with open_lines(str(path)) as f:
+        stats = copy_jsonl(jsonl_lines(f, cap), buf, RowPlan(frozenset({1, 2, 5})), str(path), rejects)
+    original = _lines(cases["end.jsonl"])
+    assert buf.getvalue() == b"".join(line for i, line in enumerate(original) if i not in {1, 2, 3, 4, 5})
+    assert stats == {"rows_read": 8, "rows_kept": 3, "rows_left_out": 3, "rows_rejected": 2,
+                     "rejected_reasons": {"blank line": 1, f"row too large: more than {cap} bytes": 1}}
+    assert [json.loads(line)["row"] for line in rejects.getvalue().splitlines()] == [3, 4]
 
     # a file cut short: copied up to the damage when decon listed it (its last row), else refused
     cut = tmp_path / "cut.jsonl.gz"
     last, reason = _numbered(str(cut), cap)[-1]
-    with stages.open_lines(str(cut)) as f:
+    with open_lines(str(cut), compression="infer") as f:
         buf = io.BytesIO()
-        stats = copy_jsonl(raw_rows(f, cap), buf, RowPlan(frozenset({1, 3, 5, last})), str(cut))
-    assert stats["corrupt"] == reason and stats["rows_left_out"] == 4 and stats["rows_read"] == last + 1
+        stats = copy_jsonl(jsonl_lines(f, cap), buf, RowPlan(frozenset({1, 3, 4, 5, last})), str(cut))
+    assert stats["corrupt"] == reason and stats["rows_left_out"] == 5 and stats["rows_read"] == last + 1
     assert _lines(buf.getvalue()) == [line for i, line in enumerate(_lines(b"".join(body + many))[:last])
-                                      if i not in {1, 3, 5}]
-    with stages.open_lines(str(cut)) as f, pytest.raises(storage.InputError, match="decon did not list it"):
-        copy_jsonl(raw_rows(f, cap), io.BytesIO(), RowPlan(frozenset({1, 3, 5})), str(cut))
+                                      if i not in {1, 3, 4, 5}]
+    with open_lines(str(cut), compression="infer") as f, pytest.raises(storage.InputError, match="decon did not list"):
+        copy_jsonl(jsonl_lines(f, cap), io.BytesIO(), RowPlan(frozenset({1, 3, 4, 5})), str(cut))
 
 
 def test_what_cannot_be_trusted_is_refused(planted: Planted, tmp_path: Path,
@@ -364,3 +360,100 @@ def test_what_cannot_be_trusted_is_refused(planted: Planted, tmp_path: Path,
     err = refused("--train", corpus, "--exclude-overlaps", tmp_path / "decon2", "--output", tmp_path / "out2")
     assert "c.jsonl.zst: changed since the decon run" in err
     assert not (tmp_path / "out2").exists()
+
+
+
+# ---------------------------------------------------------------------------------------
+# Rows decon read no text of are left out, counted and listed (issue 58, item 4)
+# ---------------------------------------------------------------------------------------
+
+UNREADABLE = {  # a.jsonl row -> why decon (and prep) read no text of it; each row holds a test question
+    2: "text field 'text' is dict, not a string",
+    4: "text field 'text' is list, not a string",
+    6: "text field 'text' is NoneType, not a string",
+    8: "missing text field 'text'",
+    10: "text field 'text' message 0 'content' is list, not a string",
+}
+STRUCT = "text field 'text' is dict, not a string"
+
+
+def _unreadable_corpus(root: Path) -> tuple[Path, Path, list[str]]:
+    """A JSON lines file whose rows 2, 4, 6, 8, 10 hold a test question where decon reads no
+    text (an object, a list, null, beside the text field, multi-part chat content) and whose
+    row 12 is a readable chat; a parquet file whose text column is a struct (no row readable,
+    one holding a test question)."""
+    train, test = gsm8k_rows("train")[200:240], gsm8k_rows("test")[50:56]
+    questions = [r["question"] for r in test]
+    rows: list[dict[str, Any]] = [{"id": f"u-{i}", "text": r["question"] + "\n\n" + r["answer"]}
+                                  for i, r in enumerate(train[:20])]
+    rows[2]["text"] = {"en": questions[0]}
+    rows[4]["text"] = [questions[1], "and more"]
+    rows[6] = {"id": "u-6", "text": None, "body": questions[2]}
+    rows[8] = {"id": "u-8", "question": questions[3]}
+    rows[10]["text"] = [{"role": "user", "content": [{"type": "text", "text": questions[4]}]}]
+    rows[12]["text"] = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there"}]
+    corpus = root / "corpus"
+    write_jsonl(corpus / "a.jsonl", rows)
+    structs = [{"en": r["question"]} for r in train[20:40]]
+    structs[7] = {"en": questions[5]}
+    pq.write_table(pa.table({"id": [f"p-{i}" for i in range(20)], "text": structs}), corpus / "s.parquet")
+    evals = write_jsonl(root / "eval" / "gsm8k" / "test.jsonl",
+                        [{"id": f"test-{i}", "text": q} for i, q in enumerate(questions)])
+    return corpus, evals, questions
+
+
+def test_rows_decon_read_no_text_of_are_left_out_counted_and_listed(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    corpus, evals, questions = _unreadable_corpus(tmp_path)
+    assert _decon(corpus, evals, tmp_path / "decon") == 0
+    listed = _listed(tmp_path / "decon")
+    assert not listed.get("s.parquet") and not set(UNREADABLE) & listed.get("a.jsonl", set())  # counted, not listed
+    out = tmp_path / "clean"
+    capsys.readouterr()
+    assert _clean(corpus, tmp_path / "decon", out) == 0
+    said = capsys.readouterr()
+    left = len(listed.get("a.jsonl", ()))
+    assert f"rows read 40 = kept {15 - left} + left out {left} + rejected 25\n" in said.out, said.out
+    assert f"25 row(s) decon read no text of (--text-field text): listed in {out / '_clean_rejects.jsonl'}" \
+        in said.out
+    manifest = json.loads((out / MANIFEST).read_text())
+    by_file = {Path(f["train_path"]).name: f for f in manifest["files"]}
+    assert (by_file["a.jsonl"]["rows_rejected"], by_file["a.jsonl"]["rows_kept"]) == (5, 15 - left)
+    assert (by_file["s.parquet"]["rows_rejected"], by_file["s.parquet"]["rows_kept"]) == (20, 0)
+    assert by_file["a.jsonl"]["rejected_reasons"] == {why: 1 for why in UNREADABLE.values()}
+    assert by_file["s.parquet"]["rejected_reasons"] == {STRUCT: 20}
+    assert manifest["totals"]["rows_rejected"] == 25 and manifest["rejects"] == {
+        "path": "_clean_rejects.jsonl", "rows": 25, "reasons": {STRUCT: 21, **{why: 1 for why in UNREADABLE.values()
+                                                                               if why != STRUCT}}}
+    rejects = [json.loads(line) for line in (out / "_clean_rejects.jsonl").read_text().splitlines()]
+    want = [{"path": str(corpus / "a.jsonl"), "row": i, "reason": why} for i, why in UNREADABLE.items()]
+    assert rejects == want + [{"path": str(corpus / "s.parquet"), "row": i, "reason": STRUCT} for i in range(20)]
+    # the copy holds no test question, and only rows decon read: the readable chat row is kept
+    copy = (out / "a.jsonl").read_text()
+    assert not any(q in copy for q in questions) and '"u-12"' in copy
+    table = pq.read_table(out / "s.parquet")
+    assert table.num_rows == 0 and table.schema.equals(pq.read_schema(corpus / "s.parquet"))
+    # prep of the copy: the documents prep --exclude-overlaps keeps of the original, and nothing rejected
+    assert run_prep([out], tmp_path / "prep_clean", "--num-shards", 2) == 0
+    assert json.loads((tmp_path / "prep_clean" / "manifest.json").read_text())["rows"]["rejected"] == 0
+    assert run_prep([corpus], tmp_path / "prep_excl", "--num-shards", 2, "--exclude-overlaps",
+                    tmp_path / "decon", "--max-reject-rate", 1) == 0
+    assert _token_docs(tmp_path / "prep_clean") == _token_docs(tmp_path / "prep_excl")
+
+
+def test_a_decon_output_that_read_no_training_text_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Multi-part chat content only: decon used 0 of the rows (and exits 1, or 0 with
+    --max-reject-rate 1); clean refuses its output, naming it, instead of copying every row."""
+    corpus = write_jsonl(tmp_path / "chat" / "c.jsonl", [
+        {"id": f"c-{i}", "text": [{"role": "user", "content": [{"type": "text", "text": r["question"]}]}]}
+        for i, r in enumerate(gsm8k_rows("train")[:6])]).parent
+    evals = write_jsonl(tmp_path / "eval" / "test.jsonl", [{"id": "t", "text": gsm8k_rows("test")[0]["question"]}])
+    assert _decon(corpus, evals, tmp_path / "failed") == 1
+    assert _decon(corpus, evals, tmp_path / "passed", "--max-reject-rate", 1) == 0
+    capsys.readouterr()
+    for decon in ("failed", "passed"):
+        assert _clean(corpus, tmp_path / decon, tmp_path / f"out-{decon}") == 2
+        err = capsys.readouterr().err
+        assert f"--exclude-overlaps {tmp_path / decon}: decon used 0 of the 6 training row(s) it read" in err, err
+        assert not (tmp_path / f"out-{decon}").exists()

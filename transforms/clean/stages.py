@@ -9,17 +9,26 @@ keeps of it, each a row of its own. The drop lists and their checks are prep's
 (:class:`~refinery.transforms.prep.exclusion.Exclusion`), so ``refinery prep`` of the copy
 tokenizes the documents ``refinery prep --exclude-overlaps`` of the original does.
 
+A row is copied only if decon read its text with the same text spec (the drop lists' checks
+make sure the spec, normalization and row cap are decon's): a row decon could not read, or
+whose text field is not a string (an object, a list, null, missing, chat messages with
+multi-part content: decon counts such rows and lists none of them), is left out, counted as
+``rows_rejected`` and listed with its reason in ``DIR/_clean_rejects.jsonl``, as prep lists
+the rows it rejects; the rows are read by the reader and text rule decon and prep read them
+with (:func:`~refinery.transforms.io.rows.jsonl_lines`, :func:`~refinery.transforms.io.rows.iter_rows`,
+:class:`~refinery.transforms.io.text.TextSpec`).
+
 Stages (each resumable, see ``refinery.transforms.resumable``)::
 
-    clean     unit = a training file -> DIR/<relpath>, written atomically
-    manifest  one unit: the units' counts -> DIR/_clean_manifest.json, then DIR/.SUCCESS;
-              fails when the listed rows met are not the rows the drop lists name
+    clean     unit = a training file -> DIR/<relpath>, written atomically (+ its rejected rows, a part)
+    manifest  one unit: the units' counts -> DIR/_clean_rejects.jsonl, DIR/_clean_manifest.json,
+              then DIR/.SUCCESS; fails when the listed rows met are not the rows the drop lists name
 
-Exact: a kept row of a JSON lines file is its line's bytes, unchanged (:func:`raw_rows`
-numbers the lines as :func:`~refinery.transforms.io.rows.iter_rows`, the reader decon and
-prep number rows with, does); a parquet file keeps its schema (field order, types,
-metadata) and is filtered with pyarrow; gzip is written without a name and with mtime 0,
-zstd single-threaded, so a rerun, or a killed run finished, writes the same bytes.
+Exact: a kept row of a JSON lines file is its line's bytes, unchanged (the one JSON lines
+reader, :func:`~refinery.transforms.io.rows.jsonl_lines`, gives each line's bytes with the
+row decon and prep number and parse it as); a parquet file keeps its schema (field order,
+types, metadata) and is filtered with pyarrow; gzip is written without a name and with
+mtime 0, zstd single-threaded, so a rerun, or a killed run finished, writes the same bytes.
 
 The per-file work is pure functions of a reader and a writer (:func:`copy_jsonl`,
 :func:`copy_parquet`) that the tests call without Beam.
@@ -29,9 +38,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+from collections import Counter
 from dataclasses import dataclass, field
-from io import BufferedIOBase, BufferedReader, RawIOBase
-from typing import IO, Any, Iterator, Mapping, NamedTuple, Sequence, TypedDict, cast
+from typing import IO, Any, Iterator, Mapping, Sequence, TypedDict, cast
 
 import numpy as np
 import zstandard
@@ -40,14 +49,16 @@ from refinery.transforms.io import storage
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.positioned import PositionedWriter
 from refinery.transforms.io.rows import (
-    ACCESS_ERRORS,
-    CONTENT_ERRORS,
     CORRUPT,
     DEFAULT_MAX_ROW_BYTES,
-    READ_BYTES,
-    parse_json_line,
+    JsonLine,
+    Row,
+    iter_rows,
+    jsonl_lines,
+    open_lines,
 )
 from refinery.transforms.io.text import TextSpec, normalize_text
+from refinery.transforms.prep.documents import Rejected
 from refinery.transforms.prep.exclusion import Exclusion
 from refinery.transforms.prep.span_cut import SpanRules, cut_row, piece_id
 from refinery.transforms.prep.stages import check_unchanged
@@ -55,10 +66,12 @@ from refinery.transforms.resumable import Stage, StageConfig, StageRun, Traits, 
 
 FORMATS = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")  # what clean copies (any case)
 MANIFEST = "_clean_manifest.json"  # "_": prep, decon (and pyarrow, Spark) do not list it as data
+REJECTS = "_clean_rejects.jsonl"  # the rows left out because decon read no text of them: {path, row, reason}
 SUCCESS = ".SUCCESS"
 GZIP_LEVEL = 6
 ZSTD_LEVEL = 3
-_JSON_SPACE = b" \t\n\r"
+REASONS_KEPT = 8  # distinct reasons a file's (and the manifest's) rejected_reasons count; the rest as OTHER_REASONS
+OTHER_REASONS = "other reasons (see _clean_rejects.jsonl)"
 
 
 def unsupported_inputs(paths: list[str]) -> list[str]:
@@ -75,6 +88,7 @@ class RowPlan:
     """One file's listed rows (``drop``: file-global 0-based row numbers, as ``iter_rows``
     numbers them) and, in span mode (``rules`` set), the overlapping spans of each listed row
     that has them (a listed row without spans, one decon could not read, is left out whole);
+    ``text``: the text spec decon read the rows with (a row it reads no text of is left out);
     ``text_field``/``id_field``: where a piece's text and id go."""
 
     drop: frozenset[int]
@@ -82,12 +96,14 @@ class RowPlan:
     rules: SpanRules | None = None
     text_field: str = "text"
     id_field: str = "id"
+    text: TextSpec = TextSpec(field="text")
 
 
 class _FileStatsBase(TypedDict):
     rows_read: int
     rows_kept: int
     rows_left_out: int  # listed rows met (left out whole, or, in span mode, replaced by their pieces)
+    rows_rejected: int  # rows decon read no text of (unlisted): left out, each in the rejects file
 
 
 class FileStats(_FileStatsBase, total=False):
@@ -99,32 +115,57 @@ class FileStats(_FileStatsBase, total=False):
     pieces_too_short: int  # pieces shorter than --exclude-min-chars (or blank once normalized), dropped
     chars_removed: int     # characters of the split and dropped rows' texts not written
     corrupt: str           # the file's content ends in damage decon listed: the copy holds the rows before it
+    rejected_reasons: dict[str, int]  # rows_rejected by reason (at most REASONS_KEPT, then OTHER_REASONS)
 
 
 SPAN_KEYS = ("rows_split", "rows_dropped", "pieces", "pieces_too_short", "chars_removed")
-FILE_KEYS = ("rows_read", "rows_kept", "rows_left_out", *SPAN_KEYS, "corrupt")  # a file's record, in this order
+FILE_KEYS = ("rows_read", "rows_kept", "rows_left_out", "rows_rejected", *SPAN_KEYS, "corrupt",
+             "rejected_reasons")  # a file's record, in this order
+
+
+def count_reasons(into: dict[str, int], reasons: Mapping[str, int]) -> None:
+    """``reasons`` added to ``into``, which keeps at most :data:`REASONS_KEPT` distinct reasons
+    (later ones are counted as :data:`OTHER_REASONS`): a file of rows each malformed its own
+    way does not make its record grow."""
+    for reason, k in reasons.items():
+        key = reason if reason in into or len(into.keys() - {OTHER_REASONS}) < REASONS_KEPT else OTHER_REASONS
+        into[key] = into.get(key, 0) + k
 
 
 @dataclass
 class _Counts:
+    rejects: storage.BinaryWriter | None = None  # where a rejected row's line goes (none: counted only)
     rows_read: int = 0
     rows_kept: int = 0
     rows_left_out: int = 0
+    rows_rejected: int = 0
     rows_split: int = 0
     rows_dropped: int = 0
     pieces: int = 0
     pieces_too_short: int = 0
     chars_removed: int = 0
     corrupt: str = ""
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def reject(self, path: str, row: int, reason: str) -> None:
+        """A row decon read no text of: left out, counted, and its line (prep's rejects line) written."""
+        self.rows_rejected += 1
+        self.reasons[reason] += 1
+        if self.rejects is not None:
+            self.rejects.write(json_line(Rejected(path, row, reason).to_json(), sort_keys=True))
 
     def stats(self, span: bool) -> FileStats:
         out: FileStats = {"rows_read": self.rows_read, "rows_kept": self.rows_kept,
-                          "rows_left_out": self.rows_left_out}
+                          "rows_left_out": self.rows_left_out, "rows_rejected": self.rows_rejected}
         if span:
             out["rows_split"], out["rows_dropped"], out["pieces"] = self.rows_split, self.rows_dropped, self.pieces
             out["pieces_too_short"], out["chars_removed"] = self.pieces_too_short, self.chars_removed
         if self.corrupt:
             out["corrupt"] = self.corrupt
+        if self.reasons:
+            kept: dict[str, int] = {}
+            count_reasons(kept, dict(self.reasons.most_common()))
+            out["rejected_reasons"] = kept
         return out
 
 
@@ -140,7 +181,7 @@ def row_pieces(record: dict[str, Any], row: int, plan: RowPlan, counts: _Counts,
     if spans is None:  # listed without spans: a row decon could not read, left out whole
         counts.rows_dropped += 1
         return []
-    text, error = TextSpec.of(plan.text_field).extract(record)
+    text, error = plan.text.extract(record)
     if text is None:
         raise ValueError(f"{path}: row {row}: {error}, but decon's spans file lists spans of its text: the file is "
                          "not what decon read")
@@ -169,73 +210,8 @@ def row_pieces(record: dict[str, Any], row: int, plan: RowPlan, counts: _Counts,
 
 
 # ---------------------------------------------------------------------------------------
-# JSON lines: the raw lines, numbered as iter_rows numbers rows
+# JSON lines: the lines of the one reader, with their rows
 # ---------------------------------------------------------------------------------------
-
-class RawRow(NamedTuple):
-    """One line of a JSON lines file as :func:`raw_rows` reads it: ``row``, its row number as
-    ``iter_rows`` gives it (None: a blank line at the file's end, not a row); ``line``, its
-    bytes with their line end (None for a line over the row cap); ``rest``, for such a line,
-    its bytes in pieces (read as they are asked for; those not asked for are skipped);
-    ``corrupt``: the reason the file could not be read on (the last item: ``row`` is the one
-    ``iter_rows`` gives its ``corrupt file`` row)."""
-
-    row: int | None
-    line: bytes | None
-    rest: Iterator[bytes] | None = None
-    corrupt: str | None = None
-
-
-def _long_line(f: BufferedIOBase, first: bytes) -> Iterator[bytes]:
-    """A line over the cap, from its first piece, in pieces of :data:`READ_BYTES`."""
-    piece = first
-    yield piece
-    while not piece.endswith(b"\n") and (piece := f.readline(READ_BYTES)):
-        yield piece
-
-
-def raw_rows(f: BufferedIOBase, max_row_bytes: int) -> Iterator[RawRow]:
-    """The lines of ``f`` with the row numbers ``iter_rows`` gives them: a line longer than
-    ``max_row_bytes`` (its ``\\n`` not counted) is one row, never held whole; a blank line
-    (JSON whitespace only) is a row when a row follows it, and the blank lines that end the
-    file are none (an editor's final empty line); damage (a truncated gzip, a zstd frame cut
-    short) ends the rows with a ``corrupt`` item, as ``iter_rows`` ends them with a bad row."""
-    row = 0
-    held: list[bytes] = []
-    try:
-        while line := f.readline(max_row_bytes + 1):
-            if len(line) <= max_row_bytes or line.endswith(b"\n"):
-                if not line.strip(_JSON_SPACE):
-                    held.append(line)
-                    continue
-                long = None
-            else:
-                long = _long_line(f, line)
-            for blank in held:
-                yield RawRow(row, blank)
-                row += 1
-            held.clear()
-            if long is None:
-                yield RawRow(row, line)
-            else:
-                yield RawRow(row, None, long)
-                for _ in long:  # what the reader did not ask for
-                    pass
-            row += 1
-    except CONTENT_ERRORS as e:
-        if isinstance(e, ACCESS_ERRORS):
-            raise
-        yield RawRow(row, None, corrupt=f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}")
-        return
-    for blank in held:
-        yield RawRow(None, blank)
-
-
-def open_lines(path: str) -> BufferedIOBase:
-    """``path`` opened for reading lines, decompressed by its suffix (as ``iter_rows`` opens it)."""
-    f = storage.open_read(path, compression="infer")
-    return f if isinstance(f, BufferedIOBase) else BufferedReader(cast(RawIOBase, f), READ_BYTES)
-
 
 @contextlib.contextmanager
 def compressed_writer(out: storage.BinaryWriter, path: str) -> Iterator[storage.BinaryWriter]:
@@ -252,47 +228,48 @@ def compressed_writer(out: storage.BinaryWriter, path: str) -> Iterator[storage.
         yield out
 
 
-def copy_jsonl(rows: Iterator[RawRow], out: storage.BinaryWriter, plan: RowPlan, path: str) -> FileStats:
-    """Write the rows of :func:`raw_rows` to ``out`` as ``plan`` says: a kept row's line as it
-    is, a listed row left out, or in span mode replaced by its pieces (:func:`row_pieces`),
-    each ``json.dumps(obj, ensure_ascii=False)`` and a newline; the blank lines that end the
-    file are copied. A damaged file whose damage decon listed (its last row) is copied up
-    to the damage; damage decon did not list raises :class:`storage.InputError`."""
-    c = _Counts()
-    for r in rows:
+def copy_jsonl(lines: Iterator[JsonLine], out: storage.BinaryWriter, plan: RowPlan, path: str,
+               rejects: storage.BinaryWriter | None = None) -> FileStats:
+    """Write the lines of :func:`~refinery.transforms.io.rows.jsonl_lines` to ``out`` as ``plan``
+    says: a row decon read a text of, unlisted, as its line's bytes; a listed row left out, or
+    in span mode replaced by its pieces (:func:`row_pieces`), each ``json.dumps(obj,
+    ensure_ascii=False)`` and a newline; any other row (decon read no text of it) left out,
+    its reason to ``rejects``; the blank lines that end the file are copied. A damaged file
+    whose damage decon listed (its last row) is copied up to the damage; damage decon did not
+    list raises :class:`storage.InputError`."""
+    c = _Counts(rejects)
+    for r in lines:
         if r.row is None:
             assert r.line is not None
             out.write(r.line)
             continue
         c.rows_read += 1
-        if r.corrupt is not None:
-            if r.row not in plan.drop:
-                raise storage.InputError(f"{path}: {r.corrupt}; decon did not list it (the file changed, or was not "
-                                         "scanned): replace the file, or run decon on it again")
-            c.rows_left_out += 1
-            c.rows_dropped += plan.rules is not None
-            c.corrupt = r.corrupt
-            break
+        corrupt = r.error is not None and r.error.startswith(CORRUPT)
         if r.row not in plan.drop:
+            if corrupt:
+                raise storage.InputError(f"{path}: {r.error}; decon did not list it (the file changed, or was not "
+                                         "scanned): replace the file, or run decon on it again")
+            text, error = plan.text.extract(r.record) if r.record is not None else (None, r.error)
+            if text is None or r.line is None:
+                c.reject(path, r.row, error or "unreadable")
+                continue
             c.rows_kept += 1
-            if r.line is not None:
-                out.write(r.line)
-            else:
-                assert r.rest is not None
-                for piece in r.rest:
-                    out.write(piece)
+            out.write(r.line)
             continue
         c.rows_left_out += 1
+        if corrupt:
+            c.rows_dropped += plan.rules is not None
+            c.corrupt = r.error or ""
+            break
         if plan.rules is None:
             continue
-        record, error = parse_json_line(r.line) if r.line is not None else (None, "row too large")
-        if record is None:
+        if r.record is None:
             if r.row in plan.spans:
-                raise ValueError(f"{path}: row {r.row}: {error}, but decon's spans file lists spans of it: the file "
+                raise ValueError(f"{path}: row {r.row}: {r.error}, but decon's spans file lists spans of it: the file "
                                  "is not what decon read")
             c.rows_dropped += 1
             continue
-        for obj in row_pieces(record, r.row, plan, c, path):
+        for obj in row_pieces(r.record, r.row, plan, c, path):
             out.write(json_line(obj))
     return c.stats(plan.rules is not None)
 
@@ -323,10 +300,11 @@ def _string_column(table: Any, name: str, path: str) -> Any:
     return column.combine_chunks()
 
 
-def _cut_group(table: Any, base: int, listed: np.ndarray, plan: RowPlan, c: _Counts, path: str) -> Any:
+def _cut_group(table: Any, base: int, listed: np.ndarray, rejected: np.ndarray, plan: RowPlan, c: _Counts,
+               path: str) -> Any:
     """Span mode: a row group with listed rows -> its kept rows and the pieces of its listed
     rows, in row order (each piece a copy of its row, its text and, when the row has one,
-    id replaced)."""
+    id replaced); the ``rejected`` rows left out."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -334,9 +312,11 @@ def _cut_group(table: Any, base: int, listed: np.ndarray, plan: RowPlan, c: _Cou
     texts: list[str] = []
     ids: list[str | None] = []
     start = 0
-    for p in np.flatnonzero(listed).tolist():
+    for p in np.flatnonzero(listed | rejected).tolist():
         take.append(np.arange(start, p, dtype=np.int64))
         start = p + 1
+        if rejected[p]:
+            continue
         record = table.slice(p, 1).to_pylist()[0]
         pieces = row_pieces(record, base + p, plan, c, path)
         take.append(np.full(len(pieces), p, dtype=np.int64))
@@ -364,32 +344,57 @@ def _cut_group(table: Any, base: int, listed: np.ndarray, plan: RowPlan, c: _Cou
     return out
 
 
-def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: str) -> FileStats:
+def _rejected(rows: Iterator[Row], base: int, listed: np.ndarray, plan: RowPlan, c: _Counts, path: str
+              ) -> np.ndarray:
+    """The rows ``base``... of a row group (``listed``: those the drop lists name) that decon read
+    no text of, from the next ``len(listed)`` rows of the row reader's ``rows``: a mask, each
+    such row rejected into ``c``."""
+    mask = np.zeros(len(listed), dtype=bool)
+    for i in range(len(listed)):
+        item = next(rows, None)
+        if item is None or item[0] != base + i or (item[2] or "").startswith(CORRUPT):
+            raise storage.InputError(f"{path}: row {base + i}: {item[2] if item else 'missing'}: the row reader "
+                                     "does not read the file's row groups")
+        row, record, error = item
+        if listed[i]:
+            continue
+        text, why = plan.text.extract(record) if record is not None else (None, error)
+        if text is None:
+            mask[i] = True
+            c.reject(path, row, why or "unreadable")
+    return mask
+
+
+def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: str, rows: Iterator[Row],
+                 rejects: storage.BinaryWriter | None = None) -> FileStats:
     """Write the parquet file ``f`` to ``out`` as ``plan`` says, a row group at a time (one row
     group written per row group read, empty ones left out), with its schema (field order,
     types, metadata) and compression: row mode filters each row group (``Table.filter``);
-    span mode replaces each listed row by its pieces (:func:`row_pieces`)."""
+    span mode replaces each listed row by its pieces (:func:`row_pieces`). ``rows``: the same
+    file's rows as the row reader reads them (:func:`~refinery.transforms.io.rows.iter_rows`,
+    its text columns): a row decon read no text of is left out, its reason to ``rejects``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(f)
     meta = pf.metadata
     drop = np.fromiter(sorted(plan.drop), dtype=np.int64, count=len(plan.drop))
-    c = _Counts()
+    c = _Counts(rejects)
     writer = pq.ParquetWriter(pa.PythonFile(PositionedWriter(out), mode="w"), pf.schema_arrow, compression=_codec(meta))
     base = 0
     for g in range(meta.num_row_groups):
         table = pf.read_row_group(g)
         n = table.num_rows
         listed = np.isin(np.arange(base, base + n, dtype=np.int64), drop)
+        rejected = _rejected(rows, base, listed, plan, c, path)
         left_out = int(listed.sum())
         c.rows_read += n
         c.rows_left_out += left_out
-        c.rows_kept += n - left_out
-        if left_out and plan.rules is None:
-            table = table.filter(pa.array(~listed))
-        elif left_out:
-            table = _cut_group(table, base, listed, plan, c, path)
+        c.rows_kept += n - left_out - int(rejected.sum())
+        if left_out and plan.rules is not None:
+            table = _cut_group(table, base, listed, rejected, plan, c, path)
+        elif left_out or rejected.any():
+            table = table.filter(pa.array(~(listed | rejected)))
         if table.num_rows:
             writer.write_table(table)
         base += n
@@ -397,15 +402,18 @@ def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: s
     return c.stats(plan.rules is not None)
 
 
-def copy_file(path: str, out: storage.BinaryWriter, plan: RowPlan, max_row_bytes: int) -> FileStats:
-    """The copy of the training file ``path`` (a :data:`FORMATS` file) into ``out``."""
+def copy_file(path: str, out: storage.BinaryWriter, plan: RowPlan, max_row_bytes: int,
+              rejects: storage.BinaryWriter | None = None) -> FileStats:
+    """The copy of the training file ``path`` (a :data:`FORMATS` file) into ``out``; the rows
+    decon read no text of go to ``rejects``."""
     if storage.has_suffix(path, ".parquet"):
         with storage.open_read(path) as f:
-            return copy_parquet(f, out, plan, path)
+            rows = iter_rows(path, columns=list(plan.text.fields()), max_row_bytes=max_row_bytes)
+            return copy_parquet(f, out, plan, path, rows, rejects)
     if not storage.has_suffix(path, *FORMATS):
         raise ValueError(f"{path}: clean copies {', '.join(FORMATS)} files only")
-    with open_lines(path) as f, compressed_writer(out, path) as w:
-        return copy_jsonl(raw_rows(f, max_row_bytes), w, plan, path)
+    with open_lines(path, compression="infer") as f, compressed_writer(out, path) as w:
+        return copy_jsonl(jsonl_lines(f, max_row_bytes), w, plan, path, rejects)
 
 
 # ---------------------------------------------------------------------------------------
@@ -454,9 +462,10 @@ class CleanStage(Stage[CleanPayload, FileStats]):
 
     def config(self) -> StageConfig:
         cfg = self.cfg
+        # rows_without_text: a row decon read no text of is left out and listed (before, it was copied)
         settings = {**cfg.text.identity(), "id_field": cfg.id_field, "max_row_bytes": cfg.max_row_bytes,
                     "exclude": cfg.exclude.identity(), "gzip_level": GZIP_LEVEL, "zstd_level": ZSTD_LEVEL,
-                    "relpaths": short_hash([f.relpath for f in cfg.inputs])}
+                    "relpaths": short_hash([f.relpath for f in cfg.inputs]), "rows_without_text": "rejected/1"}
         return StageConfig(settings, [f.fingerprint() for f in cfg.inputs])
 
     def make_plan(self) -> list[Unit[CleanPayload]]:
@@ -468,14 +477,22 @@ class CleanStage(Stage[CleanPayload, FileStats]):
         check_unchanged(p)
         exclude = cfg.exclude
         plan = RowPlan(exclude.rows_of(p["path"]), exclude.spans_of(p["path"]) if exclude.rules else {},
-                       exclude.rules, cfg.text_field, cfg.id_field)
-        with ctx.open_write(ctx.output_path(p["relpath"])) as out:
-            stats = copy_file(p["path"], out, plan, cfg.max_row_bytes)
+                       exclude.rules, cfg.text_field, cfg.id_field, cfg.text)
+        with ctx.open_write(ctx.output_path(p["relpath"])) as out, \
+                ctx.open_write(ctx.part_path(rejects_part(unit.id))) as rejects:
+            stats = copy_file(p["path"], out, plan, cfg.max_row_bytes, rejects)
         check_unchanged(p)  # what was read is what was planned
         return stats
 
     def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:
-        return f"rows={int(stats.get('rows_read', 0)):,} left out={int(stats.get('rows_left_out', 0)):,}"
+        return (f"rows={int(stats.get('rows_read', 0)):,} left out={int(stats.get('rows_left_out', 0)):,} "
+                f"rejected={int(stats.get('rows_rejected', 0)):,}")
+
+
+def rejects_part(unit_id: str) -> str:
+    """A clean unit's rejected rows (prep's rejects lines), which the manifest unit gathers into
+    :data:`REJECTS`."""
+    return f"{unit_id}.rejects.jsonl"
 
 
 class CleanManifestPayload(TypedDict):
@@ -487,12 +504,24 @@ class CleanManifestStats(TypedDict):
     rows_read: int
     rows_kept: int
     rows_left_out: int
+    rows_rejected: int
 
 
 def totals(files: Sequence[Mapping[str, Any]], span: bool) -> dict[str, int]:
     """The per-file counts summed (the span keys in span mode only)."""
-    keys = ("rows_read", "rows_kept", "rows_left_out", *(SPAN_KEYS if span else ()))
-    return {k: sum(int(f[k]) for f in files) for k in keys}
+    keys = ("rows_read", "rows_kept", "rows_left_out", "rows_rejected", *(SPAN_KEYS if span else ()))
+    return {k: sum(int(f.get(k, 0)) for f in files) for k in keys}
+
+
+def rejected_reasons(files: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The files' ``rejected_reasons`` summed (at most :data:`REASONS_KEPT` reasons, the most
+    common first)."""
+    every: Counter[str] = Counter()
+    for f in files:
+        every.update(f.get("rejected_reasons", {}))
+    out: dict[str, int] = {}
+    count_reasons(out, dict(every.most_common()))
+    return out
 
 
 def build_manifest(cfg: CleanConfig, files: list[dict[str, Any]], plan_hash: str) -> dict[str, Any]:
@@ -510,11 +539,14 @@ def build_manifest(cfg: CleanConfig, files: list[dict[str, Any]], plan_hash: str
     cut = {k: total[k] for k in SPAN_KEYS} if span else None
     return {"format": "refinery-clean/1", "mode": cfg.exclude.mode, **cfg.text.identity(), "id_field": cfg.id_field,
             "files": files, "totals": {"files": len(files), **total},
-            "excluded_overlaps": cfg.exclude.manifest(total["rows_left_out"], cut), "plan_hash": plan_hash}
+            "excluded_overlaps": cfg.exclude.manifest(total["rows_left_out"], cut),
+            "rejects": {"path": REJECTS, "rows": total["rows_rejected"], "reasons": rejected_reasons(files)},
+            "plan_hash": plan_hash}
 
 
 class CleanManifestStage(Stage[CleanManifestPayload, CleanManifestStats]):
-    """One unit: the clean units' receipts -> ``_clean_manifest.json``, then ``.SUCCESS`` (last)."""
+    """One unit: the clean units' receipts and rejected rows -> ``_clean_rejects.jsonl``,
+    ``_clean_manifest.json``, then ``.SUCCESS`` (last)."""
 
     name = "manifest"
 
@@ -525,7 +557,7 @@ class CleanManifestStage(Stage[CleanManifestPayload, CleanManifestStats]):
         return Traits(title="Write clean manifest", light=True, final_outputs=True)
 
     def config(self) -> StageConfig:
-        return StageConfig({"clean_manifest": 1})
+        return StageConfig({"clean_manifest": 2})  # 2: it gathers the rejected rows too
 
     def make_plan(self) -> list[Unit[CleanManifestPayload]]:
         return [Unit("manifest", CleanManifestPayload())]
@@ -533,19 +565,24 @@ class CleanManifestStage(Stage[CleanManifestPayload, CleanManifestStats]):
     def run_unit(self, unit: Unit[CleanManifestPayload], ctx: UnitContext) -> CleanManifestStats:
         clean = ctx.upstream("clean")
         files: list[dict[str, Any]] = []
-        for u in clean.stage.plan():
-            c = clean.check(u.id)
-            if not c.done:
-                raise RuntimeError(f"clean unit {u.id} ({u.payload['path']}) is not complete: {c.reason}")
-            stats = c.done_receipt()["stats"]
-            files.append({"train_path": u.payload["path"], "output_path": u.payload["relpath"],
-                          **{k: stats[k] for k in FILE_KEYS if k in stats}})
+        with ctx.open_write(ctx.output_path(REJECTS)) as rejects:
+            for u in clean.stage.plan():
+                c = clean.check(u.id)
+                if not c.done:
+                    raise RuntimeError(f"clean unit {u.id} ({u.payload['path']}) is not complete: {c.reason}")
+                stats = c.done_receipt()["stats"]
+                files.append({"train_path": u.payload["path"], "output_path": u.payload["relpath"],
+                              **{k: stats[k] for k in FILE_KEYS if k in stats}})
+                if stats.get("rows_rejected"):
+                    with storage.open_read(storage.join(clean.parts_dir, rejects_part(u.id))) as f:
+                        while block := f.read(1 << 20):
+                            rejects.write(block)
         manifest = build_manifest(self.cfg, files, ctx.run.stage_hash)
         ctx.write_bytes(ctx.output_path(MANIFEST), (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode())
         ctx.write_bytes(ctx.output_path(SUCCESS), b"")
         t = manifest["totals"]
         return {"files": t["files"], "rows_read": t["rows_read"], "rows_kept": t["rows_kept"],
-                "rows_left_out": t["rows_left_out"]}
+                "rows_left_out": t["rows_left_out"], "rows_rejected": t["rows_rejected"]}
 
 
 def build_stages(cfg: CleanConfig) -> list[Stage[Any, Any]]:
@@ -559,5 +596,5 @@ def clear_stale_success(runs: list[StageRun], plans: list[list[Unit[Any]]]) -> N
     manifest_run = runs[-1]
     if manifest_run.check(plans[-1][0].id).done:
         return
-    for name in (SUCCESS, MANIFEST):
+    for name in (SUCCESS, MANIFEST, REJECTS):
         storage.remove(storage.join(manifest_run.output, name), root=manifest_run.output)

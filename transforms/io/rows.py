@@ -190,7 +190,7 @@ def too_large(max_row_bytes: int) -> str:
     return f"row too large: more than {max_row_bytes} bytes"
 
 
-def _open_lines(path: str, compression: str | None = None) -> BufferedIOBase:
+def open_lines(path: str, compression: str | None = None) -> BufferedIOBase:
     """``path`` opened for reading lines: a reader whose ``readline(limit)`` honours the
     limit (fsspec's remote files take no limit, so they get a buffer of their own)."""
     f = storage.open_read(path, compression)
@@ -223,40 +223,85 @@ def _blank(line: bytes | None) -> bool:
 
 
 def _rows_of_lines(items: Iterator[tuple[bytes | None, int]], more_after: Callable[[], bool] = lambda: False
-                   ) -> Iterator[tuple[bytes | None, int]]:
-    """``items`` (:func:`_lines`), less the blank lines that end the file: an editor's final
-    empty line is not a row. A blank line with a row after it is one (a bad row, "blank
-    line"), as before: row numbers stay those of the file's lines. ``more_after()``: whether
-    a row follows the last item (a byte range's end is not always the file's)."""
-    held: list[tuple[bytes | None, int]] = []
-    for item in items:
-        if _blank(item[0]):
-            held.append(item)
+                   ) -> Iterator[tuple[bytes | None, bool]]:
+    """(line, whether it is a row) for each of ``items`` (:func:`_lines`): the blank lines
+    that end the file are not rows (an editor's final empty line). A blank line with a row
+    after it is one (a bad row, "blank line"), as before: row numbers stay those of the
+    file's lines. ``more_after()``: whether a row follows the last item (a byte range's end
+    is not always the file's)."""
+    held: list[bytes | None] = []
+    for line, _ in items:
+        if _blank(line):
+            held.append(line)
             continue
-        yield from held
+        for blank in held:
+            yield blank, True
         held.clear()
-        yield item
-    if held and more_after():
-        yield from held
+        yield line, True
+    if held:
+        rows = more_after()
+        for blank in held:
+            yield blank, rows
 
 
-def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[Row]:
+class JsonLine(NamedTuple):
+    """One line of a JSON lines file as :func:`jsonl_lines` reads it: ``row``, its 0-based row
+    number (None: one of the blank lines that end the file, not a row); ``line``, its bytes
+    with their line end (None for a line over the row cap, and for the damage); ``record`` and
+    ``error``, the row :func:`iter_rows` gives for it."""
+
+    row: int | None
+    line: bytes | None
+    record: dict[str, Any] | None
+    error: str | None
+
+
+def jsonl_lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[JsonLine]:
+    """Every line of the JSON lines file ``f`` (:func:`open_lines`), with the row
+    :func:`iter_rows` makes of it: THE reader of JSON lines (``iter_rows`` is its rows, and
+    ``refinery clean`` copies its lines), so a line's bytes and its row number cannot
+    disagree. A line longer than ``max_row_bytes`` (its ``\\n`` not counted) is read to its
+    end in pieces, never held, and is the bad row :func:`too_large`; damage (a truncated gzip,
+    a zstd frame cut short) ends the lines with the bad row ``corrupt file after N rows: ...``
+    (the blank lines before it, not yet rows, are dropped)."""
     row = 0
     try:
-        with _open_lines(path, compression="infer") as f:
-            for line, _ in _rows_of_lines(_lines(f, max_row_bytes)):
-                yield (row, None, too_large(max_row_bytes)) if line is None else (row, *parse_json_line(line))
-                row += 1
+        for line, is_row in _rows_of_lines(_lines(f, max_row_bytes)):
+            if not is_row:
+                yield JsonLine(None, line, None, None)
+                continue
+            record, error = (None, too_large(max_row_bytes)) if line is None else parse_json_line(line)
+            yield JsonLine(row, line, record, error)
+            row += 1
     except CONTENT_ERRORS as e:
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
+        yield JsonLine(row, None, None, corrupt_reason(row, e))
+
+
+def corrupt_reason(rows: int, e: BaseException) -> str:
+    """The reason of a file's last row when its content cannot be read on after ``rows`` rows."""
+    return f"{CORRUPT} after {rows} rows: {type(e).__name__}: {e}"
+
+
+def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[Row]:
+    rows = 0
+    try:
+        with open_lines(path, compression="infer") as f:
+            for item in jsonl_lines(f, max_row_bytes):
+                if item.row is not None:
+                    rows = item.row + 1
+                    yield item.row, item.record, item.error
+    except CONTENT_ERRORS as e:  # opening or closing the file (a compressed file's header)
+        if isinstance(e, ACCESS_ERRORS):
+            raise
+        yield rows, None, corrupt_reason(rows, e)
 
 
 def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterator[Row]:
     """Rows of an uncompressed JSONL file whose first byte lies in ``[lo, hi)``, numbered
     from 0 within the range (the caller adds the rows of the ranges before it)."""
-    with _open_lines(path) as f:
+    with open_lines(path) as f:
         if lo > 0:
             f.seek(lo - 1)
             _skip_line(f, b"")  # the rest of the line holding byte lo-1 belongs to the previous range
@@ -272,7 +317,8 @@ def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterat
         def more_after() -> bool:  # a row after this range's trailing blank lines, in a later range
             return any(not _blank(line) for line, _ in lines)
 
-        for row, (line, _) in enumerate(_rows_of_lines(in_range(), more_after)):
+        rows = (line for line, is_row in _rows_of_lines(in_range(), more_after) if is_row)
+        for row, line in enumerate(rows):
             yield (row, None, too_large(max_row_bytes)) if line is None else (row, *parse_json_line(line))
 
 

@@ -20,6 +20,10 @@ Nothing leaks in silence (:meth:`Exclusion.check_inputs`, :func:`load_exclusion`
   normalization version and row cap (:func:`~refinery.transforms.formats.droplist.read_spec_mismatch`;
   a decon output that does not record them, from an older decon, is refused: its text was
   not this prep's);
+- the decon run read some training row's text (:func:`read_nothing_problem`): rows without
+  text (a text field that is an object, a list, null, missing) are counted by decon, not
+  listed, so a run that read none of them proves nothing (``refinery clean`` leaves such rows
+  out; prep rejects them);
 - with ``--verify-inputs-by-content``, every input's sha256 must be the one decon recorded
   (a corpus copied with its sizes and mtimes kept, rows swapped, is refused);
 - every prep input must be a file each decon run scanned, unchanged since (same resolved path,
@@ -63,7 +67,7 @@ from refinery.transforms.formats.droplist import (
 )
 from refinery.transforms.io import storage
 from refinery.transforms.prep.span_cut import SpanRules
-from refinery.transforms.resumable.ledger import META_DIR, check_receipt
+from refinery.transforms.resumable.ledger import META_DIR, Receipt, check_receipt
 
 EXCLUDE_MODES = ("row", "span")
 
@@ -301,10 +305,10 @@ class Exclusion:
 
 
 
-def recorded_sha256(output: str) -> dict[str, str]:
-    """``{relpath: sha256}`` of the files a finished decon output's merge unit wrote, from its
-    receipt (the last stage of ``OUTPUT/.refinery/run.json``); :class:`storage.InputError`
-    when there is no such record or the merge is not complete."""
+def merge_receipt(output: str) -> Receipt:
+    """The receipt of a finished decon output's merge unit (the last stage of
+    ``OUTPUT/.refinery/run.json``), checked; :class:`storage.InputError` when there is no such
+    record or the merge is not complete."""
     run_json = storage.join(output, META_DIR, "run.json")
     try:
         stages = storage.read_json(run_json).get("stages") or [{}]
@@ -327,7 +331,20 @@ def recorded_sha256(output: str) -> dict[str, str]:
     if not done.done:
         raise storage.InputError(f"--exclude-overlaps {output}: its decon merge is not complete ({done.reason}); "
                                  "run the same decon command again")
-    return {f["path"]: f["sha256"] for f in done.done_receipt()["files"]}
+    return done.done_receipt()
+
+
+def read_nothing_problem(output: str, receipt: Receipt) -> str | None:
+    """Why the decon output whose merge receipt is ``receipt`` is no proof (one line): it read
+    no training row's text (none read, or every row unreadable or without text with its text
+    spec: such rows are counted, not listed, so its drop list says nothing of them); or None."""
+    scan = receipt["stats"].get("scan") or {}
+    read, bad = int(scan.get("rows", 0)), int(scan.get("bad_rows", 0))
+    if read > bad:
+        return None
+    return (f"--exclude-overlaps {output}: decon used 0 of the {read:,} training row(s) it read ({bad:,} unreadable "
+            "or without text: decon counts such rows, it does not list them), so its drop list says nothing of "
+            "them: run decon with the --text-field (or --text-template) that reads their text")
 
 
 def _recorded_file(output: str, relpath: str, recorded: dict[str, str]) -> tuple[str, str]:
@@ -412,7 +429,10 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
         if not storage.exists(storage.join(output, ".SUCCESS")):
             raise storage.InputError(f"--exclude-overlaps {output}: not a finished decon output (no .SUCCESS); "
                                      "run refinery decon to the end first")
-        recorded = recorded_sha256(output)
+        receipt = merge_receipt(output)
+        if problem := read_nothing_problem(output, receipt):
+            raise storage.InputError(problem)
+        recorded = {f["path"]: f["sha256"] for f in receipt["files"]}
         files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
             stats = read_jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))
