@@ -38,7 +38,7 @@ from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
-from refinery.transforms.io.text import TextSpec, normalize_text
+from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec, normalize_text
 from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
     BATCH_CHARS,
@@ -350,7 +350,7 @@ class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
         return {**self.cfg.text.identity(), "id_field": self.cfg.id_field,
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
-                "unit_bytes": self.cfg.unit_bytes, "normalize": "nfc-crlf-cc-strip/1", "source": self.cfg.source,
+                "unit_bytes": self.cfg.unit_bytes, "normalize": TEXT_NORMALIZATION, "source": self.cfg.source,
                 "max_row_bytes": self.cfg.max_row_bytes,
                 **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {}), **self._relpaths()}
 
