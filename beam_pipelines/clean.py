@@ -14,6 +14,7 @@ The job's shape: :func:`refinery.transforms.clean.stages.build_stages` (clean ->
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ from refinery.beam_pipelines.checks import (
     check_field,
     check_output,
     check_text,
+    local_spellings,
     named_inputs,
+    recorded_command,
     rejects_hint,
     replaced_inputs_problem,
     text_spec,
@@ -44,6 +47,7 @@ from refinery.transforms.clean.stages import (
     CleanConfig,
     build_stages,
     clear_stale_success,
+    foreign_files,
     unsupported_inputs,
 )
 from refinery.transforms.io import storage
@@ -72,6 +76,10 @@ out and listed with its reason in OUTPUT/_clean_rejects.jsonl; a decon output th
 training row is refused. With --exclude-mode span a listed row is replaced by the pieces kept
 of it, each a row of its own: the row's fields, its text field set to the piece and its id (if
 it has one) to ID@START. OUTPUT/_clean_manifest.json says what was left out of each file, and why.
+
+OUTPUT holds the copy and nothing else: a folder holding any other file (a raw file, a copy of
+the corpus, an earlier clean run's files of other inputs), or holding an input, is refused,
+naming it; an earlier clean run of the same inputs (a rerun, a killed run) is finished.
 
 Killing the job and running the same command again finishes it: finished units are kept
 (receipts under OUTPUT/.refinery) and never redone. --force starts from scratch.
@@ -155,11 +163,14 @@ def checked_config(s: CleanSettings) -> tuple[CleanConfig, list[str]]:
         check_output("clean", s.output, list(s.train), dry_run=s.run.dry_run)
         inputs = storage.expand_inputs(list(s.train))
         check_inputs(inputs)
+        check_output_holds_no_input(s.output, inputs)
         check_text("clean", text, [f.path for f in inputs])
         if s.id_field is not None:
             check_field("clean", "--id-field", s.id_field, [f.path for f in inputs])
         if problem := replaced_inputs_problem("clean", s.output, inputs, list(s.train), s.run.force):
             raise UsageError(problem)
+        if not (s.run.dry_run and storage.is_remote(s.output)):  # a dry run reads nothing remote
+            check_output_holds_only_clean(s.output, inputs)
         exclude, unscanned = load_checked_exclusion("clean", s.exclude, inputs, text, s.max_row_bytes)
     except UsageError:
         raise
@@ -185,6 +196,42 @@ def check_inputs(inputs: list[storage.InputFile]) -> None:
         paths = [f.path for f in inputs if f.relpath == twice[0]]
         raise UsageError(f"refinery clean: {paths[0]} and {paths[1]} would both be written to OUTPUT/{twice[0]}: "
                          "give --train arguments whose files have different paths under them")
+
+
+def _inside(path: str, folders: list[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def check_output_holds_no_input(output: str, inputs: list[storage.InputFile]) -> None:
+    """:class:`UsageError` naming the first input that lies inside ``output`` (however either
+    is spelled: resolved, through every mount of its folder): clean would write beside or
+    over its own inputs, and a reader of the folder would take them for the copy. (An output
+    inside an input is :func:`check_output`'s.)"""
+    remote = storage.is_remote(output)
+    folders = [output.rstrip("/")] if remote else local_spellings(output)
+    for f in inputs:
+        path = f.path if remote else os.path.realpath(storage.resolved(f.path))
+        if storage.is_remote(f.path) == remote and _inside(path, folders):
+            raise UsageError(f"refinery clean: --output {output} holds the input {f.path}: the copy would be "
+                             "written beside (or over) the files it is made of; give an output folder outside "
+                             "the inputs")
+
+
+def check_output_holds_only_clean(output: str, inputs: list[storage.InputFile]) -> None:
+    """:class:`UsageError` naming the first files under ``output`` that are not an earlier clean
+    run's of these inputs (a raw file, a copy of the corpus, another run's files): a tokenizer
+    pointed at the folder would read them as part of the copy. An empty or new folder, or one
+    holding an earlier clean run of the same inputs (a rerun, a killed run), is no problem."""
+    if not storage.isdir(output):
+        return
+    earlier = recorded_command(output) == "clean"
+    found, count = foreign_files(output, {f.relpath for f in inputs} if earlier else None)
+    if found:
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        none = "" if earlier else ", and the folder records no clean run"
+        raise UsageError(f"refinery clean: --output {output} holds {found[0]}, which is not a file of a clean run of "
+                         f"these inputs{more}{none}: a tokenizer pointed at the folder would read it as part of the "
+                         "copy; give an empty or new folder, or move it out first")
 
 
 def clean_pipeline(s: CleanSettings, cfg: CleanConfig, unscanned: list[str]) -> Pipeline:

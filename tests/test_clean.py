@@ -443,8 +443,8 @@ def test_rows_decon_read_no_text_of_are_left_out_counted_and_listed(tmp_path: Pa
 
 def test_a_decon_output_that_read_no_training_text_is_refused(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """Multi-part chat content only: decon used 0 of the rows (and exits 1, or 0 with
-    --max-reject-rate 1); clean refuses its output, naming it, instead of copying every row."""
+    """Multi-part chat content only: decon used 0 of the rows (and exits 1, its run failed, or 0
+    with --max-reject-rate 1); clean refuses its output, naming it, instead of copying every row."""
     corpus = write_jsonl(tmp_path / "chat" / "c.jsonl", [
         {"id": f"c-{i}", "text": [{"role": "user", "content": [{"type": "text", "text": r["question"]}]}]}
         for i, r in enumerate(gsm8k_rows("train")[:6])]).parent
@@ -455,5 +455,60 @@ def test_a_decon_output_that_read_no_training_text_is_refused(tmp_path: Path,
     for decon in ("failed", "passed"):
         assert _clean(corpus, tmp_path / decon, tmp_path / f"out-{decon}") == 2
         err = capsys.readouterr().err
-        assert f"--exclude-overlaps {tmp_path / decon}: decon used 0 of the 6 training row(s) it read" in err, err
+        assert f"--exclude-overlaps {tmp_path / decon}: " in err and len(err.strip().splitlines()) == 1, err
+        assert decon == "failed" or "decon used 0 of the 6 training row(s) it read" in err, err
         assert not (tmp_path / f"out-{decon}").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# The output folder holds the copy and nothing else (issue 58, item 5)
+# ---------------------------------------------------------------------------------------
+
+def test_an_output_holding_other_files_or_an_input_is_refused(planted: Planted, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def refused(train: Path, decon: Path, out: Path, *extra: object) -> str:
+        assert _clean(train, decon, out, *extra) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        return err
+
+    capsys.readouterr()
+    # a raw contaminated file in the folder: a tokenizer pointed at it would read it with the copy
+    raw = tmp_path / "raw" / "leak.jsonl"
+    raw.parent.mkdir()
+    shutil.copy(planted.corpus / "a.jsonl", raw)
+    err = refused(planted.corpus, planted.decon, raw.parent)
+    assert f"--output {raw.parent} holds {raw}, which is not a file of a clean run of these inputs" in err, err
+    assert not (raw.parent / MANIFEST).exists()
+    # the inputs themselves as a subfolder of the output
+    nested = tmp_path / "nested"
+    shutil.copytree(planted.corpus, nested / "corpus")
+    err = refused(planted.corpus, planted.decon, nested)
+    assert f"--output {nested} holds {nested / 'corpus' / 'a.jsonl'}, which is not a file of a clean run" in err
+    assert "(and 3 more)" in err
+
+    # an output that contains an input (decon scanned it there): clean would write beside, or over, its inputs
+    inside = tmp_path / "inside"
+    shutil.copytree(planted.corpus, inside / "corpus")
+    assert _decon(inside / "corpus", planted.evals, tmp_path / "decon-inside") == 0
+    capsys.readouterr()
+    err = refused(inside / "corpus", tmp_path / "decon-inside", inside)
+    assert f"--output {inside} holds the input {inside / 'corpus' / 'a.jsonl'}" in err, err
+    assert sorted(p.name for p in inside.iterdir()) == ["corpus"]
+    err = refused(inside / "corpus" / "a.jsonl", tmp_path / "decon-inside", inside / "corpus")
+    assert f"--output {inside / 'corpus'} holds the input {inside / 'corpus' / 'a.jsonl'}" in err, err
+
+    # an earlier clean run of the same inputs is no problem (a rerun, a killed run finished); of other
+    # inputs, its files are others (--force takes the record's place, not the files')
+    out = tmp_path / "out"
+    assert _clean(planted.corpus, planted.decon, out) == 0
+    assert _clean(planted.corpus, planted.decon, out) == 0
+    (out / "sub" / (".b.jsonl.gz.tmp-host-123-" + "0" * 32)).write_bytes(b"")  # a killed writer's temp file
+    assert _clean(planted.corpus, planted.decon, out) == 0
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(planted.corpus / "d.parquet", one / "d.parquet")
+    assert _decon(one, planted.evals, tmp_path / "decon-one") == 0
+    capsys.readouterr()
+    err = refused(one, tmp_path / "decon-one", out, "--force")
+    assert f"--output {out} holds {out / 'a.jsonl'}, which is not a file of a clean run of these inputs" in err

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator, Mapping, Sequence, TypedDict, cast
@@ -63,6 +64,7 @@ from refinery.transforms.prep.exclusion import Exclusion
 from refinery.transforms.prep.span_cut import SpanRules, cut_row, piece_id
 from refinery.transforms.prep.stages import check_unchanged
 from refinery.transforms.resumable import Stage, StageConfig, StageRun, Traits, Unit, UnitContext, short_hash
+from refinery.transforms.resumable.ledger import META_DIR
 
 FORMATS = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")  # what clean copies (any case)
 MANIFEST = "_clean_manifest.json"  # "_": prep, decon (and pyarrow, Spark) do not list it as data
@@ -77,6 +79,45 @@ OTHER_REASONS = "other reasons (see _clean_rejects.jsonl)"
 def unsupported_inputs(paths: list[str]) -> list[str]:
     """The paths whose format clean cannot copy as it is."""
     return [p for p in paths if not storage.has_suffix(p, *FORMATS)]
+
+
+def _output_files(output: str) -> Iterator[tuple[str, str]]:
+    """(path, path relative to ``output``) of every file under the folder ``output``, in a
+    sorted walk, but those of ``output/.refinery`` (the run's record); a link to a folder is
+    one entry (never followed)."""
+    root = output.rstrip("/")
+    if storage.is_remote(root):
+        fs, p = storage.filesystem(root)
+        top = p.rstrip("/") + "/"
+        for name in sorted(fs.find(p)):
+            rel = name[len(top):] if name.startswith(top) else name
+            if rel and not rel.startswith(f"{META_DIR}/"):
+                yield storage.join(root, rel), rel
+        return
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        if folder == root and META_DIR in dirs:
+            dirs.remove(META_DIR)
+        for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(folder, d))):
+            path = os.path.join(folder, name)
+            yield path, os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def foreign_files(output: str, relpaths: set[str] | None, limit: int = 3) -> tuple[list[str], int]:
+    """The first ``limit`` files under ``output`` that a clean run of inputs at ``relpaths``
+    does not write, and how many there are: anything but its copies, its manifest, its
+    rejects, ``.SUCCESS``, its record (``.refinery``) and the temp files of its killed
+    writers. ``relpaths`` None (the folder records no clean run): every file is foreign."""
+    ours = {MANIFEST, REJECTS, SUCCESS} | (relpaths or set())
+    found: list[str] = []
+    count = 0
+    for path, rel in _output_files(output):
+        if relpaths is not None and (rel in ours or storage.is_temp_name(storage.basename(rel))):
+            continue
+        count += 1
+        if len(found) < limit:
+            found.append(path)
+    return found, count
 
 
 # ---------------------------------------------------------------------------------------
