@@ -405,8 +405,9 @@ def warn_decon(output: str, result: JobResult) -> None:
     for receipt in result.runs[-1].completed_receipts().values():
         if receipt["stats"].get("capped_warning"):
             print(f"WARNING refinery decon: {receipt['stats']['capped_warning']}", file=sys.stderr)
-        if receipt["stats"].get("short_warning"):
-            print(f"WARNING refinery decon: {receipt['stats']['short_warning']}", file=sys.stderr)
+        for warning in ("short_warning", "ignored_only_warning"):
+            if receipt["stats"].get(warning):
+                print(f"WARNING refinery decon: {receipt['stats'][warning]}", file=sys.stderr)
     for line in storage.read_bytes(storage.join(output, "stats", "eval_summary.jsonl")).splitlines():
         e = json.loads(line)
         warn_if_mostly_rejected("decon", e["num_bad_rows"], e["num_rows"] + e["num_bad_rows"],

@@ -578,7 +578,9 @@ class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
                 # 1: results list the rows hit; 2: with their records, shared texts once; 3: and their spans
                 "train_rows": 3,
                 # absent for jsonl: the hash of a jsonl run made before --details-format is kept
-                **({"details_format": "parquet"} if self.s.details_format == "parquet" else {})}
+                **({"details_format": "parquet"} if self.s.details_format == "parquet" else {}),
+                # with --max-train-count: results name the instances of the ignored n-grams (ignored_evals)
+                **({"ignored_evals": 1} if self.s.max_train_count is not None else {})}
 
     def make_plan(self) -> list[Unit[PartitionPayload]]:
         return [Unit(f"partition-{p:05d}", {"p": p}) for p in range(self.s.partitions)]
@@ -682,7 +684,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         # the merged result is many small dicts and sets, kept to the end: the collector, left on, walks
         # them again and again as the stats and reports are built (0.9 s of 2.3 on a 47 MB scan's hits)
         with gc_paused():
-            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same)
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same, self.s.max_train_count)
             short = short_rows(eval_rows, self.s.min_eval_tokens)  # not indexed: counted and named
             note_short_rows(result.overlap_stats, result.summary, short)
             short_warning = short_rows_warning(short, self.s.min_eval_tokens)
@@ -724,6 +726,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         """What ``prep --exclude-overlaps`` and ``refinery clean`` read: the drop list, its
         spans, the rows decon could not read and the training files it scanned (each written
         a few lines at a time: they may be large)."""
+                "ignored_only_warning": ng.ignored_only_warning(result.overlap_stats, self.s.max_train_count),
         for relpath, chunks in ((CONTAMINATED_DOCS, contaminated.chunks()),
                                 (CONTAMINATED_SPANS, contaminated.span_chunks()),  # what span mode cuts out
                                 (UNREAD_ROWS, unread_rows(scan_run))):

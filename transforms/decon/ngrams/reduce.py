@@ -216,6 +216,7 @@ class PartitionResult(TypedDict):
     train_rows: dict[str, Any]                       # :meth:`.droplist.RowHits.result`
     windows: dict[str, Any]                          # :func:`.longest.record_windows`
     samples: dict[int, dict[int, list[Any]]]         # eval_idx -> n-gram length -> first two training rows
+    ignored_evals: dict[int, dict[int, int]]         # eval_idx -> n-gram length -> its n-grams over max_train_count
 
 
 Blocks = Callable[[], Iterable[tuple[int, str, int, dict[str, Any]]]]
@@ -274,8 +275,23 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
         sink.end_block()
         sampler.add(unit, path, hits, block)
     sink.finish()
-    return partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
-                            int(skip.sum()) if skip is not None else 0)
+    return {**partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
+                               int(skip.sum()) if skip is not None else 0),
+            "ignored_evals": ignored_instances(side, skip)}
+
+
+def ignored_instances(side: RecordSide, skip: np.ndarray | None) -> dict[int, dict[int, int]]:
+    """The eval rows (first rows of shared texts) the ignored records (``skip``: n-grams over
+    ``--max-train-count``) name: eval_idx -> n-gram length -> how many of its n-grams were
+    ignored. An instance listed here and not overlapping at that length otherwise is one
+    the limit hid (:func:`overlap_stats`)."""
+    out: dict[int, dict[int, int]] = {}
+    for rec in (np.flatnonzero(skip).tolist() if skip is not None else []):
+        length = int(side.records.n[rec])
+        for eval_idx, _ in side.evals(rec):
+            by_len = out.setdefault(eval_idx, {})
+            by_len[length] = by_len.get(length, 0) + 1
+    return out
 
 
 def row_ids_at(block: dict[str, Any], base: int) -> dict[str, Any]:
@@ -509,22 +525,25 @@ class ReduceResult:
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: WordSplitter,
-                     eval_bad_rows: dict[str, dict[str, Any]] | None = None, same: SameText | None = None
-                     ) -> ReduceResult:
+                     eval_bad_rows: dict[str, dict[str, Any]] | None = None, same: SameText | None = None,
+                     max_train_count: int | None = None) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
     instance are the union of its partitions' (metrics need all of them). Rows with the
     same text (``same``, default :func:`same_text`) share their first row's overlaps, spans,
     samples and metrics (HELM's, then ``longest_match`` and ``coverage``: :mod:`.longest`):
     ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
-    only (:meth:`SameText.first_of`); the stats and metrics list every row."""
+    only (:meth:`SameText.first_of`); the stats and metrics list every row. With
+    ``max_train_count``, each line of the stats also names the instances that overlap at its n
+    only through ignored n-grams (:func:`overlap_stats`)."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
     got = MergedParts()
     for part in parts:
         got.add(part)
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
-    stats, all_ids, empty_ids = overlap_stats(eval_rows, ns, datasets, got.overlaps, same)
+    stats, all_ids, empty_ids = overlap_stats(eval_rows, ns, datasets, got.overlaps, same,
+                                              got.ignored_evals if max_train_count is not None else None)
     longest = longest_matches(got.windows, eval_rows, ns, tokenizer)
     summary = [{"eval_dataset": ds,
                 "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
@@ -556,10 +575,15 @@ class MergedParts:
     windows: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     doc_ids: dict[str, str] = field(default_factory=dict)
     ignored: int = 0
+    ignored_evals: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     capped: list[list[Any]] = field(default_factory=list)
 
     def add(self, part: PartitionResult) -> None:
         self.ignored += part["ignored"]
+        for eval_idx, by_len in part.get("ignored_evals", {}).items():
+            mine = self.ignored_evals[eval_idx]
+            for length, count in by_len.items():
+                mine[length] = mine.get(length, 0) + count
         self.capped += part.get("capped", [])
         for eval_idx, grams_by_n in part["overlaps"].items():
             for n, grams in grams_by_n.items():
@@ -584,23 +608,59 @@ class MergedParts:
 
 
 def overlap_stats(eval_rows: list[EvalRow], ns: list[int], datasets: list[str],
-                  overlaps: dict[int, dict[int, dict[str, int]]], same: SameText
+                  overlaps: dict[int, dict[int, dict[str, int]]], same: SameText,
+                  ignored: dict[int, dict[int, int]] | None = None
                   ) -> tuple[list[dict[str, Any]], dict[str, set[str]], dict[str, set[str]]]:
     """(the lines of ``overlap_stats.jsonl``: per eval dataset and configured n its instances and
-    the overlapping ones, each dataset's instance ids, its empty ones)."""
+    the overlapping ones, each dataset's instance ids, its empty ones). Given ``ignored``
+    (:func:`ignored_instances`, merged: ``--max-train-count`` was set), each line also has
+    ``instance_ids_ignored_only`` and its count: the instances that share n-grams with the
+    training data at n only through n-grams the limit ignored, so that no training row is
+    listed for them."""
     all_ids: dict[str, set[str]] = defaultdict(set)
     empty_ids: dict[str, set[str]] = defaultdict(set)
     hit_ids: dict[tuple[str, int], set[str]] = defaultdict(set)
+    hidden: dict[tuple[str, int], set[str]] = defaultdict(set)
     for r in eval_rows:
         all_ids[r.eval_dataset].add(r.instance_id)
         if r.empty:
             empty_ids[r.eval_dataset].add(r.instance_id)
-        for length in overlaps.get(same.first_of(r.eval_idx), {}):
+        first = same.first_of(r.eval_idx)
+        for length in overlaps.get(first, {}):
             for n in configured_ns(ns, r.num_tokens, length):
                 hit_ids[(r.eval_dataset, n)].add(r.instance_id)
-    stats = [{"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
-              "instance_ids": sorted(hit_ids[(ds, n)])} for ds in datasets for n in ns]
+        for length in (ignored or {}).get(first, {}):
+            for n in configured_ns(ns, r.num_tokens, length):
+                hidden[(r.eval_dataset, n)].add(r.instance_id)
+    stats: list[dict[str, Any]] = []
+    for ds in datasets:
+        for n in ns:
+            line: dict[str, Any] = {"eval_dataset": ds, "n": n, "num_instances": len(all_ids[ds]),
+                                    "instance_ids": sorted(hit_ids[(ds, n)])}
+            if ignored is not None:
+                only = sorted(hidden[(ds, n)] - hit_ids[(ds, n)])
+                line.update(num_instances_ignored_only=len(only), instance_ids_ignored_only=only)
+            stats.append(line)
     return stats, all_ids, empty_ids
+
+
+def ignored_only_warning(overlap_stats: list[dict[str, Any]], max_train_count: int | None) -> str | None:
+    """One line naming, per eval dataset and n, the instances that overlap the training data
+    only through n-grams ``--max-train-count`` ignored (None: there are none)."""
+    hidden = [s for s in overlap_stats if s.get("num_instances_ignored_only")]
+    if not hidden:
+        return None
+    where = "; ".join(f"{s['eval_dataset']} at n = {s['n']}: {s['num_instances_ignored_only']} "
+                      f"({_some(s['instance_ids_ignored_only'])})" for s in hidden)
+    return (f"instances that overlap training rows only through n-grams ignored by --max-train-count "
+            f"{max_train_count} (each in more than {max_train_count} training documents), so no training row is "
+            f"listed for them: {where}; stats/overlap_stats.jsonl lists them (instance_ids_ignored_only). Raise "
+            f"--max-train-count, or leave it out, to list the rows behind them")
+
+
+def _some(ids: list[str], k: int = 3) -> str:
+    shown = ", ".join(ids[:k])
+    return shown + (f", and {len(ids) - k} more" if len(ids) > k else "")
 
 
 def train_rows_at_n(by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]], ns: list[int]) -> dict[int, int]:

@@ -191,6 +191,12 @@ def _md_counts(result: ReduceResult, scan_stats: dict[str, Any], max_train_count
             f"{result.train_rows_at_n.get(n, 0)} at n = {n}" for n in ns))
     if max_train_count is not None:
         lines.append(f"n-grams ignored (in more than {max_train_count} training documents): {result.ignored_ngrams}")
+        hidden = [s for s in result.overlap_stats if s.get("num_instances_ignored_only")]
+        lines += [f"- {s['eval_dataset']} at n = {s['n']}: {s['num_instances_ignored_only']} instance(s) overlap the "
+                  f"training data only through ignored n-grams, so no training row is listed for them: "
+                  + ", ".join(_md_cell(i) for i in s["instance_ids_ignored_only"][:top])
+                  + (f", and {s['num_instances_ignored_only'] - top} more" if s["num_instances_ignored_only"] > top
+                     else "") for s in hidden]
     if result.capped:
         lines.append(f"detail records capped: {capped_warning(result.capped, max_ngram_details)}")
     lines.append("")
