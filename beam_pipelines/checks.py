@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Sequence
 
 from refinery.runners.dataflow import is_dataflow, option_problems
+from refinery.transforms.formats.failed_run import CorruptFile
 from refinery.transforms.io import beam_private, storage
 from refinery.transforms.io.gcs import bucket_problem
 from refinery.transforms.io.rows import iter_rows
@@ -317,9 +318,11 @@ def recorded_command(output: str) -> str | None:
 def add_reject_rate_arg(g: argparse._ArgumentGroup, rows: str = "the rows read") -> None:
     """``--max-reject-rate R`` on the argument group ``g``; ``rows``: which rows it counts."""
     g.add_argument("--max-reject-rate", type=float, default=None, metavar="R",
-                   help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected; the outputs are "
-                        f"still written (default: exit 1 only when no row was accepted). A run that read no "
-                        f"row at all always exits 1")
+                   help=f"exit 1 when more than R (0..1, e.g. 0.05) of {rows} were rejected (default: exit 1 "
+                        f"only when no row was accepted; prep and decon also when an input file is corrupt or cut "
+                        f"short, which R lets through as one rejected row). prep and decon record such a failed "
+                        f"run in OUTPUT/FAILED.json, without the manifest.json or .SUCCESS of a finished one. A run "
+                        f"that read no row at all always exits 1")
 
 
 def bad_reject_rate(rate: float | None) -> str | None:
@@ -345,6 +348,16 @@ def reject_rate_failure(what: str, read: int, rejected: int, accepted: int, max_
         return (f"{rejected:,} of {read:,} {what} ({100 * rejected / read:.0f}%) rejected, more than "
                 f"--max-reject-rate {max_rate:g}; {reasons}")
     return None
+
+
+def corrupt_files_failure(corrupt: Sequence[CorruptFile], listed: str) -> str:
+    """The one line a run with corrupt or cut-short input files fails with (without
+    ``--max-reject-rate``): the first file and its reason, and how many more ``listed`` names."""
+    first = corrupt[0]
+    more = f" (and {len(corrupt) - 1} more, listed in {listed})" if len(corrupt) > 1 else ""
+    return (f"{len(corrupt)} input file(s) corrupt or cut short: {first['path']}: {first['reason']}{more}; "
+            "the rows before the damage were read. Replace the file, or give --max-reject-rate R to count "
+            "each as one rejected row")
 
 
 def warn_if_mostly_rejected(command: str, rejected: int, read: int, where: str, hint: str | None = None) -> None:

@@ -35,6 +35,7 @@ from refinery.beam_pipelines.checks import (
     check_field,
     check_output,
     check_text,
+    corrupt_files_failure,
     reject_rate_failure,
     text_spec,
     warn_if_mostly_rejected,
@@ -48,9 +49,11 @@ from refinery.transforms.decon.stages import (
     input_stages,
     remove_stale_details,
 )
+from refinery.transforms.formats.droplist import UNREAD_ROWS
+from refinery.transforms.formats.failed_run import CorruptFile, clear_failed, mark_failed
 from refinery.transforms.io import storage
 from refinery.transforms.io.hf import materialize_split
-from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES
+from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES
 from refinery.transforms.io.text import TextSpec
 from refinery.transforms.resumable import JobResult, Stage, StageRun
 from refinery.transforms.resumable.ledger import META_DIR
@@ -373,12 +376,38 @@ def row_counts(output: str, result: JobResult) -> dict[str, tuple[int, int]]:
 
 
 def decon_verdict(output: str, max_reject_rate: float | None, result: JobResult) -> str | None:
-    """Why a finished run fails (too many rows unreadable or without text), or None."""
-    for side, (read, bad) in row_counts(output, result).items():
-        if failure := reject_rate_failure(f"{side} rows", read, bad, read - bad, max_reject_rate,
-                                          f"{BAD_ROWS}: decon counts such rows, it does not list them"):
-            return failure
-    return None
+    """Why a finished run fails (too many rows unreadable or without text; a corrupt or cut-short
+    training file without ``--max-reject-rate``, as prep fails), or None. A failed run never
+    looks finished: its ``FAILED.json`` is written, then its ``.SUCCESS`` removed (so
+    ``--exclude-overlaps`` and ``clean`` refuse it); a run that passes removes an earlier one."""
+    counts = row_counts(output, result)
+    corrupt = corrupt_train_files(output) if counts["training"][1] else []
+    failure = next((f for side, (read, bad) in counts.items()
+                    if (f := reject_rate_failure(f"{side} rows", read, bad, read - bad, max_reject_rate,
+                                                 f"{BAD_ROWS}: decon counts such rows, it does not list them"))),
+                   None)
+    for c in corrupt:  # let through by --max-reject-rate or not: named, once each
+        print(f"WARNING refinery decon: {c['path']}: {c['reason']}; the rows before it were read", file=sys.stderr)
+    if not failure and corrupt and max_reject_rate is None:
+        failure = corrupt_files_failure(corrupt, storage.join(output, UNREAD_ROWS))
+    if failure:
+        mark_failed(output, "decon", failure, corrupt)
+        storage.remove(storage.join(output, ".SUCCESS"), root=output)
+    else:
+        clear_failed(output)
+    return failure
+
+
+def corrupt_train_files(output: str) -> list[CorruptFile]:
+    """The training files decon's scan found corrupt or cut short (each one row of
+    ``stats/unread_train_rows.jsonl``, whose reason says so), read a line at a time."""
+    found: dict[str, CorruptFile] = {}
+    with storage.open_read(storage.join(output, UNREAD_ROWS)) as f:
+        for line in f:
+            row = json.loads(line)
+            if str(row.get("reason", "")).startswith(CORRUPT):
+                found.setdefault(row["train_path"], {"path": row["train_path"], "reason": row["reason"]})
+    return sorted(found.values(), key=lambda c: c["path"])
 
 
 def decon_summary(output: str, result: JobResult, seconds: float) -> str:

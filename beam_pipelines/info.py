@@ -7,7 +7,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from refinery.beam_pipelines.verify import manifest_path
+from refinery.beam_pipelines.verify import manifest_path, output_of
+from refinery.transforms.formats.failed_run import failed_line, read_failed
 from refinery.transforms.io import storage
 
 
@@ -29,9 +30,13 @@ def settings_from_args(args: argparse.Namespace) -> InfoSettings:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    """Print the summary of a manifest; exit 2 when it cannot be read."""
+    """Print the summary of a manifest; exit 2 when it cannot be read, or its run failed
+    (``FAILED.json``: named with its corrupt input files)."""
     s = settings_from_args(args)
     path = manifest_path(s.manifest)
+    if (failed := read_failed(output_of(path))) is not None:  # no summary of a run that failed
+        print(f"refinery info: {failed_line(output_of(path), failed)}", file=sys.stderr)
+        return 2
     try:
         m = storage.read_json(path)
     except FileNotFoundError:

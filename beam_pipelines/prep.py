@@ -31,6 +31,7 @@ from refinery.beam_pipelines.checks import (
     check_field,
     check_output,
     check_text,
+    corrupt_files_failure,
     named_inputs,
     reject_rate_failure,
     rejects_hint,
@@ -45,6 +46,7 @@ from refinery.beam_pipelines.exclusion_flags import (
     exclusion_header,
     load_checked_exclusion,
 )
+from refinery.transforms.formats.failed_run import FAILED, clear_failed, mark_failed
 from refinery.transforms.formats.shards import check_name
 from refinery.transforms.formats.tiktoken_vocab import TIKTOKEN_FILES, VocabError
 from refinery.transforms.formats.tokenizer_choice import TokenizerError, TokenizerSpec, resolve_tokenizer
@@ -249,16 +251,6 @@ def dataset_name(s: PrepSettings) -> str:
     return clean or "dataset"
 
 
-def corrupt_files_failure(corrupt: list[dict[str, str]]) -> str:
-    """The one line a run with corrupt or cut-short input files fails with (without
-    ``--max-reject-rate``): the first file and its reason, and how many there are."""
-    first = corrupt[0]
-    more = f" (and {len(corrupt) - 1} more, listed in the manifest's corrupt_files)" if len(corrupt) > 1 else ""
-    return (f"{len(corrupt)} input file(s) corrupt or cut short: {first['path']}: {first['reason']}{more}; "
-            "the rows before the damage were read. Replace the file, or give --max-reject-rate R to count "
-            "each as one rejected row")
-
-
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     """Run prep; returns a process exit code (0 ok, 1 units failed or too many rejects, 2 bad
     arguments/inputs)."""
@@ -353,16 +345,28 @@ def prep_pipeline(s: PrepSettings, cfg: PrepConfig, found: FoundInputs) -> Pipel
 
 def prep_verdict(output: str, max_reject_rate: float | None, result: JobResult) -> str | None:
     """Why a finished run fails (too many rejected rows, corrupt input files), or None."""
+    return settle_prep_output("prep", output, max_reject_rate)
+
+
+def settle_prep_output(command: str, output: str, max_reject_rate: float | None) -> str | None:
+    """Why the finished prep run into ``output`` fails (no row accepted, more rejected than
+    ``max_reject_rate``, corrupt input files without it), or None. A failed run never looks
+    finished: its ``FAILED.json`` is written (:mod:`~refinery.transforms.formats.failed_run`:
+    the failure and the corrupt files), then its ``manifest.json`` removed (the next run writes
+    it again and judges it again); a run that passes removes an earlier ``FAILED.json``."""
     rejects_path = storage.join(output, "rejects/rejects.jsonl")
     manifest_path = storage.join(output, "manifest.json")
     manifest = storage.read_json(manifest_path)
-    rows = manifest["rows"]
+    rows, corrupt = manifest["rows"], manifest.get("corrupt_files", [])
     failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"], max_reject_rate,
                                   f"reasons in {rejects_path}")
-    if not failure and manifest.get("corrupt_files") and max_reject_rate is None:
-        failure = corrupt_files_failure(manifest["corrupt_files"])
-    if failure and not rows["accepted"]:  # no manifest of nothing: the next run writes it again, and fails again
+    if not failure and corrupt and max_reject_rate is None:
+        failure = corrupt_files_failure(corrupt, storage.join(output, FAILED))
+    if failure:
+        mark_failed(output, command, failure, corrupt)
         storage.remove(manifest_path, root=output)
+    else:
+        clear_failed(output)
     return failure
 
 

@@ -26,11 +26,15 @@ from refinery.beam_pipelines.checks import (
     add_reject_rate_arg,
     bad_reject_rate,
     check_output,
-    reject_rate_failure,
 )
 from refinery.beam_pipelines.command import RunFlags, add_runner_args, usage_error
 from refinery.beam_pipelines.interrupt import interrupted, resume_hint
-from refinery.beam_pipelines.prep import TokenizerFlags, add_tokenizer_args, resolve_tokenizer_flags
+from refinery.beam_pipelines.prep import (
+    TokenizerFlags,
+    add_tokenizer_args,
+    resolve_tokenizer_flags,
+    settle_prep_output,
+)
 from refinery.runners.jobs import run_job
 from refinery.transforms.formats.tokenizer_choice import DEFAULT, TokenizerSpec
 from refinery.transforms.io import storage
@@ -297,8 +301,7 @@ def _run_all(checked: MixturePlan, s: MixtureSettings, beam_args: list[str], wor
                   f"rejected {rows['rejected']:,}"
                   + (f" + over budget {rows['over_budget']:,}" if rows.get("over_budget") else "")
                   + (f"  (reasons in {rejects})" if rows["rejected"] else ""), file=sys.stderr)
-            failure = reject_rate_failure("rows", rows["read"], rows["rejected"], rows["accepted"],
-                                          s.max_reject_rate, f"reasons in {rejects}")
+            failure = settle_prep_output("prep-mixture", cfg.output, s.max_reject_rate)  # prep's verdict
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - reported by name; the run goes on if asked to

@@ -6,7 +6,9 @@ and nothing stray lies beside it; else it prints one ``BAD`` line per problem an
 An output without a manifest (``refinery decon``, ``generate``, ``hydra``) is checked by its
 run record: every receipt of the recorded plan verifies, every file a final stage's receipt
 lists is present with its size, no receipt of a final stage is missing, no temp file is left.
-``--checksums`` also re-hashes every file against its recorded sha256.
+``--checksums`` also re-hashes every file against its recorded sha256. An output whose run
+failed (its ``FAILED.json``: prep or decon exited 1) is one ``BAD`` line naming the failure and
+the corrupt input files, exit 1, whatever its files.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from refinery.transforms.decon.ngrams.details import DETAILS_DIR
+from refinery.transforms.formats.failed_run import failed_line, read_failed
 from refinery.transforms.formats.manifests import MANIFEST, verify_manifest
 from refinery.transforms.io import storage
 from refinery.transforms.resumable.ledger import META_DIR, verify_run
@@ -32,6 +35,11 @@ def manifest_path(path: str) -> str:
     """A manifest path from a manifest or a prep output folder (whichever the user gave)."""
     path = path.rstrip("/")
     return path if storage.basename(path) == MANIFEST or not storage.isdir(path) else storage.join(path, MANIFEST)
+
+
+def output_of(path: str) -> str:
+    """The output folder of a :func:`manifest_path` (its folder), or the path itself."""
+    return storage.dirname(path) if storage.basename(path) == MANIFEST else path
 
 
 def _report(problems: list[str], notes: list[str]) -> int:
@@ -111,6 +119,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     s = settings_from_args(args)
     path = manifest_path(s.manifest)
     notes: list[str] = []
+    if (record := read_failed(output_of(path))) is not None:  # a run that exited 1 is never OK
+        return _report([failed_line(output_of(path), record)], notes)
     if not storage.exists(path):
         output = s.manifest.rstrip("/")
         if storage.basename(output) == MANIFEST and not storage.isdir(output):

@@ -169,13 +169,15 @@ def test_a_truncated_input_file_is_named_and_fails_the_run_unless_a_reject_rate_
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"refinery prep: 1 input file(s) corrupt or cut short: {cut}: corrupt file after ")
     assert "EOFError" in last and last.endswith("give --max-reject-rate R to count each as one rejected row")
-    manifest = json.loads((out / "manifest.json").read_text())
-    [corrupt] = manifest["corrupt_files"]
+    assert not (out / "manifest.json").exists()  # a failed run: FAILED.json names the file instead
+    [corrupt] = json.loads((out / "FAILED.json").read_text())["corrupt_files"]
     assert corrupt["path"] == str(cut) and corrupt["reason"].startswith("corrupt file after ")
-    read = manifest["rows"]["read"]
-    assert manifest["rows"]["rejected"] == 1 and manifest["rows"]["accepted"] == read - 1  # counted apart, too
     assert run_prep([tmp_path / "in"], out, "--max-reject-rate", "0.01") == 0  # 1 of ~976 rows
     assert f"WARNING refinery prep: {cut}: corrupt file after" in capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [c["path"] for c in manifest["corrupt_files"]] == [str(cut)]
+    read = manifest["rows"]["read"]
+    assert manifest["rows"]["rejected"] == 1 and manifest["rows"]["accepted"] == read - 1  # counted apart, too
     assert run_prep([tmp_path / "in"], out, "--max-reject-rate", "0.0001") == 1
     assert "more than --max-reject-rate 0.0001" in capsys.readouterr().err
 
@@ -473,7 +475,8 @@ def test_a_failed_run_never_says_done_nor_names_a_file_it_did_not_leave(
     assert "  manifest: none (the run failed" in said.out and not (out / "manifest.json").exists()
     assert "no rows accepted of 2 read" in said.err
     assert main(["verify", str(out / "manifest.json")]) == 1
-    assert "holds an unfinished or damaged refinery prep run" in capsys.readouterr().err
+    assert f"BAD  {out}: the refinery prep run failed ({out / 'FAILED.json'}): no rows accepted of 2 read" \
+        in capsys.readouterr().out
     # the rule itself: only the first line's "done", only a path that is not there
     kept = str(tmp_path / "c" / "a.jsonl")
     assert failed_summary("decon", f"decon done in 1.0s; units run: x\n  rows: read 3 = used 0\n  report: {out}/r.html"

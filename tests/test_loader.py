@@ -268,3 +268,15 @@ def test_a_mixture_source_without_a_manifest_is_refused(setup: LoaderConfig, tmp
     (tmp_path / "data" / "gamma" / "train" / "manifest.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"source 'gamma': no shards for split 'train': .*no manifest.json"):
         build_loader(setup, 0, 1, "train")
+
+
+def test_a_mixture_source_of_a_failed_run_is_refused(setup: LoaderConfig, tmp_path: Path) -> None:
+    """A split whose prep-mixture run failed (its FAILED.json, beside shards and even a manifest
+    left by a kill before the manifest's removal): refused, naming the failure and the file."""
+    from refinery.transforms.formats.failed_run import CorruptFile, FailedRunError, mark_failed
+
+    split = tmp_path / "data" / "beta" / "train"
+    corrupt: list[CorruptFile] = [{"path": "/in/cut.jsonl.gz", "reason": "corrupt file after 3 rows: EOFError"}]
+    mark_failed(str(split), "prep-mixture", "1 input file(s) corrupt or cut short: ...", corrupt)
+    with pytest.raises(FailedRunError, match=f"{split}: the refinery prep-mixture run failed .*/in/cut.jsonl.gz"):
+        build_loader(setup, 0, 1, "train")

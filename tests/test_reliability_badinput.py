@@ -82,6 +82,9 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path: Path) -> Non
     out = tmp_path / "out"
     # corrupt or cut-short files fail the run (named), their good rows still written
     assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad") == 1
+    failed = json.loads((out / "FAILED.json").read_text())  # and no manifest: a failed run never looks finished
+    assert not (out / "manifest.json").exists() and " input file(s) corrupt or cut short" in failed["failure"]
+    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad", "--max-reject-rate", "0.9") == 0
 
     m = json.loads((out / "manifest.json").read_text())
     rows = m["rows"]
@@ -110,7 +113,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_counted(tmp_path: Path) -> Non
     assert by_file == {}
     corrupt = {os.path.basename(c["path"]) for c in m["corrupt_files"]}
     assert corrupt == {os.path.basename(r["path"]) for r in rejects if r["reason"].startswith("corrupt file")}
-    assert run_prep([corpus], out, "--num-shards", 2, "--dataset", "bad", "--max-reject-rate", "0.9") == 0
+    assert corrupt == {os.path.basename(c["path"]) for c in failed["corrupt_files"]}
     cut_rows = [r for r in rejects if r["path"].endswith("cut.jsonl.gz")]
     assert 0 < cut_rows[0]["row"] < good_rows  # the rows before the cut were kept
 
@@ -225,7 +228,8 @@ def _write_bad_files(root: Path, good: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def test_decon_bad_eval_and_training_rows_are_counted(tmp_path: Path) -> None:
-    """decon on eval and training folders holding the matrix: the run completes, bad eval rows
+    """decon on eval and training folders holding the matrix: the run completes (and fails on its
+    corrupt training files, naming them), bad eval rows
     are counted in ``stats/eval_summary.jsonl`` ``num_bad_rows``, bad training rows in the scan
     units' stats, and overlaps are still found in the good rows, at their right row numbers
     (also right after a 70 MB line rejected as too large)."""
@@ -240,7 +244,10 @@ def test_decon_bad_eval_and_training_rows_are_counted(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = decon.build_parser().parse_args(["--eval", str(ev), "--train", str(tr), "--output", str(out),
                                             "--ngrams", "8", "--partitions", "2", "--no-progress"])
-    assert decon.run(args, ["--runner=DirectRunner", "--direct_running_mode=in_memory"]) == 0
+    # the corrupt training files fail the run, by name, as prep fails (its counts are written all the same)
+    assert decon.run(args, ["--runner=DirectRunner", "--direct_running_mode=in_memory"]) == 1
+    failed = json.loads((out / "FAILED.json").read_text())
+    assert {os.path.basename(c["path"]) for c in failed["corrupt_files"]} >= {"cut.jsonl.gz", "cut.jsonl.zst"}
 
     [summary] = [json.loads(line) for line in (out / "stats" / "eval_summary.jsonl").read_text().splitlines()]
     assert summary["eval_dataset"] == "gsm8k"

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from refinery.transforms.formats import shards
+from refinery.transforms.formats.failed_run import refuse_failed
 from refinery.transforms.io import storage
 from refinery.transforms.loader.mixture import (
     WEIGHT_SCALE,
@@ -199,7 +200,9 @@ def manifest_shards(root: str) -> tuple[list[ListedShard], dict[str, Any]]:
     """(the ``.npy`` files ``root/manifest.json`` lists, in path order; the manifest): exactly
     those, never a listing of the folder. Each is checked as the manifest says: present, its
     NPY header's token count the manifest's ``num_tokens``, its size what that header implies
-    (a shard cut short or rewritten is refused, naming it)."""
+    (a shard cut short or rewritten is refused, naming it). A failed run (its ``FAILED.json``)
+    is refused: :class:`~refinery.transforms.formats.failed_run.FailedRunError`."""
+    refuse_failed(root)
     path = storage.join(root, MANIFEST)
     try:
         manifest = storage.read_json(path)
@@ -438,11 +441,13 @@ def prep_output_loader(output: str, *, seq_len: int = 4096, batch_size: int = 1,
     ``shard_*/``; the ``manifest.json`` path itself is accepted too): the shards its manifest
     lists are the only source (never other files under the folder), in path order, checked
     against the manifest's sha256s in the plan hash; no mixture file. The split is named
-    ``train``. A folder without a manifest at its root is refused, naming the manifests below it."""
+    ``train``. A folder without a manifest at its root is refused, naming the manifests below it;
+    so is a failed run, naming its failure and corrupt input files."""
     root = os.fspath(output)
     if root.endswith("manifest.json"):
         root = storage.dirname(root)
     root = root.rstrip("/")
+    refuse_failed(root)
     if not storage.exists(storage.join(root, MANIFEST)):
         raise FileNotFoundError(no_manifest_message(root))
     name = storage.basename(root) or "output"

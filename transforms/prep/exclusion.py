@@ -65,6 +65,7 @@ from refinery.transforms.formats.droplist import (
     read_jsonl,
     read_spec_mismatch,
 )
+from refinery.transforms.formats.failed_run import failed_line, read_failed
 from refinery.transforms.io import storage
 from refinery.transforms.prep.span_cut import SpanRules
 from refinery.transforms.resumable.ledger import META_DIR, Receipt, check_receipt
@@ -426,6 +427,8 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
             # a dry run reads nothing remote: the job is described without the drop list's rows
             sources.append(DropSource(output, -1 if n is None else n, UNREAD, 0))
             continue
+        if (failed := read_failed(output)) is not None:  # a decon that exited 1: its drop list is not one to trust
+            raise storage.InputError(f"--exclude-overlaps {failed_line(output, failed)}")
         if not storage.exists(storage.join(output, ".SUCCESS")):
             raise storage.InputError(f"--exclude-overlaps {output}: not a finished decon output (no .SUCCESS); "
                                      "run refinery decon to the end first")
