@@ -719,6 +719,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 "capped_ngrams": len(result.capped), "details_left_out": sum(c[3] - c[2] for c in result.capped),
                 "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
                 "short_warning": short_warning,
+                "ignored_only_warning": ng.ignored_only_warning(result.overlap_stats, self.s.max_train_count),
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
@@ -726,7 +727,6 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         """What ``prep --exclude-overlaps`` and ``refinery clean`` read: the drop list, its
         spans, the rows decon could not read and the training files it scanned (each written
         a few lines at a time: they may be large)."""
-                "ignored_only_warning": ng.ignored_only_warning(result.overlap_stats, self.s.max_train_count),
         for relpath, chunks in ((CONTAMINATED_DOCS, contaminated.chunks()),
                                 (CONTAMINATED_SPANS, contaminated.span_chunks()),  # what span mode cuts out
                                 (UNREAD_ROWS, unread_rows(scan_run))):
