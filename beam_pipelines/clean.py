@@ -99,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the text template decon read the rows with (row mode only: a piece cannot be put back "
                           "into several fields)")
     src.add_argument("--id-field", default=None,
-                     help="field holding the document id (default: id); in span mode a piece's id is ID@START")
+                     help="field holding the document id (default: id); in span mode a piece's id is ID@START "
+                          "(a run where that is also a kept row's id fails, naming both rows)")
     src.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="N",
                      help=f"the row cap decon read with (default: {DEFAULT_MAX_ROW_BYTES})")
     add_exclusion_args(src, "the copy")

@@ -28,7 +28,7 @@ from test_exclude_overlaps import _decon, _rewrite_recorded
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.clean import stages
-from refinery.transforms.clean.stages import RowPlan, copy_jsonl
+from refinery.transforms.clean.stages import RowPlan, UnitLists, copy_jsonl
 from refinery.transforms.formats import shards
 from refinery.transforms.io import storage
 from refinery.transforms.io.rows import iter_rows, jsonl_lines, open_lines
@@ -290,7 +290,7 @@ def test_jsonl_lines_are_the_rows_of_iter_rows_with_their_bytes(tmp_path: Path) 
     path = tmp_path / "end.jsonl"
     buf, rejects = io.BytesIO(), io.BytesIO()
     with open_lines(str(path)) as f:
-        stats = copy_jsonl(jsonl_lines(f, cap), buf, RowPlan(frozenset({1, 2, 5})), str(path), rejects)
+        stats = copy_jsonl(jsonl_lines(f, cap), buf, RowPlan(frozenset({1, 2, 5})), str(path), UnitLists(rejects))
     original = _lines(cases["end.jsonl"])
     assert buf.getvalue() == b"".join(line for i, line in enumerate(original) if i not in {1, 2, 3, 4, 5})
     assert stats == {"rows_read": 8, "rows_kept": 3, "rows_left_out": 3, "rows_rejected": 2,

@@ -16,10 +16,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import reliability_helpers
-from helpers import gsm8k_rows, run_prep
+from helpers import gsm8k_rows, run_prep, write_jsonl
 from reliability_helpers import ForkServer, child_env, final_digest, read_unit_log, recomputed_units, run_attempt
 from test_exclude_overlaps import PLANTED, _corpus, _decon, _drop_list, _shard_texts
 
+from refinery.beam_pipelines.cli import main
 from refinery.transforms.decon.ngrams.arrays import merged_spans
 from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.io import storage
@@ -257,3 +258,55 @@ def test_a_spans_file_that_is_not_the_drop_lists_rows_is_refused() -> None:
         _check_spans_match("D", {"/t/a.jsonl": {1, 2}}, {"/t/a.jsonl": {1: one}}, 13)
     with pytest.raises(storage.InputError, match="disagree"):
         _check_spans_match("D", {}, {"/t/b.jsonl": {0: one}}, 13)
+
+
+# ---------------------------------------------------------------------------------------
+# A piece's id is no real row's (issue 58, item 9)
+# ---------------------------------------------------------------------------------------
+
+def _piece_corpus(root: Path, real_id: str) -> tuple[Path, Path]:
+    """Row 0 holds a test question after its own text (its first piece starts at 0: ``r0@0``);
+    row 5's id is ``real_id``."""
+    train, question = gsm8k_rows("train")[:30], gsm8k_rows("test")[0]["question"]
+    rows = [{"id": f"r{i}", "text": r["question"] + "\n\n" + r["answer"]} for i, r in enumerate(train)]
+    rows[0]["text"] += " " + question + " That was the question; the rest of the row follows it here."
+    rows[5]["id"] = real_id
+    corpus = root / "corpus"
+    write_jsonl(corpus / "a.jsonl", rows)
+    evals = write_jsonl(root / "eval" / "test.jsonl", [{"id": "t0", "text": question}])
+    assert _decon(corpus, evals, root / "decon") == 0
+    return corpus, root / "decon"
+
+
+def _clean(corpus: Path, decon: Path, out: Path, *extra: object) -> int:
+    return main(["clean", "--train", str(corpus), "--exclude-overlaps", str(decon), "--output", str(out),
+                 "--runner", "direct", "--no-progress", *map(str, extra)])
+
+
+def test_a_piece_id_that_is_a_real_rows_id_is_refused_naming_both_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ("--exclude-mode", "span", "--exclude-window", 5, "--exclude-min-chars", 10)
+    corpus, decon = _piece_corpus(tmp_path / "same", "r0@0")
+    a = corpus / "a.jsonl"
+    capsys.readouterr()
+    assert run_prep([corpus], tmp_path / "prep", "--num-shards", 2, "--exclude-overlaps", decon, *flags) == 1
+    said = capsys.readouterr()
+    named = (f"document id 'r0@0' is both the piece of {a} row 0 that starts at character 0 and the id of {a} "
+             "row 5")
+    assert named in said.err, said.err
+    assert not (tmp_path / "prep" / "manifest.json").exists()
+    assert _clean(corpus, decon, tmp_path / "clean", *flags) == 1
+    said = capsys.readouterr()
+    assert named in said.err, said.err
+    assert not (tmp_path / "clean" / "_clean_manifest.json").exists()
+
+    # an id of a piece's form that is no piece's is a document like any other; every id is unique
+    corpus, decon = _piece_corpus(tmp_path / "other", "r0@1")
+    assert run_prep([corpus], tmp_path / "prep2", "--num-shards", 2, "--exclude-overlaps", decon, *flags) == 0
+    manifest = json.loads((tmp_path / "prep2" / "manifest.json").read_text())
+    ids = [d for s in manifest["shards"] for d in pq.read_table(tmp_path / "prep2" / s["docs_path"])["doc_id"]
+           .to_pylist()]
+    assert "r0@0" in ids and "r0@1" in ids and len(ids) == len(set(ids))
+    assert _clean(corpus, decon, tmp_path / "clean2", *flags) == 0
+    copied = [json.loads(line)["id"] for line in (tmp_path / "clean2" / "a.jsonl").read_text().splitlines()]
+    assert "r0@0" in copied and "r0@1" in copied and len(copied) == len(set(copied))

@@ -61,6 +61,7 @@ from refinery.transforms.io.rows import (
 from refinery.transforms.io.text import TextSpec, normalize_text
 from refinery.transforms.prep.documents import Rejected
 from refinery.transforms.prep.exclusion import Exclusion
+from refinery.transforms.prep.piece_ids import check_piece_ids, has_piece_form, id_line
 from refinery.transforms.prep.span_cut import SpanRules, cut_row, piece_id
 from refinery.transforms.prep.stages import check_unchanged
 from refinery.transforms.resumable import Stage, StageConfig, StageRun, Traits, Unit, UnitContext, short_hash
@@ -155,6 +156,7 @@ class FileStats(_FileStatsBase, total=False):
     pieces: int            # pieces written, each a row
     pieces_too_short: int  # pieces shorter than --exclude-min-chars (or blank once normalized), dropped
     chars_removed: int     # characters of the split and dropped rows' texts not written
+    piece_form_ids: int    # kept rows whose id has a piece's form (piece_ids.has_piece_form)
     corrupt: str           # the file's content ends in damage decon listed: the copy holds the rows before it
     rejected_reasons: dict[str, int]  # rows_rejected by reason (at most REASONS_KEPT, then OTHER_REASONS)
 
@@ -173,9 +175,21 @@ def count_reasons(into: dict[str, int], reasons: Mapping[str, int]) -> None:
         into[key] = into.get(key, 0) + k
 
 
+@dataclass(frozen=True)
+class UnitLists:
+    """Where a clean unit lists rows (None: not listed, only counted): ``rejects``, the rows
+    decon read no text of (prep's rejects lines); in span mode ``piece_ids``, each piece
+    written with an id, and ``formed_ids``, each kept row whose id has a piece's form
+    (:mod:`~refinery.transforms.prep.piece_ids`, which the manifest unit compares)."""
+
+    rejects: storage.BinaryWriter | None = None
+    piece_ids: storage.BinaryWriter | None = None
+    formed_ids: storage.BinaryWriter | None = None
+
+
 @dataclass
 class _Counts:
-    rejects: storage.BinaryWriter | None = None  # where a rejected row's line goes (none: counted only)
+    lists: UnitLists = UnitLists()
     rows_read: int = 0
     rows_kept: int = 0
     rows_left_out: int = 0
@@ -186,14 +200,30 @@ class _Counts:
     pieces_too_short: int = 0
     chars_removed: int = 0
     corrupt: str = ""
+    formed: int = 0  # kept rows whose id has a piece's form
     reasons: Counter[str] = field(default_factory=Counter)
 
     def reject(self, path: str, row: int, reason: str) -> None:
         """A row decon read no text of: left out, counted, and its line (prep's rejects line) written."""
         self.rows_rejected += 1
         self.reasons[reason] += 1
-        if self.rejects is not None:
-            self.rejects.write(json_line(Rejected(path, row, reason).to_json(), sort_keys=True))
+        if self.lists.rejects is not None:
+            self.lists.rejects.write(json_line(Rejected(path, row, reason).to_json(), sort_keys=True))
+
+    def keep(self, path: str, row: int, record: Mapping[str, Any], id_field: str) -> None:
+        """A row kept as it is: counted, and listed when its id has a piece's form (span mode)."""
+        self.rows_kept += 1
+        if self.lists.formed_ids is None:
+            return
+        value = record.get(id_field)
+        if value is not None and has_piece_form(doc_id := str(value)):
+            self.lists.formed_ids.write(id_line(doc_id, path, row))
+            self.formed += 1
+
+    def piece(self, path: str, row: int, doc_id: str) -> None:
+        """A piece written with the id ``doc_id`` (span mode): listed."""
+        if self.lists.piece_ids is not None:
+            self.lists.piece_ids.write(id_line(doc_id, path, row))
 
     def stats(self, span: bool) -> FileStats:
         out: FileStats = {"rows_read": self.rows_read, "rows_kept": self.rows_kept,
@@ -201,6 +231,7 @@ class _Counts:
         if span:
             out["rows_split"], out["rows_dropped"], out["pieces"] = self.rows_split, self.rows_dropped, self.pieces
             out["pieces_too_short"], out["chars_removed"] = self.pieces_too_short, self.chars_removed
+            out["piece_form_ids"] = self.formed
         if self.corrupt:
             out["corrupt"] = self.corrupt
         if self.reasons:
@@ -245,6 +276,7 @@ def row_pieces(record: dict[str, Any], row: int, plan: RowPlan, counts: _Counts,
         obj = {**record, plan.text_field: text[a:b]}
         if row_id is not None:
             obj[plan.id_field] = piece_id(str(row_id), a)
+            counts.piece(path, row, obj[plan.id_field])
         pieces.append(obj)
     counts.pieces += len(pieces)
     return pieces
@@ -270,15 +302,15 @@ def compressed_writer(out: storage.BinaryWriter, path: str) -> Iterator[storage.
 
 
 def copy_jsonl(lines: Iterator[JsonLine], out: storage.BinaryWriter, plan: RowPlan, path: str,
-               rejects: storage.BinaryWriter | None = None) -> FileStats:
+               lists: UnitLists = UnitLists()) -> FileStats:
     """Write the lines of :func:`~refinery.transforms.io.rows.jsonl_lines` to ``out`` as ``plan``
     says: a row decon read a text of, unlisted, as its line's bytes; a listed row left out, or
     in span mode replaced by its pieces (:func:`row_pieces`), each ``json.dumps(obj,
     ensure_ascii=False)`` and a newline; any other row (decon read no text of it) left out,
-    its reason to ``rejects``; the blank lines that end the file are copied. A damaged file
-    whose damage decon listed (its last row) is copied up to the damage; damage decon did not
-    list raises :class:`storage.InputError`."""
-    c = _Counts(rejects)
+    its reason to ``lists.rejects``; the blank lines that end the file are copied. A damaged
+    file whose damage decon listed (its last row) is copied up to the damage; damage decon did
+    not list raises :class:`storage.InputError`."""
+    c = _Counts(lists)
     for r in lines:
         if r.row is None:
             assert r.line is not None
@@ -294,7 +326,8 @@ def copy_jsonl(lines: Iterator[JsonLine], out: storage.BinaryWriter, plan: RowPl
             if text is None or r.line is None:
                 c.reject(path, r.row, error or "unreadable")
                 continue
-            c.rows_kept += 1
+            assert r.record is not None  # a text is of a row
+            c.keep(path, r.row, r.record, plan.id_field)
             out.write(r.line)
             continue
         c.rows_left_out += 1
@@ -389,7 +422,7 @@ def _rejected(rows: Iterator[Row], base: int, listed: np.ndarray, plan: RowPlan,
               ) -> np.ndarray:
     """The rows ``base``... of a row group (``listed``: those the drop lists name) that decon read
     no text of, from the next ``len(listed)`` rows of the row reader's ``rows``: a mask, each
-    such row rejected into ``c``."""
+    such row rejected into ``c``, each other unlisted row kept there."""
     mask = np.zeros(len(listed), dtype=bool)
     for i in range(len(listed)):
         item = next(rows, None)
@@ -400,27 +433,30 @@ def _rejected(rows: Iterator[Row], base: int, listed: np.ndarray, plan: RowPlan,
         if listed[i]:
             continue
         text, why = plan.text.extract(record) if record is not None else (None, error)
-        if text is None:
+        if text is None or record is None:
             mask[i] = True
             c.reject(path, row, why or "unreadable")
+        else:
+            c.keep(path, row, record, plan.id_field)
     return mask
 
 
 def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: str, rows: Iterator[Row],
-                 rejects: storage.BinaryWriter | None = None) -> FileStats:
+                 lists: UnitLists = UnitLists()) -> FileStats:
     """Write the parquet file ``f`` to ``out`` as ``plan`` says, a row group at a time (one row
     group written per row group read, empty ones left out), with its schema (field order,
     types, metadata) and compression: row mode filters each row group (``Table.filter``);
     span mode replaces each listed row by its pieces (:func:`row_pieces`). ``rows``: the same
     file's rows as the row reader reads them (:func:`~refinery.transforms.io.rows.iter_rows`,
-    its text columns): a row decon read no text of is left out, its reason to ``rejects``."""
+    its text and id columns): a row decon read no text of is left out, its reason to
+    ``lists.rejects``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(f)
     meta = pf.metadata
     drop = np.fromiter(sorted(plan.drop), dtype=np.int64, count=len(plan.drop))
-    c = _Counts(rejects)
+    c = _Counts(lists)
     writer = pq.ParquetWriter(pa.PythonFile(PositionedWriter(out), mode="w"), pf.schema_arrow, compression=_codec(meta))
     base = 0
     for g in range(meta.num_row_groups):
@@ -431,7 +467,6 @@ def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: s
         left_out = int(listed.sum())
         c.rows_read += n
         c.rows_left_out += left_out
-        c.rows_kept += n - left_out - int(rejected.sum())
         if left_out and plan.rules is not None:
             table = _cut_group(table, base, listed, rejected, plan, c, path)
         elif left_out or rejected.any():
@@ -444,17 +479,18 @@ def copy_parquet(f: IO[bytes], out: storage.BinaryWriter, plan: RowPlan, path: s
 
 
 def copy_file(path: str, out: storage.BinaryWriter, plan: RowPlan, max_row_bytes: int,
-              rejects: storage.BinaryWriter | None = None) -> FileStats:
+              lists: UnitLists = UnitLists()) -> FileStats:
     """The copy of the training file ``path`` (a :data:`FORMATS` file) into ``out``; the rows
-    decon read no text of go to ``rejects``."""
+    it lists go to ``lists``."""
     if storage.has_suffix(path, ".parquet"):
         with storage.open_read(path) as f:
-            rows = iter_rows(path, columns=list(plan.text.fields()), max_row_bytes=max_row_bytes)
-            return copy_parquet(f, out, plan, path, rows, rejects)
+            columns = [*plan.text.fields(), plan.id_field]  # the columns prep reads
+            rows = iter_rows(path, columns=columns, max_row_bytes=max_row_bytes)
+            return copy_parquet(f, out, plan, path, rows, lists)
     if not storage.has_suffix(path, *FORMATS):
         raise ValueError(f"{path}: clean copies {', '.join(FORMATS)} files only")
     with open_lines(path, compression="infer") as f, compressed_writer(out, path) as w:
-        return copy_jsonl(jsonl_lines(f, max_row_bytes), w, plan, path, rejects)
+        return copy_jsonl(jsonl_lines(f, max_row_bytes), w, plan, path, lists)
 
 
 # ---------------------------------------------------------------------------------------
@@ -506,7 +542,8 @@ class CleanStage(Stage[CleanPayload, FileStats]):
         # rows_without_text: a row decon read no text of is left out and listed (before, it was copied)
         settings = {**cfg.text.identity(), "id_field": cfg.id_field, "max_row_bytes": cfg.max_row_bytes,
                     "exclude": cfg.exclude.identity(), "gzip_level": GZIP_LEVEL, "zstd_level": ZSTD_LEVEL,
-                    "relpaths": short_hash([f.relpath for f in cfg.inputs]), "rows_without_text": "rejected/1"}
+                    "relpaths": short_hash([f.relpath for f in cfg.inputs]), "rows_without_text": "rejected/1",
+                    **({"piece_ids": "listed/1"} if cfg.exclude.rules is not None else {})}
         return StageConfig(settings, [f.fingerprint() for f in cfg.inputs])
 
     def make_plan(self) -> list[Unit[CleanPayload]]:
@@ -520,8 +557,13 @@ class CleanStage(Stage[CleanPayload, FileStats]):
         plan = RowPlan(exclude.rows_of(p["path"]), exclude.spans_of(p["path"]) if exclude.rules else {},
                        exclude.rules, cfg.text_field, cfg.id_field, cfg.text)
         with ctx.open_write(ctx.output_path(p["relpath"])) as out, \
-                ctx.open_write(ctx.part_path(rejects_part(unit.id))) as rejects:
-            stats = copy_file(p["path"], out, plan, cfg.max_row_bytes, rejects)
+                ctx.open_write(ctx.part_path(rejects_part(unit.id))) as rejects, contextlib.ExitStack() as more:
+            if exclude.rules is not None:  # span mode: the ids piece_ids compares
+                lists = UnitLists(rejects, more.enter_context(ctx.open_write(ctx.part_path(piece_ids_part(unit.id)))),
+                                  more.enter_context(ctx.open_write(ctx.part_path(formed_ids_part(unit.id)))))
+            else:
+                lists = UnitLists(rejects)
+            stats = copy_file(p["path"], out, plan, cfg.max_row_bytes, lists)
         check_unchanged(p)  # what was read is what was planned
         return stats
 
@@ -534,6 +576,27 @@ def rejects_part(unit_id: str) -> str:
     """A clean unit's rejected rows (prep's rejects lines), which the manifest unit gathers into
     :data:`REJECTS`."""
     return f"{unit_id}.rejects.jsonl"
+
+
+def piece_ids_part(unit_id: str) -> str:
+    """Span mode: a clean unit's list of the ids of the pieces it wrote."""
+    return f"{unit_id}.piece_ids.jsonl"
+
+
+def formed_ids_part(unit_id: str) -> str:
+    """Span mode: a clean unit's list of the ids of a piece's form of the rows it kept."""
+    return f"{unit_id}.formed_ids.jsonl"
+
+
+def check_clean_piece_ids(clean: StageRun, receipts: Mapping[str, Mapping[str, Any]]) -> None:
+    """Span mode: no piece's id is the id of a row kept as it is, in any file of the copy
+    (:func:`~refinery.transforms.prep.piece_ids.check_piece_ids` over the units' lists;
+    ``receipts``: each unit's stats); :class:`RuntimeError` naming both rows."""
+    def files(part: Any, key: str) -> tuple[list[str], int]:
+        ids = [u for u, s in receipts.items() if s.get(key)]
+        return [storage.join(clean.parts_dir, part(u)) for u in ids], sum(int(receipts[u][key]) for u in ids)
+
+    check_piece_ids(*files(piece_ids_part, "pieces"), *files(formed_ids_part, "piece_form_ids"))
 
 
 class CleanManifestPayload(TypedDict):
@@ -606,18 +669,21 @@ class CleanManifestStage(Stage[CleanManifestPayload, CleanManifestStats]):
     def run_unit(self, unit: Unit[CleanManifestPayload], ctx: UnitContext) -> CleanManifestStats:
         clean = ctx.upstream("clean")
         files: list[dict[str, Any]] = []
+        stats_of: dict[str, Mapping[str, Any]] = {}
         with ctx.open_write(ctx.output_path(REJECTS)) as rejects:
             for u in clean.stage.plan():
                 c = clean.check(u.id)
                 if not c.done:
                     raise RuntimeError(f"clean unit {u.id} ({u.payload['path']}) is not complete: {c.reason}")
-                stats = c.done_receipt()["stats"]
+                stats = stats_of[u.id] = c.done_receipt()["stats"]
                 files.append({"train_path": u.payload["path"], "output_path": u.payload["relpath"],
                               **{k: stats[k] for k in FILE_KEYS if k in stats}})
                 if stats.get("rows_rejected"):
                     with storage.open_read(storage.join(clean.parts_dir, rejects_part(u.id))) as f:
                         while block := f.read(1 << 20):
                             rejects.write(block)
+        if self.cfg.exclude.rules is not None:
+            check_clean_piece_ids(clean, stats_of)
         manifest = build_manifest(self.cfg, files, ctx.run.stage_hash)
         ctx.write_bytes(ctx.output_path(MANIFEST), (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode())
         ctx.write_bytes(ctx.output_path(SUCCESS), b"")

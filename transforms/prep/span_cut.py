@@ -106,5 +106,6 @@ def cut_row(length: int, spans: np.ndarray, rules: SpanRules) -> RowCut:
 def piece_id(row_id: str, start: int) -> str:
     """A piece's document id: the row's id, ``@``, and the code point the piece starts at in
     the row's text (``doc-7@0``, ``doc-7@1834``): unique in the row, and it says where the
-    piece came from."""
+    piece came from. A real row may have such an id too: :mod:`.piece_ids` fails the run on
+    one that is a piece's."""
     return f"{row_id}@{start}"

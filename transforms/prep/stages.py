@@ -20,6 +20,7 @@ document's position recorded in the spill.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from array import array
@@ -51,6 +52,7 @@ from refinery.transforms.prep.documents import (
     shard_of,
 )
 from refinery.transforms.prep.exclusion import Exclusion
+from refinery.transforms.prep.piece_ids import check_piece_ids, has_piece_form, id_line
 from refinery.transforms.prep.span_cut import cut_row, piece_id
 from refinery.transforms.resumable import (
     Stage,
@@ -308,6 +310,7 @@ class TokenizeStats(_TokenizeStatsBase, total=False):
     rows_dropped: int  # span mode: listed rows dropped whole (more holes than --exclude-max-splits, unread by decon)
     pieces_too_short: int  # span mode: pieces under --exclude-min-chars (or blank once normalized), dropped
     chars_removed: int  # span mode: characters of listed rows not kept
+    piece_form_ids: int  # span mode: documents of rows kept whose id has a piece's form (piece_ids.has_piece_form)
     corrupt_files: list[CorruptFile]  # files cut short or corrupt (only when there are)
     encoder_fallbacks: int  # documents the fast encoder refused, encoded by tiktoken
     without_id: int  # accepted documents whose row has no --id-field value: named relpath:row (only when there are)
@@ -352,7 +355,12 @@ class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
                 "num_shards": self.cfg.num_shards, "row_groups_per_unit": self.cfg.row_groups_per_unit,
                 "unit_bytes": self.cfg.unit_bytes, "normalize": TEXT_NORMALIZATION, "source": self.cfg.source,
                 "max_row_bytes": self.cfg.max_row_bytes,
-                **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {}), **self._relpaths()}
+                **({"exclude": self.cfg.exclude.identity()} if self.cfg.exclude else {}), **self._relpaths(),
+                **({"piece_ids": "listed/1"} if self._span else {})}  # piece_ids: the lists piece_ids checks
+
+    @property
+    def _span(self) -> bool:
+        return self.cfg.exclude is not None and self.cfg.exclude.rules is not None
 
     def _relpaths(self) -> dict[str, Any]:
         """The inputs' paths relative to the folder the user named (a row without an id is
@@ -432,8 +440,12 @@ class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
             check_unchanged(p)
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.spillnames")) as names_out, \
-                ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, gc_paused():
+                ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, \
+                contextlib.ExitStack() as lists, gc_paused():
             tally = _UnitTally(cfg, enc, spill.SpillWriter(tokens_out, names_out=names_out), ctx)
+            if self._span:  # every piece's id, and the ids of a piece's form of the rows kept (piece_ids)
+                tally.piece_ids = lists.enter_context(ctx.open_write(ctx.part_path(piece_ids_part(unit.id))))
+                tally.formed_ids = lists.enter_context(ctx.open_write(ctx.part_path(formed_ids_part(unit.id))))
             for p in pieces:
                 tally.read_piece(p, self._row_base(unit, p, ctx), rejects_out)
             tally.encode_batch()
@@ -466,6 +478,9 @@ class _UnitTally:
         self.cut = dict.fromkeys(SPAN_COUNTS, 0)
         self.tokens = self.chars = self.without_id = 0
         self.corrupt: list[CorruptFile] = []  # files cut short or corrupt
+        self.piece_ids: storage.BinaryWriter | None = None  # span mode: each piece's id (piece_ids)
+        self.formed_ids: storage.BinaryWriter | None = None  # span mode: each kept row's id of a piece's form
+        self.formed = 0
         self._new_batch()
 
     def _new_batch(self) -> None:
@@ -500,6 +515,9 @@ class _UnitTally:
                 continue
             if record is not None and record.get(cfg.id_field) is None:  # (a document is of a dict row)
                 self.without_id += 1
+            if self.formed_ids is not None and has_piece_form(doc.doc_id):
+                self.formed_ids.write(id_line(doc.doc_id, path, row_base + row))
+                self.formed += 1
             self._add(doc)
 
     def _cut(self, record: dict[str, Any] | None, path: str, row: int, relpath: str,
@@ -533,7 +551,10 @@ class _UnitTally:
                 continue
             self.cut["pieces"] += 1
             self.normalize.plain = False
-            self._add(Document(piece_id(row_id, a), piece_text, path, row), shard)
+            doc_id = piece_id(row_id, a)
+            if self.piece_ids is not None:
+                self.piece_ids.write(id_line(doc_id, path, row))
+            self._add(Document(doc_id, piece_text, path, row), shard)
 
     def _reject(self, doc: Rejected, path: str, error: str | None, rejects_out: storage.BinaryWriter) -> None:
         if doc.empty:
@@ -582,6 +603,7 @@ class _UnitTally:
                 stats["pieces"], stats["rows_split"], stats["rows_dropped"] = \
                     c["pieces"], c["rows_split"], c["rows_dropped"]
                 stats["pieces_too_short"], stats["chars_removed"] = c["pieces_too_short"], c["chars_removed"]
+                stats["piece_form_ids"] = self.formed
         if self.corrupt:
             stats["corrupt_files"] = self.corrupt
         if encoder_fallbacks is not None:  # documents the fast encoder refused, encoded by tiktoken
@@ -589,6 +611,16 @@ class _UnitTally:
         if self.without_id:
             stats["without_id"] = self.without_id
         return stats
+
+
+def piece_ids_part(unit_id: str) -> str:
+    """Span mode: a tokenize unit's list of its pieces' ids (:func:`~.piece_ids.id_line` each)."""
+    return f"{unit_id}.piece_ids.jsonl"
+
+
+def formed_ids_part(unit_id: str) -> str:
+    """Span mode: a tokenize unit's list of the ids of a piece's form of the rows it kept."""
+    return f"{unit_id}.formed_ids.jsonl"
 
 
 def check_unchanged(payload: Mapping[str, Any]) -> None:
@@ -866,6 +898,8 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
         counts = {"rows_read": 0, "accepted": 0, "empty": 0, "rejected": 0, "excluded": 0, "without_id": 0,
                   **dict.fromkeys(SPAN_COUNTS, 0)}
         corrupt: list[CorruptFile] = []
+        if cfg.exclude is not None and cfg.exclude.rules is not None:
+            check_tokenize_piece_ids(tk, cfg.max_tokens)
         with ctx.open_write(ctx.output_path("rejects/rejects.jsonl")) as out:
             for u, receipt, _ in _tokenize_inputs(tk, cfg.max_tokens):
                 s = receipt["stats"]
@@ -910,6 +944,24 @@ class ManifestStage(Stage[ManifestPayload, ManifestStats]):
         remove_stale_shards(cfg.output, {s[k] for s in entries for k in ("path", "index_path", "docs_path")})
         ctx.write_bytes(ctx.output_path(manifests.MANIFEST), manifests.manifest_json(manifest))
         return manifest_stats(manifest["total_tokens"], written, rows)
+
+
+def check_tokenize_piece_ids(tk: StageRun, max_tokens: int | None) -> None:
+    """Span mode: no piece's id is the id of a row kept as a document
+    (:func:`~.piece_ids.check_piece_ids` over the lists of the tokenize units the output
+    includes); :class:`RuntimeError` naming both rows."""
+    pieces: list[str] = []
+    formed: list[str] = []
+    piece_count = formed_count = 0
+    for u, receipt, _ in _tokenize_inputs(tk, max_tokens):
+        s = receipt["stats"]
+        if s.get("pieces"):
+            pieces.append(storage.join(tk.parts_dir, piece_ids_part(u.id)))
+            piece_count += int(s["pieces"])
+        if s.get("piece_form_ids"):
+            formed.append(storage.join(tk.parts_dir, formed_ids_part(u.id)))
+            formed_count += int(s["piece_form_ids"])
+    check_piece_ids(pieces, piece_count, formed, formed_count)
 
 
 def remove_stale_shards(output: str, listed: set[str]) -> list[str]:
