@@ -84,3 +84,37 @@ def test_exclusion_agrees_through_the_link_or_not(tmp_path: Path, capsys: pytest
     assert _decon(blobs, evals, tmp_path / "decon2") == 0  # and the other way round
     assert run_prep([links], tmp_path / "clean2", "--exclude-overlaps", tmp_path / "decon2") == 0
     assert json.loads((tmp_path / "clean2" / "manifest.json").read_text())["rows"]["excluded"] == 1
+
+
+def test_one_file_named_several_ways_is_one_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Before: `--input a.jsonl train/../train/a.jsonl` read the 54 rows twice (108 documents).
+    Now a file is one input however it is spelled (``..``, a link, a hard link, a folder and a
+    file in it), kept under one spelling whatever the arguments' order, with one warning line."""
+    a = write_jsonl(tmp_path / "train" / "a.jsonl", [{"id": f"r{i}", "text": f"row {i} of a"} for i in range(54)])
+    write_jsonl(tmp_path / "train" / "sub" / "b.jsonl", [{"id": "b0", "text": "the one row of b"}])
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "a.jsonl").symlink_to(a)
+    os.link(a, tmp_path / "hard.jsonl")
+    spellings = [str(a), str(tmp_path / "train" / ".." / "train" / "a.jsonl"), str(tmp_path / "links"),
+                 str(tmp_path / "hard.jsonl"), str(tmp_path / "train" / "sub"), str(tmp_path / "train")]
+    listed = storage.expand_inputs(spellings)
+    assert [(f.path, f.relpath) for f in listed] == [(str(a), "a.jsonl"), (str(tmp_path / "train" / "sub" / "b.jsonl"),
+                                                                           "b.jsonl")]
+    assert storage.expand_inputs(spellings[::-1]) == listed  # the same spelling kept, whatever the order
+    caplog.clear()
+    assert run_prep(spellings[:2], tmp_path / "out", "--num-shards", 1) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["rows"]["read"] == manifest["total_documents"] == 54
+    assert [r.getMessage() for r in caplog.records if "named more than once" in r.getMessage()] == [
+        f"1 input file(s) named more than once, each read once, as its first spelling here: {a} (also {spellings[1]})"]
+    capsys.readouterr()
+    evals = write_jsonl(tmp_path / "eval" / "test.jsonl", [{"id": "t0", "text": "row 7 of a"}])
+    assert main(["decon", "--eval", str(evals), str(tmp_path / "eval" / ".." / "eval"), "--train", *spellings[:4],
+                 "--output", str(tmp_path / "decon"), "--ngrams", "3", "--min-eval-tokens", "0", "--runner", "direct",
+                 "--no-progress"]) == 0
+    said = capsys.readouterr()
+    assert "training rows: read 54 = used 54" in said.out and "eval rows: read 1 = used 1" in said.out
+    [hit] = [json.loads(line) for line in (tmp_path / "decon" / "stats" / "contaminated_train_docs.jsonl")
+             .read_text().splitlines()]
+    assert (hit["train_path"], hit["train_row"]) == (str(a), 7)

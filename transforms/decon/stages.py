@@ -835,11 +835,12 @@ def foreign_details(output: str) -> list[str]:
 
 def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[storage.InputFile]:
     """:func:`storage.expand_inputs`, but each file's path spelled from the argument the user gave
-    (a relative folder stays relative), so that output paths are as given. Files skipped
-    for their extension are appended to ``skipped``."""
+    (a relative folder stays relative), so that output paths are as given; one file named
+    several ways is one input (:func:`storage.one_per_file`). Files skipped for their
+    extension are appended to ``skipped``."""
     import glob as globlib
 
-    out: dict[str, storage.InputFile] = {}
+    out: list[storage.InputFile] = []
     for arg in args:
         for f in storage.expand_inputs([arg], skipped=skipped):
             if globlib.has_magic(arg):
@@ -851,8 +852,8 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
                 path = arg
             else:
                 path = f"{arg.rstrip('/')}/{f.relpath}"
-            out.setdefault(path, storage.InputFile(path, f.relpath, f.size, f.version))
-    return sorted(out.values(), key=lambda f: f.path)
+            out.append(storage.InputFile(path, f.relpath, f.size, f.version))
+    return storage.one_per_file(out)
 
 
 def input_stages(stages: list[Stage[Any, Any]]) -> tuple[IndexStage, ScanStage]:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import fnmatch
 import glob as globlib
+import logging
 import os
 import posixpath
 import stat
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from .paths import (
     InputError,
@@ -150,12 +151,13 @@ def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
     hidden names (``.x``, ``_SUCCESS``); the other files they hold are appended to
     ``skipped`` (for :func:`skipped_note`). A folder written by ``datasets``' ``save_to_disk``
     gives its ``.arrow`` files. A file named explicitly must have a data suffix. Results
-    are sorted by path and unique. Raises :class:`InputError` naming any argument that
+    are sorted by path and unique, one per file however spelled (:func:`one_per_file`: a
+    warning line names a file named twice). Raises :class:`InputError` naming any argument that
     matches nothing. Inside :func:`offline`, remote arguments are not listed but kept in its
     ``unlisted``.
     """
     skipped = [] if skipped is None else skipped
-    found: dict[str, InputFile] = {}
+    found: list[InputFile] = []
     for arg in paths:
         if (state := offline_state()) is not None and is_remote(arg):
             state.unlisted.append(arg)
@@ -198,5 +200,48 @@ def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
             raise InputError(f"{arg}: contains no data files ({', '.join(suffixes)})")
         for full, rel, info in matches:
             info = _target_info(full, info)
-            found.setdefault(full, InputFile(full, rel, int(info.get("size") or 0), _version(info)))
-    return sorted(found.values(), key=lambda f: f.path)
+            found.append(InputFile(full, rel, int(info.get("size") or 0), _version(info)))
+    return one_per_file(found)
+
+
+def file_identity(path: str) -> tuple[str | int, ...]:
+    """What makes two spellings one file: a local file's device and inode (links followed: a
+    link and its target, a hard link, ``a/../a/x`` are one), its resolved path when it cannot
+    be stat'ed (a dangling link); a remote object's path, its scheme's aliases as one."""
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return ("remote", "gs" if scheme == "gcs" else scheme, rest)
+    try:
+        st = os.stat(_local(path))
+    except OSError:
+        return ("path", os.path.realpath(_local(path)))
+    return ("file", st.st_dev, st.st_ino)
+
+
+def spelling_order(f: InputFile) -> tuple[int, str, bool, int, str]:
+    """Which of one file's spellings is kept: the shortest relpath (what ``relpath:row`` ids are
+    made of), then one that is the file's own path (no link, no ``..`` on the way), then the
+    shortest path, then the first in order: the same one whatever the order of the arguments."""
+    own = is_remote(f.path) or os.path.abspath(_local(f.path)) == os.path.realpath(_local(f.path))
+    return (len(f.relpath), f.relpath, not own, len(f.path), f.path)
+
+
+def one_per_file(files: Iterable[InputFile], shown: int = 3) -> list[InputFile]:
+    """``files``, one per file however it is spelled (:func:`file_identity`), sorted by path. Of a
+    file named several ways the spelling :func:`spelling_order` puts first is kept, and one
+    warning line (for all of them) names the others: read twice, its rows would be two
+    documents each."""
+    by_file: dict[tuple[str | int, ...], list[InputFile]] = {}
+    for f in files:
+        by_file.setdefault(file_identity(f.path), []).append(f)
+    kept, twice = [], []
+    for spellings in by_file.values():
+        spellings = sorted(set(spellings), key=spelling_order)
+        kept.append(spellings[0])
+        if len({f.path for f in spellings}) > 1:
+            twice.append(f"{spellings[0].path} (also {', '.join(f.path for f in spellings[1:])})")
+    if twice:
+        logging.getLogger("refinery").warning(
+            "%d input file(s) named more than once, each read once, as its first spelling here: %s%s", len(twice),
+            "; ".join(sorted(twice)[:shown]), f"; and {len(twice) - shown} more" if len(twice) > shown else "")
+    return sorted(kept, key=lambda f: f.path)
