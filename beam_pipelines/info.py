@@ -7,8 +7,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from refinery.beam_pipelines.verify import manifest_path, output_of
+from refinery.beam_pipelines.verify import manifest_path, output_of, runs_below
 from refinery.transforms.formats.failed_run import failed_line, read_failed
+from refinery.transforms.formats.manifests import MANIFEST
 from refinery.transforms.io import storage
 
 
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     try:
         m = storage.read_json(path)
     except FileNotFoundError:
-        print(f"refinery info: {path}: not found (give a prep output folder or its manifest.json)", file=sys.stderr)
+        print(f"refinery info: {path}: not found (give a prep output folder or its manifest.json)"
+              + runs_below(output_of(path), (MANIFEST,)), file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"refinery info: {path}: not valid JSON ({e})", file=sys.stderr)

@@ -42,6 +42,16 @@ def output_of(path: str) -> str:
     return storage.dirname(path) if storage.basename(path) == MANIFEST else path
 
 
+def runs_below(folder: str, names: tuple[str, ...] = storage.RUN_MARKERS, shown: int = 3) -> str:
+    """``; it holds other runs' outputs below it: A, B (give one of them)`` for a folder that is
+    no run itself (the first ``shown``, bounded search: :func:`storage.folders_holding`), or ""."""
+    below = storage.folders_holding(folder, names, limit=shown + 1)
+    if not below:
+        return ""
+    return (f"; it holds other runs' outputs below it: {', '.join(below[:shown])}"
+            + (" and more" if len(below) > shown else "") + " (give one of them)")
+
+
 def _report(problems: list[str], notes: list[str]) -> int:
     for n in notes:
         print(f"NOTE {n}")
@@ -85,8 +95,8 @@ def _missing_manifest(path: str, output: str) -> int:
     of a command that writes no manifest). 1 when its folder holds a run with problems, else 2."""
     run_json = storage.join(output, META_DIR, "run.json")
     if not storage.exists(run_json):
-        print(f"refinery verify: {path}: missing, and {output} holds no refinery run (no {run_json})",
-              file=sys.stderr)
+        print(f"refinery verify: {path}: missing, and {output} holds no refinery run (no {run_json})"
+              + runs_below(output), file=sys.stderr)
         return 2
     try:
         command = " ".join(["refinery", str(storage.read_json(run_json).get("command") or "")]).strip()
@@ -128,7 +138,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         run_json = storage.join(output, META_DIR, "run.json")
         if not storage.exists(run_json):
             print(f"refinery verify: {path}: not found, and no {run_json} (give a prep output folder or its "
-                  "manifest.json, or a decon, generate or hydra output folder)", file=sys.stderr)
+                  "manifest.json, or a decon, generate or hydra output folder)" + runs_below(output), file=sys.stderr)
             return 2
         if failed := _report(verify_run(output, s.checksums, notes) + unlisted_details(output), notes):
             return failed

@@ -229,7 +229,8 @@ def test_an_epoch_shorter_than_a_global_batch_is_said(tmp_path: Path) -> None:
         build_loader(LoaderConfig(str(toml), str(root), seq_len=SEQ, batch_size=4), rank=0, world_size=2)
 
 
-def test_the_loader_reads_exactly_the_shards_its_manifest_lists(tmp_path: Path, small_corpus: Path) -> None:
+def test_the_loader_reads_exactly_the_shards_its_manifest_lists(tmp_path: Path, small_corpus: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Before: a glob of **/*.npy read the shards of runs nested inside the output (and a stray
     .npy), and a folder without a manifest said only that it had none."""
     from helpers import run_prep
@@ -253,6 +254,13 @@ def test_the_loader_reads_exactly_the_shards_its_manifest_lists(tmp_path: Path, 
     with pytest.raises(FileNotFoundError, match=f"{parent / 'c'}: no manifest.json here.* other runs' outputs "
                                                 f"\\({parent / 'c' / 'a' / 'manifest.json'}\\): give one of them"):
         prep_output_loader(str(parent / "c"), seq_len=SEQ)
+    from refinery.beam_pipelines.cli import main
+
+    capsys.readouterr()
+    for command in ("verify", "info"):  # they name the runs below too
+        assert main([command, str(parent / "c")]) == 2
+        assert capsys.readouterr().err.strip().endswith(
+            f"; it holds other runs' outputs below it: {parent / 'c' / 'a'} (give one of them)")
     shard = parent / "c" / "a" / listed["shards"][1]["path"]
     shard.write_bytes(shard.read_bytes()[:-8])  # cut short
     with pytest.raises(ValueError, match=f"{shard}: [0-9,]+ bytes, not the [0-9,]+ its [0-9,]+ tokens take "
