@@ -3,7 +3,8 @@
 ``refinery status OUT`` (or ``OUT/manifest.json``) reads ``OUT/.refinery/run.json`` and checks
 every planned unit's receipt the way the planner does (receipt completed, same plan, every
 file present with its recorded size; ``--checksums`` also re-hashes them): a truncated or
-deleted output shows as pending, not done.
+deleted output shows as pending, not done. A run that failed (its ``FAILED.json``: prep or
+decon exited 1 with every unit done) gets a ``FAILED`` line naming why.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from refinery.transforms.formats.failed_run import failed_line, read_failed
 from refinery.transforms.io import storage
 from refinery.transforms.resumable import stage_status
 
@@ -48,4 +50,6 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         idle = "  (not needed: the stages after it are complete)" if r["pending"] and not r["needed"] else ""
         print(f"{r['stage']:10} {r['stage_hash']:16} {r['units']:>7} {r['done']:>7} {r['failed']:>7} "
               f"{r['pending']:>7}{idle}")
+    if (record := read_failed(output)) is not None:  # units all done, and yet the run failed
+        print(f"FAILED {failed_line(output, record)}")
     return 0

@@ -59,6 +59,8 @@ def test_a_failed_prep_is_refused_by_verify_info_and_the_loader(
         assert f"refinery info: {out}: the refinery prep run failed" in _said(capsys)
         with pytest.raises(FailedRunError, match=f"{out}: the refinery prep run failed .*corrupt input file"):
             prep_output_loader(str(given), seq_len=8)
+    assert main(["status", str(out)]) == 0
+    assert f"FAILED {out}: the refinery prep run failed" in capsys.readouterr().out
     assert run_prep([tmp_path / "in"], out, "--num-shards", 2) == 1  # the same command: the same verdict
     assert not (out / "manifest.json").exists() and (out / "FAILED.json").exists()
     capsys.readouterr()
