@@ -54,7 +54,7 @@ from refinery.transforms.formats.failed_run import CorruptFile, clear_failed, ma
 from refinery.transforms.io import storage
 from refinery.transforms.io.hf import materialize_split
 from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES
-from refinery.transforms.io.text import TextSpec
+from refinery.transforms.io.text import DEFAULT_MATCH_FOLD, MATCH_FOLDS, TextSpec
 from refinery.transforms.resumable import JobResult, Stage, StageRun
 from refinery.transforms.resumable.ledger import META_DIR
 from refinery.transforms.resumable.units import Unit
@@ -62,6 +62,12 @@ from refinery.transforms.resumable.units import Unit
 # what the local runner's warm worker process imports ahead (runners.warm_workers)
 WORKER_IMPORTS = ("refinery.transforms.decon.stages",)
 
+MATCH_FOLD_HELP = ("the key both sides' normalized text is folded to before n-grams are matched (offsets still "
+                   "index the rows' text as read; prep and clean keep the text as it is). nfkc-cf (default): format "
+                   "characters (Unicode Cf: soft hyphen, zero-width space and joiners, word joiner, BOM, ...) "
+                   "dropped, then NFKC (fullwidth letters, ligatures such as \ufb01 -> fi, superscripts): text that "
+                   "is the same to a reader, or to an NFKC tokenizer, matches; none: the normalized text as it is "
+                   "(HELM's exact text)")
 EPILOG = """\
 examples:
   refinery decon --eval decontamination/ --train corpus/ --output out/decon --ngrams 5 9 13
@@ -84,6 +90,12 @@ or with --eval-dataset-field FIELD its own FIELD; AI2 decon's reference files, o
 several benchmarks, read as they are:
   refinery decon --eval ai2_eval.jsonl --eval-dataset-field eval_key \\
       --eval-text-template '{question}' --train corpus/ --output out/decon
+
+Matching: both sides' text is normalized as prep normalizes it (CR LF as LF, controls
+dropped, NFC, ends stripped), then folded to the match key (--match-fold nfkc-cf: format
+characters dropped, NFKC; none: as it is), and the n-grams of that are matched; offsets in
+the details and spans index the rows' text as read. HELM's method exactly, on text the
+normalization leaves alone: --match-fold none --min-eval-tokens 0.
 """
 
 
@@ -152,6 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="n-gram lengths (default: 13); rows shorter than n use their one min(n, len)-gram")
     m.add_argument("--tokenizer", default="default", choices=["default", "whitespace", "no_lowercase"],
                    help="default: HELM's lower() + split on runs of whitespace/ASCII punctuation")
+    m.add_argument("--match-fold", choices=MATCH_FOLDS, default=DEFAULT_MATCH_FOLD, help=MATCH_FOLD_HELP)
     m.add_argument("--max-train-count", type=int, default=None, metavar="K",
                    help="ignore n-grams found in more than K training documents (HELM's frequency filter)")
     m.add_argument("--max-ngram-details", type=_count_or_none, default=100_000, metavar="D",
@@ -197,6 +210,7 @@ class DeconFlags:
     max_reject_rate: float | None = None
     ngrams: tuple[int, ...] = (13,)
     tokenizer: str = "default"
+    match_fold: str = DEFAULT_MATCH_FOLD
     max_train_count: int | None = None
     max_ngram_details: int | None = 100_000
     min_eval_tokens: int = 5
@@ -216,7 +230,8 @@ def flags_from_args(args: argparse.Namespace) -> DeconFlags:
         eval_text_template=args.eval_text_template, train_text_field=args.train_text_field,
         train_text_template=args.train_text_template, id_field=args.id_field, max_row_bytes=args.max_row_bytes,
         verify_inputs_by_content=args.verify_inputs_by_content, max_reject_rate=args.max_reject_rate,
-        ngrams=tuple(args.ngrams), tokenizer=args.tokenizer, max_train_count=args.max_train_count,
+        ngrams=tuple(args.ngrams), tokenizer=args.tokenizer, match_fold=args.match_fold,
+        max_train_count=args.max_train_count,
         max_ngram_details=args.max_ngram_details, min_eval_tokens=args.min_eval_tokens,
         details_format=args.details_format, partitions=args.partitions, slice_mb=args.slice_mb,
         report_examples=args.report_examples, run=RunFlags.from_args(args))
@@ -248,6 +263,7 @@ def stage_settings(flags: DeconFlags) -> DeconSettings:
         report_examples=flags.report_examples, details_format=flags.details_format,
         max_row_bytes=flags.max_row_bytes, verify_inputs_by_content=flags.verify_inputs_by_content,
         min_eval_tokens=flags.min_eval_tokens, eval_dataset_field=flags.eval_dataset_field,
+        match_fold=flags.match_fold,
     )
 
 

@@ -121,6 +121,7 @@ def exclusion_header(exclude: Exclusion | None, unscanned: list[str]) -> str:
     return ("".join(f"\n  {how} the training rows that {s.output} found overlapping: its drop list is {s.sha256}"
                     if s.sha256 == UNREAD else
                     f"\n  {how} {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
+                    + (f" (matched under --match-fold {s.match_fold})" if s.match_fold else "")
                     + (f", and {'excluding ' if exclude.rules else ''}{s.unread:,} it could not read"
                        if s.unread else "")
                     for s in exclude.sources)

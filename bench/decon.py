@@ -21,11 +21,19 @@ process, is done before timing and printed apart.
 
     .venv/bin/python bench/decon.py [--copies 12] [--dense-copies 12] [--ngrams 5 9 13] [--repeat 3] [--scale]
     .venv/bin/python bench/decon.py --breakdown --copies 60 --files 8 --ngrams 13   # the time, 1 and 2 workers
+    .venv/bin/python bench/decon.py --fold-cost --copies 2 --ngrams 13   # --match-fold nfkc-cf vs none, the scan
 
 Each figure is the median of ``--repeat`` rounds, with the range of the ratios.
 
 ``--scale`` also measures the scan alone against a synthetic eval set of about 1M test
 n-grams (throughput should not depend on the number of eval n-grams).
+
+``--fold-cost`` measures only the cost of the match fold (``--match-fold nfkc-cf``, the
+default, against ``none``) on the scan (``scan_rows``: normalize, fold, tokenize, probe,
+verify, offsets, hit blocks), in a fresh process per run, on the sparse corpus as it is
+(ASCII: the fold's fast path) and with both sides written three other ways: accented
+(Latin letters with accents, NFC: a table lookup per character), fullwidth (every letter and
+digit fullwidth: each one mapped) and soft hyphens (one inside every word: each dropped).
 """
 from __future__ import annotations
 
@@ -254,6 +262,72 @@ def decon_breakdown(work: str, copies: int, files: int, ns: list[int], rounds: i
         print(f"  {part}: 2 workers / 1 worker {one / two:.2f}x")
 
 
+FOLD_CORPORA = ("ascii", "accented", "fullwidth", "soft hyphens")
+
+
+def written(texts: list[str], how: str) -> list[str]:
+    """``texts`` written as ``how`` says (:data:`FOLD_CORPORA`), the same way on both sides."""
+    if how == "accented":
+        table = str.maketrans({"e": "\u00e9", "a": "\u00e0", "o": "\u00f4", "u": "\u00fc", "c": "\u00e7"})
+        return [t.translate(table) for t in texts]
+    if how == "fullwidth":
+        table = str.maketrans({c: chr(ord(c) + 0xFEE0) for c in map(chr, range(0x21, 0x7F)) if c.isalnum()})
+        return [t.translate(table) for t in texts]
+    if how == "soft hyphens":
+        return [" ".join(w[:1] + "\u00ad" + w[1:] for w in t.split(" ")) for t in texts]
+    return texts
+
+
+def fold_scan(eval_texts: list[str], train_texts: list[str], ns: list[int], fold: str) -> tuple[float, float, int]:
+    """(CPU seconds of the scan, MB of training text, verified hits) under ``fold``; the
+    index is built and the fold's tables loaded before timing."""
+    from refinery.transforms.io.text import fold_text
+
+    fold_text("\u00e9", "nfkc-cf")  # the fold's lookup tables, once per process (not timed)
+    tok = ng.get_tokenizer("default", fold)
+    rows, _ = ng.eval_rows_of([("gsm8k", "e", i, {"id": str(i), "text": t}) for i, t in enumerate(eval_texts)],
+                              "text", "id", tok)
+    index = ng.NgramIndex.build(rows, {}, ns, "default", 16, match_fold=fold)
+    stats = ng.ScanStats()
+    t0 = time.process_time()
+    for hits in ng.scan_rows(((i, {"text": t}, None) for i, t in enumerate(train_texts)), text_field="text",
+                             tokenizer=tok, membership=index.membership, lookup=index.lookup, partitions=16,
+                             stats=stats):
+        list(ng.hit_blocks([ng.hit_groups(hits, "id")]))
+    return time.process_time() - t0, sum(len(t.encode()) for t in train_texts) / 1e6, stats.verified_hits
+
+
+def fold_cost(copies: int, ns: list[int], rounds: int) -> int:
+    """The scan's CPU seconds under --match-fold nfkc-cf against none, on each corpus of
+    :data:`FOLD_CORPORA`; exit 1 if the folds found other hits where the fold leaves the text
+    as it is (ASCII, accented NFC) or maps it one to one (fullwidth). With soft hyphens the
+    counts may differ: under none a hyphen after a punctuation mark is a token of its own."""
+    questions = [r["question"] for r in gsm8k_rows("test")]
+    train = sparse_training(copies)
+    from refinery.transforms.io.text import _fold_tables
+
+    t0 = time.process_time()
+    _fold_tables()
+    print(f"--fold-cost: sparse corpus ({copies} x GSM8K train, test questions planted), n = "
+          f"{' '.join(map(str, ns))}, the scan alone, {rounds} round(s), medians; load {os.getloadavg()[0]:.2f} on "
+          f"{os.cpu_count()} cores; the fold's tables, once per process: {time.process_time() - t0:.2f} CPU s")
+    same = True
+    for how in FOLD_CORPORA:
+        ev, tr = written(questions, how), written(train, how)
+        got: dict[str, list[tuple[float, float, int]]] = {"none": [], "nfkc-cf": []}
+        for r in range(rounds):
+            for fold in list(got)[::1 if r % 2 == 0 else -1]:  # each fold first in every other round
+                got[fold].append(fresh(fold_scan, ev, tr, ns, fold))
+        (s0, mb, hits0), (s1, _, hits1) = ((median(r[0] for r in got[f]), got[f][0][1], got[f][0][2]) for f in got)
+        same &= hits0 == hits1 or how == "soft hyphens"
+        ascii_rows = sum(t.isascii() for t in tr) / len(tr)
+        print(f"  {how:13s}: {mb:6.1f} MB, {ascii_rows:4.0%} ASCII rows  none {s0:6.2f} s {mb / s0:6.1f} MB/s   "
+              f"nfkc-cf {s1:6.2f} s {mb / s1:6.1f} MB/s   nfkc-cf / none {s1 / s0:4.2f}x "
+              f"[{min(a[0] / b[0] for a, b in zip(got['nfkc-cf'], got['none'])):.2f}-"
+              f"{max(a[0] / b[0] for a, b in zip(got['nfkc-cf'], got['none'])):.2f}]   hits {hits0:,} / {hits1:,}")
+    return 0 if same else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=12, help="copies of GSM8K train in the sparse-hits corpus")
@@ -266,12 +340,17 @@ def main() -> int:
                          "and the barriers between them, exit) with 1 and 2 workers, on the sparse corpus "
                          "(--copies) in --files files")
     ap.add_argument("--files", type=int, default=8, help="training files of --breakdown (default 8)")
+    ap.add_argument("--fold-cost", action="store_true",
+                    help="only the match fold's cost on the scan: --match-fold nfkc-cf against none, on the sparse "
+                         "corpus (--copies) as it is (ASCII) and written accented, fullwidth and with soft hyphens")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="decon-bench-")
     if a.breakdown:
         decon_breakdown(work, a.copies, a.files, a.ngrams, a.repeat)
         return 0
+    if a.fold_cost:
+        return fold_cost(a.copies, a.ngrams, a.repeat)
     t0 = time.process_time()
     import apache_beam  # noqa: F401  (once per process; not part of either figure)
     print(f"Beam import: {time.process_time() - t0:.2f} CPU s, done before timing; load: "

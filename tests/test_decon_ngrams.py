@@ -19,6 +19,7 @@ import pytest
 from helpers import GSM8K_TEST, gsm8k_rows
 
 from refinery.transforms.decon import ngrams as ng
+from refinery.transforms.decon.ngrams.normalized import match_text
 from refinery.transforms.decon.ngrams.reduce import ReduceResult
 from refinery.transforms.formats.row_ids import content_id
 from refinery.transforms.io.rows import Row
@@ -264,15 +265,15 @@ def _eval_rows(texts: list[str], dataset: str = "ds") -> list[ng.EvalRow]:
 
 
 def _scan(eval_rows: list[ng.EvalRow], train_texts: list[str], ns: list[int], partitions: int = 4,
-          membership: ng.Membership | None = None, batch_bytes: int = 1 << 20
+          membership: ng.Membership | None = None, batch_bytes: int = 1 << 20, tok: ng.WordSplitter = DEFAULT
           ) -> tuple[list[ng.ScanHits], ng.ScanStats, dict[int, ng.Partition]]:
-    index = ng.build_index(eval_rows, ns, DEFAULT)
+    index = ng.build_index(eval_rows, ns, tok)
     parts = {p: ng.Partition(recs) for p, recs in ng.partition_records(index, partitions).items()}
     if membership is None:
         membership = ng.Membership([v[0] for v in index.values()], {k[0] for k in index}, {"ns": ns})
     stats = ng.ScanStats()
     batches = list(ng.scan_rows(((i, {"text": t}, None) for i, t in enumerate(train_texts)), text_field="text",
-                                tokenizer=DEFAULT, membership=membership,
+                                tokenizer=tok, membership=membership,
                                 lookup=lambda p: parts.get(p, ng.Partition([])), partitions=partitions, stats=stats,
                                 batch_bytes=batch_bytes))
     return batches, stats, parts
@@ -359,7 +360,8 @@ def _blocks_of(blocks: list[dict[str, Any]]) -> Iterator[tuple[int, str, int, di
 
 
 def _reduce(eval_rows: list[ng.EvalRow], batches: list[ng.ScanHits], parts: dict[int, ng.Partition], ns: list[int],
-            max_train_count: int | None = None) -> tuple[ReduceResult, list[dict[str, Any]]]:
+            max_train_count: int | None = None, tok: ng.WordSplitter = DEFAULT
+            ) -> tuple[ReduceResult, list[dict[str, Any]]]:
     """The reduce of every partition (blocks through a msgpack round trip, as on disk), then the merge."""
     blocks: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
     for p, block in ng.hit_blocks([ng.hit_groups(hits, "id") for hits in batches]):
@@ -371,7 +373,7 @@ def _reduce(eval_rows: list[ng.EvalRow], batches: list[ng.ScanHits], parts: dict
                                   partial(_blocks_of, blocks[p]),
                                   max_train_count, lambda lines: details.extend(map(json.loads, lines.splitlines())))
         results.append(msgpack.unpackb(msgpack.packb(res), strict_map_key=False))
-    return ng.merge_partitions(eval_rows, ns, results, DEFAULT), details
+    return ng.merge_partitions(eval_rows, ns, results, tok), details
 
 
 def test_reduce_max_train_count_and_empty_rows() -> None:
@@ -395,44 +397,65 @@ def test_reduce_max_train_count_and_empty_rows() -> None:
 # agreement with the straightforward implementation on real data
 # ---------------------------------------------------------------------------------------
 
-def _gsm8k(limit_train: int | None = None) -> tuple[list[ng.EvalRow], list[str]]:
+FOLDED_EVERY = 120  # _gsm8k's training rows with a test question the same to a reader only (soft hyphens, ligatures)
+
+
+def _gsm8k(limit_train: int | None = None, tok: ng.WordSplitter = DEFAULT
+           ) -> tuple[list[ng.EvalRow], list[str], dict[int, int]]:
+    """(eval rows, training texts, training row -> the eval row planted in it the same to a reader only)."""
     def read(path: str) -> Iterator[Row]:
         with gzip.open(path, "rb") as f:
             for i, line in enumerate(f):
                 yield i, json.loads(line), None
-    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], read, "question", "id", DEFAULT)
+    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], read, "question", "id", tok)
     train = gsm8k_rows("train")[:limit_train]
     rnd = random.Random(7)
-    docs = []
+    docs, folded = [], {}
+    long = [r for r in evrows if r.num_tokens > 20]
     for i, r in enumerate(train):
         text = r["question"] + "\n" + r["answer"]
         if i % 40 == 0:  # plant a test question, sometimes mangled in case/punctuation
             q = evrows[rnd.randrange(len(evrows))].text
             q = q.upper() if i % 80 == 0 else q.replace(" ", "  ").replace(".", "!")
             text = f"{text}\n\nSee also: {q} -- end"
+        elif i % FOLDED_EVERY == 20:  # one the match fold alone finds
+            e = long[rnd.randrange(len(long))]
+            q = " ".join(w[:1] + "\u00ad" + w[1:] for w in e.text.replace("fi", "\ufb01").split(" "))
+            text = f"{text}\n\nSee also: {q} -- end"
+            folded[i] = e.eval_idx
         docs.append(text)
-    return evrows, docs
+    return evrows, docs, folded
 
 
-def test_scan_agrees_with_reference_on_gsm8k() -> None:
-    evrows, docs = _gsm8k(limit_train=2500)
+@pytest.mark.parametrize("tok", [DEFAULT, ng.get_tokenizer("default", "none")], ids=["nfkc-cf", "none"])
+def test_scan_agrees_with_reference_on_gsm8k(tok: ng.WordSplitter) -> None:
+    """Both ways: the default match fold, and none (HELM's exact text; the offsets then hold
+    HELM's own tokens of the raw text)."""
+    evrows, docs, folded = _gsm8k(2500, tok)
     ns = [5, 9, 13]
-    ref_ids, ref_details = ng.reference_overlap(evrows, (("t", i, d) for i, d in enumerate(docs)), ns, DEFAULT)
-    batches, stats, parts = _scan(evrows, docs, ns, partitions=16, batch_bytes=64 << 10)
+    ref_ids, ref_details = ng.reference_overlap(evrows, (("t", i, d) for i, d in enumerate(docs)), ns, tok)
+    batches, stats, parts = _scan(evrows, docs, ns, partitions=16, batch_bytes=64 << 10, tok=tok)
     by_gram = {(r[0], r[1]): r[3] for part in parts.values() for r in part.records}
+
+    def gram_of(text: str) -> str:
+        return " ".join(helm(text) if tok.fold == "none" else tok.tokenize(match_text(tok, text)))
+
     mine = set()
     for (row, n, gram), offsets in _hits(batches, parts).items():
         for idx, _ in by_gram[(n, gram)]:
             mine.add((idx, "t", row, n, gram))
         for s, t in offsets:
-            assert " ".join(helm(docs[row][s:t])) == gram
+            assert gram_of(docs[row][s:t]) == gram
     assert stats.false_hits == 0
     assert mine == ref_details and len(mine) > 1000
-    res, details = _reduce(evrows, batches, parts, ns)
+    at13 = {(row, idx) for idx, _, row, n, _ in ref_details if n == 13}
+    assert (set(folded.items()) & at13) == (set(folded.items()) if tok.fold == "nfkc-cf" else set())
+    assert len(folded) == 21
+    res, details = _reduce(evrows, batches, parts, ns, tok=tok)
     assert len(details) == len(ref_details) and len(batches) > 10
     for d in details:  # hits regrouped from many batches by partition keep their own offsets and snippets
         text = docs[d["train_row"]]
-        assert all(" ".join(helm(text[s:e])) == d["ngram"] for s, e in d["train_offsets"])
+        assert all(gram_of(text[s:e]) == d["ngram"] for s, e in d["train_offsets"])
         assert text[d["train_snippet_start"]:].startswith(d["train_snippet"])
     assert {(d["eval_row"], d["train_row"], d["n"], d["ngram"]) for d in details} == {
         (evrows[idx].eval_row, row, n, gram) for idx, _, row, n, gram in ref_details}

@@ -108,6 +108,8 @@ def write_jsonl(path: str, rows: Iterable[dict[str, Any]], compress: str | None 
 # ---------------------------------------------------------------------------------------
 
 def test_gsm8k_agrees_with_reference(tmp_path: Path) -> None:
+    """HELM conformance: with --match-fold none --min-eval-tokens 0 (HELM's exact text, every
+    eval row indexed), the instance sets and details of the straightforward implementation."""
     test_rows = gsm8k_rows("test")
     train = gsm8k_rows("train")[:4000]
     rnd = random.Random(3)
@@ -125,15 +127,15 @@ def test_gsm8k_agrees_with_reference(tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     rc = run_cli(["--eval", str(GSM8K_TEST), "--eval-text-field", "question",
                   "--train", str(tmp_path / "train"), "--output", out, "--ngrams", "5", "9", "13",
-                  "--partitions", "16", "--slice-mb", "0.4"])
+                  "--partitions", "16", "--slice-mb", "0.4", "--match-fold", "none", "--min-eval-tokens", "0"])
     assert rc == 0 and os.path.exists(os.path.join(out, ".SUCCESS"))
 
-    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], iter_rows, "question", "id", ng.TOKENIZERS["default"])
+    helm_tok = ng.get_tokenizer("default", "none")
+    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], iter_rows, "question", "id", helm_tok)
     train_paths = [str(tmp_path / "train/part-0.jsonl")] * 2500 + [str(tmp_path / "train/part-1.jsonl.zst")] * 1500
     rows_in_file = list(range(2500)) + list(range(1500))
     ref_ids, ref_details = ng.reference_overlap(
-        evrows, ((p, r, d["text"]) for p, r, d in zip(train_paths, rows_in_file, docs)), [5, 9, 13],
-        ng.TOKENIZERS["default"])
+        evrows, ((p, r, d["text"]) for p, r, d in zip(train_paths, rows_in_file, docs)), [5, 9, 13], helm_tok)
 
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
     assert [(s["eval_dataset"], s["n"]) for s in stats] == [("gsm8k", 5), ("gsm8k", 9), ("gsm8k", 13)]

@@ -59,25 +59,33 @@ def _source_rows(path: str) -> list[SourceRow]:
 
 
 def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path: Path) -> None:
+    """HELM conformance: ``match_fold="none"`` and the CLI's --match-fold none
+    --min-eval-tokens 0 (HELM's exact text, every row indexed); the default fold's own
+    conformance: tests/test_decon_ngrams.py (both ways) and test_the_match_fold_below."""
     train_path = str(tmp_path / "train" / "docs.jsonl")
-    write_jsonl(tmp_path / "train" / "docs.jsonl", _train_docs())
+    docs, test = _train_docs(), gsm8k_rows("test")
+    for i in range(10, len(docs), 100):  # a test question the same to a reader only: not HELM's text
+        q = test[i % len(test)]["question"]
+        docs[i]["text"] += "\n\nAlso: " + " ".join(w[:1] + "\u00ad" + w[1:] for w in q.split())
+    write_jsonl(tmp_path / "train" / "docs.jsonl", docs)
     eval_rows = _source_rows(str(GSM8K_TEST))
     train_rows = _source_rows(train_path)
     random.Random(2).shuffle(train_rows)
 
     opts = PipelineOptions(["--runner=DirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex(NS, text_field="question")
+        index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex(NS, text_field="question", match_fold="none")
         _collect(p | "Train" >> beam.Create(train_rows) | FindOverlaps(index), tmp_path / "overlaps.jsonl")
     found = _overlaps(tmp_path / "overlaps.jsonl")
 
     # HELM's instance set per n (the straightforward reference implementation)
-    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], iter_rows, "question", "id", ng.TOKENIZERS["default"])
+    tok = ng.get_tokenizer("default", "none")
+    evrows, _ = ng.make_eval_rows([str(GSM8K_TEST)], iter_rows, "question", "id", tok)
     ref_ids, ref_details = ng.reference_overlap(
-        evrows, ((train_path, r.row, r.record["text"]) for r in sorted(train_rows, key=lambda r: r.row)), NS,
-        ng.TOKENIZERS["default"])
+        evrows, ((train_path, r.row, r.record["text"]) for r in sorted(train_rows, key=lambda r: r.row)), NS, tok)
     for n in NS:
         assert sorted({o.instance_id for o in found if o.n == n}) == ref_ids[("gsm8k", n)]
+    assert not {o.train_row for o in found if o.n == 13 and o.train_row % 100 == 10}
     assert len(ref_ids[("gsm8k", 13)]) >= 50
     by_id = {r.instance_id: r for r in evrows}
     assert {(by_id[o.instance_id].eval_idx, o.train_path, o.train_row, len(o.ngram.split(" ")), o.ngram)
@@ -86,19 +94,36 @@ def test_find_overlaps_matches_helm_and_the_cli_offsets(tmp_path: Path) -> None:
     # exact offsets: the same as refinery decon's detail records, and they hold the n-gram's text
     out = tmp_path / "cli"
     assert main(["decon", "--eval", str(GSM8K_TEST), "--eval-text-field", "question", "--train",
-                 str(tmp_path / "train"), "--output", str(out), "--ngrams", *map(str, NS),
-                 "--runner", "direct", "--no-progress"]) == 0
+                 str(tmp_path / "train"), "--output", str(out), "--ngrams", *map(str, NS), "--match-fold", "none",
+                 "--min-eval-tokens", "0", "--runner", "direct", "--no-progress"]) == 0
     cli = {(d["instance_id"], d["ngram"], tuple(map(tuple, d["eval_offsets"])), d["train_row"],
             tuple(map(tuple, d["train_offsets"]))) for d in read_details(str(out))}
     ours = {(o.instance_id, o.ngram, o.eval_offsets, o.train_row, o.train_offsets) for o in found}
     assert ours == cli
-    tok = ng.TOKENIZERS["default"]
     train_text = {r.row: r.record["text"] for r in train_rows}
     for o in found[:500]:
         for s, e in o.eval_offsets:
             assert " ".join(tok.tokenize(by_id[o.instance_id].text[s:e])) == o.ngram
         for s, e in o.train_offsets:
             assert " ".join(tok.tokenize(train_text[o.train_row][s:e])) == o.ngram
+
+
+def test_the_match_fold_below() -> None:
+    """BuildNgramIndex(match_fold=...): FindOverlaps folds the training rows with the index's
+    fold; the offsets index the raw text."""
+    q = "The florist sells fifteen fine flowers to the fishmonger every Friday morning"
+    eval_rows = [{"id": "q", "text": q.replace("fi", "\ufb01").replace("fl", "\ufb02")}]  # ligatures
+    shy = "Ａ note: " + " ".join(w[:1] + "\u00ad" + w[1:] for w in q.split(" ")) + "!"  # soft hyphens
+    train_rows = [{"id": "d1", "text": shy}, {"id": "d2", "text": q}]
+    for fold, found in (("nfkc-cf", True), ("none", False)):
+        with BeamPipeline() as p:
+            index = p | "Eval" >> beam.Create(eval_rows) | BuildNgramIndex([13], match_fold=fold)
+            overlaps = p | "Train" >> beam.Create(train_rows) | FindOverlaps(index)
+            assert_that(overlaps | beam.Map(lambda o: (o.train_doc_id, o.ngram, o.train_offsets)) | beam.Distinct(),
+                        equal_to([("d1", q.lower(), ((8, 8 + len(shy) - 9),)), ("d2", q.lower(), ((0, len(q)),))]
+                                 if found else []))
+    with pytest.raises(ValueError, match="unknown match fold"):
+        BuildNgramIndex([13], match_fold="nfkc")
 
 
 def test_plain_dicts_short_instances_and_metrics() -> None:

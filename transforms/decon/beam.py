@@ -46,7 +46,7 @@ from refinery.transforms.decon.stages import DeconSettings, build_stages
 from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io.coders import TupleCoder
 from refinery.transforms.io.rows import SourceRow
-from refinery.transforms.io.text import TextSpec
+from refinery.transforms.io.text import DEFAULT_MATCH_FOLD, TextSpec
 from refinery.transforms.resumable.beam_steps import RunAllStages, UnitResult, _mypy_only
 
 NAMESPACE = "refinery_decon"
@@ -105,7 +105,8 @@ def _provenance(element: object, default_dataset: str | None) -> tuple[str, str,
 
 
 def index_of_elements(elements: list[Any], ngrams: list[int], eval_dataset: str | None, tokenizer: str,
-                      text_field: str | TextSpec, id_field: str, partitions: int) -> ng.NgramIndex:
+                      text_field: str | TextSpec, id_field: str, partitions: int,
+                      match_fold: str = DEFAULT_MATCH_FOLD) -> ng.NgramIndex:
     """The index of eval rows given in any order: rows are ordered by (dataset, path, row,
     instance id, text) first, so the index does not depend on how Beam delivered them.
     ``text_field``: a field name or a :class:`TextSpec` (a template, chat rows)."""
@@ -120,8 +121,8 @@ def index_of_elements(elements: list[Any], ngrams: list[int], eval_dataset: str 
         return ds, path, row, ng.record_id(record, id_field), text
 
     records.sort(key=order)
-    rows, bad = ng.eval_rows_of(records, spec, id_field, ng.get_tokenizer(tokenizer))
-    return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions)
+    rows, bad = ng.eval_rows_of(records, spec, id_field, ng.get_tokenizer(tokenizer, match_fold))
+    return ng.NgramIndex.build(rows, bad, ngrams, tokenizer, partitions, match_fold=match_fold)
 
 
 class BuildNgramIndex(beam.PTransform[PCollection[Any], PCollection[ng.NgramIndex]]):
@@ -138,19 +139,22 @@ class BuildNgramIndex(beam.PTransform[PCollection[Any], PCollection[ng.NgramInde
     ``eval_dataset``: the name of the eval set (default: from each SourceRow's folder, as
     ``refinery decon`` names it, else ``"eval"``). Instance ids are ``str(row[id_field])``,
     else a hash of the whole row. ``tokenizer``: ``default`` (HELM's), ``no_lowercase`` or
-    ``whitespace``. Rows without a string text are counted as bad rows, never indexed.
+    ``whitespace``. ``match_fold``: ``nfkc-cf`` (the default: format characters dropped and
+    NFKC before matching, on both sides) or ``none`` (HELM's exact text), as ``refinery decon
+    --match-fold``; ``FindOverlaps`` matches with the index's. Rows without a string text are
+    counted as bad rows, never indexed.
     """
 
     def __init__(self, ngrams: list[int] | int, eval_dataset: str | None = None, tokenizer: str = "default",
                  text_field: str | None = None, id_field: str = "id", partitions: int = 64, *,
-                 text_template: str | None = None):
+                 text_template: str | None = None, match_fold: str = DEFAULT_MATCH_FOLD):
         super().__init__()
         self.text = TextSpec.from_options(text_field, text_template)  # a bad template raises here
         self.ngrams = sorted({int(n) for n in ([ngrams] if isinstance(ngrams, int) else ngrams)})
         if not self.ngrams or self.ngrams[0] < 1:
             raise ValueError("ngrams must be positive integers")
-        ng.get_tokenizer(tokenizer)
-        self.eval_dataset, self.tokenizer = eval_dataset, tokenizer
+        ng.get_tokenizer(tokenizer, match_fold)  # an unknown name or fold raises here
+        self.eval_dataset, self.tokenizer, self.match_fold = eval_dataset, tokenizer, match_fold
         self.text_field, self.text_template = text_field, text_template
         self.id_field, self.partitions = id_field, partitions
 
@@ -158,7 +162,7 @@ class BuildNgramIndex(beam.PTransform[PCollection[Any], PCollection[ng.NgramInde
     def expand(self, rows: PCollection[Any]) -> PCollection[ng.NgramIndex]:
         def build(elements: list[Any]) -> ng.NgramIndex:
             index = index_of_elements(elements, self.ngrams, self.eval_dataset, self.tokenizer, self.text,
-                                      self.id_field, self.partitions)
+                                      self.id_field, self.partitions, self.match_fold)
             Metrics.counter(NAMESPACE, "eval_rows").inc(len(index.rows))
             Metrics.counter(NAMESPACE, "eval_bad_rows").inc(sum(b["bad_rows"] for b in index.bad.values()))
             Metrics.counter(NAMESPACE, "test_ngrams").inc(index.num_ngrams)
@@ -211,7 +215,7 @@ class _FindOverlapsFn(beam.DoFn):
             records.append((i, record, None if isinstance(record, dict) else "not a row"))
             where.append((path, row, element.relpath if isinstance(element, SourceRow) else None))
         stats = ng.ScanStats()
-        for hits in ng.scan_rows(records, text_field=self.text, tokenizer=ng.get_tokenizer(index.tokenizer),
+        for hits in ng.scan_rows(records, text_field=self.text, tokenizer=index.splitter,
                                  membership=index.membership, lookup=index.lookup, partitions=index.num_partitions,
                                  stats=stats):
             for overlap in overlaps_of_hits(hits, index, ngrams, where, self.id_field):

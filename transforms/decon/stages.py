@@ -73,7 +73,7 @@ from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused, release_freed_memory
 from refinery.transforms.io.jsonl import jsonl
 from refinery.transforms.io.rows import DEFAULT_MAX_ROW_BYTES, Row, iter_rows, parquet_row_groups
-from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec
+from refinery.transforms.io.text import DEFAULT_MATCH_FOLD, TEXT_NORMALIZATION, TextSpec
 from refinery.transforms.resumable import Stage, StageConfig, StageRun, StageWiring, Traits, Unit, UnitContext
 from refinery.transforms.resumable.progress import human_bytes, rate
 
@@ -161,11 +161,17 @@ class DeconSettings:
     verify_inputs_by_content: bool = False  # train_files.jsonl records each training file's sha256
     min_eval_tokens: int = DEFAULT_MIN_EVAL_TOKENS  # shorter eval rows are not indexed (--min-eval-tokens)
     eval_dataset_field: str | None = None  # set: an eval row's dataset is this field's value (--eval-dataset-field)
+    match_fold: str = DEFAULT_MATCH_FOLD  # the match key both sides are folded to before matching (--match-fold)
 
     def row_cap(self) -> dict[str, Any]:
         """What a stage config records of the row cap: nothing at the default (the hashes of
         outputs made before --max-row-bytes are kept)."""
         return {"max_row_bytes": self.max_row_bytes} if self.max_row_bytes != DEFAULT_MAX_ROW_BYTES else {}
+
+    @property
+    def splitter(self) -> ng.WordSplitter:
+        """The tokenizer, matching under the match fold (both enter the index and scan hashes)."""
+        return ng.get_tokenizer(self.tokenizer, self.match_fold)
 
     @property
     def eval_text(self) -> TextSpec:
@@ -189,7 +195,7 @@ class DeconSettings:
             raise ValueError("--max-row-bytes must be at least 1")
         if self.min_eval_tokens < 0:
             raise ValueError("--min-eval-tokens must be >= 0")
-        ng.get_tokenizer(self.tokenizer)
+        _ = self.splitter  # an unknown tokenizer or match fold raises ValueError here
         dt.check_format(self.details_format)
         _ = self.eval_text, self.train_text  # a bad template raises ValueError here
 
@@ -228,7 +234,8 @@ _EVAL_LOCK = threading.Lock()
 @lru_cache(maxsize=2)
 def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
                 ns: tuple[int, ...], partitions: int, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                min_eval_tokens: int = 0, dataset_field: str | None = None) -> ng.NgramIndex:
+                min_eval_tokens: int = 0, dataset_field: str | None = None,
+                match_fold: str = DEFAULT_MATCH_FOLD) -> ng.NgramIndex:
     """The eval index, built once per worker process for all index units.
     ``files`` = (path, size, version): a changed file is a different key."""
 
@@ -236,12 +243,12 @@ def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_fiel
         return iter_rows(path, max_row_bytes=max_row_bytes)
 
     with gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field, ng.get_tokenizer(tokenizer),
-                                      dataset_field)
+        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field,
+                                      ng.get_tokenizer(tokenizer, match_fold), dataset_field)
         # the later rows of a text several rows have are not indexed: they share the first's records
         # nor are the rows of fewer than min_eval_tokens tokens (the merge names them)
         skip = set(ng.same_text(rows).first) | {r.eval_idx for r in short_rows(rows, min_eval_tokens)}
-        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, skip)
+        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, skip, match_fold)
         # millions of long-lived objects: out of every later GC pass, before the GC is back on
         # (its first pass would otherwise walk them all)
         gc.freeze()
@@ -313,7 +320,7 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
         return [f.fingerprint() for f in self.eval_files]
 
     def _identity(self) -> dict[str, Any]:
-        return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
+        return {"tokenizer": self.s.splitter.identity()}  # its match fold included
 
     def make_plan(self) -> list[Unit[PartitionPayload]]:
         return [Unit("catalog", PartitionPayload())] + [Unit(f"partition-{p:05d}", {"p": p})
@@ -324,7 +331,7 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
         with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
             return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
                                self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens,
-                               self.s.eval_dataset_field)
+                               self.s.eval_dataset_field, self.s.match_fold)
 
     def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         index = self._index(ctx.run)
@@ -399,7 +406,7 @@ class ScanStage(Stage[TrainSlice, dict[str, Any]]):
         return [f.fingerprint() for f in self.train_files]
 
     def _identity(self) -> dict[str, Any]:
-        return {"tokenizer": ng.get_tokenizer(self.s.tokenizer).identity()}
+        return {"tokenizer": self.s.splitter.identity()}  # its match fold included
 
     def make_plan(self) -> list[Unit[TrainSlice]]:
         return plan_train_units(self.train_files, self.s.slice_bytes)
@@ -438,7 +445,7 @@ class ScanStage(Stage[TrainSlice, dict[str, Any]]):
         stats = ng.ScanStats()
         rows = _reporting(rows, ctx, lambda: {"rows": stats.rows, "text_bytes": stats.text_bytes})
         unread = 0
-        tok = ng.get_tokenizer(self.s.tokenizer)
+        tok = self.s.splitter
         held: list[ng.HitGroups] = []
         frames: list[list[int]] = []
         size = 0
@@ -659,7 +666,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         missing = [u.id for u in plan if not reduce_run.check(u.id).done]
         if missing:
             raise RuntimeError(f"reduce units not completed: {missing[:5]}")
-        tok = ng.get_tokenizer(self.s.tokenizer)
+        tok = self.s.splitter
         eval_rows = load_eval_rows(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         bad = json.loads(storage.read_bytes(storage.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
         scan_totals: dict[str, float] = {}
@@ -740,7 +747,8 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         """``stats/train_files.jsonl``: every training file scanned (``scan_run``'s inputs), as
         given and resolved (a local path made absolute, links followed), with the size and
         version it was scanned at, how its text was read (:class:`ReadSpec`: text field or
-        template, normalization version, row cap) and, with ``verify_inputs_by_content``, the
+        template, normalization version, row cap), the match fold its n-grams were compared
+        under (``match_fold``: the consumers say it) and, with ``verify_inputs_by_content``, the
         sha256 of its bytes (read again here; a file whose size or version changed since the
         scan is an error): what ``prep --exclude-overlaps`` matches its inputs against."""
         spec = ReadSpec(settings.train_text.identity(), TEXT_NORMALIZATION, settings.max_row_bytes)
@@ -748,7 +756,8 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         for f in scan_run.input_fingerprints():
             row: TrainFile = {"train_path": f["path"], "resolved": storage.resolved(f["path"]), "size": f["size"],
                               "version": f["version"], "text": dict(spec.text), "normalization": spec.normalization,
-                              "max_row_bytes": spec.max_row_bytes}  # ReadSpec.record(), typed
+                              "max_row_bytes": spec.max_row_bytes,  # ReadSpec.record(), typed
+                              "match_fold": settings.match_fold}
             if settings.verify_inputs_by_content:
                 row["sha256"] = file_sha256(f["path"])
                 now = storage.expand_inputs([f["path"]])
@@ -761,7 +770,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
     def report_settings(self) -> tuple[tuple[str, str], ...]:
         s = self.s
         (eval_what, eval_text), (train_what, train_text) = s.eval_text.describe(), s.train_text.describe()
-        return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer),
+        return (("n", " ".join(map(str, s.ns))), ("tokenizer", s.tokenizer), ("match fold", s.match_fold),
                 ("max-train-count", "none" if s.max_train_count is None else str(s.max_train_count)),
                 ("max-ngram-details", "none" if s.max_ngram_details is None else str(s.max_ngram_details)),
                 (f"eval {eval_what}", eval_text), (f"train {train_what}", train_text),

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator, TypedDict
 import numpy as np
 
 from refinery.transforms.io import storage
+from refinery.transforms.io.text import MATCH_FOLDS
 
 CONTAMINATED_DOCS = "stats/contaminated_train_docs.jsonl"
 CONTAMINATED_SPANS = "stats/contaminated_train_spans.jsonl"
@@ -74,12 +75,13 @@ class _TrainFileBase(TypedDict):
 
 class TrainFile(_TrainFileBase, total=False):
     """A training file decon scanned: as given, resolved, the version it read, how it read its
-    text (:data:`READ_SPEC_KEYS`; absent in outputs of older decons) and, with
-    ``--verify-inputs-by-content``, the sha256 of its bytes."""
+    text (:data:`READ_SPEC_KEYS`; absent in outputs of older decons), the match fold it
+    compared n-grams under and, with ``--verify-inputs-by-content``, the sha256 of its bytes."""
 
     text: dict[str, str]     # TextSpec.identity(): {"text_field": F} or {"text_template": T}
     normalization: str       # refinery.transforms.io.text.TEXT_NORMALIZATION
     max_row_bytes: int       # the row cap (--max-row-bytes)
+    match_fold: str          # decon --match-fold: the key its n-grams were compared by (io.text.MATCH_FOLDS)
     sha256: str
 
 
@@ -128,6 +130,19 @@ def read_spec_mismatch(decon: ReadSpec, prep: ReadSpec) -> str | None:
                 f"{prep.max_row_bytes:,}: rerun decon with --max-row-bytes {prep.max_row_bytes}, or prep with "
                 f"--max-row-bytes {decon.max_row_bytes}")
     return None
+
+
+def match_fold_problem(files: list[dict[str, Any]]) -> str | None:
+    """Why the match fold that ``files`` (a decon run's :data:`TRAIN_FILES` rows) record is
+    not one this refinery knows, or not one for the whole run (one line); None when it is.
+    Only decon folds: prep and clean read the training text as it is and cut at raw offsets,
+    so they need the fold only to say it, but an unknown one is not a run of this method."""
+    folds = sorted({str(f.get("match_fold", "")) for f in files})
+    if len(folds) <= 1 and set(folds) <= set(MATCH_FOLDS):
+        return None
+    said = "no match fold" if folds == [""] else f"the match fold(s) {', '.join(repr(f) for f in folds)}"
+    return (f"its {TRAIN_FILES} records {said} (this refinery's: {', '.join(MATCH_FOLDS)}): written by another "
+            "refinery decon; run the same decon command again")
 
 
 def _shell(value: str) -> str:

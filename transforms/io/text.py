@@ -351,7 +351,7 @@ def composed_offsets(text: str, form: Form = "NFC") -> tuple[str, np.ndarray, np
 
 def kept_offsets(text: str, keep: np.ndarray, cps: np.ndarray | None = None) -> tuple[str, np.ndarray, np.ndarray]:
     """``(the characters of text where keep, start, end)``: each kept character from itself
-    (``cps``: the text's code points, when the caller has them)."""
+    (``cps``: the text's code points, or what each becomes, one for one)."""
     if cps is None:
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     at = np.flatnonzero(keep)
@@ -417,3 +417,131 @@ def raw_spans(start: np.ndarray, end: np.ndarray, span_start: np.ndarray, span_e
     s = at[span_start]
     e = np.where(span_end > span_start, after[span_end], s)
     return s, e
+
+
+# ---------------------------------------------------------------------------------------
+# The match key: the text decon compares (decon only: prep trains on normalize_text's text)
+# ---------------------------------------------------------------------------------------
+
+#: decon's match folds (``refinery decon --match-fold``), applied to the normalized text of
+#: both sides before n-gram matching. ``nfkc-cf`` (the default) drops the format characters
+#: (Unicode Cf: soft hyphen U+00AD, zero-width space, joiners and direction marks
+#: U+200B-U+200F, word joiner U+2060, BOM U+FEFF, ...), applies NFKC (fullwidth ``Ａ`` as
+#: ``A``, the ligature ``ﬁ`` as ``fi``, ``²`` as ``2``, ...) and strips the ends: text that
+#: is the same to a reader, or to a tokenizer that applies NFKC, is the same to the matcher.
+#: ``none``: the normalized text as it is (HELM's text, the behaviour before the fold).
+MATCH_FOLDS = ("nfkc-cf", "none")
+DEFAULT_MATCH_FOLD = "nfkc-cf"
+
+
+_CF, _MAPPED = 1, 2  # bits of _fold_tables()[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _fold_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 flags, uint32 map), both indexed by code point: ``_CF`` for a format character
+    (Unicode Cf); ``_MAPPED`` for one whose NFKC is one other code point, ``map`` then holding
+    it (else the code point itself). Replacing a character by its NFKC never changes the NFKC
+    of a text it is in (both have one NFKD), so the map is applied to a whole text at once
+    and NFKC is left the rest (a ligature, a run that composes): fullwidth text costs a
+    lookup, not CPython's full NFKC (~5 M characters a second)."""
+    flags = np.zeros(0x110000, dtype=np.uint8)
+    mapped = np.arange(0x110000, dtype=np.uint32)
+    for cp in range(0x110000):
+        c = chr(cp)
+        if unicodedata.category(c) == "Cf":
+            flags[cp] = _CF
+            continue
+        if 0xD800 <= cp < 0xE000:
+            continue
+        key = unicodedata.normalize("NFKC", c)
+        if len(key) == 1 and key != c:
+            flags[cp] = _MAPPED
+            mapped[cp] = ord(key)
+    return flags, mapped
+
+
+def _check_fold(fold: str) -> None:
+    if fold not in MATCH_FOLDS:
+        raise ValueError(f"unknown match fold {fold!r}; choose one of {', '.join(MATCH_FOLDS)}")
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+
+
+def _text_of(cps: np.ndarray) -> str:
+    return cps.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+
+
+def _fold_flagged(text: str, cps: np.ndarray, flags: np.ndarray, seen: int) -> str:
+    """The key of a non-ASCII ``text`` (code points ``cps``, their flags ``flags``, or-ed ``seen``)."""
+    if seen:
+        if seen & _CF:
+            cps = cps[(flags & _CF) == 0]
+        text = _text_of(_fold_tables()[1][cps] if seen & _MAPPED else cps)
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)
+    return text.strip()
+
+
+def fold_text(text: str, fold: str) -> str:
+    """The match key of a normalized text (:func:`normalize_text`) under ``fold``
+    (:data:`MATCH_FOLDS`): ``nfkc-cf``: format characters (Cf) dropped, then NFKC, then the
+    ends stripped; ``none``: the text as it is. ASCII text is its own key (no Cf; NFKC leaves
+    it alone): that case costs one ``isascii``; other text one table lookup per character
+    (:func:`_fold_tables`), and NFKC only where a character needs more than the table. A
+    fixed point, as :func:`normalize_text` is. Many texts at once: :func:`fold_texts`."""
+    if fold == "none" or text.isascii():
+        if fold != "none" and fold != DEFAULT_MATCH_FOLD:
+            _check_fold(fold)
+        return text
+    _check_fold(fold)
+    cps = _code_points(text)
+    flags = _fold_tables()[0][cps]
+    return _fold_flagged(text, cps, flags, int(np.bitwise_or.reduce(flags)))
+
+
+def fold_texts(texts: list[str], fold: str) -> list[str]:
+    """``[fold_text(t, fold) for t in texts]``, the table looked up once for all the non-ASCII
+    texts together (a scan batch): a text none of whose characters the table flags needs
+    only NFKC's own check; the others are folded one at a time."""
+    _check_fold(fold)
+    at = [i for i, t in enumerate(texts) if not t.isascii()] if fold != "none" else []
+    if not at:
+        return texts
+    table = _fold_tables()[0]
+    lengths = np.array([len(texts[i]) for i in at], dtype=np.int64)  # (each at least 1: not ASCII)
+    firsts = np.zeros(len(at), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=firsts[1:])
+    cps = _code_points("".join(texts[i] for i in at))
+    flags = table[cps]
+    seen = np.bitwise_or.reduceat(flags, firsts).tolist()
+    out = list(texts)
+    for k, i in enumerate(at):
+        text = texts[i]
+        if seen[k]:
+            a, b = int(firsts[k]), int(firsts[k] + lengths[k])
+            out[i] = _fold_flagged(text, cps[a:b], flags[a:b], seen[k])
+        elif not unicodedata.is_normalized("NFKC", text):
+            out[i] = unicodedata.normalize("NFKC", text).strip()
+    return out
+
+
+def folded_offsets(text: str, fold: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(fold_text(text, fold), start, end)``: each code point ``i`` of the key comes from
+    ``text[start[i]:end[i]]``, as :func:`normalized_offsets` maps a normalized text: dropped
+    format characters from nothing (one between a base and its mark: in the run NFKC
+    composes), a character the table maps to one other (fullwidth ``Ａ``) from itself, a
+    character NFKC expands (a ligature) each of its output characters from it, a run it
+    composes from the whole run, stripped ends from nothing."""
+    _check_fold(fold)
+    if fold == "none" or text.isascii():
+        return (text, *_identity_map(0, len(text)))
+    table, mapped = _fold_tables()
+    cps = _code_points(text)
+    flags = table[cps]
+    keep = (flags & _CF) == 0
+    cps = np.where(flags & _MAPPED, mapped[cps], cps)  # one to one: each from itself
+    dropped, start, end = kept_offsets(text, keep, cps)
+    return stripped_offsets(*then(start, end, composed_offsets(dropped, "NFKC")))

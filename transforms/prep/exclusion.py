@@ -19,7 +19,8 @@ Nothing leaks in silence (:meth:`Exclusion.check_inputs`, :func:`load_exclusion`
 - decon read the training text as this prep does: the same text field or template,
   normalization version and row cap (:func:`~refinery.transforms.formats.droplist.read_spec_mismatch`;
   a decon output that does not record them, from an older decon, is refused: its text was
-  not this prep's);
+  not this prep's), and it records a match fold this refinery knows (decon alone folds; the
+  manifest's ``decon_runs`` say which fold each run matched under);
 - the decon run read some training row's text (:func:`read_nothing_problem`): rows without
   text (a text field that is an object, a list, null, missing) are counted by decon, not
   listed, so a run that read none of them proves nothing (``refinery clean`` leaves such rows
@@ -62,6 +63,7 @@ from refinery.transforms.formats.droplist import (
     drop_rows,
     drop_spans,
     file_sha256,
+    match_fold_problem,
     read_jsonl,
     read_spec_mismatch,
 )
@@ -88,6 +90,7 @@ class DropSource:
     unread_sha256: str = ""  # of its unread_train_rows.jsonl (rows decon could not read: left out at any n)
     unread: int = 0          # training rows it could not read
     spans_sha256: str = ""   # span mode: of its contaminated_train_spans.jsonl
+    match_fold: str = ""     # the match fold decon compared n-grams under (its train_files.jsonl)
 
 
 def _checked(path: str, sha256: str) -> bytes:
@@ -300,7 +303,8 @@ class Exclusion:
         span = {"mode": "span", **self.rules.identity(), **(cut or {})} if self.rules is not None else {}
         return {"documents": excluded, **span,
                 "decon_runs": [{"path": s.output, "contaminated_train_docs_sha256": s.sha256, "n": s.n,
-                                "listed": s.listed, **({"unread": s.unread} if s.unread else {})}
+                                "listed": s.listed, **({"unread": s.unread} if s.unread else {}),
+                                **({"match_fold": s.match_fold} if s.match_fold else {})}
                                for s in self.sources],
                 **({"unscanned_inputs": self.unscanned} if self.unscanned else {})}
 
@@ -388,6 +392,8 @@ def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpe
                 "text may not be the text this prep trains on; run the same decon command again")
         if problem := read_spec_mismatch(theirs, read_spec):
             raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
+    if problem := match_fold_problem(files):
+        raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
 
 
 def _add_spans(into: dict[int, np.ndarray], rows: dict[int, np.ndarray]) -> None:
@@ -470,6 +476,7 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
                 rows.setdefault(path, set()).update(listed_rows)
         sources.append(DropSource(storage.resolved(output), at, docs_sha, sum(len(r) for r in mine.values()),
                                   hashlib.sha256(files_data).hexdigest(), unread_sha,
-                                  sum(len(r) for r in unread.values()), spans_sha))
+                                  sum(len(r) for r in unread.values()), spans_sha,
+                                  str(files[0].get("match_fold", "")) if files else ""))
     return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned, contents=contents, rules=rules,
                      spans=all_spans)

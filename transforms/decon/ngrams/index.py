@@ -15,7 +15,7 @@ import msgpack
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
 from refinery.transforms.io.rows import Row
-from refinery.transforms.io.text import TextSpec
+from refinery.transforms.io.text import DEFAULT_MATCH_FOLD, TextSpec
 
 from .compact import HashFind, RecordColumns, build_records, pack_records, unpack_records
 from .hashes import batch_all_window_hashes, batch_prefix, tokenize_batch
@@ -276,17 +276,24 @@ class NgramIndex:
     membership: Membership
     records: Mapping[int, RecordColumns]     # partition -> [n, ngram, hash, [[eval_idx, offsets], ...]], by hash
     num_ngrams: int = 0
+    match_fold: str = DEFAULT_MATCH_FOLD     # the tokenizer's match fold (both sides fold with it)
 
     @classmethod
     def build(cls, rows: list[EvalRow], bad: dict[str, dict[str, Any]], ns: Iterable[int], tokenizer: str,
-              num_partitions: int, skip: Collection[int] = ()) -> "NgramIndex":
+              num_partitions: int, skip: Collection[int] = (), match_fold: str = DEFAULT_MATCH_FOLD) -> "NgramIndex":
         """The index of ``rows``; the records leave out the rows in ``skip``: those of
         :func:`build_index` and :func:`partition_records`, built in columns (:func:`.compact.build_records`:
         no Python object per n-gram, whatever the size of an eval row)."""
         ns = sorted(set(int(n) for n in ns))
-        records, hashes, lengths = build_records(rows, ns, get_tokenizer(tokenizer), num_partitions, skip)
-        membership = Membership(hashes, lengths, {"tokenizer": tokenizer, "partitions": num_partitions, "ns": ns})
-        return cls(rows, bad, ns, tokenizer, num_partitions, membership, records, len(hashes))
+        records, hashes, lengths = build_records(rows, ns, get_tokenizer(tokenizer, match_fold), num_partitions, skip)
+        membership = Membership(hashes, lengths, {"tokenizer": tokenizer, "match_fold": match_fold,
+                                                  "partitions": num_partitions, "ns": ns})
+        return cls(rows, bad, ns, tokenizer, num_partitions, membership, records, len(hashes), match_fold)
+
+    @property
+    def splitter(self) -> WordSplitter:
+        """The tokenizer the index was built with, and the scan must match with (its match fold)."""
+        return get_tokenizer(self.tokenizer, self.match_fold)
 
     def lookup(self, p: int) -> Partition:
         """Partition ``p`` as :func:`load_partition` gives it (built on first use, then kept)."""
@@ -303,6 +310,7 @@ class NgramIndex:
                 "tokenizer": self.tokenizer, "partitions": self.num_partitions,
                 "membership": self.membership.to_bytes(),
                 "records": {p: recs.to_lists() for p, recs in self.records.items()}, "num_ngrams": self.num_ngrams,
+                "match_fold": self.match_fold,
             }, use_bin_type=True, unicode_errors="surrogatepass")
         return data
 
@@ -313,7 +321,7 @@ class NgramIndex:
         return cls([EvalRow(*r) for r in d["rows"]], d["bad"], d["ns"], d["tokenizer"], d["partitions"],
                    Membership.from_bytes(d["membership"]),
                    {int(k): RecordColumns.from_lists(v) for k, v in d["records"].items()},
-                   d["num_ngrams"])
+                   d["num_ngrams"], d["match_fold"])
 
 
 

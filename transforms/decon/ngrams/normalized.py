@@ -1,13 +1,17 @@
-"""decon reads the text prep trains on: n-grams of the normalized text, offsets into the row's.
+"""decon reads the text prep trains on, folded to its match key: n-grams of that, offsets into the row's.
 
-prep trains on :func:`~refinery.transforms.io.text.normalize_text` of a row's text (NFC,
-``\\r\\n`` and ``\\r`` as ``\\n``, Cc controls but ``\\t`` ``\\n`` dropped, ends stripped). decon
+prep trains on :func:`~refinery.transforms.io.text.normalize_text` of a row's text (``\\r\\n``
+and ``\\r`` as ``\\n``, Cc controls but ``\\t`` ``\\n`` dropped, NFC, ends stripped). decon
 tokenizes that same text, on both sides, so a row that differs from an eval question only
 in what the normalization removes (NFD accents, a C1 control inside each word, CR LF line
-ends) is the same text to both commands. Offsets stay code-point offsets into the row's text
-as read (``docs/FORMATS.md``): a span of the normalized text is mapped back through
-:func:`~refinery.transforms.io.text.normalized_offsets` (only for a text the normalization
-changes; a clean text is its own normalized form).
+ends) is the same text to both commands. Then the tokenizer's match fold
+(:func:`~refinery.transforms.io.text.fold_text`, ``--match-fold``; ``nfkc-cf`` by default:
+format characters dropped, NFKC) makes text that is the same to a reader the same to the
+matcher (fullwidth letters, ligatures, soft hyphens and zero-width characters inside words);
+``none`` matches the normalized text itself. :func:`match_text` is that text. Offsets stay
+code-point offsets into the row's text as read (``docs/FORMATS.md``): a span of the match
+text is mapped back through both steps (:func:`match_offsets`; only for a text they change:
+a clean text is its own match text).
 """
 from __future__ import annotations
 
@@ -15,22 +19,49 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from refinery.transforms.io.text import normalize_text, normalized_offsets, raw_spans
+from refinery.transforms.io.text import (
+    fold_text,
+    fold_texts,
+    folded_offsets,
+    normalize_text,
+    normalized_offsets,
+    raw_spans,
+    then,
+)
 
 from .arrays import run_starts
 from .hashes import TokenBatch
 from .word_split import WordSplitter
 
 
+def match_text(tokenizer: WordSplitter, text: str) -> str:
+    """The text decon tokenizes of a row's ``text``: its normalized form, folded with the
+    tokenizer's match fold (a clean ASCII text comes back as it is, the same object)."""
+    return fold_text(normalize_text(text), tokenizer.fold)
+
+
+def match_texts(tokenizer: WordSplitter, texts: list[str]) -> list[str]:
+    """``[match_text(tokenizer, t) for t in texts]``, the scan's rows folded as one batch
+    (:func:`~refinery.transforms.io.text.fold_texts`)."""
+    return fold_texts([normalize_text(t) for t in texts], tokenizer.fold)
+
+
+def match_offsets(tokenizer: WordSplitter, text: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """``(match_text(tokenizer, text), start, end)``: each code point ``i`` of the match text
+    comes from ``text[start[i]:end[i]]`` (the normalization's map, then the fold's)."""
+    norm, start, end = normalized_offsets(text)
+    return then(start, end, folded_offsets(norm, tokenizer.fold))
+
+
 def tokens(tokenizer: WordSplitter, text: str) -> list[str]:
-    """The tokens of ``text`` as decon counts them: :meth:`WordSplitter.tokenize` of its normalized
-    form (equal tokens of a long text one string: :meth:`WordSplitter.tokenize_shared`)."""
-    return tokenizer.tokenize_shared(normalize_text(text))
+    """The tokens of ``text`` as decon counts them: :meth:`WordSplitter.tokenize` of its match
+    text (equal tokens of a long text one string: :meth:`WordSplitter.tokenize_shared`)."""
+    return tokenizer.tokenize_shared(match_text(tokenizer, text))
 
 
 def prepare(tokenizer: WordSplitter, text: str) -> bytes:
-    """:meth:`WordSplitter.prepare` of the normalized form of ``text`` (the fast path's bytes)."""
-    return tokenizer.prepare(normalize_text(text))
+    """:meth:`WordSplitter.prepare` of the match text of ``text`` (the fast path's bytes)."""
+    return tokenizer.prepare(match_text(tokenizer, text))
 
 
 def token_count(tokenizer: WordSplitter, text: str) -> tuple[int, bool]:
@@ -47,21 +78,22 @@ def token_count(tokenizer: WordSplitter, text: str) -> tuple[int, bool]:
 def tokens_with_offsets(tokenizer: WordSplitter, text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """(tokens, spans): :func:`tokens`, with each token's ``[start, end)`` in ``text`` (the row's
     text, before normalization; :func:`to_raw`)."""
-    norm = normalize_text(text)
-    toks, spans = tokenizer.tokenize_with_offsets(norm)
-    if norm is text or norm == text:
+    key = match_text(tokenizer, text)
+    toks, spans = tokenizer.tokenize_with_offsets(key)
+    if key is text or key == text:
         return toks, spans
     pairs = np.array(spans, dtype=np.int64).reshape(-1, 2)
-    s, e = to_raw(text, norm, pairs[:, 0], pairs[:, 1])
+    s, e = to_raw(tokenizer, text, key, pairs[:, 0], pairs[:, 1])
     return toks, list(zip(s.tolist(), e.tolist()))
 
 
-def to_raw(text: str, norm: str, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``[start, end)`` code-point spans of ``norm`` (``normalize_text(text)``) -> spans of
-    ``text``: from the raw start of a span's first character to the raw end of its last."""
-    mapped, starts, ends = normalized_offsets(text)
-    if mapped != norm:  # pragma: no cover - the two normalizations are tested equal
-        raise ValueError(f"the offset map of a text of {len(text)} characters does not give its normalized text")
+def to_raw(tokenizer: WordSplitter, text: str, key: str, start: np.ndarray, end: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """``[start, end)`` code-point spans of ``key`` (``match_text(tokenizer, text)``) -> spans
+    of ``text``: from the raw start of a span's first character to the raw end of its last."""
+    mapped, starts, ends = match_offsets(tokenizer, text)
+    if mapped != key:  # pragma: no cover - the text and its map are tested equal
+        raise ValueError(f"the offset map of a text of {len(text)} characters does not give its match text")
     return raw_spans(starts, ends, start, end, len(text))
 
 
@@ -79,7 +111,7 @@ def token_spans(tokenizer: WordSplitter, text: str, prepared: bytes, starts: np.
     """Each token's ``[start, end)`` code-point span in ``text`` (the row's text as read), from
     its byte span in ``prepared`` (:func:`.normalized.prepare` of ``text``): what
     :func:`.normalized.tokens_with_offsets` gives, without a Python object per token."""
-    norm = normalize_text(text)
+    norm = match_text(tokenizer, text)
     same = norm is text or norm == text
     if len(prepared) == len(norm):  # ASCII: bytes are characters
         s, e = starts, ends
@@ -90,7 +122,7 @@ def token_spans(tokenizer: WordSplitter, text: str, prepared: bytes, starts: np.
         spans = np.array(tokens_with_offsets(tokenizer, text)[1], dtype=np.int64).reshape(-1, 2)
         return spans[:, 0].copy(), spans[:, 1].copy()
     if not same:
-        return to_raw(text, norm, np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
+        return to_raw(tokenizer, text, norm, np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
     return np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64)
 
 
@@ -100,7 +132,7 @@ def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.
     """``[start, end)`` of each window (its first token ``pos``, ``lens`` tokens, in batch row
     ``rows``) as code-point offsets into its row's text: byte offsets, mapped per row where
     those are not code points (non-ASCII text, lowering that changes the length, a text the
-    normalization changed)."""
+    normalization or the fold changed). ``normed``: each row's :func:`match_text`."""
     base = batch.row_base[rows] + 1
     start = batch.starts[pos] - base
     end = batch.ends[pos + lens - 1] - base
@@ -109,7 +141,7 @@ def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.
     bounds = np.append(firsts, len(rows)).tolist()
     for j, r in enumerate(rows[by_row[firsts]].tolist()):  # rows whose byte offsets are not code points
         raw, text = pending[r][2], normed[r]
-        same = text is raw or text == raw  # (normalize_text hands a clean text back as it is)
+        same = text is raw or text == raw  # (match_text hands a clean text back as it is)
         if len(prepared[r]) == len(text) and same:
             continue
         at = by_row[bounds[j]:bounds[j + 1]]  # the row's hits
@@ -122,6 +154,6 @@ def char_offsets(batch: TokenBatch, pos: np.ndarray, lens: np.ndarray, rows: np.
             spans = np.array(tokenizer.tokenize_with_offsets(text)[1], dtype=np.int64).reshape(-1, 2)
             i = pos[at] - batch.row_first[r]
             start[at], end[at] = spans[i, 0], spans[i + lens[at] - 1, 1]
-        if not same:  # offsets into the normalized text -> into the row's text
-            start[at], end[at] = to_raw(raw, text, start[at], end[at])
+        if not same:  # offsets into the match text -> into the row's text
+            start[at], end[at] = to_raw(tokenizer, raw, text, start[at], end[at])
     return start, end

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from refinery.transforms.io.text import normalize_text
-
 from .index import EvalRow
+from .normalized import match_text
 from .word_split import WordSplitter, effective_lengths, iter_ngrams
 
 
@@ -15,15 +14,16 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
                       tokenizer: WordSplitter) -> tuple[dict[tuple[str, int], list[str]], set[Any]]:
     """Straightforward implementation of the same method.
 
-    ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized first
-    (:func:`~refinery.transforms.io.text.normalize_text`, as decon and prep do). Returns (instance ids per
+    ``train`` yields ``(train_path, train_row, text)``. Both sides' texts are normalized and
+    folded first (:func:`.normalized.match_text`: the text prep trains on, folded with the
+    tokenizer's match fold, as decon does). Returns (instance ids per
     (dataset, configured n), sorted; the set of detail keys
     ``(eval_idx, train_path, train_row, effective n, ngram)``).
     """
     ns = sorted(set(ns))
     index: dict[tuple[int, str], list[EvalRow]] = {}
     for r in eval_rows:
-        tokens = tokenizer.tokenize(normalize_text(r.text))
+        tokens = tokenizer.tokenize(match_text(tokenizer, r.text))
         for length in effective_lengths(ns, len(tokens)):
             for _, gram in iter_ngrams(tokens, length):
                 bucket = index.setdefault((length, gram), [])
@@ -33,7 +33,7 @@ def reference_overlap(eval_rows: list[EvalRow], train: Iterable[tuple[str, int, 
     found: dict[tuple[str, int], set[Any]] = defaultdict(set)
     details: set[Any] = set()
     for path, row, text in train:
-        tokens = tokenizer.tokenize(normalize_text(text))
+        tokens = tokenizer.tokenize(match_text(tokenizer, text))
         for length in lengths:
             for i in range(len(tokens) - length + 1):
                 gram = " ".join(tokens[i:i + length])

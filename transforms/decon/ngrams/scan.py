@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from refinery.transforms.io.rows import Row
-from refinery.transforms.io.text import TextSpec, normalize_text
+from refinery.transforms.io.text import TextSpec
 
 from .arrays import ranges
 from .compact import RecordColumns
@@ -22,7 +22,7 @@ from .hashes import (
 )
 from .index import Partition
 from .membership import Membership
-from .normalized import char_offsets
+from .normalized import char_offsets, match_texts
 from .word_split import WordSplitter
 
 ReadRow = tuple[int, dict[str, Any], str]  # a training row read: (row, record, its text)
@@ -81,8 +81,8 @@ def scan_rows(rows: Iterable[Row], *, text_field: str | TextSpec,
     text (unreadable, a missing field, not a string) is counted in ``stats.bad_rows``.
     ``lookup(p)`` returns hash partition ``p`` (:func:`load_partition`); a hash hit counts
     only if its exact n-gram is in it (no false positives). The n-grams are those of the
-    row's normalized text (:func:`~refinery.transforms.io.text.normalize_text`, the text
-    prep trains on), the offsets into the row's text (:mod:`.normalized`).
+    row's match text (:func:`.normalized.match_text`: the text prep trains on, folded with
+    the tokenizer's match fold), the offsets into the row's text (:mod:`.normalized`).
     """
     loaded: dict[int, RecordColumns] = {}
 
@@ -96,7 +96,7 @@ def scan_rows(rows: Iterable[Row], *, text_field: str | TextSpec,
     extract = TextSpec.of(text_field).extract
 
     def scan(pending: list[ReadRow]) -> ScanHits | None:
-        normed = [normalize_text(text) for _, _, text in pending]
+        normed = match_texts(tokenizer, [text for _, _, text in pending])
         prepared = [prepare(text) for text in normed]
         stats.text_bytes += sum(map(len, prepared))
         return _scan_batch(pending, prepared, normed, tokenizer, membership, records, partitions, stats)

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterable, Iterator
+
+from refinery.transforms.io.text import DEFAULT_MATCH_FOLD, MATCH_FOLDS
 
 DEFAULT_SEPARATORS = rf"\s{re.escape(string.punctuation)}"
 WHITESPACE_SEPARATORS = r"\s"
@@ -19,18 +21,24 @@ class WordSplitter:
     separates tokens. Tokens therefore never contain a separator and, for every tokenizer
     here, never contain whitespace, so an n-gram string (tokens joined by one space)
     determines its tokens.
+
+    ``fold``: the match key of the text decon splits (``--match-fold``,
+    :data:`~refinery.transforms.io.text.MATCH_FOLDS`): :mod:`.normalized` folds a row's
+    normalized text with it before splitting, on both sides; the methods here split the text
+    they are given.
     """
 
     name: str
     lowercase: bool
     separators: str
+    fold: str = DEFAULT_MATCH_FOLD
 
     @property
     def pattern(self) -> re.Pattern[str]:
         return _compiled(self.separators)
 
     def identity(self) -> dict[str, str | bool]:
-        return {"name": self.name, "lowercase": self.lowercase, "separators": self.separators}
+        return {"name": self.name, "lowercase": self.lowercase, "separators": self.separators, "match_fold": self.fold}
 
     def tokenize(self, text: str) -> list[str]:
         """The exact tokenizer (reference semantics)."""
@@ -154,11 +162,15 @@ TOKENIZERS: dict[str, WordSplitter] = {
 }
 
 
-def get_tokenizer(name: str) -> WordSplitter:
+def get_tokenizer(name: str, fold: str = DEFAULT_MATCH_FOLD) -> WordSplitter:
+    """The tokenizer ``name`` (:data:`TOKENIZERS`) matching under ``fold`` (:data:`MATCH_FOLDS`)."""
     try:
-        return TOKENIZERS[name]
+        tokenizer = TOKENIZERS[name]
     except KeyError:
         raise ValueError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}") from None
+    if fold not in MATCH_FOLDS:
+        raise ValueError(f"unknown match fold {fold!r}; choose one of {', '.join(MATCH_FOLDS)}")
+    return tokenizer if fold == tokenizer.fold else replace(tokenizer, fold=fold)
 
 
 def default_tokenize(text: str) -> list[str]:
