@@ -26,7 +26,7 @@ from refinery.transforms.decon.ngrams.details import read_details
 from refinery.transforms.decon.ngrams.normalized import match_offsets, match_text, tokens_with_offsets
 from refinery.transforms.formats.droplist import TRAIN_FILES, match_fold_problem
 from refinery.transforms.io import storage
-from refinery.transforms.io.text import fold_text, folded_offsets, normalize_text, raw_spans
+from refinery.transforms.io.text import fold_text, fold_texts, folded_offsets, normalize_text, raw_spans
 from refinery.transforms.prep import exclusion
 
 DEFAULT = ng.get_tokenizer("default")
@@ -90,6 +90,20 @@ def test_the_fold_is_a_fixed_point_and_its_offsets_slice_the_raw_text() -> None:
                 assert match_text(DEFAULT, raw[int(a[0]):int(b[0])]) == key[s:e].strip(), (ascii(raw), s, e)
                 checked += 1
     assert checked > 1500
+
+
+def test_the_scan_folds_a_batch_as_it_folds_each_text() -> None:
+    """fold_texts (the scan's batches, one table lookup for all their non-ASCII rows) is
+    fold_text of each text; a text the fold leaves alone is handed back as it is."""
+    rnd = random.Random(11)
+    texts = [normalize_text(t) for t in generated(12, 2000)] + ["plain ASCII", "caf\u00e9 as it is", ""]
+    for _ in range(300):
+        batch = rnd.sample(texts, rnd.randrange(1, 30))
+        assert fold_texts(batch, "nfkc-cf") == [fold_text(t, "nfkc-cf") for t in batch]
+        assert fold_texts(batch, "none") is batch
+    kept = ["caf\u00e9 as it is", "x\u00ady", "plain"]
+    got = fold_texts(kept, "nfkc-cf")
+    assert got == ["caf\u00e9 as it is", "xy", "plain"] and got[0] is kept[0] and got[2] is kept[2]
 
 
 def test_clean_ascii_is_its_own_key_and_costs_one_isascii() -> None:

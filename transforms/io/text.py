@@ -503,28 +503,39 @@ def fold_text(text: str, fold: str) -> str:
 
 
 def fold_texts(texts: list[str], fold: str) -> list[str]:
-    """``[fold_text(t, fold) for t in texts]``, the table looked up once for all the non-ASCII
-    texts together (a scan batch): a text none of whose characters the table flags needs
-    only NFKC's own check; the others are folded one at a time."""
+    """``[fold_text(t, fold) for t in texts]``, the non-ASCII texts (a scan batch's) folded
+    together: the table looked up, the format characters dropped and the one-to-one map
+    applied for all of them at once, each text then cut out of the result; a text the table
+    does not flag is kept as it is; NFKC's own check, and NFKC where it fails, a text at a
+    time."""
     _check_fold(fold)
     at = [i for i, t in enumerate(texts) if not t.isascii()] if fold != "none" else []
     if not at:
         return texts
-    table = _fold_tables()[0]
+    table, mapped = _fold_tables()
     lengths = np.array([len(texts[i]) for i in at], dtype=np.int64)  # (each at least 1: not ASCII)
     firsts = np.zeros(len(at), dtype=np.int64)
     np.cumsum(lengths[:-1], out=firsts[1:])
     cps = _code_points("".join(texts[i] for i in at))
     flags = table[cps]
-    seen = np.bitwise_or.reduceat(flags, firsts).tolist()
-    out = list(texts)
-    for k, i in enumerate(at):
+    seen = np.bitwise_or.reduceat(flags, firsts) != 0
+    folded, cuts = "", [0]
+    if seen.any():  # drop and map for the flagged texts at once; a text's own cut of the result
+        inside = np.repeat(seen, lengths)
+        cps, flags = cps[inside], flags[inside]
+        keep = (flags & _CF) == 0
+        folded = _text_of(np.where(flags & _MAPPED, mapped[cps], cps)[keep])
+        at_first = np.zeros(int(seen.sum()), dtype=np.int64)
+        np.cumsum(lengths[seen][:-1], out=at_first[1:])
+        cuts = [0, *np.cumsum(np.add.reduceat(keep.astype(np.int64), at_first)).tolist()]
+    out, j = list(texts), 0
+    for i, flagged in zip(at, seen.tolist()):
         text = texts[i]
-        if seen[k]:
-            a, b = int(firsts[k]), int(firsts[k] + lengths[k])
-            out[i] = _fold_flagged(text, cps[a:b], flags[a:b], seen[k])
-        elif not unicodedata.is_normalized("NFKC", text):
-            out[i] = unicodedata.normalize("NFKC", text).strip()
+        if flagged:
+            text, j = folded[cuts[j]:cuts[j + 1]], j + 1
+        if not unicodedata.is_normalized("NFKC", text):
+            text = unicodedata.normalize("NFKC", text)
+        out[i] = text.strip()  # (the same object where there is nothing to strip)
     return out
 
 
