@@ -17,7 +17,9 @@ Cases (``--cases``, default all):
 - ``distinct-N``: N eval rows with distinct texts (random words), all contaminated: the
   training rows are the eval texts, one each;
 - ``common-N-T``: N eval rows with distinct texts that all hold one 13-gram, against T
-  training rows holding it (each training row overlaps every eval row).
+  training rows holding it (each training row overlaps every eval row);
+- ``rows-T``: the GSM8K test questions against T training rows, each holding one of them
+  (T contaminated training rows: the drop list, its spans and the per-row tallies).
 
     .venv/bin/python bench/decon_memory.py [--cases identical-2000-60 ...] [--limit-gb 6] [--no-stages]
 
@@ -97,6 +99,14 @@ def build_case(case: str, root: str) -> tuple[str, str, str]:
         write_jsonl(train, [{"id": f"doc-{j}", "text": f"doc {j}: {COMMON} and dreams"} for j in range(n_train)])
         what = f"{n_eval:,} distinct eval rows sharing a 13-gram x {n_train:,} training rows"
         return ev, os.path.dirname(train), what
+    if kind == "rows":
+        n_train, = map(int, sizes)
+        with gzip.open(GSM8K_TEST, "rt", encoding="utf-8") as f:
+            qs = [json.loads(line)["question"] for line in f]
+        write_jsonl(ev, [{"id": f"test-{i}", "text": q} for i, q in enumerate(qs)])
+        write_jsonl(train, [{"id": f"doc-{j}", "text": f"Doc {j}. {qs[j % len(qs)]} Answer: {j}."}
+                            for j in range(n_train)])
+        return ev, os.path.dirname(train), f"{len(qs):,} GSM8K questions x {n_train:,} training rows, each holding one"
     raise SystemExit(f"unknown case {case!r}")
 
 

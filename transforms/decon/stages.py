@@ -49,8 +49,8 @@ from isal import igzip, isal_zlib
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams import row_shares as rs
 from refinery.transforms.decon.ngrams.compact import RecordColumns
-from refinery.transforms.decon.ngrams.droplist import DropList
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
     bad_row_reasons,
@@ -517,6 +517,21 @@ def results_file(p: int) -> str:
     return f"results/part-{p:05d}.msgpack"
 
 
+def row_share_file(p: int) -> str:
+    """Eval partition ``p``'s row share: its training rows' side of the results
+    (:func:`.row_shares.encode_row_share`), which the merge reads a window at a time."""
+    return f"results/rows-{p:05d}.bin"
+
+
+def row_share_part(result: dict[str, Any], eval_rows: list[ng.EvalRow], tokenizer: ng.WordSplitter) -> bytes:
+    """The row-share file of a reduce unit's ``result``, taken out of it (the merge never holds
+    every partition's rows), and the training rows of its ``by_path`` left out (the merge
+    counts them from the row shares)."""
+    data = rs.encode_row_share(result.pop("train_rows"), result.pop("windows"), eval_rows, tokenizer)
+    result["by_path"] = [[path, ds, n, ids, []] for path, ds, n, ids, _ in result["by_path"]]
+    return data
+
+
 def scan_frames(scan_run: StageRun) -> dict[str, Any]:
     """Where each partition's hits are: ``units`` lists each scan unit in plan order as
     ``[unit id, training path, row base]`` (the rows of the byte slices of its file before
@@ -582,8 +597,9 @@ class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
     def _settings(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "ns": self.s.ns, "max_train_count": self.s.max_train_count,
                 "max_ngram_details": self.s.max_ngram_details,
-                # 1: results list the rows hit; 2: with their records, shared texts once; 3: and their spans
-                "train_rows": 3,
+                # 1: results list the rows hit; 2: with their records, shared texts once; 3: and their spans;
+                # 4: in a row-share file of their own (row_share_file)
+                "train_rows": 4,
                 # absent for jsonl: the hash of a jsonl run made before --details-format is kept
                 **({"details_format": "parquet"} if self.s.details_format == "parquet" else {}),
                 # with --max-train-count: results name the instances of the ignored n-grams (ignored_evals)
@@ -617,13 +633,14 @@ class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
                 result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count, None,
                                              self.s.max_ngram_details, same, rows_out=rows_out)
                 rows_out.close()
-                packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         else:
             with ctx.open_write(ctx.part_path(details_file(p))) as raw, gc_paused():
                 with _gzip_writer(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz:
                     result = ng.reduce_partition(records, eval_rows, self.s.ns, blocks, self.s.max_train_count,
                                                  gz.write, self.s.max_ngram_details, same)
-                packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
+        share = row_share_part(cast(dict[str, Any], result), eval_rows, ng.get_tokenizer(self.s.tokenizer))
+        ctx.write_bytes(ctx.part_path(row_share_file(p)), share)
+        packed = msgpack.packb(result, use_bin_type=True, unicode_errors="surrogatepass")
         ctx.write_bytes(ctx.part_path(results_file(p)), packed)
         return {"details": result["details"], "ignored_ngrams": result["ignored"],
                 "capped_ngrams": len(result["capped"])}
@@ -690,8 +707,9 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         # the merged result is many small dicts and sets, kept to the end: the collector, left on, walks
         # them again and again as the stats and reports are built (0.9 s of 2.3 on a 47 MB scan's hits)
+        train = self.merge_train_rows(ctx, reduce_run, plan, eval_rows, same, tok)
         with gc_paused():
-            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same, self.s.max_train_count)
+            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same, self.s.max_train_count, train)
             short = short_rows(eval_rows, self.s.min_eval_tokens)  # not indexed: counted and named
             note_short_rows(result.overlap_stats, result.summary, short)
             short_warning = short_rows_warning(short, self.s.min_eval_tokens)
@@ -710,7 +728,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 ctx.write_bytes(ctx.output_path(EVAL_BAD_ROWS), jsonl(reasons))
             else:  # none of an earlier run stays
                 storage.remove(ctx.output_path(EVAL_BAD_ROWS), root=ctx.output)
-            self.write_drop_lists(ctx, result.contaminated, scan_run)
+            self.write_drop_lists(ctx, scan_run)
             ctx.write_bytes(ctx.output_path("stats/report.md"),
                             ng.render_report(result, scan_totals, self.s.max_train_count,
                                              top=self.s.report_examples,  # the HTML page's count of instances
@@ -730,16 +748,26 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
-    def write_drop_lists(self, ctx: UnitContext, contaminated: DropList, scan_run: StageRun) -> None:
-        """What ``prep --exclude-overlaps`` and ``refinery clean`` read: the drop list, its
-        spans, the rows decon could not read and the training files it scanned (each written
-        a few lines at a time: they may be large)."""
-        for relpath, chunks in ((CONTAMINATED_DOCS, contaminated.chunks()),
-                                (CONTAMINATED_SPANS, contaminated.span_chunks()),  # what span mode cuts out
-                                (UNREAD_ROWS, unread_rows(scan_run))):
-            with ctx.open_write(ctx.output_path(relpath)) as out:
-                for chunk in chunks:
-                    out.write(chunk)
+    def merge_train_rows(self, ctx: UnitContext, reduce_run: StageRun, plan: list[Unit[PartitionPayload]],
+                         eval_rows: list[ng.EvalRow], same: ng.SameText, tok: ng.WordSplitter) -> rs.TrainRowTotals:
+        """The drop list and its spans (what ``prep --exclude-overlaps`` and ``refinery clean``
+        read: span mode cuts the spans out), written from the reduce units' row shares a window
+        of training rows at a time (:func:`.row_shares.merge_train_rows`), with the longest
+        matches and row counts the rest of the merge needs."""
+        shares = []
+        for u in plan:
+            path = storage.join(reduce_run.parts_dir, row_share_file(u.payload["p"]))
+            shares.append(rs.RowShare(rs.file_reader(path), path))
+        with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as drop, \
+                ctx.open_write(ctx.output_path(CONTAMINATED_SPANS)) as spans:
+            return rs.merge_train_rows(shares, eval_rows, same, self.s.ns, tok, drop.write, spans.write)
+
+    def write_drop_lists(self, ctx: UnitContext, scan_run: StageRun) -> None:
+        """Beside the drop list: the rows decon could not read (a few lines at a time: they may
+        be many) and the training files it scanned."""
+        with ctx.open_write(ctx.output_path(UNREAD_ROWS)) as out:
+            for chunk in unread_rows(scan_run):
+                out.write(chunk)
         ctx.write_bytes(ctx.output_path(TRAIN_FILES), jsonl(self.train_files(scan_run, self.s)))
 
     @staticmethod

@@ -94,7 +94,8 @@ def token_positions(eval_rows: list[EvalRow], evals: np.ndarray, chars: np.ndarr
 
 
 def longest_matches(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_rows: list[EvalRow], ns: list[int],
-                    tokenizer: WordSplitter, windows_at_once: int = WINDOWS_AT_ONCE) -> np.ndarray:
+                    tokenizer: WordSplitter, windows_at_once: int = WINDOWS_AT_ONCE, best: np.ndarray | None = None
+                    ) -> np.ndarray:
     """The longest match of every eval row: an array ``[eval_idx, k]`` for effective length
     ``L`` at ``k = searchsorted(ns, L)`` (the first configured n with ``min(n, tokens) ==
     L``; see :func:`longest_at`), 0 where nothing overlaps; rows whose text an earlier row
@@ -104,9 +105,11 @@ def longest_matches(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_ro
     (:meth:`.droplist.RowHits.result`, :func:`record_windows`). A training row's windows of
     one instance are the union over every partition that lists the row; a training row's
     pairs are expanded ``windows_at_once`` windows at a time (more only for one row that has
-    more)."""
+    more). A windows share with ``toks`` (the token positions of its ``chars``:
+    :func:`token_positions`, made ahead) is not tokenized again. ``best``: raised in place
+    (the merge of :mod:`.row_shares` calls this once per window of training rows)."""
     ns = sorted(set(ns))
-    best = np.zeros((len(eval_rows), len(ns)), dtype=np.int64)
+    best = np.zeros((len(eval_rows), len(ns)), dtype=np.int64) if best is None else best
     used = [(rows, win) for rows, win in shares if rows.get("paths")]
     if not used:
         return best
@@ -132,7 +135,7 @@ def longest_matches(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_ro
         wlo.append(starts[:-1] + windows_before)
         whi.append(starts[1:] + windows_before)
         evals.append(i64(win["evals"]))
-        chars.append(i64(win["chars"]))
+        chars.append(i64(win["toks"] if "toks" in win else win["chars"]))
         pairs_before += len(recs)
         recs_before += n_recs
         windows_before += int(starts[-1])
@@ -140,7 +143,11 @@ def longest_matches(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_ro
     pair_lo, pair_hi, pair_rec = np.concatenate(lo_list), np.concatenate(hi_list), np.concatenate(rec_list)
     rec_len, rec_wlo, rec_whi = np.concatenate(lens), np.concatenate(wlo), np.concatenate(whi)
     win_eval = np.concatenate(evals)
-    win_tok = token_positions(eval_rows, win_eval, np.concatenate(chars), tokenizer)
+    toks_made = [("toks" in win) for _, win in used]
+    if any(toks_made) and not all(toks_made):
+        raise ValueError("longest_matches: windows shares with and without token positions")
+    win_tok = np.concatenate(chars) if all(toks_made) else token_positions(eval_rows, win_eval, np.concatenate(chars),
+                                                                           tokenizer)
     ns_arr = np.array(ns, dtype=np.int64)
     # the windows of each listed row, before the rows of several partitions are joined
     pair_windows = np.append(0, np.cumsum((rec_whi - rec_wlo)[pair_rec]))

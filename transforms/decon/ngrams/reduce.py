@@ -23,9 +23,10 @@ from .details import (
     ParquetSink,
     RecordSide,
 )
-from .droplist import DropList, RowHits
+from .droplist import RowHits
 from .index import EvalRow, SameText, same_text
-from .longest import EMPTY_WINDOWS, longest_at, longest_matches, record_windows
+from .longest import EMPTY_WINDOWS, longest_at, record_windows
+from .row_shares import RowShare, TrainRowTotals, bytes_reader, encode_row_share, merge_train_rows
 from .scan import ScanHits
 from .word_split import WordSplitter, configured_ns
 
@@ -275,9 +276,8 @@ def reduce_partition(records: Sequence[Sequence[Any]], eval_rows: list[EvalRow],
         sink.end_block()
         sampler.add(unit, path, hits, block)
     sink.finish()
-    return {**partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
-                               int(skip.sum()) if skip is not None else 0),
-            "ignored_evals": ignored_instances(side, skip)}
+    return partition_result(side, tally, sampler, row_hits, eval_rows, sorted(set(ns)), same,
+                            int(skip.sum()) if skip is not None else 0, ignored_instances(side, skip))
 
 
 def ignored_instances(side: RecordSide, skip: np.ndarray | None) -> dict[int, dict[int, int]]:
@@ -447,7 +447,8 @@ class Sampler:
 
 
 def partition_result(side: RecordSide, tally: Tally, sampler: Sampler, row_hits: RowHits, eval_rows: list[EvalRow],
-                     ns: list[int], same: SameText, ignored: int) -> PartitionResult:
+                     ns: list[int], same: SameText, ignored: int, ignored_evals: dict[int, dict[int, int]]
+                     ) -> PartitionResult:
     """The partition's share of the results, once its blocks are through (:func:`reduce_partition`)."""
     order = tally.order
     kept = {rec: side.evals(rec) for rec in order}
@@ -467,7 +468,7 @@ def partition_result(side: RecordSide, tally: Tally, sampler: Sampler, row_hits:
     return {"details": int(written.sum()), "ignored": ignored, "capped": capped, "overlaps": overlaps,
             "spans": spans, "by_path": by_path(tally.path_hits, keys_of),
             "train_rows": row_hits.result(keys_of, len(eval_rows)), "windows": record_windows(side.records, kept),
-            "samples": sampler.result()}
+            "samples": sampler.result(), "ignored_evals": ignored_evals}
 
 
 def record_keys(n_rec: int, evals: list[Any], eval_rows: list[EvalRow], ns: list[int], same: SameText
@@ -520,13 +521,13 @@ class ReduceResult:
     spans: dict[int, dict[int, list[Any]]]                # first row of a text -> n -> eval offsets of its n-grams
     samples: dict[int, dict[int, list[Any]]]              # first row of a text -> n -> its first two training rows
     capped: list[Any]                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
-    contaminated: DropList                           # the drop list (its lines: ``contaminated.chunks()``)
+    contaminated: TrainRowTotals                     # the drop list's merge (its lines, in memory: ``.chunks()``)
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
 
 
 def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: WordSplitter,
                      eval_bad_rows: dict[str, dict[str, Any]] | None = None, same: SameText | None = None,
-                     max_train_count: int | None = None) -> ReduceResult:
+                     max_train_count: int | None = None, train: TrainRowTotals | None = None) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
     instance are the union of its partitions' (metrics need all of them). Rows with the
@@ -535,7 +536,9 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
     only (:meth:`SameText.first_of`); the stats and metrics list every row. With
     ``max_train_count``, each line of the stats also names the instances that overlap at its n
-    only through ignored n-grams (:func:`overlap_stats`)."""
+    only through ignored n-grams (:func:`overlap_stats`). ``train``: the merge of the partitions'
+    row shares (:func:`.row_shares.merge_train_rows`, which wrote the drop list and its spans);
+    without it, the shares the ``parts`` hold are merged here, the drop list kept in memory."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
     got = MergedParts()
@@ -544,7 +547,9 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     stats, all_ids, empty_ids = overlap_stats(eval_rows, ns, datasets, got.overlaps, same,
                                               got.ignored_evals if max_train_count is not None else None)
-    longest = longest_matches(got.windows, eval_rows, ns, tokenizer)
+    if train is None:
+        train = train_rows_in_memory(got.row_shares, eval_rows, same, ns, tokenizer)
+    longest = train.longest
     summary = [{"eval_dataset": ds,
                 "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
                 "num_instances": len(all_ids[ds]),
@@ -553,11 +558,11 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     first_rows: dict[int, dict[int, list[Any]]] = defaultdict(dict)
     for (eval_idx, n), rows_of in got.samples.items():
         first_rows[eval_idx][n] = [rows_of[k] for k in sorted(rows_of)[:2]]
-    return ReduceResult(stats, train_path_stats(got.by_path, eval_rows, same),
+    return ReduceResult(stats, train_path_stats(got.by_path, train.rows_by_path, eval_rows, same),
                         instance_metrics_rows(eval_rows, ns, got.overlaps, longest, tokenizer, same), summary,
                         got.ignored, dict(got.overlaps), dict(got.spans), dict(first_rows),
                         sorted(got.capped, key=lambda c: (-c[3], c[0], c[1])),
-                        DropList(got.train_rows, eval_rows, same), train_rows_at_n(got.by_path, ns))
+                        train, train.rows_at_n)
 
 
 @dataclass
@@ -569,11 +574,9 @@ class MergedParts:
     spans: dict[int, dict[int, list[Any]]] = field(default_factory=lambda: defaultdict(dict))
     samples: dict[tuple[int, int], dict[tuple[int, int], list[Any]]] = field(
         default_factory=lambda: defaultdict(dict))
-    by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]] = field(default_factory=dict)
-    train_rows: list[dict[str, Any]] = field(default_factory=list)
-    # (train_rows share, its records' eval windows) per partition
-    windows: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
-    doc_ids: dict[str, str] = field(default_factory=dict)
+    by_path: dict[tuple[str, str, int], set[int]] = field(default_factory=dict)  # -> eval rows (first rows)
+    # (train_rows share, its records' eval windows) per partition that holds them (in memory: a test's)
+    row_shares: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     ignored: int = 0
     ignored_evals: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     capped: list[list[Any]] = field(default_factory=list)
@@ -595,16 +598,10 @@ class MergedParts:
             for n, sampled in sampled_by_n.items():
                 for unit, row, path, hits in sampled:
                     self.samples[(eval_idx, n)].setdefault((unit, row), [unit, row, path, []])[3].extend(hits)
-        for path, ds, n, ids, rows in part["by_path"]:
-            got = self.by_path.setdefault((path, ds, n), (set(), set()))
-            got[0].update(ids)
-            got[1].update(rows)
+        for path, ds, n, ids, _ in part["by_path"]:  # its training rows are counted from the row shares
+            self.by_path.setdefault((path, ds, n), set()).update(ids)
         if "train_rows" in part:
-            share = part["train_rows"]
-            # a training row's doc id comes once from every partition it hits: held once
-            share["docs"] = [self.doc_ids.setdefault(d, d) for d in share["docs"]]
-            self.train_rows.append(share)
-            self.windows.append((share, part.get("windows", EMPTY_WINDOWS)))
+            self.row_shares.append((part["train_rows"], part.get("windows", EMPTY_WINDOWS)))
 
 
 def overlap_stats(eval_rows: list[EvalRow], ns: list[int], datasets: list[str],
@@ -663,24 +660,34 @@ def _some(ids: list[str], k: int = 3) -> str:
     return shown + (f", and {len(ids) - k} more" if len(ids) > k else "")
 
 
-def train_rows_at_n(by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]], ns: list[int]) -> dict[int, int]:
-    """Configured n -> the training rows overlapping at it (each row once, whatever its datasets)."""
-    rows_at_n: dict[tuple[str, int], set[int]] = defaultdict(set)  # (training path, n) -> its rows overlapping at n
-    for (path, _, n), (_, rows) in by_path.items():
-        rows_at_n[(path, n)].update(rows)
-    return {n: sum(len(rows) for (_, m), rows in rows_at_n.items() if m == n) for n in ns}
+def train_rows_in_memory(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_rows: list[EvalRow],
+                         same: SameText, ns: list[int], tokenizer: WordSplitter) -> TrainRowTotals:
+    """:func:`.row_shares.merge_train_rows` of shares held in memory (each encoded as the reduce
+    stage writes its file), the drop list and its spans kept as bytes."""
+    files = []
+    for rows, windows in shares:
+        data = encode_row_share(rows, windows, eval_rows, tokenizer)
+        files.append(RowShare(bytes_reader(data), "a partition's row share"))
+    drop, spans = bytearray(), bytearray()
+    totals = merge_train_rows(files, eval_rows, same, ns, tokenizer, drop.extend, spans.extend)
+    totals.drop_list, totals.spans = bytes(drop), bytes(spans)
+    return totals
 
 
-def train_path_stats(by_path: dict[tuple[str, str, int], tuple[set[int], set[int]]], eval_rows: list[EvalRow],
-                     same: SameText) -> list[dict[str, Any]]:
+def train_path_stats(by_path: dict[tuple[str, str, int], set[int]], rows_by_path: dict[tuple[str, str, int], int],
+                     eval_rows: list[EvalRow], same: SameText) -> list[dict[str, Any]]:
     """The lines of ``by_train_path.jsonl``: per training path, eval dataset and n, the instances
-    its rows overlap (every row of a shared text) and its rows that do."""
+    its rows overlap (every row of a shared text, from ``by_path``) and its rows that do
+    (``rows_by_path``, :class:`.row_shares.TrainRowTotals`)."""
+    if set(by_path) != set(rows_by_path):
+        raise ValueError("the reduce results and the row shares name other (training path, eval dataset, n)")
     paths = []
-    for (path, ds, n), (ids, rows) in sorted(by_path.items()):
+    for (path, ds, n), ids in sorted(by_path.items()):
+        rows = rows_by_path[(path, ds, n)]
         instance_ids = sorted({eval_rows[j].instance_id for i in ids for j in same.rows_of(i)
                                if eval_rows[j].eval_dataset == ds})
         paths.append({"train_path": path, "eval_dataset": ds, "n": n, "num_instances": len(instance_ids),
-                      "instance_ids": instance_ids, "num_train_rows": len(rows)})
+                      "instance_ids": instance_ids, "num_train_rows": rows})
     return paths
 
 
