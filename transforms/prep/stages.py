@@ -33,6 +33,7 @@ import numpy as np
 from refinery.transforms.formats import manifests, provenance, shards
 from refinery.transforms.formats.bpe_encoder import FastTiktokenTokenizer
 from refinery.transforms.formats.encoders import load_tokenizer
+from refinery.transforms.formats.failed_run import CorruptFile
 from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.formats.tokenizer_choice import DEFAULT, PrepTokenizer, TokenizerSpec
 from refinery.transforms.io import storage
@@ -285,11 +286,6 @@ class TokenizePayload(TypedDict):
     """A tokenize unit's payload: its inputs, in order."""
 
     pieces: list[Piece]
-
-
-class CorruptFile(TypedDict):
-    path: str
-    reason: str
 
 
 class _TokenizeStatsBase(TypedDict):
