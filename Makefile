@@ -50,12 +50,11 @@ prism-cache: install
 
 # ruff's checks (ruff.toml): pyflakes, pycodestyle, import order, bugbear; then mypy's (mypy.ini): strict on
 # every module of the project, tests and bench included. The package `refinery` is this
-# checkout (setup.py's package_dir): mypy finds it through the link .cache/typecheck/refinery (git-ignored).
+# checkout (setup.py's package_dir): mypy and pyright find it through the committed link .typecheck/refinery.
 # MYPY_PACKAGES: the whole checkout (tests/ and bench/ included: they are under the package root), clean
 MYPY_PACKAGES ?= -p refinery
 lint: install-test
 	$(BIN)/ruff check .
-	mkdir -p .cache/typecheck && ln -sfn "$(CURDIR)" .cache/typecheck/refinery
 	$(BIN)/mypy $(MYPY_PACKAGES)
 
 # the suite runs in TEST_WORKERS processes (pytest-xdist), a test module to each at a time (--dist loadfile:

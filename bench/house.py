@@ -118,10 +118,6 @@ def near_names() -> list[str]:
 def mypy_strict_errors() -> int:
     """Errors of mypy over the whole checkout with the project's config (mypy.ini: strict on
     every module of the project), as ``make lint`` runs it."""
-    link = ROOT / ".cache" / "typecheck" / "refinery"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.exists():
-        link.symlink_to(ROOT)
     done = subprocess.run([sys.executable, "-m", "mypy", "-p", "refinery"], cwd=ROOT, capture_output=True, text=True)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
     found = re.search(r"Found (\d+) errors?", last)
@@ -137,7 +133,7 @@ def main() -> None:
     parser.add_argument("--mypy", action="store_true", help="also run mypy (strict) over the checkout (minutes)")
     parser.add_argument("--list", action="store_true", help="list what each count counts")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / ".cache" / "typecheck"))
+    sys.path.insert(0, str(ROOT / ".typecheck"))
     figures = {
         "stage_hooks": stage_hooks(),
         "long_functions": long_functions(),

@@ -234,3 +234,16 @@ def test_an_editable_install_says_no_caution_that_does_not_apply(tmp_path: Path)
                            cwd=copy, capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr[-2000:]
     assert list(dist.glob("*.whl")) and "Editable installation" not in built.stdout + built.stderr
+
+
+def test_static_tools_see_the_package_refinery_in_a_fresh_clone() -> None:
+    """No folder is named ``refinery`` (setup.py maps the checkout's root to it): the committed
+    link .typecheck/refinery is the checkout under that name, tracked by git as a link to ``..``,
+    and mypy (mypy_path) and pyright (extraPaths) look there, with no set-up step."""
+    tracked = subprocess.run(["git", "ls-files", "-s", ".typecheck/refinery"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert tracked and tracked[0] == "120000", tracked  # a symbolic link, committed
+    link = ROOT / ".typecheck" / "refinery"
+    assert os.readlink(link) == ".." and (link / "transforms" / "resumable" / "ledger.py").is_file()
+    assert "mypy_path = $MYPY_CONFIG_FILE_DIR/.typecheck" in (ROOT / "mypy.ini").read_text()
+    assert ".typecheck" in json.loads((ROOT / "pyrightconfig.json").read_text())["extraPaths"]
