@@ -37,8 +37,10 @@ from refinery.beam_pipelines.checks import (
     warn_if_mostly_rejected,
 )
 from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
+from refinery.transforms.inference.documents import DocumentSource
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams
-from refinery.transforms.inference.stages import DocumentSource, GenerateTask, HandlerOptions, InferStage, build_stages
+from refinery.transforms.inference.stages import InferStage, build_stages
+from refinery.transforms.inference.tasks import GenerateTask, HandlerOptions
 from refinery.transforms.io import storage
 from refinery.transforms.resumable import JobResult, Stage
 

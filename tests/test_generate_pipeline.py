@@ -17,8 +17,10 @@ from helpers import write_jsonl  # noqa: E402
 
 from refinery.beam_pipelines import generate  # noqa: E402
 from refinery.transforms.inference import stages as gs  # noqa: E402
+from refinery.transforms.inference.documents import Doc  # noqa: E402
 from refinery.transforms.inference.handler import GenerationParams, GptOssEngine, decode, doc_seed  # noqa: E402
-from refinery.transforms.inference.stages import Doc, fit_prompt, load_template, render_template  # noqa: E402
+from refinery.transforms.inference.prompts import fit_prompt, load_template, render_template  # noqa: E402
+from refinery.transforms.inference.tasks import GenerateTask  # noqa: E402
 from refinery.transforms.resumable import bind_stages, run_stages  # noqa: E402
 
 DIRECT = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -71,7 +73,7 @@ def test_generate_equals_engine_and_rerun_skips(tmp_path: Path, ckpt: str) -> No
     assert "malformed JSON" in rows[2]["error"] and "text" not in rows[2]
     # the same documents straight through the engine, one at a time, with their seeds
     args = _args(ckpt, [inp], out)
-    task = gs.GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
+    task = GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
                            GenerationParams(6, 0.8, 7), "rephrase")
     engine = GptOssEngine(task.engine)
     for r, (i, text) in zip([r for r in rows if "error" not in r], enumerate(TEXTS)):
@@ -110,7 +112,7 @@ def test_interrupted_run_resumes(tmp_path: Path, ckpt: str, monkeypatch: pytest.
     assert not (out / "generations.jsonl").exists()
     monkeypatch.setattr(gs.WriteUnitFn, "process", real)
     args = _args(ckpt, [inp], out, "--wave-units", "1")
-    task = gs.GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
+    task = GenerateTask(generate.engine_settings(generate.EngineFlags.from_args(args)),
                            GenerationParams(6, 0.8, 7), "rephrase")
     stages = gs.build_stages(task, generate.document_source(generate.InputFlags.from_args(args)), 1)
     done = [u.id for u in stages[0].plan() if bind_stages(stages, str(out))[0].check(u.id).done]

@@ -202,6 +202,7 @@ def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path: P
     from apache_beam.ml.inference.base import PredictionResult
 
     from refinery.transforms.inference import stages as inference
+    from refinery.transforms.inference import tasks
 
     stage = Counting()
     [run] = bind_stages([stage], str(tmp_path / "out"))
@@ -214,6 +215,6 @@ def test_inference_units_publish_documents_and_tokens_while_they_run(tmp_path: P
     published = {p.name: json.loads(p.read_text())["stats"] for p in (tmp_path / "out").glob("**/progress/*.json")}
     assert published == {"a.json": {"documents": 3, "generated_tokens": 15},
                          "b.json": {"documents": 1, "generated_tokens": 7}}
-    task = inference.GenerateTask.__new__(inference.GenerateTask)
+    task = tasks.GenerateTask.__new__(tasks.GenerateTask)
     assert task.progress({"documents": 4, "generated_tokens": 22}, 2.0) == "4 docs, 22 tokens, 2.0 docs/s, 11.0 tok/s"
     assert task.progress({"documents": 4, "generated_tokens": 22}, 0.2) == "4 docs, 22 tokens"

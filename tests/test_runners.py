@@ -30,7 +30,7 @@ from helpers import gsm8k_texts, write_jsonl
 from refinery.runners import RUNNERS, RunnerOptionsError, pipeline_args, setup_file
 from refinery.runners.dataflow import GPU_MACHINES, parse_gpu
 from refinery.runners.translate import command_pipeline, dataflow_job, runner_api, step_names
-from refinery.transforms.inference.stages import Task
+from refinery.transforms.inference.tasks import Task
 from refinery.transforms.resumable import Stage, StageRun
 
 GCP = ["--project=refinery-test", "--region=us-central1", "--temp_location=gs://refinery-test-bucket/tmp"]
@@ -294,7 +294,7 @@ def _inference_jobs(root: Path, command: str, argv: list[str], handler: str) -> 
     task: Task
     if command == "generate":
         from refinery.transforms.inference.handler import GenerationParams
-        from refinery.transforms.inference.stages import GenerateTask
+        from refinery.transforms.inference.tasks import GenerateTask
 
         task = GenerateTask(engine, GenerationParams(max_tokens=args.max_tokens), args.template, options)
     elif command == "oracle-label":

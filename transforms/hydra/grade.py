@@ -24,6 +24,7 @@ import torch
 from refinery.transforms.hydra.calibrate import Thresholds, decide, load_calibration
 from refinery.transforms.hydra.heads import judge_preprocess, load_head, probe_features
 from refinery.transforms.hydra.oracle import DIMENSIONS
+from refinery.transforms.inference.documents import Doc, JsonObject
 from refinery.transforms.inference.handler import (
     BatchingOptions,
     EngineSettings,
@@ -32,7 +33,7 @@ from refinery.transforms.inference.handler import (
     validate_layers,
 )
 from refinery.transforms.inference.model_handler import EngineModelHandler
-from refinery.transforms.inference.stages import Doc, HandlerOptions, JsonObject, Task, checkpoint_fingerprint
+from refinery.transforms.inference.tasks import HandlerOptions, Task, checkpoint_fingerprint
 from refinery.transforms.io import storage
 from refinery.transforms.resumable import UnitContext
 from refinery.transforms.resumable.progress import rate

@@ -26,8 +26,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from refinery.transforms.formats.harmony import RETURN_TOKEN, parse_final
 from refinery.transforms.formats.tiktoken_vocab import get_encoding
+from refinery.transforms.inference.documents import JsonObject
 from refinery.transforms.inference.handler import EngineSettings, GenerationParams
-from refinery.transforms.inference.stages import GenerateTask, HandlerOptions, JsonObject
+from refinery.transforms.inference.tasks import GenerateTask, HandlerOptions
 from refinery.transforms.resumable import UnitContext
 
 DIMENSIONS = ("helpfulness", "correctness", "coherence", "complexity", "density")

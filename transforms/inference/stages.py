@@ -1,13 +1,12 @@
 """Resumable model inference over documents: ``infer`` (RunInference per wave of units) -> ``merge``.
 
 Shared by ``refinery generate`` and the model-driven HYDRA steps (oracle labels, grading).
-What differs between them is a :class:`Task`: how a document becomes an example, which
+What differs between them is a :class:`~.tasks.Task`: how a document becomes an example, which
 ModelHandler runs it, how a result becomes an output row, and what the merge writes.
 
-- Documents (:class:`DocumentSource`): rows of JSONL/JSON/parquet files (``--text-field``,
-  ``--id-field``; a missing id becomes ``{relpath}:{row}``), or doc ids
-  (``{source}//{relpath}#s=..:e=..``) listed in files, read from prep shards under a data
-  root. A unit is a slice of at most ``docs_per_unit`` documents of one input file.
+- Documents (:class:`~.documents.DocumentSource`, :mod:`.documents`): rows of data files, or
+  doc ids read from prep shards. A unit is a slice of at most ``docs_per_unit`` documents of
+  one input file; prompts are :mod:`.prompts`, tasks :mod:`.tasks`.
 - ``infer`` units run in waves, each a part of the command's one Beam job, after the one before:
   ``ReadUnits | Reshuffle | ExpandUnit -> ((unit, i), example) | RunInference(KeyedGptOssModelHandler)
   | CoGroupByKey(unit) | WriteUnit`` whose last step writes each unit's part file and receipt
@@ -32,11 +31,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypedDict, TypeVar
 
 import apache_beam as beam
@@ -44,20 +41,9 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.pvalue import PBegin, PCollection, TaggedOutput
 from apache_beam.typehints.decorators import no_annotations
 
-from refinery.transforms.formats.docids import read_doc_tokens, read_docid_file
-from refinery.transforms.formats.harmony import render_prompt
-from refinery.transforms.formats.tiktoken_vocab import get_encoding
-from refinery.transforms.inference.handler import (
-    BatchingOptions,
-    EngineSettings,
-    Generation,
-    GenerationParams,
-    cached_engine,
-    decode,
-    doc_seed,
-    run_generation,
-)
-from refinery.transforms.io import rows, storage
+from refinery.transforms.inference.documents import Doc, DocumentSource, InferPayload, JsonObject
+from refinery.transforms.inference.tasks import Task
+from refinery.transforms.io import storage
 from refinery.transforms.io.beam_private import dead_letter_error
 from refinery.transforms.io.jsonl import jsonl
 from refinery.transforms.resumable import (
@@ -71,34 +57,18 @@ from refinery.transforms.resumable import (
     UnitContext,
     execute_unit,
     now_iso,
-    short_hash,
 )
 from refinery.transforms.resumable import base as resumable_base  # PROGRESS_EVERY_S, read when used (tests set it)
 from refinery.transforms.resumable.beam_steps import ReadUnits, UnitResult, count_receipt, summary
-from refinery.transforms.resumable.progress import rate
 from refinery.transforms.resumable.unit_lists import PlanRef
 
 if TYPE_CHECKING:  # importing model_handler imports Beam's ML package and torch: only a worker's RunInference needs it
     from apache_beam.ml.inference.base import PredictionResult
 
-    from refinery.transforms.inference.model_handler import EngineModelHandler, GptOssModelHandler
 
 log = logging.getLogger("refinery")
 
 FORMAT_VERSION = 1
-
-JsonObject = dict[str, Any]
-"""A JSON object: an example for the handler, a document's metadata, an output row."""
-
-
-class InferPayload(TypedDict):
-    """An infer unit: documents ``[lo, hi)`` of input file number ``file``."""
-
-    file: int
-    path: str
-    relpath: str
-    lo: int
-    hi: int
 
 
 class DocRow(TypedDict):
@@ -122,297 +92,6 @@ class InferStats(TypedDict):
 
 FailedBatch = tuple[tuple[int, ...], int, str]
 """A unit's share of a batch RunInference failed on: its documents' indexes, the batch's size, the error."""
-
-
-# ---------------------------------------------------------------------------------------
-# Documents
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class Doc:
-    """One input document: ``id``, and ``text`` or ``tokens`` (doc-id inputs), or an ``error``."""
-
-    id: str
-    text: str | None = None
-    tokens: list[int] | None = None
-    error: str | None = None
-    where: str = ""  # file:row, for messages
-
-    def get_tokens(self) -> list[int]:
-        if self.tokens is None:
-            self.tokens = get_encoding().encode_ordinary(self.text or "")
-        return self.tokens
-
-    def get_text(self) -> str:
-        if self.text is None:
-            self.text = decode(self.tokens or [])
-        return self.text
-
-
-@dataclass
-class DocumentSource:
-    """Where documents come from: data files (``paths``) or doc-id files + ``data_root``."""
-
-    paths: list[str] = field(default_factory=list)
-    docid_files: list[str] = field(default_factory=list)
-    data_root: str | None = None
-    text_field: str = "text"
-    id_field: str = "id"
-    docs_per_unit: int = 256
-
-    def __post_init__(self) -> None:
-        if bool(self.paths) == bool(self.docid_files):
-            raise ValueError("give either input data files or doc-id files (with a data root), not both")
-        if self.docid_files and not self.data_root:
-            raise ValueError("doc-id inputs need --data-root (the folder their relpaths start from)")
-        if self.docs_per_unit < 1:
-            raise ValueError("docs per unit must be at least 1")
-        # doc-id files may have any name (docids_val.jsonl, val_shard_00, ...)
-        self.skipped: list[str] = []  # files of the input folders skipped for their extension
-        self.files = (storage.expand_inputs(self.paths, skipped=self.skipped) if self.paths
-                      else storage.expand_inputs(self.docid_files, suffixes=("",)))
-        self._plan: list[Unit[InferPayload]] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What a job carries: configuration, not the input list or the plan (a worker reads its
-        units from the plan the driver wrote, ``Stage.plan_ref``, and the inputs' fingerprints
-        from the output, ``StageRun.input_fingerprints``), so that the job does not grow with them."""
-        state = dict(self.__dict__)
-        state.pop("files", None)
-        state["skipped"], state["_plan"] = [], None
-        return state
-
-    def config(self) -> JsonObject:
-        return {"kind": "docids" if self.docid_files else "rows", "text_field": self.text_field,
-                "id_field": self.id_field, "docs_per_unit": self.docs_per_unit}
-
-    def fingerprints(self) -> list[JsonObject]:
-        fps = [f.fingerprint() for f in self.files]
-        if self.data_root:
-            fps += [f.fingerprint() for f in storage.expand_inputs([self.data_root], suffixes=(".npy",))]
-        return fps
-
-    def _count(self, path: str) -> int:
-        if self.docid_files:
-            return sum(1 for _ in read_docid_file(path))
-        return sum(1 for _ in rows.iter_rows(path))
-
-    def plan(self) -> list[Unit[InferPayload]]:
-        """Units: ``fNNNNN-dNNNNNNNN`` = documents ``[lo, hi)`` of file NNNNN (document order)."""
-        if self._plan is None:
-            units: list[Unit[InferPayload]] = []
-            for fi, f in enumerate(self.files):
-                n = self._count(f.path)
-                for lo in range(0, n, self.docs_per_unit):
-                    units.append(Unit(f"f{fi:05d}-d{lo:08d}", InferPayload(
-                        file=fi, path=f.path, relpath=f.relpath, lo=lo, hi=min(n, lo + self.docs_per_unit))))
-            self._plan = units
-        return self._plan
-
-    def read(self, payload: InferPayload) -> list[Doc]:
-        """The documents of one unit, in order."""
-        lo, hi, path = payload["lo"], payload["hi"], payload["path"]
-        docs: list[Doc] = []
-        if self.docid_files:
-            data_root = self.data_root
-            assert data_root is not None  # __post_init__: doc-id inputs come with a data root
-            for i, (line, doc_id) in enumerate(read_docid_file(path)):
-                if lo <= i < hi:
-                    where = f"{path}:{line}"
-                    try:
-                        docs.append(Doc(doc_id, tokens=read_doc_tokens(data_root, doc_id), where=where))
-                    except (ValueError, FileNotFoundError) as e:
-                        docs.append(Doc(doc_id, error=str(e), where=where))
-            return docs
-        for i, (row, record, error) in enumerate(rows.iter_rows(path)):
-            if not lo <= i < hi:
-                continue
-            where = f"{path}:{row + 1}"
-            if error is not None:
-                docs.append(Doc(f"{payload['relpath']}:{row}", error=f"{where}: {error}", where=where))
-                continue
-            assert record is not None  # iter_rows: a record, or else an error
-            rid = record.get(self.id_field)
-            doc_id = str(rid) if rid is not None else f"{payload['relpath']}:{row}"
-            text = record.get(self.text_field)
-            if not isinstance(text, str):
-                docs.append(Doc(doc_id, error=f"{where}: text field {self.text_field!r} missing or not a string",
-                                where=where))
-            else:
-                docs.append(Doc(doc_id, text=text, where=where))
-        return docs
-
-
-# ---------------------------------------------------------------------------------------
-# Prompts
-# ---------------------------------------------------------------------------------------
-
-TEMPLATES: dict[str, dict[str, str | None]] = {
-    "rephrase": {
-        "developer": "Rephrase the document the user gives you as clear, well-structured prose. Keep every "
-                     "fact, number and name; add nothing new. Answer with the rephrased document only.",
-        "user": "{text}",
-    },
-}
-
-
-def load_template(name_or_path: str) -> dict[str, str | None]:
-    """A built-in template name, or a text file whose ``{text}`` marks where the document goes
-    (the whole file is the user message)."""
-    if name_or_path in TEMPLATES:
-        return dict(TEMPLATES[name_or_path])
-    try:
-        text = storage.read_bytes(name_or_path).decode("utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"template {name_or_path!r}: not a built-in ({', '.join(TEMPLATES)}) "
-                         f"and no such file") from None
-    if "{text}" not in text:
-        raise ValueError(f"template file {name_or_path}: has no {{text}} placeholder")
-    return {"developer": None, "user": text}
-
-
-def fit_prompt(render: Callable[[str], list[int]], doc: Doc, budget: int) -> tuple[list[int], str, int]:
-    """(prompt tokens, document text used, tokens cut): the document's tail is cut until the
-    rendered prompt fits in ``budget`` tokens (the assistant-start suffix always stays)."""
-    text = doc.get_text()
-    prompt = render(text)
-    if len(prompt) <= budget:
-        return prompt, text, 0
-    tokens = doc.get_tokens()
-    keep = max(0, len(tokens) - (len(prompt) - budget))
-    while True:
-        text = decode(tokens[:keep])
-        prompt = render(text)
-        if len(prompt) <= budget or keep == 0:
-            break
-        keep = max(0, keep - max(1, len(prompt) - budget))
-    if len(prompt) > budget:
-        raise ValueError(f"doc {doc.id}: the template alone takes {len(prompt)} tokens, over the budget {budget}")
-    return prompt, text, len(tokens) - keep
-
-
-def render_template(template: Mapping[str, str | None], text: str) -> list[int]:
-    return render_prompt(developer=template.get("developer"), user=template_user(template).replace("{text}", text))
-
-
-def template_user(template: Mapping[str, str | None]) -> str:
-    """The template's user message (``{text}`` where the document goes)."""
-    user = template["user"]
-    assert user is not None  # load_template: every template has one
-    return user
-
-
-# ---------------------------------------------------------------------------------------
-# Tasks
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class HandlerOptions:
-    """How RunInference holds the engine: shared across processes, copies, batch token budget."""
-
-    share_across_processes: bool = True
-    model_copies: int | None = None
-    batch_tokens: int | None = None
-
-
-class Task:
-    """What an inference pipeline does with each document. Subclasses implement the hooks."""
-
-    name = "task"
-
-    def config(self) -> JsonObject:
-        raise NotImplementedError
-
-    def identity(self) -> JsonObject:
-        return {}
-
-    def example(self, doc: Doc) -> tuple[JsonObject, JsonObject]:
-        """(example for the handler, metadata kept for the output row)."""
-        raise NotImplementedError
-
-    def handler(self) -> EngineModelHandler[Any]:
-        """The RunInference handler: a :class:`~refinery.transforms.inference.model_handler.EngineModelHandler`."""
-        raise NotImplementedError
-
-    def model_identifier(self) -> str:
-        return f"refinery-{self.name}-{short_hash(self.config(), 12)}-{os.getpid()}"
-
-    def infer_local(self, examples: list[JsonObject]) -> Sequence[Mapping[str, Any]]:
-        """The handler's inference dicts without Beam (same engine code)."""
-        raise NotImplementedError
-
-    def record(self, doc_id: str, meta: JsonObject, inference: Mapping[str, Any]) -> JsonObject:
-        raise NotImplementedError
-
-    def merge(self, rows: Iterator[JsonObject], ctx: UnitContext) -> Mapping[str, Any]:
-        raise NotImplementedError
-
-    def progress(self, stats: Mapping[str, Any], seconds: float) -> str:
-        docs, toks = stats.get("documents", 0), stats.get("generated_tokens", 0)
-        rates = ", ".join(filter(None, [rate(docs, seconds, "docs"), rate(toks, seconds, "tok")]))
-        return f"{docs:,.0f} docs, {toks:,.0f} tokens" + (f", {rates}" if rates else "")
-
-
-def checkpoint_fingerprint(checkpoint: str) -> list[JsonObject]:
-    files = storage.expand_inputs([checkpoint], suffixes=(".safetensors", ".json"))
-    return [{"path": f.relpath, "size": f.size, "version": f.version} for f in files]
-
-
-class GenerateTask(Task):
-    """Template-filled harmony prompts -> generated text (``generations.jsonl``)."""
-
-    name = "generate"
-    OUTPUT = "generations.jsonl"
-
-    def __init__(self, engine: EngineSettings, params: GenerationParams, template: str = "rephrase",
-                 handler_options: HandlerOptions | None = None) -> None:
-        self.engine = engine
-        self.params = params
-        self.template_name = template
-        self.template = load_template(template)
-        self.options = handler_options or HandlerOptions()
-        if params.max_tokens >= engine.max_seq_len:
-            raise ValueError(f"--max-tokens {params.max_tokens} leaves no room for a prompt under "
-                             f"--max-seq-len {engine.max_seq_len}")
-
-    def config(self) -> JsonObject:
-        return {"task": self.name, "template": self.template, "params": self.params.to_dict(),
-                "dtype": self.engine.dtype, "max_seq_len": self.engine.max_seq_len}
-
-    def identity(self) -> JsonObject:
-        return {"checkpoint": checkpoint_fingerprint(self.engine.checkpoint)}
-
-    def example(self, doc: Doc) -> tuple[JsonObject, JsonObject]:
-        budget = self.engine.max_seq_len - self.params.max_tokens
-        prompt, text, cut = fit_prompt(lambda t: render_template(self.template, t), doc, budget)
-        example = {"tokens": prompt, "seed": doc_seed(self.params.seed, doc.id)}
-        return example, {"prompt": template_user(self.template).replace("{text}", text), "truncated_tokens": cut}
-
-    def handler(self) -> GptOssModelHandler:
-        from refinery.transforms.inference.model_handler import GptOssModelHandler  # lazy: Beam's ML package, torch
-
-        batching = BatchingOptions(self.engine.max_seq_len, self.options.batch_tokens or self.engine.max_batch * 512)
-        return GptOssModelHandler(self.engine, self.params, share_across_processes=self.options.share_across_processes,
-                                  model_copies=self.options.model_copies, batching=batching)
-
-    def infer_local(self, examples: list[JsonObject]) -> list[Generation]:
-        return run_generation(cached_engine(self.engine), examples, self.params)
-
-    def record(self, doc_id: str, meta: JsonObject, inference: Mapping[str, Any]) -> JsonObject:
-        return {"id": doc_id, "prompt": meta["prompt"], "text": inference["text"], "final": inference["final"],
-                "finish_reason": inference["finish_reason"], "prompt_tokens": inference["prompt_tokens"],
-                "generated_tokens": inference["generated_tokens"], "truncated_tokens": meta["truncated_tokens"]}
-
-    def merge(self, rows: Iterator[JsonObject], ctx: UnitContext) -> dict[str, float]:
-        stats: dict[str, float] = {"documents": 0, "errors": 0, "generated_tokens": 0, "prompt_tokens": 0}
-        with ctx.open_write(ctx.output_path(self.OUTPUT)) as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
-                stats["documents"] += 1
-                stats["errors"] += "error" in row
-                stats["generated_tokens"] += row.get("generated_tokens", 0)
-                stats["prompt_tokens"] += row.get("prompt_tokens", 0)
-        return stats
 
 
 # ---------------------------------------------------------------------------------------
