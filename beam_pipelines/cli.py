@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "units done/pending/failed per stage of a run, from its receipts"),
     "decon": ("decon",
         "train/test n-gram overlap with provenance"),
+    "dedup": ("dedup",
+        "remove exact and near-duplicate documents (MinHash), with provenance: a list prep and clean leave out"),
     "clean": ("clean",
         "copy training files in their own format without the rows or passages decon found overlapping"),
     "generate": ("generate",

@@ -67,3 +67,23 @@ def tree_digest(root: Path) -> dict[str, str]:
     """:func:`file_digest` of every user-facing output file (not the .refinery metadata)."""
     return {str(p.relative_to(root)): file_digest(p)
             for p in sorted(root.rglob("*")) if p.is_file() and ".refinery" not in p.parts}
+
+
+def word_shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    """refinery dedup's shingle set of ``text`` as docs/DEDUP.md says it, in plain Python (the
+    tests' oracle): lowercased, words = runs of ASCII letters and digits and non-ASCII
+    characters, every n consecutive words (fewer words: one shingle of all of them)."""
+    import re
+
+    words = re.findall(r"[0-9a-z\u0080-\U0010ffff]+", text.lower())
+    if not words:
+        return set()
+    if len(words) < n:
+        return {tuple(words)}
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def shingle_jaccard(a: str, b: str) -> float:
+    """The Jaccard of the :func:`word_shingles` of two texts (1 for two texts of no word)."""
+    sa, sb = word_shingles(a), word_shingles(b)
+    return 1.0 if not sa and not sb else len(sa & sb) / len(sa | sb)

@@ -16,7 +16,7 @@ LAYERS = [
     {"transforms.formats"},
     {"kernels"},
     {"transforms.prep", "transforms.decon", "transforms.loader", "transforms.inference"},
-    {"transforms.hydra", "transforms.clean"},
+    {"transforms.hydra", "transforms.clean", "transforms.dedup"},
     {"runners"},
     {"beam_pipelines"},
 ]
