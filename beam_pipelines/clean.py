@@ -60,6 +60,8 @@ EPILOG = """\
 examples:
   refinery decon --eval evals/ --train corpus/ --output decon_out/
   refinery clean --train corpus/ --exclude-overlaps decon_out/ --output corpus_clean/
+  refinery dedup --input corpus/ --output dedup_out/
+  refinery clean --train corpus/ --exclude-duplicates dedup_out/ --exclude-overlaps decon_out/ --output corpus_clean/
   refinery clean --train corpus/ --exclude-overlaps decon_out/ --output corpus_clean/ \\
       --exclude-mode span --exclude-window 200 --exclude-min-chars 200
   refinery clean --train 'gs://my-bucket/crawl/*.jsonl.zst' --exclude-overlaps gs://my-bucket/decon \\
@@ -76,6 +78,8 @@ out and listed with its reason in OUTPUT/_clean_rejects.jsonl; a decon output th
 training row is refused. With --exclude-mode span a listed row is replaced by the pieces kept
 of it, each a row of its own: the row's fields, its text field set to the piece and its id (if
 it has one) to ID@START. OUTPUT/_clean_manifest.json says what was left out of each file, and why.
+With --exclude-duplicates (refinery dedup's outputs; with or without --exclude-overlaps) the rows
+its dup_list.jsonl names are left out whole, in either mode; give clean every file dedup read.
 
 OUTPUT holds the copy and nothing else: a folder holding any other file (a raw file, a copy of
 the corpus, an earlier clean run's files of other inputs), or holding an input, is refused,
@@ -143,9 +147,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def check_flags(s: CleanSettings) -> None:
     """The flags checked alone (before any file is read); :class:`UsageError`."""
-    if not s.exclude.outputs:
-        raise UsageError("refinery clean: give --exclude-overlaps DECON_OUTPUT...: the decon runs whose overlaps "
-                         "the copy leaves out")
+    if not s.exclude.outputs and not s.exclude.duplicates:
+        raise UsageError("refinery clean: give --exclude-overlaps DECON_OUTPUT... (the decon runs whose overlaps "
+                         "the copy leaves out) and/or --exclude-duplicates DEDUP_OUTPUT... (the dedup runs whose "
+                         "duplicates it leaves out)")
     if s.max_row_bytes < 1:
         raise UsageError("refinery clean: --max-row-bytes must be at least 1")
     if s.exclude.mode == "span" and s.text_template is not None:
@@ -177,7 +182,7 @@ def checked_config(s: CleanSettings) -> tuple[CleanConfig, list[str]]:
         raise
     except (storage.InputError, ValueError) as e:
         raise UsageError(f"refinery clean: {e}") from None
-    assert exclude is not None  # --exclude-overlaps is given (check_flags)
+    assert exclude is not None  # --exclude-overlaps or --exclude-duplicates is given (check_flags)
     cfg = CleanConfig(inputs=inputs, output=s.output.rstrip("/"), exclude=exclude, text_field=text.field or "text",
                       text_template=text.template, id_field=s.id_field or "id", max_row_bytes=s.max_row_bytes)
     return cfg, unscanned

@@ -1,6 +1,6 @@
-"""The ``--exclude-overlaps`` flags, shared by ``refinery prep`` and ``refinery clean``: one
-parser, one settings object, one check, so that both commands leave out the same rows and
-cut the same spans from the same decon outputs."""
+"""The ``--exclude-overlaps`` and ``--exclude-duplicates`` flags, shared by ``refinery prep``
+and ``refinery clean``: one parser, one settings object, one check, so that both commands
+leave out the same rows and cut the same spans from the same decon and dedup outputs."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,13 @@ def add_exclusion_args(group: argparse._ArgumentGroup, what: str) -> None:
                             "input must be a file decon scanned, unchanged since (else the run is refused, naming "
                             "it), and the drop list must be what decon wrote (its sha256 is checked against "
                             "decon's merge receipt)")
+    group.add_argument("--exclude-duplicates", nargs="+", default=[], metavar="DEDUP_OUTPUT",
+                       help=f"leave out of {what} the rows these finished refinery dedup outputs list as duplicates "
+                            "(their dup_list.jsonl: every row of a cluster but its first); checked as "
+                            "--exclude-overlaps' lists are (the list's sha256 against dedup's report receipt, "
+                            "inputs unchanged since dedup read them, the same text spec), and every file dedup read "
+                            "must be an input; with --exclude-overlaps too, the rows either lists are left out "
+                            "(whole, in span mode too)")
     group.add_argument("--exclude-mode", choices=EXCLUDE_MODES, default="row",
                        help="with --exclude-overlaps: row (default) leaves each listed row out whole; span cuts out "
                             "of it the passages that overlap (decon's stats/contaminated_train_spans.jsonl), each "
@@ -58,6 +65,7 @@ class ExclusionFlags:
     """The ``--exclude-*`` flags, read once."""
 
     outputs: tuple[str, ...] = ()
+    duplicates: tuple[str, ...] = ()  # --exclude-duplicates: dedup outputs
     n: int | None = None
     mode: str = "row"
     window: int = DEFAULT_WINDOW
@@ -68,8 +76,9 @@ class ExclusionFlags:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ExclusionFlags:
-        return cls(outputs=tuple(args.exclude_overlaps), n=args.exclude_n, mode=args.exclude_mode,
-                   window=args.exclude_window, min_chars=args.exclude_min_chars, max_splits=args.exclude_max_splits,
+        return cls(outputs=tuple(args.exclude_overlaps), duplicates=tuple(args.exclude_duplicates), n=args.exclude_n,
+                   mode=args.exclude_mode, window=args.exclude_window, min_chars=args.exclude_min_chars,
+                   max_splits=args.exclude_max_splits,
                    allow_unscanned_inputs=args.allow_unscanned_inputs,
                    verify_inputs_by_content=args.verify_inputs_by_content)
 
@@ -93,19 +102,25 @@ def load_checked_exclusion(command: str, flags: ExclusionFlags, inputs: list[sto
                            max_row_bytes: int) -> tuple[Exclusion | None, list[str]]:
     """The rows (and, in span mode, spans) to leave out of ``inputs``, every check made
     (:func:`load_exclusion`, :meth:`Exclusion.check_inputs`), and the inputs kept without an
-    overlap check; (None, []) without ``--exclude-overlaps``. :class:`UsageError` for a flag
-    that needs ``--exclude-overlaps``; :class:`storage.InputError` for a refused input."""
+    overlap check; (None, []) without ``--exclude-overlaps`` or ``--exclude-duplicates``.
+    :class:`UsageError` for a flag that needs one of them; :class:`storage.InputError` for a
+    refused input."""
     if not flags.outputs:
         needs = [flag for flag, on in (("--exclude-n", flags.n is not None),
-                                       ("--allow-unscanned-inputs", flags.allow_unscanned_inputs),
-                                       ("--verify-inputs-by-content", flags.verify_inputs_by_content),
                                        ("--exclude-mode span", flags.mode != "row")) if on]
         if needs:
             raise UsageError(f"refinery {command}: {needs[0]} needs --exclude-overlaps DECON_OUTPUT")
+    if not flags.outputs and not flags.duplicates:
+        needs = [flag for flag, on in (("--allow-unscanned-inputs", flags.allow_unscanned_inputs),
+                                       ("--verify-inputs-by-content", flags.verify_inputs_by_content)) if on]
+        if needs:
+            raise UsageError(f"refinery {command}: {needs[0]} needs --exclude-overlaps DECON_OUTPUT or "
+                             "--exclude-duplicates DEDUP_OUTPUT")
         flags.rules(command)
         return None, []
     read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, max_row_bytes)
-    exclude = load_exclusion(list(flags.outputs), flags.n, read_spec=read_spec, rules=flags.rules(command))
+    exclude = load_exclusion(list(flags.outputs), flags.n, read_spec=read_spec, rules=flags.rules(command),
+                             duplicates=list(flags.duplicates))
     unscanned = exclude.check_inputs(inputs, allow_unscanned=flags.allow_unscanned_inputs,
                                      by_content=flags.verify_inputs_by_content)
     return exclude, unscanned
@@ -118,7 +133,11 @@ def exclusion_header(exclude: Exclusion | None, unscanned: list[str]) -> str:
         return ""
     how = ("excluding" if exclude.rules is None else
            f"cutting the overlapping passages (\u00b1{exclude.rules.window} characters) out of")
-    return ("".join(f"\n  {how} the training rows that {s.output} found overlapping: its drop list is {s.sha256}"
+    return ("".join(f"\n  excluding the rows that {s.output} listed as duplicates: its list is {s.sha256}"
+                    if s.kind == "dedup" and s.sha256 == UNREAD else
+                    f"\n  excluding {s.listed:,} row(s) that {s.output} listed as duplicates (whole)"
+                    if s.kind == "dedup" else
+                    f"\n  {how} the training rows that {s.output} found overlapping: its drop list is {s.sha256}"
                     if s.sha256 == UNREAD else
                     f"\n  {how} {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
                     + (f" (matched under --match-fold {s.match_fold})" if s.match_fold else "")

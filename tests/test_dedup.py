@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import gsm8k_texts, shingle_jaccard, tree_digest, write_jsonl
+from helpers import gsm8k_texts, run_prep, shingle_jaccard, tree_digest, write_jsonl
+from reliability_helpers import shard_texts
+from test_exclude_overlaps import _decon, _drop_list
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.io import storage
 from refinery.transforms.io.rows import iter_rows
+from refinery.transforms.io.text import normalize_text
 
 
 @dataclass(frozen=True)
@@ -190,11 +196,126 @@ def test_bad_flags_and_inputs_are_refused_in_one_line(tmp_path: Path, capsys: py
     assert not (tmp_path / "out").exists()
 
 
+# ---------------------------------------------------------------------------------------
+# prep --exclude-duplicates, clean --exclude-duplicates, and with --exclude-overlaps
+# ---------------------------------------------------------------------------------------
+
+def kept_texts(corpus: Path, removed: set[tuple[str, int]]) -> Counter[str]:
+    """The normalized text of every document of ``corpus`` but the ``removed`` rows (a multiset)."""
+    out: Counter[str] = Counter()
+    for f in storage.expand_inputs([str(corpus)]):
+        for row, record, _ in iter_rows(f.path):
+            text = normalize_text(str(record.get("text", ""))) if record is not None else ""
+            if text and (f.path, row) not in removed:
+                out[text] += 1
+    return out
+
+
 @pytest.fixture(scope="module")
 def deduped(planted: Planted, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("deduped") / "dedup"
     assert dedup(planted.corpus, out) == 0
     return out
+
+
+def test_prep_and_clean_leave_the_listed_rows_out(planted: Planted, deduped: Path, tmp_path: Path) -> None:
+    removed = set(pairs(deduped))
+    assert run_prep([planted.corpus], tmp_path / "shards", "--exclude-duplicates", deduped, "--num-shards", 2) == 0
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    assert manifest["rows"]["excluded"] == len(removed) == manifest["excluded_overlaps"]["documents"]
+    assert manifest["excluded_overlaps"]["dedup_runs"][0]["listed"] == len(removed)
+    want = kept_texts(planted.corpus, removed)
+    assert shard_texts(tmp_path / "shards") == want
+    assert main(["clean", "--train", str(planted.corpus), "--exclude-duplicates", str(deduped), "--output",
+                 str(tmp_path / "copy"), "--runner", "direct", "--no-progress"]) == 0
+    copy = json.loads((tmp_path / "copy" / "_clean_manifest.json").read_text())
+    assert copy["totals"]["rows_left_out"] == len(removed)
+    assert run_prep([tmp_path / "copy"], tmp_path / "of-copy", "--num-shards", 2) == 0
+    assert shard_texts(tmp_path / "of-copy") == want  # the copy tokenizes to what the exclusion keeps
+
+
+def test_duplicates_and_overlaps_leave_out_their_union_in_one_run(planted: Planted, deduped: Path,
+                                                                  tmp_path: Path) -> None:
+    """Eval questions that are training rows (one of them duplicated): decon lists the rows that
+    hold them, dedup the copies; a row in both lists is left out once; in span mode a listed
+    duplicate is dropped whole, never cut into pieces."""
+    a = str(planted.corpus / "a.jsonl")
+    questions = [text_of(a, row).split("\n\n")[0] for row in (5, 8, 11)]  # row 5's text is in two copies
+    evals = write_jsonl(tmp_path / "eval" / "gsm8k" / "test.jsonl",
+                        [{"id": f"q{i}", "text": q} for i, q in enumerate(questions)])
+    assert _decon(planted.corpus, evals, tmp_path / "decon") == 0
+    contaminated = {(str(Path(e["train_path"])), e["train_row"]) for e in _drop_list(tmp_path / "decon")}
+    removed = set(pairs(deduped))
+    both = contaminated & removed
+    assert len(contaminated) >= 3 and both  # row 5's copies are in both lists
+    args = ["--exclude-duplicates", deduped, "--exclude-overlaps", tmp_path / "decon", "--num-shards", 2]
+    assert run_prep([planted.corpus], tmp_path / "shards", *args) == 0
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    union = contaminated | removed
+    assert manifest["rows"]["excluded"] == len(union)
+    runs = manifest["excluded_overlaps"]
+    assert [r["listed"] for r in runs["decon_runs"]] == [len(contaminated)] and runs["dedup_runs"][0]["listed"] == \
+        len(removed)
+    assert shard_texts(tmp_path / "shards") == kept_texts(planted.corpus, union)
+    assert run_prep([planted.corpus], tmp_path / "span", *args, "--exclude-mode", "span", "--exclude-window", 5) == 0
+    cut = json.loads((tmp_path / "span" / "manifest.json").read_text())["excluded_overlaps"]
+    assert cut["rows_split"] + cut["rows_dropped"] == len(union)  # each listed row met once: cut or dropped
+    assert cut["rows_dropped"] >= len(removed) and cut["rows_split"] >= 1
+
+
+def _copy_corpus(planted: Planted, root: Path) -> Path:
+    shutil.copytree(planted.corpus, root / "corpus", copy_function=shutil.copy2)
+    return root / "corpus"
+
+
+def test_lists_that_cannot_be_trusted_are_refused_in_one_line(planted: Planted, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = _copy_corpus(planted, tmp_path)
+    out = tmp_path / "dedup"
+    assert dedup(corpus, out, "--mode", "exact") == 0
+    decon = _decon_output(planted, tmp_path)
+    capsys.readouterr()
+
+    def refused(*extra: object, inputs: tuple[Path, ...] = (corpus,)) -> str:
+        assert run_prep(list(inputs), tmp_path / "shards", *extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and not (tmp_path / "shards").exists(), err
+        return err
+
+    flag = ("--exclude-duplicates", out)
+    assert "dedup read the training text from field 'text'; this prep reads template" in \
+        refused(*flag, "--text-template", "{text}")
+    assert "rerun dedup with --max-row-bytes 1000" in refused(*flag, "--max-row-bytes", 1000)
+    assert "the dedup run read 2 file(s) this run does not" in refused(*flag, inputs=(corpus / "a.jsonl",))
+    assert "not a refinery dedup output (its run record ends with stage 'merge', not report)" in \
+        refused("--exclude-duplicates", decon)
+    assert "not a refinery decon output (its run record ends with stage 'report', not merge)" in \
+        refused("--exclude-overlaps", out)
+    assert "--allow-unscanned-inputs needs --exclude-overlaps DECON_OUTPUT or --exclude-duplicates" in \
+        refused("--allow-unscanned-inputs")
+    listed_file = out / "dup_list.jsonl"
+    original = listed_file.read_bytes()
+    lines = original.splitlines(keepends=True)
+    bumped = re.sub(rb'"train_row": (\d+)', lambda m: b'"train_row": %d' % ((int(m[1]) + 1) % 10 ** len(m[1])),
+                    lines[0], count=1)  # another row of the same size: only the sha256 tells
+    for edited in (b"".join(lines[1:]), b"".join([bumped, *lines[1:]])):
+        listed_file.write_bytes(edited)
+        err = refused(*flag)  # a line gone (a size the receipt does not record), or a row changed (its sha256)
+        assert "dup_list.jsonl" in err and "edited after dedup wrote it" in err, err
+    listed_file.write_bytes(original)
+    with (corpus / "a.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "late", "text": "a row written after dedup read the file"}) + "\n")
+    assert "a.jsonl: changed since the dedup run" in refused(*flag)
+    (out / ".SUCCESS").unlink()
+    assert "not a finished dedup output (no .SUCCESS)" in refused(*flag)
+    assert main(["clean", "--train", str(corpus), "--output", str(tmp_path / "copy")]) == 2
+    assert "give --exclude-overlaps DECON_OUTPUT... (the decon runs" in capsys.readouterr().err
+
+
+def _decon_output(planted: Planted, root: Path) -> Path:
+    evals = write_jsonl(root / "ev" / "gsm8k" / "test.jsonl", [{"id": "q", "text": "no such question at all here"}])
+    assert _decon(planted.corpus, evals, root / "decon") == 0
+    return root / "decon"
 
 
 # ---------------------------------------------------------------------------------------

@@ -114,21 +114,23 @@ def _text_words(text: dict[str, str]) -> tuple[str, str, str]:
     return "field", text.get("text_field", "text"), "field"
 
 
-def read_spec_mismatch(decon: ReadSpec, prep: ReadSpec) -> str | None:
-    """One line naming both sides of the first way ``decon`` (the spec a decon run recorded)
+def read_spec_mismatch(decon: ReadSpec, prep: ReadSpec, producer: str = "decon",
+                       text_flag: str = "--train-text-") -> str | None:
+    """One line naming both sides of the first way ``decon`` (the spec a decon run recorded;
+    ``producer``: the command that recorded it, whose text flags begin with ``text_flag``)
     and ``prep`` (this prep's) read training text differently, with the flags that make them
     agree; None when they agree."""
     if decon.text != prep.text:
         (dw, dv, df), (pw, pv, pf) = _text_words(decon.text), _text_words(prep.text)
-        return (f"decon read the training text from {dw} {dv!r}; this prep reads {pw} {pv!r}: rerun decon with "
-                f"--train-text-{pf} {_shell(pv)}, or prep with --text-{df} {_shell(dv)}")
+        return (f"{producer} read the training text from {dw} {dv!r}; this prep reads {pw} {pv!r}: rerun "
+                f"{producer} with {text_flag}{pf} {_shell(pv)}, or prep with --text-{df} {_shell(dv)}")
     if decon.normalization != prep.normalization:
-        return (f"decon read the training text normalized as {decon.normalization!r}; this prep normalizes it as "
-                f"{prep.normalization!r}: rerun decon with this refinery")
+        return (f"{producer} read the training text normalized as {decon.normalization!r}; this prep normalizes "
+                f"it as {prep.normalization!r}: rerun {producer} with this refinery")
     if decon.max_row_bytes != prep.max_row_bytes:
-        return (f"decon read training rows of up to {decon.max_row_bytes:,} bytes; this prep reads rows of up to "
-                f"{prep.max_row_bytes:,}: rerun decon with --max-row-bytes {prep.max_row_bytes}, or prep with "
-                f"--max-row-bytes {decon.max_row_bytes}")
+        return (f"{producer} read training rows of up to {decon.max_row_bytes:,} bytes; this prep reads rows of up "
+                f"to {prep.max_row_bytes:,}: rerun {producer} with --max-row-bytes {prep.max_row_bytes}, or prep "
+                f"with --max-row-bytes {decon.max_row_bytes}")
     return None
 
 

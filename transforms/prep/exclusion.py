@@ -42,13 +42,22 @@ Span mode (``--exclude-mode span``, :attr:`Exclusion.rules` set): each decon out
 decon's merge receipt) and against the drop list (exactly its rows at n); a worker reads the
 spans of its files (:meth:`Exclusion.spans_of`), and :mod:`.span_cut` says what is kept of a
 listed row. The spans file's sha256 and the rules enter the hash too (row mode's is as before).
+
+Duplicate lists (``--exclude-duplicates DEDUP_OUTPUT``): a finished ``refinery dedup``
+output's ``dup_list.jsonl`` is read as a drop list (its ``train_path`` and ``train_row``),
+its ``stats/input_files.jsonl`` as the files scanned, with every check above (sha256 against
+dedup's report receipt, the same text spec, inputs unchanged, nothing read), and one more:
+every file the dedup run read must be an input (a removed row's kept copy may be in any of
+them). Its rows are left out whole in either mode (span mode cuts only decon's rows). A run
+may give both flags: the rows left out are the union (:class:`ListKind` says which producer
+each source is).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -67,6 +76,7 @@ from refinery.transforms.formats.droplist import (
     read_jsonl,
     read_spec_mismatch,
 )
+from refinery.transforms.formats.duplist import DUP_LIST, INPUT_FILES, LAST_STAGE
 from refinery.transforms.formats.failed_run import failed_line, read_failed
 from refinery.transforms.io import storage
 from refinery.transforms.prep.span_cut import SpanRules
@@ -76,6 +86,27 @@ EXCLUDE_MODES = ("row", "span")
 
 UNREAD = "not read (a dry run reads nothing remote)"  # a remote drop list's sha256 during a dry run
 SHOWN = 3  # paths named in a refusal
+
+
+@dataclass(frozen=True)
+class ListKind:
+    """The producer of a list of rows to leave out: its command, the flag that names its
+    outputs, its last stage (whose receipt records the sha256 of the files read), its list
+    and its record of the files it scanned."""
+
+    command: str
+    flag: str
+    last_stage: str
+    rows_file: str
+    files_file: str
+    what: str  # what its list knows of a row: "overlaps", "duplicates"
+    rows: str  # the rows it lists
+
+
+DECON = ListKind("decon", "--exclude-overlaps", "merge", CONTAMINATED_DOCS, TRAIN_FILES, "overlaps",
+                 "contaminated rows")
+DEDUP = ListKind("dedup", "--exclude-duplicates", LAST_STAGE, DUP_LIST, INPUT_FILES, "duplicates", "duplicate rows")
+KINDS = {k.command: k for k in (DECON, DEDUP)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +122,11 @@ class DropSource:
     unread: int = 0          # training rows it could not read
     spans_sha256: str = ""   # span mode: of its contaminated_train_spans.jsonl
     match_fold: str = ""     # the match fold decon compared n-grams under (its train_files.jsonl)
+    kind: str = "decon"      # its producer (KINDS): a dedup output's list is dup_list.jsonl, its rows dropped whole
+
+    @property
+    def producer(self) -> ListKind:
+        return KINDS[self.kind]
 
 
 def _checked(path: str, sha256: str) -> bytes:
@@ -136,8 +172,10 @@ def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
     """A decon output's rows to leave out (those listed at its n and those it could not read),
     read in a worker (once per process) from the files the driver checked: the same bytes
     (sha256), or an error."""
-    files = read_jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
-    rows = _streamed_rows(storage.join(source.output, CONTAMINATED_DOCS), source.sha256, files, source.n, PLANNED)
+    kind = source.producer
+    files = read_jsonl(kind.files_file, _checked(storage.join(source.output, kind.files_file), source.files_sha256))
+    n = source.n if kind is DECON else None
+    rows = _streamed_rows(storage.join(source.output, kind.rows_file), source.sha256, files, n, PLANNED)
     if source.unread_sha256:
         unread = _streamed_rows(storage.join(source.output, UNREAD_ROWS), source.unread_sha256, files, None, PLANNED)
         for p, r in unread.items():
@@ -174,6 +212,10 @@ class Exclusion:
     expected: int | None = None  # listed rows in the inputs: what a full run excludes (set by check_inputs)
     rules: SpanRules | None = None  # span mode (--exclude-mode span): cut the spans out; None: drop rows
     spans: dict[str, dict[int, np.ndarray]] | None = field(default_factory=dict)  # span mode; None: read when asked
+    # the rows of the dedup lists (dropped whole in span mode too); None: read when asked
+    whole: dict[str, frozenset[int]] | None = field(default_factory=dict)
+    # per output (as given): the command that wrote it (KINDS), for what a refusal says
+    commands: dict[str, str] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -186,13 +228,13 @@ class Exclusion:
         rules = self.rules
         return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {}),
                  **({"mode": "span", "spans_sha256": s.spans_sha256, **rules.identity()} if rules else {})}
-                for s in self.sources]
+                if s.kind == "decon" else {"kind": s.kind, "sha256": s.sha256} for s in self.sources]
 
     def __getstate__(self) -> dict[str, Any]:
         """What a job carries: where the drop lists are and their sha256, not their rows nor what
         decon scanned; a worker reads the rows (:meth:`rows_of`) and spans (:meth:`spans_of`),
         so the job does not grow with them."""
-        return {**self.__dict__, "rows": None, "spans": None, "scanned": {}, "contents": {}}
+        return {**self.__dict__, "rows": None, "spans": None, "whole": None, "scanned": {}, "contents": {}}
 
     def spans_of(self, path: str) -> dict[int, np.ndarray]:
         """Span mode: the overlapping spans of each listed row of the input file ``path`` that
@@ -200,10 +242,24 @@ class Exclusion:
         if self.spans is None:  # in a worker: from the decon outputs, checked against the plan's sha256
             spans: dict[str, dict[int, np.ndarray]] = {}
             for source in self.sources:
-                for p, rows in _source_spans(source).items():
-                    _add_spans(spans.setdefault(p, {}), rows)
+                if source.kind == "decon":
+                    for p, rows in _source_spans(source).items():
+                        _add_spans(spans.setdefault(p, {}), rows)
             self.spans = spans
-        return self.spans.get(storage.resolved(path), {})
+        key = storage.resolved(path)
+        found, whole = self.spans.get(key, {}), self._whole().get(key)
+        return {r: s for r, s in found.items() if r not in whole} if whole else found
+
+    def _whole(self) -> dict[str, frozenset[int]]:
+        """The rows of the dedup lists by resolved path (read first in a worker): left out whole."""
+        if self.whole is None:
+            rows: dict[str, set[int]] = {}
+            for source in self.sources:
+                if source.kind != "decon":
+                    for p, r in _source_rows(source).items():
+                        rows.setdefault(p, set()).update(r)
+            self.whole = {p: frozenset(r) for p, r in rows.items()}
+        return self.whole
 
     def rows_of(self, path: str) -> frozenset[int]:
         """The rows of the input file ``path`` to leave out."""
@@ -239,30 +295,18 @@ class Exclusion:
         Sets :attr:`expected` (the listed rows of the inputs) and :attr:`unscanned`."""
         listed = self._all_rows()
         keys = {storage.resolved(f.path): f for f in inputs}
-        unscanned: dict[str, str] = {}  # input path -> why
-        for output, files in self.scanned.items():
-            for key, f in keys.items():
-                then = files.get(key)
-                if then is None:
-                    unscanned.setdefault(f.path, f"not scanned by the decon run {output}")
-                    continue
-                size, version = then
-                same = f.size == size if storage.is_remote(f.path) else (f.size, f.version) == (size, version)
-                if same:
-                    continue
-                change = (f"changed since the decon run {output} scanned it (size {size:,}, now {f.size:,}; "
-                          f"version {version}, now {f.version})")
-                if key in listed:
-                    raise storage.InputError(f"{f.path}: {change}; its listed rows may now name other documents: "
-                                             "run decon again, then prep")
-                unscanned.setdefault(f.path, change)
+        unscanned = self._unscanned(keys, listed)
         if unscanned and not allow_unscanned:
-            shown = "; ".join(f"{p}: {why}" for p, why in list(unscanned.items())[:SHOWN])
+            shown = "; ".join(f"{p}: {why}" for p, (_, why) in list(unscanned.items())[:SHOWN])
             more = f" (and {len(unscanned) - SHOWN} more)" if len(unscanned) > SHOWN else ""
+            kind = KINDS[next(iter(unscanned.values()))[0]]
+            did = "scanned" if kind is DECON else "read"
             raise storage.InputError(
-                f"{len(unscanned)} input file(s) are not what decon scanned, so their overlaps are unknown: {shown}"
-                f"{more}; give prep the files decon scanned (its {TRAIN_FILES}), run decon on these inputs, or "
-                "pass --allow-unscanned-inputs to keep them without an overlap check")
+                f"{len(unscanned)} input file(s) are not what {kind.command} {did}, so their {kind.what} are "
+                f"unknown: {shown}{more}; give prep the files {kind.command} {did} (its {kind.files_file}), run "
+                f"{kind.command} on these inputs, or pass --allow-unscanned-inputs to keep them without "
+                f"{'an overlap' if kind is DECON else 'a duplicate'} check")
+        self._check_dedup_inputs(keys)
         elsewhere = {path: len(rows) for path, rows in listed.items() if path not in keys}
         if elsewhere:
             n = sum(elsewhere.values())
@@ -278,122 +322,176 @@ class Exclusion:
         self.expected = sum(len(self.rows_of(f.path)) for f in inputs)
         return list(unscanned)
 
+    def _unscanned(self, keys: dict[str, storage.InputFile],
+                   listed: dict[str, frozenset[int]]) -> dict[str, tuple[str, str]]:
+        """The inputs a run did not scan as they are now: path -> (its command, why);
+        :class:`storage.InputError` for one with listed rows that changed since."""
+        unscanned: dict[str, tuple[str, str]] = {}
+        for output, files in self.scanned.items():
+            command = self.commands.get(output, "decon")
+            for key, f in keys.items():
+                then = files.get(key)
+                if then is None:
+                    unscanned.setdefault(f.path, (command, f"not {'scanned' if command == 'decon' else 'read'} "
+                                                           f"by the {command} run {output}"))
+                    continue
+                size, version = then
+                same = f.size == size if storage.is_remote(f.path) else (f.size, f.version) == (size, version)
+                if same:
+                    continue
+                change = (f"changed since the {command} run {output} {'scanned' if command == 'decon' else 'read'} "
+                          f"it (size {size:,}, now {f.size:,}; version {version}, now {f.version})")
+                if key in listed:
+                    raise storage.InputError(f"{f.path}: {change}; its listed rows may now name other documents: "
+                                             f"run {command} again, then prep")
+                unscanned.setdefault(f.path, (command, change))
+        return unscanned
+
+    def _check_dedup_inputs(self, keys: dict[str, storage.InputFile]) -> None:
+        """Every file a dedup run read is an input: a row its list removes is kept only as the
+        copy its cluster kept, which may lie in any of them."""
+        for output, files in self.scanned.items():
+            if self.commands.get(output, "decon") == "decon":
+                continue
+            missing = sorted(set(files) - set(keys))
+            if missing:
+                more = f" (and {len(missing) - SHOWN} more)" if len(missing) > SHOWN else ""
+                raise storage.InputError(
+                    f"--exclude-duplicates {output}: the dedup run read {len(missing)} file(s) this run does not: "
+                    f"{', '.join(missing[:SHOWN])}{more}; a row its list removes is kept only as its cluster's first "
+                    "row, which may be in one of them: give every file dedup read (its "
+                    f"{INPUT_FILES}), or run dedup on these inputs")
+
     def _check_contents(self, keys: dict[str, storage.InputFile], unscanned: set[str]) -> None:
-        """Each input a decon run scanned read in full: its sha256 must be the one recorded."""
+        """Each input a decon (or dedup) run scanned read in full: its sha256 must be the one recorded."""
         for output, recorded in self.contents.items():
+            command = self.commands.get(output, "decon")
             for key, f in keys.items():
                 if f.path in unscanned or key not in recorded:
                     continue
                 want = recorded[key]
                 if not want:
                     raise storage.InputError(
-                        f"--verify-inputs-by-content: the decon run {output} recorded no sha256 of {f.path}: run "
-                        "that decon command again with --verify-inputs-by-content")
+                        f"--verify-inputs-by-content: the {command} run {output} recorded no sha256 of {f.path}: "
+                        f"run that {command} command again with --verify-inputs-by-content")
                 got = file_sha256(f.path)
                 if got != want:
                     raise storage.InputError(
-                        f"{f.path}: its content is not what the decon run {output} scanned (sha256 {got[:16]}..., "
-                        f"decon recorded {want[:16]}...; same size and version): its rows may now be other "
-                        "documents: run decon again, then prep")
+                        f"{f.path}: its content is not what the {command} run {output} scanned (sha256 "
+                        f"{got[:16]}..., {command} recorded {want[:16]}...; same size and version): its rows may "
+                        f"now be other documents: run {command} again, then prep")
 
     def manifest(self, excluded: int, cut: dict[str, int] | None = None) -> dict[str, Any]:
         """The manifest's ``excluded_overlaps``: how many rows were left out (span mode: listed
         rows met, and ``cut``: what was done with them), and from which runs (each run's
-        ``unread``: the rows it could not read, left out whatever their overlap)."""
+        ``unread``: the rows it could not read, left out whatever their overlap); with
+        ``--exclude-duplicates``, ``dedup_runs`` too (``documents`` counts every row left out,
+        listed by either)."""
         span = {"mode": "span", **self.rules.identity(), **(cut or {})} if self.rules is not None else {}
+        dedup = [{"path": s.output, "dup_list_sha256": s.sha256, "listed": s.listed}
+                 for s in self.sources if s.kind == "dedup"]
         return {"documents": excluded, **span,
                 "decon_runs": [{"path": s.output, "contaminated_train_docs_sha256": s.sha256, "n": s.n,
                                 "listed": s.listed, **({"unread": s.unread} if s.unread else {}),
                                 **({"match_fold": s.match_fold} if s.match_fold else {})}
-                               for s in self.sources],
+                               for s in self.sources if s.kind == "decon"],
+                **({"dedup_runs": dedup} if dedup else {}),
                 **({"unscanned_inputs": self.unscanned} if self.unscanned else {})}
 
 
-
-def merge_receipt(output: str) -> Receipt:
-    """The receipt of a finished decon output's merge unit (the last stage of
-    ``OUTPUT/.refinery/run.json``), checked; :class:`storage.InputError` when there is no such
-    record or the merge is not complete."""
+def merge_receipt(output: str, kind: ListKind = DECON) -> Receipt:
+    """The receipt of a finished decon output's merge unit (a dedup output's report unit: the
+    last stage of ``OUTPUT/.refinery/run.json``), checked; :class:`storage.InputError` when
+    there is no such record or the stage is not complete."""
     run_json = storage.join(output, META_DIR, "run.json")
+    flag, command, last = kind.flag, kind.command, kind.last_stage
     try:
         stages = storage.read_json(run_json).get("stages") or [{}]
     except FileNotFoundError:
-        raise storage.InputError(f"--exclude-overlaps {output}: no run record ({run_json}); a drop list is trusted "
-                                 "only beside the receipts of the decon run that wrote it: run the same decon command "
+        raise storage.InputError(f"{flag} {output}: no run record ({run_json}); a drop list is trusted only beside "
+                                 f"the receipts of the {command} run that wrote it: run the same {command} command "
                                  "again") from None
     except (ValueError, AttributeError) as e:
-        raise storage.InputError(f"--exclude-overlaps {output}: unreadable run record {run_json} ({e})") from None
+        raise storage.InputError(f"{flag} {output}: unreadable run record {run_json} ({e})") from None
     merge = stages[-1]
-    if merge.get("name") != "merge" or "stage_hash" not in merge:
-        raise storage.InputError(f"--exclude-overlaps {output}: not a refinery decon output (its run record ends "
-                                 f"with stage {merge.get('name')!r}, not merge)")
-    receipt = storage.join(output, META_DIR, "merge", merge["stage_hash"], "receipts", "merge.json")
+    if merge.get("name") != last or "stage_hash" not in merge:
+        raise storage.InputError(f"{flag} {output}: not a refinery {command} output (its run record ends with stage "
+                                 f"{merge.get('name')!r}, not {last})")
+    receipt = storage.join(output, META_DIR, last, merge["stage_hash"], "receipts", f"{last}.json")
     done = check_receipt(output, receipt, merge["stage_hash"])
     if done.damaged:
-        raise storage.InputError(f"--exclude-overlaps {output}: {done.reason}: edited after decon wrote it; a "
-                                 "changed drop list may keep contaminated rows: run the same decon command with "
+        raise storage.InputError(f"{flag} {output}: {done.reason}: edited after {command} wrote it; a changed drop "
+                                 f"list may keep {kind.rows}: run the same {command} command with "
                                  "--verify-checksums to write it again")
     if not done.done:
-        raise storage.InputError(f"--exclude-overlaps {output}: its decon merge is not complete ({done.reason}); "
-                                 "run the same decon command again")
+        raise storage.InputError(f"{flag} {output}: its {command} {last} is not complete ({done.reason}); run the "
+                                 f"same {command} command again")
     return done.done_receipt()
 
 
-def read_nothing_problem(output: str, receipt: Receipt) -> str | None:
-    """Why the decon output whose merge receipt is ``receipt`` is no proof (one line): it read
-    no training row's text (none read, or every row unreadable or without text with its text
-    spec: such rows are counted, not listed, so its drop list says nothing of them); or None."""
-    scan = receipt["stats"].get("scan") or {}
-    read, bad = int(scan.get("rows", 0)), int(scan.get("bad_rows", 0))
+def read_nothing_problem(output: str, receipt: Receipt, kind: ListKind = DECON) -> str | None:
+    """Why the output whose last receipt is ``receipt`` is no proof (one line): it read no
+    training row's text (none read, or every row unreadable or without text with its text
+    spec: such rows are counted, not listed, so its list says nothing of them); or None."""
+    if kind is DECON:
+        scan = receipt["stats"].get("scan") or {}
+        read, bad = int(scan.get("rows", 0)), int(scan.get("bad_rows", 0))
+    else:
+        read = int(receipt["stats"].get("rows", 0))
+        bad = read - int(receipt["stats"].get("documents", 0))
     if read > bad:
         return None
-    return (f"--exclude-overlaps {output}: decon used 0 of the {read:,} training row(s) it read ({bad:,} unreadable "
-            "or without text: decon counts such rows, it does not list them), so its drop list says nothing of "
-            "them: run decon with the --text-field (or --text-template) that reads their text")
+    return (f"{kind.flag} {output}: {kind.command} used 0 of the {read:,} training row(s) it read ({bad:,} "
+            f"unreadable, empty or without text: {kind.command} counts such rows, it does not list them), so its "
+            f"list says nothing of them: run {kind.command} with the --text-field (or --text-template) that reads "
+            "their text")
 
 
-def _recorded_file(output: str, relpath: str, recorded: dict[str, str]) -> tuple[str, str]:
-    """(path, the sha256 decon's merge receipt records) of ``output/relpath``;
+def _recorded_file(output: str, relpath: str, recorded: dict[str, str], kind: ListKind = DECON) -> tuple[str, str]:
+    """(path, the sha256 the run's last receipt records) of ``output/relpath``;
     :class:`storage.InputError` when it is missing or not recorded."""
     path = storage.join(output, relpath)
     if not storage.exists(path):
-        raise storage.InputError(f"--exclude-overlaps {output}: no {relpath} (written by a refinery decon older "
-                                 "than --exclude-overlaps?); run the same decon command again")
+        raise storage.InputError(f"{kind.flag} {output}: no {relpath} (written by a refinery {kind.command} older "
+                                 f"than {kind.flag}?); run the same {kind.command} command again")
     want = recorded.get(relpath)
     if want is None:
-        raise storage.InputError(f"--exclude-overlaps {output}: decon's merge receipt does not list {relpath}; "
-                                 "run the same decon command again")
+        raise storage.InputError(f"{kind.flag} {output}: {kind.command}'s {kind.last_stage} receipt does not list "
+                                 f"{relpath}; run the same {kind.command} command again")
     return path, want
 
 
-def _read_recorded(output: str, relpath: str, recorded: dict[str, str]) -> bytes:
+def _read_recorded(output: str, relpath: str, recorded: dict[str, str], kind: ListKind = DECON) -> bytes:
     """The bytes of ``output/relpath`` (a small file), refused (:class:`storage.InputError`)
-    unless their sha256 is what decon's merge receipt recorded."""
-    path, want = _recorded_file(output, relpath, recorded)
+    unless their sha256 is what the run's last receipt recorded."""
+    path, want = _recorded_file(output, relpath, recorded, kind)
     data = storage.read_bytes(path)
     got = hashlib.sha256(data).hexdigest()
     if got != want:
-        raise storage.InputError(f"{path}: edited after decon wrote it (sha256 {got[:16]}..., its merge receipt "
-                                 f"records {want[:16]}...); a changed drop list may keep contaminated rows: run the "
-                                 "same decon command with --verify-checksums to write it again")
+        raise storage.InputError(f"{path}: edited after {kind.command} wrote it (sha256 {got[:16]}..., its "
+                                 f"{kind.last_stage} receipt records {want[:16]}...); a changed drop list may keep "
+                                 f"{kind.rows}: run the same {kind.command} command with --verify-checksums to "
+                                 "write it again")
     return data
 
 
-def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpec) -> None:
-    """Refuse (:class:`storage.InputError`, one line naming both sides) a decon output that read
-    the training text otherwise than ``read_spec`` (this prep's), or that does not record how
-    it read it (an older decon: its text was not this prep's, so its drop list is not proof)."""
+def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpec, kind: ListKind = DECON) -> None:
+    """Refuse (:class:`storage.InputError`, one line naming both sides) an output that read the
+    training text otherwise than ``read_spec`` (this prep's), or that does not record how it
+    read it (an older decon: its text was not this prep's, so its drop list is not proof)."""
     for f in files:
         theirs = ReadSpec.of(f)
         if theirs is None:
             raise storage.InputError(
-                f"--exclude-overlaps {output}: its {TRAIN_FILES} does not record how decon read the training text "
-                "(text field or template, normalization, row cap): written by an older refinery decon, whose "
-                "text may not be the text this prep trains on; run the same decon command again")
-        if problem := read_spec_mismatch(theirs, read_spec):
-            raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
-    if problem := match_fold_problem(files):
-        raise storage.InputError(f"--exclude-overlaps {output}: {problem}")
+                f"{kind.flag} {output}: its {kind.files_file} does not record how {kind.command} read the training "
+                f"text (text field or template, normalization, row cap): written by an older refinery "
+                f"{kind.command}, whose text may not be the text this prep trains on; run the same {kind.command} "
+                "command again")
+        if problem := read_spec_mismatch(theirs, read_spec, kind.command,
+                                         "--train-text-" if kind is DECON else "--text-"):
+            raise storage.InputError(f"{kind.flag} {output}: {problem}")
+    if kind is DECON and (problem := match_fold_problem(files)):
+        raise storage.InputError(f"{kind.flag} {output}: {problem}")
 
 
 def _add_spans(into: dict[int, np.ndarray], rows: dict[int, np.ndarray]) -> None:
@@ -413,15 +511,77 @@ def _check_spans_match(output: str, rows: dict[str, set[int]], spans: dict[str, 
                                      f"disagree at n={n} on {path} (rows {odd}): run the same decon command again")
 
 
+def _finished_record(output: str, kind: ListKind) -> dict[str, str]:
+    """The sha256 of each file the finished ``output`` of ``kind`` (``.SUCCESS``, no
+    ``FAILED.json``, its last receipt complete, some row's text read) records, by relative path."""
+    if (failed := read_failed(output)) is not None:  # a run that exited 1: its list is not one to trust
+        raise storage.InputError(f"{kind.flag} {failed_line(output, failed)}")
+    if not storage.exists(storage.join(output, ".SUCCESS")):
+        raise storage.InputError(f"{kind.flag} {output}: not a finished {kind.command} output (no .SUCCESS); "
+                                 f"run refinery {kind.command} to the end first")
+    receipt = merge_receipt(output, kind)
+    if problem := read_nothing_problem(output, receipt, kind):
+        raise storage.InputError(problem)
+    return {f["path"]: f["sha256"] for f in receipt["files"]}
+
+
+def _load_duplicates(output: str, read_spec: ReadSpec) -> tuple[DropSource, dict[str, set[int]],
+                                                                 list[dict[str, Any]]]:
+    """A finished dedup output's source, its listed rows by resolved path, and the files it
+    read (its :data:`INPUT_FILES` rows), every file checked as a decon output's are."""
+    recorded = _finished_record(output, DEDUP)
+    files_data = _read_recorded(output, INPUT_FILES, recorded, DEDUP)
+    try:
+        files = read_jsonl(INPUT_FILES, files_data)
+        for f in files:
+            int(f["size"]), str(f["version"]), str(f["resolved"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise storage.InputError(f"--exclude-duplicates {output}: unreadable {INPUT_FILES} ({e!r})") from None
+    check_read_spec(output, files, read_spec, DEDUP)
+    path, sha = _recorded_file(output, DUP_LIST, recorded, DEDUP)
+    why = (f"edited after dedup wrote it (its {DEDUP.last_stage} receipt)",
+           "a changed list may keep duplicate rows: run the same dedup command with --verify-checksums to write it "
+           "again")
+    rows = _streamed_rows(path, sha, files, None, why)
+    source = DropSource(storage.resolved(output), 0, sha, sum(len(r) for r in rows.values()),
+                        hashlib.sha256(files_data).hexdigest(), kind="dedup")
+    return source, rows, files
+
+
 def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadSpec,
-                   rules: SpanRules | None = None) -> Exclusion:
+                   rules: SpanRules | None = None, duplicates: Sequence[str] = ()) -> Exclusion:
     """The rows to leave out from the decon ``outputs`` (each finished: ``.SUCCESS`` and its
     merge receipt), at ``n`` (default: each run's largest n; a given n must be one each run
-    computed), and the rows each could not read. Every file read must have the sha256 decon
-    recorded, and each run must have read the training text as ``read_spec`` (this prep's)
-    says. The drop lists are read a line at a time. With ``rules`` (span mode), each run's
-    spans file is read too and must list exactly its drop list's rows at n. Raises
-    :class:`storage.InputError` naming the output and what is wrong with it."""
+    computed), and the rows each could not read; and the rows the dedup outputs
+    ``duplicates`` list (:func:`_load_duplicates`: left out whole). Every file read must have
+    the sha256 its run recorded, and each run must have read the training text as
+    ``read_spec`` (this prep's) says. The lists are read a line at a time. With ``rules``
+    (span mode), each decon run's spans file is read too and must list exactly its drop
+    list's rows at n. Raises :class:`storage.InputError` naming the output and what is wrong
+    with it."""
+    exclusion = _load_overlaps(outputs, n, read_spec, rules)
+    rows = {p: set(r) for p, r in (exclusion.rows or {}).items()}
+    whole: dict[str, set[int]] = {}
+    for output in duplicates:
+        output = output.rstrip("/")
+        if storage.offline_state() is not None and storage.is_remote(output):
+            exclusion.sources.append(DropSource(output, 0, UNREAD, 0, kind="dedup"))
+            continue
+        source, listed, files = _load_duplicates(output, read_spec)
+        exclusion.sources.append(source)
+        exclusion.commands[output] = "dedup"
+        exclusion.scanned[output] = {f["resolved"]: (int(f["size"]), str(f["version"])) for f in reversed(files)}
+        exclusion.contents[output] = {f["resolved"]: str(f.get("sha256", "")) for f in reversed(files)}
+        for path, r in listed.items():
+            rows.setdefault(path, set()).update(r)
+            whole.setdefault(path, set()).update(r)
+    exclusion.rows = {p: frozenset(r) for p, r in rows.items()}
+    exclusion.whole = {p: frozenset(r) for p, r in whole.items()}
+    return exclusion
+
+
+def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules: SpanRules | None) -> Exclusion:
+    """:func:`load_exclusion` of the decon ``outputs``."""
     sources: list[DropSource] = []
     rows: dict[str, set[int]] = {}
     scanned: dict[str, dict[str, tuple[int, str]]] = {}
@@ -433,15 +593,7 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
             # a dry run reads nothing remote: the job is described without the drop list's rows
             sources.append(DropSource(output, -1 if n is None else n, UNREAD, 0))
             continue
-        if (failed := read_failed(output)) is not None:  # a decon that exited 1: its drop list is not one to trust
-            raise storage.InputError(f"--exclude-overlaps {failed_line(output, failed)}")
-        if not storage.exists(storage.join(output, ".SUCCESS")):
-            raise storage.InputError(f"--exclude-overlaps {output}: not a finished decon output (no .SUCCESS); "
-                                     "run refinery decon to the end first")
-        receipt = merge_receipt(output)
-        if problem := read_nothing_problem(output, receipt):
-            raise storage.InputError(problem)
-        recorded = {f["path"]: f["sha256"] for f in receipt["files"]}
+        recorded = _finished_record(output, DECON)
         files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
             stats = read_jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))
