@@ -32,6 +32,11 @@ the medians are printed with their range. Run it with nothing else on the machin
     .venv/bin/python bench/prep.py --per-document --mb 40 --layouts 8 --repeat 5
     .venv/bin/python bench/prep.py --exclude-modes --mb 100    # span vs row mode, 1% of rows contaminated
     .venv/bin/python bench/prep.py --breakdown --mb 200 --layouts 16   # where the time goes, 1 and 2 workers
+    .venv/bin/python bench/prep.py --parts-only --mb 200 --layouts 16 --before main   # part by part, old vs new
+
+``--breakdown`` then times the tokenize and pack stages part by part against the encoder
+alone (``--parts-only``: that alone; ``bench/prep_parts.py``), and the bare encoder in 2
+processes against 1 beside 2 workers against 1.
 
 ``--per-document`` prints what the tokenize units do besides encoding, per document (read,
 parse, normalize, id, shard, spill), with the units run in the bench's own process.
@@ -51,6 +56,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any, Mapping
+
+import prep_parts  # bench/prep_parts.py, beside this file
+
+from refinery.transforms.io.text import normalize_text
 
 HERE = Path(__file__).resolve().parent
 GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
@@ -302,11 +311,14 @@ GSM8K_TEST = HERE.parent / "tests" / "data" / "gsm8k" / "test.jsonl.gz"
 
 def prep_breakdown(work: Path, texts: list[str], files: int, rounds: int) -> None:
     """The breakdown (bench/breakdown.py) of ``refinery prep`` with 1 and 2 workers, rounds
-    alternating."""
+    alternating, each round also timing the bare encoder in 1 and in 2 processes (the
+    machine's ceiling on 2 workers / 1)."""
     from breakdown import breakdown, print_table, timed_run
 
     corpus = write_layout(work / f"corpus-{files}", texts, files)
+    normalized = [normalize_text(t) for t in texts]
     runs: dict[str, list[list[tuple[str, float]]]] = {"1 worker": [], "2 workers": []}
+    scaling, loads = [], []
     for _ in range(rounds):
         for workers in (1, 2):
             out = work / f"out-breakdown-{workers}"
@@ -314,10 +326,63 @@ def prep_breakdown(work: Path, texts: list[str], files: int, rounds: int) -> Non
             argv = ["prep", "--input", str(corpus), "--output", str(out), "--num-shards", "8", "--no-progress",
                     "--dataset", "bench", "--workers", str(workers)]
             runs[f"{workers} worker{'s' if workers > 1 else ''}"].append(breakdown(*timed_run(argv)))
+        scaling.append(prep_parts.bare_scaling(normalized, 2))
+        loads.append(os.getloadavg()[0])
     size = sum(len(t.encode()) for t in texts) / 1e6
     print_table(f"prep breakdown: {size:,.0f} MB in {files} files", runs)
-    one, two = (statistics.median(sum(s for _, s in b) for b in runs[k]) for k in runs)
-    print(f"  2 workers / 1 worker: {one / two:.2f}x")
+    ratios = [sum(s for _, s in one) / sum(s for _, s in two) for one, two in zip(runs["1 worker"], runs["2 workers"])]
+    print(f"  2 workers / 1 worker: {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]; the bare "
+          f"encoder in 2 processes / 1, the same rounds: {statistics.median(scaling):.2f}x "
+          f"[{min(scaling):.2f}-{max(scaling):.2f}]; prep's share of that ceiling "
+          f"{statistics.median(r / c for r, c in zip(ratios, scaling)):.0%} (goal >= 90%, or 1.8x); "
+          f"load average {', '.join(f'{x:.1f}' for x in loads)}")
+
+
+def parts_rounds(work: Path, kind: str, mb: float, files: int, rounds: int, before: str | None,
+                 as_json: bool) -> None:
+    """``--parts-only``: the tokenize and pack stages part by part against the encoder alone
+    (bench/prep_parts.py), ``rounds`` rounds; with ``before``, each round runs the code of
+    that revision first and this checkout's second, each in a fresh process."""
+    corpus, done = work / f"corpus-{kind}-{mb:g}-{files}", work / f"corpus-{kind}-{mb:g}-{files}.done"
+    if not done.exists():  # written once per workdir, shared by the rounds and the versions
+        shutil.rmtree(corpus, ignore_errors=True)
+        write_layout(corpus, CORPORA[kind](mb), files)
+        done.write_text("")
+    if before is None and not as_json:
+        results = {"now": [prep_parts.measure_round(corpus, work) for _ in range(rounds)]}
+    elif before is None:
+        for _ in range(rounds):
+            print(json.dumps(prep_parts.measure_round(corpus, work)), flush=True)
+        return
+    else:
+        results = versions_rounds(work, corpus, kind, mb, files, rounds, before)
+    size = sum(f.stat().st_size for f in corpus.glob("*.jsonl")) / 1e6
+    prep_parts.print_parts(f"prep's tokenize and pack stages, part by part: {kind}, {size:,.0f} MB of JSON lines "
+                           f"in {files} files, 1 worker's encoder", results)
+
+
+def versions_rounds(work: Path, corpus: Path, kind: str, mb: float, files: int, rounds: int,
+                    before: str) -> dict[str, list[dict[str, float]]]:
+    """Rounds of ``--parts-only --json`` alternating: the code of ``before``, then this checkout's."""
+    from startup import old_code
+
+    root = Path(tempfile.mkdtemp(prefix="refinery-before-"))
+    env = old_code(before, root)
+    trees = {before: (root / "tree" / "bench" / "prep.py", env), "now": (HERE / "prep.py", {})}
+    results: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+    try:
+        for _ in range(rounds):
+            for version, (script, extra) in trees.items():
+                done = subprocess.run([sys.executable, str(script), "--parts-only", "--json", "--repeat", "1",
+                                       "--workdir", str(work), "--corpus", kind, "--mb", str(mb), "--layouts",
+                                       str(files)], check=True, capture_output=True, text=True,
+                                      env={**os.environ, **extra})
+                results[version].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(root / "tree")],
+                       check=False)
+        shutil.rmtree(root, ignore_errors=True)
+    return results
 
 
 def exclude_modes(work: Path, mb: float, share: float, rounds: int) -> None:
@@ -383,6 +448,13 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="only the time breakdown (start-up, planning, Beam, workers, each stage and the barriers "
                          "between them, exit) with 1 and 2 workers, on the first layout")
+    ap.add_argument("--parts-only", action="store_true",
+                    help="only the tokenize and pack stages part by part (read, parse, text, normalize, ids, "
+                         "encode, spill, sha256, pack, sidecar) against the encoder alone, 1 worker, in this "
+                         "process (bench/prep_parts.py); --breakdown runs it too")
+    ap.add_argument("--before", metavar="REV",
+                    help="with --parts-only or --breakdown: also the code of this git revision, rounds alternating")
+    ap.add_argument("--json", action="store_true", help="with --parts-only: each round's figures as a JSON line")
     ap.add_argument("--exclude-modes", action="store_true",
                     help="only prep --exclude-overlaps in row and span mode, on GSM8K text with test questions "
                          "planted in --planted of its rows (after one decon run, not timed)")
@@ -392,9 +464,13 @@ def main() -> None:
     if args.scale:
         simulate_scale(args.units, 64)
         return
-    if args.breakdown:
-        prep_breakdown(Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-")),
-                       CORPORA[args.corpus](args.mb), int(args.layouts[0]), args.repeat)
+    if args.breakdown or args.parts_only:
+        work = Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-"))
+        if not args.json:
+            print(f"load average at the start: {os.getloadavg()[0]:.1f} (2 shared cores: compare ratios only)")
+        if args.breakdown:
+            prep_breakdown(work, CORPORA[args.corpus](args.mb), int(args.layouts[0]), args.repeat)
+        parts_rounds(work, args.corpus, args.mb, int(args.layouts[0]), args.repeat, args.before, args.json)
         return
     if args.exclude_modes:
         exclude_modes(Path(args.workdir or tempfile.mkdtemp(prefix="refinery-bench-")), args.mb, args.planted,
@@ -402,7 +478,6 @@ def main() -> None:
         return
 
     from refinery.transforms.formats.tiktoken_vocab import get_encoding
-    from refinery.transforms.io.text import normalize_text
 
     load = os.getloadavg()[0]
     if load > 0.5:
