@@ -41,7 +41,7 @@ from refinery.transforms.formats import provenance, shards
 from refinery.transforms.formats.encoders import load_tokenizer
 from refinery.transforms.formats.row_ids import doc_id_for
 from refinery.transforms.io import storage
-from refinery.transforms.io.rows import _lines, _rows_of_lines, open_lines, parse_json_line
+from refinery.transforms.io.rows import line_blocks, open_lines, parse_json_lines, plain_json_lines, row_lines
 from refinery.transforms.io.text import normalize_text
 from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
@@ -50,7 +50,7 @@ from refinery.transforms.prep.documents import (
     encode_by_shard,
     encode_documents,
     extract_text,
-    shard_of,
+    shards_of,
 )
 from refinery.transforms.prep.stages import PrepConfig, build_stages
 from refinery.transforms.resumable import bind_stages, execute_unit
@@ -85,28 +85,35 @@ def _batches(n: int, chars: Callable[[int], int]) -> Iterator[tuple[int, int]]:
         yield lo, n
 
 
-def _read(path: str, cap: int) -> list[bytes | None]:
+def _read(path: str, cap: int) -> list[list[bytes | None]]:
     with open_lines(path, compression="infer") as f:
-        return [line for line, is_row in _rows_of_lines(_lines(f, cap)) if is_row]
+        return [part.rows for part in row_lines(line_blocks(f, cap))]
 
 
-def _parse(lines: list[bytes | None]) -> list[tuple[Any, str | None]]:
-    return [(None, "too large") if line is None else parse_json_line(line) for line in lines]
+def _parse(blocks: list[list[bytes | None]], cap: int) -> list[tuple[list[bytes | None], list[Any], list[Any]]]:
+    return [(lines, *parse_json_lines(lines, cap)) for lines in blocks]
 
 
-def _texts(parsed: list[tuple[Any, str | None]], cfg: PrepConfig) -> list[tuple[int, dict[str, Any], str]]:
-    spec, out = cfg.text, []
-    for row, (record, error) in enumerate(parsed):
-        if error is None:
-            text, _ = extract_text(record, spec)
-            if text is not None:
-                out.append((row, record, text))
+def _texts(parsed: list[tuple[list[bytes | None], list[Any], list[Any]]], cfg: PrepConfig
+           ) -> list[tuple[int, dict[str, Any], str, bool]]:
+    """(row, record, text, plain) of the rows with a text: a plain line's text field, else extract_text's."""
+    spec, field, out, row = cfg.text, cfg.text.field, [], 0
+    for lines, records, errors in parsed:
+        for record, error, plain in zip(records, errors, plain_json_lines(lines)):
+            if plain and type(record) is dict and type(text := record.get(field)) is str:
+                out.append((row, record, text, True))
+            elif error is None:
+                text, _ = extract_text(record, spec)
+                if text is not None:
+                    out.append((row, record, text, False))
+            row += 1
     return out
 
 
-def _ids(docs: list[tuple[int, dict[str, Any], str]], cfg: PrepConfig, relpath: str) -> tuple[list[str], np.ndarray]:
-    ids = [doc_id_for(record, cfg.id_field, relpath, row) for row, record, _ in docs]
-    return ids, np.array([shard_of(i, cfg.num_shards) for i in ids], np.uint32)
+def _ids(docs: list[tuple[int, dict[str, Any], str, bool]], cfg: PrepConfig, relpath: str
+         ) -> tuple[list[str], np.ndarray]:
+    ids = [doc_id_for(record, cfg.id_field, relpath, row) for row, record, _, _ in docs]
+    return ids, shards_of(ids, cfg.num_shards)
 
 
 def tokenize_parts(cfg: PrepConfig, enc: Any, clock: Clock, spill_dir: Path) -> list[list[str]]:
@@ -122,9 +129,10 @@ def tokenize_parts(cfg: PrepConfig, enc: Any, clock: Clock, spill_dir: Path) -> 
                     raise SystemExit("the parts bench reads whole .jsonl files: give it more, smaller files")
                 path = piece["path"]
                 lines = clock.run("read and decompress", lambda: _read(path, cfg.max_row_bytes))  # noqa: B023
-                parsed = clock.run("JSON parse", lambda: _parse(lines))  # noqa: B023
+                parsed = clock.run("JSON parse", lambda: _parse(lines, cfg.max_row_bytes))  # noqa: B023
                 docs = clock.run("text build", lambda: _texts(parsed, cfg))  # noqa: B023
-                texts = clock.run("normalize", lambda: [normalize_text(t) for _, _, t in docs])  # noqa: B023
+                texts = clock.run("normalize", lambda: [t.strip() if plain else normalize_text(t)  # noqa: B023
+                                                        for _, _, t, plain in docs])  # noqa: B023
                 keep = [i for i, t in enumerate(texts) if t]
                 docs, texts = [docs[i] for i in keep], [texts[i] for i in keep]
                 ids, doc_shards = clock.run("ids and shards (md5)",
@@ -132,7 +140,7 @@ def tokenize_parts(cfg: PrepConfig, enc: Any, clock: Clock, spill_dir: Path) -> 
                 for lo, hi in _batches(len(texts), lambda i: len(texts[i])):  # noqa: B023
                     order, tokens, lengths = clock.run(
                         "encode (a first pass)", lambda: encode_by_shard(enc, texts[lo:hi], doc_shards[lo:hi]))  # noqa: B023
-                    names = ([r for r, _, _ in docs[lo:hi]], ids[lo:hi], [path] * (hi - lo))
+                    names = ([r for r, _, _, _ in docs[lo:hi]], ids[lo:hi], [path] * (hi - lo))
                     clock.run("spill write", lambda: writer.add_batch(doc_shards[lo:hi], order, tokens,  # noqa: B023
                                                                       lengths, names))  # noqa: B023
                 unit_texts += texts
@@ -164,7 +172,7 @@ class _Plain(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
-        return self.f.write(data)
+        return int(self.f.write(data))
 
 
 def pack_parts(cfg: PrepConfig, clock: Clock, spill_dir: Path, out_dir: Path) -> None:

@@ -191,8 +191,9 @@ def too_large(max_row_bytes: int) -> str:
 
 
 def open_lines(path: str, compression: str | None = None) -> BufferedIOBase:
-    """``path`` opened for reading lines: a reader whose ``readline(limit)`` honours the
-    limit (fsspec's remote files take no limit, so they get a buffer of their own)."""
+    """``path`` opened for reading lines: a reader whose ``read1(n)`` gives at most ``n`` bytes
+    and whose ``readline(limit)`` honours the limit (fsspec's remote files take no limit, so
+    they get a buffer of their own)."""
     f = storage.open_read(path, compression)
     # an fsspec file: raw reads (readinto) that BufferedReader buffers
     return f if isinstance(f, BufferedIOBase) else BufferedReader(cast(RawIOBase, f), READ_BYTES)
@@ -206,15 +207,86 @@ def _skip_line(f: BufferedIOBase, line: bytes) -> int:
     return size
 
 
-def _lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[tuple[bytes | None, int]]:
-    """(line, its size in bytes) for each line of ``f``. A line longer than ``max_row_bytes``
-    (its final ``\\n`` not counted) is read to its end in pieces, never held whole, and
-    comes as ``(None, size)``."""
-    while line := f.readline(max_row_bytes + 1):
-        if len(line) <= max_row_bytes or line.endswith(b"\n"):
-            yield line, len(line)
-        else:
-            yield None, _skip_line(f, line)
+class LineBlock(NamedTuple):
+    """Consecutive lines of a JSON lines file, as :func:`line_blocks` reads them: each line's
+    bytes without its ``\n`` (None for a line over the row cap); ``open_end``: the last line
+    is the file's last and has no ``\n``; ``starts``: each line's first byte in the file,
+    given only when the reader was asked to stop at a byte (a range's end)."""
+
+    lines: list[bytes | None]
+    open_end: bool = False
+    starts: list[int] | None = None
+
+
+def _cut(data: bytes, start: int, max_row_bytes: int) -> tuple[list[bytes | None], int]:
+    """The lines ``data[start:]`` ends (each without its ``\n``, None over the cap) and where
+    the unended rest begins."""
+    last = data.rfind(b"\n")
+    if last < start:
+        return [], start
+    lines: list[bytes | None] = list(data[start:last].split(b"\n"))
+    if last - start > max_row_bytes:  # (a line can be over the cap only in a block longer than it)
+        lines = [line if line is None or len(line) <= max_row_bytes else None for line in lines]
+    return lines, last + 1
+
+
+def line_blocks(f: BufferedIOBase, max_row_bytes: int, at: int = 0, stop: int | None = None
+                ) -> Iterator[LineBlock]:
+    """THE lines of the JSON lines file ``f`` (:func:`open_lines`), a block per read of up to
+    :data:`READ_BYTES` (``read1``). A line longer than ``max_row_bytes`` (its ``\n`` not
+    counted) is None, read to its end without being held: memory holds a block and at most
+    one line up to the cap. ``at``: the file position ``f`` is at; ``stop``: give each block
+    its lines' ``starts`` (the caller keeps the lines that start before ``stop``). A read that
+    raises (damage: a truncated gzip) raises after the block of the lines it completed."""
+    head: list[bytes] = []  # the start of the line the last read cut (within the cap)
+    head_size, skipping, pos = 0, False, at  # in a line over the cap; the file position of data[0]
+    line_start = at  # where the next line starts
+    while data := f.read1(READ_BYTES):
+        lines: list[bytes | None] = []
+        starts: list[int] | None = [] if stop is not None else None
+        begin = 0
+        if head or skipping:  # the line a read cut goes on
+            nl = data.find(b"\n")
+            if nl < 0:
+                if not skipping:
+                    head.append(data)
+                    head_size += len(data)
+                    if head_size > max_row_bytes:  # too large: said now, its rest dropped as it comes
+                        head, head_size, skipping = [], 0, True
+                        yield LineBlock([None], False, [line_start] if stop is not None else None)
+                pos += len(data)
+                continue
+            if not skipping:
+                line = b"".join(head) + data[:nl]
+                lines.append(line if len(line) <= max_row_bytes else None)
+                if starts is not None:
+                    starts.append(line_start)
+            head, head_size, skipping, begin = [], 0, False, nl + 1
+            line_start = pos + begin
+        ended, rest = _cut(data, begin, max_row_bytes)
+        if starts is not None and ended:
+            sizes = [0] + [len(x) + 1 if x is not None else 0 for x in ended]
+            if any(x is None for x in ended):  # (sizes of lines over the cap, from the raw bytes)
+                sizes = [0] + [len(x) + 1 for x in data[begin:rest - 1].split(b"\n")]
+            acc = line_start
+            for size in sizes[:-1]:
+                acc += size
+                starts.append(acc)
+        lines += ended
+        line_start = pos + rest
+        if rest < len(data):  # a line the read cut
+            if len(data) - rest > max_row_bytes:
+                lines.append(None)
+                if starts is not None:
+                    starts.append(line_start)
+                skipping = True
+            else:
+                head, head_size = [data[rest:]], len(data) - rest
+        pos += len(data)
+        if lines:
+            yield LineBlock(lines, False, starts)
+    if head:  # the file's last line, without a "\n"
+        yield LineBlock([b"".join(head)], True, [line_start] if stop is not None else None)
 
 
 def _blank(line: bytes | None) -> bool:
@@ -222,26 +294,37 @@ def _blank(line: bytes | None) -> bool:
     return line is not None and not line.strip(_JSON_SPACE)
 
 
-def _rows_of_lines(items: Iterator[tuple[bytes | None, int]], more_after: Callable[[], bool] = lambda: False
-                   ) -> Iterator[tuple[bytes | None, bool]]:
-    """(line, whether it is a row) for each of ``items`` (:func:`_lines`): the blank lines
-    that end the file are not rows (an editor's final empty line). A blank line with a row
-    after it is one (a bad row, "blank line"), as before: row numbers stay those of the
-    file's lines. ``more_after()``: whether a row follows the last item (a byte range's end
-    is not always the file's)."""
+class RowLines(NamedTuple):
+    """Lines of :func:`row_lines`: ``rows`` (the lines that are rows, in order) then
+    ``after``, blank lines that are not rows (those that end the file); ``open_end`` as
+    :class:`LineBlock`'s (for the last of ``rows`` or of ``after``, whichever is last)."""
+
+    rows: list[bytes | None]
+    after: list[bytes | None]
+    open_end: bool
+
+
+def row_lines(blocks: Iterator[LineBlock], more_after: Callable[[], bool] = lambda: False) -> Iterator[RowLines]:
+    """The rows among the lines of ``blocks`` (:func:`line_blocks`): the blank lines that end
+    the file are not rows (an editor's final empty line). A blank line with a row after it
+    is one (a bad row, "blank line"): row numbers stay those of the file's lines.
+    ``more_after()``: whether a row follows the last block (a byte range's end is not
+    always the file's)."""
     held: list[bytes | None] = []
-    for line, _ in items:
-        if _blank(line):
-            held.append(line)
+    open_end = False
+    for block in blocks:
+        lines, open_end = block.lines, block.open_end
+        last = len(lines) - 1
+        while last >= 0 and _blank(lines[last]):
+            last -= 1
+        if last < 0:
+            held += lines
             continue
-        for blank in held:
-            yield blank, True
-        held.clear()
-        yield line, True
+        rows = [*held, *lines[:last + 1]] if held else lines[:last + 1]
+        yield RowLines(rows, [], open_end and last == len(lines) - 1)
+        held = lines[last + 1:]
     if held:
-        rows = more_after()
-        for blank in held:
-            yield blank, rows
+        yield RowLines(held, [], open_end) if more_after() else RowLines([], held, open_end)
 
 
 class JsonLine(NamedTuple):
@@ -256,6 +339,94 @@ class JsonLine(NamedTuple):
     error: str | None
 
 
+class RowBlock(NamedTuple):
+    """Consecutive rows of a file, as :func:`iter_row_blocks` reads them: ``records[k]`` and
+    ``errors[k]`` are row ``first + k`` (a record, or None and the reason); ``lines``: for a
+    JSON lines file, each row's bytes without its ``\n`` (None over the cap, and for the
+    damage), else None; ``open_end``: the last of them is the file's last line, without a ``\n``."""
+
+    first: int
+    records: list[dict[str, Any] | None]
+    errors: list[str | None]
+    lines: list[bytes | None] | None = None
+    open_end: bool = False
+
+
+def parse_json_lines(lines: list[bytes | None], max_row_bytes: int) -> tuple[list[dict[str, Any] | None],
+                                                                             list[str | None]]:
+    """(records, errors) of JSON lines: :func:`parse_json_line` of each (None: a line over the
+    cap, :func:`too_large`), with orjson in one loop; a line orjson refuses, or whose value
+    may be one orjson reads otherwise than the standard library (a nested value, a float: see
+    :func:`_exact`), goes through :func:`parse_json_line` itself."""
+    records: list[dict[str, Any] | None] = []
+    errors: list[str | None] = []
+    loads, flat, slow = orjson.loads, _FLAT_TYPES.issuperset, parse_json_line
+    for line in lines:
+        if line is None:
+            records.append(None)
+            errors.append(too_large(max_row_bytes))
+            continue
+        try:
+            value = loads(line)
+        except orjson.JSONDecodeError:
+            value = None
+        if type(value) is dict and flat(map(type, value.values())):  # nothing nested, no float: as it is
+            records.append(value)
+            errors.append(None)
+        else:
+            record, error = slow(line)
+            records.append(record)
+            errors.append(error)
+    return records, errors
+
+
+_FLAT_TYPES = frozenset({str, int, bool, type(None)})  # values _check has nothing to look at in
+
+
+def plain_json_lines(lines: list[bytes | None]) -> list[bool]:
+    """Per JSON line (None: over the cap), whether every string it holds is plain ASCII: tabs,
+    newlines and printable characters only, so that such a text needs nothing of
+    ``normalize_text`` but the strip. True when the line's bytes are ASCII, hold no DEL and no
+    escape but ``\\n``, ``\\t``, ``\\"``, ``\\\\`` and ``\\/`` (a raw control character is not
+    valid JSON). Three byte scans in C per line, no look at the parsed values."""
+    return [line is not None and line.isascii() and b"\x7f" not in line
+            and (b"\\" not in line or _NOT_PLAIN_ESCAPE.search(line.replace(b"\\\\", b"")) is None)
+            for line in lines]
+
+
+_NOT_PLAIN_ESCAPE = re.compile(rb'\\[^nt"/]')  # \uXXXX, \r, \b, \f, once the escaped backslashes are gone
+
+
+def jsonl_row_blocks(parts: Iterator[RowLines], max_row_bytes: int) -> Iterator[RowBlock | RowLines]:
+    """The rows of :func:`row_lines` a block at a time (:class:`RowBlock`, numbered from 0),
+    parsed (:func:`parse_json_lines`), and the blank lines that end the file as they come
+    (the :class:`RowLines` with ``after``)."""
+    row = 0
+    for part in parts:
+        if part.after:
+            yield part
+            continue
+        records, errors = parse_json_lines(part.rows, max_row_bytes)
+        yield RowBlock(row, records, errors, part.rows, part.open_end)
+        row += len(part.rows)
+
+
+def _jsonl_file_blocks(f: BufferedIOBase, max_row_bytes: int) -> Iterator[RowBlock | RowLines]:
+    """:func:`jsonl_row_blocks` of a whole file; damage (a truncated gzip, a zstd frame cut
+    short) ends them with the bad row ``corrupt file after N rows: ...`` (the blank lines
+    before it, not yet rows, are dropped)."""
+    rows = 0
+    try:
+        for part in jsonl_row_blocks(row_lines(line_blocks(f, max_row_bytes)), max_row_bytes):
+            if isinstance(part, RowBlock):
+                rows = part.first + len(part.records)
+            yield part
+    except CONTENT_ERRORS as e:
+        if isinstance(e, ACCESS_ERRORS):
+            raise
+        yield RowBlock(rows, [None], [corrupt_reason(rows, e)], [None])
+
+
 def jsonl_lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[JsonLine]:
     """Every line of the JSON lines file ``f`` (:func:`open_lines`), with the row
     :func:`iter_rows` makes of it: THE reader of JSON lines (``iter_rows`` is its rows, and
@@ -264,19 +435,21 @@ def jsonl_lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[JsonLine]:
     end in pieces, never held, and is the bad row :func:`too_large`; damage (a truncated gzip,
     a zstd frame cut short) ends the lines with the bad row ``corrupt file after N rows: ...``
     (the blank lines before it, not yet rows, are dropped)."""
-    row = 0
-    try:
-        for line, is_row in _rows_of_lines(_lines(f, max_row_bytes)):
-            if not is_row:
-                yield JsonLine(None, line, None, None)
-                continue
-            record, error = (None, too_large(max_row_bytes)) if line is None else parse_json_line(line)
-            yield JsonLine(row, line, record, error)
-            row += 1
-    except CONTENT_ERRORS as e:
-        if isinstance(e, ACCESS_ERRORS):
-            raise
-        yield JsonLine(row, None, None, corrupt_reason(row, e))
+    for part in _jsonl_file_blocks(f, max_row_bytes):
+        if isinstance(part, RowLines):
+            last = len(part.after) - 1
+            for k, line in enumerate(part.after):
+                yield JsonLine(None, _ended(line, part.open_end and k == last), None, None)
+            continue
+        lines = part.lines or []
+        last = len(lines) - 1
+        for k, (line, record, error) in enumerate(zip(lines, part.records, part.errors)):
+            yield JsonLine(part.first + k, _ended(line, part.open_end and k == last), record, error)
+
+
+def _ended(line: bytes | None, open_end: bool) -> bytes | None:
+    """A line's bytes with their ``\\n`` (none for the file's last line without one)."""
+    return line if line is None or open_end else line + b"\n"
 
 
 def corrupt_reason(rows: int, e: BaseException) -> str:
@@ -284,42 +457,46 @@ def corrupt_reason(rows: int, e: BaseException) -> str:
     return f"{CORRUPT} after {rows} rows: {type(e).__name__}: {e}"
 
 
-def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[Row]:
+def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[RowBlock]:
     rows = 0
     try:
         with open_lines(path, compression="infer") as f:
-            for item in jsonl_lines(f, max_row_bytes):
-                if item.row is not None:
-                    rows = item.row + 1
-                    yield item.row, item.record, item.error
+            for part in _jsonl_file_blocks(f, max_row_bytes):
+                if isinstance(part, RowBlock):
+                    rows = part.first + len(part.records)
+                    yield part
     except CONTENT_ERRORS as e:  # opening or closing the file (a compressed file's header)
         if isinstance(e, ACCESS_ERRORS):
             raise
-        yield rows, None, corrupt_reason(rows, e)
+        yield RowBlock(rows, [None], [corrupt_reason(rows, e)], [None])
 
 
-def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterator[Row]:
+def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterator[RowBlock]:
     """Rows of an uncompressed JSONL file whose first byte lies in ``[lo, hi)``, numbered
     from 0 within the range (the caller adds the rows of the ranges before it)."""
     with open_lines(path) as f:
         if lo > 0:
             f.seek(lo - 1)
             _skip_line(f, b"")  # the rest of the line holding byte lo-1 belongs to the previous range
-        pos = f.tell()
-        lines = _lines(f, max_row_bytes)
+        blocks = line_blocks(f, max_row_bytes, f.tell(), hi)
+        beyond: list[LineBlock] = []
 
-        def in_range() -> Iterator[tuple[bytes | None, int]]:
-            nonlocal pos
-            while pos < hi and (item := next(lines, None)) is not None:
-                pos += item[1]
-                yield item
+        def in_range() -> Iterator[LineBlock]:
+            for block in blocks:
+                starts = block.starts or []
+                keep = sum(1 for s in starts if s < hi)  # (they ascend)
+                if keep:
+                    yield LineBlock(block.lines[:keep], block.open_end and keep == len(starts))
+                if keep < len(starts):
+                    beyond.append(LineBlock(block.lines[keep:]))
+                    return
 
         def more_after() -> bool:  # a row after this range's trailing blank lines, in a later range
-            return any(not _blank(line) for line, _ in lines)
+            return any(not _blank(line) for b in (*beyond, *blocks) for line in b.lines)
 
-        rows = (line for line, is_row in _rows_of_lines(in_range(), more_after) if is_row)
-        for row, line in enumerate(rows):
-            yield (row, None, too_large(max_row_bytes)) if line is None else (row, *parse_json_line(line))
+        for part in jsonl_row_blocks(row_lines(in_range(), more_after), max_row_bytes):
+            if isinstance(part, RowBlock):
+                yield part
 
 
 _JSON_SPACE = b" \t\n\r"
@@ -497,6 +674,36 @@ def _iter_arrow(path: str, max_row_bytes: int) -> Iterator[Row]:
         yield row, None, f"{CORRUPT} after {row} rows: {type(e).__name__}: {e}"
 
 
+def iter_row_blocks(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,
+                    byte_range: tuple[int, int] | None = None,
+                    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[RowBlock]:
+    """The rows of :func:`iter_rows`, many at a time (:class:`RowBlock`): a JSON lines file's
+    a read of up to :data:`READ_BYTES` at a time (with their lines), other formats'
+    :data:`BLOCK_ROWS` rows at a time. The same arguments, rows, numbers and reasons."""
+    if storage.has_suffix(path, ".parquet", ".arrow", ".json", ".json.gz", ".json.zst"):
+        if storage.has_suffix(path, ".parquet"):
+            rows = _iter_parquet(path, row_groups, columns, max_row_bytes)
+        elif storage.has_suffix(path, ".arrow"):
+            rows = _iter_arrow(path, max_row_bytes)
+        else:
+            rows = _iter_json_array(path, max_row_bytes)
+        block: list[Row] = []
+        for item in rows:
+            block.append(item)
+            if len(block) >= BLOCK_ROWS:
+                yield RowBlock(block[0][0], [r for _, r, _ in block], [e for _, _, e in block])
+                block = []
+        if block:
+            yield RowBlock(block[0][0], [r for _, r, _ in block], [e for _, _, e in block])
+    elif byte_range is not None:
+        yield from _iter_jsonl_range(path, *byte_range, max_row_bytes)
+    else:
+        yield from _iter_jsonl(path, max_row_bytes)
+
+
+BLOCK_ROWS = 1024  # rows of a parquet, arrow or .json file a block holds
+
+
 def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,
               byte_range: tuple[int, int] | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[Row]:
     """Rows of a data file as (0-based row, record, None) or (row, None, reason).
@@ -507,13 +714,5 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     byte range (rows numbered from 0 within the range); ``max_row_bytes``: a larger row is
     a bad row (:func:`too_large`), read past without being held whole.
     """
-    if storage.has_suffix(path, ".parquet"):
-        yield from _iter_parquet(path, row_groups, columns, max_row_bytes)
-    elif storage.has_suffix(path, ".arrow"):
-        yield from _iter_arrow(path, max_row_bytes)
-    elif storage.has_suffix(path, ".json", ".json.gz", ".json.zst"):
-        yield from _iter_json_array(path, max_row_bytes)
-    elif byte_range is not None:
-        yield from _iter_jsonl_range(path, *byte_range, max_row_bytes)
-    else:
-        yield from _iter_jsonl(path, max_row_bytes)
+    for block in iter_row_blocks(path, row_groups, columns, byte_range, max_row_bytes):
+        yield from zip(range(block.first, block.first + len(block.records)), block.records, block.errors)

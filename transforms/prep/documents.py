@@ -175,6 +175,15 @@ def shard_of(doc_id: str, num_shards: int) -> int:
     return int.from_bytes(_md5(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "big") % num_shards
 
 
+def shards_of(doc_ids: Sequence[str], num_shards: int) -> np.ndarray:
+    """:func:`shard_of` of each id (uint32): the digests in one loop, their first 8 bytes
+    read as big-endian uint64 and taken modulo ``num_shards`` by numpy."""
+    md5 = _md5
+    digests = b"".join([md5(i.encode("utf-8", "surrogatepass")).digest() for i in doc_ids])
+    heads = np.frombuffer(digests, ">u8")[::2]  # each digest's first 8 of its 16 bytes
+    return (heads % np.uint64(num_shards)).astype(np.uint32)
+
+
 # ---------------------------------------------------------------------------------------
 # One row -> one document
 # ---------------------------------------------------------------------------------------

@@ -39,7 +39,14 @@ from refinery.transforms.formats.tokenizer_choice import DEFAULT, PrepTokenizer,
 from refinery.transforms.io import storage
 from refinery.transforms.io.gc_pause import gc_paused
 from refinery.transforms.io.jsonl import json_line
-from refinery.transforms.io.rows import CORRUPT, DEFAULT_MAX_ROW_BYTES, iter_rows, parquet_row_groups
+from refinery.transforms.io.rows import (
+    CORRUPT,
+    DEFAULT_MAX_ROW_BYTES,
+    RowBlock,
+    iter_row_blocks,
+    parquet_row_groups,
+    plain_json_lines,
+)
 from refinery.transforms.io.text import TEXT_NORMALIZATION, TextSpec, normalize_text
 from refinery.transforms.prep import pack, spill
 from refinery.transforms.prep.documents import (
@@ -51,6 +58,7 @@ from refinery.transforms.prep.documents import (
     extract_text,
     row_normalizer,
     shard_of,
+    shards_of,
 )
 from refinery.transforms.prep.exclusion import Exclusion
 from refinery.transforms.prep.piece_ids import check_piece_ids, has_piece_form, id_line
@@ -470,6 +478,7 @@ class _UnitTally:
     def __init__(self, cfg: PrepConfig, enc: PrepTokenizer, writer: spill.SpillWriter, ctx: UnitContext):
         self.cfg, self.enc, self.writer, self.ctx = cfg, enc, writer, ctx
         self.normalize = row_normalizer(cfg.text, cfg.id_field)
+        self.field = cfg.text.field if cfg.text.template is None else None  # the text field, or None (a template)
         self.rows_read = self.accepted = self.empty = self.rejected = self.excluded = 0
         self.cut = dict.fromkeys(SPAN_COUNTS, 0)
         self.tokens = self.chars = self.without_id = 0
@@ -481,7 +490,7 @@ class _UnitTally:
 
     def _new_batch(self) -> None:
         self.texts: list[str] = []
-        self.shards = array("I")
+        self.forced: dict[int, int] = {}  # position in the batch -> its shard, where not its id's (a piece)
         self.plain: list[bool] = []
         self.rows = array("Q")  # the batch's provenance (the shard's sidecar): rows, ids, source paths
         self.ids: list[str] = []
@@ -498,23 +507,67 @@ class _UnitTally:
         byte_range = (br[0], br[1]) if br else None
         drop = cfg.exclude.rows_of(path) if cfg.exclude else frozenset()
         spans = cfg.exclude.spans_of(path) if cfg.exclude and cfg.exclude.rules else None
-        for row, record, error in iter_rows(path, row_groups, columns, byte_range, cfg.max_row_bytes):
-            self.rows_read += 1
-            if drop and row_base + row in drop:
-                self.excluded += 1
-                if spans is not None:
-                    self._cut(record, path, row_base + row, piece["relpath"], spans.get(row_base + row))
-                continue
-            doc = self.normalize(record, error, path, row_base + row, piece["relpath"])
-            if isinstance(doc, Rejected):
-                self._reject(doc, path, error, rejects_out)
-                continue
-            if record is not None and record.get(cfg.id_field) is None:  # (a document is of a dict row)
-                self.without_id += 1
-            if self.formed_ids is not None and has_piece_form(doc.doc_id):
-                self.formed_ids.write(id_line(doc.doc_id, path, row_base + row))
-                self.formed += 1
-            self._add(doc)
+        for block in iter_row_blocks(path, row_groups, columns, byte_range, cfg.max_row_bytes):
+            self.rows_read += len(block.records)
+            if drop or self.formed_ids is not None or self.field is None or block.lines is None:
+                for k, record in enumerate(block.records):
+                    self._read_row(record, block.errors[k], path, row_base + block.first + k, piece["relpath"],
+                                   drop, spans, rejects_out)
+            else:
+                self._read_block(block, path, row_base, piece["relpath"], rejects_out)
+
+    def _read_block(self, block: RowBlock, path: str, row_base: int, relpath: str,
+                    rejects_out: storage.BinaryWriter) -> None:
+        """A block of JSON lines, no row listed to exclude, the text one field: a row whose line
+        holds plain ASCII strings only (:func:`~refinery.transforms.io.rows.plain_json_lines`)
+        and whose text is a string is a document of its text stripped, its id as
+        :func:`~refinery.transforms.formats.row_ids.doc_id_for` names it (the same rule as
+        :func:`~.documents.normalize_row`: tests compare them); any other row is read by
+        :meth:`_read_row`."""
+        field, id_field = self.field or "", self.cfg.id_field
+        texts, ids, rows, plain, sources = self.texts, self.ids, self.rows, self.plain, self.sources
+        first = row_base + block.first
+        errors = block.errors
+        for k, (record, is_plain) in enumerate(zip(block.records, plain_json_lines(block.lines or []))):
+            if is_plain and type(record) is dict and type(text := record.get(field)) is str:
+                text = text.strip()
+                if not text:
+                    self.empty += 1
+                    continue
+                value = record.get(id_field)
+                if value is None:
+                    self.without_id += 1
+                texts.append(text)
+                ids.append(str(value) if value is not None else doc_id_for(record, id_field, relpath, first + k))
+                rows.append(first + k)
+                plain.append(True)
+                sources.append(path)
+                self.batch_chars += len(text)
+                if self.batch_chars >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
+                    self.encode_batch()
+                    texts, ids, rows, plain, sources = self.texts, self.ids, self.rows, self.plain, self.sources
+            else:  # (which may encode the batch: a new one then)
+                self._read_row(record, errors[k], path, first + k, relpath, frozenset(), None, rejects_out)
+                texts, ids, rows, plain, sources = self.texts, self.ids, self.rows, self.plain, self.sources
+
+    def _read_row(self, record: dict[str, Any] | None, error: str | None, path: str, row: int, relpath: str,
+                  drop: frozenset[int] | Any, spans: Any, rejects_out: storage.BinaryWriter) -> None:
+        """One row: a document of the batch, excluded, empty or rejected (its line to ``rejects_out``)."""
+        if drop and row in drop:
+            self.excluded += 1
+            if spans is not None:
+                self._cut(record, path, row, relpath, spans.get(row))
+            return
+        doc = self.normalize(record, error, path, row, relpath)
+        if isinstance(doc, Rejected):
+            self._reject(doc, path, error, rejects_out)
+            return
+        if record is not None and record.get(self.cfg.id_field) is None:  # (a document is of a dict row)
+            self.without_id += 1
+        if self.formed_ids is not None and has_piece_form(doc.doc_id):
+            self.formed_ids.write(id_line(doc.doc_id, path, row))
+            self.formed += 1
+        self._add(doc)
 
     def _cut(self, record: dict[str, Any] | None, path: str, row: int, relpath: str,
              spans: np.ndarray | None) -> None:
@@ -563,9 +616,10 @@ class _UnitTally:
 
     def _add(self, doc: Document, shard: int | None = None) -> None:
         """``doc`` into the batch, in its shard (default: its id's; a piece: its row's)."""
+        if shard is not None:
+            self.forced[len(self.texts)] = shard
         self.texts.append(doc.text)
         self.plain.append(self.normalize.plain)
-        self.shards.append(shard_of(doc.doc_id, self.cfg.num_shards) if shard is None else shard)
         self.rows.append(doc.row)
         self.ids.append(doc.doc_id)
         self.sources.append(doc.source)
@@ -577,7 +631,9 @@ class _UnitTally:
         """Encode the batch (one encoder call), spill it, report the unit's progress."""
         if not self.texts:
             return
-        doc_shards = np.frombuffer(self.shards, np.uint32)
+        doc_shards = shards_of(self.ids, self.cfg.num_shards)
+        for at, shard in self.forced.items():
+            doc_shards[at] = shard
         order, tokens, lengths = encode_by_shard(self.enc, self.texts, doc_shards, self.plain)
         self.writer.add_batch(doc_shards, order, tokens, lengths, (self.rows, self.ids, self.sources))
         self.accepted += len(self.texts)
