@@ -124,16 +124,7 @@ class SpillWriter:
         if self._names_out is not None:
             if names is None or not len(names[0]) == len(names[1]) == len(names[2]) == n:
                 raise ValueError(f"add_batch: this spill records names: give the {n} documents' rows, ids, sources")
-            rows, ids, sources = names
-            records = []
-            for doc_id, source in zip(ids, sources):
-                id_b, source_b = self._encode(doc_id, source)
-                records.append(id_b + source_b)
-                self._id_bytes.append(len(id_b))
-                self._source_bytes.append(len(source_b))
-            self._rows.extend(rows)
-            for i, shard in zip(order.tolist(), shards[order].tolist()):  # a shard's names in input order
-                self._name_run(shard).extend(records[i])
+            self._add_names(names, order, shards[order])
         sorted_shards = shards[order]
         cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1  # where a shard's documents start
         doc_lo = np.concatenate(([0], cuts))
@@ -153,6 +144,36 @@ class SpillWriter:
         self._buffered += int(bounds[-1])
         if self._buffered >= self._run_tokens:
             self._flush()
+
+    def _add_names(self, names: tuple[Sequence[int], Sequence[str], Sequence[str]], order: np.ndarray,
+                   sorted_shards: np.ndarray) -> None:
+        """A batch's names (rows, ids, sources in input order) into the run: each document's id
+        then its source, UTF-8 with surrogates passed, in shard order (``order``), encoded in one
+        call, and each shard's bytes appended to its run as one slice."""
+        rows, ids, sources = names
+        at = order.tolist()
+        parts: list[str] = [""] * (2 * len(at))
+        parts[0::2] = [ids[i] for i in at]
+        parts[1::2] = [sources[i] for i in at]
+        text = "".join(parts)
+        blob = text.encode("utf-8", "surrogatepass")
+        view = memoryview(blob)
+        if len(blob) == len(text):  # ASCII: a character is a byte
+            id_n = np.fromiter(map(len, ids), np.uint32, len(ids))
+            source_n = np.fromiter(map(len, sources), np.uint32, len(sources))
+        else:
+            encoded = [self._encode(i, s) for i, s in zip(ids, sources)]
+            id_n = np.array([len(i) for i, _ in encoded], np.uint32)
+            source_n = np.array([len(s) for _, s in encoded], np.uint32)
+        self._rows.extend(rows)
+        self._id_bytes.frombytes(id_n.astype(f"=u{self._id_bytes.itemsize}").tobytes())
+        self._source_bytes.frombytes(source_n.astype(f"=u{self._source_bytes.itemsize}").tobytes())
+        bounds = np.zeros(len(at) + 1, np.int64)
+        np.cumsum(id_n[order].astype(np.int64) + source_n[order], out=bounds[1:])
+        cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1  # each shard's first document
+        firsts, ends = np.concatenate(([0], cuts)), np.append(cuts, len(at))
+        for shard, lo, hi in zip(sorted_shards[firsts].tolist(), bounds[firsts].tolist(), bounds[ends].tolist()):
+            self._name_run(shard).extend(view[lo:hi])
 
     def _flush(self) -> None:
         if not self._shards:
