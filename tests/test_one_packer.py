@@ -19,6 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.formats import shards
+from refinery.transforms.io.arrow_columns import Utf8Column
 from refinery.transforms.prep import AssignShard, Normalize, ReadRows, Tokenize, WriteTokenShards, pack, spill
 from refinery.transforms.prep.documents import TokenizedDocument, order_key
 
@@ -52,8 +53,8 @@ def test_the_sinks_spill_holds_a_shard_in_order_key_order_with_the_earlier_diges
     ordered = sorted(docs, key=lambda d: (*order_key(d), hashlib.sha1(shards.u32_bytes(d.tokens)).digest()))
     assert b"".join(pack.token_chunks(pieces)) == b"".join(shards.u32_bytes(d.tokens) for d in ordered)
     assert pack.shard_lengths(pieces).tolist() == [len(d.tokens) for d in ordered]
-    names = [(i, s, int(r)) for ids, sources, rows, _ in pack.doc_batches(pieces)
-             for i, s, r in zip(ids, sources, rows)]
+    names = [(i, s, int(r)) for ids, sources, rows, _ in pack.doc_batches(pieces)  # (their bytes: Utf8Column)
+             for i, s, r in zip(Utf8Column.of(ids).strings(), Utf8Column.of(sources).strings(), rows)]
     assert names == [(d.doc_id, d.source, d.row) for d in ordered]
     assert pack.content_digest(pieces) == _before_digest(docs)
     assert pack.sorted_spill([None], spill.spill_files(str(tmp_path), "empty")) == []

@@ -227,3 +227,49 @@ def test_a_batch_of_names_is_spilled_as_documents_one_by_one_spill_them(kind: st
         table = w.close()
         outs[how] = (tokens_out.getvalue(), names_out.getvalue(), table.tobytes(), w.meta.tobytes())
     assert outs["batches"] == outs["one by one"]
+
+
+@pytest.mark.parametrize("kind", ["ascii", "unicode", "surrogate"])
+def test_a_sidecar_from_the_names_bytes_is_the_sidecar_from_their_strings(kind: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """pack reads the names as bytes (spill.read_name_columns) and builds the sidecar's
+    columns from them: the same ids, and the same .docs.parquet bytes, as from the strings."""
+    import io
+
+    from refinery.transforms.io.arrow_columns import Utf8Column, string_column
+    from refinery.transforms.prep import spill
+
+    odd = {"ascii": "x", "unicode": "\u00e9\u4e2d", "surrogate": "\ud800"}[kind]
+    n = 500
+    ids = [f"id-{i}" + (odd if i % 9 == 0 else "") for i in range(n)]
+    sources = [f"/in/{i // 200}{odd if i % 13 == 0 else ''}.jsonl" for i in range(n)]
+    doc_shards = np.random.default_rng(1).integers(0, 3, n).astype(np.uint32)
+    names_out = io.BytesIO()
+    w = spill.SpillWriter(io.BytesIO(), run_tokens=50, names_out=names_out)  # several runs: ranges to coalesce
+    for i in range(n):
+        w.add(int(doc_shards[i]), np.ones(3, np.uint32), name=(i, ids[i], sources[i]))
+    table = w.close()
+    table, meta, starts = spill.by_shard_with_meta(table, w.meta, 3)
+    names = io.BytesIO(names_out.getvalue())
+    for shard in range(3):
+        part = meta[int(starts[shard]):int(starts[shard + 1])]
+        strings = spill.read_names(names, part)
+        columns = spill.read_name_columns(names, part)
+        assert [c.strings() for c in columns] == list(strings)
+        for column, values in zip(columns, strings):
+            assert string_column(column).equals(string_column(values))
+            assert string_column(column.slice(3, 40)).equals(string_column(values[3:40]))
+        monkeypatch.setattr(provenance, "ROWS_PER_GROUP", 64)
+        files = []
+        for how in (strings, columns):
+            out = io.BytesIO()
+            writer = provenance.DocsWriter(out)
+            for lo in range(0, len(part), 100):
+                hi = min(lo + 100, len(part))
+                cut = [x[lo:hi] if isinstance(x, list) else x.slice(lo, hi) for x in how]
+                writer.add((cut[0], cut[1], part["row"][lo:hi], np.full(hi - lo, 3)))
+            writer.close()
+            files.append(out.getvalue())
+        assert files[0] == files[1]
+    assert Utf8Column.concat([Utf8Column.of(["a", "b"]), Utf8Column.of(["\u00e9"]).slice(0, 1)]).strings() == \
+        ["a", "b", "\u00e9"]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Seque
 import numpy as np
 
 from refinery.transforms.io import storage
-from refinery.transforms.io.arrow_columns import int_column, string_column
+from refinery.transforms.io.arrow_columns import Utf8Column, int_column, string_column
 from refinery.transforms.io.positioned import PositionedWriter
 from refinery.transforms.io.rows import iter_rows
 
@@ -43,8 +43,10 @@ ROWS_PER_GROUP = 1 << 16
 WRITER_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "use_dictionary": True,
                                   "write_statistics": True, "version": "2.6", "data_page_size": 1 << 20}
 
-# a batch of documents, in shard order: (doc ids, sources, rows, token counts)
-DocBatch = tuple[Sequence[str], Sequence[str], Sequence[int] | np.ndarray, Sequence[int] | np.ndarray]
+# a batch of documents, in shard order: (doc ids, sources, rows, token counts); the ids and
+# sources as strings or as their bytes (a Utf8Column: as the spill holds them, none decoded)
+DocBatch = tuple[Sequence[str] | Utf8Column, Sequence[str] | Utf8Column, Sequence[int] | np.ndarray,
+                 Sequence[int] | np.ndarray]
 
 
 def schema() -> pa.Schema:
@@ -72,10 +74,11 @@ class DocsWriter:
 
         self._file = pa.PythonFile(PositionedWriter(out), mode="w")
         self._writer = pq.ParquetWriter(self._file, schema(), **WRITER_OPTIONS)
-        self._ids: list[str] = []
-        self._sources: list[str] = []
+        self._ids: list[Utf8Column] = []  # what is buffered, as it came
+        self._sources: list[Utf8Column] = []
         self._rows: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
+        self._buffered = 0
         self.docs = 0  # documents written or buffered
 
     def add(self, batch: DocBatch) -> None:
@@ -84,12 +87,13 @@ class DocsWriter:
         if not len(sources) == len(rows) == len(lengths) == n:
             raise ValueError(f"a documents batch of {n} ids, {len(sources)} sources, {len(rows)} rows, "
                              f"{len(lengths)} lengths")
-        self._ids += ids
-        self._sources += sources
+        self._ids.append(Utf8Column.of(ids))
+        self._sources.append(Utf8Column.of(sources))
         self._rows.append(np.asarray(rows, np.uint64))
         self._lengths.append(np.asarray(lengths, np.uint64))
         self.docs += n
-        if len(self._ids) >= ROWS_PER_GROUP:
+        self._buffered += n
+        if self._buffered >= ROWS_PER_GROUP:
             self._write(final=False)
 
     def _write(self, final: bool) -> None:
@@ -97,17 +101,19 @@ class DocsWriter:
 
         rows = np.concatenate(self._rows) if self._rows else np.zeros(0, np.uint64)
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.uint64)
-        first = self.docs - len(self._ids)
-        cut = len(self._ids) if final else len(self._ids) - len(self._ids) % ROWS_PER_GROUP
+        ids, sources = (Utf8Column.concat(c) if c else Utf8Column.of([]) for c in (self._ids, self._sources))
+        first = self.docs - self._buffered
+        cut = self._buffered if final else self._buffered - self._buffered % ROWS_PER_GROUP
         for lo in range(0, cut, ROWS_PER_GROUP):
             hi = min(lo + ROWS_PER_GROUP, cut)
             table = pa.Table.from_arrays(
                 [int_column(np.arange(first + lo, first + hi, dtype=np.uint64), "uint64"),
-                 string_column(self._ids[lo:hi]), string_column(self._sources[lo:hi]),
+                 string_column(ids.slice(lo, hi)), string_column(sources.slice(lo, hi)),
                  int_column(rows[lo:hi], "uint64"), int_column(lengths[lo:hi], "uint64")], schema=schema())
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
-        self._ids, self._sources = self._ids[cut:], self._sources[cut:]
+        self._ids, self._sources = [ids.slice(cut, self._buffered)], [sources.slice(cut, self._buffered)]
         self._rows, self._lengths = [rows[cut:]], [lengths[cut:]]
+        self._buffered -= cut
 
     def close(self) -> int:
         """Write what is buffered and the footer; returns the number of documents."""

@@ -9,6 +9,7 @@ to ``pa.array`` itself, which decides as before.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -51,11 +52,68 @@ def bool_column(values: Sequence[Any] | np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 
 
-def string_column(values: Sequence[str], errors: str = "backslashreplace") -> pa.Array:
+@dataclass(frozen=True)
+class Utf8Column:
+    """Strings as their bytes: ``data`` (uint8) holds each one's UTF-8, unpaired surrogates
+    passed (``surrogatepass``), back to back; string ``i`` is ``data[offsets[i]:offsets[i + 1]]``
+    (``offsets``: int64, one more than the strings)."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def of(cls, values: Sequence[str] | Utf8Column) -> Utf8Column:
+        """``values`` as a column (encoded, if they are strings)."""
+        if isinstance(values, Utf8Column):
+            return values
+        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), np.uint8), offsets)
+
+    @classmethod
+    def concat(cls, columns: Sequence[Utf8Column]) -> Utf8Column:
+        if len(columns) == 1:
+            return columns[0]
+        offsets = [np.zeros(1, np.int64)]
+        base = 0
+        for c in columns:
+            offsets.append(c.offsets[1:] - c.offsets[0] + base)
+            base += int(c.offsets[-1] - c.offsets[0])
+        data = [c.data[int(c.offsets[0]):int(c.offsets[-1])] for c in columns]
+        return cls(np.concatenate(data) if data else np.zeros(0, np.uint8), np.concatenate(offsets))
+
+    def slice(self, lo: int, hi: int) -> Utf8Column:
+        return Utf8Column(self.data, self.offsets[lo:hi + 1])
+
+    def strings(self) -> list[str]:
+        """The strings (``surrogatepass``: a lone surrogate as it was)."""
+        raw, offsets = self.data.tobytes(), self.offsets.tolist()
+        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
+
+    def has_surrogates(self) -> bool:
+        """Whether a string holds an unpaired surrogate (ED A0-BF: never in valid UTF-8)."""
+        d = self.data[int(self.offsets[0]):int(self.offsets[-1])]
+        return bool(np.any((d[:-1] == 0xED) & (d[1:] >= 0xA0)))
+
+
+def string_column(values: Sequence[str] | Utf8Column, errors: str = "backslashreplace") -> pa.Array:
     """``pa.array(values, pa.string())``; when a value has an unpaired surrogate (not valid
-    UTF-8), every value is encoded with ``errors`` (the same for the others)."""
+    UTF-8), every value is encoded with ``errors`` (the same for the others). A
+    :class:`Utf8Column` is made into the array from its buffers, without a string per value
+    (but one holding a surrogate, or 2 GiB or more: its strings, as above)."""
     import pyarrow as pa
 
+    if isinstance(values, Utf8Column):
+        lo, hi = int(values.offsets[0]), int(values.offsets[-1])
+        if hi - lo >= 1 << 31 or values.has_surrogates():
+            return string_column(values.strings(), errors)
+        offsets = (values.offsets - lo).astype(np.int32)
+        return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets),
+                                           pa.py_buffer(np.ascontiguousarray(values.data[lo:hi])))
     try:
         text = "".join(values)
     except TypeError:  # a None, or not strings: pyarrow converts (or refuses) them

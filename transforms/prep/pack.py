@@ -19,6 +19,7 @@ import numpy as np
 
 from refinery.transforms.formats import provenance, shards
 from refinery.transforms.io import storage
+from refinery.transforms.io.arrow_columns import Utf8Column
 from refinery.transforms.prep import spill
 from refinery.transforms.prep.documents import TokenizedDocument, order_key
 
@@ -100,7 +101,7 @@ def doc_batches(pieces: list[ShardPiece]) -> Iterator[provenance.DocBatch]:
         with storage.open_read(p.files["names"]) as f:
             for lo in range(0, len(p.meta), spill.NAMES_BATCH):
                 part = p.meta[lo:lo + spill.NAMES_BATCH]
-                ids, sources = spill.read_names(f, part)
+                ids, sources = spill.read_name_columns(f, part)
                 yield ids, sources, part["row"], p.rows["length"][lo:lo + spill.NAMES_BATCH]
 
 
@@ -112,7 +113,8 @@ def content_digest(pieces: list[ShardPiece]) -> str:
     for chunk in token_chunks(pieces):
         h.update(chunk)
     for ids, sources, rows, _ in doc_batches(pieces):
-        for doc_id, source, row in zip(ids, sources, np.asarray(rows).tolist()):
+        for doc_id, source, row in zip(Utf8Column.of(ids).strings(), Utf8Column.of(sources).strings(),
+                                       np.asarray(rows).tolist()):
             h.update(msgpack.packb((source, row, doc_id), use_bin_type=True, unicode_errors="surrogatepass"))
     return h.hexdigest()
 

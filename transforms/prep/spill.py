@@ -34,6 +34,7 @@ import numpy as np
 
 from refinery.transforms.formats.shards import u32_bytes
 from refinery.transforms.io import storage
+from refinery.transforms.io.arrow_columns import Utf8Column
 from refinery.transforms.io.storage import BinaryWriter
 
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("cum_end", "<u8")])
@@ -370,6 +371,42 @@ def read_names(names_file: IO[bytes], meta: np.ndarray) -> tuple[list[str], list
             sources.append(blob[lo + id_ns[k]:lo + sizes[k]].decode("utf-8", "surrogatepass"))
         i = j
     return ids, sources
+
+
+def read_name_columns(names_file: IO[bytes], meta: np.ndarray) -> tuple[Utf8Column, Utf8Column]:
+    """(doc ids, sources) of the documents of ``meta`` (rows of a names table) as their bytes,
+    none decoded: :func:`read_names`'s strings, gathered by numpy from the coalesced byte
+    ranges of ``.spillnames`` (give it a bounded batch of rows: :data:`NAMES_BATCH`)."""
+    n = len(meta)
+    offs = meta["names"].astype(np.int64)
+    id_n, src_n = meta["id_bytes"].astype(np.int64), meta["source_bytes"].astype(np.int64)
+    sizes = id_n + src_n
+    if n == 0:
+        return Utf8Column.of([]), Utf8Column.of([])
+    firsts = np.flatnonzero(np.concatenate(([True], offs[1:] != offs[:-1] + sizes[:-1])))  # each range's first
+    ends = np.append(firsts[1:], n)
+    blobs, at = [], 0
+    range_at = np.zeros(len(firsts), np.int64)  # where each range lies in the joined blobs
+    for k, (lo, hi) in enumerate(zip(offs[firsts].tolist(), (offs[ends - 1] + sizes[ends - 1]).tolist())):
+        names_file.seek(lo)
+        blob = names_file.read(hi - lo)
+        if len(blob) != hi - lo:
+            raise ValueError(f"spill names file is truncated at byte {lo}")
+        blobs.append(blob)
+        range_at[k] = at
+        at += hi - lo
+    data = np.frombuffer(b"".join(blobs), np.uint8)
+    which = np.repeat(np.arange(len(firsts)), ends - firsts)
+    pos = offs - offs[firsts][which] + range_at[which]  # each document's names in data
+    return _gather(data, pos, id_n), _gather(data, pos + id_n, src_n)
+
+
+def _gather(data: np.ndarray, lo: np.ndarray, lengths: np.ndarray) -> Utf8Column:
+    """The column of ``data[lo[i]:lo[i] + lengths[i]]`` for each i."""
+    offsets = np.zeros(len(lo) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.repeat(lo - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+    return Utf8Column(data[index], offsets)
 
 
 def read_shard_rows(docs_file: IO[bytes], starts: np.ndarray, shard: int, dtype: np.dtype = DOC_DTYPE) -> np.ndarray:
