@@ -57,10 +57,6 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-import prep_parts  # bench/prep_parts.py, beside this file
-
-from refinery.transforms.io.text import normalize_text
-
 HERE = Path(__file__).resolve().parent
 GSM8K = HERE.parent / "tests" / "data" / "gsm8k" / "train.jsonl.gz"  # shipped with the repo
 LAYOUTS = {"8": 8, "16": 16, "1": 1, "2000": 2000}  # number of input files
@@ -313,7 +309,10 @@ def prep_breakdown(work: Path, texts: list[str], files: int, rounds: int) -> Non
     """The breakdown (bench/breakdown.py) of ``refinery prep`` with 1 and 2 workers, rounds
     alternating, each round also timing the bare encoder in 1 and in 2 processes (the
     machine's ceiling on 2 workers / 1)."""
+    import prep_parts  # bench/prep_parts.py (imported here: bench/prep_identity.py runs old code with this file)
     from breakdown import breakdown, print_table, timed_run
+
+    from refinery.transforms.io.text import normalize_text
 
     corpus = write_layout(work / f"corpus-{files}", texts, files)
     normalized = [normalize_text(t) for t in texts]
@@ -343,6 +342,8 @@ def parts_rounds(work: Path, kind: str, mb: float, files: int, rounds: int, befo
     """``--parts-only``: the tokenize and pack stages part by part against the encoder alone
     (bench/prep_parts.py), ``rounds`` rounds; with ``before``, each round runs the code of
     that revision first and this checkout's second, each in a fresh process."""
+    import prep_parts  # bench/prep_parts.py
+
     corpus, done = work / f"corpus-{kind}-{mb:g}-{files}", work / f"corpus-{kind}-{mb:g}-{files}.done"
     if not done.exists():  # written once per workdir, shared by the rounds and the versions
         shutil.rmtree(corpus, ignore_errors=True)
@@ -478,6 +479,7 @@ def main() -> None:
         return
 
     from refinery.transforms.formats.tiktoken_vocab import get_encoding
+    from refinery.transforms.io.text import normalize_text
 
     load = os.getloadavg()[0]
     if load > 0.5:
