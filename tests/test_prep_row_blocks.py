@@ -273,3 +273,21 @@ def test_a_sidecar_from_the_names_bytes_is_the_sidecar_from_their_strings(kind: 
         assert files[0] == files[1]
     assert Utf8Column.concat([Utf8Column.of(["a", "b"]), Utf8Column.of(["\u00e9"]).slice(0, 1)]).strings() == \
         ["a", "b", "\u00e9"]
+
+
+def test_files_written_together_appear_at_the_groups_end_or_not_at_all(tmp_path: Path) -> None:
+    paths = [tmp_path / "a" / "x.bin", tmp_path / "a" / "y.bin", tmp_path / "b" / "z.bin"]
+    with storage.atomic_group() as group:
+        for k, p in enumerate(paths):
+            with storage.atomic_open(str(p), group) as f:
+                f.write(bytes([k]) * 1000)
+            assert not p.exists()  # not before the group commits
+    assert [p.read_bytes() for p in paths] == [bytes([k]) * 1000 for k in range(3)]
+    with pytest.raises(RuntimeError), storage.atomic_group() as group:
+        with storage.atomic_open(str(tmp_path / "a" / "new.bin"), group) as f:
+            f.write(b"never")
+        with storage.atomic_open(str(paths[0]), group) as f:
+            f.write(b"nor this")
+        raise RuntimeError("the unit failed")
+    assert not (tmp_path / "a" / "new.bin").exists() and paths[0].read_bytes() == bytes(1000)
+    assert storage.find_temp_files(str(tmp_path)) == []

@@ -442,6 +442,13 @@ class TokenizeStage(Stage[TokenizePayload, TokenizeStats]):
         pieces = unit.payload["pieces"]
         for p in pieces:
             check_unchanged(p)
+        with ctx.writes_together():  # its files durable at once, at its end (not one fsync after another)
+            return self._run_unit(unit, ctx, enc, fallbacks)
+
+    def _run_unit(self, unit: Unit[TokenizePayload], ctx: UnitContext, enc: PrepTokenizer,
+                  fallbacks: int) -> TokenizeStats:
+        cfg, pieces = self.cfg, unit.payload["pieces"]
+        fast = enc if isinstance(enc, FastTiktokenTokenizer) else None
         with ctx.open_write(ctx.part_path(f"{unit.id}.spill")) as tokens_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.spillnames")) as names_out, \
                 ctx.open_write(ctx.part_path(f"{unit.id}.rejects.jsonl")) as rejects_out, \
@@ -877,8 +884,9 @@ class PackStage(Stage[ShardPayload, PackStats]):
         else:
             found = [piece(src) for src in sources]
         npy_rel, idx_rel = shards.shard_relpaths(self.cfg.dataset, shard)
-        written = pack.write_shard_files(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
-                                         [p for p in found if p is not None], self.cfg.tokenizer.dtype)
+        with ctx.writes_together():  # the shard's three files durable at once
+            written = pack.write_shard_files(ctx.open_write, ctx.output_path(npy_rel), ctx.output_path(idx_rel),
+                                             [p for p in found if p is not None], self.cfg.tokenizer.dtype)
         return {"shard": shard, **written}
 
     def _progress_text(self, stats: Mapping[str, Any], seconds: float) -> str:

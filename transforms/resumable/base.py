@@ -370,6 +370,7 @@ class UnitContext:
         self.parts_dir = run.parts_dir
         self.side = side or {}
         self.files: list[FileEntry] = []
+        self._group: storage.AtomicGroup | None = None  # set inside writes_together()
         self._progress_every = REMOTE_PROGRESS_EVERY_S if storage.is_remote(run.output) else PROGRESS_EVERY_S
         self._next_progress = time.monotonic() + self._progress_every
         self.progress_written = False
@@ -409,9 +410,25 @@ class UnitContext:
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[storage.HashingWriter]:
         rel = self._relpath(path)
-        with storage.atomic_open(path) as f:
+        with storage.atomic_open(path, self._group) as f:
             yield f
         self.files.append({"path": rel, "bytes": f.bytes_written, "sha256": f.sha256})
+
+    @contextlib.contextmanager
+    def writes_together(self) -> Iterator[None]:
+        """The files :meth:`open_write` writes inside the block are made durable and moved into
+        place together when it ends (:func:`~refinery.transforms.io.storage.atomic_group`: one
+        journal commit for them all, not one each), all before the unit's receipt; a unit
+        reads none of them back inside the block. On an object store, as without it."""
+        if storage.is_remote(self.output) or self._group is not None:
+            yield
+            return
+        with storage.atomic_group() as group:
+            self._group = group
+            try:
+                yield
+            finally:
+                self._group = None
 
     def write_bytes(self, path: str, data: bytes) -> None:
         with self.open_write(path) as f:

@@ -11,8 +11,10 @@ One module per concern; this package is their API (``storage.join``, ``storage.a
 from .atomic import (
     TEMP_NAME,
     TMP_MARKER,
+    AtomicGroup,
     BinaryWriter,
     HashingWriter,
+    atomic_group,
     atomic_open,
     atomic_write_bytes,
     atomic_write_json,
@@ -69,7 +71,8 @@ from .paths import (
 )
 
 __all__ = [
-    "TEMP_NAME", "TMP_MARKER", "BinaryWriter", "HashingWriter", "atomic_open", "atomic_write_bytes",
+    "TEMP_NAME", "TMP_MARKER", "AtomicGroup", "BinaryWriter", "HashingWriter", "atomic_group", "atomic_open",
+    "atomic_write_bytes",
     "atomic_write_json",
     "find_temp_files", "is_temp_name", "remove_dead_temp_files", "sha256_file", "temp_name", "temp_writer_dead",
     "DATA_SUFFIXES", "InputFile", "expand_inputs", "file_identity", "has_data_suffix", "listing_reaches",

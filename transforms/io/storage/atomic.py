@@ -66,12 +66,73 @@ class HashingWriter(io.RawIOBase):
         return self._sha.hexdigest()
 
 
+class AtomicGroup:
+    """Local atomic writes made durable together (:func:`atomic_group`): each file of the
+    group is written to its temp name and closed; at the group's end every one is fsynced at
+    once (a thread each: the filesystem's journal commits them together, where one after
+    another each waits for a commit of its own, 10-90 ms here), then each is moved into place
+    and each folder fsynced once. Until then no final name holds any of them; if the group
+    fails, none does."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, str]] = []  # (temp path, final path)
+
+    def commit(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def sync(tmp: str) -> None:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        pending, self.pending = self.pending, []
+        try:
+            if len(pending) > 1:
+                with ThreadPoolExecutor(min(len(pending), 16)) as pool:
+                    list(pool.map(sync, [tmp for tmp, _ in pending]))
+            elif pending:
+                sync(pending[0][0])
+            for tmp, path in pending:
+                os.replace(tmp, path)
+        except BaseException:
+            self.discard(pending)
+            raise
+        folders = sorted({os.path.dirname(path) or "." for _, path in pending})
+        for folder in folders:
+            _fsync_dir(folder)
+
+    def discard(self, pending: list[tuple[str, str]] | None = None) -> None:
+        for tmp, _ in self.pending if pending is None else pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        if pending is None:
+            self.pending = []
+
+
 @contextlib.contextmanager
-def atomic_open(path: str) -> Iterator[HashingWriter]:
+def atomic_group() -> Iterator[AtomicGroup]:
+    """A group of :func:`atomic_open` writes (``atomic_open(path, group)``) made durable and
+    moved into place together when the block ends without error (:class:`AtomicGroup`);
+    on an error none of them appears."""
+    group = AtomicGroup()
+    try:
+        yield group
+    except BaseException:
+        group.discard()
+        raise
+    group.commit()
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, group: AtomicGroup | None = None) -> Iterator[HashingWriter]:
     """Write a file so that its final name holds either nothing or the whole content.
 
     Yields a :class:`HashingWriter`; its ``sha256``/``bytes_written`` describe the file
     after the block ends. On an exception inside the block nothing appears under ``path``.
+    ``group`` (local files): the file is made durable and moved into place when the group
+    commits (:func:`atomic_group`), with the group's other files, not when the block ends.
     """
     if is_remote(path):
         # One upload from a complete local spool (put_file: one request, or a resumable
@@ -88,6 +149,16 @@ def atomic_open(path: str) -> Iterator[HashingWriter]:
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     tmp = os.path.join(directory, temp_name(name))
+    if group is not None:
+        try:
+            with open(tmp, "wb") as raw:
+                yield HashingWriter(raw)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
+        group.pending.append((tmp, path))
+        return
     try:
         with open(tmp, "wb") as raw:
             writer = HashingWriter(raw)
