@@ -556,7 +556,8 @@ def main() -> None:
               + f"); {cores} workers "
               f"{raw_tokens / med[4]:11,.0f} tokens/s ({med[4]:5.1f}s) = {med[1]:.2f} x 1 worker [{span(1)}] "
               f"(goal >= 1.8; raw encode in {cores} processes scaled {med[6]:.2f} x [{span(6)}] on this machine "
-              f"meanwhile); peak RSS {med[5]:.0f} MiB; shards identical between 1 and {cores} workers: True"
+              f"meanwhile); peak RSS {med[5]:.0f} MiB; load average {os.getloadavg()[0]:.1f}; "
+              f"shards identical between 1 and {cores} workers: True"
               + "".join(f", to --encoder {e}'s: {same}" for e, same in identical.items()))
     if args.rss:
         quarter = write_layout(work / "corpus-quarter", texts[: len(texts) // 4], 8)

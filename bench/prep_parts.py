@@ -249,10 +249,11 @@ def measure_round(corpus: Path, work: Path) -> dict[str, float]:
 def print_parts(title: str, rounds: dict[str, list[dict[str, float]]]) -> None:
     """The table: a column per version (its medians), each part's seconds and x the encoder alone."""
     cols = list(rounds)
+    for c in cols:  # what a stage's parts leave out, in each round
+        for r in rounds[c]:
+            for stage, parts in (("tokenize", TOKENIZE_PARTS), ("pack", PACK_PARTS)):
+                r[f"rest of {stage}"] = r[f"stage {stage}"] - sum(r.get(p, 0.0) for p in parts)
     med = {c: {k: statistics.median(r[k] for r in rounds[c] if k in r) for k in rounds[c][0]} for c in cols}
-    for c in cols:  # what a stage's parts leave out
-        for stage, parts in (("tokenize", TOKENIZE_PARTS), ("pack", PACK_PARTS)):
-            med[c][f"rest of {stage}"] = med[c][f"stage {stage}"] - sum(med[c].get(p, 0.0) for p in parts)
     print(f"\n{title} (seconds, medians of {max(map(len, rounds.values()))} rounds; "
           f"'x enc': the part / the encoder alone; load average at each round's end: "
           + "; ".join(f"{c} " + ", ".join(f"{r['load']:.1f}" for r in rounds[c]) for c in cols) + ")")

@@ -65,7 +65,11 @@ def main() -> None:
                       "--eval-text-field", "question"],
         }
         times: dict[tuple[str, str], list[float]] = {}
+        beam: list[float] = []
         for i in range(args.repeat):
+            t0 = time.perf_counter()  # the floor under both: Beam's own import, in the same rounds
+            subprocess.run([sys.executable, "-c", "import apache_beam"], check=True, capture_output=True)
+            beam.append(time.perf_counter() - t0)
             for name, argv in commands.items():
                 for version, env in versions.items():
                     out = work / f"out-{name}-{i}-{len(times)}"
@@ -74,12 +78,15 @@ def main() -> None:
                                     "--no-progress"], check=True, capture_output=True, env={**os.environ, **env})
                     times.setdefault((name, version), []).append(time.perf_counter() - t0)
                     shutil.rmtree(out)
-        print(f"1 MB input, default local runner, {args.repeat} runs each (median [range]):")
+        print(f"1 MB input, default local runner, {args.repeat} runs each (median [range]); load average "
+              f"{os.getloadavg()[0]:.1f}; python -c 'import apache_beam' {statistics.median(beam):.2f} s "
+              f"[{min(beam):.2f}-{max(beam):.2f}] in the same rounds:")
         for name in commands:
             line = []
             for version in versions:
                 v = times[(name, version)]
                 line.append(f"{version} {statistics.median(v):.2f} s [{min(v):.2f}-{max(v):.2f}]")
+            line.append(f"{statistics.median(times[(name, 'now')]) / statistics.median(beam):.2f}x Beam's import")
             if args.before:
                 ratio = statistics.median(times[(name, args.before)]) / statistics.median(times[(name, "now")])
                 line.append(f"{ratio:.2f}x faster now")
