@@ -116,7 +116,7 @@ def main() -> None:
     group.add_argument("--check", metavar="FILE")
     args = ap.parse_args()
     work = Path(args.workdir)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, argv in fixtures(work).items():
         out = work / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
@@ -128,7 +128,7 @@ def main() -> None:
     if args.record:
         Path(args.record).write_text(json.dumps(results, indent=1, sort_keys=True))
         return
-    recorded = json.loads(Path(args.check).read_text())
+    recorded: dict[str, dict[str, Any]] = json.loads(Path(args.check).read_text())
     bad = [f"{name}: {what}" for name in recorded for what in
            ([f"exit {results[name]['exit']} (recorded {recorded[name]['exit']})"]
             if results[name]["exit"] != recorded[name]["exit"] else [])

@@ -45,12 +45,12 @@ def _reference_rows(f: BufferedIOBase, cap: int) -> list[tuple[int | None, bytes
     while last and (end := items[last - 1]) is not None and not end.strip(b" \t\n\r"):
         last -= 1
     out: list[tuple[int | None, bytes | None, rows.Row | None]] = []
-    for i, line in enumerate(items):
+    for i, item in enumerate(items):
         if i >= last:
-            out.append((None, line, None))
+            out.append((None, item, None))
             continue
-        record, error = (None, rows.too_large(cap)) if line is None else rows.parse_json_line(line)
-        out.append((i, line, (i, record, error)))
+        record, error = (None, rows.too_large(cap)) if item is None else rows.parse_json_line(item)
+        out.append((i, item, (i, record, error)))
     return out
 
 
