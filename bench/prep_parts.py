@@ -18,8 +18,11 @@ folder of the layout:
   unit of the plan, then every pack unit, in this process (no Beam around them), their
   atomic writes (sha256, fsync) and receipts included.
 
-"rest" is a stage's time less its parts: what the parts' sum leaves out (fsync and the
-rename of each atomic write, receipts, the interplay of the parts). ``--before REV`` runs the
+Every figure is CPU seconds of the process (``time.process_time``: steadier than wall time on
+a shared machine, and what a corpus costs in core-hours), but for the stages' wall seconds,
+printed below them (which count fsync's waits). "rest" is a stage's CPU time less its parts':
+what the parts' sum leaves out (the atomic writes' renames, receipts, the interplay of the
+parts). ``--before REV`` runs the
 same rounds with the code of git revision REV (its own copy of this file), alternating with
 this checkout's, one fresh process a round each (``--json``).
 """
@@ -67,9 +70,9 @@ class Clock:
         self.seconds: dict[str, float] = {}
 
     def run(self, part: str, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = fn()
-        self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
+        self.seconds[part] = self.seconds.get(part, 0.0) + time.process_time() - t0
         return out
 
 
@@ -202,26 +205,28 @@ def pack_parts(cfg: PrepConfig, clock: Clock, spill_dir: Path, out_dir: Path) ->
 
 
 def encoder_alone(enc: Any, texts: list[list[str]]) -> float:
-    """Seconds of the encoder alone over the normalized texts, in prep's batches."""
-    t0 = time.perf_counter()
+    """CPU seconds of the encoder alone over the normalized texts, in prep's batches."""
+    t0 = time.process_time()
     for unit_texts in texts:
         for lo, hi in _batches(len(unit_texts), lambda i: len(unit_texts[i])):  # noqa: B023
             encode_documents(enc, unit_texts[lo:hi])
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def stages(cfg: PrepConfig) -> dict[str, float]:
-    """Seconds of each stage as it runs (every unit, in this process, its receipt written)."""
+    """CPU seconds of each stage as it runs (every unit, in this process, its receipt written),
+    and its wall seconds (``wall: stage NAME``: fsync's waits too)."""
     shutil.rmtree(cfg.output, ignore_errors=True)
     runs = bind_stages(build_stages(cfg), cfg.output)
     out: dict[str, float] = {}
     for run in runs:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for unit in run.stage.plan():
             receipt = execute_unit(run, unit)
             if receipt.get("status") != "completed":
                 raise SystemExit(f"{run.stage.name} unit {unit.id} failed: {receipt.get('error')}")
-        out[f"stage {run.stage.name}"] = time.perf_counter() - t0
+        out[f"stage {run.stage.name}"] = time.process_time() - c0
+        out[f"wall: stage {run.stage.name}"] = time.perf_counter() - t0
     return out
 
 
@@ -254,7 +259,7 @@ def print_parts(title: str, rounds: dict[str, list[dict[str, float]]]) -> None:
             for stage, parts in (("tokenize", TOKENIZE_PARTS), ("pack", PACK_PARTS)):
                 r[f"rest of {stage}"] = r[f"stage {stage}"] - sum(r.get(p, 0.0) for p in parts)
     med = {c: {k: statistics.median(r[k] for r in rounds[c] if k in r) for k in rounds[c][0]} for c in cols}
-    print(f"\n{title} (seconds, medians of {max(map(len, rounds.values()))} rounds; "
+    print(f"\n{title} (CPU seconds of this process, medians of {max(map(len, rounds.values()))} rounds; "
           f"'x enc': the part / the encoder alone; load average at each round's end: "
           + "; ".join(f"{c} " + ", ".join(f"{r['load']:.1f}" for r in rounds[c]) for c in cols) + ")")
     print(f"  {'part':52s}" + "".join(f"{c:>12s}{'x enc':>7s}" for c in cols))
@@ -266,9 +271,11 @@ def print_parts(title: str, rounds: dict[str, list[dict[str, float]]]) -> None:
     for stage, parts in (("tokenize", TOKENIZE_PARTS), ("pack", PACK_PARTS)):
         for part in parts:
             row(part, part)
-        row(f"rest of {stage} (fsync, rename, receipts, interplay)", f"rest of {stage}")
+        row(f"rest of {stage} (renames, receipts, interplay)", f"rest of {stage}")
         row(f"stage {stage} (as run)", f"stage {stage}")
     row("encoder alone (the ceiling)", "encoder alone")
+    row("wall seconds: stage tokenize (as run)", "wall: stage tokenize")
+    row("wall seconds: stage pack (as run)", "wall: stage pack")
     for c in cols:
         ratios = [r["encoder alone"] / r["stage tokenize"] for r in rounds[c]]
         print(f"  {c}: tokenize stage at {statistics.median(ratios):.0%} of the encoder alone's throughput "
