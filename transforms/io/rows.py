@@ -3,8 +3,11 @@
 :func:`iter_rows` yields ``(row, record, None)`` for each good row and ``(row, None, reason)``
 for each bad one; every pipeline (prep, decon, generate) reads its inputs through it.
 
-Formats: ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` are read line by line (an uncompressed
-``.jsonl`` also by byte range, so that several units can share one big file); ``.json``
+Formats: ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` are read a block of lines at a time
+(:func:`line_blocks`: a read of up to :data:`READ_BYTES`, split at ``\n``; an uncompressed
+``.jsonl`` also by byte range, so that several units can share one big file) and parsed a
+block at a time (:func:`parse_json_lines`; :func:`iter_row_blocks` gives the blocks, and
+:func:`iter_rows` their rows one by one); ``.json``
 (optionally ``.gz``/``.zst``) holds an array of objects, streamed one element at a time;
 ``.parquet`` is read in record batches of :data:`PARQUET_BATCH_ROWS` rows, optionally only
 a range of row groups and only some columns; ``.arrow`` (Arrow IPC, as Hugging Face
@@ -13,7 +16,7 @@ a range of row groups and only some columns; ``.arrow`` (Arrow IPC, as Hugging F
 Bounds (hostile or huge input): decompression is bounded per read (:func:`storage.open_read`);
 no row larger than ``max_row_bytes`` (default :data:`DEFAULT_MAX_ROW_BYTES`, prep's
 ``--max-row-bytes``) is kept. A longer JSONL line or ``.json`` array element is read to
-its end in pieces of :data:`READ_BYTES` without being held, and a parquet/arrow row whose
+its end in pieces of :data:`READ_BYTES` without being held (beyond the block it lies in), and a parquet/arrow row whose
 values are larger is never turned into Python objects; either becomes the bad row ``row
 too large: more than N bytes`` and the rows after it are read as usual. So a reader holds
 about one row (at most the cap) plus one piece or one record batch; parquet and arrow
