@@ -129,6 +129,9 @@ def main() -> None:
         Path(args.record).write_text(json.dumps(results, indent=1, sort_keys=True))
         return
     recorded: dict[str, dict[str, Any]] = json.loads(Path(args.check).read_text())
+    empty = [name for name, r in {**recorded, **results}.items() if not r["files"]]
+    if empty:  # (a run that wrote nothing compares equal to another that wrote nothing)
+        sys.exit(f"no output files for {', '.join(sorted(set(empty)))}: the runs failed before writing")
     bad = [f"{name}: {what}" for name in recorded for what in
            ([f"exit {results[name]['exit']} (recorded {recorded[name]['exit']})"]
             if results[name]["exit"] != recorded[name]["exit"] else [])
