@@ -2,9 +2,15 @@
 
 A run under test is a real ``refinery`` process started in its own session (process group),
 with ``$REFINERY_UNIT_LOG`` pointing at an append-only log of unit start/end/skip events
-(written by :func:`refinery.transforms.resumable.execute_unit`). Kills are triggered by that
-log: "the k-th unit start of this attempt, plus a seeded delay", then ``SIGKILL`` to the
-whole process group (driver and Beam worker processes alike).
+(written by :func:`refinery.transforms.resumable.execute_unit`) and, in the kill loops,
+``$REFINERY_TIMELINE`` at the same file (the driver's phase marks: ``main``, ``planned``,
+``job_start``, ``submitted``...). Kills are triggered by that log, never by the time since
+the launch: "the k-th unit start (or completed unit, or driver phase) of this attempt,
+plus a seeded jitter", then ``SIGKILL`` to the whole process group (driver and Beam worker
+processes alike). A kill is counted where it landed (the last event before it), so a busy
+machine changes where a jittered kill lands, never whether the loop covers each stage:
+the pickers aim from the run's own progress (its receipts, and the plan of the reference
+run), not from the time a stage is expected to take.
 """
 from __future__ import annotations
 
@@ -142,9 +148,15 @@ def refinery_cmd(*args: object) -> list[str]:
     return [sys.executable, "-m", "refinery.beam_pipelines.cli", *map(str, args)]
 
 
-def child_env(unit_log: Path, **extra: object) -> dict[str, str]:
+def child_env(unit_log: Path, phases: bool = False, **extra: object) -> dict[str, str]:
+    """This environment with ``$REFINERY_UNIT_LOG`` at ``unit_log`` and, with ``phases``, the
+    driver's phase marks (``$REFINERY_TIMELINE``) appended to it too: what a kill aimed at a
+    phase (``event="phase:NAME"``) waits for. (Not by default: a test that makes the unit log a
+    FIFO must see units only.)"""
     env = dict(os.environ)
     env["REFINERY_UNIT_LOG"] = str(unit_log)
+    if phases:
+        env["REFINERY_TIMELINE"] = str(unit_log)
     env.pop("PYTEST_CURRENT_TEST", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -244,8 +256,35 @@ class Run(Protocol):
     def stderr(self) -> str: ...
 
 
-# where the next kill of a cycle lands: (k-th unit event or None for no kill, delay, stage, event)
+# where the next kill of a cycle lands: (k-th event or None for no kill, jitter after it, stage, event)
 Pick = Callable[[random.Random, Path], tuple[int | None, float, str | None, str]]
+
+# the driver's phase marks a kill in start-up is aimed at (refinery.transforms.io.timeline.PHASES):
+# the command's code started, the plan written, the job about to be made, the pipeline about to run
+STARTUP_PHASES = ("phase:main", "phase:planned", "phase:job_start", "phase:submitted")
+
+
+def planned_units(out: Path) -> list[tuple[str, int]]:
+    """(stage, units planned) of the finished run in ``out`` (its ``run.json``): the plan a
+    run of the same command makes, known before that run has written its own."""
+    stages = json.loads((out / META / "run.json").read_text())["stages"]
+    return [(st["name"], int(st["units"])) for st in stages]
+
+
+def stage_progress(out: Path, plan: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """(stage, completed units, planned units) of the run in ``out``, for the stages of
+    ``plan`` (:func:`planned_units` of a reference run): the receipts say what is done, also
+    before this run's ``run.json`` exists (then nothing is)."""
+    done = completed(current_receipts(out))
+    return [(name, sum(1 for k in done if f"/{name}/" in k), units) for name, units in plan]
+
+
+def _is_event(e: dict[str, Any], event: str, stage: str | None) -> bool:
+    """Whether unit-log line ``e`` is the ``event`` a kill waits for: a unit's ``start`` or
+    ``end-completed`` (of ``stage``, if given), or ``phase:NAME``, the driver's phase mark."""
+    if event.startswith("phase:"):
+        return e["event"] == "phase" and e.get("phase") == event[len("phase:"):]
+    return e["event"] == event and (stage is None or e.get("stage") == stage)
 
 
 def spawn(cmd: list[str], env: dict[str, str]) -> Proc:
@@ -375,14 +414,20 @@ def _serve_forks(preload: list[str]) -> None:
         print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
+HANG_S = 900.0  # a run that has not ended after this long hangs: a guard, not a speed check
+
+
 def run_attempt(start: Callable[[], Run], unit_log: Path, kill_at_start: int | None = None, delay: float = 0.0,
-                sig: int = signal.SIGKILL, stage: str | None = None, timeout: float = 120.0,
+                sig: int = signal.SIGKILL, stage: str | None = None, timeout: float = HANG_S,
                 event: str = "start", group: bool = True) -> Attempt:
     """Start a run with ``start()`` (-> :class:`Proc` or :class:`ForkedProc`). If
     ``kill_at_start`` is given, send ``sig`` to its whole process group ``delay`` seconds
-    after the k-th unit ``event`` (``start`` or ``end-completed``) of this attempt (of
-    ``stage`` if given; k=0: from the launch); a run that finishes first is not killed.
-    ``group=False`` signals the driver process alone (as Kubernetes does with SIGTERM)."""
+    after the k-th ``event`` of this attempt: a unit's ``start`` or ``end-completed`` (of
+    ``stage`` if given), or ``phase:NAME``, a driver phase mark (the run's env from
+    ``child_env(..., phases=True)``); k=0: ``delay`` seconds from the launch, which depends on
+    the machine's speed (the kill loops do not use it). A run that finishes first is not
+    killed. ``group=False`` signals the driver process alone (as Kubernetes does with SIGTERM).
+    ``timeout``: the run is taken for hung after that long."""
     offset = unit_log.stat().st_size if unit_log.exists() else 0
     t0 = time.time()
     proc = start()
@@ -407,7 +452,7 @@ def run_attempt(start: Callable[[], Run], unit_log: Path, kill_at_start: int | N
                 *lines, tail = (tail + chunk).split(b"\n")
                 for line in lines:
                     e = json.loads(line)
-                    count += e["event"] == event and (stage is None or e["stage"] == stage)
+                    count += _is_event(e, event, stage)
                 if count >= kill_at_start:
                     trigger_at = time.time() + delay
             if trigger_at is not None and time.time() >= trigger_at:
@@ -432,16 +477,16 @@ def run_attempt(start: Callable[[], Run], unit_log: Path, kill_at_start: int | N
 
 
 def kill_cycle(rng: random.Random, launch: Callable[[dict[str, str]], Run], out: Path, unit_log: Path,
-               want: dict[str, str], outputs: list[str], max_kills: int, deadline: float,
-               pick: Pick | None) -> list[str]:
-    """Attempts on one output until a run exits 0; returns where each kill landed
-    (``stage:event`` of the last unit event before it, or ``startup``)."""
+               want: dict[str, str], outputs: list[str], max_kills: int, pick: Pick | None) -> list[str]:
+    """Attempts on one output until a run exits 0, at most ``max_kills`` of them aimed by
+    ``pick``; returns where each kill landed (``stage:event`` of the last unit event before
+    it, or ``startup``)."""
     kills: list[str] = []
     assert pick is not None or max_kills == 0, "kills asked for, and no pick to place them"
-    env = child_env(unit_log)
+    env = child_env(unit_log, phases=True)
     for _ in range(max_kills + 10):
         before = completed(current_receipts(out))
-        aim = len(kills) < max_kills and time.time() < deadline
+        aim = len(kills) < max_kills
         k, delay, stage, event = pick(rng, out) if pick is not None and aim else (None, 0.0, None, "start")
         a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
         if os.environ.get("RELIABILITY_DEBUG"):

@@ -227,12 +227,12 @@ def test_folders_of_killed_runs_are_removed_by_the_next_run(tmp_path: Path, priv
     env = child_env(log, TMPDIR=private_tmp)
     kills, left = 2, set[str]()
     for _ in range(kills):  # SIGKILL to the whole process group, while its workers run units
-        a = run_attempt(lambda: spawn(_prep(corpus, tmp_path / "o"), env), log, kill_at_start=1, timeout=60)
+        a = run_attempt(lambda: spawn(_prep(corpus, tmp_path / "o"), env), log, kill_at_start=1)
         assert a.killed, a.stderr[-2000:]
         now = set(_worker_folders(private_tmp))
         assert now - left, "the killed run left no folder: nothing to test"  # SIGKILL: no clean-up
         left |= now
-    next_run = run_attempt(lambda: spawn(_prep(corpus, tmp_path / "o"), env), log, timeout=60)
+    next_run = run_attempt(lambda: spawn(_prep(corpus, tmp_path / "o"), env), log)
     assert next_run.returncode == 0, next_run.stderr[-3000:]
     print(f"folders left by {kills} killed runs: {len(left)}; of them after the next run: "
           f"{len(left & set(_worker_folders(private_tmp)))}")

@@ -36,7 +36,12 @@ import pytest
 from readme_blocks import SKIP_RULES, Block, classify, readme_blocks, readme_commands, split_commands
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND_TIMEOUT_S = 300  # one command; the slowest (hydra train judge, tiny model) took 30-80 s on 2 busy cores
+# A command that runs past its cap hangs: the cap guards against a hang, it does not check speed. The slowest
+# command (hydra train judge, tiny model) takes 30-80 s on an idle 2-core machine, ran past 300 s at load 7-12 and
+# took 803 s at load 12-18. So the cap is HANG_S, scaled up on a machine slower to start a command than an idle
+# one (STARTUP_IDLE_S): the test's first command times a `refinery --help`, whose start-up every command pays.
+HANG_S = 1800.0
+STARTUP_IDLE_S = 1.5
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -119,6 +124,12 @@ class Shell:
         self.log.close()
 
 
+def command_cap(startup_s: float) -> float:
+    """The time a README command may run before it is taken for hung: :data:`HANG_S`, times
+    how much slower than an idle machine this one started ``refinery --help`` (``startup_s``)."""
+    return HANG_S * max(1.0, startup_s / STARTUP_IDLE_S)
+
+
 def test_every_readme_command_works_as_pasted(tmp_path: Path) -> None:
     commands = readme_commands(ROOT / "README.md")
     clone = fresh_copy(tmp_path / "refinery")
@@ -127,6 +138,9 @@ def test_every_readme_command_works_as_pasted(tmp_path: Path) -> None:
     shell = Shell(clone, log, clean_env())
     timings = []
     try:
+        began = time.monotonic()
+        assert shell.run(".venv/bin/refinery --help >/dev/null", HANG_S) == 0, log.read_text()[-4000:]
+        cap = command_cap(time.monotonic() - began)
         for command in commands:
             if command.skip:
                 continue
@@ -134,15 +148,21 @@ def test_every_readme_command_works_as_pasted(tmp_path: Path) -> None:
                 f.write(f"\n=== {command}\n")
             start = log.stat().st_size
             began = time.monotonic()
-            rc = shell.run(command.text, COMMAND_TIMEOUT_S)
+            rc = shell.run(command.text, cap)
             timings.append((time.monotonic() - began, command))
             said = log.read_bytes()[start:].decode(errors="replace")
-            assert rc is not None, f"{command}\nran past {COMMAND_TIMEOUT_S} s; its output:\n{said[-4000:]}"
+            assert rc is not None, f"{command}\nran past {cap:.0f} s (hung?); its output:\n{said[-4000:]}"
             assert rc == command.exit_code, (
                 f"{command}\nexited {rc} (the README promises {command.exit_code}); its output:\n{said[-4000:]}")
     finally:
         shell.close()
         print("\n".join(f"{s:6.1f} s  {c}" for s, c in timings))
+
+
+def test_the_cap_only_guards_against_a_hang() -> None:
+    """A busy machine gets more time per command, never less than :data:`HANG_S`."""
+    assert command_cap(0.5) == command_cap(STARTUP_IDLE_S) == HANG_S
+    assert command_cap(4 * STARTUP_IDLE_S) == 4 * HANG_S
 
 
 def test_the_copy_imports_its_own_refinery(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
 """kill -9 anywhere: prep and decon resume to byte-identical outputs, nothing lost or redone.
 
 Each loop runs the real ``refinery`` command in a subprocess (its own process group) and
-SIGKILLs the whole group at seeded moments: the k-th unit start of an attempt plus a seeded
-delay, in every stage (tokenize, pack, manifest for prep; index, scan, reduce for decon).
+SIGKILLs the whole group at points chosen from the run's own progress events, never from
+the time since its launch: the k-th unit start (or completed unit) of an attempt plus a
+seeded jitter of milliseconds, in every stage (tokenize, pack, manifest for prep; index,
+scan, reduce for decon), and sometimes at a driver phase mark in start-up. The loops stop
+after a number of cycles, not of seconds: a busy machine makes them slower, not thinner.
 After every attempt:
 
 - every receipt that was completed before the attempt is byte-for-byte unchanged (a
@@ -17,7 +20,6 @@ every document is in the shards exactly once, no temp file is left anywhere, and
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import time
@@ -27,6 +29,7 @@ from typing import Callable
 import reliability_helpers
 from helpers import gsm8k_rows, gsm8k_texts, run_prep, write_jsonl
 from reliability_helpers import (
+    STARTUP_PHASES,
     ForkServer,
     Run,
     child_env,
@@ -35,12 +38,14 @@ from reliability_helpers import (
     expected_texts,
     final_digest,
     make_corpus,
+    planned_units,
     read_unit_log,
     recomputed_units,
     refinery_cmd,
     run_attempt,
     shard_texts,
     spawn,
+    stage_progress,
     temp_files,
     write_figures,
 )
@@ -55,7 +60,7 @@ MIN_KILLS_DIRECT = 14
 MIN_KILLS_LOCAL = 3
 MIN_KILLS_DECON = 10
 MIN_KILLS_GCS = 5
-TIME_CAP_S = 150.0
+MAX_CYCLES = 6  # outputs run to completion per loop (each takes several kills)
 
 # what a Picker aims at: (k-th event to kill at or None, delay, stage or None, event)
 Aim = tuple[int | None, float, str | None, str]
@@ -70,33 +75,22 @@ def _prep_argv(corpus: Path, out: Path | str, runner: str, workers: int = 1) -> 
                              "--unit-mb", 0)]  # a unit per file: many units to kill between
 
 
-def _stage_progress(out: Path) -> list[tuple[str, int, int]]:
-    """(stage, completed units, planned units) from run.json and the receipts."""
-    try:
-        stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
-    except FileNotFoundError:
-        return []
-    done = completed(current_receipts(out))
-    return [(st["name"], sum(1 for k in done if f"/{st['name']}/" in k), st["units"]) for st in stages]
-
-
 class Picker:
-    """Chooses where the next kill lands, for one output (one cycle of attempts): aimed at
-    the first stage with work left, at most ``cap`` kills per stage (then the next stage's
-    turn: the run goes through the stages before it), either inside a unit (after its start)
-    or between units (after the k-th completed one); the last, local stage right after its
-    start; sometimes during start-up/planning."""
+    """Chooses where the next kill lands, for one output (one cycle of attempts), from the
+    run's progress (its receipts, and the plan of the reference run ``plan``): aimed at the
+    first stage with work left, at most ``cap`` kills per stage (then the next stage's turn:
+    the run goes through the stages before it), either inside a unit (after its start) or
+    between units (after the k-th completed one); the last, local stage right at its start;
+    sometimes in start-up, at one of the driver's phase marks."""
 
-    def __init__(self, cap: int = 3, last_stage_delay: float = 0.002, startup_s: float = 0.3) -> None:
-        self.cap, self.last_stage_delay, self.startup_s = cap, last_stage_delay, startup_s
+    def __init__(self, plan: list[tuple[str, int]], cap: int = 3, last_stage_delay: float = 0.002) -> None:
+        self.plan, self.cap, self.last_stage_delay = plan, cap, last_stage_delay
         self.aimed: collections.Counter[str] = collections.Counter()
 
     def __call__(self, rng: random.Random, out: Path) -> Aim:
-        progress = _stage_progress(out)
-        if rng.random() < 0.08:  # before the first unit (a forked run plans for ~0.3 s)
-            return 0, rng.uniform(0.02, self.startup_s), None, "start"
-        if not progress:  # no plan recorded yet: inside the first unit
-            return 1, rng.uniform(0.0, 0.05), None, "start"
+        progress = stage_progress(out, self.plan)
+        if rng.random() < 0.08:  # before the first unit
+            return 1, 0.0, None, rng.choice(STARTUP_PHASES)
         left = [i for i, (name, done, units) in enumerate(progress) if done < units and self.aimed[name] < self.cap]
         if not left:
             return None, 0.0, None, "start"  # every stage had its kills: let this run finish
@@ -112,13 +106,13 @@ class Picker:
 
 
 def _kill_cycle(rng: random.Random, launch: Callable[[dict[str, str]], Run], out: Path | None, unit_log: Path,
-                max_kills: int, deadline: float, pick: Callable[[random.Random, Path], Aim],
+                max_kills: int, pick: Callable[[random.Random, Path], Aim],
                 view: Callable[[], Path] | None = None) -> list[str]:
     """Attempts on one output until a run exits 0; at most ``max_kills`` kills. Returns the kills.
     ``launch(env)`` starts one run of the command; ``view()`` gives a local folder holding the
     output as it is now (default: ``out`` itself; a downloaded copy for gs:// outputs)."""
     kills: list[str] = []
-    env = child_env(unit_log)
+    env = child_env(unit_log, phases=True)
     def own_folder() -> Path:
         assert out is not None  # a gs:// output comes with its view
         return out
@@ -127,8 +121,7 @@ def _kill_cycle(rng: random.Random, launch: Callable[[dict[str, str]], Run], out
     for _ in range(max_kills + 20):
         now = view()
         before = completed(current_receipts(now))
-        k, delay, stage, event = (pick(rng, now) if len(kills) < max_kills and time.time() < deadline
-                                  else (None, 0.0, None, "start"))
+        k, delay, stage, event = pick(rng, now) if len(kills) < max_kills else (None, 0.0, None, "start")
         a = run_attempt(lambda: launch(env), unit_log, kill_at_start=k, delay=delay, stage=stage, event=event)
         if os.environ.get("RELIABILITY_DEBUG"):
             print(f"aim k={k} stage={stage} event={event} delay={delay:.3f}: rc={a.returncode} phase={a.phase}")
@@ -153,7 +146,6 @@ def _check_final(out: Path, corpus: Path, want: dict[str, str]) -> None:
 
 def test_prep_kill9_loop(tmp_path: Path, forks: ForkServer) -> None:
     t0 = time.time()
-    deadline = t0 + TIME_CAP_S
     corpus = make_corpus(tmp_path / "corpus", files=FILES, docs_per_file=50)
     ref = tmp_path / "ref"
     assert run_prep([corpus], ref, "--num-shards", NUM_SHARDS, "--dataset", "k", "--unit-mb", 0) == 0
@@ -161,14 +153,15 @@ def test_prep_kill9_loop(tmp_path: Path, forks: ForkServer) -> None:
     docs = sum(expected_texts(corpus).values())
     assert shard_texts(ref) == expected_texts(corpus)
     rng = random.Random(SEED)
+    plan = planned_units(ref)
 
     phases: collections.Counter[str] = collections.Counter()
     direct_kills = local_kills = cycles = 0
-    while direct_kills < MIN_KILLS_DIRECT and time.time() < deadline:
+    while direct_kills < MIN_KILLS_DIRECT and cycles < MAX_CYCLES:
         out, log = tmp_path / f"direct{cycles}", tmp_path / f"direct{cycles}.log"
         argv = _prep_argv(corpus, out, "direct")
         kills = _kill_cycle(rng, lambda env: forks.start(argv, env), out, log,
-                            MIN_KILLS_DIRECT - direct_kills, deadline, Picker())
+                            MIN_KILLS_DIRECT - direct_kills, Picker(plan))
         _check_final(out, corpus, want)
         direct_kills += len(kills)
         phases.update(kills)
@@ -176,7 +169,7 @@ def test_prep_kill9_loop(tmp_path: Path, forks: ForkServer) -> None:
     out, log = tmp_path / "local", tmp_path / "local.log"
     cmd = refinery_cmd(*_prep_argv(corpus, out, "local", 2))
     kills = _kill_cycle(rng, lambda env: spawn(cmd, env), out, log, MIN_KILLS_LOCAL,
-                        time.time() + 60, Picker(cap=1, last_stage_delay=0.02, startup_s=2.0))
+                        Picker(plan, cap=1, last_stage_delay=0.02))
     _check_final(out, corpus, want)
     local_kills = len(kills)
     phases.update(kills)
@@ -222,14 +215,15 @@ def test_decon_kill9_loop_and_rerun_skips(tmp_path: Path, forks: ForkServer) -> 
     assert len(details) >= 30  # the planted overlaps are found
 
     rng = random.Random(SEED)
+    plan = planned_units(ref)
     phases: collections.Counter[str] = collections.Counter()
     kills: list[str] = []
     cycle = 0
-    while len(kills) < MIN_KILLS_DECON and time.time() < t0 + TIME_CAP_S:
+    while len(kills) < MIN_KILLS_DECON and cycle < MAX_CYCLES:
         out, log = tmp_path / f"out{cycle}", tmp_path / f"out{cycle}.log"
         argv = _decon_argv(ev, train, out)
         new = _kill_cycle(rng, lambda env: forks.start(argv, env), out, log, MIN_KILLS_DECON - len(kills),
-                          t0 + TIME_CAP_S, Picker(cap=3))
+                          Picker(plan, cap=3))
         kills += new
         phases.update(new)
         assert temp_files(out) == [] and final_digest(out) == want
@@ -278,7 +272,7 @@ def test_prep_kill9_loop_with_outputs_on_gcs_emulator(tmp_path: Path, forks: For
     argv = _prep_argv(corpus, out, "direct")
     rng = random.Random(SEED)
     kills = _kill_cycle(rng, lambda env: forks.start(argv, env), None, tmp_path / "gcs.log", MIN_KILLS_GCS,
-                        t0 + 60, Picker(cap=2), view=lambda: _download(out, tmp_path / "view"))
+                        Picker(planned_units(ref), cap=2), view=lambda: _download(out, tmp_path / "view"))
     local = _download(out, tmp_path / "view")
     assert final_digest(local) == want
     assert shard_texts(local) == expected_texts(corpus)

@@ -5,10 +5,14 @@ Both steps run on the infer -> merge stages of :mod:`refinery.transforms.inferen
 (only the task differs), so they get the same kill loop as ``refinery generate``
 (``test_reliability_generate.py``): the real command (``--runner direct``, forked from a
 server that has imported torch, Beam and the inference modules once), killed with SIGKILL
-to its whole process group at seeded moments aimed with the unit log
-(``$REFINERY_UNIT_LOG``): during start-up (planning, model load, the first wave), between
-infer units or during the next wave's inference, inside an infer unit's write, and inside
-the merge unit's write. Rerun after each kill until a run exits 0.
+to its whole process group at points chosen from the run's own progress events (the unit
+log, ``$REFINERY_UNIT_LOG``, with the driver's phase marks), never from the time since the
+launch: in start-up (at a driver phase: the plan written, the job about to be made or run;
+the model load and first wave follow), between infer units or during the next wave's
+inference (a completed unit plus a jitter under the reference run's shortest wave), inside
+an infer unit's write (its start), and inside the merge unit's write (its start). Rerun
+after each kill until a run exits 0. A busy machine makes each step slower, not the kills
+land elsewhere: the loops stop after a number of cycles, not of seconds.
 
 The chain is built once on a tiny random 2-layer gpt-oss: prep of 40 GSM8K documents ->
 slices -> stand-in labels -> calibrate -> probe and judge heads. The doc-id inputs are the
@@ -21,7 +25,8 @@ completed receipt (unit log), and every final file present under its final name 
 finished one. When a run exits 0: the sha256 of every final file equals the uninterrupted
 run's, every input doc id is in the outputs exactly once (grade: in plan order, i.e. the
 doc-id files sorted by path, then their rows), and no temp file is left. Kills per command:
-6 (start-up 1, infer 4 of which one inside a unit's write, merge 1), one cycle of about 8 s.
+6 (start-up 1, infer 4 of which one inside a unit's write, merge 1), one cycle (about 8 s on
+an idle machine), a few more when a kill aimed at the merge came after it ended.
 """
 from __future__ import annotations
 
@@ -39,14 +44,15 @@ pytest.importorskip("torch", reason="the inference extra (torch) is not installe
 from engine_fixtures import write_harmony_checkpoint  # noqa: E402
 from helpers import gsm8k_texts, run_prep, write_jsonl  # noqa: E402
 from reliability_helpers import (  # noqa: E402
+    STARTUP_PHASES,
     ForkServer,
     child_env,
-    completed,
-    current_receipts,
     final_digest,
     kill_cycle,
+    planned_units,
     read_unit_log,
     run_attempt,
+    stage_progress,
     temp_files,
     write_figures,
 )
@@ -58,7 +64,7 @@ from refinery.transforms.hydra.oracle import DIMENSIONS  # noqa: E402
 SEED = 11
 MIN_KILLS = {"grade": 6, "oracle": 6}
 WAVE_UNITS = 2
-TIME_CAP_S = 90.0  # per command: stops aiming kills on a very slow machine (a normal run needs ~10 s)
+MAX_CYCLES = 5  # per command: runs to completion; the kills of one usually suffice (a merge kill may miss)
 ENGINE = ["--dtype", "float32", "--device", "cpu", "--max-batch", "4"]
 # torch._dynamo: imported on first use of the meta device (building the model), ~1.5 s per run
 PRELOAD = ("torch", "torch._dynamo", "apache_beam.ml.inference.base", "refinery.transforms.inference.handler",
@@ -153,67 +159,70 @@ def _output_ids(out: Path, step: str) -> list[str]:
     return [r["doc_id"] for r in _jsonl(out / "labels.jsonl") + _jsonl(out / "failures.jsonl")]
 
 
-def _progress(out: Path) -> dict[str, tuple[int, int]]:
-    """stage -> (completed units, planned units), from run.json and the receipts."""
-    try:
-        stages = json.loads((out / ".refinery" / "run.json").read_text())["stages"]
-    except (FileNotFoundError, ValueError):
-        return {}
-    done = completed(current_receipts(out))
-    return {st["name"]: (sum(1 for k in done if f"/{st['name']}/" in k), st["units"]) for st in stages}
-
-
 class Picker:
-    """Where the next kill of one output lands: first during start-up, then at most
-    ``infer_cap`` kills in infer (none once only the last wave is left: merge's turn, a kill
-    aimed there could miss a run that finishes), then one in merge."""
+    """Where the next kill of one output lands, from the run's progress (its receipts) and the
+    reference run's plan and unit log, never from the time since the launch: first at one of
+    the driver's phases in start-up, then at most ``infer_cap`` kills in infer (none once only
+    the last wave is left: merge's turn, a kill aimed there could miss a run that finishes),
+    then one at the merge unit's start."""
 
-    def __init__(self, wave_units: int, infer_cap: int = 4, wave_s: float = 0.4) -> None:
-        self.wave_units = wave_units
-        self.infer_cap = infer_cap
-        self.wave_s = wave_s
+    def __init__(self, plan: list[tuple[str, int]], wave_units: int, wave_s: float, infer_cap: int = 4) -> None:
+        self.plan, self.wave_units, self.wave_s, self.infer_cap = plan, wave_units, wave_s, infer_cap
         self.aimed: collections.Counter[str] = collections.Counter()
 
     def __call__(self, rng: random.Random, out: Path) -> tuple[int | None, float, str | None, str]:
-        progress = _progress(out)
-        if not self.aimed["startup"] or not progress:
+        if not self.aimed["startup"]:
             self.aimed["startup"] += 1
-            return 0, rng.uniform(0.02, 0.3), None, "start"  # planning / model load / first wave
+            return 1, 0.0, None, rng.choice(STARTUP_PHASES)  # planning / model load / first wave follow
+        progress = {name: (done, units) for name, done, units in stage_progress(out, self.plan)}
         infer_done, infer_units = progress["infer"]
         left = infer_units - infer_done
         if left > self.wave_units and self.aimed["infer"] < self.infer_cap:
             self.aimed["infer"] += 1
             if self.aimed["infer"] == 2:  # inside a unit's write (it starts after the wave's inference)
-                return 1, rng.uniform(0.0, 0.001), "infer", "start"
-            # the units of a wave end together (after the wave's inference): between them or in the next wave
+                return 1, 0.0, "infer", "start"
+            # the units of a wave end together (after the wave's inference): between them, or in the next
+            # wave (a jitter under the shortest wave of the reference run: the next wave is still running)
             return 1, rng.uniform(0.0, self.wave_s), "infer", "end-completed"
         if not self.aimed["merge"]:
             self.aimed["merge"] += 1
-            return 1, rng.uniform(0.0, 0.002), "merge", "start"
+            return 1, 0.0, "merge", "start"
         return None, 0.0, None, "start"
 
 
+def _shortest_wave(events: list[dict[str, Any]]) -> float:
+    """Half the shortest time between two waves' ends in a run's unit log (the infer units of a
+    wave end together): a jitter after a completed unit that still lands in the next wave."""
+    ends = sorted(e["t"] for e in events if e["event"] == "end-completed" and e["stage"] == "infer")
+    gaps = [b - a for a, b in zip(ends, ends[1:]) if b - a > 0.01]  # the units of one wave: ms apart
+    return min(gaps) / 2 if gaps else 0.0
+
+
 def _reference(forks: ForkServer, argv: list[str], root: Path,
-               name: str) -> tuple[Path, dict[str, str], collections.Counter[str]]:
+               name: str) -> tuple[Path, dict[str, str], collections.Counter[str], float]:
+    """The uninterrupted run: its output, digest, completed units per stage, and the jitter
+    of :func:`_shortest_wave` measured on it."""
     out, log = root / f"ref-{name}", root / f"ref-{name}.log"
     a = run_attempt(lambda: forks.start([*argv, "--output", str(out), "--runner", "direct"], child_env(log)), log)
     assert a.returncode == 0, a.stderr[-3000:]
-    units = collections.Counter(e["stage"] for e in read_unit_log(log) if e["event"] == "end-completed")
-    return out, final_digest(out), units
+    events = read_unit_log(log)
+    units = collections.Counter(e["stage"] for e in events if e["event"] == "end-completed")
+    return out, final_digest(out), units, _shortest_wave(events)
 
 
 def _kill_loop(tmp_path: Path, forks: ForkServer, argv: list[str], ids: list[str], outputs: list[str],
-               want: dict[str, str], step: str) -> tuple[collections.Counter[str], int, float]:
+               want: dict[str, str], step: str, ref: Path,
+               wave_s: float) -> tuple[collections.Counter[str], int, float]:
     t0 = time.time()
-    deadline = t0 + TIME_CAP_S
     rng = random.Random(SEED)
     where: collections.Counter[str] = collections.Counter()
     kills = cycles = 0
-    while (kills < MIN_KILLS[step] or not any(w.startswith("merge") for w in where)) and time.time() < deadline:
+    plan = planned_units(ref)
+    while (kills < MIN_KILLS[step] or not any(w.startswith("merge") for w in where)) and cycles < MAX_CYCLES:
         out, log = tmp_path / f"{step}{cycles}", tmp_path / f"{step}{cycles}.log"
         run_argv = [*argv, "--output", str(out), "--runner", "direct"]
-        got = kill_cycle(rng, lambda env: forks.start(run_argv, env), out, log, want, outputs, 6, deadline,
-                          Picker(WAVE_UNITS))
+        got = kill_cycle(rng, lambda env: forks.start(run_argv, env), out, log, want, outputs, 6,
+                         Picker(plan, WAVE_UNITS, wave_s))
         assert temp_files(out) == []
         assert final_digest(out) == want
         assert collections.Counter(_output_ids(out, step)) == collections.Counter(ids)  # each exactly once
@@ -232,7 +241,7 @@ def _check_coverage(where: collections.Counter[str], step: str) -> int:
 
 def test_hydra_grade_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: Chain) -> None:
     argv, ids, outputs = _grade_job(chain)
-    ref, want, units = _reference(hydra_forks, argv, tmp_path, "grade")
+    ref, want, units, wave_s = _reference(hydra_forks, argv, tmp_path, "grade")
     assert set(want) == set(outputs)
     rows = _jsonl(ref / "quality_scores.jsonl")
     assert [r["doc_id"] for r in rows] == ids  # every input doc id once, in input order
@@ -243,7 +252,7 @@ def test_hydra_grade_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: 
     assert summary["drop"] + summary["band"] + summary["keep"] == len(ids) - 1
     assert units["infer"] >= 10 and units["merge"] == 1
 
-    where, cycles, seconds = _kill_loop(tmp_path, hydra_forks, argv, ids, outputs, want, "grade")
+    where, cycles, seconds = _kill_loop(tmp_path, hydra_forks, argv, ids, outputs, want, "grade", ref, wave_s)
     kills = _check_coverage(where, "grade")
     assert [r["doc_id"] for r in _jsonl(tmp_path / f"grade{cycles - 1}" / "quality_scores.jsonl")] == ids
     write_figures("hydra_grade_kill9", {"kills_direct": kills, "cycles": cycles, "where": dict(where),
@@ -254,7 +263,7 @@ def test_hydra_grade_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: 
 
 def test_hydra_oracle_label_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, chain: Chain) -> None:
     argv, ids, outputs = _oracle_job(chain)
-    ref, want, units = _reference(hydra_forks, argv, tmp_path, "oracle")
+    ref, want, units, wave_s = _reference(hydra_forks, argv, tmp_path, "oracle")
     assert set(want) == set(outputs)
     failures = _jsonl(ref / "failures.jsonl")
     summary = json.loads((ref / "summary.json").read_text())
@@ -263,7 +272,7 @@ def test_hydra_oracle_label_kill9_loop(tmp_path: Path, hydra_forks: ForkServer, 
     assert [f for f in failures if f["doc_id"] == chain["missing"]][0]["error"]
     assert units["infer"] == len(ids) and units["merge"] == 1
 
-    where, cycles, seconds = _kill_loop(tmp_path, hydra_forks, argv, ids, outputs, want, "oracle")
+    where, cycles, seconds = _kill_loop(tmp_path, hydra_forks, argv, ids, outputs, want, "oracle", ref, wave_s)
     kills = _check_coverage(where, "oracle")
     write_figures("hydra_oracle_kill9", {"kills_direct": kills, "cycles": cycles, "where": dict(where),
                                          "documents": len(ids), "infer_units": units["infer"],

@@ -62,7 +62,7 @@ def test_signal_stops_local_run_and_next_run_resumes(
             "--no-progress", "--unit-mb", "0"]
     stage, k, delay = when
     a = run_attempt(lambda: spawn(refinery_cmd(*argv, "--runner", "local", "--workers", "2"), child_env(log)),
-                    log, kill_at_start=k, delay=delay, stage=stage, sig=sig, group=group, timeout=60)
+                    log, kill_at_start=k, delay=delay, stage=stage, sig=sig, group=group)
     assert a.killed, f"the run finished before the signal: {a.stderr[-2000:]}"
     assert a.returncode == 130, a.stderr[-3000:]
     assert "Resume with:" in a.stderr and "refinery prep" in a.stderr
