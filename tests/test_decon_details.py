@@ -221,6 +221,6 @@ def test_the_readme_query_runs_on_a_decon_output(tmp_path: Path, capsys: pytest.
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "overlap_details" in b]
     parquet, _ = run_both(tmp_path)
-    exec(block.replace("out/decon-qa/stats/overlap_details", str(parquet / "stats/overlap_details")), {})
+    exec(block.replace("out/decon-loop/stats/overlap_details", str(parquet / "stats/overlap_details")), {})
     said = capsys.readouterr().out
     assert "train_snippet" in said and "GSM" in said.upper()

@@ -147,6 +147,29 @@ def test_remote_shards_are_read_by_range(tmp_path: Path, small_corpus: Path, mon
 
 # --- noise --------------------------------------------------------------------------------
 
+def test_a_folder_named_through_dotdot_lists_its_files_normalized(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--input ../data/corpus`` from a checkout: fsspec listed /home/me/refinery/../data/corpus/x,
+    and prep's provenance sidecar, ``inspect --doc`` and the decon records printed that; now
+    /home/me/data/corpus/x. Past a link to a folder, ``link/..`` is the target's parent: kept as typed."""
+    (tmp_path / "data" / "corpus").mkdir(parents=True)
+    (tmp_path / "data" / "corpus" / "a.jsonl").write_text('{"id": "a", "text": "some words here"}\n')
+    (tmp_path / "refinery").mkdir()
+    monkeypatch.chdir(tmp_path / "refinery")
+    for arg in ("../data/corpus", "../data/corpus/*.jsonl", "./../data/corpus/"):
+        [f] = storage.expand_inputs([arg])
+        assert f.path == str(tmp_path / "data" / "corpus" / "a.jsonl") and f.relpath == "a.jsonl", arg
+    assert main(["prep", "--input", "../data/corpus", "--output", "../out", "--num-shards", "1",
+                 "--runner", "direct", "--no-progress"]) == 0
+    assert main(["inspect", "--manifest", "../out/manifest.json", "--doc", "0:0"]) == 0
+    assert f"source: {tmp_path}/data/corpus/a.jsonl, row 0" in capsys.readouterr().out
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "corpus").symlink_to(tmp_path / "data" / "corpus")
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "deep")
+    [f] = storage.expand_inputs([str(tmp_path / "link" / ".." / "corpus")])  # elsewhere/corpus, not tmp/corpus
+    assert f.path == str(tmp_path / "link" / ".." / "corpus" / "a.jsonl")
+
+
 def test_gcsfs_bucket_type_warning_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     storage.paths._quiet_gcsfs()
     logger = logging.getLogger("gcsfs")

@@ -1,4 +1,5 @@
-"""The README's "Use refinery's transforms in your own Beam pipeline" example runs, as printed."""
+"""The Beam pipeline example of docs/TRANSFORMS.md ("refinery's transforms in your own Beam
+pipeline", linked from the README) runs, as printed."""
 from __future__ import annotations
 
 import json
@@ -17,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "beam_pipeline.py"
 
 
-def test_readme_shows_the_example_verbatim() -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+def test_the_transforms_page_shows_the_example_verbatim() -> None:
+    page = (ROOT / "docs" / "TRANSFORMS.md").read_text()
+    assert "docs/TRANSFORMS.md" in (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     assert EXAMPLE.read_text() in blocks
 
 

@@ -4,7 +4,8 @@ Every test here runs with each network connection and name lookup outside this m
 refused and recorded (there must be none): a missing or malformed Dataflow option, a bad
 bucket name, a local path under Dataflow and ``gs://`` without credentials are each one line
 and exit 2, at once; a Dataflow dry run with ``gs://`` inputs and output lists nothing, says
-what it did not list, and still describes each job; the README's commands pass as dry runs.
+what it did not list, and still describes each job; the commands of the README and of
+docs/RUNNERS.md pass as dry runs.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from helpers import write_jsonl
 from refinery.beam_pipelines.cli import main
 from refinery.transforms.io import gcs
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RUNNERS = ROOT / "docs" / "RUNNERS.md"  # the Dataflow and Flink commands, moved from the README
 DATAFLOW = ["--runner", "dataflow", "--project", "my-project", "--region", "us-central1",
             "--temp_location", "gs://my-bucket/tmp"]
 GS_PREP = ["prep", "--input", "gs://my-bucket/crawl/*.jsonl", "--output", "gs://my-bucket/tokens"]
@@ -135,13 +138,14 @@ def test_dataflow_dry_run_reads_nothing_remote(capfd: pytest.CaptureFixture[str]
 
 
 def _readme_commands(runner: str) -> list[str]:
-    """The README's ``refinery ...`` commands that name ``--runner RUNNER`` (continuations joined)."""
-    text = README.read_text().replace("\\\n", " ")
+    """The ``refinery ...`` commands of the README and docs/RUNNERS.md that name ``--runner RUNNER``
+    (continuations joined)."""
+    text = (README.read_text() + "\n" + RUNNERS.read_text()).replace("\\\n", " ")
     return [line.strip() for line in text.splitlines()
             if line.strip().startswith("refinery ") and f"--runner {runner}" in line]
 
 
-def test_readmes_dataflow_and_flink_commands_pass_as_dry_runs(
+def test_the_docs_dataflow_and_flink_commands_pass_as_dry_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         no_credentials: None) -> None:
     pytest.importorskip("torch", reason="generate's dry run picks its device with torch")

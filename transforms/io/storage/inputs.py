@@ -143,6 +143,20 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
+def normalized_local(path: str) -> str:
+    """The absolute local ``path`` (a glob's too) written without ``.`` and ``..`` components
+    (``/home/me/refinery/../data/x`` -> ``/home/me/data/x``) when that names the same place, else
+    as it is: past a link to a folder, ``link/..`` is the target's parent, which the spelling
+    does not say."""
+    if not any(part in (".", "..") for part in path.split("/")):
+        return path
+    norm = os.path.normpath(path)
+    magic = [path.index(c) for c in "*?[" if c in path]
+    fixed = path[: min(magic)].rsplit("/", 1)[0] if magic else path  # the part no glob expands
+    fixed_norm = norm[: min(norm.index(c) for c in "*?[" if c in norm)].rsplit("/", 1)[0] if magic else norm
+    return norm if os.path.realpath(fixed or "/") == os.path.realpath(fixed_norm or "/") else path
+
+
 def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
                   skipped: list[str] | None = None) -> list[InputFile]:
     """Files named by the user's arguments: files, folders (recursive) or globs.
@@ -164,6 +178,8 @@ def expand_inputs(paths: list[str], suffixes: tuple[str, ...] = DATA_SUFFIXES,
             continue
         fs, p = filesystem(arg)
         proto = arg.split("://", 1)[0] + "://" if is_remote(arg) else ""
+        if not proto:  # fsspec lists a local folder as cwd + what was typed: ``/home/me/refinery/../data/x``
+            p = normalized_local(p)
         matches: list[tuple[str, str, dict[str, Any]]] = []  # (full path, relpath, info)
 
         def listed(q: str, rel: str, info: dict[str, Any]) -> None:
