@@ -39,6 +39,7 @@ from refinery.beam_pipelines.exclusion_flags import (
     add_exclusion_args,
     exclusion_header,
     load_checked_exclusion,
+    min_coverage_line,
 )
 from refinery.transforms.clean.stages import (
     FORMATS,
@@ -275,5 +276,6 @@ def clean_summary(output: str, result: JobResult, seconds: float) -> str:
     return (f"clean done in {seconds:.1f}s; units run: {ran}\n"
             f"  {t['files']} file(s): rows read {t['rows_read']:,} = kept {t['rows_kept']:,} + left out "
             f"{t['rows_left_out']:,} + rejected {rejected:,}" + span
+            + min_coverage_line(m.get("excluded_overlaps", {}))
             + (f"\n  {rejected:,} row(s) decon read no text of ({spec}): listed in {rejects}" if rejected else "")
             + f"\n  manifest: {path}")

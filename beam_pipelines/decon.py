@@ -42,6 +42,7 @@ from refinery.beam_pipelines.checks import (
 )
 from refinery.beam_pipelines.command import Pipeline, RunFlags, add_runner_args, run_and_report, usage_error
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams.steering import steering_lines
 from refinery.transforms.decon.stages import (
     DeconSettings,
     build_stages,
@@ -436,6 +437,9 @@ def decon_summary(output: str, result: JobResult, seconds: float) -> str:
         s = json.loads(line)
         lines.append(f"  {s['eval_dataset']:24} n={s['n']:<3} {len(s['instance_ids']):>7} / "
                      f"{s['num_instances']:<7} instances overlap")
+    merge = next(iter(result.runs[-1].completed_receipts().values()), None)
+    if merge is not None and merge["stats"].get("steering"):  # boilerplate n-grams, and the K that ignores them
+        lines += [f"  {line}" for line in steering_lines(merge["stats"]["steering"])]
     lines.append(f"  report: {storage.join(output, 'stats', 'report.html')} (and report.md)")
     warn_decon(output, result)
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from refinery.beam_pipelines.checks import UsageError
 from refinery.transforms.formats.droplist import ReadSpec
@@ -58,6 +59,13 @@ def add_exclusion_args(group: argparse._ArgumentGroup, what: str) -> None:
     group.add_argument("--exclude-n", type=int, metavar="N",
                        help="with --exclude-overlaps: leave out rows that overlap at this n (one the decon runs "
                             "computed; default: each run's largest n)")
+    group.add_argument("--exclude-min-coverage", type=float, metavar="F",
+                       help="with --exclude-overlaps: leave out a listed row only for instances whose overlap "
+                            "coverage at that n is at least F (0..1: the share of the instance's tokens covered by "
+                            "overlapping n-grams, HELM's token metric, decon's overlap_metrics.jsonl 'coverage'); "
+                            "a row that overlaps only instances under F is kept, and counted in the summary and "
+                            "the manifest. For a low n, where boilerplate an instance shares with many training "
+                            "rows covers little of it")
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class ExclusionFlags:
     max_splits: int = DEFAULT_MAX_SPLITS
     allow_unscanned_inputs: bool = False
     verify_inputs_by_content: bool = False
+    min_coverage: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ExclusionFlags:
@@ -80,7 +89,15 @@ class ExclusionFlags:
                    mode=args.exclude_mode, window=args.exclude_window, min_chars=args.exclude_min_chars,
                    max_splits=args.exclude_max_splits,
                    allow_unscanned_inputs=args.allow_unscanned_inputs,
-                   verify_inputs_by_content=args.verify_inputs_by_content)
+                   verify_inputs_by_content=args.verify_inputs_by_content, min_coverage=args.exclude_min_coverage)
+
+    def checked_min_coverage(self, command: str) -> float | None:
+        """``--exclude-min-coverage``, or None; :class:`UsageError` outside 0..1 (or not a number)."""
+        f = self.min_coverage
+        if f is not None and not 0.0 <= f <= 1.0:  # NaN fails both
+            raise UsageError(f"refinery {command}: --exclude-min-coverage {f}: a share of an instance's tokens, "
+                             "from 0 to 1")
+        return f
 
     def rules(self, command: str) -> SpanRules | None:
         """Span mode's rules (None in row mode); :class:`UsageError` for a negative one, or a span
@@ -107,7 +124,8 @@ def load_checked_exclusion(command: str, flags: ExclusionFlags, inputs: list[sto
     refused input."""
     if not flags.outputs:
         needs = [flag for flag, on in (("--exclude-n", flags.n is not None),
-                                       ("--exclude-mode span", flags.mode != "row")) if on]
+                                       ("--exclude-mode span", flags.mode != "row"),
+                                       ("--exclude-min-coverage", flags.min_coverage is not None)) if on]
         if needs:
             raise UsageError(f"refinery {command}: {needs[0]} needs --exclude-overlaps DECON_OUTPUT")
     if not flags.outputs and not flags.duplicates:
@@ -120,7 +138,7 @@ def load_checked_exclusion(command: str, flags: ExclusionFlags, inputs: list[sto
         return None, []
     read_spec = ReadSpec(text.identity(), TEXT_NORMALIZATION, max_row_bytes)
     exclude = load_exclusion(list(flags.outputs), flags.n, read_spec=read_spec, rules=flags.rules(command),
-                             duplicates=list(flags.duplicates))
+                             duplicates=list(flags.duplicates), min_coverage=flags.checked_min_coverage(command))
     unscanned = exclude.check_inputs(inputs, allow_unscanned=flags.allow_unscanned_inputs,
                                      by_content=flags.verify_inputs_by_content)
     return exclude, unscanned
@@ -141,9 +159,25 @@ def exclusion_header(exclude: Exclusion | None, unscanned: list[str]) -> str:
                     if s.sha256 == UNREAD else
                     f"\n  {how} {s.listed:,} training row(s) that {s.output} found overlapping at n={s.n}"
                     + (f" (matched under --match-fold {s.match_fold})" if s.match_fold else "")
+                    + (f", for instances with at least {s.min_coverage:g} of their tokens overlapping "
+                       f"(--exclude-min-coverage; {s.below:,} more listed row(s) kept)"
+                       if s.min_coverage is not None else "")
                     + (f", and {'excluding ' if exclude.rules else ''}{s.unread:,} it could not read"
                        if s.unread else "")
                     for s in exclude.sources)
             + (f"\n  WARNING: {len(unscanned)} input file(s) not scanned by decon are kept WITHOUT an overlap "
                f"check (--allow-unscanned-inputs): {', '.join(unscanned[:3])}{' ...' if len(unscanned) > 3 else ''}"
                if unscanned else ""))
+
+
+def min_coverage_line(excluded: dict[str, Any]) -> str:
+    """The summary's line on the listed rows kept by ``--exclude-min-coverage`` (a manifest's
+    ``excluded_overlaps``: each decon run's count), starting with a newline; "" without it."""
+    runs = [r for r in excluded.get("decon_runs", []) if "min_coverage" in r]
+    if not runs:
+        return ""
+    kept = sum(int(r["kept_below_min_coverage"]) for r in runs)
+    return (f"\n  kept {kept:,} listed row(s): every instance they overlap at n has under "
+            + " / ".join(f"{r['min_coverage']:g}" for r in runs)
+            + " of its tokens overlapping (--exclude-min-coverage; from "
+            + ", ".join(f"{r['path']} at n={r['n']}: {int(r['kept_below_min_coverage']):,}" for r in runs) + ")")

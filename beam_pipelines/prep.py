@@ -45,6 +45,7 @@ from refinery.beam_pipelines.exclusion_flags import (
     add_exclusion_args,
     exclusion_header,
     load_checked_exclusion,
+    min_coverage_line,
 )
 from refinery.transforms.formats.failed_run import FAILED, clear_failed, mark_failed
 from refinery.transforms.formats.shards import check_name
@@ -391,6 +392,7 @@ def prep_summary(output: str, result: JobResult, seconds: float) -> str:
             + (f" - pieces {rows['pieces']:,}" if "pieces" in rows else "")
             + (f"  (reasons in {rejects_path})" if rows["rejected"] else "")
             + span_line(m.get("excluded_overlaps", {}))
+            + min_coverage_line(m.get("excluded_overlaps", {}))
             + f"\n  manifest: {manifest_path}")
 
 

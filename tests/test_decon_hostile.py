@@ -145,8 +145,9 @@ def test_every_stage_stays_flat_as_the_training_rows_grow(tmp_path: Path, kind: 
     # (before: the reduce and the merge held a code per (eval row, training row), +0.5-0.8 GB)
     assert max(grew_mb(small, large).values()) < 40, (small, large)
     assert large["drop_list_lines"] == 600
-    # a line names the training row and its n, not the 2,000 instances it overlaps (in the details)
-    assert large["drop_list_bytes"] < 600 * 200
+    # a line names the training row, its n and their instances' largest coverage, not the 2,000 instances it
+    # overlaps (in the details)
+    assert large["drop_list_bytes"] < 600 * 240
 
 
 def test_every_stage_stays_flat_as_identical_eval_rows_grow(tmp_path: Path) -> None:
@@ -398,7 +399,8 @@ def test_the_drop_list_names_each_row_once_whatever_the_eval_rows_sharing_its_te
                     "--partitions", "3"]) == 0
     lines = [json.loads(line) for line in (out / "stats" / "contaminated_train_docs.jsonl").read_text().splitlines()]
     # one line per training row, naming the row and its n, never the eval rows (nor a shared text's)
-    assert lines == [{"train_path": str(train), "train_row": r, "train_doc_id": f"d{r}", "ns": [4]} for r in range(3)]
+    assert lines == [{"train_path": str(train), "train_row": r, "train_doc_id": f"d{r}", "ns": [4],
+                      "max_coverage": [1.0]} for r in range(3)]  # each row holds an instance whole
     # full provenance: overlap_instances.jsonl.gz lists every row of the shared text, by its first row
     with gzip.open(out / "stats" / "overlap_instances.jsonl.gz", "rt") as f:
         instances = {(i["eval_path"], i["eval_row"]): [i, *i.get("same_text", [])] for i in map(json.loads, f)}

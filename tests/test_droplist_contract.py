@@ -138,7 +138,8 @@ def test_many_eval_rows_sharing_an_ngram_keep_the_drop_list_and_its_reading_smal
     lines = data.splitlines()
     assert len(lines) == 600 and len(data) / len(lines) < 200, len(data)
     assert json.loads(lines[0]) == {"train_path": str(tmp_path / "train" / "t.jsonl"), "train_row": 0,
-                                    "train_doc_id": "d0", "ns": [13]}
+                                    "train_doc_id": "d0", "ns": [13],
+                                    "max_coverage": [15 / 17]}  # the common 15 of each instance's 17 tokens
     spec = ReadSpec({"text_field": "text"}, TEXT_NORMALIZATION, DEFAULT_MAX_ROW_BYTES)
     tracemalloc.start()
     try:

@@ -86,7 +86,7 @@ def test_planted_leaks_are_listed_dropped_and_gone(tmp_path: Path, capsys: pytes
         where = (str(corpus / ("a.jsonl" if i < 400 else "b.jsonl")), i % 400 if i < 400 else i - 400)
         d = by_row[where]
         assert d["train_doc_id"] == f"doc-{i}" and 13 in d["ns"] and set(d) == {"train_path", "train_row",
-                                                                                  "train_doc_id", "ns"}
+                                                                                  "train_doc_id", "ns", "max_coverage"}
         assert (*where, f"test-{k}") in pairs
 
     capsys.readouterr()

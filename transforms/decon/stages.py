@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import IO, Any, Callable, Iterator, Mapping, TypedDict, cast
 
 import msgpack
+import numpy as np
 import zstandard
 from isal import igzip, isal_zlib
 
@@ -51,6 +52,7 @@ from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
 from refinery.transforms.decon.ngrams import row_shares as rs
 from refinery.transforms.decon.ngrams.compact import RecordColumns
+from refinery.transforms.decon.ngrams.droplist import DROP_LIST_VERSION
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
     bad_row_reasons,
@@ -59,6 +61,7 @@ from refinery.transforms.decon.ngrams.index import (
     short_rows,
     short_rows_warning,
 )
+from refinery.transforms.decon.ngrams.reduce import ReduceResult
 from refinery.transforms.decon.report_html import fingerprint_text, render_html
 from refinery.transforms.formats.droplist import (
     CONTAMINATED_DOCS,
@@ -665,8 +668,8 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
 
     def _settings(self) -> dict[str, Any]:
         # drop_list 2: its lines name the row and its n only; train_files.jsonl records how the text was read;
-        # 3: contaminated_train_spans.jsonl beside it
-        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": 3,
+        # 3: contaminated_train_spans.jsonl beside it; 4: each line's max_coverage per n (--exclude-min-coverage)
+        return {"format": FORMAT_VERSION, "report_examples": self.s.report_examples, "drop_list": DROP_LIST_VERSION,
                 "clean_subsets": 1,  # stats/clean/<dataset>/n=<n>.jsonl.gz (ngrams.clean)
                 **({"inputs_sha256": True} if self.s.verify_inputs_by_content else {})}
 
@@ -683,7 +686,6 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
         missing = [u.id for u in plan if not reduce_run.check(u.id).done]
         if missing:
             raise RuntimeError(f"reduce units not completed: {missing[:5]}")
-        tok = self.s.splitter
         eval_rows = load_eval_rows(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         bad = json.loads(storage.read_bytes(storage.join(index_run.parts_dir, EVAL_SUMMARY_FILE)))
         scan_totals: dict[str, float] = {}
@@ -700,16 +702,11 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                     path = storage.join(reduce_run.parts_dir, details_file(u.payload["p"]))
                     with storage.open_read(path) as member:
                         copy_gzip_member(member, out, path)
-        unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
-        results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
-                                   **unpack)
-                   for u in plan)
         same = load_same_text(storage.join(index_run.parts_dir, EVAL_ROWS_FILE))
         # the merged result is many small dicts and sets, kept to the end: the collector, left on, walks
         # them again and again as the stats and reports are built (0.9 s of 2.3 on a 47 MB scan's hits)
-        train = self.merge_train_rows(ctx, reduce_run, plan, eval_rows, same, tok)
         with gc_paused():
-            result = ng.merge_partitions(eval_rows, self.s.ns, results, tok, bad, same, self.s.max_train_count, train)
+            result = self.merge_results(ctx, reduce_run, plan, eval_rows, same, bad)
             short = short_rows(eval_rows, self.s.min_eval_tokens)  # not indexed: counted and named
             note_short_rows(result.overlap_stats, result.summary, short)
             short_warning = short_rows_warning(short, self.s.min_eval_tokens)
@@ -745,14 +742,33 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
                 "capped_warning": ng.capped_warning(result.capped, self.s.max_ngram_details),
                 "short_warning": short_warning,
                 "ignored_only_warning": ng.ignored_only_warning(result.overlap_stats, self.s.max_train_count),
+                **({"steering": result.steering.record()} if result.steering else {}),
                 "contaminated": {f"{s['eval_dataset']}/{s['n']}": len(s["instance_ids"]) for s in result.overlap_stats},
                 "scan": scan_totals}
 
+    def merge_results(self, ctx: UnitContext, reduce_run: StageRun, plan: list[Unit[PartitionPayload]],
+                      eval_rows: list[ng.EvalRow], same: ng.SameText, bad: dict[str, Any]) -> ReduceResult:
+        """The partitions' results merged (:func:`.ngrams.merge_partitions`), the drop list and its
+        spans written on the way: the instances' HELM metrics first, since each drop-list line
+        names the largest coverage of the instances its row overlaps."""
+        unpack = dict(raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        results = (msgpack.unpackb(storage.read_bytes(storage.join(reduce_run.parts_dir, results_file(u.payload["p"]))),
+                                   **unpack)
+                   for u in plan)
+        got = ng.gather_partitions(results)
+        ns, tok = sorted(set(self.s.ns)), self.s.splitter
+        helm = ng.helm_metrics(eval_rows, ns, got.overlaps, tok, same)
+        train = self.merge_train_rows(ctx, reduce_run, plan, eval_rows, same, tok,
+                                      ng.coverage_table(helm, len(eval_rows), ns))
+        return ng.merge_partitions(eval_rows, ns, got, tok, bad, same, self.s.max_train_count, train, helm)
+
     def merge_train_rows(self, ctx: UnitContext, reduce_run: StageRun, plan: list[Unit[PartitionPayload]],
-                         eval_rows: list[ng.EvalRow], same: ng.SameText, tok: ng.WordSplitter) -> rs.TrainRowTotals:
+                         eval_rows: list[ng.EvalRow], same: ng.SameText, tok: ng.WordSplitter,
+                         coverage: np.ndarray) -> rs.TrainRowTotals:
         """The drop list and its spans (what ``prep --exclude-overlaps`` and ``refinery clean``
         read: span mode cuts the spans out), written from the reduce units' row shares a window
-        of training rows at a time (:func:`.row_shares.merge_train_rows`), with the longest
+        of training rows at a time (:func:`.row_shares.merge_train_rows`), each line with the
+        largest ``coverage`` of the instances its row overlaps at each n, with the longest
         matches and row counts the rest of the merge needs."""
         shares = []
         for u in plan:
@@ -760,7 +776,8 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
             shares.append(rs.RowShare(rs.file_reader(path), path))
         with ctx.open_write(ctx.output_path(CONTAMINATED_DOCS)) as drop, \
                 ctx.open_write(ctx.output_path(CONTAMINATED_SPANS)) as spans:
-            return rs.merge_train_rows(shares, eval_rows, same, self.s.ns, tok, drop.write, spans.write)
+            return rs.merge_train_rows(shares, eval_rows, same, self.s.ns, tok, drop.write, spans.write,
+                                       coverage=coverage)
 
     def write_drop_lists(self, ctx: UnitContext, scan_run: StageRun) -> None:
         """Beside the drop list: the rows decon could not read (a few lines at a time: they may

@@ -38,14 +38,18 @@ READ_SPEC_KEYS = ("text", "normalization", "max_row_bytes")  # a TrainFile's rec
 
 
 class DropEntry(TypedDict):
-    """A training row with an overlap: where it is (as decon was given it), its document id and
-    the n it overlaps at. (The drop lists of older decons also carry ``overlaps``, the eval
-    instances per row; readers drop it as they read.)"""
+    """A training row with an overlap: where it is (as decon was given it), its document id, the
+    n it overlaps at and, per n of ``ns``, the largest coverage at that n (HELM's token metric:
+    the share of an instance's tokens that overlap) of the instances it overlaps there: what
+    ``--exclude-min-coverage`` compares (drop list 4; older ones have none). (The drop lists of
+    older decons also carry ``overlaps``, the eval instances per row; readers drop it as they
+    read.)"""
 
     train_path: str
     train_row: int
     train_doc_id: str
     ns: list[int]
+    max_coverage: list[float]
 
 
 class SpanEntry(TypedDict):
@@ -201,26 +205,34 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def drop_rows(docs_path: str, lines: bytes | Iterable[bytes], files: list[dict[str, Any]],
-              n: int | None) -> dict[str, set[int]]:
+def drop_rows(docs_path: str, lines: bytes | Iterable[bytes], files: list[dict[str, Any]], n: int | None,
+              min_coverage: float | None = None, below: dict[str, set[int]] | None = None) -> dict[str, set[int]]:
     """The rows a drop list (``lines``, those of ``docs_path``, or its bytes) lists at ``n``
     (None: at any n; an :data:`UNREAD_ROWS` file has no ``ns`` and is read with None), by
     the resolved path of their file (``files``: decon's ``train_files.jsonl`` rows, which
-    resolve the paths as decon named them). One line at a time, keeping only row numbers (a
-    line's other keys, e.g. an older drop list's ``overlaps``, are dropped as it is read);
-    :class:`storage.InputError` naming a row that is not an entry."""
+    resolve the paths as decon named them). With ``min_coverage`` F (``--exclude-min-coverage``),
+    a row whose ``max_coverage`` at ``n`` is under F (every instance it overlaps there has less
+    than F of its tokens overlapping) is not among them but in ``below``, by path. One line at
+    a time, keeping only row numbers (a line's other keys, e.g. an older drop list's
+    ``overlaps``, are dropped as it is read); :class:`storage.InputError` naming a row that is
+    not an entry, or, with F, one without its coverage."""
     by_given = {f["train_path"]: f["resolved"] for f in files}
     rows: dict[str, set[int]] = {}
     for i, line in enumerate(lines.splitlines() if isinstance(lines, bytes) else lines, 1):
         doc = parse_line(docs_path, i, line)
         if doc is None:
             continue
+        if min_coverage is not None and "max_coverage" not in doc:
+            raise storage.InputError(f"{docs_path}: row {i} has no max_coverage, which --exclude-min-coverage "
+                                     "needs: written by an older refinery decon; run the same decon command again")
         try:
             if n is not None and n not in doc["ns"]:
                 continue
             path = by_given.get(doc["train_path"]) or storage.resolved(doc["train_path"])
-            rows.setdefault(path, set()).add(int(doc["train_row"]))
-        except (KeyError, TypeError, ValueError) as e:
+            kept = min_coverage is not None and float(doc["max_coverage"][doc["ns"].index(n)]) < min_coverage
+            into = (below if below is not None else {}) if kept else rows
+            into.setdefault(path, set()).add(int(doc["train_row"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
             raise storage.InputError(f"{docs_path}: row {i} is not a drop-list entry ({e!r})") from None
     return rows
 

@@ -37,6 +37,12 @@ Nothing leaks in silence (:meth:`Exclusion.check_inputs`, :func:`load_exclusion`
 The drop lists' sha256 and n enter the tokenize stage's hash: another decon output, or
 another n, re-plans; the same ones resume.
 
+``--exclude-min-coverage F`` (:attr:`DropSource.min_coverage`): a row listed at n is left out
+only when one of the instances it overlaps there has at least F of its tokens overlapping
+(HELM's token coverage, the largest of which each drop-list line names per n: drop list 4;
+an older decon output is refused); the others are kept and counted (:attr:`DropSource.below`,
+in the manifest and the summary). F enters the hash as the rules do.
+
 Span mode (``--exclude-mode span``, :attr:`Exclusion.rules` set): each decon output's
 ``stats/contaminated_train_spans.jsonl`` is read too, checked the same way (its sha256 against
 decon's merge receipt) and against the drop list (exactly its rows at n); a worker reads the
@@ -123,6 +129,8 @@ class DropSource:
     spans_sha256: str = ""   # span mode: of its contaminated_train_spans.jsonl
     match_fold: str = ""     # the match fold decon compared n-grams under (its train_files.jsonl)
     kind: str = "decon"      # its producer (KINDS): a dedup output's list is dup_list.jsonl, its rows dropped whole
+    min_coverage: float | None = None  # --exclude-min-coverage: rows whose instances' coverage is under it are kept
+    below: int = 0           # with it: rows listed at n that are kept, their instances' coverage under it
 
     @property
     def producer(self) -> ListKind:
@@ -162,9 +170,10 @@ def _streamed(read: Callable[[HashedLines], _T], path: str, sha256: str, why: tu
 
 
 def _streamed_rows(path: str, sha256: str, files: list[dict[str, Any]], n: int | None,
-                   why: tuple[str, str]) -> dict[str, set[int]]:
+                   why: tuple[str, str], min_coverage: float | None = None,
+                   below: dict[str, set[int]] | None = None) -> dict[str, set[int]]:
     """:func:`drop_rows` of ``path``, read as :func:`_streamed` says."""
-    return _streamed(lambda lines: drop_rows(path, lines, files, n), path, sha256, why)
+    return _streamed(lambda lines: drop_rows(path, lines, files, n, min_coverage, below), path, sha256, why)
 
 
 @functools.lru_cache(maxsize=4)
@@ -175,7 +184,8 @@ def _source_rows(source: DropSource) -> dict[str, frozenset[int]]:
     kind = source.producer
     files = read_jsonl(kind.files_file, _checked(storage.join(source.output, kind.files_file), source.files_sha256))
     n = source.n if kind is DECON else None
-    rows = _streamed_rows(storage.join(source.output, kind.rows_file), source.sha256, files, n, PLANNED)
+    rows = _streamed_rows(storage.join(source.output, kind.rows_file), source.sha256, files, n, PLANNED,
+                          source.min_coverage)
     if source.unread_sha256:
         unread = _streamed_rows(storage.join(source.output, UNREAD_ROWS), source.unread_sha256, files, None, PLANNED)
         for p, r in unread.items():
@@ -189,7 +199,8 @@ def _source_spans(source: DropSource) -> dict[str, dict[int, np.ndarray]]:
     the file the driver checked: the same bytes (sha256), or an error."""
     files = read_jsonl(TRAIN_FILES, _checked(storage.join(source.output, TRAIN_FILES), source.files_sha256))
     path = storage.join(source.output, CONTAMINATED_SPANS)
-    return _streamed_spans(path, source.spans_sha256, files, source.n, PLANNED)
+    spans = _streamed_spans(path, source.spans_sha256, files, source.n, PLANNED)
+    return spans if source.min_coverage is None else _spans_of_rows(spans, _source_rows(source))
 
 
 def _streamed_spans(path: str, sha256: str, files: list[dict[str, Any]], n: int,
@@ -227,7 +238,8 @@ class Exclusion:
         in span mode also its spans file's content and the rules (row mode's hash is as before)."""
         rules = self.rules
         return [{"sha256": s.sha256, "n": s.n, **({"unread_sha256": s.unread_sha256} if s.unread else {}),
-                 **({"mode": "span", "spans_sha256": s.spans_sha256, **rules.identity()} if rules else {})}
+                 **({"mode": "span", "spans_sha256": s.spans_sha256, **rules.identity()} if rules else {}),
+                 **({"min_coverage": s.min_coverage} if s.min_coverage is not None else {})}
                 if s.kind == "decon" else {"kind": s.kind, "sha256": s.sha256} for s in self.sources]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -393,7 +405,9 @@ class Exclusion:
         return {"documents": excluded, **span,
                 "decon_runs": [{"path": s.output, "contaminated_train_docs_sha256": s.sha256, "n": s.n,
                                 "listed": s.listed, **({"unread": s.unread} if s.unread else {}),
-                                **({"match_fold": s.match_fold} if s.match_fold else {})}
+                                **({"match_fold": s.match_fold} if s.match_fold else {}),
+                                **({"min_coverage": s.min_coverage, "kept_below_min_coverage": s.below}
+                                   if s.min_coverage is not None else {})}
                                for s in self.sources if s.kind == "decon"],
                 **({"dedup_runs": dedup} if dedup else {}),
                 **({"unscanned_inputs": self.unscanned} if self.unscanned else {})}
@@ -494,6 +508,29 @@ def check_read_spec(output: str, files: list[dict[str, Any]], read_spec: ReadSpe
         raise storage.InputError(f"{kind.flag} {output}: {problem}")
 
 
+def _spans_of_rows(spans: dict[str, dict[int, np.ndarray]],
+                   rows: dict[str, frozenset[int]] | dict[str, set[int]]) -> dict[str, dict[int, np.ndarray]]:
+    """``spans`` of the rows in ``rows`` only (``--exclude-min-coverage``: a row kept keeps its text)."""
+    return {p: kept for p, by_row in spans.items()
+            if (kept := {r: v for r, v in by_row.items() if r in rows.get(p, ())})}
+
+
+def drop_list_version(output: str) -> int:
+    """The drop-list version a finished decon output's merge wrote (its run record's merge
+    config, ``drop_list``: :data:`~refinery.transforms.decon.ngrams.droplist.DROP_LIST_VERSION`
+    when it was written; 0 when it records none)."""
+    stages = storage.read_json(storage.join(output, META_DIR, "run.json")).get("stages") or [{}]
+    return int((stages[-1].get("config") or {}).get("drop_list", 0))
+
+
+MIN_COVERAGE_DROP_LIST = 4  # the first drop list whose lines name their instances' coverage
+
+
+def _union(a: dict[str, set[int]], b: dict[str, set[int]]) -> dict[str, set[int]]:
+    """The rows of ``a`` and ``b``, by path."""
+    return {p: a.get(p, set()) | b.get(p, set()) for p in set(a) | set(b)}
+
+
 def _add_spans(into: dict[int, np.ndarray], rows: dict[int, np.ndarray]) -> None:
     """``rows``' spans added to ``into`` (a row two decon runs list: both runs' spans)."""
     for row, spans in rows.items():
@@ -549,7 +586,8 @@ def _load_duplicates(output: str, read_spec: ReadSpec) -> tuple[DropSource, dict
 
 
 def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadSpec,
-                   rules: SpanRules | None = None, duplicates: Sequence[str] = ()) -> Exclusion:
+                   rules: SpanRules | None = None, duplicates: Sequence[str] = (),
+                   min_coverage: float | None = None) -> Exclusion:
     """The rows to leave out from the decon ``outputs`` (each finished: ``.SUCCESS`` and its
     merge receipt), at ``n`` (default: each run's largest n; a given n must be one each run
     computed), and the rows each could not read; and the rows the dedup outputs
@@ -557,9 +595,11 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
     the sha256 its run recorded, and each run must have read the training text as
     ``read_spec`` (this prep's) says. The lists are read a line at a time. With ``rules``
     (span mode), each decon run's spans file is read too and must list exactly its drop
-    list's rows at n. Raises :class:`storage.InputError` naming the output and what is wrong
-    with it."""
-    exclusion = _load_overlaps(outputs, n, read_spec, rules)
+    list's rows at n. With ``min_coverage`` (``--exclude-min-coverage``), a decon row listed at
+    n is left out only when its line's ``max_coverage`` there is at least it (a decon output
+    older than drop list 4 is refused); the others are counted (:attr:`DropSource.below`).
+    Raises :class:`storage.InputError` naming the output and what is wrong with it."""
+    exclusion = _load_overlaps(outputs, n, read_spec, rules, min_coverage)
     rows = {p: set(r) for p, r in (exclusion.rows or {}).items()}
     whole: dict[str, set[int]] = {}
     for output in duplicates:
@@ -580,7 +620,8 @@ def load_exclusion(outputs: list[str], n: int | None = None, *, read_spec: ReadS
     return exclusion
 
 
-def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules: SpanRules | None) -> Exclusion:
+def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules: SpanRules | None,
+                   min_coverage: float | None = None) -> Exclusion:
     """:func:`load_exclusion` of the decon ``outputs``."""
     sources: list[DropSource] = []
     rows: dict[str, set[int]] = {}
@@ -594,6 +635,10 @@ def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules
             sources.append(DropSource(output, -1 if n is None else n, UNREAD, 0))
             continue
         recorded = _finished_record(output, DECON)
+        if min_coverage is not None and (version := drop_list_version(output)) < MIN_COVERAGE_DROP_LIST:
+            raise storage.InputError(f"--exclude-min-coverage: the decon run {output} wrote drop list {version}, "
+                                     "whose lines do not name their instances' coverage (drop list "
+                                     f"{MIN_COVERAGE_DROP_LIST} does): run the same decon command again")
         files_data = _read_recorded(output, TRAIN_FILES, recorded)
         try:
             stats = read_jsonl(OVERLAP_STATS, _read_recorded(output, OVERLAP_STATS, recorded))
@@ -609,7 +654,8 @@ def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules
             raise storage.InputError(f"--exclude-n {n}: the decon run {output} computed n = "
                                      f"{', '.join(map(str, ns)) or 'none'}")
         docs_path, docs_sha = _recorded_file(output, CONTAMINATED_DOCS, recorded)
-        mine = _streamed_rows(docs_path, docs_sha, files, at, EDITED)
+        below: dict[str, set[int]] = {}
+        mine = _streamed_rows(docs_path, docs_sha, files, at, EDITED, min_coverage, below)
         spans_sha = ""
         if rules is not None:
             if CONTAMINATED_SPANS not in recorded:
@@ -618,7 +664,8 @@ def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules
                                          "command again")
             spans_path, spans_sha = _recorded_file(output, CONTAMINATED_SPANS, recorded)
             spans = _streamed_spans(spans_path, spans_sha, files, at, EDITED)
-            _check_spans_match(output, mine, spans, at)
+            _check_spans_match(output, _union(mine, below), spans, at)
+            spans = _spans_of_rows(spans, mine) if min_coverage is not None else spans
             for path, rows_spans in spans.items():
                 _add_spans(all_spans.setdefault(path, {}), rows_spans)
         unread_path, unread_sha = _recorded_file(output, UNREAD_ROWS, recorded)
@@ -629,6 +676,7 @@ def _load_overlaps(outputs: list[str], n: int | None, read_spec: ReadSpec, rules
         sources.append(DropSource(storage.resolved(output), at, docs_sha, sum(len(r) for r in mine.values()),
                                   hashlib.sha256(files_data).hexdigest(), unread_sha,
                                   sum(len(r) for r in unread.values()), spans_sha,
-                                  str(files[0].get("match_fold", "")) if files else ""))
+                                  str(files[0].get("match_fold", "")) if files else "",
+                                  min_coverage=min_coverage, below=sum(len(r) for r in below.values())))
     return Exclusion(sources, {p: frozenset(r) for p, r in rows.items()}, scanned, contents=contents, rules=rules,
                      spans=all_spans)

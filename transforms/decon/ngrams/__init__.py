@@ -83,6 +83,9 @@ from .reduce import (
     SNIPPET_CONTEXT,
     SNIPPET_MAX_CHARS,
     HitGroups,
+    coverage_table,
+    gather_partitions,
+    helm_metrics,
     hit_blocks,
     hit_groups,
     ignored_only_warning,
@@ -95,6 +98,7 @@ from .reduce import (
 from .reference import reference_overlap
 from .report import capped_warning, contamination_report, merged_snippet, overlap_instances, render_report
 from .scan import ScanHits, ScanStats, scan_rows
+from .steering import Steering, steering_lines
 from .word_split import (
     DEFAULT_SEPARATORS,
     TOKENIZERS,
@@ -109,13 +113,14 @@ from .word_split import (
 __all__ = [
     "DEFAULT_MAX_NGRAM_DETAILS", "DEFAULT_SEPARATORS", "JSON_ERRORS", "NGRAM_MAX_CHARS", "SNIPPET_CONTEXT",
     "SNIPPET_MAX_CHARS", "TOKENIZERS", "WRITE_CHARS", "EvalRow", "HitGroups", "Membership", "NgramIndex", "Partition",
-    "SameText", "ScanHits", "ScanStats", "WordSplitter", "batch_window_hashes", "build_index", "capped_warning",
-    "configured_ns", "contamination_report", "default_tokenize", "dumps_jsonl_gz", "dumps_partition",
+    "SameText", "ScanHits", "ScanStats", "Steering", "WordSplitter", "batch_window_hashes", "build_index",
+    "capped_warning", "configured_ns", "contamination_report", "coverage_table", "gather_partitions", "helm_metrics",
+    "default_tokenize", "dumps_jsonl_gz", "dumps_partition",
     "effective_lengths", "eval_dataset_name", "eval_ngrams", "eval_rows_of", "get_tokenizer", "hit_blocks",
     "hit_groups", "ignored_only_warning", "instance_metrics", "load_partition", "loads_jsonl_gz",
     "longest_matches", "longest_run",
     "make_eval_rows", "merge_partitions", "merged_snippet", "ngram_hash", "overlap_instances", "partition_of",
     "partition_records", "record_hash_id", "record_windows", "record_id", "reduce_partition", "reference_overlap",
     "row_ids_at",
-    "render_report", "same_text", "scan_rows", "split_hits", "token_hash", "tokenize_batch",
+    "render_report", "same_text", "scan_rows", "split_hits", "steering_lines", "token_hash", "tokenize_batch",
 ]

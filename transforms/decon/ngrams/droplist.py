@@ -6,8 +6,9 @@ turns them into the partition's share (msgpack-able: arrays as bytes): its train
 the n-gram records each holds, and once per record, what the record overlaps. The run's
 merge joins the partitions' shares (:class:`DropList`): one line per training row with an
 overlap, for ``stats/contaminated_train_docs.jsonl``, naming what ``prep
---exclude-overlaps`` needs (the row, its document id, the n it overlaps at) and not the
-eval instances (decon's details list them): a line's size does not grow with the eval
+--exclude-overlaps`` needs (the row, its document id, the n it overlaps at and, per n, the
+largest coverage of the instances it overlaps there, for ``--exclude-min-coverage``) and not
+the eval instances (decon's details list them): a line's size does not grow with the eval
 rows that share an n-gram. The work is done on numpy arrays, never per hit in Python: a
 hit-dense corpus has millions of hits.
 """
@@ -149,26 +150,41 @@ class RowHits:
         return np.stack([p, r, n_col, s, e], axis=1).astype("<i8").tobytes()
 
 
+DROP_LIST_VERSION = 4  # 2: a line names the row and its n only; 3: the spans file beside it; 4: max_coverage
+
+
+def coverage_text(value: float) -> str:
+    """A coverage as the drop list writes it: ``json.dumps`` of the float (its shortest repr)."""
+    return json.dumps(float(value))
+
+
 @dataclass
 class DropList:
     """``stats/contaminated_train_docs.jsonl`` from the partitions' shares
     (:meth:`RowHits.result`, in partition order) of a run over ``eval_rows``: what prep
     needs to leave a row out, and no more (the eval instances a row overlaps are in decon's
     details and ``overlap_instances.jsonl.gz``, never repeated per training row, so a line's
-    size does not grow with the eval rows that share an n-gram)."""
+    size does not grow with the eval rows that share an n-gram). ``coverage``: each eval row's
+    coverage (HELM's token metric, on the first row of a shared text) at each configured n
+    (a column per n of ``coverage_ns``, ascending: :func:`.reduce.coverage_table`), of which a
+    line names, per n, the largest among the instances the row overlaps at n; without it, 0."""
 
     parts: list[dict[str, Any]]
     eval_rows: list[EvalRow]
     same: SameText
+    coverage: np.ndarray | None = None
+    coverage_ns: tuple[int, ...] = ()
 
     def chunks(self, lines_at_once: int | None = None) -> Iterator[bytes]:
         """The drop list's bytes, ``lines_at_once`` (default :data:`LINES_AT_ONCE`) lines at a
         time: one JSON line per training row with an overlap, sorted by path and row:
         ``train_path``, ``train_row``, ``train_doc_id`` (from the first partition that lists
-        the row) and ``ns`` (the n it overlaps at, ascending): the bytes
-        :func:`~refinery.transforms.io.jsonl.jsonl` writes for those dicts. The work is on
-        each share's records (what n each overlaps), never on (training row, eval instance)
-        pairs: a row's n are those of its records."""
+        the row), ``ns`` (the n it overlaps at, ascending) and ``max_coverage`` (per n of
+        ``ns``, the largest coverage at that n of the instances the row overlaps there): the
+        bytes :func:`~refinery.transforms.io.jsonl.jsonl` writes for those dicts. The work is on
+        each share's records (what n each overlaps, the largest coverage of its eval rows
+        there), never on (training row, eval instance) pairs: a row's n are those of its
+        records."""
         lines_at_once = LINES_AT_ONCE if lines_at_once is None else lines_at_once
         e = max(1, len(self.eval_rows))
         used = [part for part in self.parts if part.get("paths")]
@@ -177,7 +193,7 @@ class DropList:
         n_list = sorted({int(n) for part in used for _, n in part["keys"]})
         n_index = {n: i for i, n in enumerate(n_list)}
         paths: dict[str, int] = {}
-        row_parts, masks = [], []
+        row_parts, masks, covers = [], [], []
         for part in used:
             pmap = np.array([paths.setdefault(p, len(paths)) for p in part["paths"]], dtype=np.int64)
             key_n = np.array([n_index[int(n)] for _, n in part["keys"]] or [0], dtype=np.int64)
@@ -188,21 +204,26 @@ class DropList:
             # which n each record overlaps at, then each row's: those of its records
             has = np.zeros((len(code_starts) - 1, len(n_list)), dtype=np.int64)
             np.add.at(has, (np.repeat(np.arange(len(code_starts) - 1), np.diff(code_starts)), key_n[codes // e]), 1)
+            best = self._record_coverage(codes, code_starts, key_n, n_list, e)
             per_pair = has[recs]
             mask = np.zeros((len(rows), len(n_list)), dtype=bool)
+            cover = np.zeros((len(rows), len(n_list)), dtype=np.float64)
             filled = np.flatnonzero(np.diff(rec_starts) > 0)
             if len(filled):
                 mask[filled] = np.add.reduceat(per_pair, rec_starts[filled], axis=0) > 0
+                cover[filled] = np.maximum.reduceat(best[recs], rec_starts[filled], axis=0)
             row_parts.append(rows)
             masks.append(mask)
+            covers.append(cover)
         docs = [d for part in used for d in part["docs"]]
-        rows, mask = np.concatenate(row_parts), np.concatenate(masks)
+        rows, mask, cover = np.concatenate(row_parts), np.concatenate(masks), np.concatenate(covers)
         names = list(paths)
         path_rank = np.argsort(np.argsort(np.array(names, dtype=object)))
         # by path and row (a stable sort: a row's first is its first partition's); a row's n: any partition's
         order = np.lexsort((rows[:, 1], path_rank[rows[:, 0]]))
         starts = run_starts(path_rank[rows[order, 0]], rows[order, 1])
         row_ns = np.logical_or.reduceat(mask[order], starts, axis=0) if len(starts) else mask[:0]
+        row_cover = np.maximum.reduceat(cover[order], starts, axis=0) if len(starts) else cover[:0]
         firsts = order[starts]
         keep = np.flatnonzero(row_ns.any(axis=1))  # a row whose records overlap nothing has no line
         quoted = [_quote(p) for p in names]
@@ -210,10 +231,26 @@ class DropList:
             out = []
             for k in keep[a:a + lines_at_once].tolist():
                 i = int(firsts[k])
-                ns = ", ".join(str(n_list[j]) for j in np.flatnonzero(row_ns[k]).tolist())
+                at = np.flatnonzero(row_ns[k]).tolist()
+                ns = ", ".join(str(n_list[j]) for j in at)
+                covered = ", ".join(coverage_text(row_cover[k, j]) for j in at)
                 out.append(f'{{"train_path": {quoted[int(rows[i, 0])]}, "train_row": {int(rows[i, 1])}, '
-                           f'"train_doc_id": {_quote(docs[i])}, "ns": [{ns}]}}\n')
+                           f'"train_doc_id": {_quote(docs[i])}, "ns": [{ns}], "max_coverage": [{covered}]}}\n')
             yield "".join(out).encode("utf-8", JSON_ERRORS)
+
+    def _record_coverage(self, codes: np.ndarray, code_starts: np.ndarray, key_n: np.ndarray, n_list: list[int],
+                         e: int) -> np.ndarray:
+        """Per record of a share (its ``codes`` from ``code_starts``) and n of ``n_list``: the
+        largest coverage at that n of the eval rows it overlaps there (0 where it overlaps none,
+        or without :attr:`coverage`)."""
+        best = np.zeros((len(code_starts) - 1, len(n_list)), dtype=np.float64)
+        if self.coverage is None or not len(codes):
+            return best
+        col = key_n[codes // e]
+        table_col = np.array([self.coverage_ns.index(n) for n in n_list], dtype=np.int64)
+        rec_of = np.repeat(np.arange(len(code_starts) - 1), np.diff(code_starts))
+        np.maximum.at(best, (rec_of, col), self.coverage[codes % e, table_col[col]])
+        return best
 
     def span_chunks(self, lines_at_once: int | None = None) -> Iterator[bytes]:
         """``stats/contaminated_train_spans.jsonl``'s bytes, ``lines_at_once`` lines at a time:

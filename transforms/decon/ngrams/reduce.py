@@ -28,6 +28,7 @@ from .index import EvalRow, SameText, same_text
 from .longest import EMPTY_WINDOWS, longest_at, record_windows
 from .row_shares import RowShare, TrainRowTotals, bytes_reader, encode_row_share, merge_train_rows
 from .scan import ScanHits
+from .steering import Steering, steering_of
 from .word_split import WordSplitter, configured_ns
 
 
@@ -523,11 +524,13 @@ class ReduceResult:
     capped: list[Any]                                     # [n, n-gram, written, all] per n-gram over max_ngram_details
     contaminated: TrainRowTotals                     # the drop list's merge (its lines, in memory: ``.chunks()``)
     train_rows_at_n: dict[int, int] = field(default_factory=dict)  # configured n -> training rows overlapping at it
+    steering: Steering | None = None                 # the n-grams that hit the most training rows (.steering)
 
 
-def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult], tokenizer: WordSplitter,
-                     eval_bad_rows: dict[str, dict[str, Any]] | None = None, same: SameText | None = None,
-                     max_train_count: int | None = None, train: TrainRowTotals | None = None) -> ReduceResult:
+def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[PartitionResult] | MergedParts,
+                     tokenizer: WordSplitter, eval_bad_rows: dict[str, dict[str, Any]] | None = None,
+                     same: SameText | None = None, max_train_count: int | None = None,
+                     train: TrainRowTotals | None = None, helm: HelmMetrics | None = None) -> ReduceResult:
     """The stats, HELM metrics and report inputs of a run from its partitions' results
     (:func:`reduce_partition`); a partition's n-grams are its own, so the overlaps of an
     instance are the union of its partitions' (metrics need all of them). Rows with the
@@ -536,19 +539,22 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     ``overlaps``, ``spans`` and ``samples`` are keyed by first rows
     only (:meth:`SameText.first_of`); the stats and metrics list every row. With
     ``max_train_count``, each line of the stats also names the instances that overlap at its n
-    only through ignored n-grams (:func:`overlap_stats`). ``train``: the merge of the partitions'
-    row shares (:func:`.row_shares.merge_train_rows`, which wrote the drop list and its spans);
-    without it, the shares the ``parts`` hold are merged here, the drop list kept in memory."""
+    only through ignored n-grams (:func:`overlap_stats`). ``parts``: the partitions' results, or
+    them gathered (:func:`gather_partitions`); ``helm``: their :func:`helm_metrics`, when the
+    caller computed them (for the drop list's coverage) first. ``train``: the merge of the
+    partitions' row shares (:func:`.row_shares.merge_train_rows`, which wrote the drop list and
+    its spans); without it, the shares the ``parts`` hold are merged here, the drop list kept
+    in memory."""
     ns = sorted(set(ns))
     same = same_text(eval_rows) if same is None else same
-    got = MergedParts()
-    for part in parts:
-        got.add(part)
+    got = parts if isinstance(parts, MergedParts) else gather_partitions(parts)
+    helm = helm_metrics(eval_rows, ns, got.overlaps, tokenizer, same) if helm is None else helm
     datasets = sorted({r.eval_dataset for r in eval_rows} | set(eval_bad_rows or {}))
     stats, all_ids, empty_ids = overlap_stats(eval_rows, ns, datasets, got.overlaps, same,
                                               got.ignored_evals if max_train_count is not None else None)
     if train is None:
-        train = train_rows_in_memory(got.row_shares, eval_rows, same, ns, tokenizer)
+        train = train_rows_in_memory(got.row_shares, eval_rows, same, ns, tokenizer,
+                                     coverage_table(helm, len(eval_rows), ns))
     longest = train.longest
     summary = [{"eval_dataset": ds,
                 "num_rows": sum(1 for r in eval_rows if r.eval_dataset == ds),
@@ -559,10 +565,19 @@ def merge_partitions(eval_rows: list[EvalRow], ns: list[int], parts: Iterable[Pa
     for (eval_idx, n), rows_of in got.samples.items():
         first_rows[eval_idx][n] = [rows_of[k] for k in sorted(rows_of)[:2]]
     return ReduceResult(stats, train_path_stats(got.by_path, train.rows_by_path, eval_rows, same),
-                        instance_metrics_rows(eval_rows, ns, got.overlaps, longest, tokenizer, same), summary,
+                        instance_metrics_rows(eval_rows, ns, helm, longest, same), summary,
                         got.ignored, dict(got.overlaps), dict(got.spans), dict(first_rows),
                         sorted(got.capped, key=lambda c: (-c[3], c[0], c[1])),
-                        train, train.rows_at_n)
+                        train, train.rows_at_n,
+                        steering_of(eval_rows, ns, got.overlaps, same, train.rows_at_n, max_train_count))
+
+
+def gather_partitions(parts: Iterable[PartitionResult]) -> MergedParts:
+    """The partitions' results gathered, one partition at a time."""
+    got = MergedParts()
+    for part in parts:
+        got.add(part)
+    return got
 
 
 @dataclass
@@ -661,7 +676,8 @@ def _some(ids: list[str], k: int = 3) -> str:
 
 
 def train_rows_in_memory(shares: list[tuple[dict[str, Any], dict[str, Any]]], eval_rows: list[EvalRow],
-                         same: SameText, ns: list[int], tokenizer: WordSplitter) -> TrainRowTotals:
+                         same: SameText, ns: list[int], tokenizer: WordSplitter,
+                         coverage: np.ndarray | None = None) -> TrainRowTotals:
     """:func:`.row_shares.merge_train_rows` of shares held in memory (each encoded as the reduce
     stage writes its file), the drop list and its spans kept as bytes."""
     files = []
@@ -669,7 +685,7 @@ def train_rows_in_memory(shares: list[tuple[dict[str, Any], dict[str, Any]]], ev
         data = encode_row_share(rows, windows, eval_rows, tokenizer)
         files.append(RowShare(bytes_reader(data), "a partition's row share"))
     drop, spans = bytearray(), bytearray()
-    totals = merge_train_rows(files, eval_rows, same, ns, tokenizer, drop.extend, spans.extend)
+    totals = merge_train_rows(files, eval_rows, same, ns, tokenizer, drop.extend, spans.extend, coverage=coverage)
     totals.drop_list, totals.spans = bytes(drop), bytes(spans)
     return totals
 
@@ -691,22 +707,47 @@ def train_path_stats(by_path: dict[tuple[str, str, int], set[int]], rows_by_path
     return paths
 
 
-def instance_metrics_rows(eval_rows: list[EvalRow], ns: list[int], overlaps: dict[int, dict[int, dict[str, int]]],
-                          longest: np.ndarray, tokenizer: WordSplitter, same: SameText) -> list[dict[str, Any]]:
-    """Per eval row and configured n its metrics (:func:`instance_metrics`, ``longest_match``,
-    ``coverage``): a text several rows have is measured once, on its first row."""
+HelmMetrics = dict[int, list[dict[str, float]]]  # first row of an overlapping text -> its HELM metrics per n
+
+
+def helm_metrics(eval_rows: list[EvalRow], ns: list[int], overlaps: dict[int, dict[int, dict[str, int]]],
+                 tokenizer: WordSplitter, same: SameText) -> HelmMetrics:
+    """Per overlapping text (its first row) its :func:`instance_metrics` at each configured n of
+    ``ns`` (ascending): a text several rows have is measured once."""
+    out: HelmMetrics = {}
+    for r in eval_rows:
+        first = same.first_of(r.eval_idx)
+        if first in overlaps and first not in out:
+            text = eval_rows[first]
+            tokens = normalized.tokens(tokenizer, text.text)
+            out[first] = [instance_metrics(tokens, n, overlaps[first].get(min(n, text.num_tokens), {})) for n in ns]
+    return out
+
+
+def coverage_table(helm: HelmMetrics, num_eval_rows: int, ns: list[int]) -> np.ndarray:
+    """Each eval row's coverage (HELM's token metric) at each configured n of ``ns``
+    (ascending), on the first row of a shared text (0 elsewhere): ``(eval rows, len(ns))``."""
+    table = np.zeros((num_eval_rows, len(ns)), dtype=np.float64)
+    for first, per_n in helm.items():
+        table[first] = [m["token"] for m in per_n]
+    return table
+
+
+def instance_metrics_rows(eval_rows: list[EvalRow], ns: list[int], helm: HelmMetrics, longest: np.ndarray,
+                          same: SameText) -> list[dict[str, Any]]:
+    """Per eval row and configured n its metrics (``helm``: :func:`helm_metrics`, then
+    ``longest_match`` and ``coverage``): a text several rows have is measured once, on its
+    first row."""
     metrics = []
     shared: dict[int, list[dict[str, Any]]] = {}  # first row of a text several rows have -> its metrics per n
     for r in eval_rows:
         first = same.first_of(r.eval_idx)
         per_n = shared.get(first)
         if per_n is None:
-            if first in overlaps:
-                tokens = normalized.tokens(tokenizer, r.text)
-                per_n = [instance_metrics(tokens, n, overlaps[first].get(min(n, r.num_tokens), {})) for n in ns]
+            if first in helm:
                 # coverage is HELM's token metric under the ConTAM name (.longest)
                 per_n = [{**m, "longest_match": longest_at(longest, ns, first, r.num_tokens, n), "coverage": m["token"]}
-                         for n, m in zip(ns, per_n)]
+                         for n, m in zip(ns, helm[first])]
             else:
                 per_n = [NO_OVERLAP] * len(ns)
             if first in same.others:

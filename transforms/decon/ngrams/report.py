@@ -10,6 +10,7 @@ from refinery.transforms.decon import report_html as rh
 from .ids import shown_id
 from .index import EvalRow, SameText, same_text
 from .reduce import SNIPPET_CONTEXT, SNIPPET_MAX_CHARS, ReduceResult
+from .steering import steering_lines
 
 
 def overlap_instance(r: EvalRow) -> dict[str, Any]:
@@ -199,6 +200,9 @@ def _md_counts(result: ReduceResult, scan_stats: dict[str, Any], max_train_count
                      else "") for s in hidden]
     if result.capped:
         lines.append(f"detail records capped: {capped_warning(result.capped, max_ngram_details)}")
+    if result.steering is not None:  # boilerplate that hit many training rows, and the K that ignores it
+        lines += ["", *(f"**{line[0].upper()}{line[1:]}**" if i == 0 else line
+                        for i, line in enumerate(steering_lines(result.steering.record())))]
     lines.append("")
     lines.append("| eval_dataset | n | contaminated instances at n | instances | % | training rows at n "
                  "| top training files at n (instances at n) |")

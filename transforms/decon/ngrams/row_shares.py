@@ -171,11 +171,12 @@ class _Cursor:
 
 def merge_train_rows(shares: list[RowShare], eval_rows: list[EvalRow], same: SameText, ns: list[int],
                      tokenizer: WordSplitter, drop_out: Callable[[bytes], Any], spans_out: Callable[[bytes], Any],
-                     rows_at_once: int | None = None) -> TrainRowTotals:
+                     rows_at_once: int | None = None, coverage: np.ndarray | None = None) -> TrainRowTotals:
     """The drop list (to ``drop_out``), its spans (to ``spans_out``), the longest matches and
     the per-path row counts of every partition's row share (in partition order), a window of
     at most ``rows_at_once`` (default :data:`ROWS_AT_ONCE`) rows of each partition at a time
-    (see the module)."""
+    (see the module). ``coverage``: each eval row's coverage per configured n
+    (:func:`.reduce.coverage_table`), whose largest per row and n the drop list names."""
     rows_at_once = ROWS_AT_ONCE if rows_at_once is None else rows_at_once
     ns = sorted(set(ns))
     names = sorted(set().union(*(s.paths for s in shares))) if shares else []
@@ -202,7 +203,7 @@ def merge_train_rows(shares: list[RowShare], eval_rows: list[EvalRow], same: Sam
         windows += 1
         rows_part = [r for r, _ in subs]
         largest = max(largest, sum(len(r["docs"]) for r in rows_part))
-        dl = DropList(rows_part, eval_rows, same)
+        dl = DropList(rows_part, eval_rows, same, coverage, tuple(ns))
         for chunk in dl.chunks():
             drop_out(chunk)
         for chunk in dl.span_chunks():
