@@ -17,7 +17,7 @@ from helpers import gsm8k_texts, write_jsonl
 SLOW_MODULES = frozenset({
     "test_readme_commands.py", "test_flink.py", "test_prism.py", "test_hydra_chain.py",
     "test_reliability_crash.py", "test_reliability_generate.py", "test_reliability_hydra.py",
-    "test_reliability_signals.py", "test_gpu_check_dry_run.py", "test_runner_sockets.py",
+    "test_reliability_signals.py", "test_gpu_check_dry_run.py", "test_runner_sockets.py", "test_dedup_reliability.py",
 })
 
 

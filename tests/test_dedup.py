@@ -350,3 +350,31 @@ def test_the_transforms_find_what_the_command_lists(planted: Planted, deduped: P
     digest = tree_digest(out)
     for name in ("dup_list.jsonl", "clusters.jsonl", "report.md"):
         assert digest[name] == tree_digest(deduped)[name], name
+
+
+# ---------------------------------------------------------------------------------------
+# Scale: the job does not grow with the corpus
+# ---------------------------------------------------------------------------------------
+
+def _job_bytes(root: Path, files: int, out: Path) -> int:
+    import pickle
+
+    from refinery.runners.translate import command_pipeline, runner_api
+    from refinery.transforms.dedup.stages import DedupConfig, build_stages
+    from refinery.transforms.resumable import bind_stages
+
+    for i in range(files):
+        write_jsonl(root / f"{i // 100:03d}" / f"f{i:05d}.jsonl", [{"id": f"d{i}", "text": f"document {i} words"}])
+    stages = build_stages(DedupConfig(output=str(out)), storage.expand_inputs([str(root)]))
+    pipeline = command_pipeline(stages, str(out), ["--runner=DirectRunner"])
+    assert pipeline is not None
+    sign = bind_stages(stages, str(out))[0]
+    worker = pickle.loads(pickle.dumps(sign))  # what a job carries of the sign stage: no input list
+    assert not hasattr(worker.stage, "inputs") and len(pickle.dumps(sign)) < 4000
+    return len(runner_api(pipeline).SerializeToString())
+
+
+def test_the_dedup_job_is_the_same_size_for_10x_the_files(tmp_path: Path) -> None:
+    small = _job_bytes(tmp_path / "small", 100, tmp_path / "o1")
+    big = _job_bytes(tmp_path / "big", 1000, tmp_path / "o2")
+    assert big < 1.02 * small, (small, big)

@@ -3,9 +3,9 @@
 - ``resolve_flink`` and the CLI: the cluster's version from its REST API, and one line
   (exit 2) for a cluster that does not answer, an unsupported or mismatched version, no
   job server jar and no way to download one, no Java.
-- Embedded (``--flink_master=[local]``): generate gives byte-identical outputs to the same
-  command on the local runner (prep and decon run on the cluster below, and every command
-  on Prism, the other portable runner, in ``test_prism.py``).
+- Embedded (``--flink_master=[local]``): generate, dedup and prep --exclude-duplicates give
+  byte-identical outputs to the same command on the local runner (prep and decon run on the
+  cluster below, and every command on Prism, the other portable runner, in ``test_prism.py``).
 - Standalone: a JobManager and a TaskManager (2 slots) as separate JVMs plus a Beam worker
   pool (``--environment_type=EXTERNAL``), started from a Flink distribution unpacked from
   PyPI and stopped by their own pids. prep and decon give byte-identical outputs, Flink's
@@ -322,6 +322,25 @@ def test_embedded_flink_span_mode_prep_equals_local(flink_jar: Path, tmp_path: P
     assert final_digest(tmp_path / "flink") == final_digest(tmp_path / "local")
     cut = json.loads((tmp_path / "flink" / "manifest.json").read_text())["excluded_overlaps"]
     assert cut["mode"] == "span" and cut["rows_split"] >= 12 and cut["pieces"] >= 12
+
+
+def test_embedded_flink_dedup_and_its_exclusion_equal_local(flink_jar: Path, tmp_path: Path) -> None:
+    """``refinery dedup`` (every stage: sign, bucket, verify, components, report) and ``prep
+    --exclude-duplicates`` of its list on embedded Flink write the bytes the local runner does."""
+    texts = gsm8k_texts(150)
+    docs = [{"id": f"d{i}", "text": t if i % 10 else texts[i // 10]} for i, t in enumerate(texts)]
+    corpus = write_jsonl(tmp_path / "corpus" / "a.jsonl", docs[:80]).parent
+    write_jsonl(corpus / "b.jsonl", docs[80:])
+    argv = ["dedup", "--input", corpus, "--partitions", "3", "--slice-mb", "0.02"]
+    ok(run_cli(*argv, "--output", tmp_path / "flink", "--no-progress", *EMBEDDED))
+    ok(run_cli(*argv, "--output", tmp_path / "local", "--no-progress", "--runner", "direct"))
+    assert final_digest(tmp_path / "flink") == final_digest(tmp_path / "local")
+    assert len((tmp_path / "flink" / "dup_list.jsonl").read_text().splitlines()) == 13  # (row 100 copies row 10: gone)
+    prep = ["prep", "--input", corpus, "--num-shards", "2", "--exclude-duplicates", tmp_path / "local"]
+    ok(run_cli(*prep, "--output", tmp_path / "pf", "--no-progress", *EMBEDDED))
+    ok(run_cli(*prep, "--output", tmp_path / "pl", "--no-progress", "--runner", "direct"))
+    assert final_digest(tmp_path / "pf") == final_digest(tmp_path / "pl")
+    assert json.loads((tmp_path / "pf" / "manifest.json").read_text())["rows"]["excluded"] == 13
 
 
 # ---------------------------------------------------------------------------------------

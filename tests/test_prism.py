@@ -5,7 +5,8 @@
   build without Go in one line, ``--runner prism``'s flags, and the CLI's one line (exit 2)
   before anything is planned or written.
 - On one Prism process shared by the module (the cached binary on a free port, jobs sent
-  with ``--job_endpoint``): prep (``--exclude-overlaps`` and a tokenizer.json), decon,
+  with ``--job_endpoint``): prep (``--exclude-overlaps`` and a tokenizer.json), decon, dedup
+  (both modes, and prep ``--exclude-duplicates`` of its list),
   generate and ``hydra oracle-label`` on the tiny checkpoint, and prep-mixture write the same bytes
   as the same commands on the local runner.
 - A command's own Prism (``--runner prism`` alone): the refinery process killed with
@@ -198,6 +199,21 @@ def test_prep_and_decon_equal_local(on_prism: list[str], tmp_path: Path) -> None
     assert got == want
     cut = json.loads((tmp_path / "span" / "prism" / "manifest.json").read_text())["excluded_overlaps"]
     assert cut["mode"] == "span" and cut["rows_split"] == len(listed) and cut["pieces"] >= len(listed)
+
+
+def test_dedup_and_its_exclusion_equal_local(on_prism: list[str], tmp_path: Path) -> None:
+    texts = gsm8k_texts(150)
+    docs = [{"id": f"d{i}", "text": t if i % 10 else texts[i // 10]} for i, t in enumerate(texts)]
+    corpus = write_jsonl(tmp_path / "corpus" / "a.jsonl", docs[:80]).parent
+    write_jsonl(corpus / "b.jsonl", docs[80:])
+    for mode in ("minhash", "exact"):
+        got, want = both(tmp_path / mode, on_prism, "dedup", "--input", corpus, "--mode", mode, "--partitions", "3",
+                         "--slice-mb", "0.02")
+        assert got == want and len((tmp_path / mode / "prism" / "dup_list.jsonl").read_text().splitlines()) == 13
+    got, want = both(tmp_path / "prep", on_prism, "prep", "--input", corpus, "--num-shards", "2",
+                     "--exclude-duplicates", tmp_path / "minhash" / "local")
+    assert got == want
+    assert json.loads((tmp_path / "prep" / "prism" / "manifest.json").read_text())["rows"]["excluded"] == 13
 
 
 def test_generate_hydra_and_mixture_equal_local(on_prism: list[str], tmp_path: Path) -> None:
