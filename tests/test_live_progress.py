@@ -102,9 +102,9 @@ def test_prep_tokenize_reports_documents_and_tokens_while_it_runs(
     from refinery.beam_pipelines.cli import main
 
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)
-    from refinery.transforms.prep import stages as prep_stages
+    from refinery.transforms.prep.stages import tokenize_rows
 
-    monkeypatch.setattr(prep_stages, "BATCH_DOCS", 16)
+    monkeypatch.setattr(tokenize_rows, "BATCH_DOCS", 16)  # where a unit's rows are batched
     seen: list[tuple[str, dict[str, Any]]] = []
     real = stages.UnitContext.report_progress
 

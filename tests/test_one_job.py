@@ -75,21 +75,21 @@ def test_a_failed_unit_blocks_the_steps_after_it_in_the_same_job(
     """One tokenize unit fails inside the job: pack and manifest run none of their units
     (no receipt), the command exits 1 naming the unit; the rerun runs that unit and the
     stages after it, and no other tokenize unit."""
-    from refinery.transforms.prep import stages as prep_stages
+    from refinery.transforms.prep.stages import check_unchanged as real
+    from refinery.transforms.prep.stages import tokenize as prep_tokenize  # where a tokenize unit checks
 
     log = tmp_path / "units.log"
     monkeypatch.setenv("REFINERY_UNIT_LOG", str(log))
     out = tmp_path / "out"
-    real = prep_stages.check_unchanged
 
     def mount_gone(piece: Mapping[str, Any]) -> None:
         if piece["path"].endswith("y.jsonl"):
             raise OSError(f"{piece['path']}: injected: the mount went away")
         return real(piece)
 
-    monkeypatch.setattr(prep_stages, "check_unchanged", mount_gone)
+    monkeypatch.setattr(prep_tokenize, "check_unchanged", mount_gone)
     assert run_prep([small_corpus], out, "--num-shards", 3, "--unit-mb", 0) == 1
-    monkeypatch.setattr(prep_stages, "check_unchanged", real)
+    monkeypatch.setattr(prep_tokenize, "check_unchanged", real)
     err = capsys.readouterr().err
     assert "stage tokenize: 1 unit(s) not completed" in err and "injected: the mount went away" in err
     assert pipelines_run == [["Tokenize units", "Pack shards", "Write manifest"]]

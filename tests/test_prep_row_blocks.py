@@ -154,7 +154,7 @@ def test_tokenize_by_blocks_writes_the_documents_of_normalize_row_one_by_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small blocks and batches (a batch encoded mid-block, by a plain row and by another)."""
     monkeypatch.setattr(rows, "READ_BYTES", 257)
-    monkeypatch.setattr("refinery.transforms.prep.stages.BATCH_CHARS", 90)
+    monkeypatch.setattr("refinery.transforms.prep.stages.tokenize_rows.BATCH_CHARS", 90)
     lines = _corpus_rows(random.Random(11))
     folder = tmp_path / "in"
     folder.mkdir()

@@ -12,6 +12,7 @@ from helpers import gsm8k_texts, run_prep, tree_digest, write_jsonl
 from refinery.transforms.io import storage
 from refinery.transforms.prep import stages as prep_stages
 from refinery.transforms.prep.stages import PrepConfig, TokenizeStage
+from refinery.transforms.prep.stages import count as prep_count
 from refinery.transforms.resumable import Unit, UnitContext
 
 
@@ -44,7 +45,7 @@ def test_the_driver_does_not_read_a_big_file_to_number_its_rows(
     job: planning reads none of the file, and the run's step names show the stage."""
     big = write_jsonl(tmp_path / "in" / "big.jsonl", [{"text": t} for t in gsm8k_texts(300)])
     cfg = PrepConfig(storage.expand_inputs([str(big)]), str(tmp_path / "o"), "d", unit_bytes=16 << 10)
-    monkeypatch.setattr(prep_stages, "range_newlines", lambda *a: pytest.fail("read while planning"))
+    monkeypatch.setattr(prep_count, "range_newlines", lambda *a: pytest.fail("read while planning"))
     stages = prep_stages.build_stages(cfg)
     assert [s.name for s in stages] == ["count", "tokenize", "pack", "manifest"]
     count, tokenize = stages[0].plan(), stages[1].plan()
