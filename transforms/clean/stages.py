@@ -15,8 +15,8 @@ whose text field is not a string (an object, a list, null, missing, chat message
 multi-part content: decon counts such rows and lists none of them), is left out, counted as
 ``rows_rejected`` and listed with its reason in ``DIR/_clean_rejects.jsonl``, as prep lists
 the rows it rejects; the rows are read by the reader and text rule decon and prep read them
-with (:func:`~refinery.transforms.io.rows.jsonl_lines`, :func:`~refinery.transforms.io.rows.iter_rows`,
-:class:`~refinery.transforms.io.text.TextSpec`).
+with (:func:`~refinery.transforms.io.rows.iter_rows`, a JSON lines file's rows with each line's
+bytes: ``lines=True``; :class:`~refinery.transforms.io.text.TextSpec`).
 
 Stages (each resumable, see ``refinery.transforms.resumable``)::
 
@@ -25,8 +25,8 @@ Stages (each resumable, see ``refinery.transforms.resumable``)::
               then DIR/.SUCCESS; fails when the listed rows met are not the rows the drop lists name
 
 Exact: a kept row of a JSON lines file is its line's bytes, unchanged (the one JSON lines
-reader, :func:`~refinery.transforms.io.rows.jsonl_lines`, gives each line's bytes with the
-row decon and prep number and parse it as); a parquet file keeps its schema (field order,
+reader, ``iter_rows(path, lines=True)``, gives each line's bytes with the row decon and prep
+number and parse it as); a parquet file keeps its schema (field order,
 types, metadata) and is filtered with pyarrow; gzip is written without a name and with
 mtime 0, zstd single-threaded, so a rerun, or a killed run finished, writes the same bytes.
 
@@ -55,8 +55,6 @@ from refinery.transforms.io.rows import (
     JsonLine,
     Row,
     iter_rows,
-    jsonl_lines,
-    open_lines,
 )
 from refinery.transforms.io.text import TextSpec, normalize_text
 from refinery.transforms.prep.documents import Rejected
@@ -303,7 +301,7 @@ def compressed_writer(out: storage.BinaryWriter, path: str) -> Iterator[storage.
 
 def copy_jsonl(lines: Iterator[JsonLine], out: storage.BinaryWriter, plan: RowPlan, path: str,
                lists: UnitLists = UnitLists()) -> FileStats:
-    """Write the lines of :func:`~refinery.transforms.io.rows.jsonl_lines` to ``out`` as ``plan``
+    """Write the lines of ``iter_rows(path, lines=True)`` to ``out`` as ``plan``
     says: a row decon read a text of, unlisted, as its line's bytes; a listed row left out, or
     in span mode replaced by its pieces (:func:`row_pieces`), each ``json.dumps(obj,
     ensure_ascii=False)`` and a newline; any other row (decon read no text of it) left out,
@@ -489,8 +487,8 @@ def copy_file(path: str, out: storage.BinaryWriter, plan: RowPlan, max_row_bytes
             return copy_parquet(f, out, plan, path, rows, lists)
     if not storage.has_suffix(path, *FORMATS):
         raise ValueError(f"{path}: clean copies {', '.join(FORMATS)} files only")
-    with open_lines(path, compression="infer") as f, compressed_writer(out, path) as w:
-        return copy_jsonl(jsonl_lines(f, max_row_bytes), w, plan, path, lists)
+    with compressed_writer(out, path) as w:  # the lines of the one row reader, with their bytes
+        return copy_jsonl(iter_rows(path, max_row_bytes=max_row_bytes, lines=True), w, plan, path, lists)
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ import json
 import re
 import zlib
 from io import BufferedIOBase, BufferedReader, RawIOBase
-from typing import IO, Any, Callable, Iterator, NamedTuple, cast
+from typing import IO, Any, Callable, Iterator, Literal, NamedTuple, cast, overload
 
 import orjson
 
@@ -432,13 +432,17 @@ def _jsonl_file_blocks(f: BufferedIOBase, max_row_bytes: int) -> Iterator[RowBlo
 
 def jsonl_lines(f: BufferedIOBase, max_row_bytes: int) -> Iterator[JsonLine]:
     """Every line of the JSON lines file ``f`` (:func:`open_lines`), with the row
-    :func:`iter_rows` makes of it: THE reader of JSON lines (``iter_rows`` is its rows, and
-    ``refinery clean`` copies its lines), so a line's bytes and its row number cannot
-    disagree. A line longer than ``max_row_bytes`` (its ``\\n`` not counted) is read to its
-    end in pieces, never held, and is the bad row :func:`too_large`; damage (a truncated gzip,
-    a zstd frame cut short) ends the lines with the bad row ``corrupt file after N rows: ...``
-    (the blank lines before it, not yet rows, are dropped)."""
-    for part in _jsonl_file_blocks(f, max_row_bytes):
+    :func:`iter_rows` makes of it (``iter_rows(path, lines=True)`` opens the file and reads it
+    so: what ``refinery clean`` copies). A line longer than ``max_row_bytes`` (its ``\\n`` not
+    counted) is read to its end in pieces, never held, and is the bad row :func:`too_large`;
+    damage (a truncated gzip, a zstd frame cut short) ends the lines with the bad row
+    ``corrupt file after N rows: ...`` (the blank lines before it, not yet rows, are dropped)."""
+    return _lines_of(_jsonl_file_blocks(f, max_row_bytes))
+
+
+def _lines_of(parts: Iterator[RowBlock | RowLines]) -> Iterator[JsonLine]:
+    """Each line of ``parts`` (:func:`jsonl_row_blocks`' blocks and end lines) with its row."""
+    for part in parts:
         if isinstance(part, RowLines):
             last = len(part.after) - 1
             for k, line in enumerate(part.after):
@@ -460,18 +464,26 @@ def corrupt_reason(rows: int, e: BaseException) -> str:
     return f"{CORRUPT} after {rows} rows: {type(e).__name__}: {e}"
 
 
-def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[RowBlock]:
+def _jsonl_parts(path: str, max_row_bytes: int) -> Iterator[RowBlock | RowLines]:
+    """:func:`_jsonl_file_blocks` of the whole file ``path``, opened here: damage met opening
+    or closing it (a compressed file's header) ends them with the bad row too. THE reading
+    of a JSON lines file: its rows (:func:`iter_rows`) and, with their bytes, its lines
+    (``iter_rows(path, lines=True)``) are the same parts."""
     rows = 0
     try:
         with open_lines(path, compression="infer") as f:
             for part in _jsonl_file_blocks(f, max_row_bytes):
                 if isinstance(part, RowBlock):
                     rows = part.first + len(part.records)
-                    yield part
+                yield part
     except CONTENT_ERRORS as e:  # opening or closing the file (a compressed file's header)
         if isinstance(e, ACCESS_ERRORS):
             raise
         yield RowBlock(rows, [None], [corrupt_reason(rows, e)], [None])
+
+
+def _iter_jsonl(path: str, max_row_bytes: int) -> Iterator[RowBlock]:
+    return (part for part in _jsonl_parts(path, max_row_bytes) if isinstance(part, RowBlock))
 
 
 def _iter_jsonl_range(path: str, lo: int, hi: int, max_row_bytes: int) -> Iterator[RowBlock]:
@@ -707,8 +719,20 @@ def iter_row_blocks(path: str, row_groups: tuple[int, int] | None = None, column
 BLOCK_ROWS = 1024  # rows of a parquet, arrow or .json file a block holds
 
 
+@overload
 def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,
-              byte_range: tuple[int, int] | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[Row]:
+              byte_range: tuple[int, int] | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, *,
+              lines: Literal[False] = False) -> Iterator[Row]: ...
+
+
+@overload
+def iter_rows(path: str, row_groups: None = None, columns: None = None, byte_range: None = None,
+              max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, *, lines: Literal[True]) -> Iterator[JsonLine]: ...
+
+
+def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: list[str] | None = None,
+              byte_range: tuple[int, int] | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, *,
+              lines: bool = False) -> Iterator[Row] | Iterator[JsonLine]:
     """Rows of a data file as (0-based row, record, None) or (row, None, reason).
 
     ``row_groups=(lo, hi)``: only those parquet row groups (rows still numbered from the
@@ -716,6 +740,21 @@ def iter_rows(path: str, row_groups: tuple[int, int] | None = None, columns: lis
     ``byte_range=(lo, hi)``: only the lines of an uncompressed ``.jsonl`` that start in that
     byte range (rows numbered from 0 within the range); ``max_row_bytes``: a larger row is
     a bad row (:func:`too_large`), read past without being held whole.
+
+    ``lines=True`` (a whole JSON lines file): every line instead, with its bytes
+    (:class:`JsonLine`: the row number and the record or reason of these rows, the line's
+    bytes with their end; the blank lines that end the file come too, with no row), read by
+    the same parts as the rows, so that a line's bytes and its row number cannot disagree:
+    what ``refinery clean`` copies.
     """
-    for block in iter_row_blocks(path, row_groups, columns, byte_range, max_row_bytes):
+    if lines:
+        if row_groups is not None or columns is not None or byte_range is not None \
+                or not storage.has_suffix(path, ".jsonl", ".jsonl.gz", ".jsonl.zst"):
+            raise ValueError(f"{path}: iter_rows(lines=True) reads a whole JSON lines file")
+        return _lines_of(_jsonl_parts(path, max_row_bytes))
+    return _rows_of(iter_row_blocks(path, row_groups, columns, byte_range, max_row_bytes))
+
+
+def _rows_of(blocks: Iterator[RowBlock]) -> Iterator[Row]:
+    for block in blocks:
         yield from zip(range(block.first, block.first + len(block.records)), block.records, block.errors)
