@@ -6,6 +6,8 @@
 Prints one line per figure:
 - ``stage_hooks``: the methods and attributes a :class:`Stage` subclass may override (not ``@final``);
 - ``long_functions``: functions over 80 lines, outside the HTML report (listed);
+- ``long_modules``: modules of the package (not tests/, bench/) over 600 lines, outside the
+  HTML report (listed, with their lines);
 - ``function_imports``: imports of the project's own modules inside a function (by package);
 - ``type_ignores``: ``# type: ignore`` comments;
 - ``near_names``: module or class names that differ by one letter (or only by a final ``s``);
@@ -26,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("beam_pipelines", "runners", "transforms", "kernels", "bench", "tests", "examples")
 LONG_LINES = 80
+LONG_MODULE_LINES = 600
 LONG_EXEMPT = ("transforms/decon/report_html.py",)
 
 
@@ -53,6 +56,18 @@ def long_functions() -> list[str]:
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 if lines > LONG_LINES:
                     out.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def long_modules() -> list[str]:
+    out = []
+    for path in python_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in LONG_EXEMPT or rel.startswith(("tests/", "bench/", "examples/")):
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > LONG_MODULE_LINES:
+            out.append(f"{rel} ({lines} lines)")
     return out
 
 
@@ -137,6 +152,7 @@ def main() -> None:
     figures = {
         "stage_hooks": stage_hooks(),
         "long_functions": long_functions(),
+        "long_modules": long_modules(),
         "function_imports": function_imports(),
         "type_ignores": type_ignores(),
         "near_names": near_names(),
@@ -146,7 +162,7 @@ def main() -> None:
         if name == "function_imports":
             by_package = Counter(i.split(":")[0].rsplit("/", 1)[0] for i in items)
             print("  by folder: " + ", ".join(f"{k} {v}" for k, v in by_package.most_common()))
-        if args.list or name in ("stage_hooks", "near_names"):
+        if args.list or name in ("stage_hooks", "near_names", "long_modules"):
             for item in items:
                 print(f"  {item}")
     if args.mypy:

@@ -26,7 +26,7 @@ One module per stage, each with its payload, stats and Beam wiring; imports poin
     tokenize        the tokenize stage, its --max-tokens waves (TokenBudget) and wiring
     merge           the merge stage (fewer spills for pack, above MERGE_ABOVE)
     pack            the pack stage (a shard's .npy + .idx + .docs.parquet)
-    manifest        the manifest stage (rejects, then manifest.json)
+    write_manifest  the manifest stage (rejects, then manifest.json)
 
 and here :func:`build_stages`, THE shape of the job. The names below are this package's
 public ones (``from refinery.transforms.prep.stages import PrepConfig, build_stages``).
@@ -46,15 +46,6 @@ from refinery.transforms.prep.stages.count import (
     range_newlines,
     row_bases,
     split_by_range,
-)
-from refinery.transforms.prep.stages.manifest import (
-    ManifestPayload,
-    ManifestStage,
-    ManifestStats,
-    check_tokenize_piece_ids,
-    clear_stale_manifest,
-    manifest_stats,
-    remove_stale_shards,
 )
 from refinery.transforms.prep.stages.merge import (
     MERGE_ABOVE,
@@ -80,6 +71,15 @@ from refinery.transforms.prep.stages.tokenize import (
     tokenize_stats,
 )
 from refinery.transforms.prep.stages.tokenize_rows import SPAN_COUNTS, UnitTally
+from refinery.transforms.prep.stages.write_manifest import (
+    ManifestPayload,
+    ManifestStage,
+    ManifestStats,
+    check_tokenize_piece_ids,
+    clear_stale_manifest,
+    manifest_stats,
+    remove_stale_shards,
+)
 from refinery.transforms.resumable import Stage, short_hash
 
 __all__ = [
