@@ -183,6 +183,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--partitions", type=int, default=64, help="hash partitions of the test index (default: 64)")
     o.add_argument("--slice-mb", type=float, default=256.0,
                    help="training .jsonl/.parquet files larger than this are split into slices (default: 256)")
+    o.add_argument("--eval-slice-mb", type=float, default=16.0,
+                   help="eval .jsonl/.parquet files larger than this are indexed in slices, in parallel; a "
+                        "slice's n-gram windows take about 60 bytes each while it is indexed (default: 16)")
     o.add_argument("--report-examples", type=int, default=20, metavar="K",
                    help="stats/report.html shows the K most contaminated instances of each eval dataset at "
                         "each n (default: 20)")
@@ -218,6 +221,7 @@ class DeconFlags:
     details_format: str = "parquet"
     partitions: int = 64
     slice_mb: float = 256.0
+    eval_slice_mb: float = 16.0
     report_examples: int = 20
     run: RunFlags = RunFlags()
 
@@ -235,7 +239,7 @@ def flags_from_args(args: argparse.Namespace) -> DeconFlags:
         max_train_count=args.max_train_count,
         max_ngram_details=args.max_ngram_details, min_eval_tokens=args.min_eval_tokens,
         details_format=args.details_format, partitions=args.partitions, slice_mb=args.slice_mb,
-        report_examples=args.report_examples, run=RunFlags.from_args(args))
+        eval_slice_mb=args.eval_slice_mb, report_examples=args.report_examples, run=RunFlags.from_args(args))
 
 
 def text_specs(flags: DeconFlags) -> tuple[TextSpec, TextSpec]:
@@ -261,6 +265,7 @@ def stage_settings(flags: DeconFlags) -> DeconSettings:
         id_field=flags.id_field or "id", tokenizer=flags.tokenizer, partitions=flags.partitions,
         max_train_count=flags.max_train_count, max_ngram_details=flags.max_ngram_details,
         slice_bytes=max(1, int(flags.slice_mb * (1 << 20))),
+        eval_slice_bytes=max(1, int(flags.eval_slice_mb * (1 << 20))),
         report_examples=flags.report_examples, details_format=flags.details_format,
         max_row_bytes=flags.max_row_bytes, verify_inputs_by_content=flags.verify_inputs_by_content,
         min_eval_tokens=flags.min_eval_tokens, eval_dataset_field=flags.eval_dataset_field,
@@ -447,7 +452,7 @@ def decon_summary(output: str, result: JobResult, seconds: float) -> str:
 
 def warn_decon(output: str, result: JobResult) -> None:
     """The run's warnings (stderr): bad eval rows, capped details, short eval rows, mostly bad rows."""
-    catalog = result.runs[0].check("catalog").receipt  # the index's
+    catalog = next(r for r in result.runs if r.name == "index").check("catalog").receipt
     catalog_stats = catalog["stats"] if catalog else {}
     if catalog_stats.get("bad_rows_warning"):
         print(f"WARNING refinery decon: {catalog_stats['bad_rows_warning']}", file=sys.stderr)

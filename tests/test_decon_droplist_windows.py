@@ -104,7 +104,7 @@ def _merge_peak_kb(root: Path, n_train: int) -> int:
                                          for j in range(n_train)])
     argv = ["--eval", str(root / "eval"), "--train", str(root / "train"), "--output", str(root / "out")]
     peak = 0
-    for stage in ("index", "scan", "reduce", "merge"):
+    for stage in ("eval", "index", "scan", "reduce", "merge"):
         done = subprocess.run([sys.executable, "-c", STAGE, stage, *argv], capture_output=True, text=True,
                               timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]

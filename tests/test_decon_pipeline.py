@@ -269,10 +269,10 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path: Path) -> N
     assert first.ran["scan"] > 5 and first.ran["reduce"] == 4 and first.ran["merge"] == 1
     stats_before = open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read()
     again = run_stages(build_stages(s), out, DIRECT, progress=False)
-    assert again.ran == {} and set(again.skipped_stages) == {"index", "scan", "reduce", "merge"}
+    assert again.ran == {} and set(again.skipped_stages) == {"eval", "index", "scan", "reduce", "merge"}
     # lose one scan part: the reduce and merge after it are complete, so nothing reads it and
     # nothing runs (intermediate files may be removed after a finished run)
-    scan_run = again.runs[1]
+    scan_run = again.runs[2]
     part = os.path.join(scan_run.parts_dir, "hits", "f00000-s0000.bin")
     part_bytes = open(part, "rb").read()
     os.remove(part)
@@ -282,14 +282,14 @@ def test_rerun_skips_finished_units_and_reruns_what_changed(tmp_path: Path) -> N
     # pure functions of their inputs, so the part comes back identical); the reduce's parts are there
     os.remove(os.path.join(out, "stats/overlap_stats.jsonl"))
     third = run_stages(build_stages(s), out, DIRECT, progress=False)
-    assert third.ran == {"index": 0, "scan": 1, "reduce": 0, "merge": 1}
+    assert third.ran == {"eval": 0, "index": 0, "scan": 1, "reduce": 0, "merge": 1}
     assert open(part, "rb").read() == part_bytes
     assert open(os.path.join(out, "stats/overlap_stats.jsonl"), "rb").read() == stats_before
     # a reduce-only setting: index and scan are kept
     s2 = DeconSettings(eval_paths=[ev], train_paths=[tr], ns=[3, 13], partitions=4, slice_bytes=2000,
                        max_train_count=0)
     fourth = run_stages(build_stages(s2), out, DIRECT, progress=False)
-    assert fourth.ran == {"index": 0, "scan": 0, "reduce": 4, "merge": 1}
+    assert fourth.ran == {"eval": 0, "index": 0, "scan": 0, "reduce": 4, "merge": 1}
     assert all(not r["instance_ids"] for r in read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl")))
     assert os.path.exists(os.path.join(out, ".SUCCESS"))
 
@@ -318,7 +318,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
                       details_format="jsonl")  # gzip members under the reduce's parts
     runs = run_stages(build_stages(s), out, DIRECT, progress=False).runs
     clean = tree_digest(Path(out))
-    scan_run, reduce_run, merge_run = runs[1:]
+    scan_run, reduce_run, merge_run = runs[2:]
 
     frames = [(length, offset, u.id) for u in scan_run.stage.plan()
               for _, offset, length in json.load(open(scan_run.receipt_path(u.id)))["stats"]["frames"]]
@@ -332,7 +332,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
         run_stages(build_stages(s), out, DIRECT, progress=False)
     assert e.value.stage == "reduce" and f"{hits} frame at bytes {offset}-{offset + length}: damaged" in str(e.value)
     again = run_stages(build_stages(s), out, DIRECT, progress=False, verify_checksums=True)
-    assert again.ran == {"index": 0, "scan": 1, "reduce": 4, "merge": 1}
+    assert again.ran == {"eval": 0, "index": 0, "scan": 1, "reduce": 4, "merge": 1}
     assert tree_digest(Path(out)) == clean
 
     member = max((os.path.join(reduce_run.parts_dir, "details", f) for f in os.listdir(os.path.join(
@@ -344,7 +344,7 @@ def test_damaged_hits_frame_and_details_member_fail_their_reader_and_are_rebuilt
     assert e.value.stage == "merge" and f"{member}: damaged gzip member" in str(e.value)
     assert read_details(out)  # the earlier, whole file: never replaced by a copy of the damage
     again = run_stages(build_stages(s), out, DIRECT, progress=False, verify_checksums=True)
-    assert again.ran == {"index": 0, "scan": 0, "reduce": 1, "merge": 1}
+    assert again.ran == {"eval": 0, "index": 0, "scan": 0, "reduce": 1, "merge": 1}
     assert tree_digest(Path(out)) == clean
 
 
@@ -380,7 +380,7 @@ def test_cli_errors_and_entry_point(tmp_path: Path, capsys: pytest.CaptureFixtur
     stats = read_jsonl(os.path.join(out, "stats/overlap_stats.jsonl"))
     assert {s["eval_dataset"] for s in stats} == {"arc", "gsm8k", "mmlu"}
     run_info = json.load(open(os.path.join(out, ".refinery/run.json")))
-    assert [st["name"] for st in run_info["stages"]] == ["index", "scan", "reduce", "merge"]
+    assert [st["name"] for st in run_info["stages"]] == ["eval", "index", "scan", "reduce", "merge"]
 
 
 def test_a_remote_file_named_by_itself_keeps_its_path(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_n_grams_that_share_a_hash_stay_apart_in_index_order(monkeypatch: pytest
         assert sum(map(len, want.values())) > 8 * partitions  # many records to a hash
 
 
-# The four stages of refinery decon, each in a fresh process (its units, without Beam); each
+# The five stages of refinery decon, each in a fresh process (its units, without Beam); each
 # prints nothing: the test reads the process's peak RSS.
 STAGE = """
 import sys
@@ -123,7 +123,7 @@ def stage_peaks_mb(root: Path, words: int) -> dict[str, float]:
     argv = ["--eval", str(root / "eval"), "--train", str(root / "train"), "--output", str(root / "out"),
             "--ngrams", "13"]
     peaks = {}
-    for stage in ("index", "scan", "reduce", "merge"):
+    for stage in ("eval", "index", "scan", "reduce", "merge"):
         proc = subprocess.Popen([sys.executable, "-c", STAGE, stage, *argv])
         _, status, usage = os.wait4(proc.pid, 0)
         assert status == 0, stage

@@ -409,7 +409,7 @@ def test_cluster_prep_and_decon_equal_local(cluster: LoggedCluster, corpus: Path
     assert final_digest(tmp_path / "decon") == final_digest(tmp_path / "decon-local")
     counters = counters_logged(r.stderr)
     want = receipt_counters(tmp_path / "decon")
-    assert set(counters) == {"index", "scan", "reduce", "merge"}
+    assert set(counters) == {"eval", "index", "scan", "reduce", "merge"}
     for stage in counters:
         assert counters[stage] == want[stage], stage
     assert counters["scan"]["scan_verified_hits"] > 0  # the training rows hold GSM8K text: overlaps found

@@ -62,7 +62,8 @@ def test_prep_and_decon_are_one_pipeline_each_on_the_local_runner(
 
     pipelines_run.clear()
     assert _decon(_decon_inputs(tmp_path), tmp_path / "decon", "local") == 0
-    assert pipelines_run == [["Index eval sets", "Scan training data", "Reduce partitions", "Merge reports"]]
+    assert pipelines_run == [["Read eval sets", "Index eval sets", "Scan training data", "Reduce partitions",
+                              "Merge reports"]]
 
     pipelines_run.clear()  # a rerun with everything done runs no job at all
     assert run_prep([small_corpus], tmp_path / "prep", "--num-shards", 3, "--unit-mb", 0, runner="local") == 0

@@ -270,7 +270,7 @@ def decon_pipeline(root: Path) -> list[Jobs]:
                              partitions=4)
     output = str(root / "out")
     return [Jobs(build_stages(settings), output,
-                 ["Index eval sets", "Scan training data", "Reduce partitions", "Merge reports"])]
+                 ["Read eval sets", "Index eval sets", "Scan training data", "Reduce partitions", "Merge reports"])]
 
 
 # Inference pipelines: 3 documents, 2 per unit, 1 unit per wave -> 2 waves in the infer step.

@@ -40,9 +40,9 @@ PINS: dict[str, dict[str, str]] = {
     },
     "prep exclude row": {"tokenize": "7b254c5e473b34e8", "pack": "0fae84b03fd0a798", "manifest": "9cb4ad141972dd1a"},
     "prep exclude span": {"tokenize": "8d41c10b36f665c9", "pack": "dfd54dd8385d4e36", "manifest": "188aa20a51f40c72"},
-    "decon": {
-        "index": "d99de09fdcfbfa7e", "scan": "db60e8b4d296d96e", "reduce": "35995e120bc7c264",
-        "merge": "7a390f624375bb66"
+    "decon": {  # eval: the slices (issue 59), unchained: the hashes after it are those of before it
+        "eval": "f4d901ba4ef43f1a", "index": "d99de09fdcfbfa7e", "scan": "db60e8b4d296d96e",
+        "reduce": "35995e120bc7c264", "merge": "7a390f624375bb66"
     },
     "clean row": {"clean": "644b112156df699d", "manifest": "91e1bf5e7e68a455"},
     "clean span": {"clean": "7a3c5cc2505731bc", "manifest": "4d016eb6e8399f2c"},

@@ -318,7 +318,7 @@ class DeconPipeline(beam.PTransform[PBegin, PCollection[UnitResult]]):
     for a user's pipeline. Input: the pipeline (PBegin). Output: the merge step's ``{unit,
     status, stats}`` (one dict, once the stats files and reports are written).
 
-    Its steps are the command's (``Index eval sets``, ``Scan training data``, ``Reduce
+    Its steps are the command's (``Read eval sets``, ``Index eval sets``, ``Scan training data``, ``Reduce
     partitions``, ``Merge reports``), with the same receipts: it writes the bytes
     ``refinery decon`` writes for the same inputs and settings, skips every unit whose
     receipt verifies, and the command resumes from it (and it from the command)."""

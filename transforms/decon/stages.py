@@ -1,12 +1,16 @@
-"""The four stages of ``refinery decon``: index -> scan -> reduce -> merge (thin wiring).
+"""The five stages of ``refinery decon``: eval -> index -> scan -> reduce -> merge (thin wiring).
 
 The logic lives in :mod:`refinery.transforms.decon.ngrams`; this module binds it to the
 stage/receipt machinery of :mod:`refinery.transforms.resumable`.
 
-- ``index`` (units: ``catalog`` + one per hash partition): eval rows -> n-grams. The
+- ``eval`` (units: eval file slices, ``--eval-slice-mb``): each unit reads its rows, and
+  writes them, their text hashes and their n-gram windows cut by hash partition
+  (:mod:`~refinery.transforms.decon.ngrams.eval_slices`). No process reads every eval row.
+- ``index`` (units: ``catalog`` + one per hash partition): the slices merged. The
   ``catalog`` unit writes the compact membership file (``membership.bin``: sorted uint64
-  n-gram hashes) and the eval rows table; ``partition-XXXXX`` writes the detail records of
-  the n-grams whose ``ngram_hash % P == XXXXX`` (text, eval rows, eval offsets).
+  n-gram hashes, merged a hash range at a time) and the eval rows table; ``partition-XXXXX``
+  reads its windows of every slice and writes the detail records of the n-grams whose
+  ``ngram_hash % P == XXXXX`` (text, eval rows, eval offsets).
 - ``scan`` (units: training file slices): each unit streams its slice, probes the
   membership structure (a Beam side input: the membership file's bytes, broadcast), verifies
   each hash hit against the exact n-gram text of the partition it falls in (partitions are
@@ -32,11 +36,11 @@ stage/receipt machinery of :mod:`refinery.transforms.resumable`.
 from __future__ import annotations
 
 import gc
+import gzip
 import hashlib
 import json
 import re
 import resource
-import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -50,8 +54,8 @@ from isal import igzip, isal_zlib
 from refinery.transforms.decon import ngrams as ng
 from refinery.transforms.decon.ngrams import clean as cl
 from refinery.transforms.decon.ngrams import details as dt
+from refinery.transforms.decon.ngrams import eval_slices as es
 from refinery.transforms.decon.ngrams import row_shares as rs
-from refinery.transforms.decon.ngrams.compact import RecordColumns
 from refinery.transforms.decon.ngrams.droplist import DROP_LIST_VERSION
 from refinery.transforms.decon.ngrams.index import (
     DEFAULT_MIN_EVAL_TOKENS,
@@ -155,6 +159,7 @@ class DeconSettings:
     max_train_count: int | None = None
     max_ngram_details: int | None = ng.DEFAULT_MAX_NGRAM_DETAILS
     slice_bytes: int = 256 << 20
+    eval_slice_bytes: int = 16 << 20  # eval files larger than this are indexed in slices (--eval-slice-mb)
     batch_bytes: int = 1 << 20
     report_examples: int = 20
     eval_text_template: str | None = None   # set: eval text is this template (eval_text_field unused)
@@ -231,33 +236,6 @@ class TrainSlice(_TrainSliceBase, total=False):
 _gzip_writer = cast(Callable[..., IO[bytes]], igzip.IGzipFile)  # isal's IGzipFile has no annotations
 
 
-_EVAL_LOCK = threading.Lock()
-
-
-@lru_cache(maxsize=2)
-def _eval_index(files: tuple[tuple[str, int, str], ...], text: TextSpec, id_field: str, tokenizer: str,
-                ns: tuple[int, ...], partitions: int, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                min_eval_tokens: int = 0, dataset_field: str | None = None,
-                match_fold: str = DEFAULT_MATCH_FOLD) -> ng.NgramIndex:
-    """The eval index, built once per worker process for all index units.
-    ``files`` = (path, size, version): a changed file is a different key."""
-
-    def read(path: str) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
-        return iter_rows(path, max_row_bytes=max_row_bytes)
-
-    with gc_paused():
-        rows, bad = ng.make_eval_rows([f[0] for f in files], read, text, id_field,
-                                      ng.get_tokenizer(tokenizer, match_fold), dataset_field)
-        # the later rows of a text several rows have are not indexed: they share the first's records
-        # nor are the rows of fewer than min_eval_tokens tokens (the merge names them)
-        skip = set(ng.same_text(rows).first) | {r.eval_idx for r in short_rows(rows, min_eval_tokens)}
-        index = ng.NgramIndex.build(rows, bad, ns, tokenizer, partitions, skip, match_fold)
-        # millions of long-lived objects: out of every later GC pass, before the GC is back on
-        # (its first pass would otherwise walk them all)
-        gc.freeze()
-    return index
-
-
 _MEMBERSHIP: dict[str, ng.Membership] = {}
 
 
@@ -298,7 +276,150 @@ def let_go(*caches: Any, membership: bool = False) -> bool:
 # index
 # ---------------------------------------------------------------------------------------
 
+class EvalSlice(TypedDict, total=False):
+    """An eval slice unit's payload: an eval file (``file``: its place in the eval order) or a
+    slice of it (:func:`plan_train_units`'s payloads)."""
+
+    path: str
+    relpath: str
+    kind: str
+    file: int
+    slice: int
+    lo: int
+    hi: int
+
+
+def eval_slice_file(unit_id: str, what: str) -> str:
+    """A file of eval slice unit ``unit_id``: ``rows`` (its rows' catalog lines, slice-local
+    numbers), ``meta`` (:data:`.eval_slices.ROW_META`), ``bad`` (its bad-row counts),
+    ``windows`` (its window blocks, :class:`.eval_slices.SliceWindows`), ``text`` (the prepared text)."""
+    ext = {"rows": "jsonl", "meta": "npy", "bad": "json", "windows": "bin", "text": "bin"}[what]
+    return f"eval/{unit_id}.{what}.{ext}"
+
+
+class EvalStage(Stage[EvalSlice, dict[str, Any]]):
+    """The eval files in slices, in parallel (:mod:`.ngrams.eval_slices`): each unit reads its
+    rows and writes them, their text hashes and their n-gram windows by hash partition; the
+    ``index`` stage merges them. No unit holds more than its slice."""
+
+    name = "eval"
+
+    def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
+        self.s = settings
+        self.eval_files = eval_files
+
+    def traits(self) -> Traits:
+        # unchained: the index's outputs are a function of the eval files and settings its own hash
+        # covers (the slicing changes none of their bytes), so its hash, and every later stage's, is the
+        # one of the index before it was cut into slices: outputs made before keep their receipts
+        return Traits(title="Read eval sets", chained=False, driver_only=("eval_files",))
+
+    def config(self) -> StageConfig:
+        return StageConfig({**IndexStage.settings_of(self.s), "eval_slice_bytes": self.s.eval_slice_bytes},
+                           [f.fingerprint() for f in self.eval_files], {"tokenizer": self.s.splitter.identity()})
+
+    def make_plan(self) -> list[Unit[EvalSlice]]:
+        return cast("list[Unit[EvalSlice]]", plan_train_units(self.eval_files, self.s.eval_slice_bytes))
+
+    def run_unit(self, unit: Unit[EvalSlice], ctx: UnitContext) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        pl, cap = unit.payload, self.s.max_row_bytes
+        if pl["kind"] == "bytes":
+            rows = iter_rows(pl["path"], byte_range=(pl["lo"], pl["hi"]), max_row_bytes=cap)
+        elif pl["kind"] == "row_groups":
+            rows = iter_rows(pl["path"], row_groups=(pl["lo"], pl["hi"]), max_row_bytes=cap)
+        else:
+            rows = iter_rows(pl["path"], max_row_bytes=cap)
+        numbered = 0
+
+        def read(path: str) -> Iterator[Row]:
+            nonlocal numbered
+            for row in rows:
+                numbered += 1
+                yield row
+
+        tok = self.s.splitter
+        with gc_paused():
+            eval_rows, bad = ng.make_eval_rows([pl["path"]], read, self.s.eval_text, self.s.id_field, tok,
+                                               self.s.eval_dataset_field)
+            meta = es.row_meta(eval_rows, self.s.min_eval_tokens)
+            windows = es.slice_windows(eval_rows, meta, self.s.ns, tok, self.s.partitions)
+            ctx.write_bytes(ctx.part_path(eval_slice_file(unit.id, "rows")), es.row_lines(eval_rows))
+        ctx.write_bytes(ctx.part_path(eval_slice_file(unit.id, "meta")), meta.tobytes())
+        ctx.write_bytes(ctx.part_path(eval_slice_file(unit.id, "bad")), json.dumps(bad, sort_keys=True).encode())
+        ctx.write_bytes(ctx.part_path(eval_slice_file(unit.id, "windows")), windows.data.astype("<i8").tobytes())
+        ctx.write_bytes(ctx.part_path(eval_slice_file(unit.id, "text")), windows.buffer)
+        return {"eval_rows": len(eval_rows), "rows": numbered, "windows": len(windows.data),
+                "part_at": windows.part_at, "text_bytes": sum(len(r.text) for r in eval_rows),
+                "seconds": time.perf_counter() - t0, "peak_rss_mb": _peak_rss_mb()}
+
+
+@dataclass(frozen=True)
+class EvalSlices:
+    """What the index reads of the eval stage's finished units, in eval order: each unit's id,
+    its first row's global number, its first row's number in its file, and its receipt's stats."""
+
+    ids: list[str]
+    first_idx: list[int]
+    row_base: list[int]
+    stats: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, run: StageRun) -> "EvalSlices":
+        plan = run.stage.plan()
+        receipts = run.completed_receipts()
+        missing = [u.id for u in plan if u.id not in receipts]
+        if missing:
+            raise RuntimeError(f"eval slice units not completed: {missing[:5]}")
+        ids: list[str] = []
+        first: list[int] = []
+        base: list[int] = []
+        stats: list[dict[str, Any]] = []
+        total, rows_before = 0, cast("dict[int, int]", {})
+        for u in plan:
+            st = receipts[u.id]["stats"]
+            f = u.payload["file"]
+            ids.append(u.id)
+            first.append(total)
+            base.append(rows_before.get(f, 0) if u.payload["kind"] == "bytes" else 0)
+            stats.append(st)
+            total += int(st["eval_rows"])
+            rows_before[f] = rows_before.get(f, 0) + int(st["rows"])
+        return cls(ids, first, base, stats)
+
+    def path(self, run: StageRun, k: int, what: str) -> str:
+        return storage.join(run.parts_dir, eval_slice_file(self.ids[k], what))
+
+    def metas(self, run: StageRun) -> list[np.ndarray]:
+        return [np.frombuffer(storage.read_bytes(self.path(run, k, "meta")), dtype=es.ROW_META)
+                for k in range(len(self.ids))]
+
+    def block(self, run: StageRun, k: int, p: int) -> np.ndarray:
+        """Slice ``k``'s windows of partition ``p`` (a ranged read of its windows file)."""
+        at = self.stats[k]["part_at"]
+        lo, hi = int(at[p]), int(at[p + 1])
+        if hi == lo:
+            return np.zeros((0, len(es.WINDOW_FIELDS)), dtype=np.int64)
+        data = storage.read_range(self.path(run, k, "windows"), lo * es.WINDOW_BYTES, hi * es.WINDOW_BYTES)
+        return np.frombuffer(data, dtype="<i8").reshape(hi - lo, len(es.WINDOW_FIELDS)).astype(np.int64)
+
+    def hashes(self, run: StageRun, k: int, keep: np.ndarray, lengths: set[int]) -> np.ndarray:
+        """Slice ``k``'s window hashes of the rows ``keep`` holds; their lengths added to ``lengths``."""
+        n = int(self.stats[k]["windows"])
+        if not n:
+            return np.zeros(0, dtype=np.uint64)
+        data = np.frombuffer(storage.read_bytes(self.path(run, k, "windows")), dtype="<i8").reshape(
+            n, len(es.WINDOW_FIELDS))
+        mask = keep[data[:, 1] + self.first_idx[k]]
+        lengths.update(np.unique(data[mask, 6]).tolist())
+        hashes: np.ndarray = data[mask, 0].astype(np.int64).view(np.uint64)
+        return hashes
+
+
 class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
+    """The eval slices merged (:class:`EvalStage`): ``catalog`` writes the eval rows, their bad-row
+    counts and the membership; ``partition-P`` the records of hash partition P."""
+
     name = "index"
 
     def __init__(self, settings: DeconSettings, eval_files: list[storage.InputFile]):
@@ -306,18 +427,19 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
         self.eval_files = eval_files
 
     def traits(self) -> Traits:
-        return Traits(title="Index eval sets", light=True, driver_only=("eval_files",))
+        return Traits(title="Index eval sets", driver_only=("eval_files",))
 
     def config(self) -> StageConfig:
-        return StageConfig(self._settings(), self._inputs(), self._identity())
+        return StageConfig(self.settings_of(self.s), self._inputs(), self._identity())
 
-    def _settings(self) -> dict[str, Any]:
+    @staticmethod
+    def settings_of(s: DeconSettings) -> dict[str, Any]:
         # {"text_field": F} as before templates, so outputs made with a field keep their hashes
-        return {"format": FORMAT_VERSION, "ns": self.s.ns, **self.s.eval_text.identity(),
-                "id_field": self.s.id_field, "partitions": self.s.partitions, **self.s.row_cap(),
-                "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": self.s.min_eval_tokens,
+        return {"format": FORMAT_VERSION, "ns": s.ns, **s.eval_text.identity(),
+                "id_field": s.id_field, "partitions": s.partitions, **s.row_cap(),
+                "text_normalization": TEXT_NORMALIZATION, "min_eval_tokens": s.min_eval_tokens,
                 # absent without the flag: the hashes of outputs made before it are kept
-                **({"dataset_field": self.s.eval_dataset_field} if self.s.eval_dataset_field is not None else {})}
+                **({"dataset_field": s.eval_dataset_field} if s.eval_dataset_field is not None else {})}
 
     def _inputs(self) -> list[Any]:
         return [f.fingerprint() for f in self.eval_files]
@@ -329,29 +451,46 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
         return [Unit("catalog", PartitionPayload())] + [Unit(f"partition-{p:05d}", {"p": p})
                                                         for p in range(self.s.partitions)]
 
-    def _index(self, run: StageRun) -> ng.NgramIndex:
-        files = tuple((f["path"], f["size"], f["version"]) for f in run.input_fingerprints())
-        with _EVAL_LOCK:  # units of one process may run in parallel threads: build once
-            return _eval_index(files, self.s.eval_text, self.s.id_field, self.s.tokenizer, tuple(self.s.ns),
-                               self.s.partitions, self.s.max_row_bytes, self.s.min_eval_tokens,
-                               self.s.eval_dataset_field, self.s.match_fold)
-
     def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
-        index = self._index(ctx.run)
+        run = ctx.upstream("eval")
+        slices = EvalSlices.of(run)
+        keep = es.indexed_rows(slices.metas(run))
         if unit.id == "catalog":
-            membership = index.membership
-            ctx.write_bytes(ctx.part_path(MEMBERSHIP_FILE), membership.to_bytes())
-            ctx.write_bytes(ctx.part_path(EVAL_ROWS_FILE), ng.dumps_jsonl_gz(r.to_json() for r in index.rows))
-            ctx.write_bytes(ctx.part_path(EVAL_SUMMARY_FILE), json.dumps(index.bad, sort_keys=True).encode())
-            return {"eval_rows": len(index.rows), "test_ngrams": index.num_ngrams,
-                    "membership_bytes": membership.hashes.nbytes,
-                    "membership_loaded_bytes": membership.nbytes,
-                    "lengths": list(membership.lengths),
-                    **({"bad_rows_warning": warning} if (warning := bad_rows_warning(index.bad)) else {})}
+            return self._catalog(ctx, run, slices, keep)
         p = unit.payload["p"]
-        recs = index.records[p] if p in index.records else RecordColumns.from_lists([])
-        ctx.write_bytes(ctx.part_path(partition_file(p)), ng.dumps_partition(recs))
-        return {"test_ngrams": len(recs)}
+        buffers = es.SliceBuffers([slices.path(run, k, "text") for k in range(len(slices.ids))])
+        try:
+            with gc_paused():
+                recs = es.partition_records(p, self.s.partitions,
+                                            ((slices.block(run, k, p), slices.first_idx[k])
+                                             for k in range(len(slices.ids))), keep, buffers)
+                data = ng.dumps_partition(recs)
+        finally:
+            buffers.close()
+        ctx.write_bytes(ctx.part_path(partition_file(p)), data)
+        return {"test_ngrams": len(recs), "peak_rss_mb": _peak_rss_mb()}
+
+    def _catalog(self, ctx: UnitContext, run: StageRun, slices: EvalSlices, keep: np.ndarray) -> dict[str, Any]:
+        with ctx.open_write(ctx.part_path(EVAL_ROWS_FILE)) as out:
+            with gzip.GzipFile(fileobj=cast(IO[bytes], out), mode="wb", mtime=0, compresslevel=6) as gz:
+                for k in range(len(slices.ids)):
+                    with storage.open_read(slices.path(run, k, "rows")) as f:
+                        for line in es.renumbered(f, slices.first_idx[k], slices.row_base[k]):
+                            gz.write(line)
+        bad = es.merge_bad((json.loads(storage.read_bytes(slices.path(run, k, "bad"))), slices.row_base[k])
+                           for k in range(len(slices.ids)))
+        ctx.write_bytes(ctx.part_path(EVAL_SUMMARY_FILE), json.dumps(bad, sort_keys=True).encode())
+        windows = sum(int(st["windows"]) for st in slices.stats)
+        lengths: set[int] = set()  # of the indexed windows (a row shorter than n gives n-grams of its length)
+        hashes = es.membership_hashes(lambda k: slices.hashes(run, k, keep, lengths), len(slices.ids), windows)
+        membership = ng.Membership(hashes, lengths, {"tokenizer": self.s.tokenizer, "match_fold": self.s.match_fold,
+                                                     "partitions": self.s.partitions, "ns": self.s.ns})
+        ctx.write_bytes(ctx.part_path(MEMBERSHIP_FILE), membership.to_bytes())
+        return {"eval_rows": sum(int(st["eval_rows"]) for st in slices.stats), "test_ngrams": len(membership),
+                "membership_bytes": membership.hashes.nbytes, "membership_loaded_bytes": membership.nbytes,
+                "lengths": list(membership.lengths), "peak_rss_mb": _peak_rss_mb(),
+                **({"bad_rows_warning": warning} if (warning := bad_rows_warning(bad)) else {})}
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -426,7 +565,6 @@ class ScanStage(Stage[TrainSlice, dict[str, Any]]):
     def run_unit(self, unit: Unit[TrainSlice], ctx: UnitContext) -> dict[str, Any]:
         t0 = time.perf_counter()
         c0 = time.thread_time()
-        let_go(_eval_index)  # a process that ran the index too (a direct run): its partitions are read instead
         data = ctx.side.get("membership")
         if data is None:  # run without Beam (tests, local stage runners)
             data = storage.read_bytes(self.membership_path(ctx.run))
@@ -613,7 +751,7 @@ class ReduceStage(Stage[PartitionPayload, dict[str, Any]]):
 
     def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         p = unit.payload["p"]
-        let_go(_eval_index, membership=True)  # a process that ran the index and scan too (the driver, a light reduce)
+        let_go(membership=True)  # a process that ran the index and scan too (the driver, a light reduce)
         index_run, scan_run = ctx.upstream("index"), ctx.upstream("scan")
         table = ctx.side["frames"] if "frames" in ctx.side else scan_frames(scan_run)
         records = load_partition_file(storage.join(index_run.parts_dir, partition_file(p))).records
@@ -679,7 +817,7 @@ class MergeReportsStage(Stage[PartitionPayload, dict[str, Any]]):
     def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         # the eval index and the partitions are not read here: a process that built or read them (the driver
         # runs the index, a direct run everything) lets them go before the merge's own peak
-        let_go(_eval_index, load_partition_file, load_eval_columns, membership=True)
+        let_go(load_partition_file, load_eval_columns, membership=True)
         storage.remove(ctx.output_path("stats/report.html"), root=ctx.output)  # never beside details of another run
         index_run, scan_run, reduce_run = ctx.upstream("index"), ctx.upstream("scan"), ctx.upstream("reduce")
         plan = reduce_run.stage.plan()
@@ -912,7 +1050,7 @@ def expand_as_given(args: list[str], skipped: list[str] | None = None) -> list[s
 
 def input_stages(stages: list[Stage[Any, Any]]) -> tuple[IndexStage, ScanStage]:
     """The index and scan stages of :func:`build_stages`'s list (they hold the eval and training files)."""
-    index, scan = stages[0], stages[1]
+    index, scan = stages[1], stages[2]
     if not (isinstance(index, IndexStage) and isinstance(scan, ScanStage)):
         raise TypeError(f"not decon's stages: {type(index).__name__}, {type(scan).__name__}")
     return index, scan
@@ -924,7 +1062,7 @@ def build_stages(settings: DeconSettings, skipped: list[str] | None = None) -> l
     index = IndexStage(settings, eval_files)
     scan = ScanStage(settings, train_files, index)
     reduce = ReduceStage(settings, scan)
-    return [index, scan, reduce, MergeReportsStage(settings, reduce)]
+    return [EvalStage(settings, eval_files), index, scan, reduce, MergeReportsStage(settings, reduce)]
 
 
 class ScanWiring(StageWiring):

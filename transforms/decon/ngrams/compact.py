@@ -282,6 +282,14 @@ def build_records(rows: Sequence[Any], ns: Iterable[int], tokenizer: WordSplitte
     bufs, col = window_columns(rows, ns, tokenizer, chunk)
     if not col:
         return {}, np.zeros(0, dtype=np.uint64), []
+    return built_from_windows(col, bufs, partitions)
+
+
+def built_from_windows(col: dict[str, np.ndarray], bufs: Sequence[Any], partitions: int
+                       ) -> tuple["BuiltIndex", np.ndarray, list[int]]:
+    """(:class:`BuiltIndex`, the records' hashes, their lengths) of the windows ``col`` (the
+    columns :data:`WINDOW_COLUMNS`, in index order; consumed) whose bytes lie in ``bufs``
+    (each indexable by a slice, giving bytes): what :func:`build_records` builds of its windows."""
     order, starts = record_runs(col, bufs)
     rec_first = order[starts]  # each record's first window (index order)
     rec_end = np.append(starts[1:], len(order))
@@ -355,7 +363,7 @@ def _chunk_windows(part: Sequence[Any], ns: list[int], tokenizer: WordSplitter, 
     return buf
 
 
-def record_runs(col: dict[str, np.ndarray], bufs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def record_runs(col: dict[str, np.ndarray], bufs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(the windows of :func:`window_columns` in record order, where each record's run starts):
     occurrences by (hash, length, index order), a record a run, unless two n-grams share a hash
     (then a record per n-gram, in the order of their first windows)."""
@@ -374,7 +382,7 @@ def record_runs(col: dict[str, np.ndarray], bufs: list[bytes]) -> tuple[np.ndarr
     return order, np.flatnonzero(np.diff(rec_of, prepend=-1) != 0)
 
 
-def _split_shared_hashes(col: dict[str, np.ndarray], bufs: list[bytes], order: np.ndarray, rec_of: np.ndarray,
+def _split_shared_hashes(col: dict[str, np.ndarray], bufs: Sequence[Any], order: np.ndarray, rec_of: np.ndarray,
                          group: np.ndarray, sizes: np.ndarray) -> bool:
     """Give each different n-gram of a run of one hash a record of its own (``rec_of``, in
     place: new ids past the last, by first window); whether any run was split."""
@@ -404,7 +412,7 @@ class BuiltIndex(Mapping[int, RecordColumns]):
     read (then not kept): what is held is a few columns per window and per n-gram, about 80
     bytes per n-gram, not every partition's records at once."""
 
-    def __init__(self, partitions: int, bufs: list[bytes], order: np.ndarray, starts: np.ndarray, rec_end: np.ndarray,
+    def __init__(self, partitions: int, bufs: Sequence[Any], order: np.ndarray, starts: np.ndarray, rec_end: np.ndarray,
                  rec_first: np.ndarray, rec_h: np.ndarray, rec_len: np.ndarray, rec_buf: np.ndarray,
                  rec_bs: np.ndarray, rec_be: np.ndarray, eval_idx: np.ndarray, s: np.ndarray, e: np.ndarray):
         self.bufs, self.order, self.starts, self.rec_end, self.rec_first = bufs, order, starts, rec_end, rec_first
