@@ -330,10 +330,8 @@ def fold_cost(copies: int, ns: list[int], rounds: int) -> int:
 
 def main() -> int:
     if any(arg.split("=")[0] == "--eval-rows" for arg in sys.argv[1:]):  # the eval side at a suite's size
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import decon_eval_side
-
-        return decon_eval_side.main(sys.argv[1:])
+        side = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decon_eval_side.py")
+        return subprocess.call([sys.executable, side, *sys.argv[1:]])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=12, help="copies of GSM8K train in the sparse-hits corpus")
     ap.add_argument("--dense-copies", type=int, default=12, help="copies of GSM8K train in the dense-hits corpus")

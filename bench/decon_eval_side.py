@@ -180,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     walls = stage_walls(out)
     print("| stage | wall s | MB/s | largest unit peak RSS |")
     print("|---|---|---|---|")
-    for stage, (secs, unit_peak) in walls.items():
+    order = ["eval", "index", "scan", "reduce", "merge"]
+    for stage, (secs, unit_peak) in sorted(walls.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9):
         mb = eval_mb if stage in ("eval", "index") else train_mb if stage == "scan" else 0.0
         speed = f"{mb / secs:.1f}" if mb and secs else ""
-        print(f"| {stage} | {secs:.1f} | {speed} | {unit_peak:.0f} MB |")
+        print(f"| {stage} | {secs:.1f} | {speed} | {f'{unit_peak:.0f} MB' if unit_peak else ''} |")
     got = found_ids(out)
     print(f"whole run: {wall:.1f} s; largest process peak RSS {peak:.0f} MB; planted rows found "
           f"{len(got & planted)} of {len(planted)}, other rows flagged {len(got - planted)}")

@@ -36,6 +36,7 @@ from refinery.transforms.io import storage
 
 from .compact import RecordColumns, built_from_windows, window_columns
 from .index import LISTED_BAD_ROWS, EvalRow
+from .membership import sorted_unique
 from .word_split import WordSplitter
 
 WINDOW_FIELDS = ("h", "eval_idx", "s", "e", "bs", "be", "length")
@@ -222,6 +223,6 @@ def membership_hashes(read_hashes: Callable[[int], np.ndarray], slices: int, win
         for s in range(slices):
             h = read_hashes(s)
             got.append(h if shift is None else h[(h >> shift) == np.uint64(k)])
-        merged = np.unique(np.concatenate(got)) if got else np.zeros(0, dtype=np.uint64)
+        merged = sorted_unique(np.concatenate(got)) if got else np.zeros(0, dtype=np.uint64)
         out.append(merged)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)

@@ -12,7 +12,7 @@ from .hashes import _U
 MEMBERSHIP_MAGIC = b"REFINERY-DECON-MEMBERSHIP/1\n"
 
 
-def _sorted_unique(a: np.ndarray) -> np.ndarray:
+def sorted_unique(a: np.ndarray) -> np.ndarray:
     """np.unique, via sort (much faster than np.unique for large uint64 arrays here)."""
     s = np.sort(a)
     if len(s) < 2:
@@ -33,7 +33,7 @@ class Membership:
     def __init__(self, hashes: np.ndarray | Iterable[int], lengths: Iterable[int], meta: dict[str, Any] | None = None):
         if not isinstance(hashes, np.ndarray):
             hashes = np.fromiter(hashes, dtype=np.uint64)
-        self.hashes = _sorted_unique(hashes.astype(np.uint64, copy=False))
+        self.hashes = sorted_unique(hashes.astype(np.uint64, copy=False))
         self.lengths = tuple(sorted(set(int(x) for x in lengths)))
         self.meta = dict(meta or {})
         count = max(1, len(self.hashes))
