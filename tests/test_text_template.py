@@ -184,7 +184,7 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
     def stages(**kw: Any) -> list[Stage[Any, Any]]:
         return build_stages(DeconSettings(eval_paths=[str(ev)], train_paths=[str(tr)], ns=[3], **kw))
 
-    index, scan = stages(eval_text_field="question")[:2]
+    index, scan = stages(eval_text_field="question")[1:3]  # after the eval slices (issue 59)
     assert index.config().settings == {"format": index.config().settings["format"], "ns": [3], "text_field": "question",
                               "id_field": "id", "partitions": 64, "text_normalization": TEXT_NORMALIZATION,
                               "min_eval_tokens": 5}
@@ -192,7 +192,7 @@ def test_decon_configs_are_unchanged_with_a_field_and_change_with_a_template(tmp
     assert settings == {"format": settings["format"], "text_field": "text", "id_field": "id",
                              "slice_bytes": 256 << 20, "unread_rows": 1, "text_normalization": TEXT_NORMALIZATION,
                              "row_ids": "relpath:row"}
-    index, scan, _, merge = stages(eval_text_template=QA)
+    _, index, scan, _, merge = stages(eval_text_template=QA)
     assert isinstance(merge, MergeReportsStage)
     assert index.config().settings["text_template"] == QA and "text_field" not in index.config().settings
     assert "text_template" not in scan.config().settings
