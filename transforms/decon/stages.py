@@ -355,7 +355,7 @@ class EvalStage(Stage[EvalSlice, dict[str, Any]]):
 
 
 @dataclass(frozen=True)
-class EvalSlices:
+class SliceReceipts:
     """What the index reads of the eval stage's finished units, in eval order: each unit's id,
     its first row's global number, its first row's number in its file, and its receipt's stats."""
 
@@ -365,7 +365,7 @@ class EvalSlices:
     stats: list[dict[str, Any]]
 
     @classmethod
-    def of(cls, run: StageRun) -> "EvalSlices":
+    def of(cls, run: StageRun) -> "SliceReceipts":
         plan = run.stage.plan()
         receipts = run.completed_receipts()
         missing = [u.id for u in plan if u.id not in receipts]
@@ -453,7 +453,7 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
 
     def run_unit(self, unit: Unit[PartitionPayload], ctx: UnitContext) -> dict[str, Any]:
         run = ctx.upstream("eval")
-        slices = EvalSlices.of(run)
+        slices = SliceReceipts.of(run)
         keep = es.indexed_rows(slices.metas(run))
         if unit.id == "catalog":
             return self._catalog(ctx, run, slices, keep)
@@ -470,7 +470,7 @@ class IndexStage(Stage[PartitionPayload, dict[str, Any]]):
         ctx.write_bytes(ctx.part_path(partition_file(p)), data)
         return {"test_ngrams": len(recs), "peak_rss_mb": _peak_rss_mb()}
 
-    def _catalog(self, ctx: UnitContext, run: StageRun, slices: EvalSlices, keep: np.ndarray) -> dict[str, Any]:
+    def _catalog(self, ctx: UnitContext, run: StageRun, slices: SliceReceipts, keep: np.ndarray) -> dict[str, Any]:
         with ctx.open_write(ctx.part_path(EVAL_ROWS_FILE)) as out:
             with gzip.GzipFile(fileobj=cast(IO[bytes], out), mode="wb", mtime=0, compresslevel=6) as gz:
                 for k in range(len(slices.ids)):

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from refinery.transforms.io import storage
+from refinery.transforms.io.jsonl import json_line
 
 from .compact import RecordColumns, built_from_windows, window_columns
 from .index import LISTED_BAD_ROWS, EvalRow
@@ -101,15 +102,11 @@ def slice_windows(rows: Sequence[EvalRow], meta: np.ndarray, ns: list[int], toke
 
 def row_lines(rows: Iterable[EvalRow]) -> bytes:
     """The JSON lines of ``rows`` as the catalog writes them (:meth:`.index.EvalRow.to_json`)."""
-    from refinery.transforms.io.jsonl import json_line
-
     return b"".join(json_line(r.to_json()) for r in rows)
 
 
 def renumbered(lines: Iterable[bytes], first_idx: int, row_base: int) -> Iterator[bytes]:
     """A slice's row lines with their global ``eval_idx`` (from ``first_idx``) and file row (plus ``row_base``)."""
-    from refinery.transforms.io.jsonl import json_line
-
     for line in lines:
         if not line:
             continue
